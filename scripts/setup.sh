@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs every Debian package foldpar needs to build, test, benchmark and demo.
+# This is the ONLY place that lists dependencies. Safe to run twice: apt-get skips what is
+# already installed, and nothing is fetched when every package is present.
+set -euo pipefail
+
+packages=(
+  # build
+  g++ cmake ninja-build pkg-config git
+  # libraries
+  libopenblas-dev libopenmpi-dev openmpi-bin
+  libcli11-dev nlohmann-json3-dev libfmt-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  # the independent oracle and the benchmark peer (run with /usr/bin/python3)
+  python3 python3-torch python3-numpy
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

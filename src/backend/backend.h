@@ -1,0 +1,114 @@
+// Backend: the one interface through which model math touches tensor data. Two CPU
+// implementations sit behind it (backend/cpu/): the reference backend (plain loops, fp64
+// accumulation, f32 and f64 tensors; the ground truth) and the BLAS backend (OpenBLAS sgemm,
+// blocked flash attention, vectorized elementwise kernels; f32). A CUDA backend will follow.
+// Backends know nothing about parallelism.
+//
+// Conventions for every op:
+//  - Tensors are contiguous row-major. "T" is a count of token rows (B*S, or a rank's local
+//    tokens); an op that says [T, h] accepts any rank >= 2 whose last extent is h.
+//  - Outputs are passed as `Tensor&` and must be allocated by the caller with the stated shape
+//    and the inputs' dtype. "written" outputs are overwritten; "accumulated" ones get +=.
+//  - Token ids and positions are i32.
+//  - Shape or dtype mismatches are bugs in the caller: they fail an FP_CHECK.
+#pragma once
+
+#include <memory>
+#include <string_view>
+
+#include "tensor/tensor.h"
+
+namespace foldpar {
+
+// Arguments of causal attention with explicit global positions: key j is visible to query i
+// iff k_pos[j] <= q_pos[i]. Positions need not be contiguous or sorted (a TSP rank holds two
+// zigzag chunks). A query that sees no key gets output 0 and lse -inf.
+struct AttentionArgs {
+  const Tensor* q = nullptr;      // [B, Sq, n_h, d]
+  const Tensor* k = nullptr;      // [B, Sk, n_kv, d], n_h % n_kv == 0 (GQA: head i uses kv head i / (n_h/n_kv))
+  const Tensor* v = nullptr;      // [B, Sk, n_kv, d]
+  const Tensor* q_pos = nullptr;  // i32 [Sq]: global position of each query row (same for every batch)
+  const Tensor* k_pos = nullptr;  // i32 [Sk]
+  double scale = 0;               // softmax scale, usually 1/sqrt(d)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+
+  // ---- linear algebra ----
+  // c = alpha * op(a) op(b) + beta * c, where op transposes when asked. Each operand is viewed
+  // as 2-D (rows = numel / last extent): op(a) [M, K], op(b) [K, N], c [M, N]. With beta == 0
+  // c is written (its old contents, even NaN, are ignored).
+  virtual void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+                      float alpha = 1.0f, float beta = 0.0f) = 0;
+
+  // ---- elementwise ----
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;             // dst written
+  virtual void add_inplace(const Tensor& x, Tensor& y) = 0;          // y += x (same numel)
+  virtual void scale_inplace(double alpha, Tensor& y) = 0;           // y *= alpha
+  virtual void fill(double value, Tensor& y) = 0;
+  // Sum of squares of all elements, accumulated in f64.
+  virtual double sum_squares(const Tensor& x) = 0;
+
+  // ---- embedding ----
+  // table holds vocabulary rows [vocab_offset, vocab_offset + V_local). Rows of `out` whose id
+  // falls in that range are written with the table row; other rows are left untouched.
+  // ids: i32 [T]; table: [V_local, h]; out: [T, h].
+  virtual void embedding_forward(const Tensor& ids, const Tensor& table, int64_t vocab_offset, Tensor& out) = 0;
+  // d_table (accumulated) [V_local, h] += d_out rows of the ids in range.
+  virtual void embedding_backward(const Tensor& ids, const Tensor& d_out, int64_t vocab_offset,
+                                  Tensor& d_table) = 0;
+
+  // ---- RMSNorm (Hugging Face LlamaRMSNorm) ----
+  // y = x / sqrt(mean(x^2) + eps) * w. x, y: [T, h]; w: [h]; rstd (written): [T], the
+  // 1/sqrt(mean(x^2)+eps) kept for backward.
+  virtual void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) = 0;
+  // dx written [T, h]; dw accumulated [h].
+  virtual void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                                Tensor& dx, Tensor& dw) = 0;
+
+  // ---- RoPE (Hugging Face convention, rotate_half) ----
+  // x: [B, S, n, d], rotated in place; table: [S, 2, d/2], the cos then sin of each row position's angles
+  // (build it with build_rope_table, backend/rope_table.h). Backward rotates by the negative
+  // angle (the transpose), also in place.
+  virtual void rope_forward(const Tensor& table, Tensor& x) = 0;
+  virtual void rope_backward(const Tensor& table, Tensor& dx) = 0;
+
+  // ---- causal attention ----
+  // out (written): [B, Sq, n_h, d]; lse (written): [B, n_h, Sq], the log-sum-exp of the scaled
+  // visible scores of each query row, in the tensors' dtype.
+  virtual void attention_forward(const AttentionArgs& args, Tensor& out, Tensor& lse) = 0;
+  // From the forward's out and lse: dq [B, Sq, n_h, d], dk and dv [B, Sk, n_kv, d], all written.
+  virtual void attention_backward(const AttentionArgs& args, const Tensor& out, const Tensor& lse,
+                                  const Tensor& d_out, Tensor& dq, Tensor& dk, Tensor& dv) = 0;
+
+  // ---- SiLU-gated MLP pieces ----
+  // out = silu(gate) * up; all [T, f].
+  virtual void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  // d_gate, d_up written [T, f].
+  virtual void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& d_out, Tensor& d_gate,
+                               Tensor& d_up) = 0;
+
+  // ---- cross-entropy ----
+  // logits [T, V]; targets i32 [T] (ignore_index marks tokens without a loss). Writes lse [T]
+  // (0 for ignored rows) and returns the SUM of -log softmax(logits)[target] over valid rows,
+  // so that callers (possibly on many ranks) divide by the global valid count.
+  virtual double cross_entropy_forward(const Tensor& logits, const Tensor& targets, int32_t ignore_index,
+                                       Tensor& lse) = 0;
+  // d_logits (written, may be the same tensor as logits) = (softmax - onehot) * grad_scale for
+  // valid rows, 0 for ignored rows. grad_scale is d(loss)/d(sum), e.g. 1 / valid_count.
+  virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                      int32_t ignore_index, double grad_scale, Tensor& d_logits) = 0;
+};
+
+// The reference CPU backend: plain loops with fp64 accumulation; f32 and f64 tensors.
+std::unique_ptr<Backend> make_reference_backend();
+// The fast CPU backend: OpenBLAS, blocked flash attention, vectorized kernels; f32 tensors.
+std::unique_ptr<Backend> make_cpu_backend();
+
+// Number of valid (not ignore_index) targets.
+int64_t count_valid_targets(const Tensor& targets, int32_t ignore_index);
+
+}  // namespace foldpar

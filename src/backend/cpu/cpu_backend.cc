@@ -1,0 +1,284 @@
+// The fast CPU backend (f32): OpenBLAS sgemm for matmul, the blocked flash attention kernel,
+// and single-pass vectorizable loops for the token-wise ops. Every op here has a reference
+// in reference_backend.cc and a parity test in tests/unit/backend_parity_test.cc.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/flash_attention.h"
+#include "backend/cpu/vec_math.h"
+#include "backend/op_checks.h"
+
+namespace foldpar {
+namespace {
+
+void check_f32(const Tensor& t, const char* what) {
+  FP_CHECK(t.dtype() == DType::kF32, "cpu backend {}: {} is not f32", what, t.describe());
+}
+
+class CpuBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "cpu"; }
+
+  void matmul(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta) override {
+    const MatmulDims d = check_matmul(a, ta, b, tb, c);
+    check_f32(a, "matmul");
+    if (d.m == 0 || d.n == 0) return;
+    if (d.k == 0) {  // sgemm with k = 0 still scales c by beta
+      scale_or_zero(beta, c);
+      return;
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                static_cast<int>(d.m), static_cast<int>(d.n), static_cast<int>(d.k), alpha, a.data<float>(),
+                static_cast<int>(d.lda), b.data<float>(), static_cast<int>(d.ldb), beta, c.data<float>(),
+                static_cast<int>(d.n));
+  }
+
+  void copy(const Tensor& src, Tensor& dst) override {
+    FP_CHECK(src.numel() == dst.numel() && src.dtype() == dst.dtype(), "copy {} -> {}", src.describe(),
+             dst.describe());
+    dst.copy_from(src.reshape(dst.shape()));
+  }
+  void add_inplace(const Tensor& x, Tensor& y) override {
+    check_same(x, y, "add_inplace");
+    check_f32(x, "add_inplace");
+    const float* X = x.data<float>();
+    float* Y = y.data<float>();
+    const int64_t n = x.numel();
+    for (int64_t i = 0; i < n; ++i) Y[i] += X[i];
+  }
+  void scale_inplace(double alpha, Tensor& y) override {
+    check_f32(y, "scale_inplace");
+    float* Y = y.data<float>();
+    const float a = static_cast<float>(alpha);
+    const int64_t n = y.numel();
+    for (int64_t i = 0; i < n; ++i) Y[i] *= a;
+  }
+  void fill(double value, Tensor& y) override {
+    check_f32(y, "fill");
+    std::fill_n(y.data<float>(), y.numel(), static_cast<float>(value));
+  }
+  double sum_squares(const Tensor& x) override {
+    check_f32(x, "sum_squares");
+    const float* X = x.data<float>();
+    const int64_t n = x.numel();
+    double total = 0;
+    // f32 partial sums over short runs, f64 across runs: vectorizes, and the f32 error stays
+    // bounded by the run length.
+    for (int64_t i0 = 0; i0 < n; i0 += 256) {
+      float part = 0;
+      for (int64_t i = i0; i < std::min(n, i0 + 256); ++i) part += X[i] * X[i];
+      total += part;
+    }
+    return total;
+  }
+
+  void embedding_forward(const Tensor& ids, const Tensor& table, int64_t vocab_offset, Tensor& out) override {
+    const int64_t rows = table.dim(0), h = table.dim(1);
+    check_i32_vector(ids, rows_of(out), "embedding ids");
+    check_f32(table, "embedding");
+    FP_CHECK(out.dim(-1) == h && out.dtype() == table.dtype(), "embedding out {}", out.describe());
+    const int32_t* I = ids.data<int32_t>();
+    const float* W = table.data<float>();
+    float* O = out.data<float>();
+    for (int64_t t = 0; t < ids.numel(); ++t) {
+      const int64_t r = I[t] - vocab_offset;
+      if (r >= 0 && r < rows) std::memcpy(O + t * h, W + r * h, static_cast<size_t>(h) * sizeof(float));
+    }
+  }
+  void embedding_backward(const Tensor& ids, const Tensor& d_out, int64_t vocab_offset, Tensor& d_table) override {
+    const int64_t rows = d_table.dim(0), h = d_table.dim(1);
+    check_i32_vector(ids, rows_of(d_out), "embedding ids");
+    check_f32(d_out, "embedding_backward");
+    const int32_t* I = ids.data<int32_t>();
+    const float* G = d_out.data<float>();
+    float* DT = d_table.data<float>();
+    for (int64_t t = 0; t < ids.numel(); ++t) {
+      const int64_t r = I[t] - vocab_offset;
+      if (r < 0 || r >= rows) continue;
+      for (int64_t i = 0; i < h; ++i) DT[r * h + i] += G[t * h + i];
+    }
+  }
+
+  void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) override {
+    check_same(x, y, "rmsnorm y");
+    check_f32(x, "rmsnorm");
+    const int64_t rows = rows_of(x), h = x.dim(-1);
+    FP_CHECK(w.numel() == h && rstd.numel() == rows, "rmsnorm w {} rstd {}", w.describe(), rstd.describe());
+    const float *X = x.data<float>(), *W = w.data<float>();
+    float *Y = y.data<float>(), *R = rstd.data<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = X + r * h;
+      float ss = 0;
+      for (int64_t i = 0; i < h; ++i) ss += xr[i] * xr[i];
+      const float inv = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ss) / h + eps));
+      R[r] = inv;
+      float* yr = Y + r * h;
+      for (int64_t i = 0; i < h; ++i) yr[i] = xr[i] * inv * W[i];
+    }
+  }
+  void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                        Tensor& dw) override {
+    check_same(x, dy, "rmsnorm dy");
+    check_same(x, dx, "rmsnorm dx");
+    check_f32(x, "rmsnorm_backward");
+    const int64_t rows = rows_of(x), h = x.dim(-1);
+    FP_CHECK(dw.numel() == h, "rmsnorm dw {}", dw.describe());
+    const float *X = x.data<float>(), *W = w.data<float>(), *R = rstd.data<float>(), *DY = dy.data<float>();
+    float *DX = dx.data<float>(), *DW = dw.data<float>();
+    std::vector<double> dw_acc(static_cast<size_t>(h), 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float *xr = X + r * h, *gr = DY + r * h;
+      const float s = R[r];
+      float dot = 0;
+      for (int64_t i = 0; i < h; ++i) dot += gr[i] * W[i] * xr[i];
+      const float coef = s * s * s * dot / static_cast<float>(h);
+      float* dxr = DX + r * h;
+      for (int64_t i = 0; i < h; ++i) {
+        dxr[i] = s * gr[i] * W[i] - coef * xr[i];
+        dw_acc[i] += gr[i] * xr[i] * s;
+      }
+    }
+    for (int64_t i = 0; i < h; ++i) DW[i] += static_cast<float>(dw_acc[i]);
+  }
+
+  void rope_forward(const Tensor& table, Tensor& x) override { rope(table, x, 1.0f); }
+  void rope_backward(const Tensor& table, Tensor& dx) override { rope(table, dx, -1.0f); }
+
+  void attention_forward(const AttentionArgs& a, Tensor& out, Tensor& lse) override {
+    const AttentionDims d = check_attention(a, out, lse);
+    check_f32(out, "attention");
+    flash_attention_forward(d, a.q->data<float>(), a.k->data<float>(), a.v->data<float>(),
+                            a.q_pos->data<int32_t>(), a.k_pos->data<int32_t>(), static_cast<float>(a.scale),
+                            out.data<float>(), lse.data<float>());
+  }
+  void attention_backward(const AttentionArgs& a, const Tensor& out, const Tensor& lse, const Tensor& d_out,
+                          Tensor& dq, Tensor& dk, Tensor& dv) override {
+    const AttentionDims d = check_attention(a, out, lse);
+    check_f32(out, "attention_backward");
+    FP_CHECK(d_out.shape() == out.shape() && dq.shape() == a.q->shape() && dk.shape() == a.k->shape() &&
+                 dv.shape() == a.v->shape(),
+             "attention backward shapes");
+    flash_attention_backward(d, a.q->data<float>(), a.k->data<float>(), a.v->data<float>(), out.data<float>(),
+                             lse.data<float>(), d_out.data<float>(), a.q_pos->data<int32_t>(),
+                             a.k_pos->data<int32_t>(), static_cast<float>(a.scale), dq.data<float>(),
+                             dk.data<float>(), dv.data<float>());
+  }
+
+  void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) override {
+    check_same(gate, up, "swiglu up");
+    check_same(gate, out, "swiglu out");
+    check_f32(gate, "swiglu");
+    const float *G = gate.data<float>(), *U = up.data<float>();
+    float* O = out.data<float>();
+    const int64_t n = gate.numel();
+    for (int64_t i = 0; i < n; ++i) O[i] = G[i] * vec::sigmoid(G[i]) * U[i];
+  }
+  void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& d_out, Tensor& d_gate,
+                       Tensor& d_up) override {
+    check_same(gate, up, "swiglu up");
+    check_same(gate, d_out, "swiglu d_out");
+    check_same(gate, d_gate, "swiglu d_gate");
+    check_same(gate, d_up, "swiglu d_up");
+    check_f32(gate, "swiglu_backward");
+    const float *G = gate.data<float>(), *U = up.data<float>(), *DO = d_out.data<float>();
+    float *DG = d_gate.data<float>(), *DU = d_up.data<float>();
+    const int64_t n = gate.numel();
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = G[i], sig = vec::sigmoid(g), d_o = DO[i];
+      const float u = U[i];
+      DU[i] = d_o * g * sig;
+      DG[i] = d_o * u * sig * (1.0f + g * (1.0f - sig));
+    }
+  }
+
+  double cross_entropy_forward(const Tensor& logits, const Tensor& targets, int32_t ignore_index,
+                               Tensor& lse) override {
+    check_f32(logits, "cross_entropy");
+    const int64_t rows = rows_of(logits), V = logits.dim(-1);
+    check_i32_vector(targets, rows, "cross_entropy targets");
+    FP_CHECK(lse.numel() == rows && lse.dtype() == DType::kF32, "cross_entropy lse {}", lse.describe());
+    const float* X = logits.data<float>();
+    const int32_t* tg = targets.data<int32_t>();
+    float* L = lse.data<float>();
+    double loss = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (tg[r] == ignore_index) {
+        L[r] = 0;
+        continue;
+      }
+      FP_CHECK(tg[r] >= 0 && tg[r] < V, "target {} outside vocabulary [0, {})", tg[r], V);
+      const float* xr = X + r * V;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < V; ++j) mx = std::max(mx, xr[j]);
+      float sum = 0;
+      for (int64_t j = 0; j < V; ++j) sum += vec::exp(xr[j] - mx);
+      const float l = mx + std::log(sum);
+      L[r] = l;
+      loss += static_cast<double>(l) - xr[tg[r]];
+    }
+    return loss;
+  }
+  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int32_t ignore_index,
+                              double grad_scale, Tensor& d_logits) override {
+    check_same(logits, d_logits, "cross_entropy d_logits");
+    check_f32(logits, "cross_entropy_backward");
+    const int64_t rows = rows_of(logits), V = logits.dim(-1);
+    const float *X = logits.data<float>(), *L = lse.data<float>();
+    const int32_t* tg = targets.data<int32_t>();
+    float* DX = d_logits.data<float>();
+    const float gs = static_cast<float>(grad_scale);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* dr = DX + r * V;
+      if (tg[r] == ignore_index) {
+        std::fill_n(dr, V, 0.0f);
+        continue;
+      }
+      const float* xr = X + r * V;
+      const float l = L[r];
+      for (int64_t j = 0; j < V; ++j) dr[j] = vec::exp(xr[j] - l) * gs;
+      dr[tg[r]] -= gs;
+    }
+  }
+
+ private:
+  static void scale_or_zero(float beta, Tensor& c) {
+    float* C = c.data<float>();
+    for (int64_t i = 0; i < c.numel(); ++i) C[i] = beta == 0 ? 0.0f : beta * C[i];
+  }
+
+  static void rope(const Tensor& table, Tensor& x, float sign) {
+    check_f32(x, "rope");
+    FP_CHECK(x.rank() == 4 && table.rank() == 3 && table.dim(0) == x.dim(1) && table.dim(1) == 2 && table.dim(2) * 2 == x.dim(3) &&
+                 table.dtype() == DType::kF32,
+             "rope: x {} table {}", x.describe(), table.describe());
+    const int64_t B = x.dim(0), S = x.dim(1), n = x.dim(2), d = x.dim(3), half = d / 2;
+    const float* tab = table.data<float>();
+    float* X = x.data<float>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t s = 0; s < S; ++s) {
+        const float* cos_row = tab + s * 2 * half;
+        const float* sin_row = cos_row + half;
+        for (int64_t hh = 0; hh < n; ++hh) {
+          float* row = X + ((b * S + s) * n + hh) * d;
+          for (int64_t i = 0; i < half; ++i) {
+            const float c = cos_row[i], sn = sign * sin_row[i];
+            const float x1 = row[i], x2 = row[i + half];
+            row[i] = x1 * c - x2 * sn;
+            row[i + half] = x2 * c + x1 * sn;
+          }
+        }
+      }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace foldpar

@@ -1,0 +1,70 @@
+// Shape and dtype checks of backend ops.
+#include "backend/op_checks.h"
+
+namespace foldpar {
+
+int64_t rows_of(const Tensor& x) {
+  FP_CHECK(x.rank() >= 1, "scalar where a matrix was expected");
+  const int64_t w = x.dim(-1);
+  return w == 0 ? 0 : x.numel() / w;
+}
+
+void check_same(const Tensor& a, const Tensor& b, const char* what) {
+  FP_CHECK(a.numel() == b.numel() && a.dim(-1) == b.dim(-1) && a.dtype() == b.dtype(), "{}: {} vs {}", what,
+           a.describe(), b.describe());
+}
+
+void check_float(const Tensor& t, const char* what) {
+  FP_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kF64, "{}: {} is not f32/f64", what, t.describe());
+}
+
+void check_i32_vector(const Tensor& t, int64_t n, const char* what) {
+  FP_CHECK(t.dtype() == DType::kI32 && t.numel() == n, "{}: {} where i32[{}] was expected", what, t.describe(),
+           n);
+}
+
+MatmulDims check_matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c) {
+  FP_CHECK(a.dtype() == b.dtype() && b.dtype() == c.dtype(), "matmul dtypes {} {} {}", a.describe(),
+           b.describe(), c.describe());
+  const int64_t a_rows = rows_of(a), a_cols = a.dim(-1);
+  const int64_t b_rows = rows_of(b), b_cols = b.dim(-1);
+  MatmulDims d{};
+  d.m = trans_a ? a_cols : a_rows;
+  d.k = trans_a ? a_rows : a_cols;
+  const int64_t kb = trans_b ? b_cols : b_rows;
+  d.n = trans_b ? b_rows : b_cols;
+  FP_CHECK(d.k == kb && rows_of(c) == d.m && c.dim(-1) == d.n, "matmul {}{} x {}{} -> {}", a.shape().to_string(),
+           trans_a ? "^T" : "", b.shape().to_string(), trans_b ? "^T" : "", c.shape().to_string());
+  d.lda = a_cols;
+  d.ldb = b_cols;
+  return d;
+}
+
+AttentionDims check_attention(const AttentionArgs& args, const Tensor& out, const Tensor& lse) {
+  FP_CHECK(args.q && args.k && args.v && args.q_pos && args.k_pos, "attention: missing argument");
+  const Tensor &q = *args.q, &k = *args.k, &v = *args.v;
+  FP_CHECK(q.rank() == 4 && k.rank() == 4 && v.rank() == 4, "attention ranks {} {} {}", q.describe(),
+           k.describe(), v.describe());
+  AttentionDims d{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3)};
+  FP_CHECK(k.shape() == v.shape() && k.dim(0) == d.batch && k.dim(3) == d.d, "attention k {} v {} q {}",
+           k.describe(), v.describe(), q.describe());
+  FP_CHECK(d.n_kv > 0 && d.n_h % d.n_kv == 0, "attention heads {} not a multiple of kv heads {}", d.n_h, d.n_kv);
+  FP_CHECK(q.dtype() == k.dtype() && k.dtype() == v.dtype() && out.dtype() == q.dtype() &&
+               lse.dtype() == q.dtype(),
+           "attention dtypes");
+  FP_CHECK(out.shape() == q.shape(), "attention out {} vs q {}", out.describe(), q.describe());
+  FP_CHECK(lse.numel() == d.batch * d.n_h * d.sq, "attention lse {} for B={} n_h={} Sq={}", lse.describe(),
+           d.batch, d.n_h, d.sq);
+  check_i32_vector(*args.q_pos, d.sq, "attention q_pos");
+  check_i32_vector(*args.k_pos, d.sk, "attention k_pos");
+  return d;
+}
+
+int64_t count_valid_targets(const Tensor& targets, int32_t ignore_index) {
+  const int32_t* t = targets.data<int32_t>();
+  int64_t n = 0;
+  for (int64_t i = 0; i < targets.numel(); ++i) n += (t[i] != ignore_index);
+  return n;
+}
+
+}  // namespace foldpar

@@ -1,0 +1,31 @@
+// Argument validation shared by every backend: each op's entry point calls its check_*
+// function, which FP_CHECKs shapes and dtypes and returns the extents the kernel needs.
+// One validated path, so backends cannot disagree about what an op accepts.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace foldpar {
+
+struct MatmulDims {
+  int64_t m, n, k;
+  int64_t lda, ldb;  // leading dimensions of a and b as stored (row-major)
+};
+MatmulDims check_matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c);
+
+struct AttentionDims {
+  int64_t batch, sq, sk, n_h, n_kv, d;
+  int64_t group() const { return n_h / n_kv; }
+};
+AttentionDims check_attention(const AttentionArgs& args, const Tensor& out, const Tensor& lse);
+
+// Rows and width of x viewed as [T, w]; checks every other tensor has the same rows/width
+// as stated by the op.
+int64_t rows_of(const Tensor& x);
+void check_same(const Tensor& a, const Tensor& b, const char* what);
+void check_float(const Tensor& t, const char* what);  // f32 or f64
+void check_i32_vector(const Tensor& t, int64_t n, const char* what);
+
+}  // namespace foldpar

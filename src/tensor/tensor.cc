@@ -1,0 +1,124 @@
+// Tensor storage, views and conversions.
+#include "tensor/tensor.h"
+
+#include <cstring>
+
+namespace foldpar {
+
+struct Tensor::Storage {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  MemCategory category = MemCategory::kWorkspace;
+  MemoryTracker* tracker = nullptr;
+  ~Storage() { tracker->release(ptr, bytes, category); }
+};
+
+void* Tensor::base() const {
+  FP_CHECK(storage_ != nullptr, "access to an undefined tensor");
+  return storage_->ptr;
+}
+
+MemCategory Tensor::category() const {
+  FP_CHECK(storage_ != nullptr, "category of an undefined tensor");
+  return storage_->category;
+}
+
+Result<Tensor> Tensor::try_empty(const Shape& shape, DType dtype, MemCategory category,
+                                 MemoryTracker& tracker) {
+  const int64_t numel = shape.numel();
+  const size_t bytes = static_cast<size_t>(numel) * dtype_size(dtype);
+  void* ptr = tracker.allocate(bytes, category);
+  if (ptr == nullptr) {
+    return Status(StatusCode::kOutOfMemory,
+                  fmt::format("cannot allocate {} bytes for {} {}{}", bytes, mem_category_name(category),
+                              dtype_name(dtype), shape.to_string()));
+  }
+  Tensor t;
+  t.storage_ = std::make_shared<Storage>();
+  t.storage_->ptr = ptr;
+  t.storage_->bytes = bytes;
+  t.storage_->category = category;
+  t.storage_->tracker = &tracker;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  return t;
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, MemCategory category, MemoryTracker& tracker) {
+  Result<Tensor> t = try_empty(shape, dtype, category, tracker);
+  FP_CHECK_OK(t.status());
+  return std::move(t).value();
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, MemCategory category, MemoryTracker& tracker) {
+  Tensor t = empty(shape, dtype, category, tracker);
+  t.zero();
+  return t;
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  FP_CHECK(shape.numel() == numel(), "reshape of {} to {}", shape_.to_string(), shape.to_string());
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::narrow(int64_t begin, int64_t end) const {
+  FP_CHECK(rank() >= 1 && 0 <= begin && begin <= end && end <= shape_[0], "narrow [{}, {}) of {}", begin,
+           end, shape_.to_string());
+  Tensor t = *this;
+  t.shape_[0] = end - begin;
+  t.offset_bytes_ += static_cast<size_t>(begin * shape_.stride(0)) * dtype_size(dtype_);
+  return t;
+}
+
+Tensor Tensor::clone(MemCategory category) const {
+  Tensor t = empty(shape_, dtype_, category, *storage_->tracker);
+  std::memcpy(t.raw_data(), raw_data(), nbytes());
+  return t;
+}
+
+void Tensor::zero() {
+  if (numel() > 0) std::memset(raw_data(), 0, nbytes());
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  FP_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_, "copy of {} into {}", src.describe(), describe());
+  if (numel() > 0 && raw_data() != src.raw_data()) std::memmove(raw_data(), src.raw_data(), nbytes());
+}
+
+namespace {
+double load_as_f64(DType t, const void* p, int64_t i) {
+  switch (t) {
+    case DType::kF32: return static_cast<const float*>(p)[i];
+    case DType::kF64: return static_cast<const double*>(p)[i];
+    case DType::kBF16: return bf16_to_f32(static_cast<const bf16*>(p)[i]);
+    default: FP_CHECK(false, "conversion from {}", dtype_name(t));
+  }
+  return 0;
+}
+void store_from_f64(DType t, void* p, int64_t i, double v) {
+  switch (t) {
+    case DType::kF32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
+    case DType::kF64: static_cast<double*>(p)[i] = v; return;
+    case DType::kBF16: static_cast<bf16*>(p)[i] = f32_to_bf16(static_cast<float>(v)); return;
+    default: FP_CHECK(false, "conversion to {}", dtype_name(t));
+  }
+}
+}  // namespace
+
+Tensor Tensor::to(DType dtype, MemCategory category) const {
+  if (dtype == dtype_) return clone(category);
+  Tensor t = empty(shape_, dtype, category, *storage_->tracker);
+  const int64_t n = numel();
+  // f64 -> bf16 goes through f32 first, as a bf16 store of an f32 value would.
+  for (int64_t i = 0; i < n; ++i) store_from_f64(dtype, t.raw_data(), i, load_as_f64(dtype_, raw_data(), i));
+  return t;
+}
+
+std::string Tensor::describe() const {
+  if (!defined()) return "undefined";
+  return fmt::format("{}{} {}", dtype_name(dtype_), shape_.to_string(), mem_category_name(category()));
+}
+
+}  // namespace foldpar

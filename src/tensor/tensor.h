@@ -1,0 +1,82 @@
+// Tensor: a dtype, a shape and a handle to tracked storage. Always contiguous and row-major.
+// Copying a Tensor copies the handle (both refer to the same bytes), as in PyTorch; clone()
+// copies the bytes. A view (reshape, narrow) shares the storage and counts no new bytes.
+// Host memory only for now; a device field arrives with the CUDA backend.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/check.h"
+#include "core/status.h"
+#include "tensor/dtype.h"
+#include "tensor/memory_tracker.h"
+#include "tensor/shape.h"
+
+namespace foldpar {
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined: holds no storage
+
+  // Uninitialized storage, counted under `category`. Aborts when the system refuses the
+  // memory; use try_empty where the size comes from outside (a file, a flag).
+  static Tensor empty(const Shape& shape, DType dtype, MemCategory category,
+                      MemoryTracker& tracker = MemoryTracker::process());
+  static Result<Tensor> try_empty(const Shape& shape, DType dtype, MemCategory category,
+                                  MemoryTracker& tracker = MemoryTracker::process());
+  static Tensor zeros(const Shape& shape, DType dtype, MemCategory category,
+                      MemoryTracker& tracker = MemoryTracker::process());
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int rank() const { return shape_.rank(); }
+  // Extent of dim i; negative i counts from the end.
+  int64_t dim(int i) const { return shape_[i < 0 ? i + shape_.rank() : i]; }
+  DType dtype() const { return dtype_; }
+  int64_t numel() const { return shape_.numel(); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+  MemCategory category() const;
+
+  void* raw_data() { return static_cast<char*>(base()) + offset_bytes_; }
+  const void* raw_data() const { return static_cast<const char*>(base()) + offset_bytes_; }
+  template <typename T>
+  T* data() {
+    FP_CHECK(dtype_ == DTypeOf<T>::value, "tensor is {}, accessed as {}", dtype_name(dtype_),
+             dtype_name(DTypeOf<T>::value));
+    return static_cast<T*>(raw_data());
+  }
+  template <typename T>
+  const T* data() const {
+    FP_CHECK(dtype_ == DTypeOf<T>::value, "tensor is {}, accessed as {}", dtype_name(dtype_),
+             dtype_name(DTypeOf<T>::value));
+    return static_cast<const T*>(raw_data());
+  }
+
+  // A view with another shape of the same element count.
+  Tensor reshape(const Shape& shape) const;
+  // A view of rows [begin, end) along dim 0.
+  Tensor narrow(int64_t begin, int64_t end) const;
+  // A copy in new storage, counted under `category`.
+  Tensor clone(MemCategory category) const;
+  // A copy converted to `dtype` (f32/f64/bf16 among themselves; rounding to nearest even).
+  Tensor to(DType dtype, MemCategory category) const;
+  void zero();
+  // Copies the bytes of `src` (same shape and dtype) into this tensor.
+  void copy_from(const Tensor& src);
+
+  bool shares_storage_with(const Tensor& other) const { return storage_ && storage_ == other.storage_; }
+  std::string describe() const;  // "f32[2, 3] activations"
+
+ private:
+  struct Storage;
+  void* base() const;
+
+  std::shared_ptr<Storage> storage_;
+  size_t offset_bytes_ = 0;
+  Shape shape_;
+  DType dtype_ = DType::kF32;
+};
+
+}  // namespace foldpar
