@@ -39,7 +39,8 @@ class Backend {
 
   // ---- linear algebra ----
   // c = alpha * op(a) op(b) + beta * c, where op transposes when asked. Each operand is viewed
-  // as 2-D (rows = numel / last extent): op(a) [M, K], op(b) [K, N], c [M, N]. With beta == 0
+  // as 2-D [numel / last extent, last extent] (reshape [B, S, n, d] to [B*S, n*d] first):
+  // op(a) [M, K], op(b) [K, N], c [M, N]. With beta == 0
   // c is written (its old contents, even NaN, are ignored).
   virtual void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                       float alpha = 1.0f, float beta = 0.0f) = 0;

@@ -1,0 +1,121 @@
+// Reading, writing and validating config.json.
+#include "model/llama_config.h"
+
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace foldpar {
+namespace {
+
+Status read_int(const nlohmann::json& j, const char* key, bool required, int64_t* out) {
+  auto it = j.find(key);
+  if (it == j.end()) return required ? invalid_argument("config: missing \"{}\"", key) : Status();
+  if (!it->is_number_integer()) return invalid_argument("config: \"{}\" must be an integer, got {}", key, it->dump());
+  *out = it->get<int64_t>();
+  return Status();
+}
+
+Status read_double(const nlohmann::json& j, const char* key, double* out) {
+  auto it = j.find(key);
+  if (it == j.end()) return Status();
+  if (!it->is_number()) return invalid_argument("config: \"{}\" must be a number, got {}", key, it->dump());
+  *out = it->get<double>();
+  return Status();
+}
+
+}  // namespace
+
+int64_t LlamaConfig::parameter_count() const {
+  const int64_t h = hidden_size, f = intermediate_size;
+  const int64_t per_layer = 2 * h + h * h * 2 + 2 * h * kv_dim() + 3 * h * f;
+  return vocab_size * h * (tie_word_embeddings ? 1 : 2) + h + num_hidden_layers * per_layer;
+}
+
+Status LlamaConfig::validate() const {
+  const std::pair<const char*, int64_t> positive[] = {
+      {"hidden_size", hidden_size},         {"intermediate_size", intermediate_size},
+      {"num_attention_heads", num_attention_heads}, {"num_key_value_heads", num_key_value_heads},
+      {"num_hidden_layers", num_hidden_layers},     {"vocab_size", vocab_size},
+      {"max_position_embeddings", max_position_embeddings}};
+  for (const auto& [name, value] : positive)
+    if (value <= 0) return invalid_argument("config: {} ({}) must be positive", name, value);
+  if (hidden_size % num_attention_heads != 0)
+    return invalid_argument("config: hidden_size ({}) must be divisible by num_attention_heads ({})", hidden_size,
+                            num_attention_heads);
+  if (num_attention_heads % num_key_value_heads != 0)
+    return invalid_argument("config: num_attention_heads ({}) must be divisible by num_key_value_heads ({})",
+                            num_attention_heads, num_key_value_heads);
+  if (head_dim() % 2 != 0) return invalid_argument("config: head dim ({}) must be even for RoPE", head_dim());
+  if (vocab_size > std::numeric_limits<int32_t>::max())
+    return invalid_argument("config: vocab_size ({}) does not fit 32-bit token ids", vocab_size);
+  if (max_position_embeddings > std::numeric_limits<int32_t>::max())
+    return invalid_argument("config: max_position_embeddings ({}) does not fit 32-bit positions",
+                            max_position_embeddings);
+  if (!(rms_norm_eps > 0)) return invalid_argument("config: rms_norm_eps ({}) must be positive", rms_norm_eps);
+  if (!(rope_theta > 1)) return invalid_argument("config: rope_theta ({}) must be above 1", rope_theta);
+  return Status();
+}
+
+Result<LlamaConfig> LlamaConfig::from_json(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return invalid_argument("config: not valid JSON");
+  if (!j.is_object()) return invalid_argument("config: top level must be a JSON object");
+  LlamaConfig c;
+  FP_RETURN_IF_ERROR(read_int(j, "hidden_size", true, &c.hidden_size));
+  FP_RETURN_IF_ERROR(read_int(j, "intermediate_size", true, &c.intermediate_size));
+  FP_RETURN_IF_ERROR(read_int(j, "num_attention_heads", true, &c.num_attention_heads));
+  c.num_key_value_heads = c.num_attention_heads;  // Hugging Face default: MHA
+  FP_RETURN_IF_ERROR(read_int(j, "num_key_value_heads", false, &c.num_key_value_heads));
+  FP_RETURN_IF_ERROR(read_int(j, "num_hidden_layers", true, &c.num_hidden_layers));
+  FP_RETURN_IF_ERROR(read_int(j, "vocab_size", true, &c.vocab_size));
+  c.max_position_embeddings = 2048;
+  FP_RETURN_IF_ERROR(read_int(j, "max_position_embeddings", false, &c.max_position_embeddings));
+  FP_RETURN_IF_ERROR(read_double(j, "rms_norm_eps", &c.rms_norm_eps));
+  FP_RETURN_IF_ERROR(read_double(j, "rope_theta", &c.rope_theta));
+  if (auto it = j.find("tie_word_embeddings"); it != j.end()) {
+    if (!it->is_boolean()) return invalid_argument("config: \"tie_word_embeddings\" must be true or false");
+    c.tie_word_embeddings = it->get<bool>();
+  }
+  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null())
+    return unimplemented("config: rope_scaling is not supported (got {})", it->dump());
+  if (auto it = j.find("head_dim"); it != j.end() && it->is_number_integer() &&
+                                    it->get<int64_t>() * c.num_attention_heads != c.hidden_size)
+    return unimplemented("config: head_dim ({}) other than hidden_size / num_attention_heads is not supported",
+                         it->get<int64_t>());
+  FP_RETURN_IF_ERROR(c.validate());
+  return c;
+}
+
+Result<LlamaConfig> LlamaConfig::load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return not_found("config file {} cannot be opened", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  Result<LlamaConfig> c = from_json(ss.str());
+  if (!c.ok()) return c.status().with_context(path);
+  return c;
+}
+
+std::string LlamaConfig::to_json() const {
+  nlohmann::ordered_json j;
+  j["architectures"] = {"LlamaForCausalLM"};
+  j["model_type"] = "llama";
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_key_value_heads"] = num_key_value_heads;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["vocab_size"] = vocab_size;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["rope_theta"] = rope_theta;
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = false;
+  j["torch_dtype"] = "float32";
+  return j.dump(2) + "\n";
+}
+
+}  // namespace foldpar

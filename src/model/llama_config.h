@@ -1,0 +1,41 @@
+// LlamaConfig: the model hyper-parameters, read from a Hugging Face style config.json.
+// Validation here covers the model alone; parallel layouts add their own divisibility
+// checks (parallel/).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/status.h"
+
+namespace foldpar {
+
+struct LlamaConfig {
+  int64_t hidden_size = 0;              // h
+  int64_t intermediate_size = 0;        // f, the gated MLP width
+  int64_t num_attention_heads = 0;      // n_h
+  int64_t num_key_value_heads = 0;      // n_kv; n_h % n_kv == 0 (GQA group g = n_h / n_kv)
+  int64_t num_hidden_layers = 0;        // L
+  int64_t vocab_size = 0;               // V
+  int64_t max_position_embeddings = 0;  // longest sequence RoPE positions are meant for
+  double rms_norm_eps = 1e-6;           // added to mean(x^2) in every RMSNorm
+  double rope_theta = 10000.0;          // RoPE base
+  bool tie_word_embeddings = false;     // LM head shares the embedding matrix
+
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }  // d
+  int64_t kv_dim() const { return num_key_value_heads * head_dim(); }
+  int64_t group() const { return num_attention_heads / num_key_value_heads; }  // g
+  // Total parameter count (embedding counted once when tied).
+  int64_t parameter_count() const;
+
+  // Checks positivity, divisibility (h % n_h, n_h % n_kv, even head_dim) and sane ranges;
+  // messages name the values.
+  Status validate() const;
+
+  static Result<LlamaConfig> from_json(const std::string& text);
+  static Result<LlamaConfig> load(const std::string& path);
+  // Hugging Face style JSON (with architectures and model_type), loadable by from_json.
+  std::string to_json() const;
+};
+
+}  // namespace foldpar

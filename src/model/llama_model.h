@@ -1,0 +1,54 @@
+// The single-device Llama model: embedding, L blocks, final norm, LM head and the mean
+// cross-entropy; forward, and forward + backward with a choice of activation recomputation.
+// This is the reference every parallel layout is held to.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/backend.h"
+#include "model/llama_config.h"
+#include "model/llama_weights.h"
+
+namespace foldpar {
+
+constexpr int32_t kIgnoreIndex = -100;  // target id that carries no loss (PyTorch's default)
+
+// One micro-batch of token ids. target_ids[b, t] is the token to predict at position t
+// (already shifted), or kIgnoreIndex.
+struct Batch {
+  Tensor input_ids;   // i32 [B, S]
+  Tensor target_ids;  // i32 [B, S]
+  int64_t batch() const { return input_ids.dim(0); }
+  int64_t seq() const { return input_ids.dim(1); }
+};
+
+enum class Recompute {
+  kNone,   // keep every block's activations from forward to backward
+  kBlock,  // keep only each block's input; rerun the block's forward inside backward
+};
+
+struct StepOptions {
+  Recompute recompute = Recompute::kNone;
+  bool keep_logits = false;  // return the logits [B, S, V] (costs B*S*V elements)
+};
+
+struct StepResult {
+  double loss = 0;           // loss_sum / valid_tokens (0 when no token is valid)
+  double loss_sum = 0;       // sum of per-token cross-entropies over valid tokens
+  int64_t valid_tokens = 0;  // targets that are not kIgnoreIndex
+  Tensor logits;             // [B, S, V] when keep_logits
+};
+
+// Checks shapes, dtypes and id ranges of a batch against the config (user data: a Status).
+Status validate_batch(const LlamaConfig& config, const Batch& batch);
+
+// Forward only: the loss (and logits when asked).
+Result<StepResult> model_forward(const LlamaConfig& config, Backend& backend, const LlamaWeights& weights,
+                                 const Batch& batch, const StepOptions& options);
+
+// Forward and backward; gradients of the mean loss are accumulated (+=) into `grads`
+// (allocate with LlamaWeights::allocate(..., kGradients) and zero() them first).
+Result<StepResult> model_forward_backward(const LlamaConfig& config, Backend& backend, const LlamaWeights& weights,
+                                          const Batch& batch, const StepOptions& options, LlamaWeights& grads);
+
+}  // namespace foldpar

@@ -1,0 +1,83 @@
+// Allocation, naming and initialization of Llama weights.
+#include "model/llama_weights.h"
+
+#include <fmt/format.h>
+
+#include "core/rng.h"
+
+namespace foldpar {
+namespace {
+bool is_norm(const std::string& name) { return name.ends_with("norm.weight"); }
+}  // namespace
+
+LlamaWeights LlamaWeights::allocate(const LlamaConfig& c, DType dtype, MemCategory category) {
+  const int64_t h = c.hidden_size, f = c.intermediate_size, q = c.num_attention_heads * c.head_dim(),
+                kv = c.kv_dim();
+  LlamaWeights w;
+  w.tied = c.tie_word_embeddings;
+  w.embed = Tensor::empty({c.vocab_size, h}, dtype, category);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    LayerWeights lw;
+    lw.attn_norm = Tensor::empty({h}, dtype, category);
+    lw.wq = Tensor::empty({q, h}, dtype, category);
+    lw.wk = Tensor::empty({kv, h}, dtype, category);
+    lw.wv = Tensor::empty({kv, h}, dtype, category);
+    lw.wo = Tensor::empty({h, q}, dtype, category);
+    lw.mlp_norm = Tensor::empty({h}, dtype, category);
+    lw.w_gate = Tensor::empty({f, h}, dtype, category);
+    lw.w_up = Tensor::empty({f, h}, dtype, category);
+    lw.w_down = Tensor::empty({h, f}, dtype, category);
+    w.layers.push_back(std::move(lw));
+  }
+  w.final_norm = Tensor::empty({h}, dtype, category);
+  w.lm_head = w.tied ? w.embed : Tensor::empty({c.vocab_size, h}, dtype, category);
+  return w;
+}
+
+void LlamaWeights::for_each(const std::function<void(const std::string&, Tensor&)>& fn) {
+  fn("model.embed_tokens.weight", embed);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    LayerWeights& lw = layers[l];
+    const std::string p = fmt::format("model.layers.{}.", l);
+    fn(p + "input_layernorm.weight", lw.attn_norm);
+    fn(p + "self_attn.q_proj.weight", lw.wq);
+    fn(p + "self_attn.k_proj.weight", lw.wk);
+    fn(p + "self_attn.v_proj.weight", lw.wv);
+    fn(p + "self_attn.o_proj.weight", lw.wo);
+    fn(p + "post_attention_layernorm.weight", lw.mlp_norm);
+    fn(p + "mlp.gate_proj.weight", lw.w_gate);
+    fn(p + "mlp.up_proj.weight", lw.w_up);
+    fn(p + "mlp.down_proj.weight", lw.w_down);
+  }
+  fn("model.norm.weight", final_norm);
+  if (!tied) fn("lm_head.weight", lm_head);
+}
+
+void LlamaWeights::for_each(const std::function<void(const std::string&, const Tensor&)>& fn) const {
+  const_cast<LlamaWeights*>(this)->for_each([&](const std::string& name, Tensor& t) { fn(name, t); });
+}
+
+void LlamaWeights::zero() {
+  for_each([](const std::string&, Tensor& t) { t.zero(); });
+}
+
+double init_value(const InitOptions& o, const std::string& name, int64_t index) {
+  const double z = normal_at(o.seed, stream_id(name), static_cast<uint64_t>(index));
+  return is_norm(name) ? 1.0 + o.norm_jitter * z : o.std * z;
+}
+
+void init_weights(const InitOptions& o, LlamaWeights& weights) {
+  weights.for_each([&](const std::string& name, Tensor& t) {
+    const int64_t n = t.numel();
+    if (t.dtype() == DType::kF64) {
+      double* p = t.data<double>();
+      for (int64_t i = 0; i < n; ++i) p[i] = init_value(o, name, i);
+    } else {
+      FP_CHECK(t.dtype() == DType::kF32, "init of {}", t.describe());
+      float* p = t.data<float>();
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(init_value(o, name, i));
+    }
+  });
+}
+
+}  // namespace foldpar

@@ -1,0 +1,59 @@
+// LlamaWeights: the parameter tensors of a Llama model under their Hugging Face names and
+// shapes (linear weights are [out, in], as in the HF state dict). The same struct holds
+// gradients (allocated under MemCategory::kGradients). With tied embeddings lm_head is the
+// same tensor as embed (and, for gradients, the same accumulator).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model/llama_config.h"
+#include "tensor/tensor.h"
+
+namespace foldpar {
+
+struct LayerWeights {
+  Tensor attn_norm;  // [h]            model.layers.N.input_layernorm.weight
+  Tensor wq;         // [n_h*d, h]     self_attn.q_proj.weight
+  Tensor wk;         // [n_kv*d, h]    self_attn.k_proj.weight
+  Tensor wv;         // [n_kv*d, h]    self_attn.v_proj.weight
+  Tensor wo;         // [h, n_h*d]     self_attn.o_proj.weight
+  Tensor mlp_norm;   // [h]            post_attention_layernorm.weight
+  Tensor w_gate;     // [f, h]         mlp.gate_proj.weight
+  Tensor w_up;       // [f, h]         mlp.up_proj.weight
+  Tensor w_down;     // [h, f]         mlp.down_proj.weight
+};
+
+struct LlamaWeights {
+  Tensor embed;                      // [V, h]  model.embed_tokens.weight
+  std::vector<LayerWeights> layers;  // L
+  Tensor final_norm;                 // [h]     model.norm.weight
+  Tensor lm_head;                    // [V, h]  lm_head.weight (the embed tensor when tied)
+  bool tied = false;
+
+  // Allocates every tensor (uninitialized) for `config`.
+  static LlamaWeights allocate(const LlamaConfig& config, DType dtype, MemCategory category);
+
+  // Visits every distinct tensor with its Hugging Face name, in state-dict order; with tied
+  // embeddings lm_head is not visited separately.
+  void for_each(const std::function<void(const std::string& name, Tensor& t)>& fn);
+  void for_each(const std::function<void(const std::string& name, const Tensor& t)>& fn) const;
+  void zero();
+};
+
+struct InitOptions {
+  uint64_t seed = 0;
+  double std = 0.02;         // linear and embedding weights ~ N(0, std^2), as Hugging Face initializes Llama
+  double norm_jitter = 0.0;  // norm gains = 1 + norm_jitter * N(0, 1); verification uses > 0 so gains are not all 1
+};
+
+// Fills every tensor from counter-based random numbers keyed by (seed, tensor name, element
+// index), so any shard of a tensor can be generated alone and matches the full tensor.
+void init_weights(const InitOptions& options, LlamaWeights& weights);
+
+// Value of element `index` of the tensor called `name` under init_weights (for shards).
+double init_value(const InitOptions& options, const std::string& name, int64_t index);
+
+}  // namespace foldpar

@@ -1,0 +1,127 @@
+// Tensor storage, views, dtype conversion, and the tracked allocator's exact counts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "tensor/compare.h"
+#include "tensor/tensor.h"
+
+namespace foldpar {
+namespace {
+
+TEST(MemoryTracker, CountsEveryCategoryExactly) {
+  MemoryTracker tracker;
+  {
+    Tensor p = Tensor::empty({3, 5}, DType::kF32, MemCategory::kParameters, tracker);       // 60
+    Tensor g = Tensor::empty({7}, DType::kF64, MemCategory::kGradients, tracker);           // 56
+    Tensor o = Tensor::empty({2, 2, 2}, DType::kBF16, MemCategory::kOptimizer, tracker);    // 16
+    Tensor a = Tensor::empty({11}, DType::kI32, MemCategory::kActivations, tracker);        // 44
+    Tensor c = Tensor::empty({1}, DType::kI64, MemCategory::kComm, tracker);                // 8
+    Tensor w = Tensor::empty({0, 4}, DType::kF32, MemCategory::kWorkspace, tracker);        // 0
+    MemoryStats s = tracker.stats();
+    EXPECT_EQ(s.current_of(MemCategory::kParameters), 60);
+    EXPECT_EQ(s.current_of(MemCategory::kGradients), 56);
+    EXPECT_EQ(s.current_of(MemCategory::kOptimizer), 16);
+    EXPECT_EQ(s.current_of(MemCategory::kActivations), 44);
+    EXPECT_EQ(s.current_of(MemCategory::kComm), 8);
+    EXPECT_EQ(s.current_of(MemCategory::kWorkspace), 0);
+    EXPECT_EQ(s.current_total, 60 + 56 + 16 + 44 + 8);
+    EXPECT_EQ(s.peak_total, 60 + 56 + 16 + 44 + 8);
+    EXPECT_EQ(s.live_allocations, 6);
+
+    // Views count nothing; the storage lives while any view does.
+    Tensor v = p.narrow(1, 3).reshape({10});
+    EXPECT_EQ(tracker.stats().current_total, 184);
+    p = Tensor();
+    EXPECT_EQ(tracker.stats().current_of(MemCategory::kParameters), 60);
+  }
+  MemoryStats s = tracker.stats();
+  EXPECT_EQ(s.current_total, 0);
+  EXPECT_EQ(s.live_allocations, 0);
+  EXPECT_EQ(s.peak_total, 184);
+  EXPECT_EQ(s.peak_of(MemCategory::kParameters), 60);
+  EXPECT_EQ(s.total_allocations, 6);
+}
+
+TEST(MemoryTracker, PeakIsOfTheSumNotSumOfPeaks) {
+  MemoryTracker tracker;
+  { Tensor a = Tensor::empty({100}, DType::kF32, MemCategory::kActivations, tracker); }
+  { Tensor b = Tensor::empty({50}, DType::kF32, MemCategory::kWorkspace, tracker); }
+  MemoryStats s = tracker.stats();
+  EXPECT_EQ(s.peak_of(MemCategory::kActivations), 400);
+  EXPECT_EQ(s.peak_of(MemCategory::kWorkspace), 200);
+  EXPECT_EQ(s.peak_total, 400);
+  Tensor keep = Tensor::empty({10}, DType::kF32, MemCategory::kWorkspace, tracker);
+  tracker.reset_peaks();
+  s = tracker.stats();
+  EXPECT_EQ(s.peak_total, 40);
+  EXPECT_EQ(s.peak_of(MemCategory::kActivations), 0);
+  EXPECT_EQ(s.peak_of(MemCategory::kWorkspace), 40);
+}
+
+TEST(MemoryTracker, StorageIsAligned) {
+  MemoryTracker tracker;
+  for (int n : {1, 3, 17, 1000}) {
+    Tensor t = Tensor::empty({n}, DType::kBF16, MemCategory::kWorkspace, tracker);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw_data()) % MemoryTracker::kAlignment, 0u);
+  }
+}
+
+TEST(Tensor, NarrowAndReshapeAreViews) {
+  MemoryTracker tracker;
+  Tensor t = Tensor::empty({4, 3}, DType::kF32, MemCategory::kWorkspace, tracker);
+  for (int i = 0; i < 12; ++i) t.data<float>()[i] = static_cast<float>(i);
+  Tensor rows = t.narrow(1, 3);
+  EXPECT_EQ(rows.shape(), (Shape{2, 3}));
+  EXPECT_EQ(rows.data<float>()[0], 3.0f);
+  EXPECT_TRUE(rows.shares_storage_with(t));
+  rows.data<float>()[0] = -1;
+  EXPECT_EQ(t.data<float>()[3], -1.0f);
+  Tensor flat = t.reshape({12});
+  EXPECT_EQ(flat.data<float>()[11], 11.0f);
+  Tensor c = t.clone(MemCategory::kWorkspace);
+  EXPECT_FALSE(c.shares_storage_with(t));
+  EXPECT_EQ(max_rel_error(c, t), 0.0);
+}
+
+TEST(Tensor, Bf16RoundsToNearestEven) {
+  // 1 + 2^-8 is exactly half way between bf16 neighbours 1 and 1 + 2^-7: ties go to even (1).
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + 0x1p-8f)), 1.0f);
+  // 1 + 3*2^-8 is half way between 1+2^-7 (odd mantissa) and 1+2^-6: rounds up to even.
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + 3 * 0x1p-8f)), 1.0f + 0x1p-6f);
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f)), 1.0f + 0x1p-7f);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::infinity())), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(-2.5f)), -2.5f);
+}
+
+TEST(Tensor, ConversionRoundTrip) {
+  MemoryTracker tracker;
+  Tensor t = Tensor::empty({5}, DType::kF32, MemCategory::kWorkspace, tracker);
+  const float vals[] = {0.1f, -3.0f, 1e-3f, 65504.0f, 0.0f};
+  std::copy(vals, vals + 5, t.data<float>());
+  Tensor b = t.to(DType::kBF16, MemCategory::kWorkspace);
+  EXPECT_EQ(b.nbytes(), 10u);
+  Tensor back = b.to(DType::kF32, MemCategory::kWorkspace);
+  // bf16 keeps 8 significant bits: relative error at most 2^-9.
+  for (int i = 0; i < 5; ++i) EXPECT_NEAR(back.data<float>()[i], vals[i], std::abs(vals[i]) * 0x1p-9);
+  Tensor d = t.to(DType::kF64, MemCategory::kWorkspace);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(d.data<double>()[i], static_cast<double>(vals[i]));
+}
+
+TEST(Compare, RelativeErrorIsNormwise) {
+  MemoryTracker tracker;
+  Tensor a = Tensor::zeros({3}, DType::kF32, MemCategory::kWorkspace, tracker);
+  Tensor b = Tensor::zeros({3}, DType::kF64, MemCategory::kWorkspace, tracker);
+  b.data<double>()[0] = 2.0;
+  a.data<float>()[0] = 2.0f;
+  a.data<float>()[2] = 0.01f;  // an error of 0.01 against a reference of scale 2
+  EXPECT_DOUBLE_EQ(max_rel_error(a, b), static_cast<double>(0.01f) / 2.0);
+  EXPECT_NE(describe_mismatches(a, b, 1e-3).find("[2]"), std::string::npos);
+  a.data<float>()[1] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isinf(max_rel_error(a, b)));
+}
+
+}  // namespace
+}  // namespace foldpar
