@@ -109,6 +109,10 @@ std::unique_ptr<Backend> make_reference_backend();
 // The fast CPU backend: OpenBLAS, blocked flash attention, vectorized kernels; f32 tensors.
 std::unique_ptr<Backend> make_cpu_backend();
 
+// Threads the CPU backend's BLAS may use (1 when ranks share cores). Process-wide, as
+// OpenBLAS's own setting is.
+void set_cpu_backend_threads(int threads);
+
 // Number of valid (not ignore_index) targets.
 int64_t count_valid_targets(const Tensor& targets, int32_t ignore_index);
 

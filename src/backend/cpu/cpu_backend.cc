@@ -281,4 +281,6 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
 
+void set_cpu_backend_threads(int threads) { openblas_set_num_threads(threads); }
+
 }  // namespace foldpar

@@ -1,0 +1,52 @@
+// Single-rank step timing.
+#include "app/step_bench.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "app/synthetic.h"
+#include "backend/backend.h"
+#include "model/flop_count.h"
+
+namespace foldpar {
+
+Result<StepBenchReport> run_step_bench(const StepBenchOptions& o) {
+  FP_RETURN_IF_ERROR(o.config.validate());
+  if (o.batch <= 0 || o.seq <= 0 || o.steps <= 0 || o.warmup < 0)
+    return invalid_argument("bench: batch ({}), seq ({}) and steps ({}) must be positive, warmup ({}) not negative",
+                            o.batch, o.seq, o.steps, o.warmup);
+  MemoryTracker::process().reset_peaks();
+  LlamaWeights w = LlamaWeights::allocate(o.config, DType::kF32, MemCategory::kParameters);
+  init_weights(InitOptions{.seed = o.seed}, w);
+  LlamaWeights g = LlamaWeights::allocate(o.config, DType::kF32, MemCategory::kGradients);
+  const Batch batch = synthetic_batch(o.config, o.batch, o.seq, o.seed + 1);
+  auto be = make_cpu_backend();
+  StepOptions step;
+  step.recompute = o.recompute;
+
+  StepBenchReport r;
+  for (int i = 0; i < o.warmup + o.steps; ++i) {
+    g.zero();
+    const auto t0 = std::chrono::steady_clock::now();
+    FP_ASSIGN_OR_RETURN(StepResult res, model_forward_backward(o.config, *be, w, batch, step, g));
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (i >= o.warmup) r.step_seconds.push_back(dt);
+    r.loss = res.loss;
+  }
+  std::vector<double> sorted = r.step_seconds;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  r.median_seconds = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  r.tokens_per_second = static_cast<double>(o.batch * o.seq) / r.median_seconds;
+  r.flops_per_step = train_step_flops(o.config, o.batch, o.seq);
+  r.gflops = r.flops_per_step / r.median_seconds / 1e9;
+  r.memory = MemoryTracker::process().stats();
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  r.peak_rss_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;
+  return r;
+}
+
+}  // namespace foldpar

@@ -1,0 +1,37 @@
+// Timing of single-rank training steps (forward + backward) on the fast CPU backend: the
+// figure `foldpar bench` prints and bench/train_step_bench records beside sgemm.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/status.h"
+#include "model/llama_model.h"
+#include "tensor/memory_tracker.h"
+
+namespace foldpar {
+
+struct StepBenchOptions {
+  LlamaConfig config;
+  int64_t batch = 1;   // B
+  int64_t seq = 1024;  // S
+  int warmup = 1;      // untimed steps first
+  int steps = 3;       // timed steps (the median is reported)
+  Recompute recompute = Recompute::kNone;
+  uint64_t seed = 0;
+};
+
+struct StepBenchReport {
+  std::vector<double> step_seconds;  // every timed step
+  double median_seconds = 0;
+  double tokens_per_second = 0;      // B*S / median
+  double flops_per_step = 0;         // useful FLOPs (model/flop_count.h)
+  double gflops = 0;                 // flops_per_step / median / 1e9
+  MemoryStats memory;                // tracked peaks over the whole run, weights and gradients included
+  int64_t peak_rss_bytes = 0;        // the process's resident peak (getrusage), for comparison with peers
+  double loss = 0;                   // of the last step (finite, as a sanity check)
+};
+
+Result<StepBenchReport> run_step_bench(const StepBenchOptions& options);
+
+}  // namespace foldpar

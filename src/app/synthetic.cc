@@ -1,0 +1,26 @@
+// Synthetic batches.
+#include "app/synthetic.h"
+
+#include <vector>
+
+#include "core/rng.h"
+
+namespace foldpar {
+
+Batch synthetic_batch(const LlamaConfig& c, int64_t B, int64_t S, uint64_t seed, double ignore_fraction) {
+  Batch batch;
+  batch.input_ids = Tensor::empty({B, S}, DType::kI32, MemCategory::kActivations);
+  batch.target_ids = Tensor::empty({B, S}, DType::kI32, MemCategory::kActivations);
+  Rng rng(seed);
+  std::vector<int32_t> tokens(static_cast<size_t>(S + 1));
+  for (int64_t b = 0; b < B; ++b) {
+    for (auto& t : tokens) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.vocab_size)));
+    for (int64_t s = 0; s < S; ++s) {
+      batch.input_ids.data<int32_t>()[b * S + s] = tokens[s];
+      batch.target_ids.data<int32_t>()[b * S + s] = rng.uniform() < ignore_fraction ? kIgnoreIndex : tokens[s + 1];
+    }
+  }
+  return batch;
+}
+
+}  // namespace foldpar

@@ -1,0 +1,141 @@
+// verify: fast path against reference path, and the dump for the PyTorch oracle.
+#include "app/verify.h"
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "app/synthetic.h"
+#include "core/tolerance.h"
+#include "io/safetensors.h"
+#include "tensor/compare.h"
+
+namespace foldpar {
+namespace {
+
+struct PathRun {
+  StepResult result;
+  LlamaWeights grads;
+  double seconds = 0;
+};
+
+Result<PathRun> run_path(const VerifyOptions& o, Backend& be, const LlamaWeights& w, const Batch& batch) {
+  PathRun run{{}, LlamaWeights::allocate(o.config, DType::kF32, MemCategory::kGradients)};
+  run.grads.zero();
+  StepOptions step;
+  step.recompute = o.recompute;
+  step.keep_logits = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  FP_ASSIGN_OR_RETURN(run.result, model_forward_backward(o.config, be, w, batch, step, run.grads));
+  run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return run;
+}
+
+Tensor i64_of(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), DType::kI64, MemCategory::kWorkspace);
+  for (int64_t i = 0; i < t.numel(); ++i) out.data<int64_t>()[i] = t.data<int32_t>()[i];
+  return out;
+}
+
+Status write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  out.close();
+  if (!out) return io_error("cannot write {}", path.string());
+  return Status();
+}
+
+Status dump(const VerifyOptions& o, const LlamaWeights& w, const Batch& batch, const PathRun& fast) {
+  const std::filesystem::path dir(o.dump_dir);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return io_error("cannot create dump directory {}: {}", dir.string(), ec.message());
+  FP_RETURN_IF_ERROR(write_text(dir / "config.json", o.config.to_json()));
+  std::vector<std::pair<std::string, Tensor>> weights, grads;
+  w.for_each([&](const std::string& name, const Tensor& t) { weights.emplace_back(name, t); });
+  fast.grads.for_each([&](const std::string& name, const Tensor& t) { grads.emplace_back(name, t); });
+  FP_RETURN_IF_ERROR(write_safetensors((dir / "model.safetensors").string(), weights, {{"format", "pt"}}));
+  FP_RETURN_IF_ERROR(write_safetensors((dir / "grads.safetensors").string(), grads, {{"format", "pt"}}));
+  FP_RETURN_IF_ERROR(write_safetensors((dir / "batch.safetensors").string(),
+                                       {{"input_ids", i64_of(batch.input_ids)}, {"target_ids", i64_of(batch.target_ids)}}));
+  FP_RETURN_IF_ERROR(write_safetensors((dir / "logits.safetensors").string(), {{"logits", fast.result.logits}}));
+  nlohmann::ordered_json result;
+  result["loss"] = fast.result.loss;
+  result["valid_tokens"] = fast.result.valid_tokens;
+  result["logits_file"] = "logits.safetensors";
+  result["seed"] = o.seed;
+  return write_text(dir / "result.json", result.dump(2) + "\n");
+}
+
+}  // namespace
+
+Result<VerifyReport> run_verify(const VerifyOptions& o) {
+  FP_RETURN_IF_ERROR(o.config.validate());
+  if (o.batch <= 0 || o.seq <= 0) return invalid_argument("--batch ({}) and --seq ({}) must be positive", o.batch, o.seq);
+  LlamaWeights w = LlamaWeights::allocate(o.config, DType::kF32, MemCategory::kParameters);
+  init_weights(InitOptions{.seed = o.seed, .std = 0.02, .norm_jitter = 0.1}, w);
+  const Batch batch = synthetic_batch(o.config, o.batch, o.seq, o.seed + 1);
+
+  auto fast_be = make_cpu_backend();
+  auto ref_be = make_reference_backend();
+  FP_ASSIGN_OR_RETURN(PathRun fast, run_path(o, *fast_be, w, batch));
+  FP_ASSIGN_OR_RETURN(PathRun ref, run_path(o, *ref_be, w, batch));
+
+  VerifyReport r;
+  r.tolerance = o.tolerance > 0 ? o.tolerance : tol::kF32Model;
+  r.loss = fast.result.loss;
+  r.loss_reference = ref.result.loss;
+  r.valid_tokens = fast.result.valid_tokens;
+  r.fast_seconds = fast.seconds;
+  r.reference_seconds = ref.seconds;
+  r.errors.push_back({"loss", std::abs(r.loss - r.loss_reference) / std::max(std::abs(r.loss_reference), 1e-30)});
+  r.errors.push_back({"logits", max_rel_error(fast.result.logits, ref.result.logits)});
+  std::vector<Tensor> ref_grads;
+  ref.grads.for_each([&](const std::string&, const Tensor& t) { ref_grads.push_back(t); });
+  size_t i = 0;
+  fast.grads.for_each([&](const std::string& name, const Tensor& t) {
+    r.errors.push_back({name, max_rel_error(t, ref_grads[i++])});
+  });
+  for (const TensorError& e : r.errors) {
+    const double err = std::isnan(e.rel_error) ? std::numeric_limits<double>::infinity() : e.rel_error;
+    if (err > r.worst || r.worst_name.empty()) {
+      r.worst = err;
+      r.worst_name = e.name;
+    }
+  }
+  r.passed = r.worst <= r.tolerance;
+  if (!o.dump_dir.empty()) FP_RETURN_IF_ERROR(dump(o, w, batch, fast));
+  return r;
+}
+
+std::string verify_report_text(const VerifyReport& r) {
+  std::string s = fmt::format("{:<48} {:>12}\n", "tensor", "rel. error");
+  for (const TensorError& e : r.errors) s += fmt::format("{:<48} {:>12.3e}\n", e.name, e.rel_error);
+  s += fmt::format("loss {:.8f} (reference {:.8f}) over {} valid tokens; fast path {:.3f} s, reference {:.3f} s\n",
+                   r.loss, r.loss_reference, r.valid_tokens, r.fast_seconds, r.reference_seconds);
+  s += fmt::format("worst relative error {:.3e} ({}) against tolerance {:.1e}: {}\n", r.worst, r.worst_name,
+                   r.tolerance, r.passed ? "PASS" : "FAIL");
+  return s;
+}
+
+std::string verify_report_json(const VerifyReport& r) {
+  nlohmann::ordered_json j;
+  j["passed"] = r.passed;
+  j["loss"] = r.loss;
+  j["loss_reference"] = r.loss_reference;
+  j["valid_tokens"] = r.valid_tokens;
+  j["tolerance"] = r.tolerance;
+  j["worst"] = r.worst;
+  j["worst_name"] = r.worst_name;
+  j["fast_seconds"] = r.fast_seconds;
+  j["reference_seconds"] = r.reference_seconds;
+  nlohmann::ordered_json errors = nlohmann::ordered_json::object();
+  for (const TensorError& e : r.errors) errors[e.name] = e.rel_error;
+  j["errors"] = errors;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace foldpar

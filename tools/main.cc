@@ -1,0 +1,143 @@
+// The foldpar program: parse, validate, build, run. All CLI11 use lives in this one
+// translation unit (it is slow to compile); what each subcommand does lives in src/app/.
+// Exit codes: 0 success, 1 a check failed (verify above tolerance), 2 bad input.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <string>
+
+#include "app/step_bench.h"
+#include "app/verify.h"
+#include "backend/backend.h"
+#include "core/status.h"
+
+namespace foldpar {
+namespace {
+
+constexpr int kExitCheckFailed = 1;
+constexpr int kExitBadInput = 2;
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "foldpar: error: %s\n", s.to_string().c_str());
+  return kExitBadInput;
+}
+
+Result<Recompute> parse_recompute(const std::string& name) {
+  if (name == "none") return Recompute::kNone;
+  if (name == "block") return Recompute::kBlock;
+  return invalid_argument("--recompute must be none or block, got '{}'", name);
+}
+
+struct VerifyArgs {
+  std::string model;
+  uint64_t seed = 0;
+  int64_t batch = 2, seq = 64;
+  std::string recompute = "none";
+  double tolerance = 0;
+  std::string dump;
+  bool json = false;
+};
+
+void add_verify(CLI::App& app, VerifyArgs& a) {
+  CLI::App* cmd = app.add_subcommand("verify", "compare the fast path's loss, logits and gradients with the reference");
+  cmd->add_option("--model", a.model, "Hugging Face style config.json")->required();
+  cmd->add_option("--seed", a.seed, "seed of the weights and tokens");
+  cmd->add_option("--batch", a.batch, "sequences per batch (B)");
+  cmd->add_option("--seq", a.seq, "tokens per sequence (S)");
+  cmd->add_option("--recompute", a.recompute, "activation recomputation: none or block");
+  cmd->add_option("--tolerance", a.tolerance, "largest relative error accepted (default: the f32 model tolerance)");
+  cmd->add_option("--dump", a.dump, "write config, weights, batch, gradients and result to this directory");
+  cmd->add_flag("--json", a.json, "print the report as JSON");
+}
+
+int run_verify_command(const VerifyArgs& a) {
+  VerifyOptions o;
+  Result<LlamaConfig> config = LlamaConfig::load(a.model);
+  if (!config.ok()) return fail(config.status());
+  Result<Recompute> rc = parse_recompute(a.recompute);
+  if (!rc.ok()) return fail(rc.status());
+  if (a.tolerance < 0) return fail(invalid_argument("--tolerance ({}) must not be negative", a.tolerance));
+  o.config = config.value();
+  o.seed = a.seed;
+  o.batch = a.batch;
+  o.seq = a.seq;
+  o.recompute = rc.value();
+  o.tolerance = a.tolerance;
+  o.dump_dir = a.dump;
+  Result<VerifyReport> report = run_verify(o);
+  if (!report.ok()) return fail(report.status());
+  std::fputs((a.json ? verify_report_json(*report) : verify_report_text(*report)).c_str(), stdout);
+  return report->passed ? 0 : kExitCheckFailed;
+}
+
+struct BenchArgs {
+  std::string model;
+  int64_t batch = 1;
+  std::vector<int64_t> seqs{1024};
+  int steps = 3, warmup = 1, threads = 1;
+  std::string recompute = "none";
+};
+
+void add_bench(CLI::App& app, BenchArgs& a) {
+  CLI::App* cmd = app.add_subcommand("bench", "time single-rank training steps (forward + backward)");
+  cmd->add_option("--model", a.model, "Hugging Face style config.json")->required();
+  cmd->add_option("--batch", a.batch, "sequences per batch (B)");
+  cmd->add_option("--seq", a.seqs, "tokens per sequence (S); repeat or comma-separate for several")->delimiter(',');
+  cmd->add_option("--steps", a.steps, "timed steps (median reported)");
+  cmd->add_option("--warmup", a.warmup, "untimed steps first");
+  cmd->add_option("--threads", a.threads, "BLAS threads");
+  cmd->add_option("--recompute", a.recompute, "activation recomputation: none or block");
+}
+
+int run_bench_command(const BenchArgs& a) {
+  Result<LlamaConfig> config = LlamaConfig::load(a.model);
+  if (!config.ok()) return fail(config.status());
+  Result<Recompute> rc = parse_recompute(a.recompute);
+  if (!rc.ok()) return fail(rc.status());
+  if (a.threads <= 0) return fail(invalid_argument("--threads ({}) must be positive", a.threads));
+  set_cpu_backend_threads(a.threads);
+  std::printf("%-8s %-6s %12s %12s %10s %14s\n", "seq", "batch", "step s", "tokens/s", "GFLOP/s", "peak MiB");
+  for (int64_t seq : a.seqs) {
+    StepBenchOptions o;
+    o.config = config.value();
+    o.batch = a.batch;
+    o.seq = seq;
+    o.steps = a.steps;
+    o.warmup = a.warmup;
+    o.recompute = rc.value();
+    Result<StepBenchReport> r = run_step_bench(o);
+    if (!r.ok()) return fail(r.status());
+    std::printf("%-8lld %-6lld %12.3f %12.1f %10.1f %14.1f\n", static_cast<long long>(seq),
+                static_cast<long long>(a.batch), r->median_seconds, r->tokens_per_second, r->gflops,
+                static_cast<double>(r->memory.peak_total) / (1 << 20));
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace foldpar
+
+int main(int argc, char** argv) {
+  using namespace foldpar;
+  CLI::App app{"foldpar: Tensor-and-Sequence Parallel training and serving of Llama models"};
+  app.require_subcommand(1, 1);
+  app.failure_message([](const CLI::App*, const CLI::Error& e) { return std::string(e.what()); });
+  VerifyArgs verify_args;
+  BenchArgs bench_args;
+  add_verify(app, verify_args);
+  add_bench(app, bench_args);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "foldpar: error: %s (see foldpar --help)\n", e.what());
+    return kExitBadInput;
+  }
+  if (app.got_subcommand("verify")) return run_verify_command(verify_args);
+  if (app.got_subcommand("bench")) return run_bench_command(bench_args);
+  return kExitBadInput;
+}
