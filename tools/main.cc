@@ -76,6 +76,7 @@ struct BenchArgs {
   std::vector<int64_t> seqs{1024};
   int steps = 3, warmup = 1, threads = 1;
   std::string recompute = "none";
+  bool profile = false;
 };
 
 void add_bench(CLI::App& app, BenchArgs& a) {
@@ -87,6 +88,18 @@ void add_bench(CLI::App& app, BenchArgs& a) {
   cmd->add_option("--warmup", a.warmup, "untimed steps first");
   cmd->add_option("--threads", a.threads, "BLAS threads");
   cmd->add_option("--recompute", a.recompute, "activation recomputation: none or block");
+  cmd->add_flag("--profile", a.profile, "print the time spent in each backend op");
+}
+
+void print_profile(const StepBenchReport& r) {
+  double total = 0;
+  for (const auto& [op, t] : r.op_times) total += t.seconds;
+  const double steps = static_cast<double>(r.step_seconds.size());
+  for (const auto& [op, t] : r.op_times)
+    std::printf("    %-24s %8.1f ms/step %6.1f%% %6lld calls/step\n", op.c_str(), 1e3 * t.seconds / steps,
+                100.0 * t.seconds / total, static_cast<long long>(t.calls / static_cast<int64_t>(steps)));
+  std::printf("    %-24s %8.1f ms/step (median step %.1f ms)\n", "all ops", 1e3 * total / steps,
+              1e3 * r.median_seconds);
 }
 
 int run_bench_command(const BenchArgs& a) {
@@ -105,11 +118,13 @@ int run_bench_command(const BenchArgs& a) {
     o.steps = a.steps;
     o.warmup = a.warmup;
     o.recompute = rc.value();
+    o.profile = a.profile;
     Result<StepBenchReport> r = run_step_bench(o);
     if (!r.ok()) return fail(r.status());
     std::printf("%-8lld %-6lld %12.3f %12.1f %10.1f %14.1f\n", static_cast<long long>(seq),
                 static_cast<long long>(a.batch), r->median_seconds, r->tokens_per_second, r->gflops,
                 static_cast<double>(r->memory.peak_total) / (1 << 20));
+    if (a.profile) print_profile(*r);
     std::fflush(stdout);
   }
   return 0;

@@ -22,15 +22,18 @@ Result<StepBenchReport> run_step_bench(const StepBenchOptions& o) {
   init_weights(InitOptions{.seed = o.seed}, w);
   LlamaWeights g = LlamaWeights::allocate(o.config, DType::kF32, MemCategory::kGradients);
   const Batch batch = synthetic_batch(o.config, o.batch, o.seq, o.seed + 1);
-  auto be = make_cpu_backend();
+  auto cpu = make_cpu_backend();
+  TimedBackend timed(*cpu);
+  Backend& be = o.profile ? static_cast<Backend&>(timed) : *cpu;
   StepOptions step;
   step.recompute = o.recompute;
 
   StepBenchReport r;
   for (int i = 0; i < o.warmup + o.steps; ++i) {
     g.zero();
+    if (i == o.warmup) timed.reset();
     const auto t0 = std::chrono::steady_clock::now();
-    FP_ASSIGN_OR_RETURN(StepResult res, model_forward_backward(o.config, *be, w, batch, step, g));
+    FP_ASSIGN_OR_RETURN(StepResult res, model_forward_backward(o.config, be, w, batch, step, g));
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (i >= o.warmup) r.step_seconds.push_back(dt);
     r.loss = res.loss;
@@ -43,6 +46,7 @@ Result<StepBenchReport> run_step_bench(const StepBenchOptions& o) {
   r.flops_per_step = train_step_flops(o.config, o.batch, o.seq);
   r.gflops = r.flops_per_step / r.median_seconds / 1e9;
   r.memory = MemoryTracker::process().stats();
+  r.op_times = timed.times();
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   r.peak_rss_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;

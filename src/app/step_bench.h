@@ -5,6 +5,10 @@
 #include <cstdint>
 #include <vector>
 
+#include <map>
+#include <string>
+
+#include "backend/timed_backend.h"
 #include "core/status.h"
 #include "model/llama_model.h"
 #include "tensor/memory_tracker.h"
@@ -19,6 +23,7 @@ struct StepBenchOptions {
   int steps = 3;       // timed steps (the median is reported)
   Recompute recompute = Recompute::kNone;
   uint64_t seed = 0;
+  bool profile = false;  // time every backend op (TimedBackend)
 };
 
 struct StepBenchReport {
@@ -30,6 +35,7 @@ struct StepBenchReport {
   MemoryStats memory;                // tracked peaks over the whole run, weights and gradients included
   int64_t peak_rss_bytes = 0;        // the process's resident peak (getrusage), for comparison with peers
   double loss = 0;                   // of the last step (finite, as a sanity check)
+  std::map<std::string, OpTime> op_times;  // with profile: per op, summed over the timed steps
 };
 
 Result<StepBenchReport> run_step_bench(const StepBenchOptions& options);

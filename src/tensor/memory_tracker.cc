@@ -19,16 +19,42 @@ std::string_view mem_category_name(MemCategory c) {
   return "?";
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kCacheByDefault = false;
+#else
+constexpr bool kCacheByDefault = true;
+#endif
+
+MemoryTracker::MemoryTracker() : caching_(kCacheByDefault) {}
+MemoryTracker::~MemoryTracker() { release_cache(); }
+
 MemoryTracker& MemoryTracker::process() {
   static MemoryTracker tracker;
   return tracker;
 }
 
+size_t MemoryTracker::block_size(size_t bytes) const {
+  const size_t granule = bytes >= kCacheMinBytes ? kCacheGranule : kAlignment;
+  return ((bytes == 0 ? 1 : bytes) + granule - 1) / granule * granule;
+}
+
 void* MemoryTracker::allocate(size_t bytes, MemCategory category) {
-  const size_t rounded = ((bytes == 0 ? 1 : bytes) + kAlignment - 1) / kAlignment * kAlignment;
-  void* ptr = std::aligned_alloc(kAlignment, rounded);
-  if (ptr == nullptr) return nullptr;
+  const size_t size = block_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
+  void* ptr = nullptr;
+  if (auto it = cache_.find(size); it != cache_.end()) {
+    ptr = it->second;
+    cache_.erase(it);
+    stats_.cached_bytes -= static_cast<int64_t>(size);
+    ++stats_.cache_hits;
+  } else {
+    ptr = std::aligned_alloc(kAlignment, size);
+    if (ptr == nullptr) {
+      release_cache_locked();  // the cache may hold what the system now lacks
+      ptr = std::aligned_alloc(kAlignment, size);
+    }
+    if (ptr == nullptr) return nullptr;
+  }
   const int c = static_cast<int>(category);
   stats_.current[c] += static_cast<int64_t>(bytes);
   if (stats_.current[c] > stats_.peak[c]) stats_.peak[c] = stats_.current[c];
@@ -41,8 +67,14 @@ void* MemoryTracker::allocate(size_t bytes, MemCategory category) {
 
 void MemoryTracker::release(void* ptr, size_t bytes, MemCategory category) {
   if (ptr == nullptr) return;
-  std::free(ptr);
+  const size_t size = block_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
+  if (caching_ && size >= kCacheMinBytes) {
+    cache_.emplace(size, ptr);
+    stats_.cached_bytes += static_cast<int64_t>(size);
+  } else {
+    std::free(ptr);
+  }
   const int c = static_cast<int>(category);
   stats_.current[c] -= static_cast<int64_t>(bytes);
   stats_.current_total -= static_cast<int64_t>(bytes);
@@ -54,6 +86,23 @@ void MemoryTracker::release(void* ptr, size_t bytes, MemCategory category) {
 MemoryStats MemoryTracker::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
+}
+
+void MemoryTracker::release_cache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  release_cache_locked();
+}
+
+void MemoryTracker::release_cache_locked() {
+  for (auto& [size, ptr] : cache_) std::free(ptr);
+  cache_.clear();
+  stats_.cached_bytes = 0;
+}
+
+void MemoryTracker::set_caching(bool enabled) {
+  std::lock_guard<std::mutex> lock(mu_);
+  caching_ = enabled;
+  if (!enabled) release_cache_locked();
 }
 
 void MemoryTracker::reset_peaks() {

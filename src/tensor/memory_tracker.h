@@ -5,11 +5,18 @@
 //
 // MemoryTracker::process() is the one process-wide instance (it mirrors the process heap,
 // as cudaMalloc mirrors a device); tests may build private instances. Thread-safe.
+//
+// Blocks of kCacheMinBytes or more are kept after release and handed out again for a
+// request of the same rounded size (training steps allocate the same shapes every step;
+// fresh pages would cost a page fault each). Cached bytes are NOT counted as live: the
+// counters describe tensors, `cached_bytes` what the cache holds on top. The cache is off
+// under AddressSanitizer so that use-after-free is still caught.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string_view>
 
@@ -33,6 +40,8 @@ struct MemoryStats {
   int64_t peak_total = 0;                            // highest current_total seen (not the sum of peaks)
   int64_t live_allocations = 0;
   int64_t total_allocations = 0;                     // allocations ever made
+  int64_t cached_bytes = 0;                          // released blocks kept for reuse (not live)
+  int64_t cache_hits = 0;                            // allocations served from the cache
 
   int64_t current_of(MemCategory c) const { return current[static_cast<int>(c)]; }
   int64_t peak_of(MemCategory c) const { return peak[static_cast<int>(c)]; }
@@ -41,8 +50,11 @@ struct MemoryStats {
 class MemoryTracker {
  public:
   static constexpr size_t kAlignment = 64;
+  static constexpr size_t kCacheMinBytes = 64 * 1024;  // smaller blocks go straight back to malloc
+  static constexpr size_t kCacheGranule = 4096;        // cached sizes are rounded up to this
 
-  MemoryTracker() = default;
+  MemoryTracker();
+  ~MemoryTracker();
   MemoryTracker(const MemoryTracker&) = delete;
   MemoryTracker& operator=(const MemoryTracker&) = delete;
 
@@ -57,10 +69,19 @@ class MemoryTracker {
   MemoryStats stats() const;
   // Sets every peak to the current value, so the next reading is the peak of what follows.
   void reset_peaks();
+  // Returns every cached block to the system.
+  void release_cache();
+  // Caching on or off (on by default, off under AddressSanitizer); turning it off empties it.
+  void set_caching(bool enabled);
 
  private:
+  size_t block_size(size_t bytes) const;
+  void release_cache_locked();
+
   mutable std::mutex mu_;
   MemoryStats stats_;
+  bool caching_ = true;
+  std::multimap<size_t, void*> cache_;  // block size -> free block
 };
 
 }  // namespace foldpar

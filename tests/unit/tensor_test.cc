@@ -60,6 +60,32 @@ TEST(MemoryTracker, PeakIsOfTheSumNotSumOfPeaks) {
   EXPECT_EQ(s.peak_of(MemCategory::kWorkspace), 40);
 }
 
+TEST(MemoryTracker, CacheReusesBlocksWithoutCountingThem) {
+  MemoryTracker tracker;
+  tracker.set_caching(true);
+  const int64_t n = MemoryTracker::kCacheMinBytes;  // floats: 4x the cache threshold
+  void* first = nullptr;
+  {
+    Tensor a = Tensor::empty({n}, DType::kF32, MemCategory::kActivations, tracker);
+    first = a.raw_data();
+  }
+  MemoryStats s = tracker.stats();
+  EXPECT_EQ(s.current_total, 0);
+  EXPECT_EQ(s.cached_bytes, n * 4);
+  Tensor b = Tensor::empty({n}, DType::kF32, MemCategory::kGradients, tracker);
+  EXPECT_EQ(b.raw_data(), first);
+  s = tracker.stats();
+  EXPECT_EQ(s.cache_hits, 1);
+  EXPECT_EQ(s.cached_bytes, 0);
+  EXPECT_EQ(s.current_of(MemCategory::kGradients), n * 4);
+  EXPECT_EQ(s.current_of(MemCategory::kActivations), 0);
+  { Tensor small = Tensor::empty({10}, DType::kF32, MemCategory::kWorkspace, tracker); }
+  EXPECT_EQ(tracker.stats().cached_bytes, 0);  // small blocks are not cached
+  b = Tensor();
+  tracker.set_caching(false);
+  EXPECT_EQ(tracker.stats().cached_bytes, 0);
+}
+
 TEST(MemoryTracker, StorageIsAligned) {
   MemoryTracker tracker;
   for (int n : {1, 3, 17, 1000}) {

@@ -1,0 +1,82 @@
+// TimedBackend: forward and time.
+#include "backend/timed_backend.h"
+
+#include <chrono>
+
+namespace foldpar {
+
+template <typename Fn>
+auto TimedBackend::timed(const char* op, Fn&& fn) {
+  struct Stop {
+    OpTime& slot;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    ~Stop() {
+      slot.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ++slot.calls;
+    }
+  } stop{times_[op]};
+  return fn();
+}
+
+void TimedBackend::matmul(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta) {
+  timed("matmul", [&] { inner_.matmul(a, ta, b, tb, c, alpha, beta); });
+}
+void TimedBackend::copy(const Tensor& src, Tensor& dst) {
+  timed("copy", [&] { inner_.copy(src, dst); });
+}
+void TimedBackend::add_inplace(const Tensor& x, Tensor& y) {
+  timed("add_inplace", [&] { inner_.add_inplace(x, y); });
+}
+void TimedBackend::scale_inplace(double alpha, Tensor& y) {
+  timed("scale_inplace", [&] { inner_.scale_inplace(alpha, y); });
+}
+void TimedBackend::fill(double value, Tensor& y) {
+  timed("fill", [&] { inner_.fill(value, y); });
+}
+double TimedBackend::sum_squares(const Tensor& x) {
+  return timed("sum_squares", [&] { return inner_.sum_squares(x); });
+}
+void TimedBackend::embedding_forward(const Tensor& ids, const Tensor& table, int64_t off, Tensor& out) {
+  timed("embedding_forward", [&] { inner_.embedding_forward(ids, table, off, out); });
+}
+void TimedBackend::embedding_backward(const Tensor& ids, const Tensor& d_out, int64_t off, Tensor& d_table) {
+  timed("embedding_backward", [&] { inner_.embedding_backward(ids, d_out, off, d_table); });
+}
+void TimedBackend::rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
+  timed("rmsnorm_forward", [&] { inner_.rmsnorm_forward(x, w, eps, y, rstd); });
+}
+void TimedBackend::rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                                    Tensor& dx, Tensor& dw) {
+  timed("rmsnorm_backward", [&] { inner_.rmsnorm_backward(x, w, rstd, dy, dx, dw); });
+}
+void TimedBackend::rope_forward(const Tensor& table, Tensor& x) {
+  timed("rope_forward", [&] { inner_.rope_forward(table, x); });
+}
+void TimedBackend::rope_backward(const Tensor& table, Tensor& dx) {
+  timed("rope_backward", [&] { inner_.rope_backward(table, dx); });
+}
+void TimedBackend::attention_forward(const AttentionArgs& args, Tensor& out, Tensor& lse) {
+  timed("attention_forward", [&] { inner_.attention_forward(args, out, lse); });
+}
+void TimedBackend::attention_backward(const AttentionArgs& args, const Tensor& out, const Tensor& lse,
+                                      const Tensor& d_out, Tensor& dq, Tensor& dk, Tensor& dv) {
+  timed("attention_backward", [&] { inner_.attention_backward(args, out, lse, d_out, dq, dk, dv); });
+}
+void TimedBackend::swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
+  timed("swiglu_forward", [&] { inner_.swiglu_forward(gate, up, out); });
+}
+void TimedBackend::swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& d_out, Tensor& d_gate,
+                                   Tensor& d_up) {
+  timed("swiglu_backward", [&] { inner_.swiglu_backward(gate, up, d_out, d_gate, d_up); });
+}
+double TimedBackend::cross_entropy_forward(const Tensor& logits, const Tensor& targets, int32_t ignore_index,
+                                           Tensor& lse) {
+  return timed("cross_entropy_forward", [&] { return inner_.cross_entropy_forward(logits, targets, ignore_index, lse); });
+}
+void TimedBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                          int32_t ignore_index, double grad_scale, Tensor& d_logits) {
+  timed("cross_entropy_backward",
+        [&] { inner_.cross_entropy_backward(logits, targets, lse, ignore_index, grad_scale, d_logits); });
+}
+
+}  // namespace foldpar

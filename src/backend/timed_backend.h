@@ -1,0 +1,58 @@
+// TimedBackend: a Backend decorator that forwards every op to another backend and adds up
+// wall time and call counts per op, for profiles (`foldpar bench --profile`). It changes no
+// result. Not thread-safe.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+
+namespace foldpar {
+
+struct OpTime {
+  double seconds = 0;
+  int64_t calls = 0;
+};
+
+class TimedBackend final : public Backend {
+ public:
+  explicit TimedBackend(Backend& inner) : inner_(inner) {}
+  std::string_view name() const override { return inner_.name(); }
+  const std::map<std::string, OpTime>& times() const { return times_; }
+  void reset() { times_.clear(); }
+
+  void matmul(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+  void add_inplace(const Tensor& x, Tensor& y) override;
+  void scale_inplace(double alpha, Tensor& y) override;
+  void fill(double value, Tensor& y) override;
+  double sum_squares(const Tensor& x) override;
+  void embedding_forward(const Tensor& ids, const Tensor& table, int64_t vocab_offset, Tensor& out) override;
+  void embedding_backward(const Tensor& ids, const Tensor& d_out, int64_t vocab_offset, Tensor& d_table) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) override;
+  void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                        Tensor& dw) override;
+  void rope_forward(const Tensor& table, Tensor& x) override;
+  void rope_backward(const Tensor& table, Tensor& dx) override;
+  void attention_forward(const AttentionArgs& args, Tensor& out, Tensor& lse) override;
+  void attention_backward(const AttentionArgs& args, const Tensor& out, const Tensor& lse, const Tensor& d_out,
+                          Tensor& dq, Tensor& dk, Tensor& dv) override;
+  void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) override;
+  void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& d_out, Tensor& d_gate,
+                       Tensor& d_up) override;
+  double cross_entropy_forward(const Tensor& logits, const Tensor& targets, int32_t ignore_index,
+                               Tensor& lse) override;
+  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int32_t ignore_index,
+                              double grad_scale, Tensor& d_logits) override;
+
+ private:
+  template <typename Fn>
+  auto timed(const char* op, Fn&& fn);
+
+  Backend& inner_;
+  std::map<std::string, OpTime> times_;
+};
+
+}  // namespace foldpar
