@@ -39,6 +39,7 @@ size_t MemoryTracker::block_size(size_t bytes) const {
 }
 
 void* MemoryTracker::allocate(size_t bytes, MemCategory category) {
+  if (bytes > kMaxAllocationBytes) return nullptr;
   const size_t size = block_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
   void* ptr = nullptr;

@@ -52,6 +52,7 @@ class MemoryTracker {
   static constexpr size_t kAlignment = 64;
   static constexpr size_t kCacheMinBytes = 64 * 1024;  // smaller blocks go straight back to malloc
   static constexpr size_t kCacheGranule = 4096;        // cached sizes are rounded up to this
+  static constexpr size_t kMaxAllocationBytes = size_t{1} << 48;  // larger requests fail (no wrap-around)
 
   MemoryTracker();
   ~MemoryTracker();

@@ -25,8 +25,17 @@ MemCategory Tensor::category() const {
 
 Result<Tensor> Tensor::try_empty(const Shape& shape, DType dtype, MemCategory category,
                                  MemoryTracker& tracker) {
-  const int64_t numel = shape.numel();
-  const size_t bytes = static_cast<size_t>(numel) * dtype_size(dtype);
+  // Sizes may come from outside (a file, a flag): refuse products that overflow rather than
+  // allocate a wrapped-around small block.
+  size_t bytes = dtype_size(dtype);
+  for (int i = 0; i < shape.rank(); ++i) {
+    if (__builtin_mul_overflow(bytes, static_cast<size_t>(shape[i]), &bytes) ||
+        bytes > MemoryTracker::kMaxAllocationBytes) {
+      return Status(StatusCode::kOutOfMemory, fmt::format("cannot allocate {} {}{}: the size overflows",
+                                                          mem_category_name(category), dtype_name(dtype),
+                                                          shape.to_string()));
+    }
+  }
   void* ptr = tracker.allocate(bytes, category);
   if (ptr == nullptr) {
     return Status(StatusCode::kOutOfMemory,

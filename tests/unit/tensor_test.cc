@@ -86,6 +86,15 @@ TEST(MemoryTracker, CacheReusesBlocksWithoutCountingThem) {
   EXPECT_EQ(tracker.stats().cached_bytes, 0);
 }
 
+TEST(MemoryTracker, HugeOrOverflowingSizesFailCleanly) {
+  MemoryTracker tracker;
+  Result<Tensor> t = Tensor::try_empty({int64_t{1} << 40, int64_t{1} << 30}, DType::kF32, MemCategory::kWorkspace, tracker);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_EQ(tracker.allocate(~size_t{0} - 10, MemCategory::kWorkspace), nullptr);
+  EXPECT_EQ(tracker.stats().current_total, 0);
+}
+
 TEST(MemoryTracker, StorageIsAligned) {
   MemoryTracker tracker;
   for (int n : {1, 3, 17, 1000}) {
