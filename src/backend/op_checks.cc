@@ -48,7 +48,7 @@ AttentionDims check_attention(const AttentionArgs& args, const Tensor& out, cons
   AttentionDims d{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3)};
   FP_CHECK(k.shape() == v.shape() && k.dim(0) == d.batch && k.dim(3) == d.d, "attention k {} v {} q {}",
            k.describe(), v.describe(), q.describe());
-  FP_CHECK(d.n_kv > 0 && d.n_h % d.n_kv == 0, "attention heads {} not a multiple of kv heads {}", d.n_h, d.n_kv);
+  FP_CHECK(d.n_kv > 0 && d.n_h > 0 && d.n_h % d.n_kv == 0, "attention heads {} not a multiple of kv heads {}", d.n_h, d.n_kv);
   FP_CHECK(q.dtype() == k.dtype() && k.dtype() == v.dtype() && out.dtype() == q.dtype() &&
                lse.dtype() == q.dtype(),
            "attention dtypes");

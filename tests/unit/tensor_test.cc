@@ -156,6 +156,12 @@ TEST(Compare, RelativeErrorIsNormwise) {
   EXPECT_NE(describe_mismatches(a, b, 1e-3).find("[2]"), std::string::npos);
   a.data<float>()[1] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_TRUE(std::isinf(max_rel_error(a, b)));
+  // An infinite reference entry does not inflate the scale: it must be matched exactly.
+  a.data<float>()[1] = 0.0f;
+  b.data<double>()[1] = -std::numeric_limits<double>::infinity();
+  EXPECT_TRUE(std::isinf(max_rel_error(a, b)));
+  a.data<float>()[1] = -std::numeric_limits<float>::infinity();
+  EXPECT_DOUBLE_EQ(max_rel_error(a, b), static_cast<double>(0.01f) / 2.0);
 }
 
 }  // namespace

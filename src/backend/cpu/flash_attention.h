@@ -1,7 +1,11 @@
-// Blocked ("flash") causal attention for f32 on one CPU thread: online softmax over key
-// blocks, O(block) workspace, never an Sq x Sk matrix; the backward recomputes scores from
-// the saved log-sum-exp. Visibility is by explicit global positions (key j visible to query
-// i iff k_pos[j] <= q_pos[i]); blocks that no query can see are skipped.
+// Blocked ("flash") causal attention for f32 on one CPU thread (OpenBLAS sgemm for the block
+// products; call with OpenBLAS single-threaded): online softmax over key blocks, never an
+// Sq x Sk matrix; the backward recomputes scores from the saved log-sum-exp. Visibility is by
+// explicit global positions (key j visible to query i iff k_pos[j] <= q_pos[i], in any order);
+// tiles that no query can see are skipped. A query that sees no key gets out 0, lse -inf,
+// dq 0. Scratch comes from the tracked allocator (MemCategory::kWorkspace), once per call:
+// O(block) plus, when n_kv > 1, one kv head's K and V (backward: also dK, dV) packed
+// contiguous, 2 (4) * Sk * d floats.
 // Layouts: q, out, d_out, dq [B, Sq, n_h, d]; k, v, dk, dv [B, Sk, n_kv, d]; lse [B, n_h, Sq].
 #pragma once
 

@@ -1,0 +1,163 @@
+// Single-thread throughput of the blocked flash attention kernel (the fast CPU backend's
+// attention_forward / attention_backward), in useful GFLOP/s beside the single-thread
+// cblas_sgemm rate (2048^3) measured just before each row. Useful FLOPs per head and visible
+// (query, key) pair: forward 4d (QK^T, PV), backward 8d (dV, dP, dQ, dK; recomputing S is not
+// counted). Causal, B = 1, n_h = h / d, n_kv = n_h / group, positions 0..S-1: S(S+1)/2 pairs.
+//
+//   attention_bench [--S=512,1024,2048,4096,8192] [--d=64,128] [--h=1024] [--group=1]
+//                   [--reps=5] [--seconds=4]
+// Each figure is the median of `reps` timed runs (fewer when one run is longer than
+// seconds / reps, never fewer than 3), after one untimed warm-up run; times are the calling
+// thread's CPU time, so that other processes sharing the machine distort them less.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/rng.h"
+
+namespace foldpar {
+namespace {
+
+struct Options {
+  std::vector<int64_t> seq_lens{512, 1024, 2048, 4096, 8192};
+  std::vector<int64_t> head_dims{64, 128};
+  int64_t hidden = 1024;  // n_h * d
+  int64_t group = 1;      // n_h / n_kv
+  int reps = 5;
+  double seconds = 4.0;   // time budget per figure, bounds the repetitions of the large sizes
+};
+
+std::vector<int64_t> parse_list(const char* s) {
+  std::vector<int64_t> v;
+  for (const char* p = s; *p;) {
+    char* end = nullptr;
+    v.push_back(std::strtoll(p, &end, 10));
+    if (end == p) break;
+    p = *end == ',' ? end + 1 : end;
+  }
+  return v;
+}
+
+bool parse_options(int argc, char** argv, Options& o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const size_t eq = a.find('=');
+    const std::string key = a.substr(0, eq), val = eq == std::string::npos ? "" : a.substr(eq + 1);
+    if (key == "--S") o.seq_lens = parse_list(val.c_str());
+    else if (key == "--d") o.head_dims = parse_list(val.c_str());
+    else if (key == "--h") o.hidden = std::atoll(val.c_str());
+    else if (key == "--group") o.group = std::atoll(val.c_str());
+    else if (key == "--reps") o.reps = std::atoi(val.c_str());
+    else if (key == "--seconds") o.seconds = std::atof(val.c_str());
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+// CPU time of the calling thread (OpenBLAS runs single-threaded in it): on a shared machine
+// wall time also counts the slices other processes held the core, CPU time does not.
+double now_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Median seconds of one call of fn over the repetitions, after one warm-up call.
+double median_seconds(const std::function<void()>& fn, const Options& o) {
+  double t0 = now_s();
+  fn();
+  const double first = now_s() - t0;
+  const int reps = std::max(3, std::min(o.reps, static_cast<int>(o.seconds / std::max(first, 1e-9))));
+  std::vector<double> times;
+  for (int r = 0; r < reps; ++r) {
+    t0 = now_s();
+    fn();
+    times.push_back(now_s() - t0);
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+Tensor random_tensor(const Shape& shape, uint64_t stream) {
+  Tensor t = Tensor::empty(shape, DType::kF32, MemCategory::kActivations);
+  float* x = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) x[i] = static_cast<float>(uniform_at(1, stream, i) * 2 - 1);
+  return t;
+}
+
+double sgemm_gflops(int m, int n, int k, bool trans_b, const Options& o) {
+  const Tensor a = random_tensor({m, k}, 1), b = random_tensor({k, n}, 2);
+  Tensor c = Tensor::empty({m, n}, DType::kF32, MemCategory::kWorkspace);
+  const double t = median_seconds(
+      [&] {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f,
+                    a.data<float>(), k, b.data<float>(), trans_b ? k : n, 0.0f, c.data<float>(), n);
+      },
+      o);
+  return 2.0 * m * n * k / t * 1e-9;
+}
+
+void run_attention(int64_t S, int64_t d, const Options& o) {
+  const int64_t n_h = o.hidden / d, n_kv = n_h / o.group;
+  if (n_h < 1 || n_kv < 1 || n_h % n_kv != 0) {
+    std::printf("skip S=%ld d=%ld: h=%ld, group=%ld do not give whole heads\n", S, d, o.hidden, o.group);
+    return;
+  }
+  const Tensor q = random_tensor({1, S, n_h, d}, 3), k = random_tensor({1, S, n_kv, d}, 4);
+  const Tensor v = random_tensor({1, S, n_kv, d}, 5), d_out = random_tensor({1, S, n_h, d}, 6);
+  Tensor pos = Tensor::empty({S}, DType::kI32, MemCategory::kActivations);
+  for (int64_t i = 0; i < S; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i);
+  Tensor out = Tensor::empty(q.shape(), DType::kF32, MemCategory::kActivations);
+  Tensor lse = Tensor::empty({1, n_h, S}, DType::kF32, MemCategory::kActivations);
+  Tensor dq = Tensor::empty(q.shape(), DType::kF32, MemCategory::kActivations);
+  Tensor dk = Tensor::empty(k.shape(), DType::kF32, MemCategory::kActivations);
+  Tensor dv = Tensor::empty(v.shape(), DType::kF32, MemCategory::kActivations);
+  const AttentionArgs args{&q, &k, &v, &pos, &pos, 1.0 / std::sqrt(static_cast<double>(d))};
+  auto backend = make_cpu_backend();
+
+  // The reference rate is measured again for every row: the machine is shared, and a ratio
+  // is only meaningful against a rate taken at the same time.
+  const double sgemm_rate = sgemm_gflops(2048, 2048, 2048, false, o);
+  const double fwd_s = median_seconds([&] { backend->attention_forward(args, out, lse); }, o);
+  const double bwd_s =
+      median_seconds([&] { backend->attention_backward(args, out, lse, d_out, dq, dk, dv); }, o);
+  const double pairs = static_cast<double>(S) * (S + 1) / 2;
+  const double fwd = 4.0 * d * pairs * n_h / fwd_s * 1e-9, bwd = 8.0 * d * pairs * n_h / bwd_s * 1e-9;
+  std::printf("%6ld %4ld %4ld %4ld %9.1f %10.2f %9.1f %6.0f%% %10.2f %9.1f %6.0f%%\n", S, d, n_h, n_kv, sgemm_rate,
+              fwd_s * 1e3, fwd, 100 * fwd / sgemm_rate, bwd_s * 1e3, bwd, 100 * bwd / sgemm_rate);
+  std::fflush(stdout);
+}
+
+int run(const Options& o) {
+  openblas_set_num_threads(1);
+  std::printf("OpenBLAS %s, core %s, 1 thread\n", openblas_get_config(), openblas_get_corename());
+  const double qk = sgemm_gflops(4096, 4096, 128, true, o);
+  std::printf("for reference: sgemm 4096x4096x128 (NT, shaped like Q K^T at S = 4096, d = 128): %.1f GFLOP/s\n", qk);
+  std::printf("sgemm: 2048x2048x2048 NN, measured just before each row; ratios are against it\n");
+  std::printf("%6s %4s %4s %4s %9s %10s %9s %7s %10s %9s %7s\n", "S", "d", "n_h", "n_kv", "sgemm GF", "fwd ms",
+              "fwd GF/s", "fwd/sg", "bwd ms", "bwd GF/s", "bwd/sg");
+  for (int64_t d : o.head_dims)
+    for (int64_t S : o.seq_lens) run_attention(S, d, o);
+  return 0;
+}
+
+}  // namespace
+}  // namespace foldpar
+
+int main(int argc, char** argv) {
+  foldpar::Options options;
+  if (!foldpar::parse_options(argc, argv, options)) return 2;
+  return foldpar::run(options);
+}

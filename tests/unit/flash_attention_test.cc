@@ -1,0 +1,227 @@
+// Parity of the blocked flash attention kernel (the fast CPU backend) with the reference
+// backend (plain loops, fp64 accumulation): forward out and lse, backward dq, dk and dv, on
+// shapes that are not multiples of any block, GQA groups, zigzag and unsorted positions and
+// queries that see no key; plus the bound on the kernel's workspace.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/rng.h"
+#include "core/tolerance.h"
+#include "tensor/memory_tracker.h"
+#include "tensor/tensor.h"
+
+namespace foldpar {
+namespace {
+
+constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
+
+struct AttnCase {
+  std::string name;
+  int64_t batch, n_h, n_kv, d;
+  std::vector<int32_t> q_pos, k_pos;  // Sq and Sk are their lengths
+  double scale = 0;                   // 0: 1 / sqrt(d)
+};
+
+std::vector<int32_t> iota_pos(int64_t n, int32_t first) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  std::iota(p.begin(), p.end(), first);
+  return p;
+}
+
+// Rank `rank` of `degree` in the zigzag layout of S tokens: chunks rank and 2*degree-1-rank
+// of 2*degree equal chunks.
+std::vector<int32_t> zigzag_pos(int64_t S, int rank, int degree) {
+  const int64_t chunk = S / (2 * degree);
+  std::vector<int32_t> p = iota_pos(chunk, static_cast<int32_t>(rank * chunk));
+  const std::vector<int32_t> hi = iota_pos(chunk, static_cast<int32_t>((2 * degree - 1 - rank) * chunk));
+  p.insert(p.end(), hi.begin(), hi.end());
+  return p;
+}
+
+// n distinct positions 3 * perm + offset, in a random order (gaps and no sorting).
+std::vector<int32_t> shuffled_pos(int64_t n, int32_t offset, uint64_t seed) {
+  std::vector<int32_t> p = iota_pos(n, 0);
+  Rng rng(seed);
+  for (int64_t i = n - 1; i > 0; --i) std::swap(p[i], p[rng.below(static_cast<uint64_t>(i + 1))]);
+  for (int32_t& x : p) x = 3 * x + offset;
+  return p;
+}
+
+Tensor random_tensor(const Shape& shape, const char* stream) {
+  Tensor t = Tensor::empty(shape, DType::kF32, MemCategory::kActivations);
+  float* x = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) x[i] = static_cast<float>(normal_at(7, stream_id(stream), i));
+  return t;
+}
+
+Tensor i32_tensor(const std::vector<int32_t>& v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI32, MemCategory::kActivations);
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t;
+}
+
+Tensor nan_like(const Tensor& t) {  // outputs start as NaN: the kernels must write every element
+  Tensor o = Tensor::empty(t.shape(), DType::kF32, MemCategory::kActivations);
+  std::fill_n(o.data<float>(), o.numel(), static_cast<float>(kNan));
+  return o;
+}
+
+// Normwise relative error max|a - ref| / max(|ref|, min_scale) over the entries where ref is
+// finite; a must be -inf exactly where ref is (the lse of a query that sees no key). On
+// failure, names the tensor and the first mismatches with index, both values and tolerance.
+testing::AssertionResult close_to(const Tensor& a, const Tensor& ref, double tol, double min_scale,
+                                  const std::string& what) {
+  const float *x = a.data<float>(), *y = ref.data<float>();
+  double scale = min_scale;
+  for (int64_t i = 0; i < ref.numel(); ++i)
+    if (std::isfinite(y[i])) scale = std::max(scale, std::abs(static_cast<double>(y[i])));
+  auto error_at = [&](int64_t i) -> double {
+    if (!std::isfinite(y[i])) return x[i] == y[i] ? 0.0 : std::numeric_limits<double>::infinity();
+    const double diff = std::abs(static_cast<double>(x[i]) - y[i]);
+    return std::isnan(diff) ? std::numeric_limits<double>::infinity() : diff / scale;
+  };
+  double worst = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) worst = std::max(worst, error_at(i));
+  if (worst <= tol) return testing::AssertionSuccess() << what << " error " << worst;
+  auto failure = testing::AssertionFailure();
+  failure << what << ": max|diff| / max|ref| = " << worst << " > tol " << tol << " (max|ref| " << scale << ")\n";
+  int shown = 0;
+  for (int64_t i = 0; i < ref.numel() && shown < 5; ++i)
+    if (error_at(i) > tol) {
+      failure << "  [" << i << "] got " << x[i] << ", want " << y[i] << "\n";
+      ++shown;
+    }
+  return failure;
+}
+
+// Where the tolerance comes from: the fast kernel rounds to f32 (6e-8) along accumulation
+// chains of length d (scores, dP), Sk (softmax sum, P V, dQ) and Sq * g (dK, dV), at most
+// ~1300 here; sgemm's blocked sums grow like sqrt(length) * 6e-8, vec::exp adds < 2 ulp per
+// probability, and an absolute score error e becomes a relative error e in its probability.
+// Observed: up to 1.3e-6 at scale 1/sqrt(d), 4e-6 with unscaled scores (|s| ~ 8). The bound
+// is tol::kF32Op (2e-5, core/tolerance.h), the project's bound for one f32 op against the
+// reference; a wrong mask, scale, head mapping or block boundary shows errors of 1e-2 to 1.
+constexpr double kTol = tol::kF32Op;
+// lse is a log: its error is absolute (about |lse| * eps), so it is measured against
+// max(max|lse|, 1) rather than letting a tensor of small lse values shrink the scale.
+constexpr double kLseMinScale = 1.0;
+
+class FlashAttentionParity : public testing::TestWithParam<AttnCase> {};
+
+TEST_P(FlashAttentionParity, ForwardAndBackwardMatchReference) {
+  const AttnCase& c = GetParam();
+  const int64_t sq = static_cast<int64_t>(c.q_pos.size()), sk = static_cast<int64_t>(c.k_pos.size());
+  const Tensor q = random_tensor({c.batch, sq, c.n_h, c.d}, "q");
+  const Tensor k = random_tensor({c.batch, sk, c.n_kv, c.d}, "k");
+  const Tensor v = random_tensor({c.batch, sk, c.n_kv, c.d}, "v");
+  const Tensor d_out = random_tensor({c.batch, sq, c.n_h, c.d}, "d_out");
+  const Tensor q_pos = i32_tensor(c.q_pos), k_pos = i32_tensor(c.k_pos);
+  AttentionArgs args{&q, &k, &v, &q_pos, &k_pos, c.scale != 0 ? c.scale : 1.0 / std::sqrt(double(c.d))};
+  auto ref = make_reference_backend();
+  auto fast = make_cpu_backend();
+
+  const Tensor lse_shape = Tensor::empty({c.batch, c.n_h, sq}, DType::kF32, MemCategory::kActivations);
+  Tensor ref_out = nan_like(q), ref_lse = nan_like(lse_shape);
+  Tensor out = nan_like(q), lse = nan_like(lse_shape);
+  ref->attention_forward(args, ref_out, ref_lse);
+  fast->attention_forward(args, out, lse);
+  EXPECT_TRUE(close_to(out, ref_out, kTol, 0.0, "out"));
+  EXPECT_TRUE(close_to(lse, ref_lse, kTol, kLseMinScale, "lse"));
+
+  // Both backwards start from the reference forward, so only the backward kernel is compared.
+  Tensor ref_dq = nan_like(q), ref_dk = nan_like(k), ref_dv = nan_like(v);
+  Tensor dq = nan_like(q), dk = nan_like(k), dv = nan_like(v);
+  ref->attention_backward(args, ref_out, ref_lse, d_out, ref_dq, ref_dk, ref_dv);
+  fast->attention_backward(args, ref_out, ref_lse, d_out, dq, dk, dv);
+  EXPECT_TRUE(close_to(dq, ref_dq, kTol, 0.0, "dq"));
+  EXPECT_TRUE(close_to(dk, ref_dk, kTol, 0.0, "dk"));
+  EXPECT_TRUE(close_to(dv, ref_dv, kTol, 0.0, "dv"));
+}
+
+std::vector<AttnCase> parity_cases() {
+  std::vector<AttnCase> cases;
+  auto causal = [&](std::string name, int64_t batch, int64_t S, int64_t n_h, int64_t n_kv, int64_t d) {
+    cases.push_back({std::move(name), batch, n_h, n_kv, d, iota_pos(S, 0), iota_pos(S, 0)});
+  };
+  causal("single_token", 1, 1, 2, 2, 16);
+  causal("s7_d8_three_heads", 1, 7, 3, 3, 8);
+  causal("s129_gqa2_d64", 1, 129, 4, 2, 64);
+  causal("s300_mha_d128", 1, 300, 2, 2, 128);
+  causal("s300_gqa4_d128_b2", 2, 300, 4, 1, 128);
+  causal("s1000_mha_d16_b2", 2, 1000, 2, 2, 16);
+  causal("s70_gqa8_d16", 1, 70, 8, 1, 16);
+  // A TSP rank's zigzag chunks of a 512-token sequence against all keys.
+  cases.push_back({"zigzag_rank0_of_4", 1, 4, 2, 64, zigzag_pos(512, 0, 4), iota_pos(512, 0)});
+  cases.push_back({"zigzag_rank1_of_4_d128", 1, 2, 2, 128, zigzag_pos(512, 1, 4), iota_pos(512, 0)});
+  cases.push_back({"zigzag_rank1_of_2_gqa2", 2, 4, 2, 32, zigzag_pos(600, 1, 2), iota_pos(600, 0)});
+  // Unsorted, gapped positions; the queries below offset 40 see no key.
+  cases.push_back({"unsorted_gapped", 1, 4, 2, 32, shuffled_pos(150, 0, 1), shuffled_pos(260, 40, 2)});
+  // Keys start at 300: the first 300 queries (more than a whole q block) see nothing.
+  cases.push_back({"queries_without_keys", 1, 2, 1, 64, iota_pos(600, 0), iota_pos(300, 300)});
+  // One decoding query against a long cache.
+  cases.push_back({"one_query_1000_keys_gqa4", 1, 4, 1, 128, {999}, iota_pos(1000, 0)});
+  // More queries than keys.
+  cases.push_back({"sq300_sk100", 1, 2, 2, 64, iota_pos(300, 0), iota_pos(100, 0)});
+  // Keys in reverse order and unscaled scores (|s| ~ 8): each later k block raises the
+  // running max, exercising the online rescaling.
+  std::vector<int32_t> reversed = iota_pos(600, 0);
+  std::reverse(reversed.begin(), reversed.end());
+  cases.push_back({"reversed_keys_large_scores", 1, 2, 2, 64, iota_pos(600, 0), reversed, 1.0});
+  cases.push_back({"no_keys", 1, 2, 1, 16, iota_pos(5, 0), {}});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, FlashAttentionParity, testing::ValuesIn(parity_cases()),
+                         [](const testing::TestParamInfo<AttnCase>& p) { return p.param.name; });
+
+struct WorkspacePeaks {
+  int64_t forward, backward;  // bytes of kWorkspace above what was live before the call
+};
+
+// Runs the fast forward and backward once at sequence length S (GQA, n_kv = 2) and returns
+// the peak workspace each held.
+WorkspacePeaks measure_workspace(int64_t S) {
+  const int64_t n_h = 4, n_kv = 2, d = 64;
+  const Tensor q = random_tensor({1, S, n_h, d}, "q");
+  const Tensor k = random_tensor({1, S, n_kv, d}, "k");
+  const Tensor v = random_tensor({1, S, n_kv, d}, "v");
+  const Tensor pos = i32_tensor(iota_pos(S, 0));
+  const AttentionArgs args{&q, &k, &v, &pos, &pos, 1.0 / std::sqrt(double(d))};
+  Tensor out = nan_like(q), lse = Tensor::empty({1, n_h, S}, DType::kF32, MemCategory::kActivations);
+  Tensor dq = nan_like(q), dk = nan_like(k), dv = nan_like(v);
+  auto fast = make_cpu_backend();
+  MemoryTracker& tracker = MemoryTracker::process();
+  const int64_t before = tracker.stats().current_of(MemCategory::kWorkspace);
+  tracker.reset_peaks();
+  fast->attention_forward(args, out, lse);
+  const int64_t forward = tracker.stats().peak_of(MemCategory::kWorkspace) - before;
+  tracker.reset_peaks();
+  fast->attention_backward(args, out, lse, out, dq, dk, dv);
+  const int64_t backward = tracker.stats().peak_of(MemCategory::kWorkspace) - before;
+  EXPECT_EQ(tracker.stats().current_of(MemCategory::kWorkspace), before) << "workspace not released";
+  return {forward, backward};
+}
+
+// The kernel's scratch is blocks plus one kv head's K, V (and dK, dV) packed contiguous:
+// linear in S. An Sq x Sk score matrix would be S * S * 4 = 64 MiB at S = 4096 and would
+// quadruple when S doubles.
+TEST(FlashAttentionWorkspace, LinearInSequenceLength) {
+  const WorkspacePeaks half = measure_workspace(2048), full = measure_workspace(4096);
+  const int64_t S = 4096, quadratic = S * S * static_cast<int64_t>(sizeof(float));
+  EXPECT_GT(full.forward, 0) << "the kernel's scratch must come from the tracked allocator";
+  EXPECT_GT(full.backward, 0) << "the kernel's scratch must come from the tracked allocator";
+  EXPECT_LE(full.forward, 2 * half.forward) << "forward workspace grows faster than S";
+  EXPECT_LE(full.backward, 2 * half.backward) << "backward workspace grows faster than S";
+  EXPECT_LT(full.forward, quadratic / 8) << "forward workspace " << full.forward << " bytes";
+  EXPECT_LT(full.backward, quadratic / 8) << "backward workspace " << full.backward << " bytes";
+}
+
+}  // namespace
+}  // namespace foldpar
