@@ -98,10 +98,21 @@ class Backend {
   // so that callers (possibly on many ranks) divide by the global valid count.
   virtual double cross_entropy_forward(const Tensor& logits, const Tensor& targets, int32_t ignore_index,
                                        Tensor& lse) = 0;
-  // d_logits (written, may be the same tensor as logits) = (softmax - onehot) * grad_scale for
-  // valid rows, 0 for ignored rows. grad_scale is d(loss)/d(sum), e.g. 1 / valid_count.
+  // logits may be the columns [vocab_offset, vocab_offset + Vc) of the full logits (a
+  // vocabulary shard): d_logits (written, may be the same tensor as logits) =
+  // (exp(logits - lse) - onehot(target)) * grad_scale for valid rows (the one-hot only where
+  // the target falls in the shard), 0 for ignored rows. lse [T] is the log-sum-exp over the
+  // FULL vocabulary; grad_scale is d(loss)/d(sum), e.g. 1 / valid_count.
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                                      int32_t ignore_index, double grad_scale, Tensor& d_logits) = 0;
+                                      int64_t vocab_offset, int32_t ignore_index, double grad_scale,
+                                      Tensor& d_logits) = 0;
+  // The online log-sum-exp over vocabulary shards: logits [T, Vc] are the columns
+  // [vocab_offset, vocab_offset + Vc). Updates row_max and row_sum [T] (start at -inf and 0)
+  // so that after every shard lse = row_max + log(row_sum), and writes target_logit[t] for
+  // the valid rows whose target falls in this shard (other rows untouched).
+  virtual void softmax_chunk_update(const Tensor& logits, const Tensor& targets, int64_t vocab_offset,
+                                    int32_t ignore_index, Tensor& row_max, Tensor& row_sum,
+                                    Tensor& target_logit) = 0;
 };
 
 // The reference CPU backend: plain loops with fp64 accumulation; f32 and f64 tensors.

@@ -74,9 +74,18 @@ double TimedBackend::cross_entropy_forward(const Tensor& logits, const Tensor& t
   return timed("cross_entropy_forward", [&] { return inner_.cross_entropy_forward(logits, targets, ignore_index, lse); });
 }
 void TimedBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                                          int32_t ignore_index, double grad_scale, Tensor& d_logits) {
-  timed("cross_entropy_backward",
-        [&] { inner_.cross_entropy_backward(logits, targets, lse, ignore_index, grad_scale, d_logits); });
+                                          int64_t vocab_offset, int32_t ignore_index, double grad_scale,
+                                          Tensor& d_logits) {
+  timed("cross_entropy_backward", [&] {
+    inner_.cross_entropy_backward(logits, targets, lse, vocab_offset, ignore_index, grad_scale, d_logits);
+  });
+}
+void TimedBackend::softmax_chunk_update(const Tensor& logits, const Tensor& targets, int64_t vocab_offset,
+                                        int32_t ignore_index, Tensor& row_max, Tensor& row_sum,
+                                        Tensor& target_logit) {
+  timed("softmax_chunk_update", [&] {
+    inner_.softmax_chunk_update(logits, targets, vocab_offset, ignore_index, row_max, row_sum, target_logit);
+  });
 }
 
 }  // namespace foldpar

@@ -44,8 +44,10 @@ class TimedBackend final : public Backend {
                        Tensor& d_up) override;
   double cross_entropy_forward(const Tensor& logits, const Tensor& targets, int32_t ignore_index,
                                Tensor& lse) override;
-  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int32_t ignore_index,
-                              double grad_scale, Tensor& d_logits) override;
+  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int64_t vocab_offset,
+                              int32_t ignore_index, double grad_scale, Tensor& d_logits) override;
+  void softmax_chunk_update(const Tensor& logits, const Tensor& targets, int64_t vocab_offset, int32_t ignore_index,
+                            Tensor& row_max, Tensor& row_sum, Tensor& target_logit) override;
 
  private:
   template <typename Fn>

@@ -117,7 +117,8 @@ Result<StepResult> model_forward_backward(const LlamaConfig& c, Backend& be, con
   // Backward of loss = loss_sum / valid_tokens; d_logits overwrites the logits in place.
   const int64_t T = hs.xf.dim(0);
   const double grad_scale = result.valid_tokens > 0 ? 1.0 / static_cast<double>(result.valid_tokens) : 0.0;
-  be.cross_entropy_backward(hs.logits, batch.target_ids.reshape({T}), hs.lse, kIgnoreIndex, grad_scale, hs.logits);
+  be.cross_entropy_backward(hs.logits, batch.target_ids.reshape({T}), hs.lse, 0, kIgnoreIndex, grad_scale,
+                            hs.logits);
   Tensor d_xf = Tensor::empty({T, c.hidden_size}, hs.xf.dtype(), MemCategory::kActivations);
   be.matmul(hs.logits, false, w.lm_head, false, d_xf);                // d_xf = dlogits Whead
   be.matmul(hs.logits, true, hs.xf, false, g.lm_head, 1.0f, 1.0f);  // dWhead += dlogits^T xf

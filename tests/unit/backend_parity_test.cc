@@ -150,12 +150,12 @@ TEST_F(BackendParity, CrossEntropyWithIgnoredTargets) {
     EXPECT_TRUE(near_rel(l1, l2, tol::kF32Op));
     EXPECT_EQ(count_valid_targets(tg, -100), 3);
     Tensor d1 = like(logits), d2 = like(logits);
-    fast_->cross_entropy_backward(logits, tg, l2, -100, 1.0 / 3, d1);
-    ref_->cross_entropy_backward(logits, tg, l2, -100, 1.0 / 3, d2);
+    fast_->cross_entropy_backward(logits, tg, l2, 0, -100, 1.0 / 3, d1);
+    ref_->cross_entropy_backward(logits, tg, l2, 0, -100, 1.0 / 3, d2);
     EXPECT_TRUE(near_rel(d1, d2, tol::kF32Op)) << "V=" << V;
     // In place (d_logits aliasing logits) gives the same.
     Tensor inplace = logits.clone(MemCategory::kWorkspace);
-    fast_->cross_entropy_backward(inplace, tg, l2, -100, 1.0 / 3, inplace);
+    fast_->cross_entropy_backward(inplace, tg, l2, 0, -100, 1.0 / 3, inplace);
     EXPECT_TRUE(near_rel(inplace, d2, tol::kF32Op));
     for (int64_t j = 0; j < V; ++j) EXPECT_EQ(d1.data<float>()[V + j], 0.0f);  // ignored row
   }
@@ -171,6 +171,47 @@ TEST_F(BackendParity, ElementwiseAndSumSquares) {
   ref_->scale_inplace(-0.5, y2);
   EXPECT_TRUE(near_rel(y1, y2, 0.0));
   EXPECT_NEAR(fast_->sum_squares(x), ref_->sum_squares(x), tol::kF32Op * ref_->sum_squares(x));
+}
+
+TEST_F(BackendParity, CrossEntropyOverVocabularyShardsMatchesFull) {
+  // Three shards of a vocabulary of 12: the online log-sum-exp and the per-shard backward
+  // must reproduce the full cross-entropy, on both backends.
+  const int64_t V = 12, Vc = 4, T = 5;
+  Tensor logits = random_tensor({T, V}, DType::kF32, 19, 4.0);
+  Tensor tg = testing::i32_tensor({T}, {0, 11, -100, 5, 7});
+  Tensor lse_full = Tensor::empty({T}, DType::kF32, MemCategory::kWorkspace);
+  const double loss_full = ref_->cross_entropy_forward(logits, tg, -100, lse_full);
+  Tensor d_full = like(logits);
+  ref_->cross_entropy_backward(logits, tg, lse_full, 0, -100, 0.25, d_full);
+  for (Backend* be : {fast_.get(), ref_.get()}) {
+    Tensor m = Tensor::empty({T}, DType::kF32, MemCategory::kWorkspace), s = like(m), tl = like(m);
+    be->fill(-std::numeric_limits<double>::infinity(), m);
+    be->fill(0.0, s);
+    be->fill(0.0, tl);
+    std::vector<Tensor> chunks;
+    for (int64_t c = 0; c < V / Vc; ++c) {
+      Tensor chunk = Tensor::empty({T, Vc}, DType::kF32, MemCategory::kWorkspace);
+      for (int64_t r = 0; r < T; ++r)
+        for (int64_t j = 0; j < Vc; ++j) chunk.data<float>()[r * Vc + j] = logits.data<float>()[r * V + c * Vc + j];
+      be->softmax_chunk_update(chunk, tg, c * Vc, -100, m, s, tl);
+      chunks.push_back(chunk);
+    }
+    Tensor lse = like(m);
+    double loss = 0;
+    for (int64_t r = 0; r < T; ++r) {
+      lse.data<float>()[r] = m.data<float>()[r] + std::log(s.data<float>()[r]);
+      if (tg.data<int32_t>()[r] != -100) loss += lse.data<float>()[r] - tl.data<float>()[r];
+    }
+    EXPECT_NEAR(loss, loss_full, tol::kF32Op * loss_full) << be->name();
+    for (int64_t c = 0; c < V / Vc; ++c) {
+      Tensor d = like(chunks[c]);
+      be->cross_entropy_backward(chunks[c], tg, lse_full, c * Vc, -100, 0.25, d);
+      for (int64_t r = 0; r < T; ++r)
+        for (int64_t j = 0; j < Vc; ++j)
+          EXPECT_NEAR(d.data<float>()[r * Vc + j], d_full.data<float>()[r * V + c * Vc + j], 1e-6)
+              << be->name() << " row " << r << " col " << c * Vc + j;
+    }
+  }
 }
 
 }  // namespace

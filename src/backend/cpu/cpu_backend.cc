@@ -224,11 +224,12 @@ class CpuBackend final : public Backend {
     }
     return loss;
   }
-  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int32_t ignore_index,
-                              double grad_scale, Tensor& d_logits) override {
+  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int64_t vocab_offset,
+                              int32_t ignore_index, double grad_scale, Tensor& d_logits) override {
     check_same(logits, d_logits, "cross_entropy d_logits");
     check_f32(logits, "cross_entropy_backward");
     const int64_t rows = rows_of(logits), V = logits.dim(-1);
+    check_i32_vector(targets, rows, "cross_entropy targets");
     const float *X = logits.data<float>(), *L = lse.data<float>();
     const int32_t* tg = targets.data<int32_t>();
     float* DX = d_logits.data<float>();
@@ -242,7 +243,33 @@ class CpuBackend final : public Backend {
       const float* xr = X + r * V;
       const float l = L[r];
       for (int64_t j = 0; j < V; ++j) dr[j] = vec::exp(xr[j] - l) * gs;
-      dr[tg[r]] -= gs;
+      const int64_t t = tg[r] - vocab_offset;
+      if (t >= 0 && t < V) dr[t] -= gs;
+    }
+  }
+
+  void softmax_chunk_update(const Tensor& logits, const Tensor& targets, int64_t vocab_offset, int32_t ignore_index,
+                            Tensor& row_max, Tensor& row_sum, Tensor& target_logit) override {
+    check_f32(logits, "softmax_chunk_update");
+    const int64_t rows = rows_of(logits), V = logits.dim(-1);
+    check_i32_vector(targets, rows, "softmax_chunk_update targets");
+    FP_CHECK(row_max.numel() == rows && row_sum.numel() == rows && target_logit.numel() == rows,
+             "softmax_chunk_update rows {}", rows);
+    const float* X = logits.data<float>();
+    const int32_t* tg = targets.data<int32_t>();
+    float *M = row_max.data<float>(), *Ssum = row_sum.data<float>(), *TL = target_logit.data<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = X + r * V;
+      float cm = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < V; ++j) cm = std::max(cm, xr[j]);
+      const float m_old = M[r], m_new = std::max(m_old, cm);
+      float s = 0;
+      for (int64_t j = 0; j < V; ++j) s += vec::exp(xr[j] - m_new);
+      // vec::exp(-inf) is exactly 0, so the first shard needs no special case.
+      Ssum[r] = Ssum[r] * vec::exp(m_old - m_new) + s;
+      M[r] = m_new;
+      const int64_t t = tg[r] - vocab_offset;
+      if (tg[r] != ignore_index && t >= 0 && t < V) TL[r] = xr[t];
     }
   }
 

@@ -377,8 +377,8 @@ class ReferenceBackend final : public Backend {
     });
     return loss;
   }
-  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int32_t ignore_index,
-                              double grad_scale, Tensor& d_logits) override {
+  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int64_t vocab_offset,
+                              int32_t ignore_index, double grad_scale, Tensor& d_logits) override {
     const int64_t rows = rows_of(logits), V = logits.dim(-1);
     check_same(logits, d_logits, "cross_entropy d_logits");
     dispatch_float(logits, [&]<typename T>() {
@@ -389,9 +389,33 @@ class ReferenceBackend final : public Backend {
         const bool valid = tg[r] != ignore_index;
         for (int64_t j = 0; j < V; ++j) {
           const double p = valid ? std::exp(static_cast<double>(X[r * V + j]) - L[r]) : 0.0;
-          const double onehot = (valid && j == tg[r]) ? 1.0 : 0.0;
+          const double onehot = (valid && j + vocab_offset == tg[r]) ? 1.0 : 0.0;
           DX[r * V + j] = static_cast<T>((p - onehot) * grad_scale);
         }
+      }
+    });
+  }
+
+  void softmax_chunk_update(const Tensor& logits, const Tensor& targets, int64_t vocab_offset, int32_t ignore_index,
+                            Tensor& row_max, Tensor& row_sum, Tensor& target_logit) override {
+    const int64_t rows = rows_of(logits), V = logits.dim(-1);
+    check_i32_vector(targets, rows, "softmax_chunk_update targets");
+    FP_CHECK(row_max.numel() == rows && row_sum.numel() == rows && target_logit.numel() == rows,
+             "softmax_chunk_update rows {}", rows);
+    dispatch_float(logits, [&]<typename T>() {
+      const T* X = logits.data<T>();
+      const int32_t* tg = targets.data<int32_t>();
+      T *M = row_max.data<T>(), *Ssum = row_sum.data<T>(), *TL = target_logit.data<T>();
+      for (int64_t r = 0; r < rows; ++r) {
+        double cm = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < V; ++j) cm = std::max(cm, static_cast<double>(X[r * V + j]));
+        const double m_old = M[r], m_new = std::max(m_old, cm);
+        double s = m_old == -std::numeric_limits<double>::infinity() ? 0.0 : Ssum[r] * std::exp(m_old - m_new);
+        for (int64_t j = 0; j < V; ++j) s += std::exp(X[r * V + j] - m_new);
+        M[r] = static_cast<T>(m_new);
+        Ssum[r] = static_cast<T>(s);
+        const int64_t t = tg[r] - vocab_offset;
+        if (tg[r] != ignore_index && t >= 0 && t < V) TL[r] = X[r * V + t];
       }
     });
   }
