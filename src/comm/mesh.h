@@ -1,0 +1,77 @@
+// Mesh: the parallel axes of a job and one communicator per axis, built from the world
+// communicator and a layout string ("tsp=4", "tp=2,sp=2", "dp=2,tsp=2"). The Mesh owns its
+// axis communicators and borrows the world communicator, which must outlive it. Nothing is
+// global: whoever needs an axis gets the Mesh or the Communicator passed in.
+//
+// Rank order: axes are listed outermost first and the last axis varies fastest. dp, when
+// present, must be written first (the outermost axis). A rank's coordinates are the digits
+// of its world rank in the mixed radix of the degrees: for "dp=2,tp=2,sp=2", world rank
+// 6 = 1*4 + 1*2 + 0 is dp 1, tp 1, sp 0. The communicator of an axis holds the ranks that
+// share every other coordinate, ranked by their coordinate on that axis, so
+// mesh.comm("tp").rank() == mesh.coord("tp").
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/status.h"
+
+namespace foldpar {
+
+struct MeshAxis {
+  std::string name;  // one of dp, tp, sp, tsp
+  int degree = 1;    // >= 1
+};
+
+struct MeshLayout {
+  std::vector<MeshAxis> axes;  // outermost first
+
+  // Parses "name=degree[,name=degree...]"; spaces around names, degrees and commas are
+  // ignored. Errors name the offending text: unknown or repeated axis, degree not a positive
+  // integer, dp not first, empty layout, stray commas.
+  static Result<MeshLayout> parse(std::string_view text);
+  int num_ranks() const;  // the product of the degrees
+  std::string to_string() const;  // "dp=2,tsp=2"
+};
+
+class Mesh {
+ public:
+  // Collective over `world`: every rank passes the same layout. Fails with invalid_argument
+  // when the layout does not parse or its product is not world.size(), e.g.
+  // "layout tp=2,sp=2 needs 4 ranks (tp 2 x sp 2), but communicator world has 3".
+  static Result<Mesh> create(Communicator& world, std::string_view layout);
+  static Result<Mesh> create(Communicator& world, const MeshLayout& layout);
+
+  Mesh(Mesh&&) noexcept = default;
+  Mesh& operator=(Mesh&&) noexcept = default;
+
+  const MeshLayout& layout() const { return layout_; }
+  Communicator& world() { return *world_; }
+  bool has_axis(std::string_view axis) const;
+  // Degree and this rank's coordinate on an axis; an axis not in the layout has degree 1
+  // and coordinate 0.
+  int degree(std::string_view axis) const;
+  int coord(std::string_view axis) const;
+  // The communicator of an axis in the layout (FP_CHECK otherwise).
+  Communicator& comm(std::string_view axis);
+  const Communicator& comm(std::string_view axis) const;
+  // Every axis communicator, outermost first: what a ScopedCommCounter of the whole mesh
+  // watches.
+  std::vector<const Communicator*> communicators() const;
+  // The world rank at the given coordinates, one per axis in layout order.
+  int world_rank_at(const std::vector<int>& coords) const;
+
+ private:
+  Mesh(Communicator& world, MeshLayout layout);
+  int axis_index(std::string_view axis) const;  // -1 when absent
+
+  Communicator* world_;
+  MeshLayout layout_;
+  std::vector<int> coords_;
+  std::vector<std::unique_ptr<Communicator>> comms_;  // one per axis, layout order
+};
+
+}  // namespace foldpar

@@ -1,0 +1,383 @@
+// The MPI backend of Communicator. Blocking operations call the blocking MPI collectives
+// (OpenMPI's tuned algorithms); non-blocking ones the MPI_I* forms, completed by
+// CommRequest::wait/test. bf16 reductions widen to an f32 copy, reduce that in place with
+// MPI_FLOAT and round once at the end (so the wire carries f32 for them; the counters still
+// count bf16 bytes, by the convention of comm_stats.h). Every call runs under the watchdog
+// when it is on, and after the checking-mode exchange when that is on.
+#include <fmt/format.h>
+
+#include <climits>
+#include <cstring>
+
+#include "comm/mpi_internal.h"
+#include "comm/mpi_watchdog.h"
+#include "comm/op_check.h"
+#include "core/check.h"
+
+namespace foldpar::mpi_detail {
+
+namespace {
+
+constexpr int kPointToPointTag = 0;
+
+bool is_reduction(CommOpKind k) {
+  return k == CommOpKind::kReduce || k == CommOpKind::kAllReduce || k == CommOpKind::kReduceScatter ||
+         k == CommOpKind::kReduceScatterV;
+}
+
+uint64_t total_of(std::span<const size_t> counts) {
+  uint64_t total = 0;
+  for (size_t c : counts) total += c;
+  return total;
+}
+
+// The MPI arguments of one operation and what is left to do once MPI has completed it.
+struct Plan {
+  const void* send = nullptr;  // or MPI_IN_PLACE
+  void* recv = nullptr;
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  std::vector<float> stage;  // bf16 reductions: f32 copy of the input, reduced in place
+  std::vector<int> counts, displs;  // the _v forms
+  MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  MPI_Status statuses[2] = {};
+  int n_requests = 1;
+  // On completion: round stage[0, bf16_count) into bf16_out; move an in-place
+  // reduce-scatter result from the start of the send buffer to recv_buf; check the size of
+  // a received message (statuses[recv_status]).
+  void* bf16_out = nullptr;
+  size_t bf16_count = 0;
+  void* move_to = nullptr;
+  const void* move_from = nullptr;
+  size_t move_bytes = 0;
+  int recv_status = -1;
+};
+
+void widen_bf16(const void* src, size_t n, std::vector<float>& dst) {
+  dst.resize(n);
+  const auto* s = static_cast<const bf16*>(src);
+  for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+}
+
+void narrow_to_bf16(const float* src, size_t n, void* dst) {
+  auto* d = static_cast<bf16*>(dst);
+  for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+class MpiCommunicator;
+
+// Registers an operation with the watchdog for the life of a blocking call.
+class WatchdogScope {
+ public:
+  WatchdogScope(MpiWatchdog* watchdog, const Communicator& comm, uint64_t key, const CommOp& op)
+      : watchdog_(watchdog), token_(watchdog ? watchdog->begin(comm, key, op) : 0) {}
+  ~WatchdogScope() {
+    if (watchdog_ != nullptr) watchdog_->end(token_);
+  }
+  WatchdogScope(const WatchdogScope&) = delete;
+  WatchdogScope& operator=(const WatchdogScope&) = delete;
+
+ private:
+  MpiWatchdog* watchdog_;
+  uint64_t token_;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MpiContext* ctx, MPI_Comm comm, std::string name, std::vector<int> world_ranks, int rank, int size);
+  ~MpiCommunicator() override;
+
+  std::unique_ptr<Communicator> split(int color, int key, std::string name) override;
+  void finish(const CommOp& op, Plan& plan) const;
+
+ protected:
+  Status supports(const CommOp& op) const override;
+  Status run_validated(const CommOp& op) override;
+  CommRequest start_validated(const CommOp& op) override;
+
+ private:
+  void prepare(const CommOp& op, Plan& plan) const;
+  void prepare_reduction(const CommOp& op, Plan& plan) const;
+  void post(const CommOp& op, Plan& plan, bool blocking);
+  void check_collective(const CommOp& op);
+
+  MpiContext* ctx_;
+  MPI_Comm comm_;
+  MPI_Comm check_comm_ = MPI_COMM_NULL;  // checking-mode exchanges, apart from user traffic
+  uint64_t key_ = 0;                     // the watchdog's name for this communicator
+};
+
+class MpiRequest final : public CommRequestImpl {
+ public:
+  MpiRequest(const MpiCommunicator& comm, const CommOp& op, std::unique_ptr<Plan> plan, MpiWatchdog* watchdog,
+             uint64_t token)
+      : comm_(comm), op_(op), plan_(std::move(plan)), watchdog_(watchdog), token_(token) {
+    op_.counts = {};  // the caller's counts[] need not outlive the call; the plan has them
+  }
+  Status wait() override {
+    FP_MPI_CHECK(MPI_Waitall(plan_->n_requests, plan_->requests, plan_->statuses));
+    complete();
+    return Status::ok_status();
+  }
+  Status test(bool* done) override {
+    int flag = 0;
+    FP_MPI_CHECK(MPI_Testall(plan_->n_requests, plan_->requests, &flag, plan_->statuses));
+    if (flag) complete();
+    *done = flag != 0;
+    return Status::ok_status();
+  }
+
+ private:
+  void complete() {
+    comm_.finish(op_, *plan_);
+    if (watchdog_ != nullptr) watchdog_->end(token_);
+  }
+  const MpiCommunicator& comm_;
+  CommOp op_;
+  std::unique_ptr<Plan> plan_;
+  MpiWatchdog* watchdog_;
+  uint64_t token_;
+};
+
+MpiCommunicator::MpiCommunicator(MpiContext* ctx, MPI_Comm comm, std::string name, std::vector<int> world_ranks,
+                                 int rank, int size)
+    : Communicator(rank, size, std::move(name), std::move(world_ranks)), ctx_(ctx), comm_(comm) {
+  FP_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  FP_MPI_CHECK(MPI_Comm_dup(comm_, &check_comm_));
+  FP_MPI_CHECK(MPI_Comm_set_errhandler(check_comm_, MPI_ERRORS_RETURN));
+  // Members agree on the key: same name, same members, same count of such communicators
+  // created before (creation is collective over the members).
+  std::string id = this->name();
+  for (int w : this->world_ranks()) id += fmt::format(",{}", w);
+  const int ordinal = ctx_->comm_ordinals[id]++;
+  key_ = fnv1a(fmt::format("{}#{}", id, ordinal));
+  ctx_->live_comms.fetch_add(1);
+  if (ctx_->watchdog != nullptr) ctx_->watchdog->add_comm(key_, this);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  if (ctx_->watchdog != nullptr) ctx_->watchdog->remove_comm(key_);
+  FP_MPI_CHECK(MPI_Comm_free(&check_comm_));
+  if (comm_ != MPI_COMM_WORLD) FP_MPI_CHECK(MPI_Comm_free(&comm_));
+  ctx_->live_comms.fetch_sub(1);
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, std::string name) {
+  FP_CHECK(color >= 0, "split of {}: color {} must be >= 0", describe(), color);
+  MPI_Comm part = MPI_COMM_NULL;
+  FP_MPI_CHECK(MPI_Comm_split(comm_, color, key, &part));
+  return make_mpi_communicator(ctx_, part, std::move(name));
+}
+
+Status MpiCommunicator::supports(const CommOp& op) const {
+  if (op.stream.native != nullptr) {
+    return unimplemented("the MPI backend runs on the calling thread and takes no stream; pass CommStream{{}}");
+  }
+  uint64_t largest = op.count;  // elements in the largest buffer MPI addresses with an int
+  if (op.kind == CommOpKind::kAllGather || op.kind == CommOpKind::kReduceScatter || op.kind == CommOpKind::kAllToAll) {
+    largest = op.count * static_cast<uint64_t>(size());
+  } else if (op.kind == CommOpKind::kAllGatherV || op.kind == CommOpKind::kReduceScatterV) {
+    largest = total_of(op.counts);
+  }
+  if (largest > static_cast<uint64_t>(INT_MAX)) {
+    return unimplemented("a buffer of {} elements exceeds the MPI backend's limit of {} elements", largest, INT_MAX);
+  }
+  return Status::ok_status();
+}
+
+void MpiCommunicator::prepare_reduction(const CommOp& op, Plan& plan) const {
+  const size_t beta = dtype_size(op.dtype);
+  const bool scatter = op.kind == CommOpKind::kReduceScatter || op.kind == CommOpKind::kReduceScatterV;
+  const uint64_t n_in = op.kind == CommOpKind::kReduceScatter ? op.count * size() : op.count;
+  const uint64_t mine = op.kind == CommOpKind::kReduceScatterV ? op.counts[rank()] : op.count;
+  const bool has_output = op.kind != CommOpKind::kReduce || rank() == op.root;
+  if (op.dtype == DType::kBF16) {  // reduce an f32 copy in place, round once
+    widen_bf16(op.send_buf, op.kind == CommOpKind::kReduceScatterV ? total_of(op.counts) : n_in, plan.stage);
+    plan.type = MPI_FLOAT;
+    plan.send = has_output ? MPI_IN_PLACE : plan.stage.data();
+    plan.recv = has_output ? plan.stage.data() : nullptr;
+    if (has_output) {
+      plan.bf16_out = op.recv_buf;
+      plan.bf16_count = mine;
+    }
+    return;
+  }
+  plan.send = op.send_buf;
+  plan.recv = op.recv_buf;
+  if (!scatter) {
+    if (has_output && op.send_buf == op.recv_buf) plan.send = MPI_IN_PLACE;
+    return;
+  }
+  const uint64_t offset = op.kind == CommOpKind::kReduceScatter ? op.count * rank() : total_of(op.counts.first(rank()));
+  if (op.recv_buf == static_cast<const char*>(op.send_buf) + offset * beta && mine > 0) {
+    // In place: MPI reduces the whole send buffer and leaves the result at its start.
+    plan.send = MPI_IN_PLACE;
+    plan.recv = const_cast<void*>(op.send_buf);
+    plan.move_from = op.send_buf;
+    plan.move_to = op.recv_buf;
+    plan.move_bytes = offset == 0 ? 0 : mine * beta;
+  }
+}
+
+void MpiCommunicator::prepare(const CommOp& op, Plan& plan) const {
+  plan.type = mpi_type(op.dtype);
+  const size_t beta = dtype_size(op.dtype);
+  if (op.kind == CommOpKind::kAllGatherV || op.kind == CommOpKind::kReduceScatterV) {
+    plan.counts.resize(size());
+    plan.displs.resize(size());
+    int offset = 0;
+    for (int r = 0; r < size(); ++r) {
+      plan.counts[r] = static_cast<int>(op.counts[r]);
+      plan.displs[r] = offset;
+      offset += plan.counts[r];
+    }
+  }
+  if (is_reduction(op.kind)) return prepare_reduction(op, plan);
+  plan.send = op.send_buf;
+  plan.recv = op.recv_buf;
+  if (op.kind == CommOpKind::kAllGather || op.kind == CommOpKind::kAllGatherV) {
+    const uint64_t offset = op.kind == CommOpKind::kAllGather ? op.count * rank() : plan.displs[rank()];
+    if (op.send_buf == static_cast<const char*>(op.recv_buf) + offset * beta) plan.send = MPI_IN_PLACE;
+  }
+  if (op.kind == CommOpKind::kRecv) plan.recv_status = 0;
+  if (op.kind == CommOpKind::kSendRecv) {
+    plan.n_requests = 2;
+    plan.recv_status = 1;
+  }
+}
+
+// One MPI call per kind, blocking or not. Counts fit in int (supports()).
+void MpiCommunicator::post(const CommOp& op, Plan& p, bool blocking) {
+  const int n = static_cast<int>(op.count);
+  MPI_Request* rq = p.requests;
+  switch (op.kind) {
+    case CommOpKind::kBroadcast:
+      if (blocking) FP_MPI_CHECK(MPI_Bcast(p.recv, n, p.type, op.root, comm_));
+      else FP_MPI_CHECK(MPI_Ibcast(p.recv, n, p.type, op.root, comm_, rq));
+      return;
+    case CommOpKind::kReduce:
+      if (blocking) FP_MPI_CHECK(MPI_Reduce(p.send, p.recv, n, p.type, mpi_op(op.reduce_op), op.root, comm_));
+      else FP_MPI_CHECK(MPI_Ireduce(p.send, p.recv, n, p.type, mpi_op(op.reduce_op), op.root, comm_, rq));
+      return;
+    case CommOpKind::kAllReduce:
+      if (blocking) FP_MPI_CHECK(MPI_Allreduce(p.send, p.recv, n, p.type, mpi_op(op.reduce_op), comm_));
+      else FP_MPI_CHECK(MPI_Iallreduce(p.send, p.recv, n, p.type, mpi_op(op.reduce_op), comm_, rq));
+      return;
+    case CommOpKind::kAllGather:
+      if (blocking) FP_MPI_CHECK(MPI_Allgather(p.send, n, p.type, p.recv, n, p.type, comm_));
+      else FP_MPI_CHECK(MPI_Iallgather(p.send, n, p.type, p.recv, n, p.type, comm_, rq));
+      return;
+    case CommOpKind::kAllGatherV: {
+      const int mine = p.counts[rank()];
+      if (blocking) {
+        FP_MPI_CHECK(MPI_Allgatherv(p.send, mine, p.type, p.recv, p.counts.data(), p.displs.data(), p.type, comm_));
+      } else {
+        FP_MPI_CHECK(
+            MPI_Iallgatherv(p.send, mine, p.type, p.recv, p.counts.data(), p.displs.data(), p.type, comm_, rq));
+      }
+      return;
+    }
+    case CommOpKind::kReduceScatter:
+      if (blocking) FP_MPI_CHECK(MPI_Reduce_scatter_block(p.send, p.recv, n, p.type, mpi_op(op.reduce_op), comm_));
+      else FP_MPI_CHECK(MPI_Ireduce_scatter_block(p.send, p.recv, n, p.type, mpi_op(op.reduce_op), comm_, rq));
+      return;
+    case CommOpKind::kReduceScatterV:
+      if (blocking) {
+        FP_MPI_CHECK(MPI_Reduce_scatter(p.send, p.recv, p.counts.data(), p.type, mpi_op(op.reduce_op), comm_));
+      } else {
+        FP_MPI_CHECK(MPI_Ireduce_scatter(p.send, p.recv, p.counts.data(), p.type, mpi_op(op.reduce_op), comm_, rq));
+      }
+      return;
+    case CommOpKind::kAllToAll:
+      if (blocking) FP_MPI_CHECK(MPI_Alltoall(p.send, n, p.type, p.recv, n, p.type, comm_));
+      else FP_MPI_CHECK(MPI_Ialltoall(p.send, n, p.type, p.recv, n, p.type, comm_, rq));
+      return;
+    case CommOpKind::kSend:
+      if (blocking) FP_MPI_CHECK(MPI_Send(p.send, n, p.type, op.peer, kPointToPointTag, comm_));
+      else FP_MPI_CHECK(MPI_Isend(p.send, n, p.type, op.peer, kPointToPointTag, comm_, rq));
+      return;
+    case CommOpKind::kRecv:
+      if (blocking) FP_MPI_CHECK(MPI_Recv(p.recv, n, p.type, op.source, kPointToPointTag, comm_, &p.statuses[0]));
+      else FP_MPI_CHECK(MPI_Irecv(p.recv, n, p.type, op.source, kPointToPointTag, comm_, rq));
+      return;
+    case CommOpKind::kSendRecv:
+      if (blocking) {
+        FP_MPI_CHECK(MPI_Sendrecv(p.send, n, p.type, op.peer, kPointToPointTag, p.recv, n, p.type, op.source,
+                                  kPointToPointTag, comm_, &p.statuses[1]));
+      } else {
+        FP_MPI_CHECK(MPI_Irecv(p.recv, n, p.type, op.source, kPointToPointTag, comm_, &rq[1]));
+        FP_MPI_CHECK(MPI_Isend(p.send, n, p.type, op.peer, kPointToPointTag, comm_, &rq[0]));
+      }
+      return;
+    case CommOpKind::kBarrier:
+      if (blocking) FP_MPI_CHECK(MPI_Barrier(comm_));
+      else FP_MPI_CHECK(MPI_Ibarrier(comm_, rq));
+      return;
+  }
+}
+
+void MpiCommunicator::finish(const CommOp& op, Plan& plan) const {
+  if (plan.recv_status >= 0) {
+    int received = 0;
+    FP_MPI_CHECK(MPI_Get_count(&plan.statuses[plan.recv_status], plan.type, &received));
+    FP_CHECK(received == static_cast<int>(op.count), "{} #{} on communicator {}: expected {} elements from rank {}, "
+             "received {}", comm_op_name(op.kind), op.seq, describe(), op.count, op.source, received);
+  }
+  if (plan.bf16_out != nullptr) narrow_to_bf16(plan.stage.data(), plan.bf16_count, plan.bf16_out);
+  if (plan.move_bytes > 0) std::memmove(plan.move_to, plan.move_from, plan.move_bytes);
+}
+
+void MpiCommunicator::check_collective(const CommOp& op) {
+  const CollectiveDescriptor mine = describe_collective(op);
+  std::vector<CollectiveDescriptor> all(size());
+  FP_MPI_CHECK(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, check_comm_));
+  const std::string disagreement = find_disagreement(all, world_ranks(), describe());
+  if (!disagreement.empty()) fatal_error(__FILE__, __LINE__, "checking mode: " + disagreement);
+}
+
+Status MpiCommunicator::run_validated(const CommOp& op) {
+  WatchdogScope watch(ctx_->watchdog.get(), *this, key_, op);
+  if (is_collective(op.kind) && ctx_->check.load(std::memory_order_relaxed)) check_collective(op);
+  Plan plan;
+  prepare(op, plan);
+  post(op, plan, /*blocking=*/true);
+  finish(op, plan);
+  return Status::ok_status();
+}
+
+CommRequest MpiCommunicator::start_validated(const CommOp& op) {
+  MpiWatchdog* watchdog = ctx_->watchdog.get();
+  const uint64_t token = watchdog != nullptr ? watchdog->begin(*this, key_, op) : 0;
+  if (is_collective(op.kind) && ctx_->check.load(std::memory_order_relaxed)) check_collective(op);
+  auto plan = std::make_unique<Plan>();
+  prepare(op, *plan);
+  post(op, *plan, /*blocking=*/false);
+  return CommRequest(std::make_unique<MpiRequest>(*this, op, std::move(plan), watchdog, token));
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(MpiContext* ctx, MPI_Comm comm, std::string name) {
+  int rank = 0, size = 0;
+  FP_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  FP_MPI_CHECK(MPI_Comm_size(comm, &size));
+  MPI_Group group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
+  FP_MPI_CHECK(MPI_Comm_group(comm, &group));
+  FP_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
+  std::vector<int> ranks(size), world_ranks(size);
+  for (int r = 0; r < size; ++r) ranks[r] = r;
+  FP_MPI_CHECK(MPI_Group_translate_ranks(group, size, ranks.data(), world_group, world_ranks.data()));
+  FP_MPI_CHECK(MPI_Group_free(&group));
+  FP_MPI_CHECK(MPI_Group_free(&world_group));
+  return std::make_unique<MpiCommunicator>(ctx, comm, std::move(name), std::move(world_ranks), rank, size);
+}
+
+}  // namespace foldpar::mpi_detail

@@ -1,0 +1,91 @@
+// An MPI program that goes wrong on purpose, one way per scenario; comm_failure_test.cc
+// launches it under mpirun and checks how the job ends. Every rank prints
+// "rank R started pid P" first and "rank R exits normally" only on a normal exit (the one path
+// to exit status 0), so the driver can tell that no rank finished normally.
+//   comm_failure_job <scenario> <marker>     (the marker only tags the processes)
+// Scenarios (rank counts as the driver launches them):
+//   skip      3 ranks, checking mode: rank 1 skips all_reduce #2 and calls all_gather
+//   count     3 ranks, checking mode: rank 2 passes another count to all_gather
+//   root      3 ranks, checking mode: rank 0 names another broadcast root
+//   hang      3 ranks: rank 2 never arrives at all_reduce #2 (sleeps in computation)
+//   hang_p2p  2 ranks: rank 0 waits in recv from rank 1, which never sends
+//   sigkill   3 ranks: rank 1 dies by SIGKILL with an all_reduce in flight
+//   fatal     3 ranks: rank 1 fails an FP_CHECK while the others wait in a barrier
+//   truncate  2 ranks: rank 1 receives 5 elements of a 10-element message (an MPI error)
+//   short     2 ranks: rank 1 expects 10 elements of a 5-element message
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/mpi_runtime.h"
+#include "core/check.h"
+
+namespace foldpar {
+namespace {
+
+void sleep_s(int seconds) { std::this_thread::sleep_for(std::chrono::seconds(seconds)); }
+
+void run_scenario(const std::string& scenario, Communicator& world) {
+  const int p = world.rank();
+  std::vector<float> x(1 << 22, 1.0f), y(64 * world.size());
+  FP_CHECK_OK(world.barrier());  // #1: everyone is up
+  if (scenario == "skip") {
+    if (p != 1) FP_CHECK_OK(world.all_reduce(x.data(), x.data(), 100, DType::kF32, ReduceOp::kSum));
+    FP_CHECK_OK(world.all_gather(x.data(), y.data(), 10, DType::kF32));
+  } else if (scenario == "count") {
+    FP_CHECK_OK(world.all_gather(x.data(), y.data(), p == 2 ? 5 : 4, DType::kF32));
+  } else if (scenario == "root") {
+    FP_CHECK_OK(world.broadcast(x.data(), 16, DType::kF32, p == 0 ? 1 : 0));
+  } else if (scenario == "hang") {
+    if (p == 2) sleep_s(60);
+    FP_CHECK_OK(world.all_reduce(x.data(), x.data(), 100, DType::kF32, ReduceOp::kSum));
+  } else if (scenario == "hang_p2p") {
+    if (p == 1) sleep_s(60);
+    if (p == 0) FP_CHECK_OK(world.recv(x.data(), 100, DType::kF32, 1));
+  } else if (scenario == "sigkill") {
+    if (p == 1) {
+      CommRequest r = world.iall_reduce(x.data(), x.data(), x.size(), DType::kF32, ReduceOp::kSum);
+      sleep_s(1);
+      std::raise(SIGKILL);
+    }
+    FP_CHECK_OK(world.all_reduce(x.data(), x.data(), x.size(), DType::kF32, ReduceOp::kSum));
+  } else if (scenario == "fatal") {
+    FP_CHECK(p != 1, "deliberate failure of scenario {}", scenario);
+    FP_CHECK_OK(world.barrier());
+  } else if (scenario == "truncate" || scenario == "short") {
+    const size_t sent = scenario == "truncate" ? 10 : 5, expected = scenario == "truncate" ? 5 : 10;
+    if (p == 0) FP_CHECK_OK(world.send(x.data(), sent, DType::kF32, 1));
+    if (p == 1) FP_CHECK_OK(world.recv(y.data(), expected, DType::kF32, 0));
+    FP_CHECK_OK(world.barrier());
+  } else {
+    FP_CHECK(false, "unknown scenario {}", scenario);
+  }
+}
+
+}  // namespace
+}  // namespace foldpar
+
+int main(int argc, char** argv) {
+  using foldpar::CommOptions, foldpar::MpiRuntime, foldpar::Result;
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s <scenario> <marker>\n", argv[0]);
+    return 2;
+  }
+  Result<CommOptions> options = CommOptions::from_env();
+  if (!options.ok()) {
+    std::fprintf(stderr, "%s\n", options.status().to_string().c_str());
+    return 2;
+  }
+  MpiRuntime mpi(&argc, &argv, options.value());
+  std::printf("rank %d started pid %d\n", mpi.world_rank(), static_cast<int>(getpid()));
+  std::fflush(stdout);
+  foldpar::run_scenario(argv[1], mpi.world());
+  std::printf("rank %d exits normally\n", mpi.world_rank());
+  std::fflush(stdout);
+  return 0;
+}
