@@ -4,11 +4,15 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+
+#include <memory>
 
 #include "app/step_bench.h"
 #include "app/verify.h"
 #include "backend/backend.h"
+#include "comm/mpi_runtime.h"
 #include "core/status.h"
 
 namespace foldpar {
@@ -17,8 +21,18 @@ namespace {
 constexpr int kExitCheckFailed = 1;
 constexpr int kExitBadInput = 2;
 
+// Under mpirun every rank parses the same flags and reaches the same verdict on them; only
+// the first rank prints, so a bad flag reads as one line. The launcher's environment tells
+// the rank before MPI is initialized (OpenMPI, then PMIx/PMI launchers).
+bool is_first_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+    if (const char* v = std::getenv(var)) return std::string(v) == "0";
+  }
+  return true;
+}
+
 int fail(const Status& s) {
-  std::fprintf(stderr, "foldpar: error: %s\n", s.to_string().c_str());
+  if (is_first_rank()) std::fprintf(stderr, "foldpar: error: %s\n", s.to_string().c_str());
   return kExitBadInput;
 }
 
@@ -36,6 +50,10 @@ struct VerifyArgs {
   double tolerance = 0;
   std::string dump;
   bool json = false;
+  std::string layout;
+  std::string seq_split = "zigzag";
+  bool no_overlap = false, keep_weights = false, keep_kv = false;
+  int head_buckets = 1;
 };
 
 void add_verify(CLI::App& app, VerifyArgs& a) {
@@ -48,6 +66,18 @@ void add_verify(CLI::App& app, VerifyArgs& a) {
   cmd->add_option("--tolerance", a.tolerance, "largest relative error accepted (default: the f32 model tolerance)");
   cmd->add_option("--dump", a.dump, "write config, weights, batch, gradients and result to this directory");
   cmd->add_flag("--json", a.json, "print the report as JSON");
+  cmd->add_option("--layout", a.layout, "parallel layout, e.g. tsp=4 (run under mpirun with as many ranks)");
+  cmd->add_option("--seq-split", a.seq_split, "sequence sharding: zigzag or contiguous");
+  cmd->add_flag("--no-overlap", a.no_overlap, "finish every transfer before the computation that follows it");
+  cmd->add_flag("--keep-weights", a.keep_weights, "backward reuses the forward's attention shards");
+  cmd->add_flag("--keep-kv", a.keep_kv, "backward reuses the forward's gathered K/V");
+  cmd->add_option("--head-buckets", a.head_buckets, "all-gather each attention shard's K/V in this many buckets");
+}
+
+Result<SeqSplit> parse_seq_split(const std::string& name) {
+  if (name == "zigzag") return SeqSplit::kZigzag;
+  if (name == "contiguous") return SeqSplit::kContiguous;
+  return invalid_argument("--seq-split must be zigzag or contiguous, got '{}'", name);
 }
 
 int run_verify_command(const VerifyArgs& a) {
@@ -64,9 +94,28 @@ int run_verify_command(const VerifyArgs& a) {
   o.recompute = rc.value();
   o.tolerance = a.tolerance;
   o.dump_dir = a.dump;
-  Result<VerifyReport> report = run_verify(o);
+  if (a.layout.empty()) {
+    Result<VerifyReport> report = run_verify(o);
+    if (!report.ok()) return fail(report.status());
+    std::fputs((a.json ? verify_report_json(*report) : verify_report_text(*report)).c_str(), stdout);
+    return report->passed ? 0 : kExitCheckFailed;
+  }
+  Result<SeqSplit> split = parse_seq_split(a.seq_split);
+  if (!split.ok()) return fail(split.status());
+  o.layout = a.layout;
+  o.tsp.split = split.value();
+  o.tsp.overlap = !a.no_overlap;
+  o.tsp.keep_weights = a.keep_weights;
+  o.tsp.keep_kv = a.keep_kv;
+  o.tsp.head_buckets = a.head_buckets;
+  Result<CommOptions> comm_options = CommOptions::from_env();
+  if (!comm_options.ok()) return fail(comm_options.status());
+  MpiRuntime mpi(nullptr, nullptr, comm_options.value());
+  const bool leader = mpi.world_rank() == 0;
+  Result<VerifyReport> report = run_verify_layout(o, mpi.world());
+  // Every rank reaches the same result; rank 0 speaks for the job.
   if (!report.ok()) return fail(report.status());
-  std::fputs((a.json ? verify_report_json(*report) : verify_report_text(*report)).c_str(), stdout);
+  if (leader) std::fputs((a.json ? verify_report_json(*report) : verify_report_text(*report)).c_str(), stdout);
   return report->passed ? 0 : kExitCheckFailed;
 }
 
@@ -149,7 +198,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "foldpar: error: %s (see foldpar --help)\n", e.what());
+    if (is_first_rank()) std::fprintf(stderr, "foldpar: error: %s (see foldpar --help)\n", e.what());
     return kExitBadInput;
   }
   if (app.got_subcommand("verify")) return run_verify_command(verify_args);

@@ -8,8 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "core/status.h"
 #include "model/llama_model.h"
+#include "parallel/tsp/tsp_model.h"
 
 namespace foldpar {
 
@@ -19,8 +21,10 @@ struct VerifyOptions {
   int64_t batch = 2;         // B
   int64_t seq = 64;          // S
   Recompute recompute = Recompute::kNone;
-  double tolerance = 0;      // 0: tol::kF32Model
+  double tolerance = 0;      // 0: tol::kF32Model (single rank) or tol::kF32Parallel (a layout)
   std::string dump_dir;      // empty: no dump
+  std::string layout;        // empty: fast path against the reference path on one rank
+  TspOptions tsp;            // knobs of a tsp layout (recompute comes from `recompute`)
 };
 
 struct TensorError {
@@ -39,9 +43,18 @@ struct VerifyReport {
   bool passed = false;
   double fast_seconds = 0;
   double reference_seconds = 0;
+  // With a layout: what each rank (world order) held and moved during the parallel step.
+  std::string layout;
+  std::vector<int64_t> peak_bytes;      // tracked peak per rank (parameters to activations)
+  std::vector<int64_t> bytes_sent;      // counted bytes per rank
+  std::vector<int64_t> bytes_received;
+  int64_t single_rank_peak_bytes = 0;   // the same step on one rank
 };
 
 Result<VerifyReport> run_verify(const VerifyOptions& options);
+// With options.layout: collective over `world`; the parallel model against the single-rank
+// model from the same seed. Every rank returns the same report; rank 0 writes the dump.
+Result<VerifyReport> run_verify_layout(const VerifyOptions& options, Communicator& world);
 
 std::string verify_report_text(const VerifyReport& report);
 std::string verify_report_json(const VerifyReport& report);

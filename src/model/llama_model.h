@@ -37,6 +37,7 @@ struct StepResult {
   double loss_sum = 0;       // sum of per-token cross-entropies over valid tokens
   int64_t valid_tokens = 0;  // targets that are not kIgnoreIndex
   Tensor logits;             // [B, S, V] when keep_logits
+  double exposed_comm_seconds = 0;  // parallel layouts: time blocked on communication
 };
 
 // Checks shapes, dtypes and id ranges of a batch against the config (user data: a Status).

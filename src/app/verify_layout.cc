@@ -1,0 +1,104 @@
+// verify --layout: a parallel layout against the single-rank model from the same seed.
+// Every rank computes the single-rank reference itself (verification sizes are small), runs
+// its part of the parallel step, and compares its logits rows and the gradients assembled
+// from every rank's shards. Memory peaks and counted traffic are those of the parallel
+// step alone (measured before the reference allocates anything).
+#include <chrono>
+#include <cmath>
+
+#include "app/verify.h"
+#include "app/verify_common.h"
+#include "comm/comm_stats.h"
+#include "comm/mesh.h"
+#include "core/tolerance.h"
+#include "tensor/compare.h"
+
+namespace foldpar {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Every rank's value, in world order.
+std::vector<int64_t> gather_i64(Communicator& world, int64_t value) {
+  std::vector<int64_t> all(static_cast<size_t>(world.size()));
+  FP_CHECK_OK(world.all_gather(&value, all.data(), 1, DType::kI64));
+  return all;
+}
+
+}  // namespace
+
+Result<VerifyReport> run_verify_layout(const VerifyOptions& o, Communicator& world) {
+  using namespace verify_detail;
+  FP_RETURN_IF_ERROR(o.config.validate());
+  if (o.batch <= 0 || o.seq <= 0) return invalid_argument("--batch ({}) and --seq ({}) must be positive", o.batch, o.seq);
+  FP_ASSIGN_OR_RETURN(Mesh mesh, Mesh::create(world, o.layout));
+  if (mesh.layout().axes.size() != 1 || mesh.layout().axes[0].name != "tsp")
+    return unimplemented("layout {}: verify runs tsp=D layouts (tp, sp and dp arrive with later work)", o.layout);
+  Communicator& tsp = mesh.comm("tsp");
+  const int D = tsp.size(), p = tsp.rank();
+  TspOptions topt = o.tsp;
+  topt.recompute = o.recompute;
+  topt.keep_logits = true;
+  FP_ASSIGN_OR_RETURN(TspModel model, TspModel::create(o.config, D, p, o.seq, topt));
+  const Batch global = verify_batch(o);
+  const Batch local = model.shard().local_batch(global);
+  auto be = make_cpu_backend();
+  MemoryTracker& mt = MemoryTracker::process();
+
+  // ---- the parallel step, measured on its own ----
+  VerifyReport r;
+  r.layout = o.layout;
+  r.tolerance = o.tolerance > 0 ? o.tolerance : tol::kF32Parallel;
+  const InitOptions init{.seed = o.seed, .std = 0.02, .norm_jitter = 0.1};
+  int64_t base = mt.stats().current_total;
+  mt.reset_peaks();
+  TspWeights tw = TspWeights::allocate(o.config, model.dims(), p, DType::kF32, MemCategory::kParameters);
+  init_tsp_weights(init, tw);
+  TspWeights tg = TspWeights::allocate(o.config, model.dims(), p, DType::kF32, MemCategory::kGradients);
+  tg.zero();
+  ScopedCommCounter counter(mesh.communicators());
+  auto t0 = std::chrono::steady_clock::now();
+  FP_ASSIGN_OR_RETURN(StepResult got, model.forward_backward(*be, tsp, tw, local, tg));
+  r.fast_seconds = seconds_since(t0);
+  const int64_t tsp_peak = mt.stats().peak_total - base;
+  const OpCounters moved = counter.delta().total();
+  LlamaWeights assembled = LlamaWeights::allocate(o.config, DType::kF32, MemCategory::kGradients);
+  FP_RETURN_IF_ERROR(assemble_global(tg, tsp, assembled));
+
+  // ---- the single-rank reference ----
+  base = mt.stats().current_total;
+  mt.reset_peaks();
+  const LlamaWeights w = verify_weights(o);
+  LlamaWeights ref_g = LlamaWeights::allocate(o.config, DType::kF32, MemCategory::kGradients);
+  ref_g.zero();
+  StepOptions so;
+  so.recompute = o.recompute;
+  so.keep_logits = true;
+  t0 = std::chrono::steady_clock::now();
+  FP_ASSIGN_OR_RETURN(StepResult ref, model_forward_backward(o.config, *be, w, global, so, ref_g));
+  r.reference_seconds = seconds_since(t0);
+  r.single_rank_peak_bytes = mt.stats().peak_total - base;
+
+  // ---- compare: loss, this rank's logits rows (worst over ranks), every gradient ----
+  r.loss = got.loss;
+  r.loss_reference = ref.loss;
+  r.valid_tokens = got.valid_tokens;
+  r.errors.push_back({"loss", std::abs(got.loss - ref.loss) / std::max(std::abs(ref.loss), 1e-30)});
+  Tensor global_logits = Tensor::zeros(ref.logits.shape(), DType::kF32, MemCategory::kWorkspace);
+  model.shard().scatter_to_global(got.logits, global_logits);
+  FP_CHECK_OK(tsp.all_reduce(global_logits.raw_data(), global_logits.raw_data(),
+                             static_cast<size_t>(global_logits.numel()), DType::kF32, ReduceOp::kSum));
+  r.errors.push_back({"logits", max_rel_error(global_logits, ref.logits)});
+  add_gradient_errors(assembled, ref_g, r);
+  finish_report(r);
+  r.peak_bytes = gather_i64(world, tsp_peak);
+  r.bytes_sent = gather_i64(world, static_cast<int64_t>(moved.bytes_sent));
+  r.bytes_received = gather_i64(world, static_cast<int64_t>(moved.bytes_received));
+  if (!o.dump_dir.empty() && world.rank() == 0)
+    FP_RETURN_IF_ERROR(write_dump(o, w, global, assembled, global_logits, got.loss, got.valid_tokens));
+  return r;
+}
+
+}  // namespace foldpar

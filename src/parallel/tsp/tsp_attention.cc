@@ -1,0 +1,230 @@
+// TSP attention (spec 4.1 and 5): the broadcast schedule and its adjoint.
+//
+// Forward, for every unit u = (shard r, bucket b) in the same order on every rank:
+//   W_r = broadcast(packed attention shard, root r)        fwd: broadcast; bwd: reduce to r
+//   q, k, v = norm(x_p) Wq/Wk/Wv of the bucket's heads; RoPE at global positions
+//   K, V = all_gather(k, v) in rank order                  fwd: all_gather; bwd: reduce_scatter
+//   y_p += attention(q, K, V) Wo^T of those heads          (local; no all-reduce)
+// With overlap the broadcast of shard r+1 starts once shard r-1 is done with its buffer,
+// and the all-gather of unit u+1 starts before the attention of unit u.
+#include <cmath>
+
+#include "parallel/tsp/tsp_step.h"
+
+namespace foldpar::tsp_detail {
+namespace {
+
+// A unit's local q/k/v projections and gathered K/V.
+struct UnitTensors {
+  Tensor q, k, v;            // [B, S/D, heads_b | kvh_b, d]
+  Tensor k_full, v_full;     // [B, S, kvh_b, d]
+  std::vector<CommRequest> gather;
+};
+
+}  // namespace
+
+Tensor TspStep::attention_forward(int l, const TspWeights& w, const Tensor& x, AttnSaved* s) {
+  const int64_t h = dims_.h, d = dims_.d, B = batch_, Sl = local_seq_, T = rows_, S = Sl * D_;
+  const int nb = opt_.head_buckets, units = D_ * nb;
+  const size_t shard_elems = static_cast<size_t>(dims_.attn_elems());
+  Tensor rstd = act({T}), a1 = act({T, h});
+  be_.rmsnorm_forward(x, w.attn_norm[l], c_.rms_norm_eps, a1, rstd);
+  Tensor y = act({T, h});
+  be_.copy(x, y);
+  if (s != nullptr) {
+    *s = AttnSaved{x, rstd, a1, {}, {}, {}, {}, {}, {}, {}, std::vector<Tensor>(static_cast<size_t>(D_))};
+  }
+
+  // ---- weights: shard r lives in the owner's parameter tensor or in a broadcast buffer ----
+  std::vector<Tensor> shard(static_cast<size_t>(D_));
+  Tensor wbuf[2];
+  CommRequest w_req;
+  auto start_bcast = [&](int r) {
+    if (r == p_) {
+      shard[r] = w.attn[l];
+    } else if (opt_.keep_weights && s != nullptr) {
+      shard[r] = comm_buffer({dims_.attn_rows(), h});
+      s->weights[r] = shard[r];
+    } else {
+      if (!wbuf[r % 2].defined()) wbuf[r % 2] = comm_buffer({dims_.attn_rows(), h});
+      shard[r] = wbuf[r % 2];
+    }
+    // The root only reads its buffer; the interface takes void* for every rank.
+    w_req = comm_.ibroadcast(const_cast<void*>(shard[r].raw_data()), shard_elems, DType::kF32, r);
+  };
+
+  // ---- one unit: projections, RoPE, and the start of its K/V all-gather ----
+  auto project = [&](int u) {
+    const int r = u / nb, b = u % nb;
+    const BucketWeights bw = bucket_weights(shard[r], b);
+    UnitTensors t;
+    t.q = act({B, Sl, heads_b_, d});
+    t.k = act({B, Sl, kvh_b_, d});
+    t.v = act({B, Sl, kvh_b_, d});
+    Tensor q2 = t.q.reshape({T, heads_b_ * d}), k2 = t.k.reshape({T, kvh_b_ * d}), v2 = t.v.reshape({T, kvh_b_ * d});
+    be_.matmul(a1, false, bw.wq, true, q2);
+    be_.matmul(a1, false, bw.wk, true, k2);
+    be_.matmul(a1, false, bw.wv, true, v2);
+    be_.rope_forward(rope_, t.q);
+    be_.rope_forward(rope_, t.k);
+    t.k_full = comm_buffer({B, S, kvh_b_, d});
+    t.v_full = comm_buffer({B, S, kvh_b_, d});
+    t.gather = start_gather(t.k, t.k_full);
+    std::vector<CommRequest> gv = start_gather(t.v, t.v_full);
+    for (CommRequest& req : gv) t.gather.push_back(std::move(req));
+    if (!opt_.overlap) wait_all(t.gather);
+    return t;
+  };
+
+  start_bcast(0);
+  wait(w_req);
+  if (opt_.overlap && D_ > 1) start_bcast(1);
+  UnitTensors cur = project(0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  for (int u = 0; u < units; ++u) {
+    const int r = u / nb;
+    UnitTensors next;
+    if (u + 1 < units) {
+      const int rn = (u + 1) / nb;
+      if (rn != r) {
+        if (!opt_.overlap) start_bcast(rn);
+        wait(w_req);
+      }
+      next = project(u + 1);
+    }
+    wait_all(cur.gather);
+    Tensor attn = act({B, Sl, heads_b_, d}), lse = act({B, heads_b_, Sl});
+    const AttentionArgs args{&cur.q, &cur.k_full, &cur.v_full, &q_pos_, &k_pos_, scale};
+    be_.attention_forward(args, attn, lse);
+    poke(next.gather);
+    const BucketWeights bw = bucket_weights(shard[r], u % nb);
+    be_.matmul(attn.reshape({T, heads_b_ * d}), false, bw.wo_t, false, y, 1.0f, 1.0f);
+    // Shard r's buffer is free once its last unit is done: prefetch shard r+2 into it.
+    if (opt_.overlap && u % nb == nb - 1 && r + 2 < D_) start_bcast(r + 2);
+    if (s != nullptr) {
+      s->q.push_back(cur.q);
+      s->k.push_back(cur.k);
+      s->v.push_back(cur.v);
+      s->attn.push_back(attn);
+      s->lse.push_back(lse);
+      if (opt_.keep_kv) {
+        s->k_full.push_back(cur.k_full);
+        s->v_full.push_back(cur.v_full);
+      }
+    }
+    cur = std::move(next);
+  }
+  return y;
+}
+
+Tensor TspStep::attention_backward(int l, const TspWeights& w, const AttnSaved& s, const Tensor& d_out,
+                                   TspWeights& grads) {
+  const int64_t h = dims_.h, d = dims_.d, B = batch_, Sl = local_seq_, T = rows_, S = Sl * D_;
+  const int nb = opt_.head_buckets;
+  const size_t shard_elems = static_cast<size_t>(dims_.attn_elems());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  Tensor d_a1 = act({T, h});
+  be_.fill(0.0, d_a1);
+
+  // ---- weights again: kept from forward, or broadcast again with one shard prefetched ----
+  std::vector<Tensor> shard(static_cast<size_t>(D_));
+  Tensor wbuf[2];
+  CommRequest w_req;
+  auto start_bcast = [&](int r) {
+    if (r == p_) {
+      shard[r] = w.attn[l];
+    } else if (opt_.keep_weights) {
+      shard[r] = s.weights[r];
+      return;  // nothing to move
+    } else {
+      if (!wbuf[r % 2].defined()) wbuf[r % 2] = comm_buffer({dims_.attn_rows(), h});
+      shard[r] = wbuf[r % 2];
+    }
+    if (opt_.keep_weights && r == p_) return;
+    w_req = comm_.ibroadcast(const_cast<void*>(shard[r].raw_data()), shard_elems, DType::kF32, r);
+  };
+  // ---- packed weight-gradient partials, reduced to their owner ----
+  Tensor gbuf[2];
+  CommRequest g_req;
+
+  start_bcast(0);
+  wait(w_req);
+  for (int r = 0; r < D_; ++r) {
+    if (opt_.overlap && r + 1 < D_) start_bcast(r + 1);
+    // The owner accumulates straight into its gradient and reduces in place.
+    Tensor g;
+    if (r == p_) {
+      g = grads.attn[l];
+    } else {
+      if (!gbuf[r % 2].defined()) gbuf[r % 2] = comm_buffer({dims_.attn_rows(), h});
+      g = gbuf[r % 2];
+    }
+    const float g_beta = r == p_ ? 1.0f : 0.0f;
+    for (int b = 0; b < nb; ++b) {
+      const size_t u = static_cast<size_t>(r * nb + b);
+      const BucketWeights bw = bucket_weights(shard[r], b);
+      BucketWeights gw = bucket_weights(g, b);
+      // K/V of the unit: kept, or gathered again from the saved local k, v.
+      Tensor k_full, v_full;
+      if (opt_.keep_kv) {
+        k_full = s.k_full[u];
+        v_full = s.v_full[u];
+      } else {
+        k_full = comm_buffer({B, S, kvh_b_, d});
+        v_full = comm_buffer({B, S, kvh_b_, d});
+        std::vector<CommRequest> gather = start_gather(s.k[u], k_full);
+        std::vector<CommRequest> gv = start_gather(s.v[u], v_full);
+        for (CommRequest& req : gv) gather.push_back(std::move(req));
+        wait_all(gather);
+      }
+      // y = attn Wo^T  =>  d_attn = dy Wo, dWo^T += attn^T dy
+      const Tensor attn2 = s.attn[u].reshape({T, heads_b_ * d});
+      Tensor d_attn = act({B, Sl, heads_b_, d});
+      Tensor d_attn2 = d_attn.reshape({T, heads_b_ * d});
+      be_.matmul(d_out, false, bw.wo_t, true, d_attn2);
+      be_.matmul(attn2, true, d_out, false, gw.wo_t, 1.0f, g_beta);
+      Tensor dq = act({B, Sl, heads_b_, d});
+      Tensor dk_full = comm_buffer({B, S, kvh_b_, d}), dv_full = comm_buffer({B, S, kvh_b_, d});
+      const AttentionArgs args{&s.q[u], &k_full, &v_full, &q_pos_, &k_pos_, scale};
+      be_.attention_backward(args, s.attn[u], s.lse[u], d_attn, dq, dk_full, dv_full);
+      k_full = Tensor();
+      v_full = Tensor();
+      // dK, dV of every position go home: rank p receives the sum for its own tokens.
+      Tensor dk = act({B, Sl, kvh_b_, d}), dv = act({B, Sl, kvh_b_, d});
+      std::vector<CommRequest> rs = start_reduce_scatter(dk_full, dk);
+      std::vector<CommRequest> rsv = start_reduce_scatter(dv_full, dv);
+      for (CommRequest& req : rsv) rs.push_back(std::move(req));
+      if (!opt_.overlap) wait_all(rs);
+      // While dK/dV travel: the query side. q = rope(a1 Wq^T)
+      be_.rope_backward(rope_, dq);
+      const Tensor dq2 = dq.reshape({T, heads_b_ * d});
+      be_.matmul(dq2, false, bw.wq, false, d_a1, 1.0f, 1.0f);
+      be_.matmul(dq2, true, s.a1, false, gw.wq, 1.0f, g_beta);
+      poke(rs);
+      wait_all(rs);
+      be_.rope_backward(rope_, dk);
+      const Tensor dk2 = dk.reshape({T, kvh_b_ * d}), dv2 = dv.reshape({T, kvh_b_ * d});
+      be_.matmul(dk2, false, bw.wk, false, d_a1, 1.0f, 1.0f);
+      be_.matmul(dv2, false, bw.wv, false, d_a1, 1.0f, 1.0f);
+      be_.matmul(dk2, true, s.a1, false, gw.wk, 1.0f, g_beta);
+      be_.matmul(dv2, true, s.a1, false, gw.wv, 1.0f, g_beta);
+    }
+    // fwd: broadcast from r; bwd: reduce to r (in place at the owner).
+    wait(g_req);
+    g_req = comm_.ireduce(g.raw_data(), r == p_ ? g.raw_data() : nullptr, shard_elems, DType::kF32, ReduceOp::kSum, r);
+    if (!opt_.overlap) wait(g_req);
+    if (r + 1 < D_) {
+      if (!opt_.overlap) start_bcast(r + 1);
+      wait(w_req);
+    }
+  }
+  wait(g_req);
+  // x_mid = x + ...: dx = d_out + norm^T(d_a1); the norm gain's partial stays local until
+  // sum_norm_partials().
+  Tensor dx = act({T, h});
+  be_.rmsnorm_backward(s.x_in, w.attn_norm[l], s.rstd, d_a1, dx, norm_partials_[l]);
+  be_.add_inplace(d_out, dx);
+  return dx;
+}
+
+}  // namespace foldpar::tsp_detail

@@ -1,0 +1,74 @@
+// TspModel: the Llama model under Tensor-and-Sequence Parallelism on one axis of D ranks
+// (spec/TSP.md sections 3-5). Every rank holds 1/D of the weights (TspWeights) and 1/D of
+// the tokens (SequenceShard); weight shards travel to the tokens: attention shards by one
+// broadcast each (plus an all-gather of K/V), MLP, embedding and LM-head shards around a
+// ring. Outputs accumulate locally; no activation all-reduce. The backward is the adjoint
+// schedule; after it every rank holds the complete gradient of its own shards.
+//
+// Collective over the TSP communicator: every rank calls forward/forward_backward with the
+// same batch size and options, in the same order.
+#pragma once
+
+#include <cstdint>
+
+#include "comm/communicator.h"
+#include "model/llama_model.h"
+#include "parallel/sequence_shard.h"
+#include "parallel/tsp/tsp_weights.h"
+
+namespace foldpar {
+
+struct TspOptions {
+  SeqSplit split = SeqSplit::kZigzag;  // how tokens are sharded (zigzag balances causal work)
+  // Start the broadcast of shard r+1, the all-gather of its K/V and the next ring hop
+  // before computing with shard r (double buffers). false: every transfer completes
+  // before the computation that follows it, to measure what overlap hides.
+  bool overlap = true;
+  // Backward policy for attention weights: keep the forward's broadcast shards (D-1 extra
+  // attention shards per layer held until backward) instead of broadcasting them again.
+  bool keep_weights = false;
+  // Backward policy for K/V: keep the forward's gathered K/V (2*B*S*h/g elements per layer)
+  // instead of gathering them again.
+  bool keep_kv = false;
+  // Split each attention shard's KV heads into this many buckets, each with its own
+  // all-gather, so the gathered K/V in flight is 1/buckets of a shard's. Must divide n_kv/D.
+  int head_buckets = 1;
+  // kNone keeps each block's activations for backward; kBlock keeps only the block inputs
+  // and reruns the block forward (with its communication) inside backward.
+  Recompute recompute = Recompute::kNone;
+  // Verification only: also return this rank's logits [B, S/D, V] (normally never formed).
+  bool keep_logits = false;
+};
+
+class TspModel {
+ public:
+  // Validates divisibility (heads, KV heads, f, V by D; S by 2D for zigzag; buckets) and
+  // returns invalid_argument naming the numbers otherwise. Not collective.
+  static Result<TspModel> create(const LlamaConfig& config, int degree, int rank, int64_t seq,
+                                 const TspOptions& options);
+
+  const LlamaConfig& config() const { return config_; }
+  const TspShardDims& dims() const { return dims_; }
+  const SequenceShard& shard() const { return shard_; }
+  const TspOptions& options() const { return options_; }
+
+  // Loss (mean over the valid tokens of the whole global batch) of this rank's rows
+  // local_batch [B, S/D] (SequenceShard::local_batch of the global batch).
+  Result<StepResult> forward(Backend& backend, Communicator& tsp, const TspWeights& weights,
+                             const Batch& local_batch) const;
+  // Forward and backward; the gradients of this rank's shards (summed over the axis) are
+  // accumulated (+=) into `grads`, replicated norm gains included.
+  Result<StepResult> forward_backward(Backend& backend, Communicator& tsp, const TspWeights& weights,
+                                      const Batch& local_batch, TspWeights& grads) const;
+
+ private:
+  TspModel(const LlamaConfig& config, TspShardDims dims, SequenceShard shard, const TspOptions& options)
+      : config_(config), dims_(dims), shard_(std::move(shard)), options_(options) {}
+
+  LlamaConfig config_;
+  TspShardDims dims_;
+  SequenceShard shard_;
+  TspOptions options_;
+};
+
+}  // namespace foldpar

@@ -1,0 +1,163 @@
+// TspStep: construction and the communication helpers shared by the TSP schedules.
+#include "parallel/tsp/tsp_step.h"
+
+#include <chrono>
+
+#include "backend/rope_table.h"
+
+namespace foldpar::tsp_detail {
+
+TspStep::TspStep(const TspModel& model, Backend& backend, Communicator& comm, int64_t batch)
+    : model_(model),
+      c_(model.config()),
+      dims_(model.dims()),
+      opt_(model.options()),
+      be_(backend),
+      comm_(comm),
+      batch_(batch),
+      local_seq_(model.shard().local_seq()),
+      rows_(batch * model.shard().local_seq()),
+      p_(comm.rank()),
+      D_(comm.size()) {
+  FP_CHECK(D_ == dims_.degree && p_ == model.shard().rank(), "TSP model for rank {} of {} on communicator {}",
+           model.shard().rank(), dims_.degree, comm.describe());
+  kvh_b_ = dims_.kv_heads / opt_.head_buckets;
+  heads_b_ = dims_.heads / opt_.head_buckets;
+  const std::vector<int32_t>& local = model.shard().positions();
+  const std::vector<int32_t> all = model.shard().gathered_positions();
+  q_pos_ = Tensor::empty({local_seq_}, DType::kI32, MemCategory::kActivations);
+  k_pos_ = Tensor::empty({model.shard().seq()}, DType::kI32, MemCategory::kActivations);
+  std::copy(local.begin(), local.end(), q_pos_.data<int32_t>());
+  std::copy(all.begin(), all.end(), k_pos_.data<int32_t>());
+  rope_ = build_rope_table(local, dims_.d, c_.rope_theta, DType::kF32);
+  for (int64_t i = 0; i < 2 * c_.num_hidden_layers + 1; ++i) {
+    norm_partials_.push_back(Tensor::zeros({dims_.h}, DType::kF32, MemCategory::kGradients));
+  }
+}
+
+TspStep::BucketWeights TspStep::bucket_weights(const Tensor& packed, int bucket) const {
+  const TspAttnPieces a = attn_pieces(dims_, packed);
+  const int64_t q0 = bucket * heads_b_ * dims_.d, kv0 = bucket * kvh_b_ * dims_.d;
+  const int64_t qn = heads_b_ * dims_.d, kvn = kvh_b_ * dims_.d;
+  return BucketWeights{a.wq.narrow(q0, q0 + qn), a.wk.narrow(kv0, kv0 + kvn), a.wv.narrow(kv0, kv0 + kvn),
+                       a.wo_t.narrow(q0, q0 + qn)};
+}
+
+std::vector<CommRequest> TspStep::start_gather(const Tensor& local, Tensor& full) {
+  // One all-gather per batch entry lands each rank's S/D rows in rank order inside that
+  // entry's [S, ...] block of `full`, which is the layout attention reads (k_pos_ names the
+  // global position of every gathered row).
+  std::vector<CommRequest> requests;
+  const size_t count = static_cast<size_t>(local.numel() / batch_);
+  for (int64_t b = 0; b < batch_; ++b) {
+    const Tensor src = local.narrow(b, b + 1);
+    Tensor dst = full.narrow(b, b + 1);
+    requests.push_back(comm_.iall_gather(src.raw_data(), dst.raw_data(), count, DType::kF32));
+  }
+  return requests;
+}
+
+std::vector<CommRequest> TspStep::start_reduce_scatter(const Tensor& full, Tensor& local) {
+  // Adjoint of start_gather: each entry's [S, ...] block is summed over the axis and rank
+  // p receives its own S/D rows.
+  std::vector<CommRequest> requests;
+  const size_t count = static_cast<size_t>(local.numel() / batch_);
+  for (int64_t b = 0; b < batch_; ++b) {
+    const Tensor src = full.narrow(b, b + 1);
+    Tensor dst = local.narrow(b, b + 1);
+    requests.push_back(comm_.ireduce_scatter(src.raw_data(), dst.raw_data(), count, DType::kF32, ReduceOp::kSum));
+  }
+  return requests;
+}
+
+void TspStep::wait(CommRequest& request) {
+  if (!request.pending()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  FP_CHECK_OK(request.wait());
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void TspStep::blocking(const Status& status, std::chrono::steady_clock::time_point t0) {
+  FP_CHECK_OK(status);
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void TspStep::wait_all(std::vector<CommRequest>& requests) {
+  for (CommRequest& r : requests) wait(r);
+  requests.clear();
+}
+
+void TspStep::poke(std::vector<CommRequest>& requests) {
+  for (CommRequest& r : requests) {
+    bool done = false;
+    FP_CHECK_OK(r.test(&done));
+  }
+}
+
+int TspStep::ring_owner(int step) const { return ((p_ - step) % D_ + D_) % D_; }
+
+void TspStep::sum_norm_partials(TspWeights& grads) {
+  // One all-reduce of every norm gain's partial gradient, packed: [(2L+1) * h].
+  const int64_t h = dims_.h, n = static_cast<int64_t>(norm_partials_.size());
+  Tensor packed = Tensor::empty({n, h}, DType::kF32, MemCategory::kComm);
+  for (int64_t i = 0; i < n; ++i) {
+    Tensor row = packed.narrow(i, i + 1);
+    be_.copy(norm_partials_[i], row);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  blocking(comm_.all_reduce(packed.raw_data(), packed.raw_data(), static_cast<size_t>(packed.numel()), DType::kF32,
+                            ReduceOp::kSum),
+           t0);
+  const int64_t L = c_.num_hidden_layers;
+  for (int64_t i = 0; i < n; ++i) {
+    Tensor& dst = i < L ? grads.attn_norm[i] : (i < 2 * L ? grads.mlp_norm[i - L] : grads.final_norm);
+    be_.add_inplace(packed.narrow(i, i + 1), dst);
+  }
+}
+
+}  // namespace foldpar::tsp_detail
+
+namespace foldpar::tsp_detail {
+
+TspStep::WeightRing TspStep::weight_ring(const Tensor& own) { return WeightRing{own, Tensor(), CommRequest()}; }
+
+void TspStep::weight_ring_send(WeightRing& ring, int step) {
+  if (step + 1 >= D_) return;
+  ring.next = comm_buffer(ring.cur.shape());
+  // The owner's shard is only read: it is never a receive buffer, so it is never overwritten.
+  ring.hop = comm_.isend_recv(ring.cur.raw_data(), ring.next.raw_data(), static_cast<size_t>(ring.cur.numel()),
+                              DType::kF32, (p_ + 1) % D_, (p_ - 1 + D_) % D_);
+  if (!opt_.overlap) wait(ring.hop);
+}
+
+void TspStep::weight_ring_advance(WeightRing& ring, int step) {
+  if (step + 1 >= D_) return;
+  wait(ring.hop);
+  ring.cur = std::move(ring.next);
+}
+
+Tensor TspStep::grad_ring_partial(Tensor& own_grad, int step, const Shape& shape) {
+  return step == 0 ? own_grad : comm_buffer(shape);
+}
+
+void TspStep::grad_ring_send(GradRing& ring, int step, Tensor& partial) {
+  if (step == 0) return;
+  if (step >= 2) {
+    wait(ring.hop);
+    be_.add_inplace(ring.incoming, partial);
+  }
+  ring.sending = partial;
+  ring.incoming = comm_buffer(partial.shape());
+  ring.hop = comm_.isend_recv(ring.sending.raw_data(), ring.incoming.raw_data(),
+                              static_cast<size_t>(partial.numel()), DType::kF32, (p_ + 1) % D_, (p_ - 1 + D_) % D_);
+  if (!opt_.overlap) wait(ring.hop);
+}
+
+void TspStep::grad_ring_finish(GradRing& ring, Tensor& own_grad) {
+  if (D_ == 1) return;
+  wait(ring.hop);
+  be_.add_inplace(ring.incoming, own_grad);
+  ring = GradRing();
+}
+
+}  // namespace foldpar::tsp_detail

@@ -1,0 +1,142 @@
+// Internal to parallel/tsp: the state of one TSP forward (+ backward) on one rank, shared
+// by the schedules of tsp_attention.cc, tsp_mlp.cc and tsp_vocab.cc. T = B*S/D local rows.
+#pragma once
+
+#include <chrono>
+#include <vector>
+
+#include "backend/backend.h"
+#include "comm/communicator.h"
+#include "parallel/tsp/tsp_model.h"
+
+namespace foldpar::tsp_detail {
+
+// What attention keeps for backward, per layer. Units are (shard r, bucket b) in visiting
+// order, index r * buckets + b.
+struct AttnSaved {
+  Tensor x_in, rstd, a1;          // [T, h], [T], [T, h]
+  std::vector<Tensor> q;          // per unit [B, S/D, heads_b, d], after RoPE
+  std::vector<Tensor> k, v;       // per unit [B, S/D, kvh_b, d], local tokens (k after RoPE)
+  std::vector<Tensor> attn, lse;  // per unit [B, S/D, heads_b, d], [B, heads_b, S/D]
+  std::vector<Tensor> k_full, v_full;  // keep_kv: per unit [B, S, kvh_b, d]
+  std::vector<Tensor> weights;    // keep_weights: per shard r, the broadcast copy (undefined for r == p)
+};
+
+// What the MLP keeps for backward, per layer. Steps j = 0..D-1 visit shard (p - j) mod D.
+struct MlpSaved {
+  Tensor x_mid, rstd, a2;             // [T, h], [T], [T, h]
+  std::vector<Tensor> gate, up, act;  // per step [T, f/D]
+};
+
+struct LayerSaved {
+  AttnSaved attn;
+  MlpSaved mlp;
+};
+
+// The vocabulary-sharded head: what the backward needs.
+struct HeadSaved {
+  Tensor x_last, rstd, xf;  // [T, h], [T], [T, h]
+  Tensor lse;               // [T], over the full vocabulary
+};
+
+class TspStep {
+ public:
+  TspStep(const TspModel& model, Backend& backend, Communicator& comm, int64_t batch);
+
+  // Attention sub-block: returns x_mid = x + attention(norm(x)). Fills `saved` when given.
+  Tensor attention_forward(int layer, const TspWeights& w, const Tensor& x, AttnSaved* saved);
+  // From d(x_mid): returns d(x); adds the layer's packed attention gradient (summed over the
+  // axis) into grads.attn[layer] and this rank's norm-gain partial into norm_partials().
+  Tensor attention_backward(int layer, const TspWeights& w, const AttnSaved& s, const Tensor& d_out,
+                            TspWeights& grads);
+
+  Tensor mlp_forward(int layer, const TspWeights& w, const Tensor& x_mid, MlpSaved* saved);
+  Tensor mlp_backward(int layer, const TspWeights& w, const MlpSaved& s, const Tensor& d_out, TspWeights& grads);
+
+  // Embedding by the vocabulary ring: x [T, h].
+  Tensor embed(const TspWeights& w, const Tensor& ids);
+  void embed_backward(const Tensor& ids, const Tensor& dx, TspWeights& grads);
+  // Final norm, LM head by the ring with an online log-sum-exp, and the loss over the whole
+  // axis. With keep_logits also returns the local logits [T, V] in `logits`.
+  StepResult head_forward(const TspWeights& w, const Tensor& x, const Tensor& targets, HeadSaved& saved,
+                          Tensor* logits);
+  // d(x_last) from the loss (scaled by 1 / global valid tokens).
+  Tensor head_backward(const TspWeights& w, const HeadSaved& s, const Tensor& targets, int64_t valid_tokens,
+                       TspWeights& grads);
+
+  // Partial norm-gain gradients of this rank's tokens; sum_norm_partials() all-reduces them
+  // over the axis and adds them into grads.
+  void sum_norm_partials(TspWeights& grads);
+
+  // Seconds this rank has spent blocked on communication (waits and blocking collectives):
+  // the exposed communication time, what overlap failed to hide.
+  double wait_seconds() const { return wait_seconds_; }
+
+ private:
+  // Buckets of one attention shard: the row views of its weights for bucket b.
+  struct BucketWeights {
+    Tensor wq, wk, wv, wo_t;
+  };
+  BucketWeights bucket_weights(const Tensor& packed, int bucket) const;
+  Tensor act(const Shape& shape) const { return Tensor::empty(shape, DType::kF32, MemCategory::kActivations); }
+  Tensor comm_buffer(const Shape& shape) const { return Tensor::empty(shape, DType::kF32, MemCategory::kComm); }
+  // K/V of local tokens [B, S/D, kvh_b, d] -> [B, S, kvh_b, d] in rank order (B all-gathers).
+  std::vector<CommRequest> start_gather(const Tensor& local, Tensor& full);
+  std::vector<CommRequest> start_reduce_scatter(const Tensor& full, Tensor& local);
+  void wait_all(std::vector<CommRequest>& requests);
+  void wait(CommRequest& request);
+  void blocking(const Status& status, std::chrono::steady_clock::time_point started);
+  // Advances in-flight transfers (MPI progresses only inside MPI calls).
+  void poke(std::vector<CommRequest>& requests);
+  // At ring step j this rank holds the shard of rank (p - j) mod D.
+  int ring_owner(int step) const;
+
+  // A ring of weight shards: step j computes with `cur` while the hop brings the next one
+  // (fwd: forward ring; its adjoint is the gradient ring below).
+  struct WeightRing {
+    Tensor cur;  // shard of ring_owner(j)
+    Tensor next;
+    CommRequest hop;
+  };
+  WeightRing weight_ring(const Tensor& own);
+  // Starts the hop that brings step j+1's shard (none after the last step).
+  void weight_ring_send(WeightRing& ring, int step);
+  // Finishes the hop: cur becomes the next shard.
+  void weight_ring_advance(WeightRing& ring, int step);
+
+  // Gradients travelling home behind the weights (spec 5): at step j >= 1 a rank adds its
+  // partial for shard (p - j) to the accumulator received from p-1 and passes it on; after
+  // D-1 hops the accumulator of shard r reaches r, which adds its own step-0 partial.
+  struct GradRing {
+    Tensor incoming;
+    Tensor sending;
+    CommRequest hop;
+  };
+  // The buffer step j's partial goes into: the gradient itself at j == 0 (accumulate with
+  // beta 1), a fresh zero-free buffer (written with beta 0) otherwise.
+  Tensor grad_ring_partial(Tensor& own_grad, int step, const Shape& shape);
+  // After step j's partial is complete: add what arrived and pass it on.
+  void grad_ring_send(GradRing& ring, int step, Tensor& partial);
+  // After the last step: the accumulator of this rank's own shard arrives; add it.
+  void grad_ring_finish(GradRing& ring, Tensor& own_grad);
+
+  const TspModel& model_;
+  const LlamaConfig& c_;
+  const TspShardDims& dims_;
+  const TspOptions& opt_;
+  Backend& be_;
+  Communicator& comm_;
+  int64_t batch_;        // B
+  int64_t local_seq_;    // S/D
+  int64_t rows_;         // T = B * S/D
+  int p_;                // this rank
+  int D_;
+  int64_t kvh_b_, heads_b_;  // KV heads and query heads per bucket
+  Tensor q_pos_;         // i32 [S/D]
+  Tensor k_pos_;         // i32 [S], rank order
+  Tensor rope_;          // [S/D, 2, d/2] at the local positions
+  std::vector<Tensor> norm_partials_;
+  double wait_seconds_ = 0;  // attn_norm[L], mlp_norm[L], final_norm: partial gradients
+};
+
+}  // namespace foldpar::tsp_detail

@@ -1,0 +1,108 @@
+// TSP embedding, LM head and loss over vocabulary shards travelling the ring (spec 3).
+// The LM head never forms the [T, V] logits: each visiting shard updates a running max,
+// sum of exponentials and target logit per token (online log-sum-exp); the backward
+// rotates the shards once more to form softmax minus one-hot per shard. Gradients of both
+// go home on the gradient ring.
+#include <chrono>
+#include <cmath>
+
+#include "parallel/tsp/tsp_step.h"
+
+namespace foldpar::tsp_detail {
+
+Tensor TspStep::embed(const TspWeights& w, const Tensor& ids) {
+  Tensor x = act({rows_, dims_.h});
+  WeightRing ring = weight_ring(w.embed);
+  for (int j = 0; j < D_; ++j) {
+    weight_ring_send(ring, j);
+    // Every id lies in exactly one shard, so after D steps every row is written.
+    be_.embedding_forward(ids, ring.cur, ring_owner(j) * dims_.v_rows, x);
+    weight_ring_advance(ring, j);
+  }
+  return x;
+}
+
+void TspStep::embed_backward(const Tensor& ids, const Tensor& dx, TspWeights& grads) {
+  // No weights needed: only the gradient trip home.
+  GradRing gring;
+  for (int j = 0; j < D_; ++j) {
+    Tensor partial = grad_ring_partial(grads.embed, j, {dims_.v_rows, dims_.h});
+    if (j > 0) be_.fill(0.0, partial);
+    be_.embedding_backward(ids, dx, ring_owner(j) * dims_.v_rows, partial);
+    grad_ring_send(gring, j, partial);
+  }
+  grad_ring_finish(gring, grads.embed);
+}
+
+StepResult TspStep::head_forward(const TspWeights& w, const Tensor& x, const Tensor& targets, HeadSaved& hs,
+                                 Tensor* logits) {
+  const int64_t T = rows_, h = dims_.h, vr = dims_.v_rows;
+  hs.x_last = x;
+  hs.rstd = act({T});
+  hs.xf = act({T, h});
+  be_.rmsnorm_forward(x, w.final_norm, c_.rms_norm_eps, hs.xf, hs.rstd);
+  Tensor row_max = act({T}), row_sum = act({T}), target_logit = act({T});
+  be_.fill(-INFINITY, row_max);
+  be_.fill(0.0, row_sum);
+  be_.fill(0.0, target_logit);
+  if (logits != nullptr) *logits = act({T, c_.vocab_size});
+  WeightRing ring = weight_ring(w.lm_head);
+  for (int j = 0; j < D_; ++j) {
+    weight_ring_send(ring, j);
+    Tensor chunk = act({T, vr});
+    be_.matmul(hs.xf, false, ring.cur, true, chunk);
+    const int64_t offset = ring_owner(j) * vr;
+    be_.softmax_chunk_update(chunk, targets, offset, kIgnoreIndex, row_max, row_sum, target_logit);
+    if (logits != nullptr) {  // verification only
+      for (int64_t t = 0; t < T; ++t)
+        std::copy_n(chunk.data<float>() + t * vr, vr, logits->data<float>() + t * c_.vocab_size + offset);
+    }
+    weight_ring_advance(ring, j);
+  }
+  // lse and the local loss, then the sums over the axis (two f64 values).
+  hs.lse = act({T});
+  const int32_t* tg = targets.data<int32_t>();
+  double sums[2] = {0, 0};  // loss sum, valid tokens
+  for (int64_t t = 0; t < T; ++t) {
+    const float lse = row_max.data<float>()[t] + std::log(row_sum.data<float>()[t]);
+    hs.lse.data<float>()[t] = lse;
+    if (tg[t] == kIgnoreIndex) continue;
+    sums[0] += static_cast<double>(lse) - target_logit.data<float>()[t];
+    sums[1] += 1;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  blocking(comm_.all_reduce(sums, sums, 2, DType::kF64, ReduceOp::kSum), t0);
+  StepResult r;
+  r.loss_sum = sums[0];
+  r.valid_tokens = static_cast<int64_t>(sums[1]);
+  r.loss = r.valid_tokens > 0 ? r.loss_sum / static_cast<double>(r.valid_tokens) : 0.0;
+  return r;
+}
+
+Tensor TspStep::head_backward(const TspWeights& w, const HeadSaved& hs, const Tensor& targets, int64_t valid_tokens,
+                              TspWeights& grads) {
+  const int64_t T = rows_, h = dims_.h, vr = dims_.v_rows;
+  const double scale = valid_tokens > 0 ? 1.0 / static_cast<double>(valid_tokens) : 0.0;
+  Tensor d_xf = act({T, h});
+  be_.fill(0.0, d_xf);
+  WeightRing ring = weight_ring(w.lm_head);
+  GradRing gring;
+  for (int j = 0; j < D_; ++j) {
+    weight_ring_send(ring, j);
+    // logits = xf Whead^T for this shard, again; then softmax - onehot, in place.
+    Tensor chunk = act({T, vr});
+    be_.matmul(hs.xf, false, ring.cur, true, chunk);
+    be_.cross_entropy_backward(chunk, targets, hs.lse, ring_owner(j) * vr, kIgnoreIndex, scale, chunk);
+    be_.matmul(chunk, false, ring.cur, false, d_xf, 1.0f, 1.0f);
+    Tensor partial = grad_ring_partial(grads.lm_head, j, {vr, h});
+    be_.matmul(chunk, true, hs.xf, false, partial, 1.0f, j == 0 ? 1.0f : 0.0f);
+    grad_ring_send(gring, j, partial);
+    weight_ring_advance(ring, j);
+  }
+  grad_ring_finish(gring, grads.lm_head);
+  Tensor dx = act({T, h});
+  be_.rmsnorm_backward(hs.x_last, w.final_norm, hs.rstd, d_xf, dx, norm_partials_.back());
+  return dx;
+}
+
+}  // namespace foldpar::tsp_detail

@@ -1,0 +1,215 @@
+// Packing, unpacking and initialization of TSP weight shards.
+#include "parallel/tsp/tsp_weights.h"
+
+#include <fmt/format.h>
+
+#include "comm/communicator.h"
+
+namespace foldpar {
+namespace {
+
+// Element (i, j) of a [rows, h] row block `dst` corresponds to global element
+// (row0 + i, j) of a [*, h] tensor, or, transposed, to (j, col0 + i) of an [h, cols] tensor.
+template <typename Fn>
+void for_each_row_block(int64_t rows, int64_t h, Fn&& fn) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < h; ++j) fn(i, j);
+}
+
+// Copies between a packed row block and a global tensor; `to_global` picks the direction.
+void copy_rows(Tensor block, const Tensor& global, int64_t row0, bool to_global) {
+  const int64_t rows = block.dim(0), h = block.dim(1);
+  FP_CHECK(global.dim(1) == h && block.dtype() == DType::kF32 && global.dtype() == DType::kF32,
+           "row block {} of {}", block.describe(), global.describe());
+  float* b = block.data<float>();
+  float* g = const_cast<float*>(global.data<float>()) + row0 * h;
+  for (int64_t i = 0; i < rows * h; ++i) {
+    if (to_global) g[i] = b[i];
+    else b[i] = g[i];
+  }
+}
+void copy_cols_t(Tensor block, const Tensor& global, int64_t col0, bool to_global) {
+  const int64_t rows = block.dim(0), h = block.dim(1), cols = global.dim(1);
+  FP_CHECK(global.dim(0) == h && block.dtype() == DType::kF32 && global.dtype() == DType::kF32,
+           "transposed block {} of {}", block.describe(), global.describe());
+  float* b = block.data<float>();
+  float* g = const_cast<float*>(global.data<float>());
+  for_each_row_block(rows, h, [&](int64_t i, int64_t j) {
+    if (to_global) g[j * cols + col0 + i] = b[i * h + j];
+    else b[i * h + j] = g[j * cols + col0 + i];
+  });
+}
+
+void move_shards(TspWeights& s, LlamaWeights& g, bool to_global, bool replicated) {
+  const TspShardDims& d = s.dims;
+  const int r = s.owner;
+  for (size_t l = 0; l < s.attn.size(); ++l) {
+    TspAttnPieces a = attn_pieces(d, s.attn[l]);
+    const LayerWeights& lw = g.layers[l];
+    copy_rows(a.wq, lw.wq, r * d.q_rows, to_global);
+    copy_rows(a.wk, lw.wk, r * d.kv_rows, to_global);
+    copy_rows(a.wv, lw.wv, r * d.kv_rows, to_global);
+    copy_cols_t(a.wo_t, lw.wo, r * d.q_rows, to_global);
+    TspMlpPieces m = mlp_pieces(d, s.mlp[l]);
+    copy_rows(m.w_gate, lw.w_gate, r * d.f_rows, to_global);
+    copy_rows(m.w_up, lw.w_up, r * d.f_rows, to_global);
+    copy_cols_t(m.w_down_t, lw.w_down, r * d.f_rows, to_global);
+    if (replicated) {
+      if (to_global) {
+        g.layers[l].attn_norm.copy_from(s.attn_norm[l]);
+        g.layers[l].mlp_norm.copy_from(s.mlp_norm[l]);
+      } else {
+        s.attn_norm[l].copy_from(lw.attn_norm);
+        s.mlp_norm[l].copy_from(lw.mlp_norm);
+      }
+    }
+  }
+  copy_rows(s.embed, g.embed, r * d.v_rows, to_global);
+  if (!s.tied) copy_rows(s.lm_head, g.lm_head, r * d.v_rows, to_global);
+  if (replicated) {
+    if (to_global) g.final_norm.copy_from(s.final_norm);
+    else s.final_norm.copy_from(g.final_norm);
+  }
+}
+
+}  // namespace
+
+Result<TspShardDims> tsp_shard_dims(const LlamaConfig& c, int D) {
+  FP_RETURN_IF_ERROR(c.validate());
+  if (D <= 0) return invalid_argument("TSP degree ({}) must be positive", D);
+  if (c.num_attention_heads % D != 0)
+    return invalid_argument("num_attention_heads ({}) must be divisible by the TSP degree ({})",
+                            c.num_attention_heads, D);
+  if (c.num_key_value_heads % D != 0)
+    return invalid_argument("num_key_value_heads ({}) must be divisible by the TSP degree ({})",
+                            c.num_key_value_heads, D);
+  if (c.intermediate_size % D != 0)
+    return invalid_argument("intermediate_size ({}) must be divisible by the TSP degree ({})", c.intermediate_size,
+                            D);
+  if (c.vocab_size % D != 0)
+    return invalid_argument("vocab_size ({}) must be divisible by the TSP degree ({})", c.vocab_size, D);
+  TspShardDims d;
+  d.degree = D;
+  d.h = c.hidden_size;
+  d.d = c.head_dim();
+  d.heads = c.num_attention_heads / D;
+  d.kv_heads = c.num_key_value_heads / D;
+  d.q_rows = d.heads * d.d;
+  d.kv_rows = d.kv_heads * d.d;
+  d.f_rows = c.intermediate_size / D;
+  d.v_rows = c.vocab_size / D;
+  return d;
+}
+
+TspAttnPieces attn_pieces(const TspShardDims& d, const Tensor& p) {
+  FP_CHECK(p.dim(0) == d.attn_rows() && p.dim(1) == d.h, "attention shard {}", p.describe());
+  int64_t row = 0;
+  auto take = [&](int64_t n) {
+    Tensor t = p.narrow(row, row + n);
+    row += n;
+    return t;
+  };
+  TspAttnPieces a;
+  a.wq = take(d.q_rows);
+  a.wk = take(d.kv_rows);
+  a.wv = take(d.kv_rows);
+  a.wo_t = take(d.q_rows);
+  return a;
+}
+
+TspMlpPieces mlp_pieces(const TspShardDims& d, const Tensor& p) {
+  FP_CHECK(p.dim(0) == d.mlp_rows() && p.dim(1) == d.h, "MLP shard {}", p.describe());
+  return TspMlpPieces{p.narrow(0, d.f_rows), p.narrow(d.f_rows, 2 * d.f_rows), p.narrow(2 * d.f_rows, 3 * d.f_rows)};
+}
+
+TspWeights TspWeights::allocate(const LlamaConfig& c, const TspShardDims& d, int owner, DType dtype,
+                                MemCategory category) {
+  TspWeights w;
+  w.dims = d;
+  w.owner = owner;
+  w.tied = c.tie_word_embeddings;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    w.attn.push_back(Tensor::empty({d.attn_rows(), d.h}, dtype, category));
+    w.mlp.push_back(Tensor::empty({d.mlp_rows(), d.h}, dtype, category));
+    w.attn_norm.push_back(Tensor::empty({d.h}, dtype, category));
+    w.mlp_norm.push_back(Tensor::empty({d.h}, dtype, category));
+  }
+  w.final_norm = Tensor::empty({d.h}, dtype, category);
+  w.embed = Tensor::empty({d.v_rows, d.h}, dtype, category);
+  w.lm_head = w.tied ? w.embed : Tensor::empty({d.v_rows, d.h}, dtype, category);
+  return w;
+}
+
+void TspWeights::for_each(const std::function<void(const std::string&, Tensor&, bool)>& fn) {
+  for (size_t l = 0; l < attn.size(); ++l) {
+    fn(fmt::format("layers.{}.attn", l), attn[l], false);
+    fn(fmt::format("layers.{}.mlp", l), mlp[l], false);
+  }
+  fn("embed", embed, false);
+  if (!tied) fn("lm_head", lm_head, false);
+  for (size_t l = 0; l < attn.size(); ++l) {
+    fn(fmt::format("layers.{}.attn_norm", l), attn_norm[l], true);
+    fn(fmt::format("layers.{}.mlp_norm", l), mlp_norm[l], true);
+  }
+  fn("final_norm", final_norm, true);
+}
+
+void TspWeights::zero() {
+  for_each([](const std::string&, Tensor& t, bool) { t.zero(); });
+}
+
+void init_tsp_weights(const InitOptions& o, TspWeights& w) {
+  const TspShardDims& d = w.dims;
+  const int r = w.owner;
+  const int64_t h = d.h, q_cols = d.q_rows * d.degree, f = d.f_rows * d.degree;
+  auto fill_rows = [&](Tensor t, const std::string& name, int64_t row0) {
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(init_value(o, name, row0 * h + i));
+  };
+  auto fill_cols_t = [&](Tensor t, const std::string& name, int64_t col0, int64_t cols) {
+    float* p = t.data<float>();
+    for_each_row_block(t.dim(0), h, [&](int64_t i, int64_t j) {
+      p[i * h + j] = static_cast<float>(init_value(o, name, j * cols + col0 + i));
+    });
+  };
+  for (size_t l = 0; l < w.attn.size(); ++l) {
+    const std::string pre = fmt::format("model.layers.{}.", l);
+    TspAttnPieces a = attn_pieces(d, w.attn[l]);
+    fill_rows(a.wq, pre + "self_attn.q_proj.weight", r * d.q_rows);
+    fill_rows(a.wk, pre + "self_attn.k_proj.weight", r * d.kv_rows);
+    fill_rows(a.wv, pre + "self_attn.v_proj.weight", r * d.kv_rows);
+    fill_cols_t(a.wo_t, pre + "self_attn.o_proj.weight", r * d.q_rows, q_cols);
+    TspMlpPieces m = mlp_pieces(d, w.mlp[l]);
+    fill_rows(m.w_gate, pre + "mlp.gate_proj.weight", r * d.f_rows);
+    fill_rows(m.w_up, pre + "mlp.up_proj.weight", r * d.f_rows);
+    fill_cols_t(m.w_down_t, pre + "mlp.down_proj.weight", r * d.f_rows, f);
+    fill_rows(w.attn_norm[l], pre + "input_layernorm.weight", 0);
+    fill_rows(w.mlp_norm[l], pre + "post_attention_layernorm.weight", 0);
+  }
+  fill_rows(w.final_norm, "model.norm.weight", 0);
+  fill_rows(w.embed, "model.embed_tokens.weight", r * d.v_rows);
+  if (!w.tied) fill_rows(w.lm_head, "lm_head.weight", r * d.v_rows);
+}
+
+void shard_from_global(const LlamaWeights& global, TspWeights& shard) {
+  move_shards(shard, const_cast<LlamaWeights&>(global), /*to_global=*/false, /*replicated=*/true);
+}
+
+void unshard_into_global(const TspWeights& shard, bool replicated, LlamaWeights& global) {
+  move_shards(const_cast<TspWeights&>(shard), global, /*to_global=*/true, replicated);
+}
+
+Status assemble_global(const TspWeights& shard, Communicator& tsp, LlamaWeights& global) {
+  // Every element comes from exactly one rank (shards are disjoint, replicated tensors come
+  // from rank 0), so a sum over the axis assembles them exactly.
+  global.zero();
+  unshard_into_global(shard, tsp.rank() == 0, global);
+  Status status;
+  global.for_each([&](const std::string&, Tensor& t) {
+    if (status.ok())
+      status = tsp.all_reduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()), DType::kF32, ReduceOp::kSum);
+  });
+  return status;
+}
+
+}  // namespace foldpar

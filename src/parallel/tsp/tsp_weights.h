@@ -1,0 +1,91 @@
+// TSP weight shards (spec section 3). Rank r owns, for every layer, the attention shard of
+// its heads and the MLP shard of its columns, each PACKED in one contiguous buffer so that it
+// moves in one message; the embedding and LM head are sharded by vocabulary rows; the norm
+// gains are replicated. All pieces are stored as [rows, h] so that every local product is
+// x [T, h] against a row block:
+//   attention [Wq_r; Wk_r; Wv_r; Wo_r^T]        rows n_h/D*d + 2*n_kv/D*d + n_h/D*d
+//   MLP       [Wgate_r; Wup_r; Wdown_r^T]       rows 3*f/D
+// where Wq_r are the rows of q_proj for heads [r*n_h/D, (r+1)*n_h/D) (HF layout [out, in]),
+// Wo_r^T the transpose of o_proj's columns for those heads, Wdown_r^T the transpose of
+// down_proj's columns [r*f/D, (r+1)*f/D). The same struct holds the gradients.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model/llama_config.h"
+#include "model/llama_weights.h"
+
+namespace foldpar {
+
+// Sizes of one rank's shards; identical on every rank.
+struct TspShardDims {
+  int degree = 1;       // D
+  int64_t h = 0;
+  int64_t d = 0;        // head dim
+  int64_t q_rows = 0;   // n_h/D * d
+  int64_t kv_rows = 0;  // n_kv/D * d
+  int64_t f_rows = 0;   // f/D
+  int64_t v_rows = 0;   // V/D
+  int64_t heads = 0;    // n_h/D
+  int64_t kv_heads = 0; // n_kv/D
+
+  int64_t attn_rows() const { return 2 * q_rows + 2 * kv_rows; }
+  int64_t mlp_rows() const { return 3 * f_rows; }
+  int64_t attn_elems() const { return attn_rows() * h; }
+  int64_t mlp_elems() const { return mlp_rows() * h; }
+  int64_t vocab_elems() const { return v_rows * h; }
+};
+
+// invalid_argument naming the numbers when n_h, n_kv, f or V is not divisible by D.
+Result<TspShardDims> tsp_shard_dims(const LlamaConfig& config, int degree);
+
+// Row offsets inside the packed buffers.
+struct TspAttnPieces {
+  Tensor wq, wk, wv, wo_t;  // views [q_rows, h], [kv_rows, h], [kv_rows, h], [q_rows, h]
+};
+struct TspMlpPieces {
+  Tensor w_gate, w_up, w_down_t;  // views [f_rows, h] each
+};
+TspAttnPieces attn_pieces(const TspShardDims& dims, const Tensor& packed);
+TspMlpPieces mlp_pieces(const TspShardDims& dims, const Tensor& packed);
+
+struct TspWeights {
+  TspShardDims dims;
+  int owner = 0;                  // r: the rank whose shards these are
+  std::vector<Tensor> attn;       // L x [attn_rows, h]
+  std::vector<Tensor> mlp;        // L x [mlp_rows, h]
+  std::vector<Tensor> attn_norm;  // L x [h], replicated
+  std::vector<Tensor> mlp_norm;   // L x [h], replicated
+  Tensor final_norm;              // [h], replicated
+  Tensor embed;                   // [V/D, h] rows [r*V/D, (r+1)*V/D)
+  Tensor lm_head;                 // [V/D, h]; the embed tensor when tied
+  bool tied = false;
+
+  static TspWeights allocate(const LlamaConfig& config, const TspShardDims& dims, int owner, DType dtype,
+                             MemCategory category);
+  // Every distinct tensor with a name ("layers.3.attn", "embed", ...), sharded ones first.
+  void for_each(const std::function<void(const std::string& name, Tensor& t, bool replicated)>& fn);
+  void zero();
+};
+
+// Fills the shards of `owner` exactly as init_weights fills the global tensors (the same
+// counter-based values at the same global indices).
+void init_tsp_weights(const InitOptions& options, TspWeights& weights);
+
+// Copies this rank's shards out of full (single-rank) weights.
+void shard_from_global(const LlamaWeights& global, TspWeights& shard);
+// Writes one rank's shards (sharded tensors only; `replicated` also copies the norm gains)
+// into their places in full weights: the inverse of shard_from_global.
+void unshard_into_global(const TspWeights& shard, bool replicated, LlamaWeights& global);
+
+class Communicator;
+// Collective over the TSP communicator: every rank receives the full tensors assembled from
+// every rank's shards (replicated tensors taken from rank 0). `global` must be allocated
+// (LlamaWeights::allocate) with the config's shapes. For verification, dumps and
+// checkpoints, not for training steps: it moves the whole model.
+Status assemble_global(const TspWeights& shard, Communicator& tsp, LlamaWeights& global);
+
+}  // namespace foldpar

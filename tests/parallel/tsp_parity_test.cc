@@ -1,0 +1,200 @@
+// TSP against the single-rank model (its reference): every rank builds the global weights
+// and batch from one seed, computes the single-rank loss, logits and gradients, runs the
+// TSP step on its shards and tokens, and compares its logits rows and the assembled
+// gradients. Run under mpirun at 1, 2, 3 and 4 ranks (D = the world size).
+#include <gtest/gtest.h>
+
+#include "app/synthetic.h"
+#include "core/tolerance.h"
+#include "mpi_test_main.h"
+#include "parallel/tsp/tsp_model.h"
+#include "tensor/compare.h"
+
+namespace foldpar {
+namespace {
+
+// Sizes that divide for D = 1, 2, 4 (GQA g = 2, two KV heads per rank at D = 4, so head
+// buckets can be tested) and a second config for D = 3.
+LlamaConfig test_config(int D, bool tied, bool gqa) {
+  LlamaConfig c;
+  if (D == 3) {
+    c.hidden_size = 48;            // d = 8
+    c.num_attention_heads = 6;
+    c.num_key_value_heads = gqa ? 3 : 6;
+    c.intermediate_size = 72;
+    c.vocab_size = 99;
+  } else {
+    c.hidden_size = 128;           // d = 8
+    c.num_attention_heads = 16;
+    c.num_key_value_heads = gqa ? 8 : 16;
+    c.intermediate_size = 160;
+    c.vocab_size = 128;
+  }
+  c.num_hidden_layers = 2;
+  c.max_position_embeddings = 1024;
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+struct Case {
+  TspOptions options;
+  bool tied = false;
+  bool gqa = true;
+  int64_t batch = 1;
+  int64_t seq = 48;
+  int layers = 2;
+};
+
+// Weights with std 0.1 so that attention is far from uniform and every path matters.
+const InitOptions kInit{.seed = 7, .std = 0.1, .norm_jitter = 0.2};
+
+void check_parity(const Case& k) {
+  Communicator& world = test::mpi().world();
+  const int D = world.size(), p = world.rank();
+  LlamaConfig c = test_config(D, k.tied, k.gqa);
+  c.num_hidden_layers = k.layers;
+
+  // The reference: the single-rank model on the same seed.
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
+  init_weights(kInit, w);
+  const Batch global = synthetic_batch(c, k.batch, k.seq, 11, 0.1);
+  auto be = make_cpu_backend();
+  LlamaWeights ref_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ref_g.zero();
+  StepOptions so;
+  so.keep_logits = true;
+  Result<StepResult> ref = model_forward_backward(c, *be, w, global, so, ref_g);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+
+  // TSP on this rank's shards (initialized on their own, as in training) and tokens.
+  TspOptions opt = k.options;
+  opt.keep_logits = true;
+  Result<TspModel> model = TspModel::create(c, D, p, k.seq, opt);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  TspWeights tw = TspWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kParameters);
+  init_tsp_weights(kInit, tw);
+  TspWeights tg = TspWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kGradients);
+  tg.zero();
+  const Batch local = model->shard().local_batch(global);
+  Result<StepResult> got = model->forward_backward(*be, world, tw, local, tg);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+
+  // f32, different summation order (shards accumulate the output, ranks sum gradients):
+  // observed errors are near 1e-6; kF32Parallel leaves a margin of 10.
+  EXPECT_EQ(got->valid_tokens, ref->valid_tokens);
+  EXPECT_NEAR(got->loss, ref->loss, tol::kF32Parallel * ref->loss);
+  // Logits of this rank's rows.
+  Tensor ref_rows = Tensor::empty(got->logits.shape(), DType::kF32, MemCategory::kWorkspace);
+  const std::vector<int32_t>& pos = model->shard().positions();
+  for (int64_t b = 0; b < k.batch; ++b)
+    for (size_t i = 0; i < pos.size(); ++i)
+      std::copy_n(ref->logits.data<float>() + (b * k.seq + pos[i]) * c.vocab_size, c.vocab_size,
+                  ref_rows.data<float>() + (b * static_cast<int64_t>(pos.size()) + static_cast<int64_t>(i)) * c.vocab_size);
+  const double logit_err = max_rel_error(got->logits, ref_rows);
+  EXPECT_LE(logit_err, tol::kF32Parallel) << "logits of rank " << p;
+  // Every gradient, assembled from every rank's shards.
+  LlamaWeights assembled = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ASSERT_TRUE(assemble_global(tg, world, assembled).ok());
+  std::vector<std::pair<std::string, Tensor>> ref_list;
+  ref_g.for_each([&](const std::string& n, Tensor& t) { ref_list.emplace_back(n, t); });
+  size_t i = 0;
+  assembled.for_each([&](const std::string& name, Tensor& t) {
+    const double err = max_rel_error(t, ref_list[i++].second);
+    EXPECT_LE(err, tol::kF32Parallel) << name << " on rank " << p << "\n"
+                                      << describe_mismatches(t, ref_list[i - 1].second, tol::kF32Parallel);
+  });
+  // The shards initialized on their own equal the slices of the global weights.
+  TspWeights sliced = TspWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kWorkspace);
+  shard_from_global(w, sliced);
+  std::vector<Tensor> own;
+  tw.for_each([&](const std::string&, Tensor& t, bool) { own.push_back(t); });
+  size_t j = 0;
+  sliced.for_each([&](const std::string& name, Tensor& t, bool) { EXPECT_EQ(max_rel_error(own[j++], t), 0.0) << name; });
+}
+
+TEST(TspParity, ZigzagGqaUntiedOverlap) { check_parity(Case{}); }
+
+TEST(TspParity, Contiguous) {
+  Case k;
+  k.options.split = SeqSplit::kContiguous;
+  check_parity(k);
+}
+
+TEST(TspParity, TiedEmbeddings) {
+  Case k;
+  k.tied = true;
+  check_parity(k);
+}
+
+TEST(TspParity, MultiHeadAttention) {
+  Case k;
+  k.gqa = false;
+  check_parity(k);
+}
+
+TEST(TspParity, OverlapOff) {
+  Case k;
+  k.options.overlap = false;
+  check_parity(k);
+}
+
+TEST(TspParity, HeadBuckets) {
+  Case k;
+  const int D = test::mpi().world().size();
+  // Two KV heads per rank at D = 4 (8 / 4); more elsewhere.
+  k.options.head_buckets = D == 3 ? 1 : 2;
+  k.gqa = true;
+  check_parity(k);
+  k.options.overlap = false;
+  check_parity(k);
+}
+
+TEST(TspParity, KeepWeightsAndKv) {
+  Case k;
+  k.options.keep_weights = true;
+  k.options.keep_kv = true;
+  check_parity(k);
+}
+
+TEST(TspParity, RecomputeBlocks) {
+  Case k;
+  k.options.recompute = Recompute::kBlock;
+  check_parity(k);
+}
+
+TEST(TspParity, OneLayerBatchTwo) {
+  Case k;
+  k.layers = 1;
+  k.batch = 2;
+  k.tied = true;
+  check_parity(k);
+}
+
+TEST(TspErrors, SizesThatDoNotDivide) {
+  const int D = test::mpi().world().size();
+  if (D == 1) GTEST_SKIP() << "everything divides by 1";
+  LlamaConfig c = test_config(D, false, true);
+  auto message = [&](const LlamaConfig& cfg, int64_t seq, TspOptions o = {}) {
+    Result<TspModel> m = TspModel::create(cfg, D, 0, seq, o);
+    return m.ok() ? std::string("ok") : m.status().message();
+  };
+  LlamaConfig bad = c;
+  bad.num_attention_heads = D * 4 + 1;
+  bad.num_key_value_heads = 1;
+  bad.hidden_size = bad.num_attention_heads * 2;
+  EXPECT_NE(message(bad, 48).find("num_attention_heads (" + std::to_string(D * 4 + 1) + ")"), std::string::npos);
+  bad = c;
+  bad.intermediate_size = D * 10 + 1;
+  EXPECT_NE(message(bad, 48).find("intermediate_size"), std::string::npos);
+  bad = c;
+  bad.vocab_size = D * 10 + 1;
+  EXPECT_NE(message(bad, 48).find("vocab_size"), std::string::npos);
+  EXPECT_NE(message(c, 2 * D + 1).find("sequence length (" + std::to_string(2 * D + 1) + ")"), std::string::npos);
+  TspOptions o;
+  o.head_buckets = 3;
+  EXPECT_NE(message(c, 48, o).find("head buckets (3)"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace foldpar
