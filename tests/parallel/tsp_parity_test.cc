@@ -44,6 +44,7 @@ struct Case {
   int64_t batch = 1;
   int64_t seq = 48;
   int layers = 2;
+  bool ignore_rank0 = false;  // every target of rank 0's tokens is ignored
 };
 
 // Weights with std 0.1 so that attention is far from uniform and every path matters.
@@ -58,7 +59,11 @@ void check_parity(const Case& k) {
   // The reference: the single-rank model on the same seed.
   LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
   init_weights(kInit, w);
-  const Batch global = synthetic_batch(c, k.batch, k.seq, 11, 0.1);
+  Batch global = synthetic_batch(c, k.batch, k.seq, 11, 0.1);
+  if (k.ignore_rank0) {
+    for (int32_t pos : shard_positions(k.seq, D, 0, k.options.split))
+      for (int64_t b = 0; b < k.batch; ++b) global.target_ids.data<int32_t>()[b * k.seq + pos] = kIgnoreIndex;
+  }
   auto be = make_cpu_backend();
   LlamaWeights ref_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
   ref_g.zero();
@@ -168,6 +173,13 @@ TEST(TspParity, OneLayerBatchTwo) {
   k.layers = 1;
   k.batch = 2;
   k.tied = true;
+  check_parity(k);
+}
+
+TEST(TspParity, RankWithOnlyIgnoredTargets) {
+  // The mean runs over the valid tokens of the whole sequence, counted across ranks.
+  Case k;
+  k.ignore_rank0 = true;
   check_parity(k);
 }
 
