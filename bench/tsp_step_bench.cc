@@ -109,9 +109,9 @@ int main(int argc, char** argv) {
         const Batch local = m->shard().local_batch(global);
         const int64_t base = mt.stats().current_total;
         mt.reset_peaks();
-        TspWeights w = TspWeights::allocate(c, m->dims(), p, DType::kF32, MemCategory::kParameters);
-        init_tsp_weights(InitOptions{.seed = 1}, w);
-        TspWeights g = TspWeights::allocate(c, m->dims(), p, DType::kF32, MemCategory::kGradients);
+        ShardedWeights w = ShardedWeights::allocate(c, m->dims(), p, DType::kF32, MemCategory::kParameters);
+        init_sharded_weights(InitOptions{.seed = 1}, w);
+        ShardedWeights g = ShardedWeights::allocate(c, m->dims(), p, DType::kF32, MemCategory::kGradients);
         g.zero();
         FP_CHECK_OK(world.barrier());
         const double t0 = now();

@@ -52,8 +52,9 @@ struct VerifyArgs {
   bool json = false;
   std::string layout;
   std::string seq_split = "zigzag";
-  bool no_overlap = false, keep_weights = false, keep_kv = false;
+  bool no_overlap = false, keep_weights = false, keep_kv = false, sequence_parallel = false;
   int head_buckets = 1;
+  std::string kv_exchange = "allgather";
 };
 
 void add_verify(CLI::App& app, VerifyArgs& a) {
@@ -71,7 +72,15 @@ void add_verify(CLI::App& app, VerifyArgs& a) {
   cmd->add_flag("--no-overlap", a.no_overlap, "finish every transfer before the computation that follows it");
   cmd->add_flag("--keep-weights", a.keep_weights, "backward reuses the forward's attention shards");
   cmd->add_flag("--keep-kv", a.keep_kv, "backward reuses the forward's gathered K/V");
-  cmd->add_option("--head-buckets", a.head_buckets, "all-gather each attention shard's K/V in this many buckets");
+  cmd->add_option("--head-buckets", a.head_buckets, "tsp: all-gather each attention shard's K/V in this many buckets");
+  cmd->add_flag("--sequence-parallel", a.sequence_parallel, "tp: Megatron sequence parallelism in the norm regions");
+  cmd->add_option("--kv-exchange", a.kv_exchange, "sp: how attention exchanges K/V: allgather or ring");
+}
+
+Result<LayoutOptions::KvExchange> parse_kv_exchange(const std::string& name) {
+  if (name == "allgather") return LayoutOptions::KvExchange::kAllGather;
+  if (name == "ring") return LayoutOptions::KvExchange::kRing;
+  return invalid_argument("--kv-exchange must be allgather or ring, got '{}'", name);
 }
 
 Result<SeqSplit> parse_seq_split(const std::string& name) {
@@ -102,12 +111,16 @@ int run_verify_command(const VerifyArgs& a) {
   }
   Result<SeqSplit> split = parse_seq_split(a.seq_split);
   if (!split.ok()) return fail(split.status());
+  Result<LayoutOptions::KvExchange> exchange = parse_kv_exchange(a.kv_exchange);
+  if (!exchange.ok()) return fail(exchange.status());
   o.layout = a.layout;
-  o.tsp.split = split.value();
-  o.tsp.overlap = !a.no_overlap;
-  o.tsp.keep_weights = a.keep_weights;
-  o.tsp.keep_kv = a.keep_kv;
-  o.tsp.head_buckets = a.head_buckets;
+  o.layout_options.split = split.value();
+  o.layout_options.overlap = !a.no_overlap;
+  o.layout_options.keep_weights = a.keep_weights;
+  o.layout_options.keep_kv = a.keep_kv;
+  o.layout_options.head_buckets = a.head_buckets;
+  o.layout_options.sequence_parallel = a.sequence_parallel;
+  o.layout_options.kv_exchange = exchange.value();
   Result<CommOptions> comm_options = CommOptions::from_env();
   if (!comm_options.ok()) return fail(comm_options.status());
   MpiRuntime mpi(nullptr, nullptr, comm_options.value());

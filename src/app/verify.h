@@ -11,7 +11,7 @@
 #include "comm/communicator.h"
 #include "core/status.h"
 #include "model/llama_model.h"
-#include "parallel/tsp/tsp_model.h"
+#include "parallel/sharded_model.h"
 
 namespace foldpar {
 
@@ -24,7 +24,7 @@ struct VerifyOptions {
   double tolerance = 0;      // 0: tol::kF32Model (single rank) or tol::kF32Parallel (a layout)
   std::string dump_dir;      // empty: no dump
   std::string layout;        // empty: fast path against the reference path on one rank
-  TspOptions tsp;            // knobs of a tsp layout (recompute comes from `recompute`)
+  LayoutOptions layout_options;  // knobs of the layout's strategy (recompute comes from `recompute`)
 };
 
 struct TensorError {

@@ -10,6 +10,7 @@
 #include "app/verify_common.h"
 #include "comm/comm_stats.h"
 #include "comm/mesh.h"
+#include "parallel/make_layout.h"
 #include "core/tolerance.h"
 #include "tensor/compare.h"
 
@@ -34,41 +35,37 @@ Result<VerifyReport> run_verify_layout(const VerifyOptions& o, Communicator& wor
   FP_RETURN_IF_ERROR(o.config.validate());
   if (o.batch <= 0 || o.seq <= 0) return invalid_argument("--batch ({}) and --seq ({}) must be positive", o.batch, o.seq);
   FP_ASSIGN_OR_RETURN(Mesh mesh, Mesh::create(world, o.layout));
-  if (mesh.layout().axes.size() != 1 || mesh.layout().axes[0].name != "tsp")
-    return unimplemented("layout {}: verify runs tsp=D layouts (tp, sp and dp arrive with later work)", o.layout);
-  Communicator& tsp = mesh.comm("tsp");
-  const int D = tsp.size(), p = tsp.rank();
-  TspOptions topt = o.tsp;
-  topt.recompute = o.recompute;
-  topt.keep_logits = true;
-  FP_ASSIGN_OR_RETURN(TspModel model, TspModel::create(o.config, D, p, o.seq, topt));
+  LayoutOptions lo = o.layout_options;
+  lo.recompute = o.recompute;
+  lo.keep_logits = true;
   const Batch global = verify_batch(o);
-  const Batch local = model.shard().local_batch(global);
   auto be = make_cpu_backend();
+  // The parallel step is measured on its own, from before its weights exist.
   MemoryTracker& mt = MemoryTracker::process();
+  const int64_t parallel_base = mt.stats().current_total;
+  mt.reset_peaks();
+  FP_ASSIGN_OR_RETURN(std::unique_ptr<ShardedModel> model, make_sharded_model(o.config, mesh, o.seq, lo));
+  const Batch local = model->local_batch(global);
 
-  // ---- the parallel step, measured on its own ----
   VerifyReport r;
-  r.layout = o.layout;
+  r.layout = model->layout();
   r.tolerance = o.tolerance > 0 ? o.tolerance : tol::kF32Parallel;
   const InitOptions init{.seed = o.seed, .std = 0.02, .norm_jitter = 0.1};
-  int64_t base = mt.stats().current_total;
-  mt.reset_peaks();
-  TspWeights tw = TspWeights::allocate(o.config, model.dims(), p, DType::kF32, MemCategory::kParameters);
-  init_tsp_weights(init, tw);
-  TspWeights tg = TspWeights::allocate(o.config, model.dims(), p, DType::kF32, MemCategory::kGradients);
-  tg.zero();
+  model->init_weights(init);
   ScopedCommCounter counter(mesh.communicators());
   auto t0 = std::chrono::steady_clock::now();
-  FP_ASSIGN_OR_RETURN(StepResult got, model.forward_backward(*be, tsp, tw, local, tg));
+  FP_ASSIGN_OR_RETURN(StepResult got, model->forward_backward(*be, local));
   r.fast_seconds = seconds_since(t0);
-  const int64_t tsp_peak = mt.stats().peak_total - base;
+  const int64_t parallel_peak = mt.stats().peak_total - parallel_base;
   const OpCounters moved = counter.delta().total();
   LlamaWeights assembled = LlamaWeights::allocate(o.config, DType::kF32, MemCategory::kGradients);
-  FP_RETURN_IF_ERROR(assemble_global(tg, tsp, assembled));
+  FP_RETURN_IF_ERROR(model->assemble_grads(assembled));
+  Tensor global_logits = Tensor::empty({o.batch, o.seq, o.config.vocab_size}, DType::kF32, MemCategory::kWorkspace);
+  FP_RETURN_IF_ERROR(model->assemble_logits(got.logits, global_logits));
+  model.reset();
 
   // ---- the single-rank reference ----
-  base = mt.stats().current_total;
+  const int64_t base = mt.stats().current_total;
   mt.reset_peaks();
   const LlamaWeights w = verify_weights(o);
   LlamaWeights ref_g = LlamaWeights::allocate(o.config, DType::kF32, MemCategory::kGradients);
@@ -81,19 +78,15 @@ Result<VerifyReport> run_verify_layout(const VerifyOptions& o, Communicator& wor
   r.reference_seconds = seconds_since(t0);
   r.single_rank_peak_bytes = mt.stats().peak_total - base;
 
-  // ---- compare: loss, this rank's logits rows (worst over ranks), every gradient ----
+  // ---- compare: loss, every rank's logits, every gradient ----
   r.loss = got.loss;
   r.loss_reference = ref.loss;
   r.valid_tokens = got.valid_tokens;
   r.errors.push_back({"loss", std::abs(got.loss - ref.loss) / std::max(std::abs(ref.loss), 1e-30)});
-  Tensor global_logits = Tensor::zeros(ref.logits.shape(), DType::kF32, MemCategory::kWorkspace);
-  model.shard().scatter_to_global(got.logits, global_logits);
-  FP_CHECK_OK(tsp.all_reduce(global_logits.raw_data(), global_logits.raw_data(),
-                             static_cast<size_t>(global_logits.numel()), DType::kF32, ReduceOp::kSum));
   r.errors.push_back({"logits", max_rel_error(global_logits, ref.logits)});
   add_gradient_errors(assembled, ref_g, r);
   finish_report(r);
-  r.peak_bytes = gather_i64(world, tsp_peak);
+  r.peak_bytes = gather_i64(world, parallel_peak);
   r.bytes_sent = gather_i64(world, static_cast<int64_t>(moved.bytes_sent));
   r.bytes_received = gather_i64(world, static_cast<int64_t>(moved.bytes_received));
   if (!o.dump_dir.empty() && world.rank() == 0)

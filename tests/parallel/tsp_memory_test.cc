@@ -55,9 +55,9 @@ TEST(TspMemory, PeakIsAQuarterOfSingleRankPlusTransients) {
   mt.reset_peaks();
   int64_t tsp_peak = 0;
   {
-    TspWeights w = TspWeights::allocate(c, m->dims(), p, DType::kF32, MemCategory::kParameters);
-    init_tsp_weights(InitOptions{.seed = 1}, w);
-    TspWeights g = TspWeights::allocate(c, m->dims(), p, DType::kF32, MemCategory::kGradients);
+    ShardedWeights w = ShardedWeights::allocate(c, m->dims(), p, DType::kF32, MemCategory::kParameters);
+    init_sharded_weights(InitOptions{.seed = 1}, w);
+    ShardedWeights g = ShardedWeights::allocate(c, m->dims(), p, DType::kF32, MemCategory::kGradients);
     g.zero();
     auto be = make_cpu_backend();
     ASSERT_TRUE(m->forward_backward(*be, world, w, local, g).ok());
@@ -69,7 +69,7 @@ TEST(TspMemory, PeakIsAQuarterOfSingleRankPlusTransients) {
   // additionally two packed gradient buffers travelling to their owners and dK/dV of every
   // position before the reduce-scatter; the MLP ring holds two weight shards (current and
   // arriving) and up to three gradient buffers (own partial, arriving, leaving).
-  const TspShardDims& d = m->dims();
+  const ShardDims& d = m->dims();
   const int64_t attn_shard = d.attn_elems() * 4, mlp_shard = d.mlp_elems() * 4;
   const int64_t kv_unit = 2 * kSeq * d.kv_heads * d.d * 4;  // K and V of one shard, all positions
   const int64_t transients = 4 * attn_shard + 2 * kv_unit + 5 * mlp_shard;

@@ -77,9 +77,9 @@ void check_parity(const Case& k) {
   opt.keep_logits = true;
   Result<TspModel> model = TspModel::create(c, D, p, k.seq, opt);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
-  TspWeights tw = TspWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kParameters);
-  init_tsp_weights(kInit, tw);
-  TspWeights tg = TspWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kGradients);
+  ShardedWeights tw = ShardedWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kParameters);
+  init_sharded_weights(kInit, tw);
+  ShardedWeights tg = ShardedWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kGradients);
   tg.zero();
   const Batch local = model->shard().local_batch(global);
   Result<StepResult> got = model->forward_backward(*be, world, tw, local, tg);
@@ -110,7 +110,7 @@ void check_parity(const Case& k) {
                                       << describe_mismatches(t, ref_list[i - 1].second, tol::kF32Parallel);
   });
   // The shards initialized on their own equal the slices of the global weights.
-  TspWeights sliced = TspWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kWorkspace);
+  ShardedWeights sliced = ShardedWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kWorkspace);
   shard_from_global(w, sliced);
   std::vector<Tensor> own;
   tw.for_each([&](const std::string&, Tensor& t, bool) { own.push_back(t); });

@@ -31,9 +31,9 @@ CommStats run(int layers, const TspOptions& opt, bool backward, int64_t B, int64
   const LlamaConfig c = traffic_config(D, layers);
   Result<TspModel> m = TspModel::create(c, D, p, S, opt);
   EXPECT_TRUE(m.ok()) << m.status().to_string();
-  TspWeights w = TspWeights::allocate(c, m->dims(), p, DType::kF32, MemCategory::kParameters);
-  init_tsp_weights(InitOptions{.seed = 1}, w);
-  TspWeights g = TspWeights::allocate(c, m->dims(), p, DType::kF32, MemCategory::kGradients);
+  ShardedWeights w = ShardedWeights::allocate(c, m->dims(), p, DType::kF32, MemCategory::kParameters);
+  init_sharded_weights(InitOptions{.seed = 1}, w);
+  ShardedWeights g = ShardedWeights::allocate(c, m->dims(), p, DType::kF32, MemCategory::kGradients);
   g.zero();
   const Batch local = m->shard().local_batch(synthetic_batch(c, B, S, 3));
   auto be = make_cpu_backend();

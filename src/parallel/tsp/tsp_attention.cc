@@ -23,7 +23,7 @@ struct UnitTensors {
 
 }  // namespace
 
-Tensor TspStep::attention_forward(int l, const TspWeights& w, const Tensor& x, AttnSaved* s) {
+Tensor TspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& x, AttnSaved* s) {
   const int64_t h = dims_.h, d = dims_.d, B = batch_, Sl = local_seq_, T = rows_, S = Sl * D_;
   const int nb = opt_.head_buckets, units = D_ * nb;
   const size_t shard_elems = static_cast<size_t>(dims_.attn_elems());
@@ -117,8 +117,8 @@ Tensor TspStep::attention_forward(int l, const TspWeights& w, const Tensor& x, A
   return y;
 }
 
-Tensor TspStep::attention_backward(int l, const TspWeights& w, const AttnSaved& s, const Tensor& d_out,
-                                   TspWeights& grads) {
+Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSaved& s, const Tensor& d_out,
+                                   ShardedWeights& grads) {
   const int64_t h = dims_.h, d = dims_.d, B = batch_, Sl = local_seq_, T = rows_, S = Sl * D_;
   const int nb = opt_.head_buckets;
   const size_t shard_elems = static_cast<size_t>(dims_.attn_elems());

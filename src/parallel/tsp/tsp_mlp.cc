@@ -8,7 +8,7 @@
 
 namespace foldpar::tsp_detail {
 
-Tensor TspStep::mlp_forward(int l, const TspWeights& w, const Tensor& x_mid, MlpSaved* s) {
+Tensor TspStep::mlp_forward(int l, const ShardedWeights& w, const Tensor& x_mid, MlpSaved* s) {
   const int64_t h = dims_.h, T = rows_, fr = dims_.f_rows;
   Tensor rstd = act({T}), a2 = act({T, h});
   be_.rmsnorm_forward(x_mid, w.mlp_norm[l], c_.rms_norm_eps, a2, rstd);
@@ -19,7 +19,7 @@ Tensor TspStep::mlp_forward(int l, const TspWeights& w, const Tensor& x_mid, Mlp
   std::vector<CommRequest> none;
   for (int j = 0; j < D_; ++j) {
     weight_ring_send(ring, j);
-    const TspMlpPieces m = mlp_pieces(dims_, ring.cur);
+    const MlpPieces m = mlp_pieces(dims_, ring.cur);
     Tensor gate = act({T, fr}), up = act({T, fr}), a = act({T, fr});
     be_.matmul(a2, false, m.w_gate, true, gate);
     if (ring.hop.pending()) {
@@ -39,7 +39,7 @@ Tensor TspStep::mlp_forward(int l, const TspWeights& w, const Tensor& x_mid, Mlp
   return y;
 }
 
-Tensor TspStep::mlp_backward(int l, const TspWeights& w, const MlpSaved& s, const Tensor& d_out, TspWeights& grads) {
+Tensor TspStep::mlp_backward(int l, const ShardedWeights& w, const MlpSaved& s, const Tensor& d_out, ShardedWeights& grads) {
   const int64_t h = dims_.h, T = rows_, fr = dims_.f_rows;
   Tensor d_a2 = act({T, h});
   be_.fill(0.0, d_a2);
@@ -47,9 +47,9 @@ Tensor TspStep::mlp_backward(int l, const TspWeights& w, const MlpSaved& s, cons
   GradRing gring;
   for (int j = 0; j < D_; ++j) {
     weight_ring_send(ring, j);
-    const TspMlpPieces m = mlp_pieces(dims_, ring.cur);
+    const MlpPieces m = mlp_pieces(dims_, ring.cur);
     Tensor partial = grad_ring_partial(grads.mlp[l], j, {dims_.mlp_rows(), h});
-    TspMlpPieces g = mlp_pieces(dims_, partial);
+    MlpPieces g = mlp_pieces(dims_, partial);
     const float beta = j == 0 ? 1.0f : 0.0f;
     // y += act Wdown^T: d_act = dy Wdown, dWdown^T += act^T dy
     Tensor d_act = act({T, fr});

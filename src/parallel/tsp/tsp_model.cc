@@ -13,7 +13,7 @@ using tsp_detail::TspStep;
 
 Result<TspModel> TspModel::create(const LlamaConfig& config, int degree, int rank, int64_t seq,
                                   const TspOptions& options) {
-  FP_ASSIGN_OR_RETURN(TspShardDims dims, tsp_shard_dims(config, degree));
+  FP_ASSIGN_OR_RETURN(ShardDims dims, shard_dims(config, degree, "TSP"));
   FP_ASSIGN_OR_RETURN(SequenceShard shard, SequenceShard::create(seq, degree, rank, options.split));
   if (options.head_buckets <= 0 || dims.kv_heads % options.head_buckets != 0)
     return invalid_argument("head buckets ({}) must divide the KV heads per TSP rank ({} = {} / {})",
@@ -33,7 +33,7 @@ Status check_local_batch(const TspModel& m, const Batch& b) {
 
 // The forward of every block; `saved` receives per-layer activations (all of them, or
 // only the block inputs under Recompute::kBlock).
-Tensor run_blocks(TspStep& step, const TspModel& m, const TspWeights& w, Tensor x, std::vector<LayerSaved>* saved) {
+Tensor run_blocks(TspStep& step, const TspModel& m, const ShardedWeights& w, Tensor x, std::vector<LayerSaved>* saved) {
   const bool keep = m.options().recompute == Recompute::kNone;
   for (size_t l = 0; l < w.attn.size(); ++l) {
     LayerSaved* s = saved != nullptr && keep ? &(*saved)[l] : nullptr;
@@ -46,7 +46,7 @@ Tensor run_blocks(TspStep& step, const TspModel& m, const TspWeights& w, Tensor 
 
 }  // namespace
 
-Result<StepResult> TspModel::forward(Backend& be, Communicator& tsp, const TspWeights& w, const Batch& batch) const {
+Result<StepResult> TspModel::forward(Backend& be, Communicator& tsp, const ShardedWeights& w, const Batch& batch) const {
   FP_RETURN_IF_ERROR(check_local_batch(*this, batch));
   TspStep step(*this, be, tsp, batch.batch());
   const int64_t T = batch.input_ids.numel();
@@ -60,8 +60,8 @@ Result<StepResult> TspModel::forward(Backend& be, Communicator& tsp, const TspWe
   return r;
 }
 
-Result<StepResult> TspModel::forward_backward(Backend& be, Communicator& tsp, const TspWeights& w,
-                                              const Batch& batch, TspWeights& g) const {
+Result<StepResult> TspModel::forward_backward(Backend& be, Communicator& tsp, const ShardedWeights& w,
+                                              const Batch& batch, ShardedWeights& g) const {
   FP_RETURN_IF_ERROR(check_local_batch(*this, batch));
   TspStep step(*this, be, tsp, batch.batch());
   const int64_t T = batch.input_ids.numel();

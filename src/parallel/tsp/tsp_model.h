@@ -1,5 +1,5 @@
 // TspModel: the Llama model under Tensor-and-Sequence Parallelism on one axis of D ranks
-// (spec/TSP.md sections 3-5). Every rank holds 1/D of the weights (TspWeights) and 1/D of
+// (spec/TSP.md sections 3-5). Every rank holds 1/D of the weights (ShardedWeights) and 1/D of
 // the tokens (SequenceShard); weight shards travel to the tokens: attention shards by one
 // broadcast each (plus an all-gather of K/V), MLP, embedding and LM-head shards around a
 // ring. Outputs accumulate locally; no activation all-reduce. The backward is the adjoint
@@ -14,7 +14,7 @@
 #include "comm/communicator.h"
 #include "model/llama_model.h"
 #include "parallel/sequence_shard.h"
-#include "parallel/tsp/tsp_weights.h"
+#include "parallel/sharded_weights.h"
 
 namespace foldpar {
 
@@ -48,25 +48,25 @@ class TspModel {
                                  const TspOptions& options);
 
   const LlamaConfig& config() const { return config_; }
-  const TspShardDims& dims() const { return dims_; }
+  const ShardDims& dims() const { return dims_; }
   const SequenceShard& shard() const { return shard_; }
   const TspOptions& options() const { return options_; }
 
   // Loss (mean over the valid tokens of the whole global batch) of this rank's rows
   // local_batch [B, S/D] (SequenceShard::local_batch of the global batch).
-  Result<StepResult> forward(Backend& backend, Communicator& tsp, const TspWeights& weights,
+  Result<StepResult> forward(Backend& backend, Communicator& tsp, const ShardedWeights& weights,
                              const Batch& local_batch) const;
   // Forward and backward; the gradients of this rank's shards (summed over the axis) are
   // accumulated (+=) into `grads`, replicated norm gains included.
-  Result<StepResult> forward_backward(Backend& backend, Communicator& tsp, const TspWeights& weights,
-                                      const Batch& local_batch, TspWeights& grads) const;
+  Result<StepResult> forward_backward(Backend& backend, Communicator& tsp, const ShardedWeights& weights,
+                                      const Batch& local_batch, ShardedWeights& grads) const;
 
  private:
-  TspModel(const LlamaConfig& config, TspShardDims dims, SequenceShard shard, const TspOptions& options)
+  TspModel(const LlamaConfig& config, ShardDims dims, SequenceShard shard, const TspOptions& options)
       : config_(config), dims_(dims), shard_(std::move(shard)), options_(options) {}
 
   LlamaConfig config_;
-  TspShardDims dims_;
+  ShardDims dims_;
   SequenceShard shard_;
   TspOptions options_;
 };

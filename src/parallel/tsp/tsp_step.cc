@@ -36,7 +36,7 @@ TspStep::TspStep(const TspModel& model, Backend& backend, Communicator& comm, in
 }
 
 TspStep::BucketWeights TspStep::bucket_weights(const Tensor& packed, int bucket) const {
-  const TspAttnPieces a = attn_pieces(dims_, packed);
+  const AttnPieces a = attn_pieces(dims_, packed);
   const int64_t q0 = bucket * heads_b_ * dims_.d, kv0 = bucket * kvh_b_ * dims_.d;
   const int64_t qn = heads_b_ * dims_.d, kvn = kvh_b_ * dims_.d;
   return BucketWeights{a.wq.narrow(q0, q0 + qn), a.wk.narrow(kv0, kv0 + kvn), a.wv.narrow(kv0, kv0 + kvn),
@@ -96,7 +96,7 @@ void TspStep::poke(std::vector<CommRequest>& requests) {
 
 int TspStep::ring_owner(int step) const { return ((p_ - step) % D_ + D_) % D_; }
 
-void TspStep::sum_norm_partials(TspWeights& grads) {
+void TspStep::sum_norm_partials(ShardedWeights& grads) {
   // One all-reduce of every norm gain's partial gradient, packed: [(2L+1) * h].
   const int64_t h = dims_.h, n = static_cast<int64_t>(norm_partials_.size());
   Tensor packed = Tensor::empty({n, h}, DType::kF32, MemCategory::kComm);

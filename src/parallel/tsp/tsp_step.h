@@ -44,29 +44,29 @@ class TspStep {
   TspStep(const TspModel& model, Backend& backend, Communicator& comm, int64_t batch);
 
   // Attention sub-block: returns x_mid = x + attention(norm(x)). Fills `saved` when given.
-  Tensor attention_forward(int layer, const TspWeights& w, const Tensor& x, AttnSaved* saved);
+  Tensor attention_forward(int layer, const ShardedWeights& w, const Tensor& x, AttnSaved* saved);
   // From d(x_mid): returns d(x); adds the layer's packed attention gradient (summed over the
   // axis) into grads.attn[layer] and this rank's norm-gain partial into norm_partials().
-  Tensor attention_backward(int layer, const TspWeights& w, const AttnSaved& s, const Tensor& d_out,
-                            TspWeights& grads);
+  Tensor attention_backward(int layer, const ShardedWeights& w, const AttnSaved& s, const Tensor& d_out,
+                            ShardedWeights& grads);
 
-  Tensor mlp_forward(int layer, const TspWeights& w, const Tensor& x_mid, MlpSaved* saved);
-  Tensor mlp_backward(int layer, const TspWeights& w, const MlpSaved& s, const Tensor& d_out, TspWeights& grads);
+  Tensor mlp_forward(int layer, const ShardedWeights& w, const Tensor& x_mid, MlpSaved* saved);
+  Tensor mlp_backward(int layer, const ShardedWeights& w, const MlpSaved& s, const Tensor& d_out, ShardedWeights& grads);
 
   // Embedding by the vocabulary ring: x [T, h].
-  Tensor embed(const TspWeights& w, const Tensor& ids);
-  void embed_backward(const Tensor& ids, const Tensor& dx, TspWeights& grads);
+  Tensor embed(const ShardedWeights& w, const Tensor& ids);
+  void embed_backward(const Tensor& ids, const Tensor& dx, ShardedWeights& grads);
   // Final norm, LM head by the ring with an online log-sum-exp, and the loss over the whole
   // axis. With keep_logits also returns the local logits [T, V] in `logits`.
-  StepResult head_forward(const TspWeights& w, const Tensor& x, const Tensor& targets, HeadSaved& saved,
+  StepResult head_forward(const ShardedWeights& w, const Tensor& x, const Tensor& targets, HeadSaved& saved,
                           Tensor* logits);
   // d(x_last) from the loss (scaled by 1 / global valid tokens).
-  Tensor head_backward(const TspWeights& w, const HeadSaved& s, const Tensor& targets, int64_t valid_tokens,
-                       TspWeights& grads);
+  Tensor head_backward(const ShardedWeights& w, const HeadSaved& s, const Tensor& targets, int64_t valid_tokens,
+                       ShardedWeights& grads);
 
   // Partial norm-gain gradients of this rank's tokens; sum_norm_partials() all-reduces them
   // over the axis and adds them into grads.
-  void sum_norm_partials(TspWeights& grads);
+  void sum_norm_partials(ShardedWeights& grads);
 
   // Seconds this rank has spent blocked on communication (waits and blocking collectives):
   // the exposed communication time, what overlap failed to hide.
@@ -122,7 +122,7 @@ class TspStep {
 
   const TspModel& model_;
   const LlamaConfig& c_;
-  const TspShardDims& dims_;
+  const ShardDims& dims_;
   const TspOptions& opt_;
   Backend& be_;
   Communicator& comm_;

@@ -10,7 +10,7 @@
 
 namespace foldpar::tsp_detail {
 
-Tensor TspStep::embed(const TspWeights& w, const Tensor& ids) {
+Tensor TspStep::embed(const ShardedWeights& w, const Tensor& ids) {
   Tensor x = act({rows_, dims_.h});
   WeightRing ring = weight_ring(w.embed);
   for (int j = 0; j < D_; ++j) {
@@ -22,7 +22,7 @@ Tensor TspStep::embed(const TspWeights& w, const Tensor& ids) {
   return x;
 }
 
-void TspStep::embed_backward(const Tensor& ids, const Tensor& dx, TspWeights& grads) {
+void TspStep::embed_backward(const Tensor& ids, const Tensor& dx, ShardedWeights& grads) {
   // No weights needed: only the gradient trip home.
   GradRing gring;
   for (int j = 0; j < D_; ++j) {
@@ -34,7 +34,7 @@ void TspStep::embed_backward(const Tensor& ids, const Tensor& dx, TspWeights& gr
   grad_ring_finish(gring, grads.embed);
 }
 
-StepResult TspStep::head_forward(const TspWeights& w, const Tensor& x, const Tensor& targets, HeadSaved& hs,
+StepResult TspStep::head_forward(const ShardedWeights& w, const Tensor& x, const Tensor& targets, HeadSaved& hs,
                                  Tensor* logits) {
   const int64_t T = rows_, h = dims_.h, vr = dims_.v_rows;
   hs.x_last = x;
@@ -79,8 +79,8 @@ StepResult TspStep::head_forward(const TspWeights& w, const Tensor& x, const Ten
   return r;
 }
 
-Tensor TspStep::head_backward(const TspWeights& w, const HeadSaved& hs, const Tensor& targets, int64_t valid_tokens,
-                              TspWeights& grads) {
+Tensor TspStep::head_backward(const ShardedWeights& w, const HeadSaved& hs, const Tensor& targets, int64_t valid_tokens,
+                              ShardedWeights& grads) {
   const int64_t T = rows_, h = dims_.h, vr = dims_.v_rows;
   const double scale = valid_tokens > 0 ? 1.0 / static_cast<double>(valid_tokens) : 0.0;
   Tensor d_xf = act({T, h});

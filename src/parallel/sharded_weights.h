@@ -1,7 +1,11 @@
-// TSP weight shards (spec section 3). Rank r owns, for every layer, the attention shard of
+// Weights sharded over one axis of D ranks by attention heads, MLP columns and vocabulary
+// rows: TSP's shards (spec section 3), and also exactly the slices Megatron tensor
+// parallelism gives each rank (column-parallel Q/K/V and gate/up, row-parallel output and
+// down projections, vocabulary-parallel embedding and LM head), so every strategy that
+// shards weights shares this layout. Rank r owns, for every layer, the attention shard of
 // its heads and the MLP shard of its columns, each PACKED in one contiguous buffer so that it
-// moves in one message; the embedding and LM head are sharded by vocabulary rows; the norm
-// gains are replicated. All pieces are stored as [rows, h] so that every local product is
+// moves in one message (TSP); the embedding and LM head are sharded by vocabulary rows; the
+// norm gains are replicated. All pieces are stored as [rows, h] so that every local product is
 // x [T, h] against a row block:
 //   attention [Wq_r; Wk_r; Wv_r; Wo_r^T]        rows n_h/D*d + 2*n_kv/D*d + n_h/D*d
 //   MLP       [Wgate_r; Wup_r; Wdown_r^T]       rows 3*f/D
@@ -21,7 +25,7 @@
 namespace foldpar {
 
 // Sizes of one rank's shards; identical on every rank.
-struct TspShardDims {
+struct ShardDims {
   int degree = 1;       // D
   int64_t h = 0;
   int64_t d = 0;        // head dim
@@ -39,21 +43,22 @@ struct TspShardDims {
   int64_t vocab_elems() const { return v_rows * h; }
 };
 
-// invalid_argument naming the numbers when n_h, n_kv, f or V is not divisible by D.
-Result<TspShardDims> tsp_shard_dims(const LlamaConfig& config, int degree);
+// invalid_argument naming the numbers when n_h, n_kv, f or V is not divisible by D, e.g.
+// "num_key_value_heads (6) must be divisible by the TSP degree (4)" (axis = "TSP").
+Result<ShardDims> shard_dims(const LlamaConfig& config, int degree, std::string_view axis);
 
 // Row offsets inside the packed buffers.
-struct TspAttnPieces {
+struct AttnPieces {
   Tensor wq, wk, wv, wo_t;  // views [q_rows, h], [kv_rows, h], [kv_rows, h], [q_rows, h]
 };
-struct TspMlpPieces {
+struct MlpPieces {
   Tensor w_gate, w_up, w_down_t;  // views [f_rows, h] each
 };
-TspAttnPieces attn_pieces(const TspShardDims& dims, const Tensor& packed);
-TspMlpPieces mlp_pieces(const TspShardDims& dims, const Tensor& packed);
+AttnPieces attn_pieces(const ShardDims& dims, const Tensor& packed);
+MlpPieces mlp_pieces(const ShardDims& dims, const Tensor& packed);
 
-struct TspWeights {
-  TspShardDims dims;
+struct ShardedWeights {
+  ShardDims dims;
   int owner = 0;                  // r: the rank whose shards these are
   std::vector<Tensor> attn;       // L x [attn_rows, h]
   std::vector<Tensor> mlp;        // L x [mlp_rows, h]
@@ -64,7 +69,7 @@ struct TspWeights {
   Tensor lm_head;                 // [V/D, h]; the embed tensor when tied
   bool tied = false;
 
-  static TspWeights allocate(const LlamaConfig& config, const TspShardDims& dims, int owner, DType dtype,
+  static ShardedWeights allocate(const LlamaConfig& config, const ShardDims& dims, int owner, DType dtype,
                              MemCategory category);
   // Every distinct tensor with a name ("layers.3.attn", "embed", ...), sharded ones first.
   void for_each(const std::function<void(const std::string& name, Tensor& t, bool replicated)>& fn);
@@ -73,19 +78,19 @@ struct TspWeights {
 
 // Fills the shards of `owner` exactly as init_weights fills the global tensors (the same
 // counter-based values at the same global indices).
-void init_tsp_weights(const InitOptions& options, TspWeights& weights);
+void init_sharded_weights(const InitOptions& options, ShardedWeights& weights);
 
 // Copies this rank's shards out of full (single-rank) weights.
-void shard_from_global(const LlamaWeights& global, TspWeights& shard);
+void shard_from_global(const LlamaWeights& global, ShardedWeights& shard);
 // Writes one rank's shards (sharded tensors only; `replicated` also copies the norm gains)
 // into their places in full weights: the inverse of shard_from_global.
-void unshard_into_global(const TspWeights& shard, bool replicated, LlamaWeights& global);
+void unshard_into_global(const ShardedWeights& shard, bool replicated, LlamaWeights& global);
 
 class Communicator;
-// Collective over the TSP communicator: every rank receives the full tensors assembled from
+// Collective over the sharding communicator: every rank receives the full tensors assembled from
 // every rank's shards (replicated tensors taken from rank 0). `global` must be allocated
 // (LlamaWeights::allocate) with the config's shapes. For verification, dumps and
 // checkpoints, not for training steps: it moves the whole model.
-Status assemble_global(const TspWeights& shard, Communicator& tsp, LlamaWeights& global);
+Status assemble_global(const ShardedWeights& shard, Communicator& tsp, LlamaWeights& global);
 
 }  // namespace foldpar

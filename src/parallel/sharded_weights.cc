@@ -1,5 +1,5 @@
-// Packing, unpacking and initialization of TSP weight shards.
-#include "parallel/tsp/tsp_weights.h"
+// Packing, unpacking and initialization of weight shards.
+#include "parallel/sharded_weights.h"
 
 #include <fmt/format.h>
 
@@ -40,17 +40,17 @@ void copy_cols_t(Tensor block, const Tensor& global, int64_t col0, bool to_globa
   });
 }
 
-void move_shards(TspWeights& s, LlamaWeights& g, bool to_global, bool replicated) {
-  const TspShardDims& d = s.dims;
+void move_shards(ShardedWeights& s, LlamaWeights& g, bool to_global, bool replicated) {
+  const ShardDims& d = s.dims;
   const int r = s.owner;
   for (size_t l = 0; l < s.attn.size(); ++l) {
-    TspAttnPieces a = attn_pieces(d, s.attn[l]);
+    AttnPieces a = attn_pieces(d, s.attn[l]);
     const LayerWeights& lw = g.layers[l];
     copy_rows(a.wq, lw.wq, r * d.q_rows, to_global);
     copy_rows(a.wk, lw.wk, r * d.kv_rows, to_global);
     copy_rows(a.wv, lw.wv, r * d.kv_rows, to_global);
     copy_cols_t(a.wo_t, lw.wo, r * d.q_rows, to_global);
-    TspMlpPieces m = mlp_pieces(d, s.mlp[l]);
+    MlpPieces m = mlp_pieces(d, s.mlp[l]);
     copy_rows(m.w_gate, lw.w_gate, r * d.f_rows, to_global);
     copy_rows(m.w_up, lw.w_up, r * d.f_rows, to_global);
     copy_cols_t(m.w_down_t, lw.w_down, r * d.f_rows, to_global);
@@ -74,21 +74,21 @@ void move_shards(TspWeights& s, LlamaWeights& g, bool to_global, bool replicated
 
 }  // namespace
 
-Result<TspShardDims> tsp_shard_dims(const LlamaConfig& c, int D) {
+Result<ShardDims> shard_dims(const LlamaConfig& c, int D, std::string_view axis) {
   FP_RETURN_IF_ERROR(c.validate());
-  if (D <= 0) return invalid_argument("TSP degree ({}) must be positive", D);
+  if (D <= 0) return invalid_argument("{} degree ({}) must be positive", axis, D);
   if (c.num_attention_heads % D != 0)
-    return invalid_argument("num_attention_heads ({}) must be divisible by the TSP degree ({})",
-                            c.num_attention_heads, D);
+    return invalid_argument("num_attention_heads ({}) must be divisible by the {} degree ({})",
+                            c.num_attention_heads, axis, D);
   if (c.num_key_value_heads % D != 0)
-    return invalid_argument("num_key_value_heads ({}) must be divisible by the TSP degree ({})",
-                            c.num_key_value_heads, D);
+    return invalid_argument("num_key_value_heads ({}) must be divisible by the {} degree ({})",
+                            c.num_key_value_heads, axis, D);
   if (c.intermediate_size % D != 0)
-    return invalid_argument("intermediate_size ({}) must be divisible by the TSP degree ({})", c.intermediate_size,
-                            D);
+    return invalid_argument("intermediate_size ({}) must be divisible by the {} degree ({})", c.intermediate_size,
+                            axis, D);
   if (c.vocab_size % D != 0)
-    return invalid_argument("vocab_size ({}) must be divisible by the TSP degree ({})", c.vocab_size, D);
-  TspShardDims d;
+    return invalid_argument("vocab_size ({}) must be divisible by the {} degree ({})", c.vocab_size, axis, D);
+  ShardDims d;
   d.degree = D;
   d.h = c.hidden_size;
   d.d = c.head_dim();
@@ -101,7 +101,7 @@ Result<TspShardDims> tsp_shard_dims(const LlamaConfig& c, int D) {
   return d;
 }
 
-TspAttnPieces attn_pieces(const TspShardDims& d, const Tensor& p) {
+AttnPieces attn_pieces(const ShardDims& d, const Tensor& p) {
   FP_CHECK(p.dim(0) == d.attn_rows() && p.dim(1) == d.h, "attention shard {}", p.describe());
   int64_t row = 0;
   auto take = [&](int64_t n) {
@@ -109,7 +109,7 @@ TspAttnPieces attn_pieces(const TspShardDims& d, const Tensor& p) {
     row += n;
     return t;
   };
-  TspAttnPieces a;
+  AttnPieces a;
   a.wq = take(d.q_rows);
   a.wk = take(d.kv_rows);
   a.wv = take(d.kv_rows);
@@ -117,14 +117,14 @@ TspAttnPieces attn_pieces(const TspShardDims& d, const Tensor& p) {
   return a;
 }
 
-TspMlpPieces mlp_pieces(const TspShardDims& d, const Tensor& p) {
+MlpPieces mlp_pieces(const ShardDims& d, const Tensor& p) {
   FP_CHECK(p.dim(0) == d.mlp_rows() && p.dim(1) == d.h, "MLP shard {}", p.describe());
-  return TspMlpPieces{p.narrow(0, d.f_rows), p.narrow(d.f_rows, 2 * d.f_rows), p.narrow(2 * d.f_rows, 3 * d.f_rows)};
+  return MlpPieces{p.narrow(0, d.f_rows), p.narrow(d.f_rows, 2 * d.f_rows), p.narrow(2 * d.f_rows, 3 * d.f_rows)};
 }
 
-TspWeights TspWeights::allocate(const LlamaConfig& c, const TspShardDims& d, int owner, DType dtype,
+ShardedWeights ShardedWeights::allocate(const LlamaConfig& c, const ShardDims& d, int owner, DType dtype,
                                 MemCategory category) {
-  TspWeights w;
+  ShardedWeights w;
   w.dims = d;
   w.owner = owner;
   w.tied = c.tie_word_embeddings;
@@ -140,7 +140,7 @@ TspWeights TspWeights::allocate(const LlamaConfig& c, const TspShardDims& d, int
   return w;
 }
 
-void TspWeights::for_each(const std::function<void(const std::string&, Tensor&, bool)>& fn) {
+void ShardedWeights::for_each(const std::function<void(const std::string&, Tensor&, bool)>& fn) {
   for (size_t l = 0; l < attn.size(); ++l) {
     fn(fmt::format("layers.{}.attn", l), attn[l], false);
     fn(fmt::format("layers.{}.mlp", l), mlp[l], false);
@@ -154,12 +154,12 @@ void TspWeights::for_each(const std::function<void(const std::string&, Tensor&, 
   fn("final_norm", final_norm, true);
 }
 
-void TspWeights::zero() {
+void ShardedWeights::zero() {
   for_each([](const std::string&, Tensor& t, bool) { t.zero(); });
 }
 
-void init_tsp_weights(const InitOptions& o, TspWeights& w) {
-  const TspShardDims& d = w.dims;
+void init_sharded_weights(const InitOptions& o, ShardedWeights& w) {
+  const ShardDims& d = w.dims;
   const int r = w.owner;
   const int64_t h = d.h, q_cols = d.q_rows * d.degree, f = d.f_rows * d.degree;
   auto fill_rows = [&](Tensor t, const std::string& name, int64_t row0) {
@@ -174,12 +174,12 @@ void init_tsp_weights(const InitOptions& o, TspWeights& w) {
   };
   for (size_t l = 0; l < w.attn.size(); ++l) {
     const std::string pre = fmt::format("model.layers.{}.", l);
-    TspAttnPieces a = attn_pieces(d, w.attn[l]);
+    AttnPieces a = attn_pieces(d, w.attn[l]);
     fill_rows(a.wq, pre + "self_attn.q_proj.weight", r * d.q_rows);
     fill_rows(a.wk, pre + "self_attn.k_proj.weight", r * d.kv_rows);
     fill_rows(a.wv, pre + "self_attn.v_proj.weight", r * d.kv_rows);
     fill_cols_t(a.wo_t, pre + "self_attn.o_proj.weight", r * d.q_rows, q_cols);
-    TspMlpPieces m = mlp_pieces(d, w.mlp[l]);
+    MlpPieces m = mlp_pieces(d, w.mlp[l]);
     fill_rows(m.w_gate, pre + "mlp.gate_proj.weight", r * d.f_rows);
     fill_rows(m.w_up, pre + "mlp.up_proj.weight", r * d.f_rows);
     fill_cols_t(m.w_down_t, pre + "mlp.down_proj.weight", r * d.f_rows, f);
@@ -191,15 +191,15 @@ void init_tsp_weights(const InitOptions& o, TspWeights& w) {
   if (!w.tied) fill_rows(w.lm_head, "lm_head.weight", r * d.v_rows);
 }
 
-void shard_from_global(const LlamaWeights& global, TspWeights& shard) {
+void shard_from_global(const LlamaWeights& global, ShardedWeights& shard) {
   move_shards(shard, const_cast<LlamaWeights&>(global), /*to_global=*/false, /*replicated=*/true);
 }
 
-void unshard_into_global(const TspWeights& shard, bool replicated, LlamaWeights& global) {
-  move_shards(const_cast<TspWeights&>(shard), global, /*to_global=*/true, replicated);
+void unshard_into_global(const ShardedWeights& shard, bool replicated, LlamaWeights& global) {
+  move_shards(const_cast<ShardedWeights&>(shard), global, /*to_global=*/true, replicated);
 }
 
-Status assemble_global(const TspWeights& shard, Communicator& tsp, LlamaWeights& global) {
+Status assemble_global(const ShardedWeights& shard, Communicator& tsp, LlamaWeights& global) {
   // Every element comes from exactly one rank (shards are disjoint, replicated tensors come
   // from rank 0), so a sum over the axis assembles them exactly.
   global.zero();

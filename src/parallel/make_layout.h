@@ -1,0 +1,18 @@
+// Building the ShardedModel a layout string names, over a mesh made from it.
+#pragma once
+
+#include <memory>
+
+#include "comm/mesh.h"
+#include "parallel/sharded_model.h"
+
+namespace foldpar {
+
+// The strategy of the mesh's model axes: tsp=D; tp=T; sp=S; tp=T,sp=S. (A dp axis is the
+// training loop's business: the model is built over the other axes.) invalid_argument for
+// sizes that do not divide, naming the numbers; unimplemented for layouts foldpar does not
+// have. The mesh must outlive the model. Not collective.
+Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& config, Mesh& mesh, int64_t seq,
+                                                         const LayoutOptions& options);
+
+}  // namespace foldpar

@@ -1,0 +1,69 @@
+// ShardedModel: a Llama model under one parallel layout, as the layers above (verify,
+// train, bench) see it, whatever the strategy (tsp, tp, sp, tp x sp). It owns this rank's
+// weights and gradients. Every method that communicates is collective over the layout's
+// model communicators: all ranks call it in the same order with the same arguments.
+//
+// Strategies implement it in their own folders (tsp/, tp/, sp/, tpsp/); make_layout.h builds
+// the one a layout string names. What strategies share (sharded weights, sequence shards,
+// mappings) lives in parallel/ beside them.
+#pragma once
+
+#include <string>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "model/llama_model.h"
+#include "parallel/sequence_shard.h"
+
+namespace foldpar {
+
+// The knobs of every strategy; each reads those that apply to it.
+struct LayoutOptions {
+  SeqSplit split = SeqSplit::kZigzag;  // token sharding on sequence axes (tsp, sp)
+  // Start transfers before the computation that does not need them yet (double buffers).
+  bool overlap = true;
+  Recompute recompute = Recompute::kNone;
+  bool keep_logits = false;            // verification: return this rank's logits rows
+  // tsp: backward policies and head buckets (parallel/tsp/tsp_model.h)
+  bool keep_weights = false;
+  bool keep_kv = false;
+  int head_buckets = 1;
+  // tp: Megatron sequence parallelism in the norm regions (all-gather before the
+  // column-parallel GEMMs, reduce-scatter after the row-parallel ones)
+  bool sequence_parallel = false;
+  // sp: how attention exchanges K/V across the sequence axis
+  enum class KvExchange { kAllGather, kRing };
+  KvExchange kv_exchange = KvExchange::kAllGather;
+};
+
+class ShardedModel {
+ public:
+  virtual ~ShardedModel() = default;
+
+  // "tsp=4", "tp=2,sp=2", ...
+  virtual const std::string& layout() const = 0;
+
+  // This rank's rows [B, S_local] of a global batch [B, S] (all rows where tokens are not
+  // sharded). Not collective.
+  virtual Batch local_batch(const Batch& global) const = 0;
+
+  // Weights from the counter-based generator (model/llama_weights.h): the same values as
+  // the single-rank model's, each rank generating only what it holds. Not collective.
+  virtual void init_weights(const InitOptions& options) = 0;
+  virtual void zero_grads() = 0;
+
+  // One micro-batch; gradients accumulate (+=). The loss is the mean over the valid tokens
+  // of the whole global batch on every rank.
+  virtual Result<StepResult> forward_backward(Backend& backend, const Batch& local) = 0;
+  virtual Result<StepResult> forward(Backend& backend, const Batch& local) = 0;
+
+  // Full tensors on every rank, assembled from every rank's part (verification, dumps,
+  // checkpoints; moves the whole model). `global` is allocated by the caller.
+  virtual Status assemble_weights(LlamaWeights& global) = 0;
+  virtual Status assemble_grads(LlamaWeights& global) = 0;
+  // This rank's logits rows [B, S_local, V] (keep_logits) placed into the full [B, S, V]
+  // on every rank.
+  virtual Status assemble_logits(const Tensor& local, Tensor& global) = 0;
+};
+
+}  // namespace foldpar
