@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "backend/rope_table.h"
+#include "parallel/kv_exchange.h"
 
 namespace foldpar::tsp_detail {
 
@@ -44,30 +45,11 @@ TspStep::BucketWeights TspStep::bucket_weights(const Tensor& packed, int bucket)
 }
 
 std::vector<CommRequest> TspStep::start_gather(const Tensor& local, Tensor& full) {
-  // One all-gather per batch entry lands each rank's S/D rows in rank order inside that
-  // entry's [S, ...] block of `full`, which is the layout attention reads (k_pos_ names the
-  // global position of every gathered row).
-  std::vector<CommRequest> requests;
-  const size_t count = static_cast<size_t>(local.numel() / batch_);
-  for (int64_t b = 0; b < batch_; ++b) {
-    const Tensor src = local.narrow(b, b + 1);
-    Tensor dst = full.narrow(b, b + 1);
-    requests.push_back(comm_.iall_gather(src.raw_data(), dst.raw_data(), count, DType::kF32));
-  }
-  return requests;
+  return start_gather_kv(comm_, local, full);
 }
 
 std::vector<CommRequest> TspStep::start_reduce_scatter(const Tensor& full, Tensor& local) {
-  // Adjoint of start_gather: each entry's [S, ...] block is summed over the axis and rank
-  // p receives its own S/D rows.
-  std::vector<CommRequest> requests;
-  const size_t count = static_cast<size_t>(local.numel() / batch_);
-  for (int64_t b = 0; b < batch_; ++b) {
-    const Tensor src = full.narrow(b, b + 1);
-    Tensor dst = local.narrow(b, b + 1);
-    requests.push_back(comm_.ireduce_scatter(src.raw_data(), dst.raw_data(), count, DType::kF32, ReduceOp::kSum));
-  }
-  return requests;
+  return start_reduce_scatter_kv(comm_, full, local);
 }
 
 void TspStep::wait(CommRequest& request) {
