@@ -13,6 +13,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # the independent oracle and the benchmark peer (run with /usr/bin/python3)
   python3 python3-torch python3-numpy
+  # training: SentencePiece tokenizers, the default corpus, plots
+  libsentencepiece-dev fortunes gnuplot-nox
 )
 
 missing=()

@@ -1,8 +1,9 @@
-// Safetensors writing: header construction and the atomic write protocol
-// (temporary file in the target's directory -> fsync -> close -> rename -> fsync directory).
-// Until the rename, the target path keeps whatever it held; every failure before it
-// removes the temporary file. The reader (and its validation) lives in safetensors.cc.
+// Safetensors writing (header construction) and the atomic write protocol shared by every
+// writer in io/ (atomic_file.h: temporary file in the target's directory -> fsync -> close
+// -> rename -> fsync directory). The reader (and its validation) lives in safetensors.cc.
 #include "io/safetensors.h"
+
+#include "io/atomic_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -72,7 +73,10 @@ Status write_contents(int fd, const std::string& tmp_path, const std::string& he
   return Status::ok_status();
 }
 
+}  // namespace
+
 // Removes the temporary file unless the rename has consumed it.
+namespace {
 struct TempFileGuard {
   std::string path;
   bool renamed = false;
@@ -100,10 +104,9 @@ Result<ScopedFd> create_temp_file(const std::string& path, std::string* tmp_path
   return io_error("cannot create a temporary file next to '{}': 100 names were taken", path);
 }
 
-// Makes the rename itself durable: without this a crash can forget the new directory entry.
-Status fsync_parent_directory(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+}  // namespace
+
+Status fsync_directory(const std::string& dir) {
   ScopedFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!fd.valid()) return io_error("cannot open directory '{}' to sync it: {}", dir, errno_message(errno));
   // Some filesystems cannot sync a directory (EINVAL); the rename is as durable as they allow.
@@ -113,21 +116,21 @@ Status fsync_parent_directory(const std::string& path) {
   return fd.close(dir);
 }
 
-Status write_atomically(const std::string& path, const std::string& header,
-                        const std::vector<std::pair<std::string, Tensor>>& tensors) {
+Status write_file_atomically(const std::string& path,
+                             const std::function<Status(int fd, const std::string& tmp_path)>& write_body) {
   TempFileGuard tmp;
   FP_ASSIGN_OR_RETURN(ScopedFd fd, create_temp_file(path, &tmp.path));
-  FP_RETURN_IF_ERROR(write_contents(fd.get(), tmp.path, header, tensors));
+  FP_RETURN_IF_ERROR(write_body(fd.get(), tmp.path));
   if (::fsync(fd.get()) != 0) return io_error("cannot fsync '{}': {}", tmp.path, errno_message(errno));
   FP_RETURN_IF_ERROR(fd.close(tmp.path));
   if (::rename(tmp.path.c_str(), path.c_str()) != 0) {
     return io_error("cannot rename '{}' to '{}': {}", tmp.path, path, errno_message(errno));
   }
   tmp.renamed = true;
-  return fsync_parent_directory(path);
+  const size_t slash = path.rfind('/');
+  return fsync_directory(slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash)));
 }
 
-}  // namespace
 
 Status write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                          const std::map<std::string, std::string>& metadata) {
@@ -136,7 +139,9 @@ Status write_safetensors(const std::string& path, const std::vector<std::pair<st
   if (!s.ok()) return s.with_context(context);
   Result<std::string> header = build_header(tensors, metadata);
   if (!header.ok()) return header.status().with_context(context);
-  return write_atomically(path, *header, tensors).with_context(context);
+  return write_file_atomically(path, [&](int fd, const std::string& tmp_path) {
+           return write_contents(fd, tmp_path, *header, tensors);
+         }).with_context(context);
 }
 
 }  // namespace foldpar
