@@ -53,6 +53,18 @@ class Backend {
   // Sum of squares of all elements, accumulated in f64.
   virtual double sum_squares(const Tensor& x) = 0;
 
+  // ---- optimizer ----
+  // One AdamW step on a parameter (decoupled weight decay, bias-corrected moments):
+  //   g = grad * grad_scale;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+  //   param -= lr * (m / (1-b1^step) / (sqrt(v / (1-b2^step)) + eps) + weight_decay * param)
+  // param, m, v updated in place (all f32, same numel as grad); step >= 1.
+  struct AdamWStep {
+    double lr = 0, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0;
+    double grad_scale = 1;  // gradient clipping folds in here
+    int64_t step = 1;
+  };
+  virtual void adamw_update(const AdamWStep& s, const Tensor& grad, Tensor& param, Tensor& m, Tensor& v) = 0;
+
   // ---- embedding ----
   // table holds vocabulary rows [vocab_offset, vocab_offset + V_local). Rows of `out` whose id
   // falls in that range are written with the table row; other rows are left untouched.

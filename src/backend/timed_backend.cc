@@ -33,6 +33,9 @@ void TimedBackend::scale_inplace(double alpha, Tensor& y) {
 void TimedBackend::fill(double value, Tensor& y) {
   timed("fill", [&] { inner_.fill(value, y); });
 }
+void TimedBackend::adamw_update(const AdamWStep& s, const Tensor& grad, Tensor& param, Tensor& m, Tensor& v) {
+  timed("adamw_update", [&] { inner_.adamw_update(s, grad, param, m, v); });
+}
 double TimedBackend::sum_squares(const Tensor& x) {
   return timed("sum_squares", [&] { return inner_.sum_squares(x); });
 }

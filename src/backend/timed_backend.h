@@ -29,6 +29,7 @@ class TimedBackend final : public Backend {
   void scale_inplace(double alpha, Tensor& y) override;
   void fill(double value, Tensor& y) override;
   double sum_squares(const Tensor& x) override;
+  void adamw_update(const AdamWStep& s, const Tensor& grad, Tensor& param, Tensor& m, Tensor& v) override;
   void embedding_forward(const Tensor& ids, const Tensor& table, int64_t vocab_offset, Tensor& out) override;
   void embedding_backward(const Tensor& ids, const Tensor& d_out, int64_t vocab_offset, Tensor& d_table) override;
   void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) override;

@@ -161,6 +161,30 @@ TEST_F(BackendParity, CrossEntropyWithIgnoredTargets) {
   }
 }
 
+TEST_F(BackendParity, AdamWMatchesTheReferenceAndTheFormula) {
+  Tensor g = random_tensor({1000}, DType::kF32, 20), p0 = random_tensor({1000}, DType::kF32, 21);
+  Tensor m0 = random_tensor({1000}, DType::kF32, 22, 0.1), v0 = random_tensor({1000}, DType::kF32, 23);
+  for (int64_t i = 0; i < 1000; ++i) v0.data<float>()[i] = std::abs(v0.data<float>()[i]);  // second moments >= 0
+  Backend::AdamWStep s;
+  s.lr = 1e-3;
+  s.weight_decay = 0.1;
+  s.grad_scale = 0.5;
+  s.step = 3;
+  Tensor p1 = p0.clone(MemCategory::kWorkspace), m1 = m0.clone(MemCategory::kWorkspace), v1 = v0.clone(MemCategory::kWorkspace);
+  Tensor p2 = p0.clone(MemCategory::kWorkspace), m2 = m0.clone(MemCategory::kWorkspace), v2 = v0.clone(MemCategory::kWorkspace);
+  fast_->adamw_update(s, g, p1, m1, v1);
+  ref_->adamw_update(s, g, p2, m2, v2);
+  EXPECT_TRUE(near_rel(p1, p2, tol::kF32Op));
+  EXPECT_TRUE(near_rel(m1, m2, tol::kF32Op));
+  EXPECT_TRUE(near_rel(v1, v2, tol::kF32Op));
+  // Element 7 by hand.
+  const double gi = g.data<float>()[7] * 0.5, mi = 0.9 * m0.data<float>()[7] + 0.1 * gi;
+  const double vi = 0.95 * v0.data<float>()[7] + 0.05 * gi * gi;
+  const double want = p0.data<float>()[7] - 1e-3 * ((mi / (1 - 0.729)) / (std::sqrt(vi / (1 - std::pow(0.95, 3))) + 1e-8) +
+                                                     0.1 * p0.data<float>()[7]);
+  EXPECT_NEAR(p2.data<float>()[7], want, 1e-6);
+}
+
 TEST_F(BackendParity, ElementwiseAndSumSquares) {
   Tensor x = random_tensor({1000, 3}, DType::kF32, 17), y = random_tensor({3000}, DType::kF32, 18);
   Tensor y1 = y.clone(MemCategory::kWorkspace), y2 = y.clone(MemCategory::kWorkspace);

@@ -63,6 +63,26 @@ class CpuBackend final : public Backend {
     check_f32(y, "fill");
     std::fill_n(y.data<float>(), y.numel(), static_cast<float>(value));
   }
+  void adamw_update(const AdamWStep& s, const Tensor& grad, Tensor& param, Tensor& m, Tensor& v) override {
+    check_f32(param, "adamw_update");
+    FP_CHECK(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel(),
+             "adamw shapes {} {} {} {}", grad.describe(), param.describe(), m.describe(), v.describe());
+    const float c1 = static_cast<float>(1.0 - std::pow(s.beta1, static_cast<double>(s.step)));
+    const float c2 = static_cast<float>(1.0 - std::pow(s.beta2, static_cast<double>(s.step)));
+    const float b1 = static_cast<float>(s.beta1), b2 = static_cast<float>(s.beta2), eps = static_cast<float>(s.eps);
+    const float lr = static_cast<float>(s.lr), wd = static_cast<float>(s.weight_decay);
+    const float gs = static_cast<float>(s.grad_scale), inv_c1 = 1.0f / c1, inv_c2 = 1.0f / c2;
+    const float* G = grad.data<float>();
+    float *P = param.data<float>(), *M = m.data<float>(), *V = v.data<float>();
+    const int64_t n = param.numel();
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = G[i] * gs;
+      const float mi = b1 * M[i] + (1 - b1) * g, vi = b2 * V[i] + (1 - b2) * g * g;
+      M[i] = mi;
+      V[i] = vi;
+      P[i] -= lr * (mi * inv_c1 / (std::sqrt(vi * inv_c2) + eps) + wd * P[i]);
+    }
+  }
   double sum_squares(const Tensor& x) override {
     check_f32(x, "sum_squares");
     const float* X = x.data<float>();

@@ -252,6 +252,24 @@ class ReferenceBackend final : public Backend {
       for (int64_t i = 0; i < y.numel(); ++i) Y[i] = static_cast<T>(value);
     });
   }
+  void adamw_update(const AdamWStep& s, const Tensor& grad, Tensor& param, Tensor& m, Tensor& v) override {
+    FP_CHECK(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel(),
+             "adamw shapes {} {} {} {}", grad.describe(), param.describe(), m.describe(), v.describe());
+    const double c1 = 1.0 - std::pow(s.beta1, static_cast<double>(s.step));
+    const double c2 = 1.0 - std::pow(s.beta2, static_cast<double>(s.step));
+    dispatch_float(param, [&]<typename T>() {
+      const T* G = grad.data<T>();
+      T *P = param.data<T>(), *M = m.data<T>(), *V = v.data<T>();
+      for (int64_t i = 0; i < param.numel(); ++i) {
+        const double g = static_cast<double>(G[i]) * s.grad_scale;
+        const double mi = s.beta1 * M[i] + (1 - s.beta1) * g, vi = s.beta2 * V[i] + (1 - s.beta2) * g * g;
+        M[i] = static_cast<T>(mi);
+        V[i] = static_cast<T>(vi);
+        const double update = (mi / c1) / (std::sqrt(vi / c2) + s.eps) + s.weight_decay * static_cast<double>(P[i]);
+        P[i] = static_cast<T>(P[i] - s.lr * update);
+      }
+    });
+  }
   double sum_squares(const Tensor& x) override {
     double s = 0;
     dispatch_float(x, [&]<typename T>() {
