@@ -212,4 +212,64 @@ Status assemble_global(const ShardedWeights& shard, Communicator& tsp, LlamaWeig
   return status;
 }
 
+namespace {
+
+// Global 2-D view of the tensor called `name`: [rows, cols].
+GlobalSlice whole(const std::string& name, const Tensor& t) {
+  const int64_t cols = t.dim(-1);
+  return GlobalSlice{name, 0, t.numel() / cols, 0, cols, false, 0};
+}
+
+}  // namespace
+
+std::vector<ParamRef> sharded_param_refs(ShardedWeights& w, ShardedWeights& g, bool count_replicated,
+                                         bool count_sharded) {
+  const ShardDims& d = w.dims;
+  const int r = w.owner;
+  const int64_t h = d.h;
+  std::vector<ParamRef> refs;
+  for (size_t l = 0; l < w.attn.size(); ++l) {
+    const std::string pre = fmt::format("model.layers.{}.", l);
+    const int64_t q = d.q_rows, kv = d.kv_rows;
+    refs.push_back(ParamRef{
+        fmt::format("layers.{}.attn", l), w.attn[l], g.attn[l], true, count_sharded,
+        {GlobalSlice{pre + "self_attn.q_proj.weight", r * q, q, 0, h, false, 0},
+         GlobalSlice{pre + "self_attn.k_proj.weight", r * kv, kv, 0, h, false, q * h},
+         GlobalSlice{pre + "self_attn.v_proj.weight", r * kv, kv, 0, h, false, (q + kv) * h},
+         GlobalSlice{pre + "self_attn.o_proj.weight", 0, h, r * q, q, true, (q + 2 * kv) * h}}});
+    const int64_t f = d.f_rows;
+    refs.push_back(ParamRef{fmt::format("layers.{}.mlp", l), w.mlp[l], g.mlp[l], true, count_sharded,
+                            {GlobalSlice{pre + "mlp.gate_proj.weight", r * f, f, 0, h, false, 0},
+                             GlobalSlice{pre + "mlp.up_proj.weight", r * f, f, 0, h, false, f * h},
+                             GlobalSlice{pre + "mlp.down_proj.weight", 0, h, r * f, f, true, 2 * f * h}}});
+  }
+  refs.push_back(ParamRef{"embed", w.embed, g.embed, true, count_sharded,
+                          {GlobalSlice{"model.embed_tokens.weight", r * d.v_rows, d.v_rows, 0, h, false, 0}}});
+  if (!w.tied)
+    refs.push_back(ParamRef{"lm_head", w.lm_head, g.lm_head, true, count_sharded,
+                            {GlobalSlice{"lm_head.weight", r * d.v_rows, d.v_rows, 0, h, false, 0}}});
+  for (size_t l = 0; l < w.attn.size(); ++l) {
+    const std::string pre = fmt::format("model.layers.{}.", l);
+    refs.push_back(ParamRef{fmt::format("layers.{}.attn_norm", l), w.attn_norm[l], g.attn_norm[l], false,
+                            count_replicated, {whole(pre + "input_layernorm.weight", w.attn_norm[l])}});
+    refs.push_back(ParamRef{fmt::format("layers.{}.mlp_norm", l), w.mlp_norm[l], g.mlp_norm[l], false,
+                            count_replicated, {whole(pre + "post_attention_layernorm.weight", w.mlp_norm[l])}});
+  }
+  refs.push_back(ParamRef{"final_norm", w.final_norm, g.final_norm, false, count_replicated,
+                          {whole("model.norm.weight", w.final_norm)}});
+  return refs;
+}
+
+std::vector<ParamRef> replicated_param_refs(LlamaWeights& w, LlamaWeights& g, bool counted) {
+  std::vector<ParamRef> refs;
+  std::vector<Tensor> grads;
+  g.for_each([&](const std::string&, Tensor& t) { grads.push_back(t); });
+  size_t i = 0;
+  w.for_each([&](const std::string& name, Tensor& t) {
+    const bool norm = name.ends_with("norm.weight");
+    refs.push_back(ParamRef{name, t, grads[i++], !norm, counted, {whole(name, t)}});
+  });
+  return refs;
+}
+
 }  // namespace foldpar

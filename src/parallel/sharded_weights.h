@@ -21,6 +21,7 @@
 
 #include "model/llama_config.h"
 #include "model/llama_weights.h"
+#include "parallel/param_ref.h"
 
 namespace foldpar {
 
@@ -92,5 +93,14 @@ class Communicator;
 // (LlamaWeights::allocate) with the config's shapes. For verification, dumps and
 // checkpoints, not for training steps: it moves the whole model.
 Status assemble_global(const ShardedWeights& shard, Communicator& tsp, LlamaWeights& global);
+
+
+// The ParamRefs of sharded weights and their gradients: packed shards with their global
+// slices; the replicated norm gains counted only when `count_replicated` (one rank of the
+// axis passes true).
+std::vector<ParamRef> sharded_param_refs(ShardedWeights& weights, ShardedWeights& grads, bool count_replicated,
+                                         bool count_sharded = true);
+// The ParamRefs of full (replicated) weights.
+std::vector<ParamRef> replicated_param_refs(LlamaWeights& weights, LlamaWeights& grads, bool counted);
 
 }  // namespace foldpar
