@@ -1,0 +1,259 @@
+// Checkpoint writing, discovery and resharding load.
+#include "train/checkpoint.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "io/atomic_file.h"
+#include "io/posix_file.h"
+#include "io/safetensors.h"
+
+namespace foldpar {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kKinds[3] = {"param", "adam_m", "adam_v"};
+
+std::string step_name(int64_t step) { return fmt::format("step-{:08d}", step); }
+
+std::string entry_name(const char* kind, const GlobalSlice& s) {
+  return fmt::format("{}/{}/{},{},{},{}", kind, s.tensor, s.row0, s.rows, s.col0, s.cols);
+}
+
+// The block of `local` that `s` describes, in the global orientation [rows, cols].
+Tensor extract_block(const Tensor& local, const GlobalSlice& s) {
+  Tensor block = Tensor::empty({s.rows, s.cols}, DType::kF32, MemCategory::kWorkspace);
+  const float* src = local.data<float>() + s.offset;
+  float* dst = block.data<float>();
+  for (int64_t r = 0; r < s.rows; ++r)
+    for (int64_t c = 0; c < s.cols; ++c) dst[r * s.cols + c] = s.transposed ? src[c * s.rows + r] : src[r * s.cols + c];
+  return block;
+}
+
+// Every rank's verdict on a phase; the failing ranks named when any failed.
+Status agree(Communicator& world, const Status& mine, const char* phase) {
+  const int32_t flag = mine.ok() ? 0 : 1;
+  std::vector<int32_t> flags(static_cast<size_t>(world.size()));
+  FP_CHECK_OK(world.all_gather(&flag, flags.data(), 1, DType::kI32));
+  if (!mine.ok()) return mine.with_context(fmt::format("checkpoint {}", phase));
+  std::vector<int> failed;
+  for (int r = 0; r < world.size(); ++r)
+    if (flags[r]) failed.push_back(r);
+  if (failed.empty()) return Status();
+  return io_error("checkpoint {}: rank(s) {} failed (their own messages say why)", phase, fmt::join(failed, ", "));
+}
+
+Status write_rank_file(const std::string& path, const CheckpointWrite& w) {
+  std::vector<std::pair<std::string, Tensor>> entries;
+  for (size_t i = 0; i < w.params->size(); ++i) {
+    const ParamRef& p = (*w.params)[i];
+    if (!p.counted) continue;
+    const Tensor* sources[3] = {&p.param, w.adam_m ? &(*w.adam_m)[i] : nullptr, w.adam_v ? &(*w.adam_v)[i] : nullptr};
+    for (int k = 0; k < 3; ++k) {
+      if (sources[k] == nullptr) continue;
+      for (const GlobalSlice& s : p.slices) entries.emplace_back(entry_name(kKinds[k], s), extract_block(*sources[k], s));
+    }
+  }
+  return write_safetensors(path, entries, {{"format", "foldpar-checkpoint"}});
+}
+
+Status write_manifest(const fs::path& dir, const CheckpointState& st, const std::vector<std::string>& files) {
+  nlohmann::ordered_json j;
+  j["format"] = "foldpar-checkpoint";
+  j["version"] = 1;
+  j["step"] = st.step;
+  j["next_batch"] = st.next_batch;
+  j["seed"] = st.seed;
+  j["layout"] = st.layout;
+  j["config"] = nlohmann::ordered_json::parse(st.config.to_json());
+  j["files"] = files;
+  const std::string text = j.dump(2) + "\n";
+  return write_file_atomically((dir / "manifest.json").string(), [&](int fd, const std::string& tmp) {
+    return write_fully(fd, tmp, text.data(), text.size());
+  });
+}
+
+// Rank 0: the new directory takes its name, older complete ones beyond `keep` go.
+Status publish(const fs::path& root, const fs::path& tmp, const fs::path& final_dir, int keep) {
+  std::error_code ec;
+  FP_RETURN_IF_ERROR(fsync_directory(tmp.string()));
+  const fs::path replaced = root / (".replaced-" + final_dir.filename().string());
+  if (fs::exists(final_dir)) {
+    fs::remove_all(replaced, ec);
+    fs::rename(final_dir, replaced, ec);
+    if (ec) return io_error("cannot move the old {} aside: {}", final_dir.string(), ec.message());
+  }
+  fs::rename(tmp, final_dir, ec);
+  if (ec) {
+    std::error_code back;
+    if (fs::exists(replaced)) fs::rename(replaced, final_dir, back);  // put the old one back
+    return io_error("cannot rename {} to {}: {}", tmp.string(), final_dir.string(), ec.message());
+  }
+  FP_RETURN_IF_ERROR(fsync_directory(root.string()));
+  fs::remove_all(replaced, ec);
+  std::vector<fs::path> complete;
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (e.path().filename().string().starts_with("step-") && fs::exists(e.path() / "manifest.json"))
+      complete.push_back(e.path());
+  std::sort(complete.begin(), complete.end());
+  for (size_t i = 0; i + static_cast<size_t>(std::max(keep, 1)) < complete.size(); ++i) fs::remove_all(complete[i], ec);
+  return Status();
+}
+
+struct Box {
+  int64_t row0, rows, col0, cols;
+};
+
+bool parse_entry(const std::string& name, std::string* kind, std::string* tensor, Box* box) {
+  const size_t a = name.find('/'), b = name.rfind('/');
+  if (a == std::string::npos || b == a) return false;
+  *kind = name.substr(0, a);
+  *tensor = name.substr(a + 1, b - a - 1);
+  long long r0, rn, c0, cn;
+  if (std::sscanf(name.c_str() + b + 1, "%lld,%lld,%lld,%lld", &r0, &rn, &c0, &cn) != 4) return false;
+  *box = Box{r0, rn, c0, cn};
+  return r0 >= 0 && rn >= 0 && c0 >= 0 && cn >= 0;
+}
+
+Status same_config(const LlamaConfig& a, const LlamaConfig& b) {
+  if (a.hidden_size != b.hidden_size || a.intermediate_size != b.intermediate_size ||
+      a.num_attention_heads != b.num_attention_heads || a.num_key_value_heads != b.num_key_value_heads ||
+      a.num_hidden_layers != b.num_hidden_layers || a.vocab_size != b.vocab_size ||
+      a.tie_word_embeddings != b.tie_word_embeddings)
+    return invalid_argument("the checkpoint's model ({}) differs from this model ({})", a.to_json(), b.to_json());
+  return Status();
+}
+
+}  // namespace
+
+Result<std::string> save_checkpoint(const std::string& root_str, const CheckpointState& st, const CheckpointWrite& w,
+                                    Communicator& world) {
+  const fs::path root(root_str), final_dir = root / step_name(st.step),
+                 tmp = root / (".incomplete-" + step_name(st.step));
+  Status s;
+  if (world.rank() == 0) {
+    std::error_code ec;
+    fs::create_directories(root, ec);
+    if (!ec) fs::remove_all(tmp, ec);
+    if (!ec) fs::create_directory(tmp, ec);
+    if (ec) s = io_error("cannot create {}: {}", tmp.string(), ec.message());
+  }
+  FP_RETURN_IF_ERROR(agree(world, s, "directory"));
+  const std::string file = fmt::format("rank-{:05d}.safetensors", world.rank());
+  if (w.writes) s = write_rank_file((tmp / file).string(), w);
+  const int32_t writes = w.writes ? 1 : 0;
+  std::vector<int32_t> writers(static_cast<size_t>(world.size()));
+  FP_CHECK_OK(world.all_gather(&writes, writers.data(), 1, DType::kI32));
+  Status written = agree(world, s, "write");
+  if (written.ok() && world.rank() == 0) {
+    std::vector<std::string> files;
+    for (int r = 0; r < world.size(); ++r)
+      if (writers[r]) files.push_back(fmt::format("rank-{:05d}.safetensors", r));
+    s = write_manifest(tmp, st, files);
+    if (s.ok()) s = publish(root, tmp, final_dir, w.keep);
+  }
+  if (!written.ok() && world.rank() == 0) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+  }
+  FP_RETURN_IF_ERROR(written);
+  FP_RETURN_IF_ERROR(agree(world, s, "publish"));
+  return final_dir.string();
+}
+
+Result<std::string> latest_checkpoint(const std::string& root) {
+  std::error_code ec;
+  std::string best;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with("step-") && fs::exists(e.path() / "manifest.json") && name > fs::path(best).filename().string())
+      best = e.path().string();
+  }
+  if (best.empty()) return not_found("no complete checkpoint under '{}'", root);
+  return best;
+}
+
+Result<CheckpointState> read_checkpoint_state(const std::string& dir) {
+  const fs::path path = fs::path(dir) / "manifest.json";
+  std::ifstream in(path);
+  if (!in) return not_found("'{}' is not a checkpoint (no manifest.json)", dir);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || j.value("format", "") != "foldpar-checkpoint" ||
+      !j.contains("step") || !j["step"].is_number_integer() || !j.contains("next_batch") ||
+      !j["next_batch"].is_number_unsigned() || !j.contains("config") || !j["config"].is_object() ||
+      !j.contains("files") || !j["files"].is_array())
+    return corrupt("'{}' is not a valid checkpoint manifest", path.string());
+  CheckpointState st;
+  st.step = j["step"].get<int64_t>();
+  st.next_batch = j["next_batch"].get<uint64_t>();
+  st.seed = j.value("seed", uint64_t{0});
+  st.layout = j.value("layout", "");
+  FP_ASSIGN_OR_RETURN(st.config, LlamaConfig::from_json(j["config"].dump()));
+  return st;
+}
+
+Status load_checkpoint(const std::string& dir, const LlamaConfig& config, std::vector<ParamRef>& params,
+                       std::vector<Tensor>* adam_m, std::vector<Tensor>* adam_v) {
+  FP_ASSIGN_OR_RETURN(CheckpointState st, read_checkpoint_state(dir));
+  FP_RETURN_IF_ERROR(same_config(st.config, config));
+  std::ifstream in(fs::path(dir) / "manifest.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const nlohmann::json files = nlohmann::json::parse(ss.str())["files"];
+  // Index: (kind, tensor) -> blocks and where they are.
+  struct Block {
+    size_t file;
+    std::string name;
+    Box box;
+  };
+  std::vector<SafetensorsFile> opened;
+  std::map<std::pair<std::string, std::string>, std::vector<Block>> index;
+  for (const auto& f : files) {
+    if (!f.is_string()) return corrupt("checkpoint {}: a file name in the manifest is not a string", dir);
+    FP_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open((fs::path(dir) / f.get<std::string>()).string()));
+    for (const SafetensorsEntry& e : file.entries()) {
+      std::string kind, tensor;
+      Box box{};
+      if (!parse_entry(e.name, &kind, &tensor, &box) || e.dtype != DType::kF32 ||
+          e.shape.numel() != box.rows * box.cols)
+        return corrupt("checkpoint {}: malformed entry '{}' in {}", dir, e.name, file.path());
+      index[{kind, tensor}].push_back(Block{opened.size(), e.name, box});
+    }
+    opened.push_back(std::move(file));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor* targets[3] = {&params[i].param, adam_m ? &(*adam_m)[i] : nullptr, adam_v ? &(*adam_v)[i] : nullptr};
+    for (int k = 0; k < 3; ++k) {
+      if (targets[k] == nullptr) continue;
+      float* dst = targets[k]->data<float>();
+      for (const GlobalSlice& s : params[i].slices) {
+        int64_t filled = 0;
+        for (const Block& b : index[{kKinds[k], s.tensor}]) {
+          const int64_t r0 = std::max(s.row0, b.box.row0), r1 = std::min(s.row0 + s.rows, b.box.row0 + b.box.rows);
+          const int64_t c0 = std::max(s.col0, b.box.col0), c1 = std::min(s.col0 + s.cols, b.box.col0 + b.box.cols);
+          if (r0 >= r1 || c0 >= c1) continue;
+          FP_ASSIGN_OR_RETURN(Tensor block, opened[b.file].read(b.name, MemCategory::kWorkspace));
+          const float* src = block.data<float>();
+          for (int64_t r = r0; r < r1; ++r)
+            for (int64_t c = c0; c < c1; ++c) {
+              const int64_t li = s.transposed ? (c - s.col0) * s.rows + (r - s.row0) : (r - s.row0) * s.cols + (c - s.col0);
+              dst[s.offset + li] = src[(r - b.box.row0) * b.box.cols + (c - b.box.col0)];
+            }
+          filled += (r1 - r0) * (c1 - c0);
+        }
+        if (filled != s.rows * s.cols)
+          return corrupt("checkpoint {}: {} of {} [{}+{}, {}+{}] covers {} of {} elements", dir, kKinds[k], s.tensor,
+                         s.row0, s.rows, s.col0, s.cols, filled, s.rows * s.cols);
+      }
+    }
+  }
+  return Status();
+}
+
+}  // namespace foldpar
