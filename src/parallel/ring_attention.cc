@@ -1,0 +1,232 @@
+// Ring attention: the K/V ring, the online-softmax merge and the adjoint ring.
+//
+// Forward, step j = 0..N-1, this rank holding the K/V block of rank (p - j) mod N:
+//   start hop (send the block to p+1, receive the next from p-1)   fwd: K/V ring
+//   out_j, lse_j = attention(q, block)        (block positions; lse -inf where nothing is visible)
+//   out, lse = merge(out, lse, out_j, lse_j)  (the online softmax)
+// Backward, the same ring again; at step j the attention backward of the visiting block
+// against the FINAL out and lse gives dq_j (summed locally) and the block's dK/dV partial,
+// which joins the accumulator that travels behind the blocks (bwd of the K/V ring): the
+// accumulator of block r starts at r+1, picks up each rank's partial and after N-1 hops
+// reaches r, which adds its own (step 0) partial. Blocks that no local query can see are
+// skipped (contiguous split: the blocks of later ranks), their partial is zero.
+#include "parallel/ring_attention.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+namespace foldpar {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// The ring of one call: shapes, hops, waits, which blocks are visible.
+class Ring {
+ public:
+  explicit Ring(const RingAttentionArgs& a) : a_(a), be_(*a.backend), comm_(*a.axis) {
+    const Tensor &q = *a.q, &k = *a.k, &v = *a.v;
+    FP_CHECK(q.rank() == 4 && k.rank() == 4 && v.shape() == k.shape() && q.dim(0) == k.dim(0) &&
+                 q.dim(3) == k.dim(3) && q.dtype() == DType::kF32 && k.dtype() == DType::kF32 &&
+                 v.dtype() == DType::kF32,
+             "ring attention of q {}, k {}, v {}", q.describe(), k.describe(), v.describe());
+    N_ = comm_.size();
+    p_ = comm_.rank();
+    sk_ = k.dim(1);
+    FP_CHECK(a.q_pos->numel() == q.dim(1) && a.k_pos->numel() == N_ * sk_ && a.q_pos->dtype() == DType::kI32 &&
+                 a.k_pos->dtype() == DType::kI32,
+             "ring attention positions q_pos {}, k_pos {} for q {} and {} blocks of {} keys", a.q_pos->describe(),
+             a.k_pos->describe(), q.describe(), N_, sk_);
+    const int32_t* qp = a.q_pos->data<int32_t>();
+    q_max_ = q.dim(1) > 0 ? *std::max_element(qp, qp + q.dim(1)) : std::numeric_limits<int32_t>::min();
+    kv_shape_ = k.shape();
+  }
+
+  int size() const { return N_; }
+  // At step j this rank holds the block of rank (p - j) mod N.
+  int owner(int step) const { return ((p_ - step) % N_ + N_) % N_; }
+  // Key positions of rank r's block: i32 [Sk].
+  Tensor block_pos(int r) const { return a_.k_pos->narrow(r * sk_, (r + 1) * sk_); }
+  // Whether any key of rank r's block is visible to some local query.
+  bool visible(int r) const {
+    const int32_t* kp = a_.k_pos->data<int32_t>() + r * sk_;
+    return sk_ > 0 && *std::min_element(kp, kp + sk_) <= q_max_;
+  }
+
+  // K then V in one buffer [2, B, Sk, n_kv, d], so a block moves in one message.
+  Tensor packed_buffer() const {
+    Shape s({2, kv_shape_[0], kv_shape_[1], kv_shape_[2], kv_shape_[3]});
+    return Tensor::empty(s, DType::kF32, MemCategory::kComm);
+  }
+  Tensor half(const Tensor& packed, int i) const { return packed.narrow(i, i + 1).reshape(kv_shape_); }
+  Tensor pack_own() const {
+    Tensor packed = packed_buffer();
+    Tensor k = half(packed, 0), v = half(packed, 1);
+    be_.copy(*a_.k, k);
+    be_.copy(*a_.v, v);
+    return packed;
+  }
+
+  // One forward hop: send `send` to p+1 while `recv` arrives from p-1.
+  CommRequest start_hop(const Tensor& send, Tensor& recv) {
+    CommRequest hop = comm_.isend_recv(send.raw_data(), recv.raw_data(), static_cast<size_t>(send.numel()),
+                                       DType::kF32, (p_ + 1) % N_, (p_ - 1 + N_) % N_);
+    if (!a_.overlap) wait(hop);
+    return hop;
+  }
+  void wait(CommRequest& request) {
+    if (!request.pending()) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    FP_CHECK_OK(request.wait());
+    if (a_.wait_seconds != nullptr)
+      *a_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  // MPI moves a transfer only inside MPI calls: advance it between pieces of computation.
+  static void poke(CommRequest& request) {
+    if (!request.pending()) return;
+    bool done = false;
+    FP_CHECK_OK(request.test(&done));
+  }
+
+  AttentionArgs attention_args(const Tensor& block, int r, Tensor& k, Tensor& v, Tensor& pos) const {
+    k = half(block, 0);
+    v = half(block, 1);
+    pos = block_pos(r);
+    return AttentionArgs{a_.q, &k, &v, a_.q_pos, &pos, a_.scale};
+  }
+
+ private:
+  const RingAttentionArgs& a_;
+  Backend& be_;
+  Communicator& comm_;
+  int N_ = 1, p_ = 0;
+  int64_t sk_ = 0;
+  int32_t q_max_ = 0;
+  Shape kv_shape_;
+};
+
+}  // namespace
+
+void merge_attention_block(const Tensor& block_out, const Tensor& block_lse, Tensor& out, Tensor& lse) {
+  FP_CHECK(out.rank() == 4 && block_out.shape() == out.shape() && block_lse.shape() == lse.shape() &&
+               lse.rank() == 3 && lse.dim(0) == out.dim(0) && lse.dim(1) == out.dim(2) && lse.dim(2) == out.dim(1) &&
+               out.dtype() == DType::kF32 && block_out.dtype() == DType::kF32 && lse.dtype() == DType::kF32 &&
+               block_lse.dtype() == DType::kF32,
+           "merge of block {} / {} into {} / {}", block_out.describe(), block_lse.describe(), out.describe(),
+           lse.describe());
+  const int64_t B = out.dim(0), Sq = out.dim(1), n_h = out.dim(2), d = out.dim(3);
+  float* o = out.data<float>();
+  float* l = lse.data<float>();
+  const float* bo = block_out.data<float>();
+  const float* bl = block_lse.data<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < n_h; ++h)
+      for (int64_t i = 0; i < Sq; ++i) {
+        const int64_t li = (b * n_h + h) * Sq + i, oi = ((b * Sq + i) * n_h + h) * d;
+        const float a = l[li], c = bl[li];
+        if (c == kNegInf) continue;  // the block shows this query nothing
+        if (a == kNegInf) {          // nothing seen before: take the block's result
+          std::copy_n(bo + oi, d, o + oi);
+          l[li] = c;
+          continue;
+        }
+        // Shifted by the larger lse, so neither exponential overflows.
+        const double m = std::max(a, c), ea = std::exp(a - m), ec = std::exp(c - m), s = ea + ec;
+        const float wa = static_cast<float>(ea / s), wc = static_cast<float>(ec / s);
+        for (int64_t e = 0; e < d; ++e) o[oi + e] = wa * o[oi + e] + wc * bo[oi + e];
+        l[li] = static_cast<float>(m + std::log(s));
+      }
+}
+
+void ring_attention_forward(const RingAttentionArgs& a, Tensor& out, Tensor& lse) {
+  Backend& be = *a.backend;
+  Ring ring(a);
+  const int N = ring.size();
+  Tensor cur = ring.pack_own();
+  for (int j = 0; j < N; ++j) {
+    Tensor next;
+    CommRequest hop;
+    if (j + 1 < N) {
+      next = ring.packed_buffer();
+      hop = ring.start_hop(cur, next);
+    }
+    const int r = ring.owner(j);
+    Tensor k, v, pos;
+    if (j == 0 && !ring.visible(r)) {
+      be.fill(0.0, out);
+      be.fill(-INFINITY, lse);
+    } else if (j == 0) {
+      be.attention_forward(ring.attention_args(cur, r, k, v, pos), out, lse);
+      Ring::poke(hop);
+    } else if (ring.visible(r)) {
+      Tensor block_out = Tensor::empty(out.shape(), DType::kF32, MemCategory::kWorkspace);
+      Tensor block_lse = Tensor::empty(lse.shape(), DType::kF32, MemCategory::kWorkspace);
+      be.attention_forward(ring.attention_args(cur, r, k, v, pos), block_out, block_lse);
+      Ring::poke(hop);
+      merge_attention_block(block_out, block_lse, out, lse);
+    }
+    if (j + 1 < N) {
+      ring.wait(hop);
+      cur = std::move(next);
+    }
+  }
+}
+
+void ring_attention_backward(const RingAttentionArgs& a, const Tensor& out, const Tensor& lse, const Tensor& d_out,
+                             Tensor& dq, Tensor& dk, Tensor& dv) {
+  Backend& be = *a.backend;
+  Ring ring(a);
+  const int N = ring.size();
+  Tensor cur = ring.pack_own();
+  Tensor own;                // dK|dV of this rank's block: the step-0 partial, then the sum
+  Tensor incoming, sending;  // the accumulator ring
+  CommRequest grad_hop;
+  for (int j = 0; j < N; ++j) {
+    Tensor next;
+    CommRequest hop;
+    if (j + 1 < N) {
+      next = ring.packed_buffer();
+      hop = ring.start_hop(cur, next);
+    }
+    const int r = ring.owner(j);
+    // dK|dV of block r from the local queries.
+    Tensor partial = ring.packed_buffer();
+    if (ring.visible(r)) {
+      Tensor k, v, pos;
+      Tensor dq_j = j == 0 ? dq : Tensor::empty(dq.shape(), DType::kF32, MemCategory::kWorkspace);
+      Tensor dk_j = ring.half(partial, 0), dv_j = ring.half(partial, 1);
+      be.attention_backward(ring.attention_args(cur, r, k, v, pos), out, lse, d_out, dq_j, dk_j, dv_j);
+      if (j > 0) be.add_inplace(dq_j, dq);
+    } else {
+      if (j == 0) be.fill(0.0, dq);
+      be.fill(0.0, partial);
+    }
+    Ring::poke(hop);
+    Ring::poke(grad_hop);
+    // The accumulator ring (bwd of the K/V ring): add what arrived, pass it on.
+    if (j == 0) {
+      own = partial;
+    } else {
+      if (j >= 2) {
+        ring.wait(grad_hop);
+        be.add_inplace(incoming, partial);
+      }
+      sending = partial;
+      incoming = ring.packed_buffer();
+      grad_hop = ring.start_hop(sending, incoming);
+    }
+    if (j + 1 < N) {
+      ring.wait(hop);
+      cur = std::move(next);
+    }
+  }
+  if (N > 1) {  // the accumulator of this rank's own block comes home
+    ring.wait(grad_hop);
+    be.add_inplace(incoming, own);
+  }
+  be.copy(ring.half(own, 0), dk);
+  be.copy(ring.half(own, 1), dv);
+}
+
+}  // namespace foldpar
