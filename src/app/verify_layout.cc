@@ -54,7 +54,7 @@ Result<VerifyReport> run_verify_layout(const VerifyOptions& o, Communicator& wor
   model->init_weights(init);
   ScopedCommCounter counter(mesh.communicators());
   auto t0 = std::chrono::steady_clock::now();
-  FP_ASSIGN_OR_RETURN(StepResult got, model->forward_backward(*be, local));
+  FP_ASSIGN_OR_RETURN(StepResult got, model->forward_backward(*be, local, 0));
   r.fast_seconds = seconds_since(t0);
   const int64_t parallel_peak = mt.stats().peak_total - parallel_base;
   const OpCounters moved = counter.delta().total();

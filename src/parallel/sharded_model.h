@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "core/status.h"
 #include "model/llama_model.h"
+#include "parallel/param_ref.h"
 #include "parallel/sequence_shard.h"
 
 namespace foldpar {
@@ -52,10 +53,17 @@ class ShardedModel {
   virtual void init_weights(const InitOptions& options) = 0;
   virtual void zero_grads() = 0;
 
-  // One micro-batch; gradients accumulate (+=). The loss is the mean over the valid tokens
-  // of the whole global batch on every rank.
-  virtual Result<StepResult> forward_backward(Backend& backend, const Batch& local) = 0;
+  // One micro-batch; gradients accumulate (+=). The reported loss is the mean over the
+  // valid tokens of this micro-batch across the model axes. The gradient is that of
+  // loss_sum / loss_normalizer: pass the valid-token count of the whole global batch (all
+  // micro-batches, all data-parallel replicas) so that accumulated gradients are those of
+  // the global mean; 0 means this micro-batch's own count.
+  virtual Result<StepResult> forward_backward(Backend& backend, const Batch& local, int64_t loss_normalizer) = 0;
   virtual Result<StepResult> forward(Backend& backend, const Batch& local) = 0;
+
+  // The parameters this rank holds with their gradients, for the optimizer, clipping and
+  // checkpoints (parallel/param_ref.h). Handles share storage with the model's tensors.
+  virtual std::vector<ParamRef> parameters() = 0;
 
   // Full tensors on every rank, assembled from every rank's part (verification, dumps,
   // checkpoints; moves the whole model). `global` is allocated by the caller.

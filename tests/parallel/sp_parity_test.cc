@@ -141,7 +141,7 @@ void check_parity(const Case& k) {
   std::unique_ptr<ShardedModel> model = make_model(k, c);
   const Batch local = model->local_batch(ref.global);
   auto be = make_cpu_backend();
-  Result<StepResult> got = model->forward_backward(*be, local);
+  Result<StepResult> got = model->forward_backward(*be, local, 0);
   ASSERT_TRUE(got.ok()) << got.status().to_string();
 
   // f32; only the order of summation differs (the online softmax over ranks, gradients
@@ -256,13 +256,13 @@ TEST_P(SpParity, GradientsAccumulateOverSteps) {
   std::unique_ptr<ShardedModel> model = make_model(k, ref.config);
   const Batch local = model->local_batch(ref.global);
   auto be = make_cpu_backend();
-  ASSERT_TRUE(model->forward_backward(*be, local).ok());
-  ASSERT_TRUE(model->forward_backward(*be, local).ok());
+  ASSERT_TRUE(model->forward_backward(*be, local, 0).ok());
+  ASSERT_TRUE(model->forward_backward(*be, local, 0).ok());
   expect_grads(*model, ref, 2.0, "two steps");
-  ASSERT_TRUE(model->forward_backward(*be, local).ok());
+  ASSERT_TRUE(model->forward_backward(*be, local, 0).ok());
   expect_grads(*model, ref, 3.0, "three steps");
   model->zero_grads();
-  ASSERT_TRUE(model->forward_backward(*be, local).ok());
+  ASSERT_TRUE(model->forward_backward(*be, local, 0).ok());
   expect_grads(*model, ref, 1.0, "after zero_grads");
 }
 
@@ -404,7 +404,7 @@ TEST(SpErrors, LocalBatchOfTheWrongLength) {
   (*m)->init_weights(kInit);
   auto be = make_cpu_backend();
   const Batch global = synthetic_batch(c, 1, S, 3);
-  Result<StepResult> r = (*m)->forward_backward(*be, global);  // the global batch, not this rank's rows
+  Result<StepResult> r = (*m)->forward_backward(*be, global, 0);  // the global batch, not this rank's rows
   if (world.size() == 1) {
     EXPECT_TRUE(r.ok());
   } else {

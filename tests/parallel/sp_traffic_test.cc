@@ -44,7 +44,7 @@ CommStats run(int layers, const LayoutOptions& o, bool backward, int64_t B, int6
   const Batch local = model.local_batch(synthetic_batch(c, B, S, 3));
   auto be = make_cpu_backend();
   ScopedCommCounter counter(world);
-  Result<StepResult> r = backward ? model.forward_backward(*be, local) : model.forward(*be, local);
+  Result<StepResult> r = backward ? model.forward_backward(*be, local, 0) : model.forward(*be, local);
   EXPECT_TRUE(r.ok()) << r.status().to_string();
   return counter.delta();
 }

@@ -239,7 +239,7 @@ TEST(TpShardedModel, FactoryAssemblesWeightsGradientsAndLogits) {
     ShardedModel& m = **model;
     EXPECT_EQ(m.layout(), "tp=" + std::to_string(T));
     m.init_weights(kInit);
-    Result<StepResult> got = m.forward_backward(*make_cpu_backend(), m.local_batch(ref.batch));
+    Result<StepResult> got = m.forward_backward(*make_cpu_backend(), m.local_batch(ref.batch), 0);
     ASSERT_TRUE(got.ok()) << got.status().to_string();
     EXPECT_NEAR(got->loss, ref.result.loss, tol::kF32Parallel * ref.result.loss);
     Tensor logits = Tensor::empty(ref.result.logits.shape(), DType::kF32, MemCategory::kWorkspace);

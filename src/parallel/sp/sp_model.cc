@@ -82,7 +82,7 @@ Result<StepResult> SpModel::forward(Backend& be, Communicator& sp, const LlamaWe
 }
 
 Result<StepResult> SpModel::forward_backward(Backend& be, Communicator& sp, const LlamaWeights& w, const Batch& batch,
-                                             SpGrads& grads) const {
+                                             SpGrads& grads, int64_t loss_normalizer) const {
   FP_RETURN_IF_ERROR(check_local_batch(*this, batch));
   SpStep step(*this, be, sp, batch.batch());
   const int64_t T = batch.input_ids.numel();
@@ -114,7 +114,7 @@ Result<StepResult> SpModel::forward_backward(Backend& be, Communicator& sp, cons
 
   // Backward, the blocks in reverse; a recomputed all-gather block keeps its gathered K/V
   // for the backward that follows at once.
-  Tensor dx = step.head_backward(w, hs, targets, r.valid_tokens, g);
+  Tensor dx = step.head_backward(w, hs, targets, loss_normalizer > 0 ? loss_normalizer : r.valid_tokens, g);
   hs = HeadSaved();
   const bool keep_gathered = options_.kv_exchange == LayoutOptions::KvExchange::kAllGather;
   for (size_t l = L; l-- > 0;) {

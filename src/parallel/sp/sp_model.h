@@ -79,7 +79,8 @@ class SpModel {
   // Forward and backward; the gradient of the mean loss, summed over the axis, is
   // accumulated (+=) into grads on every rank.
   Result<StepResult> forward_backward(Backend& backend, Communicator& sp, const LlamaWeights& weights,
-                                      const Batch& local, SpGrads& grads) const;
+                                      const Batch& local, SpGrads& grads,
+                                      int64_t loss_normalizer = 0) const;
 
  private:
   SpModel(const LlamaConfig& config, SequenceShard shard, const SpOptions& options)

@@ -2,6 +2,7 @@
 // full tensors, so assembling them is a copy), sequence-sharded tokens and logits.
 #include <fmt/format.h>
 
+#include "parallel/sharded_weights.h"
 #include "parallel/sp/sp_model.h"
 #include "parallel/strategies.h"
 
@@ -43,8 +44,13 @@ class SpShardedModel final : public ShardedModel {
   // Every rank generates the whole model from the same seed: identical replicas.
   void init_weights(const InitOptions& o) override { foldpar::init_weights(o, weights_); }
   void zero_grads() override { grads_.zero(); }
-  Result<StepResult> forward_backward(Backend& be, const Batch& local) override {
-    return model_.forward_backward(be, comm_, weights_, local, grads_);
+  Result<StepResult> forward_backward(Backend& be, const Batch& local, int64_t loss_normalizer) override {
+    return model_.forward_backward(be, comm_, weights_, local, grads_, loss_normalizer);
+  }
+  // Every tensor is replicated over the axis: rank 0 speaks for all of them.
+  std::vector<ParamRef> parameters() override {
+    LlamaWeights g = grads_.views();
+    return replicated_param_refs(weights_, g, comm_.rank() == 0);
   }
   Result<StepResult> forward(Backend& be, const Batch& local) override {
     return model_.forward(be, comm_, weights_, local);

@@ -78,7 +78,7 @@ Result<StepResult> TpModel::forward(Backend& be, Communicator& tp, const Sharded
 }
 
 Result<StepResult> TpModel::forward_backward(Backend& be, Communicator& tp, const ShardedWeights& w,
-                                             const Batch& batch, ShardedWeights& g) const {
+                                             const Batch& batch, ShardedWeights& g, int64_t loss_normalizer) const {
   FP_RETURN_IF_ERROR(check_local_batch(*this, batch));
   TpStep step(*this, be, tp, batch);
   const size_t L = w.attn.size();
@@ -92,7 +92,7 @@ Result<StepResult> TpModel::forward_backward(Backend& be, Communicator& tp, cons
   if (options_.keep_logits) r.logits = logits.reshape({batch.batch(), batch.seq(), config_.vocab_size});
   x = Tensor();
 
-  Tensor dx = step.head_backward(w, hs, r.valid_tokens, g);
+  Tensor dx = step.head_backward(w, hs, loss_normalizer > 0 ? loss_normalizer : r.valid_tokens, g);
   hs = HeadSaved();
   for (size_t l = L; l-- > 0;) {
     LayerSaved& s = saved[l];

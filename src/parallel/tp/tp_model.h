@@ -93,7 +93,8 @@ class TpModel {
   // Forward and backward; this rank's shard gradients (and the full norm-gain gradients)
   // are accumulated (+=) into `grads`. Collective over tp.
   Result<StepResult> forward_backward(Backend& backend, Communicator& tp, const ShardedWeights& weights,
-                                      const Batch& local_batch, ShardedWeights& grads) const;
+                                      const Batch& local_batch, ShardedWeights& grads,
+                                      int64_t loss_normalizer = 0) const;
 
  private:
   TpModel(const LlamaConfig& config, ShardDims dims, int rank, int64_t seq, const TpOptions& options)

@@ -24,9 +24,11 @@ class TpShardedModel final : public ShardedModel {
   Batch local_batch(const Batch& global) const override { return model_.local_batch(global); }
   void init_weights(const InitOptions& o) override { init_sharded_weights(o, weights_); }
   void zero_grads() override { grads_.zero(); }
-  Result<StepResult> forward_backward(Backend& be, const Batch& local) override {
-    return model_.forward_backward(be, comm_, weights_, local, grads_);
+  Result<StepResult> forward_backward(Backend& be, const Batch& local, int64_t loss_normalizer) override {
+    return model_.forward_backward(be, comm_, weights_, local, grads_, loss_normalizer);
   }
+  // Every rank holds the same norm gains (and their full gradient): rank 0 speaks for them.
+  std::vector<ParamRef> parameters() override { return sharded_param_refs(weights_, grads_, comm_.rank() == 0); }
   Result<StepResult> forward(Backend& be, const Batch& local) override {
     return model_.forward(be, comm_, weights_, local);
   }

@@ -61,7 +61,7 @@ Result<StepResult> TspModel::forward(Backend& be, Communicator& tsp, const Shard
 }
 
 Result<StepResult> TspModel::forward_backward(Backend& be, Communicator& tsp, const ShardedWeights& w,
-                                              const Batch& batch, ShardedWeights& g) const {
+                                              const Batch& batch, ShardedWeights& g, int64_t loss_normalizer) const {
   FP_RETURN_IF_ERROR(check_local_batch(*this, batch));
   TspStep step(*this, be, tsp, batch.batch());
   const int64_t T = batch.input_ids.numel();
@@ -77,7 +77,7 @@ Result<StepResult> TspModel::forward_backward(Backend& be, Communicator& tsp, co
   if (options_.keep_logits) r.logits = logits.reshape({batch.batch(), batch.seq(), config_.vocab_size});
   x = Tensor();
 
-  Tensor dx = step.head_backward(w, hs, targets, r.valid_tokens, g);
+  Tensor dx = step.head_backward(w, hs, targets, loss_normalizer > 0 ? loss_normalizer : r.valid_tokens, g);
   hs = HeadSaved();
   for (size_t l = L; l-- > 0;) {
     LayerSaved& s = saved[l];

@@ -58,8 +58,10 @@ class TspModel {
                              const Batch& local_batch) const;
   // Forward and backward; the gradients of this rank's shards (summed over the axis) are
   // accumulated (+=) into `grads`, replicated norm gains included.
+  // loss_normalizer: see ShardedModel::forward_backward (0: this batch's valid tokens).
   Result<StepResult> forward_backward(Backend& backend, Communicator& tsp, const ShardedWeights& weights,
-                                      const Batch& local_batch, ShardedWeights& grads) const;
+                                      const Batch& local_batch, ShardedWeights& grads,
+                                      int64_t loss_normalizer = 0) const;
 
  private:
   TspModel(const LlamaConfig& config, ShardDims dims, SequenceShard shard, const TspOptions& options)
