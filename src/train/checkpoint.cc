@@ -198,23 +198,77 @@ Result<CheckpointState> read_checkpoint_state(const std::string& dir) {
   return st;
 }
 
+namespace {
+
+// Blocks of global tensors available in a set of safetensors files.
+struct Block {
+  size_t file;
+  std::string name;
+  Box box;
+};
+using BlockIndex = std::map<std::pair<std::string, std::string>, std::vector<Block>>;
+
+// Fills every slice of `targets[i]` (the tensors of params[i] for this kind) from the
+// intersecting blocks of `index`; kCorrupt when a slice is not covered.
+Status fill_slices(const std::string& what, const char* kind, const std::vector<ParamRef>& params,
+                   const std::vector<Tensor*>& targets, std::vector<SafetensorsFile>& files, BlockIndex& index) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    float* dst = targets[i]->data<float>();
+    for (const GlobalSlice& s : params[i].slices) {
+      int64_t filled = 0;
+      for (const Block& b : index[{kind, s.tensor}]) {
+        const int64_t r0 = std::max(s.row0, b.box.row0), r1 = std::min(s.row0 + s.rows, b.box.row0 + b.box.rows);
+        const int64_t c0 = std::max(s.col0, b.box.col0), c1 = std::min(s.col0 + s.cols, b.box.col0 + b.box.cols);
+        if (r0 >= r1 || c0 >= c1) continue;
+        FP_ASSIGN_OR_RETURN(Tensor block, files[b.file].read_as(b.name, DType::kF32, MemCategory::kWorkspace));
+        const float* src = block.data<float>();
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t c = c0; c < c1; ++c) {
+            const int64_t li = s.transposed ? (c - s.col0) * s.rows + (r - s.row0) : (r - s.row0) * s.cols + (c - s.col0);
+            dst[s.offset + li] = src[(r - b.box.row0) * b.box.cols + (c - b.box.col0)];
+          }
+        filled += (r1 - r0) * (c1 - c0);
+      }
+      if (filled != s.rows * s.cols)
+        return corrupt("{}: {} of {} [{}+{}, {}+{}] covers {} of {} elements", what, kind, s.tensor, s.row0, s.rows,
+                       s.col0, s.cols, filled, s.rows * s.cols);
+    }
+  }
+  return Status();
+}
+
+std::vector<Tensor*> tensors_of(std::vector<ParamRef>& params) {
+  std::vector<Tensor*> t;
+  for (ParamRef& p : params) t.push_back(&p.param);
+  return t;
+}
+
+std::vector<Tensor*> tensors_of(std::vector<Tensor>& list) {
+  std::vector<Tensor*> t;
+  for (Tensor& x : list) t.push_back(&x);
+  return t;
+}
+
+Result<nlohmann::json> read_json(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) return not_found("cannot read '{}'", path.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded()) return corrupt("'{}' is not valid JSON", path.string());
+  return j;
+}
+
+}  // namespace
+
 Status load_checkpoint(const std::string& dir, const LlamaConfig& config, std::vector<ParamRef>& params,
                        std::vector<Tensor>* adam_m, std::vector<Tensor>* adam_v) {
   FP_ASSIGN_OR_RETURN(CheckpointState st, read_checkpoint_state(dir));
   FP_RETURN_IF_ERROR(same_config(st.config, config));
-  std::ifstream in(fs::path(dir) / "manifest.json");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const nlohmann::json files = nlohmann::json::parse(ss.str())["files"];
-  // Index: (kind, tensor) -> blocks and where they are.
-  struct Block {
-    size_t file;
-    std::string name;
-    Box box;
-  };
+  FP_ASSIGN_OR_RETURN(nlohmann::json manifest, read_json(fs::path(dir) / "manifest.json"));
   std::vector<SafetensorsFile> opened;
-  std::map<std::pair<std::string, std::string>, std::vector<Block>> index;
-  for (const auto& f : files) {
+  BlockIndex index;
+  for (const auto& f : manifest["files"]) {
     if (!f.is_string()) return corrupt("checkpoint {}: a file name in the manifest is not a string", dir);
     FP_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open((fs::path(dir) / f.get<std::string>()).string()));
     for (const SafetensorsEntry& e : file.entries()) {
@@ -227,33 +281,38 @@ Status load_checkpoint(const std::string& dir, const LlamaConfig& config, std::v
     }
     opened.push_back(std::move(file));
   }
-  for (size_t i = 0; i < params.size(); ++i) {
-    Tensor* targets[3] = {&params[i].param, adam_m ? &(*adam_m)[i] : nullptr, adam_v ? &(*adam_v)[i] : nullptr};
-    for (int k = 0; k < 3; ++k) {
-      if (targets[k] == nullptr) continue;
-      float* dst = targets[k]->data<float>();
-      for (const GlobalSlice& s : params[i].slices) {
-        int64_t filled = 0;
-        for (const Block& b : index[{kKinds[k], s.tensor}]) {
-          const int64_t r0 = std::max(s.row0, b.box.row0), r1 = std::min(s.row0 + s.rows, b.box.row0 + b.box.rows);
-          const int64_t c0 = std::max(s.col0, b.box.col0), c1 = std::min(s.col0 + s.cols, b.box.col0 + b.box.cols);
-          if (r0 >= r1 || c0 >= c1) continue;
-          FP_ASSIGN_OR_RETURN(Tensor block, opened[b.file].read(b.name, MemCategory::kWorkspace));
-          const float* src = block.data<float>();
-          for (int64_t r = r0; r < r1; ++r)
-            for (int64_t c = c0; c < c1; ++c) {
-              const int64_t li = s.transposed ? (c - s.col0) * s.rows + (r - s.row0) : (r - s.row0) * s.cols + (c - s.col0);
-              dst[s.offset + li] = src[(r - b.box.row0) * b.box.cols + (c - b.box.col0)];
-            }
-          filled += (r1 - r0) * (c1 - c0);
-        }
-        if (filled != s.rows * s.cols)
-          return corrupt("checkpoint {}: {} of {} [{}+{}, {}+{}] covers {} of {} elements", dir, kKinds[k], s.tensor,
-                         s.row0, s.rows, s.col0, s.cols, filled, s.rows * s.cols);
-      }
-    }
-  }
+  const std::string what = "checkpoint " + dir;
+  FP_RETURN_IF_ERROR(fill_slices(what, kKinds[0], params, tensors_of(params), opened, index));
+  if (adam_m != nullptr) FP_RETURN_IF_ERROR(fill_slices(what, kKinds[1], params, tensors_of(*adam_m), opened, index));
+  if (adam_v != nullptr) FP_RETURN_IF_ERROR(fill_slices(what, kKinds[2], params, tensors_of(*adam_v), opened, index));
   return Status();
+}
+
+Status load_hf_weights(const std::string& dir, const LlamaConfig& config, std::vector<ParamRef>& params) {
+  FP_ASSIGN_OR_RETURN(LlamaConfig theirs, LlamaConfig::load((fs::path(dir) / "config.json").string()));
+  FP_RETURN_IF_ERROR(same_config(theirs, config));
+  std::vector<SafetensorsFile> opened;
+  FP_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open((fs::path(dir) / "model.safetensors").string()));
+  BlockIndex index;
+  for (const SafetensorsEntry& e : file.entries()) {
+    const int64_t cols = e.shape.rank() == 0 ? 1 : e.shape[e.shape.rank() - 1];
+    index[{kKinds[0], e.name}].push_back(Block{0, e.name, Box{0, cols == 0 ? 0 : e.shape.numel() / cols, 0, cols}});
+  }
+  opened.push_back(std::move(file));
+  return fill_slices("weights " + dir, kKinds[0], params, tensors_of(params), opened, index);
+}
+
+Status write_hf_directory(const std::string& dir, const LlamaConfig& config, const LlamaWeights& weights) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return io_error("cannot create '{}': {}", dir, ec.message());
+  const std::string text = config.to_json();
+  FP_RETURN_IF_ERROR(write_file_atomically((fs::path(dir) / "config.json").string(), [&](int fd, const std::string& tmp) {
+    return write_fully(fd, tmp, text.data(), text.size());
+  }));
+  std::vector<std::pair<std::string, Tensor>> list;
+  weights.for_each([&](const std::string& name, const Tensor& t) { list.emplace_back(name, t); });
+  return write_safetensors((fs::path(dir) / "model.safetensors").string(), list, {{"format", "pt"}});
 }
 
 }  // namespace foldpar

@@ -20,6 +20,7 @@
 
 #include "comm/communicator.h"
 #include "model/llama_config.h"
+#include "model/llama_weights.h"
 #include "parallel/param_ref.h"
 
 namespace foldpar {
@@ -54,5 +55,13 @@ Result<CheckpointState> read_checkpoint_state(const std::string& dir);
 // when the checkpoint's config does not match `config`. Not collective.
 Status load_checkpoint(const std::string& dir, const LlamaConfig& config, std::vector<ParamRef>& params,
                        std::vector<Tensor>* adam_m, std::vector<Tensor>* adam_v);
+
+// A Hugging Face style directory (config.json + model.safetensors with Llama names): what
+// `foldpar export` writes and `foldpar import` / `train --init-from` read.
+// Fills every slice of `params` from it (F32, F64 or BF16 tensors); invalid_argument when
+// its config.json does not describe `config`. Not collective.
+Status load_hf_weights(const std::string& dir, const LlamaConfig& config, std::vector<ParamRef>& params);
+// Rank 0 writes full weights as such a directory (atomic files). Not collective.
+Status write_hf_directory(const std::string& dir, const LlamaConfig& config, const LlamaWeights& weights);
 
 }  // namespace foldpar

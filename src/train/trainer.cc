@@ -1,0 +1,226 @@
+// The training loop.
+#include "train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "comm/comm_stats.h"
+#include "comm/mesh.h"
+#include "data/corpus.h"
+#include "data/data_loader.h"
+#include "parallel/make_layout.h"
+#include "train/checkpoint.h"
+#include "train/progress.h"
+
+namespace foldpar {
+namespace fs = std::filesystem;
+namespace {
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Setup {
+  int dp = 1, dp_rank = 0;
+  Communicator* dp_comm = nullptr;
+  int64_t rows_per_dp = 0, micro = 0, accum = 0;
+};
+
+Result<Setup> plan_batches(const TrainOptions& o, Mesh& mesh) {
+  Setup s;
+  if (mesh.has_axis("dp")) {
+    s.dp_comm = &mesh.comm("dp");
+    s.dp = s.dp_comm->size();
+    s.dp_rank = s.dp_comm->rank();
+  }
+  if (o.batch <= 0 || o.batch % s.dp != 0)
+    return invalid_argument("--batch ({}) must be a positive multiple of the data-parallel degree ({})", o.batch, s.dp);
+  s.rows_per_dp = o.batch / s.dp;
+  s.micro = o.micro_batch > 0 ? o.micro_batch : s.rows_per_dp;
+  if (s.rows_per_dp % s.micro != 0)
+    return invalid_argument("--micro-batch ({}) must divide the sequences per data-parallel rank ({} = {} / {})", s.micro,
+                            s.rows_per_dp, o.batch, s.dp);
+  s.accum = s.rows_per_dp / s.micro;
+  return s;
+}
+
+// Sum over the data-parallel axis, in place.
+void sum_over(Communicator* comm, Tensor& t) {
+  if (comm == nullptr || comm->size() == 1) return;
+  FP_CHECK_OK(comm->all_reduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()), DType::kF32, ReduceOp::kSum));
+}
+
+double sum_over(Communicator& comm, double x) {
+  FP_CHECK_OK(comm.all_reduce(&x, &x, 1, DType::kF64, ReduceOp::kSum));
+  return x;
+}
+
+// Mean validation loss over `batches` batches of sequential windows, split over dp.
+Result<double> validate(ShardedModel& model, Backend& be, const DataLoader& val, const TrainOptions& o, const Setup& s,
+                        Communicator& world) {
+  double loss_sum = 0, valid = 0;
+  for (int64_t k = 0; k < o.eval_batches; ++k) {
+    const int64_t r0 = s.dp_rank * s.rows_per_dp;
+    for (int64_t a = 0; a < s.accum; ++a) {
+      const Batch rows = val.sequential_rows(static_cast<uint64_t>(k), o.batch, r0 + a * s.micro, r0 + (a + 1) * s.micro);
+      FP_ASSIGN_OR_RETURN(StepResult r, model.forward(be, model.local_batch(rows)));
+      loss_sum += r.loss_sum;
+      valid += static_cast<double>(r.valid_tokens);
+    }
+  }
+  // Sums over the model axes are already global; add up the data-parallel replicas.
+  const double dp = s.dp;
+  loss_sum = sum_over(world, loss_sum) / (static_cast<double>(world.size()) / dp);
+  valid = sum_over(world, valid) / (static_cast<double>(world.size()) / dp);
+  return valid > 0 ? loss_sum / valid : 0.0;
+}
+
+// Every rank's tracked peaks per category and bytes sent, for the metrics line.
+nlohmann::json per_rank_counters(Communicator& world, const MemoryStats& mem, int64_t bytes_sent) {
+  std::array<int64_t, kNumMemCategories + 2> mine{};
+  for (int c = 0; c < kNumMemCategories; ++c) mine[static_cast<size_t>(c)] = mem.peak[static_cast<size_t>(c)];
+  mine[kNumMemCategories] = mem.peak_total;
+  mine[kNumMemCategories + 1] = bytes_sent;
+  std::vector<int64_t> all(mine.size() * static_cast<size_t>(world.size()));
+  FP_CHECK_OK(world.all_gather(mine.data(), all.data(), mine.size(), DType::kI64));
+  nlohmann::json ranks = nlohmann::json::array();
+  for (int r = 0; r < world.size(); ++r) {
+    nlohmann::json j;
+    const int64_t* v = all.data() + static_cast<size_t>(r) * mine.size();
+    for (int c = 0; c < kNumMemCategories; ++c) j["peak_" + std::string(mem_category_name(static_cast<MemCategory>(c)))] = v[c];
+    j["peak_total"] = v[kNumMemCategories];
+    j["bytes_sent"] = v[kNumMemCategories + 1];
+    ranks.push_back(j);
+  }
+  return ranks;
+}
+
+}  // namespace
+
+Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
+  FP_RETURN_IF_ERROR(o.config.validate());
+  FP_RETURN_IF_ERROR(o.optimizer.validate());
+  if (o.steps <= 0 || o.seq <= 0) return invalid_argument("--steps ({}) and --seq ({}) must be positive", o.steps, o.seq);
+  if (o.out_dir.empty()) return invalid_argument("an output directory is required");
+  const std::string layout = o.layout.empty() ? fmt::format("tsp={}", world.size()) : o.layout;
+  FP_ASSIGN_OR_RETURN(Mesh mesh, Mesh::create(world, layout));
+  FP_ASSIGN_OR_RETURN(Setup s, plan_batches(o, mesh));
+  FP_ASSIGN_OR_RETURN(CorpusInfo corpus, read_corpus_info(o.data_dir));
+  if (corpus.vocab_size > static_cast<uint32_t>(o.config.vocab_size))
+    return invalid_argument("the corpus has a vocabulary of {}, the model only {}", corpus.vocab_size,
+                            o.config.vocab_size);
+  FP_ASSIGN_OR_RETURN(TokenFile train_tokens, read_token_file(corpus.train_path));
+  FP_ASSIGN_OR_RETURN(TokenFile val_tokens, read_token_file(corpus.val_path));
+  FP_ASSIGN_OR_RETURN(DataLoader train, DataLoader::create(std::make_shared<TokenFile>(std::move(train_tokens)), o.seq, o.seed));
+  FP_ASSIGN_OR_RETURN(DataLoader val, DataLoader::create(std::make_shared<TokenFile>(std::move(val_tokens)), o.seq, o.seed));
+
+  LayoutOptions lo = o.layout_options;
+  lo.keep_logits = false;
+  FP_ASSIGN_OR_RETURN(std::unique_ptr<ShardedModel> model, make_sharded_model(o.config, mesh, o.seq, lo));
+  model->init_weights(InitOptions{.seed = o.seed});
+  std::vector<ParamRef> params = model->parameters();
+  AdamW adamw(params, o.optimizer);
+
+  const std::string ckpt_root = (fs::path(o.out_dir) / "checkpoints").string();
+  int64_t step = 0;
+  TrainReport report;
+  if (o.resume) {
+    Result<std::string> latest = latest_checkpoint(ckpt_root);
+    if (latest.ok()) {
+      FP_ASSIGN_OR_RETURN(CheckpointState st, read_checkpoint_state(*latest));
+      FP_RETURN_IF_ERROR(load_checkpoint(*latest, o.config, params, &adamw.first_moments(), &adamw.second_moments()));
+      adamw.set_steps_taken(st.step);
+      step = st.step;
+      report.checkpoint = *latest;
+    }
+  } else if (!o.init_from.empty()) {
+    FP_RETURN_IF_ERROR(load_hf_weights(o.init_from, o.config, params));
+  }
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  if (ec) return io_error("cannot create '{}': {}", o.out_dir, ec.message());
+  const bool leader = world.rank() == 0;
+  FP_ASSIGN_OR_RETURN(MetricsFile metrics, MetricsFile::open(leader ? (fs::path(o.out_dir) / "metrics.jsonl").string() : ""));
+  ProgressLine progress(o.steps, o.tty && leader, o.print_every);
+
+  auto be = make_cpu_backend();
+  std::vector<double> step_times;
+  const double t_start = now_s();
+  const int64_t first_step = step;
+  const int64_t last = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
+  while (step < last) {
+    const double t0 = now_s();
+    MemoryTracker::process().reset_peaks();
+    ScopedCommCounter counter(mesh.communicators());
+    model->zero_grads();
+    const uint64_t index = static_cast<uint64_t>(step);
+    // The global batch's valid tokens (every rank can count them: the loader is counter-based).
+    const Batch all_rows = train.train_rows(index, 0, o.batch);
+    const int64_t normalizer = count_valid_targets(all_rows.target_ids.reshape({all_rows.target_ids.numel()}), kIgnoreIndex);
+    double loss_sum = 0;
+    const int64_t r0 = s.dp_rank * s.rows_per_dp;
+    for (int64_t a = 0; a < s.accum; ++a) {
+      const Batch rows = train.train_rows(index, r0 + a * s.micro, r0 + (a + 1) * s.micro);
+      FP_ASSIGN_OR_RETURN(StepResult r, model->forward_backward(*be, model->local_batch(rows), normalizer));
+      loss_sum += r.loss_sum;
+    }
+    for (ParamRef& p : params) sum_over(s.dp_comm, p.grad);
+    // Loss sums are global over the model axes already; the dp replicas add theirs.
+    const double model_ranks = static_cast<double>(world.size()) / s.dp;
+    const double loss = sum_over(world, loss_sum) / model_ranks / std::max<double>(1.0, static_cast<double>(normalizer));
+    double sq = 0;
+    for (const ParamRef& p : params)
+      if (p.counted) sq += be->sum_squares(p.grad);
+    const double grad_norm = std::sqrt(sum_over(world, sq) / s.dp);  // every dp replica counted the same
+    if (!std::isfinite(loss) || !std::isfinite(grad_norm))
+      return Status(StatusCode::kInternal, fmt::format("step {}: loss {} / gradient norm {} is not finite; stopping "
+                                                       "before any checkpoint is written", step + 1, loss, grad_norm));
+    const double lr = learning_rate(o.optimizer, step + 1);
+    adamw.step(*be, lr, clip_scale(grad_norm, o.optimizer.grad_clip));
+    ++step;
+    const double dt = now_s() - t0;
+    step_times.push_back(dt);
+    const double tps = static_cast<double>(o.batch * o.seq) / dt;
+    report.losses.push_back(loss);
+    report.last_loss = loss;
+
+    nlohmann::ordered_json line;
+    line["step"] = step;
+    line["loss"] = loss;
+    line["lr"] = lr;
+    line["grad_norm"] = grad_norm;
+    line["tokens_per_s"] = tps;
+    line["step_s"] = dt;
+    line["tokens"] = step * o.batch * o.seq;
+    line["ranks"] = per_rank_counters(world, MemoryTracker::process().stats(),
+                                      static_cast<int64_t>(counter.delta().total().bytes_sent));
+    const bool eval_now = (o.eval_every > 0 && step % o.eval_every == 0) || step == last;
+    if (eval_now) {
+      FP_ASSIGN_OR_RETURN(report.val_loss, validate(*model, *be, val, o, s, world));
+      line["val_loss"] = report.val_loss;
+      if (leader) progress.note(fmt::format("step {}: validation loss {:.4f}", step, report.val_loss));
+    }
+    if (leader) FP_RETURN_IF_ERROR(metrics.append(line.dump()));
+    progress.update(step, loss, tps, now_s() - t_start);
+    if ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == last) {
+      CheckpointState st{step, static_cast<uint64_t>(step), o.seed, layout, o.config};
+      CheckpointWrite w{&params, &adamw.first_moments(), &adamw.second_moments(), s.dp_rank == 0, o.keep_checkpoints};
+      FP_ASSIGN_OR_RETURN(report.checkpoint, save_checkpoint(ckpt_root, st, w, world));
+      if (leader) progress.note(fmt::format("step {}: checkpoint {}", step, report.checkpoint));
+    }
+  }
+  progress.finish();
+  report.steps_done = step - first_step;
+  report.final_step = step;
+  report.tokens_per_second = step_times.empty() ? 0 : static_cast<double>(o.batch * o.seq) / median(step_times);
+  return report;
+}
+
+}  // namespace foldpar

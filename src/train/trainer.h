@@ -1,0 +1,57 @@
+// The training loop over any layout: a data-parallel axis (dp) around a model axis (tsp, tp,
+// sp or tp x sp), gradient accumulation over micro-batches, AdamW on each rank's own
+// parameters, global gradient-norm clipping, validation, checkpoints and metrics.
+//
+// Loss semantics: the reported loss, and the gradient, are those of the mean over all valid
+// tokens of the GLOBAL batch, whatever the layout and the accumulation: every micro-batch's
+// gradient is normalized by the global batch's valid-token count, known in advance from the
+// data, and the data-parallel replicas sum their gradients.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "comm/communicator.h"
+#include "core/status.h"
+#include "parallel/sharded_model.h"
+#include "train/optimizer.h"
+
+namespace foldpar {
+
+struct TrainOptions {
+  LlamaConfig config;
+  std::string layout;               // e.g. "tsp=2", "dp=2,tsp=2"; empty: tsp=<world size>
+  LayoutOptions layout_options;
+  std::string data_dir;             // a prepared corpus (foldpar prepare-data)
+  int64_t seq = 256;                // S
+  int64_t batch = 8;                // sequences per optimizer step (global)
+  int64_t micro_batch = 0;          // sequences per forward per data-parallel rank; 0: batch / dp
+  int64_t steps = 100;              // optimizer steps in all (a resumed run continues to here)
+  int64_t stop_after = 0;           // stop (with a checkpoint) after this step; 0: at `steps`
+  OptimizerConfig optimizer;
+  uint64_t seed = 0;                // weights and data order
+  std::string out_dir;              // metrics.jsonl and checkpoints/ go here
+  int64_t eval_every = 50;          // validation loss every this many steps (0: only at the end)
+  int64_t eval_batches = 4;         // validation batches of `batch` windows each
+  int64_t checkpoint_every = 0;     // 0: only at the end
+  int keep_checkpoints = 2;
+  bool resume = false;              // continue from the newest complete checkpoint in out_dir
+  std::string init_from;            // start from these weights (a Hugging Face directory)
+  bool tty = false;                 // rank 0 draws a progress bar instead of printing lines
+  int64_t print_every = 10;         // without a terminal: a progress line this often
+};
+
+struct TrainReport {
+  int64_t steps_done = 0;           // steps run by this invocation
+  int64_t final_step = 0;
+  double last_loss = 0;
+  double val_loss = 0;              // last validation loss
+  double tokens_per_second = 0;     // median over this invocation's steps (global tokens)
+  std::string checkpoint;           // the last checkpoint written
+  std::vector<double> losses;       // every step's loss, in order
+};
+
+// Collective over `world`.
+Result<TrainReport> run_training(const TrainOptions& options, Communicator& world);
+
+}  // namespace foldpar
