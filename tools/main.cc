@@ -251,6 +251,7 @@ struct TrainArgs {
   int keep = 2;
   uint64_t seed = 0;
   bool resume = false;
+  std::string progress = "auto";
   OptimizerConfig optimizer;
   LayoutArgs layout;
 };
@@ -275,7 +276,9 @@ void add_train(CLI::App& app, TrainArgs& a) {
   cmd->add_option("--eval-batches", a.eval_batches, "validation batches");
   cmd->add_option("--checkpoint-every", a.checkpoint_every, "checkpoint every this many steps (0: at the end)");
   cmd->add_option("--keep-checkpoints", a.keep, "complete checkpoints kept");
-  cmd->add_option("--print-every", a.print_every, "without a terminal: a progress line this often");
+  cmd->add_option("--print-every", a.print_every, "with --progress lines: a progress line this often");
+  cmd->add_option("--progress", a.progress,
+                  "auto (a bar on a terminal; under mpirun ranks always see one), bar, lines or none");
   cmd->add_flag("--resume", a.resume, "continue from the newest complete checkpoint in OUT");
   cmd->add_option("--init-from", a.init_from, "start from a Hugging Face directory (config.json + model.safetensors)");
   add_layout_flags(cmd, a.layout);
@@ -326,7 +329,14 @@ int run_train_command(const TrainArgs& a) {
   o.resume = a.resume;
   o.init_from = a.init_from;
   o.print_every = a.print_every;
-  o.tty = ::isatty(STDOUT_FILENO) != 0;
+  if (a.progress == "auto") {
+    o.tty = ::isatty(STDOUT_FILENO) != 0;
+  } else if (a.progress == "bar" || a.progress == "lines" || a.progress == "none") {
+    o.tty = a.progress == "bar";
+    if (a.progress == "none") o.print_every = 0;
+  } else {
+    return fail(invalid_argument("--progress must be auto, bar, lines or none, got '{}'", a.progress));
+  }
   Result<std::string> data = a.data.empty() ? default_corpus(a.out, world) : Result<std::string>(a.data);
   if (!data.ok()) return fail(data.status());
   o.data_dir = data.value();

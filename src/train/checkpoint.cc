@@ -2,6 +2,9 @@
 #include "train/checkpoint.h"
 
 #include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -130,6 +133,22 @@ Status same_config(const LlamaConfig& a, const LlamaConfig& b) {
 
 }  // namespace
 
+namespace {
+
+// Fault injection for the tests of "a writer killed mid-write is never loaded":
+// FOLDPAR_FAULT_KILL_CHECKPOINT=<step> makes the last rank SIGKILL itself right after
+// writing its file of that step's checkpoint, before the checkpoint is published.
+void maybe_inject_kill(int64_t step, Communicator& world) {
+  const char* env = std::getenv("FOLDPAR_FAULT_KILL_CHECKPOINT");
+  if (env == nullptr || std::atoll(env) != step || world.rank() != world.size() - 1) return;
+  std::fprintf(stderr, "foldpar: fault injection: rank %d kills itself while writing checkpoint %lld\n", world.rank(),
+               static_cast<long long>(step));
+  std::fflush(stderr);
+  std::raise(SIGKILL);
+}
+
+}  // namespace
+
 Result<std::string> save_checkpoint(const std::string& root_str, const CheckpointState& st, const CheckpointWrite& w,
                                     Communicator& world) {
   const fs::path root(root_str), final_dir = root / step_name(st.step),
@@ -145,6 +164,7 @@ Result<std::string> save_checkpoint(const std::string& root_str, const Checkpoin
   FP_RETURN_IF_ERROR(agree(world, s, "directory"));
   const std::string file = fmt::format("rank-{:05d}.safetensors", world.rank());
   if (w.writes) s = write_rank_file((tmp / file).string(), w);
+  maybe_inject_kill(st.step, world);
   const int32_t writes = w.writes ? 1 : 0;
   std::vector<int32_t> writers(static_cast<size_t>(world.size()));
   FP_CHECK_OK(world.all_gather(&writes, writers.data(), 1, DType::kI32));

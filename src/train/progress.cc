@@ -36,7 +36,7 @@ std::string format_duration(double s) {
 }
 
 ProgressLine::ProgressLine(int64_t total_steps, bool tty, int64_t every)
-    : total_(total_steps), tty_(tty), every_(std::max<int64_t>(1, every)) {}
+    : total_(total_steps), tty_(tty), every_(std::max<int64_t>(0, every)) {}
 
 void ProgressLine::update(int64_t step, double loss, double tokens_per_s, double elapsed_s) {
   const double eta = step > 0 ? elapsed_s / static_cast<double>(step) * static_cast<double>(total_ - step) : 0;
@@ -49,7 +49,7 @@ void ProgressLine::update(int64_t step, double loss, double tokens_per_s, double
                  static_cast<long long>(step), static_cast<long long>(total_), loss, tokens_per_s,
                  format_duration(eta).c_str());
     dirty_ = true;
-  } else if (step % every_ == 0 || step == total_) {
+  } else if (every_ > 0 && (step % every_ == 0 || step == total_)) {
     std::fprintf(stdout, "step %lld/%lld  loss %.4f  %.0f tok/s  ETA %s\n", static_cast<long long>(step),
                  static_cast<long long>(total_), loss, tokens_per_s, format_duration(eta).c_str());
   }

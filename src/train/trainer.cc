@@ -208,7 +208,7 @@ Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
       if (leader) progress.note(fmt::format("step {}: validation loss {:.4f}", step, report.val_loss));
     }
     if (leader) FP_RETURN_IF_ERROR(metrics.append(line.dump()));
-    progress.update(step, loss, tps, now_s() - t_start);
+    if (leader) progress.update(step, loss, tps, now_s() - t_start);
     if ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == last) {
       CheckpointState st{step, static_cast<uint64_t>(step), o.seed, layout, o.config};
       CheckpointWrite w{&params, &adamw.first_moments(), &adamw.second_moments(), s.dp_rank == 0, o.keep_checkpoints};
@@ -216,7 +216,7 @@ Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
       if (leader) progress.note(fmt::format("step {}: checkpoint {}", step, report.checkpoint));
     }
   }
-  progress.finish();
+  if (leader) progress.finish();
   report.steps_done = step - first_step;
   report.final_step = step;
   report.tokens_per_second = step_times.empty() ? 0 : static_cast<double>(o.batch * o.seq) / median(step_times);

@@ -37,8 +37,10 @@ struct TrainOptions {
   int keep_checkpoints = 2;
   bool resume = false;              // continue from the newest complete checkpoint in out_dir
   std::string init_from;            // start from these weights (a Hugging Face directory)
-  bool tty = false;                 // rank 0 draws a progress bar instead of printing lines
-  int64_t print_every = 10;         // without a terminal: a progress line this often
+  // Rank 0's progress: a bar redrawn in place (tty), or a line every print_every steps;
+  // print_every 0 prints nothing but validation and checkpoint notes.
+  bool tty = false;
+  int64_t print_every = 10;
 };
 
 struct TrainReport {
