@@ -1,0 +1,161 @@
+// TpspModel: the Llama model on the 2-D mesh tp=T,sp=S_ (spec/TSP.md sections 7-8, the
+// TP x SP baseline): Megatron tensor parallelism inside each tp group, sequence (context)
+// parallelism across groups. Rank (t, p) holds the tp slices of rank t (ShardedWeights of
+// degree T: its heads, MLP columns and vocabulary rows; norm gains replicated), identical on
+// every sp rank, and the S/S_ positions of sp shard p (SequenceShard, zigzag by default) of
+// every sequence. The tp collectives (parallel/tensor_parallel.h) run over the tp
+// communicator on those B*S/S_ token rows; attention exchanges the K/V of the rank's T-sharded
+// KV heads over the sp communicator (parallel/kv_exchange.h, or parallel/ring_attention.h).
+// With sequence parallelism (Megatron's, inside the tp group) the residual stream and the
+// norms hold only a contiguous block of S/(S_ T) of the sp shard's local rows.
+//
+//   attention  a1 = norm(x); [f] q,k,v of the local heads on the S/S_ local tokens; RoPE at
+//              global positions; K/V over sp (all_gather, or the ring); causal attention of
+//              the local queries; [g] x_mid = x + tp_sum(attn Wo_t^T)
+//   MLP        exactly TP's: [f] silu(a2 Wg_t^T) * (a2 Wu_t^T); [g] x_out = x_mid + tp_sum(act Wd_t^T)
+//   conjugates f: identity / all_reduce(tp); g: all_reduce(tp) / identity; with sequence
+//              parallelism f' = all_gather_seq / reduce_scatter_seq and g' the reverse;
+//              K/V all_gather(sp) / reduce_scatter(sp); K/V ring / K/V ring + dK/dV ring.
+//   gradients  every tp-sharded gradient and norm gain is partial over sp (each sp rank saw
+//              its tokens): one packed all_reduce over sp of this step's partial at the end of
+//              backward (TpspGrads: one flat buffer). With sequence parallelism the norm gains
+//              are also partial over tp: one all_reduce over tp of their packed region first.
+//   loss       the vocabulary-parallel cross-entropy over tp on the local rows; loss sum and
+//              valid count all_reduced over sp: the mean over the whole global batch.
+//
+// Traffic per rank in elements (comm/comm_stats.h convention: sent = received; an all_reduce
+// of x over M ranks moves 2 x (M-1)/M when M divides x, the ring-block rule otherwise). Notation:
+// N = B*S/S_ the sp shard's token rows, n = N*h, G(x) = x (T-1)/T, and
+// KV = 2*B*S*h/(g T) * (S_-1)/S_ (the gathered K/V of the rank's T-sharded heads):
+//   per layer, forward     tp: all_reduce 4 G(n) in 2 calls | sequence parallel: all_gather
+//                          2 G(n) + reduce_scatter 2 G(n) (2 calls each)
+//                          sp: all_gather KV in 2B calls | ring: send_recv KV in S_-1 hops
+//                          (spec section 7's TP x SP row: 4 G(n) + KV)
+//   per layer, backward    tp: plain all_reduce 4 G(n) (dX of both column-parallel GEMMs, 2
+//   (fb minus forward)     calls) | sequence parallel: all_gather 4 G(n) (dY of both sub-blocks,
+//                          the norm outputs gathered again) + reduce_scatter 2 G(n), plus 2h
+//                          more elements in the per-step tp all_reduce of the norm gains
+//                          sp: all_gather KV again (2B calls) + reduce_scatter KV of dK/dV
+//                          (2B calls) | ring: send_recv 2 KV (K/V ring again, dK/dV ring
+//                          home; 2(S_-1) hops); plus attn+mlp shard elements + 2h more in the
+//                          per-step sp all_reduce of the gradients
+//   Recompute::kBlock      reruns each block forward in backward with its communication:
+//                          adds one layer's forward; the all-gather exchange keeps the
+//                          rerun's gathered K/V (no second gather), sequence parallelism the
+//                          rerun's gathered norm outputs (no re-gather: all_gather 2 G(n) less)
+//   once per step          tp: embedding all_reduce 2 G(n) | reduce_scatter G(n); the loss's
+//                          all_reduce of N maxima and of 2N sums; backward, plain: all_reduce
+//                          2 G(n) of d_xf; sequence parallel: all_gather G(2N) of the i32 ids
+//                          and targets, all_gather G(n) of xf before the LM head, and in
+//                          backward reduce_scatter G(n) of d_xf, all_gather G(n) of the
+//                          embedding's dX and all_reduce of the (2L+1)h norm gains
+//                          sp: all_reduce of 2 f64 (loss sum, valid count); backward: one
+//                          all_reduce of every gradient this rank holds, L (attn + mlp shard
+//                          elements) + (1 or 2) V/T*h + (2L+1) h (chunks of 2^30 elements)
+//   keep_logits            (verification) adds an all_gather over tp of the rows' [rows, V/T]
+// tests/parallel/tpsp_traffic_test.cc holds every term per communicator and kind.
+//
+// Collective over both communicators: every rank calls forward/forward_backward with the
+// same batch size and options, in the same order.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/llama_model.h"
+#include "parallel/sequence_shard.h"
+#include "parallel/sharded_model.h"
+#include "parallel/sharded_weights.h"
+
+namespace foldpar {
+
+struct TpspOptions {
+  SeqSplit split = SeqSplit::kZigzag;  // token sharding over sp
+  LayoutOptions::KvExchange kv_exchange = LayoutOptions::KvExchange::kAllGather;
+  // Megatron sequence parallelism inside the tp group: the residual stream and the norms
+  // hold a contiguous block of S/(S_ T) of the sp shard's local rows (needs S % (S_ T) == 0).
+  bool sequence_parallel = false;
+  // Start transfers before the computation that does not need them yet; false: every
+  // transfer completes where it starts.
+  bool overlap = true;
+  // kBlock keeps only each block's input and reruns the block (with its communication).
+  Recompute recompute = Recompute::kNone;
+  bool keep_logits = false;  // verification: return this rank's logits rows [B, local_seq, V]
+};
+
+// The two axes of the mesh: tp (T ranks) inside, sp (S_ ranks) across.
+struct TpspAxes {
+  Communicator* tp = nullptr;
+  Communicator* sp = nullptr;
+};
+
+// The gradients of this rank's tp slices in ONE flat buffer, ShardedWeights views into it
+// (sharded tensors first, then the (2L+1) norm gains contiguous), so that the sum over sp is
+// one all_reduce (a few when it exceeds one MPI message) and the gains' sum over tp one more.
+class TpspGrads {
+ public:
+  static TpspGrads allocate(const LlamaConfig& config, const ShardDims& dims, int owner, MemCategory category);
+
+  ShardedWeights& views() { return views_; }
+  Tensor& flat() { return flat_; }
+  Tensor norm_region() { return flat_.narrow(norm_offset_, flat_.numel()); }  // [(2L+1) h]
+  void zero();
+  // True from zero() until a step accumulates into it: such a step sums its partial in
+  // place instead of through a scratch buffer.
+  bool known_zero() const { return known_zero_; }
+  void mark_written() { known_zero_ = false; }
+
+ private:
+  Tensor flat_;  // f32 [every element this rank holds]
+  ShardedWeights views_;
+  int64_t norm_offset_ = 0;
+  bool known_zero_ = false;
+};
+
+class TpspModel {
+ public:
+  // invalid_argument naming the numbers: heads, KV heads, f and V by T (shard_dims); S by
+  // 2 S_ (zigzag) or S_ (contiguous); with sequence parallelism S/S_ by T. Not collective.
+  static Result<TpspModel> create(const LlamaConfig& config, int tp_degree, int tp_rank, int sp_degree, int sp_rank,
+                                  int64_t seq, const TpspOptions& options);
+
+  const LlamaConfig& config() const { return config_; }
+  const ShardDims& dims() const { return dims_; }
+  const SequenceShard& shard() const { return shard_; }  // the sp shard
+  const TpspOptions& options() const { return options_; }
+  int tp_rank() const { return tp_rank_; }
+  // Positions per sequence the tp GEMMs see: S/S_.
+  int64_t sp_seq() const { return shard_.local_seq(); }
+  // Positions per sequence this rank's batch holds: S/S_, or S/(S_ T) with sequence parallelism.
+  int64_t local_seq() const { return static_cast<int64_t>(positions_.size()); }
+  // Global positions of this rank's rows, in local order.
+  const std::vector<int32_t>& positions() const { return positions_; }
+
+  // This rank's rows [B, local_seq] of a global batch [B, S]. Not collective.
+  Batch local_batch(const Batch& global) const;
+  // Places this rank's rows [B, local_seq, ...] into `global` [B, S, ...] (other rows left).
+  void scatter_rows(const Tensor& local, Tensor& global) const;
+
+  // Loss (mean over the valid tokens of the global batch, the same on every rank) of the
+  // local batch. Collective over tp and sp.
+  Result<StepResult> forward(Backend& backend, const TpspAxes& axes, const ShardedWeights& weights,
+                             const Batch& local) const;
+  // Forward and backward: the gradient of loss_sum / loss_normalizer (0: this micro-batch's
+  // global valid count), summed over sp (and the gains over tp), accumulated (+=) into grads
+  // on every rank. Collective over tp and sp.
+  Result<StepResult> forward_backward(Backend& backend, const TpspAxes& axes, const ShardedWeights& weights,
+                                      const Batch& local, TpspGrads& grads, int64_t loss_normalizer) const;
+
+ private:
+  TpspModel(const LlamaConfig& config, ShardDims dims, int tp_rank, SequenceShard shard, const TpspOptions& options);
+
+  LlamaConfig config_;
+  ShardDims dims_;
+  int tp_rank_;
+  SequenceShard shard_;
+  TpspOptions options_;
+  std::vector<int32_t> positions_;
+};
+
+}  // namespace foldpar

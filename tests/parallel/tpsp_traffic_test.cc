@@ -1,0 +1,335 @@
+// TP x SP traffic: what each rank counts (comm/comm_stats.h convention) on the tp and on the
+// sp communicator SEPARATELY, per operation kind (calls, bytes sent, bytes received), equals
+// the formulas written in parallel/tpsp/tpsp_model.h, which this file computes again from
+// the config. Notation: T, S_ the degrees, N = B*S/S_ the sp shard's token rows, n = N*h,
+// G(x) = x (T-1)/T, KV = 2*B*S*h/(g T) * (S_-1)/S_. Per layer per rank, in elements:
+//   forward   tp: all_reduce 4 G(n) (2 calls) | sequence parallel: all_gather 2 G(n) +
+//             reduce_scatter 2 G(n) (2 calls each) -- spec section 7's 4 B (S/S_) h (T-1)/T
+//             sp: all_gather KV (2B calls) | ring: send_recv KV (S_-1 hops) -- spec's
+//             2 B S h/(g T) (S_-1)/S_
+//   backward  tp: plain all_reduce 4 G(n) (2 calls) | sequence parallel: all_gather 4 G(n)
+//   (fb - f)  (4 calls; 2 with recompute, which keeps the rerun's gathered norm outputs) +
+//             reduce_scatter 2 G(n) (2 calls), and 2h more in the step's norm all_reduce;
+//             recompute adds one layer's forward
+//             sp: all_gather KV (2B calls) + reduce_scatter KV (2B calls) | ring: send_recv
+//             2 KV (2(S_-1) hops), 3 KV with recompute; and attn + mlp shard elements + 2h
+//             more in the step's gradient all_reduce
+// One layer is the difference between a 2-layer and a 1-layer model; a whole step (L = 1, 2)
+// equals the sum of every term, including the embedding, the loss and the per-step gradient
+// all_reduce over sp. All-reduces are held to the ring-block rule (2n - b[p] - b[next] sent,
+// 2n - b[prev] - b[p] received) for this rank.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "app/synthetic.h"
+#include "comm/comm_stats.h"
+#include "comm/mesh.h"
+#include "mpi_test_main.h"
+#include "parallel/make_layout.h"
+
+namespace foldpar {
+namespace {
+
+using Exchange = LayoutOptions::KvExchange;
+
+LlamaConfig traffic_config(int layers, bool tied) {
+  LlamaConfig c;
+  c.hidden_size = 96;
+  c.num_attention_heads = 12;
+  c.num_key_value_heads = 4;  // g = 3; two KV heads per rank at T = 2
+  c.intermediate_size = 144;
+  c.vocab_size = 120;
+  c.num_hidden_layers = layers;
+  c.max_position_embeddings = 512;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+constexpr int64_t kBatch = 2, kSeq = 48;
+
+std::vector<std::string> layouts() {
+  switch (test::mpi().world().size()) {
+    case 1: return {"tp=1,sp=1"};
+    case 2: return {"tp=2,sp=1", "tp=1,sp=2"};
+    case 4: return {"tp=2,sp=2"};
+    default: return {};
+  }
+}
+
+struct Policy {
+  const char* name;
+  Exchange exchange;
+  bool sequence_parallel;
+  Recompute recompute;
+  bool overlap;
+  SeqSplit split;
+  bool tied;
+};
+
+void PrintTo(const Policy& p, std::ostream* os) { *os << p.name; }
+
+struct Counted {
+  CommStats tp, sp;
+};
+
+Counted run(const std::string& layout, int layers, const Policy& pol, bool backward) {
+  const LlamaConfig c = traffic_config(layers, pol.tied);
+  Result<Mesh> mesh = Mesh::create(test::mpi().world(), layout);
+  FP_CHECK_OK(mesh.status());
+  LayoutOptions o;
+  o.kv_exchange = pol.exchange;
+  o.sequence_parallel = pol.sequence_parallel;
+  o.recompute = pol.recompute;
+  o.overlap = pol.overlap;
+  o.split = pol.split;
+  Result<std::unique_ptr<ShardedModel>> m = make_sharded_model(c, *mesh, kSeq, o);
+  FP_CHECK_OK(m.status());
+  ShardedModel& model = **m;
+  model.init_weights(InitOptions{.seed = 1});
+  const Batch local = model.local_batch(synthetic_batch(c, kBatch, kSeq, 3));
+  auto be = make_cpu_backend();
+  const Communicator &tp = mesh->comm("tp"), &sp = mesh->comm("sp");
+  ScopedCommCounter counter({&tp, &sp});
+  Result<StepResult> r = backward ? model.forward_backward(*be, local, 0) : model.forward(*be, local);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return Counted{counter.delta(tp), counter.delta(sp)};
+}
+
+// Expected counters per kind, in bytes.
+struct Expected {
+  std::map<CommOpKind, OpCounters> ops;
+  // A symmetric term (every kind but all_reduce): elements each sent and received.
+  void add(CommOpKind kind, uint64_t calls, uint64_t elements, uint64_t bytes_per = 4) {
+    OpCounters& o = ops[kind];
+    o.calls += calls;
+    o.bytes_sent += elements * bytes_per;
+    o.bytes_received += elements * bytes_per;
+  }
+  // An all_reduce of n elements over N ranks, for rank p: the ring-block rule.
+  void add_all_reduce(uint64_t calls, uint64_t n, int N, int p, uint64_t bytes_per = 4) {
+    OpCounters& o = ops[CommOpKind::kAllReduce];
+    o.calls += calls;
+    if (N == 1) return;
+    auto block = [&](int i) { return n / N + (static_cast<uint64_t>(i) < n % N ? 1 : 0); };
+    const int next = (p + 1) % N, prev = (p - 1 + N) % N;
+    o.bytes_sent += (2 * n - block(p) - block(next)) * bytes_per;
+    o.bytes_received += (2 * n - block(prev) - block(p)) * bytes_per;
+  }
+  // The growth of one all_reduce from n1 to n2 elements (no extra call).
+  void add_all_reduce_growth(uint64_t n1, uint64_t n2, int N, int p) {
+    Expected a, b;
+    a.add_all_reduce(0, n1, N, p);
+    b.add_all_reduce(0, n2, N, p);
+    OpCounters& o = ops[CommOpKind::kAllReduce];
+    o.bytes_sent += b.ops[CommOpKind::kAllReduce].bytes_sent - a.ops[CommOpKind::kAllReduce].bytes_sent;
+    o.bytes_received += b.ops[CommOpKind::kAllReduce].bytes_received - a.ops[CommOpKind::kAllReduce].bytes_received;
+  }
+  void add_times(const Expected& x, uint64_t times) {
+    for (const auto& [kind, v] : x.ops) {
+      OpCounters& o = ops[kind];
+      o.calls += v.calls * times;
+      o.bytes_sent += v.bytes_sent * times;
+      o.bytes_received += v.bytes_received * times;
+    }
+  }
+};
+
+// Every kind: the expected calls and bytes, 0 for kinds not listed.
+void expect_counters(const CommStats& got, const Expected& want, const std::string& what) {
+  for (int i = 0; i < kNumCommOpKinds; ++i) {
+    const CommOpKind kind = static_cast<CommOpKind>(i);
+    const auto it = want.ops.find(kind);
+    const OpCounters w = it == want.ops.end() ? OpCounters{} : it->second;
+    const OpCounters& o = got.op(kind);
+    EXPECT_EQ(o.calls, w.calls) << what << ": " << comm_op_name(kind) << " calls";
+    EXPECT_EQ(o.bytes_sent, w.bytes_sent) << what << ": " << comm_op_name(kind) << " bytes sent";
+    EXPECT_EQ(o.bytes_received, w.bytes_received) << what << ": " << comm_op_name(kind) << " bytes received";
+  }
+}
+
+// The formulas of parallel/tpsp/tpsp_model.h, from the config and the mesh.
+struct Formulas {
+  int T, t, P, p;
+  bool seq_par, ring, recompute, tied;
+  uint64_t B, S, h, g, N, n, KV;
+  uint64_t layer_shard_elems, vocab_elems;
+
+  uint64_t G(uint64_t x) const { return x * static_cast<uint64_t>(T - 1) / static_cast<uint64_t>(T); }
+  uint64_t norm_elems(uint64_t L) const { return (2 * L + 1) * h; }
+  uint64_t grad_elems(uint64_t L) const {
+    return L * layer_shard_elems + (tied ? 1 : 2) * vocab_elems + norm_elems(L);
+  }
+
+  Expected tp_layer_forward() const {
+    Expected e;
+    if (seq_par) {
+      e.add(CommOpKind::kAllGather, 2, 2 * G(n));      // f' before Q/K/V and gate/up
+      e.add(CommOpKind::kReduceScatter, 2, 2 * G(n));  // g' after Wo and Wdown
+    } else {
+      e.add_all_reduce(2, n, T, t);  // g after Wo and after Wdown
+      e.add_all_reduce(0, n, T, t);
+    }
+    return e;
+  }
+  Expected tp_layer_backward() const {
+    Expected e;
+    if (recompute) e = tp_layer_forward();  // the rerun
+    if (seq_par) {
+      e.add(CommOpKind::kAllGather, 2, 2 * G(n));                  // dY of both sub-blocks (g'^T)
+      if (!recompute) e.add(CommOpKind::kAllGather, 2, 2 * G(n));  // norm outputs gathered again
+      e.add(CommOpKind::kReduceScatter, 2, 2 * G(n));              // dX of the column-parallel GEMMs (f'^T)
+      e.add_all_reduce_growth(norm_elems(1), norm_elems(2), T, t);  // two gains more in the norm all_reduce
+    } else {
+      e.add_all_reduce(2, n, T, t);  // dX of both column-parallel GEMMs (f^T)
+      e.add_all_reduce(0, n, T, t);
+    }
+    return e;
+  }
+  Expected sp_layer_forward() const {
+    Expected e;
+    if (ring) {
+      e.add(CommOpKind::kSendRecv, static_cast<uint64_t>(P - 1), KV);
+    } else {
+      e.add(CommOpKind::kAllGather, 2 * B, KV);  // K and V, one per batch entry
+    }
+    return e;
+  }
+  Expected sp_layer_backward() const {
+    Expected e;
+    if (ring) {
+      const uint64_t rings = recompute ? 3 : 2;  // (the rerun's,) K/V again, dK/dV home
+      e.add(CommOpKind::kSendRecv, rings * static_cast<uint64_t>(P - 1), rings * KV);
+    } else {
+      e.add(CommOpKind::kAllGather, 2 * B, KV);      // again (or the rerun's, kept for backward)
+      e.add(CommOpKind::kReduceScatter, 2 * B, KV);  // dK, dV
+    }
+    e.add_all_reduce_growth(grad_elems(1), grad_elems(2), P, p);
+    return e;
+  }
+
+  Expected tp_step(uint64_t L, bool backward) const {
+    Expected e;
+    e.add_times(tp_layer_forward(), L);
+    e.add_all_reduce(1, N, T, t);      // loss: row maxima
+    e.add_all_reduce(1, 2 * N, T, t);  // loss: sums of exponentials and target logits
+    if (seq_par) {
+      e.add(CommOpKind::kAllGather, 1, G(2 * N));  // ids and targets (i32)
+      e.add(CommOpKind::kReduceScatter, 1, G(n));  // embedding (g')
+      e.add(CommOpKind::kAllGather, 1, G(n));      // xf before the LM head (f')
+    } else {
+      e.add_all_reduce(1, n, T, t);  // embedding (g)
+    }
+    if (!backward) return e;
+    Expected layer = tp_layer_backward();
+    if (seq_par) {
+      // The per-layer growth of the norm all_reduce is counted by the whole-step term below.
+      layer.ops[CommOpKind::kAllReduce] = OpCounters{};
+      e.add(CommOpKind::kReduceScatter, 1, G(n));  // d_xf (f'^T)
+      e.add(CommOpKind::kAllGather, 1, G(n));      // embedding dX (g'^T)
+      e.add_all_reduce(1, norm_elems(L), T, t);    // every norm gain's partial, packed
+    } else {
+      e.add_all_reduce(1, n, T, t);  // d_xf (f^T)
+    }
+    e.add_times(layer, L);
+    return e;
+  }
+  Expected sp_step(uint64_t L, bool backward) const {
+    Expected e;
+    e.add_times(sp_layer_forward(), L);
+    e.add_all_reduce(1, 2, P, p, 8);  // loss sum and valid count, f64
+    if (!backward) return e;
+    Expected layer = sp_layer_backward();
+    layer.ops[CommOpKind::kAllReduce] = OpCounters{};  // counted whole below
+    e.add_times(layer, L);
+    e.add_all_reduce(1, grad_elems(L), P, p);  // every gradient this rank holds, packed
+    return e;
+  }
+};
+
+Formulas formulas(const std::string& layout, const Policy& pol) {
+  Result<Mesh> mesh = Mesh::create(test::mpi().world(), layout);
+  FP_CHECK_OK(mesh.status());
+  const LlamaConfig c = traffic_config(1, pol.tied);
+  Formulas F{};
+  F.T = mesh->degree("tp");
+  F.t = mesh->coord("tp");
+  F.P = mesh->degree("sp");
+  F.p = mesh->coord("sp");
+  F.seq_par = pol.sequence_parallel;
+  F.ring = pol.exchange == Exchange::kRing;
+  F.recompute = pol.recompute == Recompute::kBlock;
+  F.tied = pol.tied;
+  F.B = kBatch;
+  F.S = kSeq;
+  F.h = static_cast<uint64_t>(c.hidden_size);
+  F.g = static_cast<uint64_t>(c.group());
+  F.N = F.B * F.S / F.P;
+  F.n = F.N * F.h;
+  F.KV = 2 * F.B * F.S * F.h / (F.g * F.T) * (F.P - 1) / F.P;  // spec section 7, the TP x SP row
+  const uint64_t T = F.T, f = c.intermediate_size, kv = c.kv_dim();
+  F.layer_shard_elems = (2 * F.h * F.h + 2 * F.h * kv) / T + 3 * F.h * f / T;
+  F.vocab_elems = c.vocab_size / T * F.h;
+  return F;
+}
+
+class TpspTraffic : public ::testing::TestWithParam<Policy> {
+ protected:
+  void SetUp() override {
+    if (layouts().empty()) GTEST_SKIP() << "layouts are listed for 1, 2 and 4 ranks";
+  }
+};
+
+TEST_P(TpspTraffic, OneLayerEqualsTheFormulasOnEachCommunicator) {
+  const Policy pol = GetParam();
+  for (const std::string& layout : layouts()) {
+    SCOPED_TRACE(layout);
+    const Formulas F = formulas(layout, pol);
+    const Counted f1 = run(layout, 1, pol, false), f2 = run(layout, 2, pol, false);
+    const CommStats tp_f = f2.tp - f1.tp, sp_f = f2.sp - f1.sp;
+    expect_counters(tp_f, F.tp_layer_forward(), "tp, one layer forward");
+    expect_counters(sp_f, F.sp_layer_forward(), "sp, one layer forward");
+    // Spec section 7's TP x SP row, written from the config alone.
+    const uint64_t B = kBatch, S = kSeq, h = F.h, g = F.g, T = F.T, P = F.P;
+    EXPECT_EQ(tp_f.total().bytes_received, 4 * (4 * B * (S / P) * h * (T - 1) / T)) << "tp: 4 B (S/S_) h (T-1)/T";
+    EXPECT_EQ(sp_f.total().bytes_received, 4 * (2 * B * S * h / (g * T) * (P - 1) / P))
+        << "sp: 2 B S h/(g T) (S_-1)/S_";
+
+    const Counted b1 = run(layout, 1, pol, true), b2 = run(layout, 2, pol, true);
+    expect_counters((b2.tp - b1.tp) - tp_f, F.tp_layer_backward(), "tp, one layer backward");
+    expect_counters((b2.sp - b1.sp) - sp_f, F.sp_layer_backward(), "sp, one layer backward");
+  }
+}
+
+TEST_P(TpspTraffic, WholeStepEqualsTheSumOfItsTerms) {
+  const Policy pol = GetParam();
+  for (const std::string& layout : layouts()) {
+    SCOPED_TRACE(layout);
+    const Formulas F = formulas(layout, pol);
+    for (int layers : {1, 2}) {
+      const std::string L = ", L=" + std::to_string(layers);
+      const Counted f = run(layout, layers, pol, false), fb = run(layout, layers, pol, true);
+      expect_counters(f.tp, F.tp_step(layers, false), "tp, forward" + L);
+      expect_counters(f.sp, F.sp_step(layers, false), "sp, forward" + L);
+      expect_counters(fb.tp, F.tp_step(layers, true), "tp, forward+backward" + L);
+      expect_counters(fb.sp, F.sp_step(layers, true), "sp, forward+backward" + L);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Policies, TpspTraffic,
+    ::testing::Values(
+        Policy{"allgather", Exchange::kAllGather, false, Recompute::kNone, true, SeqSplit::kZigzag, false},
+        Policy{"ring_tied", Exchange::kRing, false, Recompute::kNone, true, SeqSplit::kZigzag, true},
+        Policy{"allgather_recompute", Exchange::kAllGather, false, Recompute::kBlock, true, SeqSplit::kZigzag, false},
+        Policy{"ring_recompute_no_overlap_contiguous", Exchange::kRing, false, Recompute::kBlock, false,
+               SeqSplit::kContiguous, false},
+        Policy{"seqpar_allgather", Exchange::kAllGather, true, Recompute::kNone, true, SeqSplit::kZigzag, false},
+        Policy{"seqpar_allgather_recompute_no_overlap", Exchange::kAllGather, true, Recompute::kBlock, false,
+               SeqSplit::kZigzag, true},
+        Policy{"seqpar_ring_recompute", Exchange::kRing, true, Recompute::kBlock, true, SeqSplit::kZigzag, false}),
+    [](const ::testing::TestParamInfo<Policy>& i) { return std::string(i.param.name); });
+
+}  // namespace
+}  // namespace foldpar
