@@ -1,17 +1,35 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs the main job: `foldpar verify` on configs/small.json (fast path
-# against the fp64 reference, loss and every gradient), the same model under TSP on two
-# ranks against the single-rank model, then a short single-rank training step timing.
+# The main job: sets up and builds, prepares the default corpus (Debian's fortunes, bytes),
+# trains configs/small.json with TSP on two ranks (one per core) for a few minutes with a
+# progress bar, prints the final validation loss, draws the curves, and prints what each
+# layout holds per rank for the same model (tracked memory peaks, counted traffic).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 ./scripts/build.sh
 export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-echo "== foldpar verify --model configs/small.json"
-./build/tools/foldpar verify --model configs/small.json
+bin=./build/tools/foldpar
+out=${FOLDPAR_DEMO_OUT:-out/demo}
+steps=${FOLDPAR_DEMO_STEPS:-200}
+rm -rf "$out"
+mkdir -p "$out"
+
+echo "== foldpar prepare-data (default corpus: Debian's fortunes, byte tokens)"
+"$bin" prepare-data --out "$out/data"
 echo
-echo "== mpirun -np 2 foldpar verify --model configs/small.json --layout tsp=2 --seq 1024"
-mpirun -np 2 ./build/tools/foldpar verify --model configs/small.json --layout tsp=2 --seq 1024 | tail -5
+echo "== mpirun -np 2 foldpar train --model configs/small.json --layout tsp=2 ($steps steps)"
+mpirun -np 2 "$bin" train --model configs/small.json --layout tsp=2 --data "$out/data" --out "$out/train" \
+  --steps "$steps" --seq 256 --batch 8 --lr 1e-3 --warmup 20 --eval-every 50 --eval-batches 4 --print-every 10
+"$bin" plot "$out/train/metrics.jsonl" -o "$out/plots" >/dev/null && echo "curves: $out/plots/{loss,throughput,memory}.png"
 echo
-echo "== foldpar bench --model configs/small.json --seq 1024 (one thread, forward + backward)"
-./build/tools/foldpar bench --model configs/small.json --seq 1024 --steps 3
+echo "== memory and traffic per rank of each layout (configs/small.json, one training step, S = 2048)"
+printf '%-10s %14s %14s %14s\n' layout "peak MiB/rank" "sent MiB/rank" "1-rank MiB"
+for layout in tsp=2 tp=2 sp=2; do
+  mpirun -np 2 "$bin" verify --model configs/small.json --layout "$layout" --batch 1 --seq 2048 --json >"$out/$layout.json"
+  /usr/bin/python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+mib = 1 << 20
+print(f\"{r['layout']:<10} {max(r['peak_bytes'])/mib:>14.1f} {max(r['bytes_sent'])/mib:>14.1f} {r['single_rank_peak_bytes']/mib:>14.1f}\")
+" "$out/$layout.json"
+done
