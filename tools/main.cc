@@ -56,13 +56,13 @@ struct LayoutArgs {
 void add_layout_flags(CLI::App* cmd, LayoutArgs& a) {
   cmd->add_option("--layout", a.layout, "parallel layout, e.g. tsp=4, tp=2,sp=2, dp=2,tsp=2 (run under mpirun)");
   cmd->add_option("--recompute", a.recompute, "activation recomputation: none or block");
-  cmd->add_option("--seq-split", a.seq_split, "sequence sharding (tsp, sp): zigzag or contiguous");
+  cmd->add_option("--seq-split", a.seq_split, "sequence sharding (tsp, sp, tp x sp): zigzag or contiguous");
   cmd->add_flag("--no-overlap", a.no_overlap, "finish every transfer before the computation that follows it");
   cmd->add_flag("--keep-weights", a.keep_weights, "tsp: backward reuses the forward's attention shards");
   cmd->add_flag("--keep-kv", a.keep_kv, "tsp: backward reuses the forward's gathered K/V");
   cmd->add_option("--head-buckets", a.head_buckets, "tsp: all-gather each attention shard's K/V in this many buckets");
-  cmd->add_flag("--sequence-parallel", a.sequence_parallel, "tp: Megatron sequence parallelism in the norm regions");
-  cmd->add_option("--kv-exchange", a.kv_exchange, "sp: how attention exchanges K/V: allgather or ring");
+  cmd->add_flag("--sequence-parallel", a.sequence_parallel, "tp, tp x sp: Megatron sequence parallelism in the norm regions");
+  cmd->add_option("--kv-exchange", a.kv_exchange, "sp, tp x sp: how attention exchanges K/V: allgather or ring");
 }
 
 Result<Recompute> parse_recompute(const std::string& name) {

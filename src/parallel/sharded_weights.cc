@@ -199,15 +199,15 @@ void unshard_into_global(const ShardedWeights& shard, bool replicated, LlamaWeig
   move_shards(const_cast<ShardedWeights&>(shard), global, /*to_global=*/true, replicated);
 }
 
-Status assemble_global(const ShardedWeights& shard, Communicator& tsp, LlamaWeights& global) {
+Status assemble_global(const ShardedWeights& shard, Communicator& axis, LlamaWeights& global) {
   // Every element comes from exactly one rank (shards are disjoint, replicated tensors come
   // from rank 0), so a sum over the axis assembles them exactly.
   global.zero();
-  unshard_into_global(shard, tsp.rank() == 0, global);
+  unshard_into_global(shard, axis.rank() == 0, global);
   Status status;
   global.for_each([&](const std::string&, Tensor& t) {
     if (status.ok())
-      status = tsp.all_reduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()), DType::kF32, ReduceOp::kSum);
+      status = axis.all_reduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()), DType::kF32, ReduceOp::kSum);
   });
   return status;
 }

@@ -92,7 +92,7 @@ class Communicator;
 // every rank's shards (replicated tensors taken from rank 0). `global` must be allocated
 // (LlamaWeights::allocate) with the config's shapes. For verification, dumps and
 // checkpoints, not for training steps: it moves the whole model.
-Status assemble_global(const ShardedWeights& shard, Communicator& tsp, LlamaWeights& global);
+Status assemble_global(const ShardedWeights& shard, Communicator& axis, LlamaWeights& global);
 
 
 // The ParamRefs of sharded weights and their gradients: packed shards with their global

@@ -9,6 +9,8 @@
 #include "data/tokenizer.h"
 #include "io/token_file.h"
 
+#include <sentencepiece_trainer.h>
+
 namespace foldpar {
 namespace {
 
@@ -78,6 +80,40 @@ TEST(Tokenizer, BytesRoundTrip) {
   EXPECT_EQ(tok->decode(ids), text);
   EXPECT_EQ(tok->vocab_size(), 256u);
   EXPECT_FALSE(make_tokenizer("/nonexistent/model.model").ok());
+}
+
+TEST(Tokenizer, SentencePieceModelPreparesACorpus) {
+  // Train a small SentencePiece model here (libsentencepiece's trainer), then prepare a
+  // corpus with it: ids below its vocabulary, and decoding gives the text back.
+  TempDir dir;
+  std::ofstream text(dir.path / "text.txt");
+  for (int i = 0; i < 200; ++i) text << "the quick brown fox " << i % 17 << " jumps over the lazy dog\n%\n";
+  text.close();
+  const std::string prefix = (dir.path / "spm").string();
+  const auto status = sentencepiece::SentencePieceTrainer::Train("--input=" + (dir.path / "text.txt").string() +
+                                                                 " --model_prefix=" + prefix +
+                                                                 " --vocab_size=48 --hard_vocab_limit=false --minloglevel=2");
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  Result<std::unique_ptr<Tokenizer>> tok = make_tokenizer(prefix + ".model");
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  const uint32_t vocab = (*tok)->vocab_size();
+  EXPECT_GE(vocab, 41u);
+  EXPECT_LE(vocab, 48u);
+  const std::vector<int32_t> ids = (*tok)->encode("the lazy dog");
+  EXPECT_GT(ids.size(), 0u);
+  EXPECT_EQ((*tok)->decode(ids), "the lazy dog");
+  PrepareOptions o;
+  o.inputs = {(dir.path / "text.txt").string()};
+  o.out_dir = (dir.path / "out").string();
+  o.tokenizer = prefix + ".model";
+  Result<PrepareReport> r = prepare_corpus(o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->vocab_size, vocab);
+  Result<TokenFile> train = read_token_file((dir.path / "out" / "train.tokens").string());
+  ASSERT_TRUE(train.ok());
+  EXPECT_EQ(train->vocab_size, vocab);
+  for (int32_t id : train->ids) ASSERT_LT(static_cast<uint32_t>(id), vocab);
+  EXPECT_EQ(read_corpus_info(o.out_dir)->tokenizer, "sentencepiece:" + prefix + ".model");
 }
 
 TEST(Corpus, HoldsOutEveryFiftiethDocument) {

@@ -135,8 +135,8 @@ class TspStep {
   Tensor q_pos_;         // i32 [S/D]
   Tensor k_pos_;         // i32 [S], rank order
   Tensor rope_;          // [S/D, 2, d/2] at the local positions
-  std::vector<Tensor> norm_partials_;
-  double wait_seconds_ = 0;  // attn_norm[L], mlp_norm[L], final_norm: partial gradients
+  std::vector<Tensor> norm_partials_;  // attn_norm[L], mlp_norm[L], final_norm: partial gradients
+  double wait_seconds_ = 0;
 };
 
 }  // namespace foldpar::tsp_detail
