@@ -12,6 +12,7 @@
 #include <string>
 
 #include "app/plot.h"
+#include "cli_generate.h"
 #include "app/step_bench.h"
 #include "app/verify.h"
 #include "backend/backend.h"
@@ -422,7 +423,9 @@ int main(int argc, char** argv) {
   PlotArgs plot_args;
   ExportArgs export_args;
   ImportArgs import_args;
+  cli::GenerateArgs generate_args;
   add_verify(app, verify_args);
+  cli::add_generate(app, generate_args);
   add_bench(app, bench_args);
   add_prepare(app, prepare_args);
   add_train(app, train_args);
@@ -452,5 +455,6 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("plot")) return run_plot_command(plot_args);
   if (app.got_subcommand("export")) return run_export_command(export_args);
   if (app.got_subcommand("import")) return run_import_command(import_args);
+  if (app.got_subcommand("generate")) return cli::run_generate(generate_args, fail);
   return kExitBadInput;
 }

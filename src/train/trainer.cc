@@ -9,6 +9,7 @@
 
 #include "comm/comm_stats.h"
 #include "comm/mesh.h"
+#include "core/check.h"
 #include "data/corpus.h"
 #include "data/data_loader.h"
 #include "parallel/make_layout.h"
@@ -102,6 +103,30 @@ nlohmann::json per_rank_counters(Communicator& world, const MemoryStats& mem, in
   return ranks;
 }
 
+// A NaN or Inf stops every rank before the optimizer touches the weights and before any
+// checkpoint is written; the message names the step, the first tensor and every rank that
+// saw one.
+Status check_finite(Communicator& world, int64_t step, double loss, const std::string& bad_tensor) {
+  const int32_t mine = bad_tensor.empty() ? 0 : 1;
+  std::vector<int32_t> all(static_cast<size_t>(world.size()));
+  FP_CHECK_OK(world.all_gather(&mine, all.data(), 1, DType::kI32));
+  std::vector<int> ranks;
+  for (int r = 0; r < world.size(); ++r)
+    if (all[r]) ranks.push_back(r);
+  if (!ranks.empty()) {
+    const std::string where = mine ? fmt::format(": the gradient of {} on this rank ({})", bad_tensor, process_identity())
+                                   : std::string();
+    return Status(StatusCode::kInternal,
+                  fmt::format("step {}: non-finite gradients on rank(s) {}{}; stopped before the update, the last "
+                              "checkpoint is untouched", step, fmt::join(ranks, ", "), where));
+  }
+  if (!std::isfinite(loss))
+    return Status(StatusCode::kInternal,
+                  fmt::format("step {}: the loss is {}; stopped before the update, the last checkpoint is untouched",
+                              step, loss));
+  return Status();
+}
+
 }  // namespace
 
 Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
@@ -176,12 +201,14 @@ Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
     const double model_ranks = static_cast<double>(world.size()) / s.dp;
     const double loss = sum_over(world, loss_sum) / model_ranks / std::max<double>(1.0, static_cast<double>(normalizer));
     double sq = 0;
-    for (const ParamRef& p : params)
-      if (p.counted) sq += be->sum_squares(p.grad);
+    std::string bad_tensor;  // the first gradient on this rank that is not finite
+    for (const ParamRef& p : params) {
+      const double t = be->sum_squares(p.grad);
+      if (!std::isfinite(t) && bad_tensor.empty()) bad_tensor = p.name;
+      if (p.counted) sq += t;
+    }
+    FP_RETURN_IF_ERROR(check_finite(world, step + 1, loss, bad_tensor));
     const double grad_norm = std::sqrt(sum_over(world, sq) / s.dp);  // every dp replica counted the same
-    if (!std::isfinite(loss) || !std::isfinite(grad_norm))
-      return Status(StatusCode::kInternal, fmt::format("step {}: loss {} / gradient norm {} is not finite; stopping "
-                                                       "before any checkpoint is written", step + 1, loss, grad_norm));
     const double lr = learning_rate(o.optimizer, step + 1);
     adamw.step(*be, lr, clip_scale(grad_norm, o.optimizer.grad_clip));
     ++step;

@@ -60,3 +60,14 @@ for f in loss throughput memory; do
   head -c 8 "$tmp/plots/$f.png" | od -An -c | grep -q "P   N   G" || { echo "$f.png is not a PNG" >&2; exit 1; }
 done
 echo "plots drawn"
+
+# Bad numbers: a learning rate that blows the weights up stops the run at the first
+# non-finite gradient, naming step, tensor and rank, before the update and before any
+# checkpoint of that step; the previous checkpoint stays the newest.
+if train 2 tsp=2 "$tmp/nan" --lr 1e8 --warmup 0 --grad-clip 0 --checkpoint-every 1 >"$tmp/nan.log" 2>&1; then
+  echo "training with non-finite gradients exited 0" >&2
+  exit 1
+fi
+grep -q "step 2: non-finite gradients on rank(s) 0, 1: the gradient of layers.0.attn" "$tmp/nan.log"
+test "$(ls "$tmp/nan/checkpoints")" = "step-00000001"
+echo "non-finite gradients stopped the run at step 2"
