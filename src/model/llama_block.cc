@@ -5,11 +5,18 @@
 
 #include <cmath>
 
+#include "backend/bf16_storage_backend.h"
+
 namespace foldpar {
 namespace {
 
 Tensor act_like(const Shape& shape, const Tensor& like) {
   return Tensor::empty(shape, like.dtype(), MemCategory::kActivations);
+}
+
+// Per-row statistics (rstd, lse) stay f32 beside bf16 activations (backend/bf16_storage_backend.h).
+Tensor stat_like(const Shape& shape, const Tensor& like) {
+  return Tensor::empty(shape, stat_dtype(like.dtype()), MemCategory::kActivations);
 }
 
 }  // namespace
@@ -22,7 +29,7 @@ Tensor block_forward(const BlockContext& ctx, const LayerWeights& w, const Tenso
   FP_CHECK(x_in.numel() == T * h, "block input {} for T={} h={}", x_in.describe(), T, h);
 
   // ---- attention: x_mid = x_in + attn(norm(x_in)) Wo^T ----
-  Tensor rstd_attn = act_like({T}, x_in);
+  Tensor rstd_attn = stat_like({T}, x_in);
   Tensor a1 = act_like({T, h}, x_in);
   be.rmsnorm_forward(x_in, w.attn_norm, c.rms_norm_eps, a1, rstd_attn);
   Tensor q = act_like({B, S, n_h, d}, x_in);
@@ -35,7 +42,7 @@ Tensor block_forward(const BlockContext& ctx, const LayerWeights& w, const Tenso
   be.rope_forward(*ctx.rope_table, q);
   be.rope_forward(*ctx.rope_table, k);
   Tensor attn = act_like({B, S, n_h, d}, x_in);
-  Tensor lse = act_like({B, n_h, S}, x_in);
+  Tensor lse = stat_like({B, n_h, S}, x_in);
   AttentionArgs args{&q, &k, &v, ctx.positions, ctx.positions, 1.0 / std::sqrt(static_cast<double>(d))};
   be.attention_forward(args, attn, lse);
   Tensor x_mid = act_like({T, h}, x_in);
@@ -43,7 +50,7 @@ Tensor block_forward(const BlockContext& ctx, const LayerWeights& w, const Tenso
   be.matmul(attn.reshape({T, n_h * d}), false, w.wo, true, x_mid, 1.0f, 1.0f);
 
   // ---- MLP: x_out = x_mid + (silu(a2 Wg^T) * (a2 Wu^T)) Wd^T, a2 = norm(x_mid) ----
-  Tensor rstd_mlp = act_like({T}, x_in);
+  Tensor rstd_mlp = stat_like({T}, x_in);
   Tensor a2 = act_like({T, h}, x_in);
   be.rmsnorm_forward(x_mid, w.mlp_norm, c.rms_norm_eps, a2, rstd_mlp);
   Tensor gate = act_like({T, f}, x_in);

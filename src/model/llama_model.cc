@@ -4,6 +4,7 @@
 #include <numeric>
 #include <vector>
 
+#include "backend/bf16_storage_backend.h"
 #include "backend/rope_table.h"
 #include "model/llama_block.h"
 
@@ -22,7 +23,7 @@ void make_constants(const LlamaConfig& c, Backend& be, const Batch& batch, DType
   k.positions = Tensor::empty({S}, DType::kI32, MemCategory::kActivations);
   std::iota(k.positions.data<int32_t>(), k.positions.data<int32_t>() + S, 0);
   k.rope_table = build_rope_table({k.positions.data<int32_t>(), static_cast<size_t>(S)}, c.head_dim(), c.rope_theta,
-                                  dtype);
+                                  stat_dtype(dtype));
   k.ctx = BlockContext{&c, &be, batch.batch(), S, &k.positions, &k.rope_table};
 }
 
@@ -45,12 +46,12 @@ void head_forward(const LlamaConfig& c, Backend& be, const LlamaWeights& w, cons
                   HeadSaved& hs, StepResult& result) {
   const int64_t T = x.dim(0);
   hs.x_last = x;
-  hs.rstd = Tensor::empty({T}, x.dtype(), MemCategory::kActivations);
+  hs.rstd = Tensor::empty({T}, stat_dtype(x.dtype()), MemCategory::kActivations);
   hs.xf = Tensor::empty({T, c.hidden_size}, x.dtype(), MemCategory::kActivations);
   be.rmsnorm_forward(x, w.final_norm, c.rms_norm_eps, hs.xf, hs.rstd);
   hs.logits = Tensor::empty({T, c.vocab_size}, x.dtype(), MemCategory::kActivations);
   be.matmul(hs.xf, false, w.lm_head, true, hs.logits);
-  hs.lse = Tensor::empty({T}, x.dtype(), MemCategory::kActivations);
+  hs.lse = Tensor::empty({T}, stat_dtype(x.dtype()), MemCategory::kActivations);
   const Tensor targets = batch.target_ids.reshape({T});
   result.loss_sum = be.cross_entropy_forward(hs.logits, targets, kIgnoreIndex, hs.lse);
   result.valid_tokens = count_valid_targets(targets, kIgnoreIndex);

@@ -72,6 +72,9 @@ void init_weights(const InitOptions& o, LlamaWeights& weights) {
     if (t.dtype() == DType::kF64) {
       double* p = t.data<double>();
       for (int64_t i = 0; i < n; ++i) p[i] = init_value(o, name, i);
+    } else if (t.dtype() == DType::kBF16) {
+      bf16* p = t.data<bf16>();
+      for (int64_t i = 0; i < n; ++i) p[i] = f32_to_bf16(static_cast<float>(init_value(o, name, i)));
     } else {
       FP_CHECK(t.dtype() == DType::kF32, "init of {}", t.describe());
       float* p = t.data<float>();
