@@ -15,6 +15,9 @@ packages=(
   python3 python3-torch python3-numpy
   # training: SentencePiece tokenizers, the default corpus, plots
   libsentencepiece-dev fortunes gnuplot-nox
+  # reliability: hosts made of network namespaces (tests/e2e/multihost_lib.sh), fuzzers
+  # (fuzz/run.sh: clang's libFuzzer)
+  iproute2 util-linux clang libclang-rt-14-dev
 )
 
 missing=()

@@ -1,10 +1,34 @@
 #!/usr/bin/env bash
-# Sets up (Debian packages), builds and runs the whole test suite through ctest.
-# Usage: ./scripts/test.sh [ctest arguments...], e.g. ./scripts/test.sh -L unit
+# Sets up (Debian packages), builds and runs the whole test suite through ctest (build/),
+# then the unit and MPI tests again under AddressSanitizer + UndefinedBehaviorSanitizer
+# (build-asan/). CI runs exactly this.
+# Usage: ./scripts/test.sh [--no-sanitize | --sanitize-only] [ctest arguments...]
+#   --no-sanitize    only the normal suite          e.g. ./scripts/test.sh --no-sanitize -L unit
+#   --sanitize-only  only the sanitizer pass (labels unit and parallel)
+# ctest arguments apply to every pass run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+normal=1 sanitize=1
+case "${1:-}" in
+  --no-sanitize) sanitize=0; shift ;;
+  --sanitize-only) normal=0; shift ;;
+esac
 ./scripts/setup.sh
-./scripts/build.sh
 # MPI as root (CI runs as root) and one BLAS thread per process: ranks share the cores.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
-ctest --test-dir build --output-on-failure --timeout 900 "$@"
+
+if [ "$normal" = 1 ]; then
+  ./scripts/build.sh
+  ctest --test-dir build --output-on-failure --timeout 900 "$@"
+fi
+
+if [ "$sanitize" = 1 ]; then
+  # RelWithDebInfo (-O2 -g): line numbers in reports at near-release speed. No benchmarks,
+  # and the e2e tests (the program under real workloads) stay with the normal pass.
+  BUILD_DIR=build-asan ./scripts/build.sh -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DFOLDPAR_SANITIZE=address,undefined -DFOLDPAR_BUILD_BENCH=OFF
+  # OpenMPI does not free everything at exit, so leak checking is off; any other report,
+  # and any undefined behaviour, fails the test.
+  ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    ctest --test-dir build-asan --output-on-failure --timeout 900 -L 'unit|parallel' "$@"
+fi

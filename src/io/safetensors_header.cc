@@ -29,9 +29,20 @@ constexpr std::array<std::string_view, 15> kUnsupportedDtypes = {
     "BOOL", "U8", "I8", "I16", "U16", "F16", "U32", "U64", "C64",
     "F8_E5M2", "F8_E4M3", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2"};
 
+// A name or value from the file, quoted into a message: at most kMaxQuotedChars bytes, and
+// control characters escaped, so a hostile name (holding a newline or a terminal escape
+// sequence) can neither forge lines of output nor drive the terminal.
 std::string clip(std::string_view s) {
-  if (s.size() <= kMaxQuotedChars) return std::string(s);
-  return fmt::format("{}... ({} bytes)", s.substr(0, kMaxQuotedChars), s.size());
+  std::string out;
+  for (unsigned char c : s.substr(0, kMaxQuotedChars)) {
+    if (c < 0x20 || c == 0x7f) {
+      out += fmt::format("\\x{:02x}", c);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (s.size() > kMaxQuotedChars) out += fmt::format("... ({} bytes)", s.size());
+  return out;
 }
 
 // nlohmann quotes the offending bytes raw; escape what a terminal would garble.

@@ -9,10 +9,20 @@
 namespace foldpar {
 namespace {
 
+// nlohmann parses iteratively, but dump() recurses: a hostile config nesting 100k levels
+// deep would overflow the stack there. A valid config nests 2 levels.
+constexpr int kMaxConfigDepth = 16;
+
+// A value quoted into a message: its JSON, ASCII only, at most 100 bytes.
+std::string quote(const nlohmann::json& v) {
+  std::string s = v.dump(-1, ' ', /*ensure_ascii=*/true);
+  return s.size() <= 100 ? s : s.substr(0, 100) + "...";
+}
+
 Status read_int(const nlohmann::json& j, const char* key, bool required, int64_t* out) {
   auto it = j.find(key);
   if (it == j.end()) return required ? invalid_argument("config: missing \"{}\"", key) : Status();
-  if (!it->is_number_integer()) return invalid_argument("config: \"{}\" must be an integer, got {}", key, it->dump());
+  if (!it->is_number_integer()) return invalid_argument("config: \"{}\" must be an integer, got {}", key, quote(*it));
   *out = it->get<int64_t>();
   return Status();
 }
@@ -20,7 +30,7 @@ Status read_int(const nlohmann::json& j, const char* key, bool required, int64_t
 Status read_double(const nlohmann::json& j, const char* key, double* out) {
   auto it = j.find(key);
   if (it == j.end()) return Status();
-  if (!it->is_number()) return invalid_argument("config: \"{}\" must be a number, got {}", key, it->dump());
+  if (!it->is_number()) return invalid_argument("config: \"{}\" must be a number, got {}", key, quote(*it));
   *out = it->get<double>();
   return Status();
 }
@@ -59,7 +69,15 @@ Status LlamaConfig::validate() const {
 }
 
 Result<LlamaConfig> LlamaConfig::from_json(const std::string& text) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  bool too_deep = false;
+  nlohmann::json j = nlohmann::json::parse(
+      text,
+      [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+        if (depth > kMaxConfigDepth) too_deep = true;
+        return depth <= kMaxConfigDepth;  // deeper values are not even kept
+      },
+      /*allow_exceptions=*/false);
+  if (too_deep) return invalid_argument("config: JSON nests deeper than {} levels", kMaxConfigDepth);
   if (j.is_discarded()) return invalid_argument("config: not valid JSON");
   if (!j.is_object()) return invalid_argument("config: top level must be a JSON object");
   LlamaConfig c;
@@ -79,9 +97,12 @@ Result<LlamaConfig> LlamaConfig::from_json(const std::string& text) {
     c.tie_word_embeddings = it->get<bool>();
   }
   if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null())
-    return unimplemented("config: rope_scaling is not supported (got {})", it->dump());
+    return unimplemented("config: rope_scaling is not supported (got {})", quote(*it));
+  int64_t hidden_from_head_dim = 0;  // head_dim * n_h, which may overflow in a hostile file
   if (auto it = j.find("head_dim"); it != j.end() && it->is_number_integer() &&
-                                    it->get<int64_t>() * c.num_attention_heads != c.hidden_size)
+                                    (__builtin_mul_overflow(it->get<int64_t>(), c.num_attention_heads,
+                                                            &hidden_from_head_dim) ||
+                                     hidden_from_head_dim != c.hidden_size))
     return unimplemented("config: head_dim ({}) other than hidden_size / num_attention_heads is not supported",
                          it->get<int64_t>());
   FP_RETURN_IF_ERROR(c.validate());

@@ -197,25 +197,101 @@ Result<std::string> latest_checkpoint(const std::string& root) {
   return best;
 }
 
-Result<CheckpointState> read_checkpoint_state(const std::string& dir) {
+namespace {
+
+// nlohmann parses iteratively, but dump() recurses: a hostile manifest nesting 100k levels
+// deep would overflow the stack there. A valid one nests 3 levels (manifest, config,
+// architectures).
+constexpr int kMaxManifestDepth = 16;
+
+// A manifest value quoted into a message: its JSON, ASCII only, at most 100 bytes.
+std::string quote(const nlohmann::json& v) {
+  std::string s = v.dump(-1, ' ', /*ensure_ascii=*/true);
+  return s.size() <= 100 ? s : s.substr(0, 100) + "...";
+}
+
+// A rank file's name: a plain name inside the checkpoint directory, never a path.
+bool is_plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+}  // namespace
+
+Result<CheckpointManifest> parse_checkpoint_manifest(std::string_view text) {
+  bool too_deep = false;
+  const nlohmann::json j = nlohmann::json::parse(
+      text,
+      [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+        if (depth > kMaxManifestDepth) too_deep = true;
+        return depth <= kMaxManifestDepth;  // deeper values are not even kept
+      },
+      /*allow_exceptions=*/false);
+  if (too_deep) return corrupt("the manifest nests deeper than {} levels", kMaxManifestDepth);
+  if (j.is_discarded()) return corrupt("the manifest is not valid JSON");
+  if (!j.is_object()) return corrupt("the manifest must be a JSON object, not {}", j.type_name());
+  const auto field = [&](const char* key) -> const nlohmann::json* {
+    auto it = j.find(key);
+    return it == j.end() ? nullptr : &*it;
+  };
+  const nlohmann::json* format = field("format");
+  if (format == nullptr || !format->is_string() || format->get_ref<const std::string&>() != "foldpar-checkpoint")
+    return corrupt("\"format\" must be \"foldpar-checkpoint\", not {}", format ? quote(*format) : "missing");
+  if (const nlohmann::json* v = field("version"); v != nullptr && *v != 1)
+    return corrupt("manifest version {} (this build reads 1)", quote(*v));
+  CheckpointManifest m;
+  CheckpointState& st = m.state;
+  const nlohmann::json* step = field("step");
+  if (step == nullptr || !step->is_number_integer() || step->get<int64_t>() < 0)
+    return corrupt("\"step\" must be an integer in [0, 2^63), not {}", step ? quote(*step) : "missing");
+  st.step = step->get<int64_t>();
+  const nlohmann::json* next_batch = field("next_batch");
+  if (next_batch == nullptr || !next_batch->is_number_unsigned())
+    return corrupt("\"next_batch\" must be a non-negative integer, not {}", next_batch ? quote(*next_batch) : "missing");
+  st.next_batch = next_batch->get<uint64_t>();
+  if (const nlohmann::json* seed = field("seed"); seed != nullptr) {
+    if (!seed->is_number_unsigned()) return corrupt("\"seed\" must be a non-negative integer, not {}", quote(*seed));
+    st.seed = seed->get<uint64_t>();
+  }
+  if (const nlohmann::json* layout = field("layout"); layout != nullptr) {
+    if (!layout->is_string()) return corrupt("\"layout\" must be a string, not {}", quote(*layout));
+    st.layout = layout->get<std::string>();
+  }
+  const nlohmann::json* config = field("config");
+  if (config == nullptr || !config->is_object())
+    return corrupt("\"config\" must be an object, not {}", config ? quote(*config) : "missing");
+  Result<LlamaConfig> c = LlamaConfig::from_json(config->dump());
+  if (!c.ok()) return c.status().with_context("manifest");
+  st.config = c.value();
+  const nlohmann::json* files = field("files");
+  if (files == nullptr || !files->is_array())
+    return corrupt("\"files\" must be an array of file names, not {}", files ? quote(*files) : "missing");
+  for (const nlohmann::json& f : *files) {
+    if (!f.is_string() || !is_plain_file_name(f.get_ref<const std::string&>()))
+      return corrupt("\"files\" must hold plain file names in the checkpoint directory, not {}", quote(f));
+    m.files.push_back(f.get<std::string>());
+  }
+  return m;
+}
+
+namespace {
+
+Result<CheckpointManifest> read_manifest(const std::string& dir) {
   const fs::path path = fs::path(dir) / "manifest.json";
   std::ifstream in(path);
   if (!in) return not_found("'{}' is not a checkpoint (no manifest.json)", dir);
   std::stringstream ss;
   ss << in.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_object() || j.value("format", "") != "foldpar-checkpoint" ||
-      !j.contains("step") || !j["step"].is_number_integer() || !j.contains("next_batch") ||
-      !j["next_batch"].is_number_unsigned() || !j.contains("config") || !j["config"].is_object() ||
-      !j.contains("files") || !j["files"].is_array())
-    return corrupt("'{}' is not a valid checkpoint manifest", path.string());
-  CheckpointState st;
-  st.step = j["step"].get<int64_t>();
-  st.next_batch = j["next_batch"].get<uint64_t>();
-  st.seed = j.value("seed", uint64_t{0});
-  st.layout = j.value("layout", "");
-  FP_ASSIGN_OR_RETURN(st.config, LlamaConfig::from_json(j["config"].dump()));
-  return st;
+  Result<CheckpointManifest> m = parse_checkpoint_manifest(ss.str());
+  if (!m.ok()) return m.status().with_context(path.string());
+  return m;
+}
+
+}  // namespace
+
+Result<CheckpointState> read_checkpoint_state(const std::string& dir) {
+  FP_ASSIGN_OR_RETURN(CheckpointManifest m, read_manifest(dir));
+  return m.state;
 }
 
 namespace {
@@ -269,28 +345,16 @@ std::vector<Tensor*> tensors_of(std::vector<Tensor>& list) {
   return t;
 }
 
-Result<nlohmann::json> read_json(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) return not_found("cannot read '{}'", path.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
-  if (j.is_discarded()) return corrupt("'{}' is not valid JSON", path.string());
-  return j;
-}
-
 }  // namespace
 
 Status load_checkpoint(const std::string& dir, const LlamaConfig& config, std::vector<ParamRef>& params,
                        std::vector<Tensor>* adam_m, std::vector<Tensor>* adam_v) {
-  FP_ASSIGN_OR_RETURN(CheckpointState st, read_checkpoint_state(dir));
-  FP_RETURN_IF_ERROR(same_config(st.config, config));
-  FP_ASSIGN_OR_RETURN(nlohmann::json manifest, read_json(fs::path(dir) / "manifest.json"));
+  FP_ASSIGN_OR_RETURN(CheckpointManifest manifest, read_manifest(dir));
+  FP_RETURN_IF_ERROR(same_config(manifest.state.config, config));
   std::vector<SafetensorsFile> opened;
   BlockIndex index;
-  for (const auto& f : manifest["files"]) {
-    if (!f.is_string()) return corrupt("checkpoint {}: a file name in the manifest is not a string", dir);
-    FP_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open((fs::path(dir) / f.get<std::string>()).string()));
+  for (const std::string& f : manifest.files) {
+    FP_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open((fs::path(dir) / f).string()));
     for (const SafetensorsEntry& e : file.entries()) {
       std::string kind, tensor;
       Box box{};

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -49,6 +50,15 @@ Result<std::string> save_checkpoint(const std::string& root, const CheckpointSta
 // The newest complete checkpoint under root; not_found when there is none.
 Result<std::string> latest_checkpoint(const std::string& root);
 Result<CheckpointState> read_checkpoint_state(const std::string& dir);
+
+// What manifest.json says: the state and the rank files (names inside the directory).
+struct CheckpointManifest {
+  CheckpointState state;
+  std::vector<std::string> files;
+};
+// Validates the text of a manifest.json. Pure (no I/O), so a fuzzer can drive it: any input
+// gives the manifest or a kCorrupt / kInvalidArgument Status, never a crash.
+Result<CheckpointManifest> parse_checkpoint_manifest(std::string_view text);
 
 // Fills every slice of `params` (and the moments when given) from the checkpoint at `dir`,
 // whatever layout wrote it. kCorrupt when a slice is not fully covered; invalid_argument

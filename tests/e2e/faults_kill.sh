@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# One rank of a tsp=2 training job is killed (SIGKILL) in the middle of a training step.
+#  1. Plain mpirun: it notices the death and ends the job. Asserts: mpirun exits non-zero
+#     within the watchdog timeout plus a margin, its message names the rank and the host,
+#     no process of the job is left, and `train --resume` continues from the newest complete
+#     checkpoint with the losses of an undisturbed run.
+#  2. mpirun --enable-recovery, which lets the job run on after a death (as some launchers
+#     do): the surviving rank's watchdog ends it, naming the dead rank and its host; same
+#     assertions (OpenMPI 4.1's mpirun exits 0 in this mode, so "rank 0 never finished"
+#     stands in for its exit status).
+set -euo pipefail
+mpirun=$1 bin=$2 src=$3
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/faults_lib.sh"
+tmp=$(mktemp -d)
+trap 'for p in $(pgrep -f -- "$tmp/"); do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
+host=$(hostname)
+"$bin" prepare-data --out "$tmp/data" >/dev/null
+# Steps of ~0.3 s of compute each, so that the kill lands inside one.
+args=(train --model "$src/configs/tiny.json" --data "$tmp/data" --layout tsp=2 --steps 40 --stop-after 12 --seq 256
+      --batch 16 --eval-every 0 --eval-batches 1 --progress none --seed 3 --checkpoint-every 4)
+train() { "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$@"; }
+
+# kill_rank_1 OUT TIMEOUT [mpirun flags]: starts the job, kills rank 1 as soon as step 5 is
+# done, waits for mpirun; sets killed_in (the step it died in), job_s (seconds from the kill
+# to mpirun's exit) and job_rc.
+kill_rank_1() {
+  local out=$1 timeout=$2
+  shift 2
+  FOLDPAR_COMM_TIMEOUT=$timeout train "$@" "$bin" "${args[@]}" --out "$out" >"$out.log" 2>&1 &
+  local job=$! start
+  start=$(now)
+  until victim=$(rank_pid "--out $out" 1); do
+    less_than "$(elapsed_since "$start")" 60 || die "rank 1 of $out not found"
+    sleep 0.05
+  done
+  wait_for_step "$out/metrics.jsonl" 5 120 "$job"
+  kill -9 "$victim"
+  local killed_at
+  killed_at=$(now)
+  killed_in=$(($(wc -l <"$out/metrics.jsonl") + 1))
+  job_rc=0
+  wait "$job" || job_rc=$?
+  job_s=$(elapsed_since "$killed_at")
+  less_than "$job_s" $((timeout + 15)) || die "the job took $job_s s to end (watchdog timeout $timeout s)"
+  no_process_left "--out $out"
+  grep -q "trained to step" "$out.log" && die "rank 0 finished training after rank 1 died"
+  return 0
+}
+
+# 1. mpirun ends the job.
+kill_rank_1 "$tmp/killed" 30
+[ "$job_rc" -ne 0 ] || die "mpirun exited 0 after a rank was killed"
+# (OpenMPI 4.1 prints "PID 0" here.)
+grep -Eq "mpi(run|exec) noticed that process rank 1 with PID [0-9]* on node $host exited on signal 9" "$tmp/killed.log" ||
+  { cat "$tmp/killed.log" >&2; die "mpirun's message does not name rank 1 on $host"; }
+echo "killed rank 1 (pid $victim) in step $killed_in: the job ended in $job_s s, exit $job_rc"
+from=$(newest_checkpoint "$tmp/killed/checkpoints")
+[ "$from" -ge 4 ] || die "no checkpoint before the kill"
+train "$bin" "${args[@]}" --out "$tmp/killed" --resume >/dev/null
+train "$bin" "${args[@]}" --out "$tmp/clean" >/dev/null
+same_losses "$tmp/killed" "$tmp/clean" $((from + 1)) 12
+echo "resumed from step $from"
+
+# 2. The launcher keeps the job running: the watchdog ends it.
+kill_rank_1 "$tmp/recovery" 3 --enable-recovery
+grep -q "fatal on rank 0 on $host .*watchdog: .*rank 1 (world 1 on $host): no answer" "$tmp/recovery.log" ||
+  { cat "$tmp/recovery.log" >&2; die "the watchdog did not name rank 1 on $host"; }
+echo "killed rank 1 in step $killed_in under --enable-recovery: the watchdog ended the job in $job_s s (timeout 3 s)"
+grep -o "watchdog: .*" "$tmp/recovery.log" | head -1
+from=$(newest_checkpoint "$tmp/recovery/checkpoints")
+train "$bin" "${args[@]}" --out "$tmp/recovery" --resume >/dev/null
+same_losses "$tmp/recovery" "$tmp/clean" $((from + 1)) 12
+echo "resumed from step $from"
