@@ -8,7 +8,7 @@
 // exposed communication time (rank 0) and the tracked peak memory per rank (worst rank).
 // --memory-only runs one step per layout (for oversubscribed runs, where time means little).
 // A layout written "sp=2:ring" uses ring attention; "tp=2:seqpar" Megatron's sequence
-// parallelism.
+// parallelism; "tsp=2:bf16" bf16 storage of weights and activations.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "app/synthetic.h"
+#include "backend/bf16_storage_backend.h"
 #include "comm/mesh.h"
 #include "comm/mpi_runtime.h"
 #include "parallel/make_layout.h"
@@ -53,6 +54,7 @@ void run_once(Communicator& world, const LlamaConfig& c, const std::string& spec
     if (parts[i] == "ring") lo.kv_exchange = LayoutOptions::KvExchange::kRing;
     if (parts[i] == "seqpar") lo.sequence_parallel = true;
     if (parts[i] == "nooverlap") lo.overlap = false;
+    if (parts[i] == "bf16") lo.dtype = DType::kBF16;
   }
   Result<Mesh> mesh = Mesh::create(world, parts[0]);
   FP_CHECK_OK(mesh.status());
@@ -66,7 +68,9 @@ void run_once(Communicator& world, const LlamaConfig& c, const std::string& spec
     FP_CHECK_OK(m.status());
     (*m)->init_weights(InitOptions{.seed = 1});
     const Batch local = (*m)->local_batch(global);
-    auto be = make_cpu_backend();
+    auto cpu = make_cpu_backend();
+    std::unique_ptr<Backend> bf16 = lo.dtype == DType::kBF16 ? make_bf16_storage_backend(*cpu) : nullptr;
+    Backend* be = bf16 ? bf16.get() : cpu.get();
     FP_CHECK_OK(world.barrier());
     const auto t0 = std::chrono::steady_clock::now();
     Result<StepResult> r = (*m)->forward_backward(*be, local, 0);

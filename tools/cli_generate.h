@@ -1,29 +1,146 @@
-// `foldpar generate`: its flags and its run. Included by main.cc only, so that CLI11 stays
-// in one translation unit. PLACEHOLDER until the generation issue lands: the subcommand
-// exists and refuses to run.
+// `foldpar generate`: its flags, its output and its run. Included by main.cc only, so that
+// CLI11 stays in one translation unit. What generation does lives in src/app/generate.h and
+// src/infer/; here: flags in, text out.
+//
+// Output (rank 0): with one prompt, the completion streams to stdout as it is generated;
+// with several, each completion is printed when it finishes, after a header line
+// "--- completion I (N tokens, stop|length) ---"; with --json, one JSON object per completion
+// per line instead. The summary (layout, prefill and decode tokens/s, KV cache per rank) goes
+// to stderr.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
+#include "app/generate.h"
+#include "comm/mpi_runtime.h"
 #include "core/status.h"
 
 namespace foldpar::cli {
 
 struct GenerateArgs {
-  std::string checkpoint;
+  std::string checkpoint, hf, layout, tokenizer = "bytes", prompt_file, seq_split = "zigzag";
+  std::vector<std::string> prompts, stops;
+  int64_t max_new_tokens = 128, batch = 0, top_k = 0;
+  double temperature = 0, top_p = 1.0;
+  uint64_t seed = 0;
+  int head_buckets = 1;
+  bool no_overlap = false, json = false;
 };
 
 inline CLI::App* add_generate(CLI::App& app, GenerateArgs& a) {
-  CLI::App* cmd = app.add_subcommand("generate", "generate text from a checkpoint (not built yet)");
-  cmd->add_option("--checkpoint", a.checkpoint, "a checkpoint directory");
+  CLI::App* cmd = app.add_subcommand("generate", "generate text from a checkpoint or a Hugging Face directory (run under mpirun)");
+  cmd->add_option("--checkpoint", a.checkpoint, "a checkpoint (step-N), or a directory holding them: the newest");
+  cmd->add_option("--hf", a.hf, "or: a Hugging Face directory (config.json + model.safetensors)");
+  cmd->add_option("--layout", a.layout, "tsp=N (KV cache sharded by sequence) or tp=N (by heads); default tsp=<ranks>");
+  cmd->add_option("--prompt-file", a.prompt_file, "prompts, one per line (or *.jsonl: a JSON string or {\"prompt\": ...} per line)");
+  cmd->add_option("--prompt", a.prompts, "a prompt (repeatable; after those of --prompt-file)");
+  cmd->add_option("--max-new-tokens", a.max_new_tokens, "tokens generated per prompt at most");
+  cmd->add_option("--temperature", a.temperature, "0: greedy; > 0: sample from softmax(logits / temperature)");
+  cmd->add_option("--top-k", a.top_k, "sample among the k most likely tokens (0: all)");
+  cmd->add_option("--top-p", a.top_p, "sample among the most likely tokens whose probability reaches p (1: all)");
+  cmd->add_option("--seed", a.seed, "seed of the sampling");
+  cmd->add_option("--stop", a.stops, "stop sequence (repeatable; \\n, \\t and \\\\ are escapes); not printed");
+  cmd->add_option("--batch", a.batch, "prompts decoded together (0: all)");
+  cmd->add_option("--tokenizer", a.tokenizer, "bytes, or a SentencePiece model file");
+  cmd->add_option("--seq-split", a.seq_split, "tsp prefill: zigzag or contiguous");
+  cmd->add_option("--head-buckets", a.head_buckets, "tsp prefill: all-gather each attention shard's K/V in this many buckets");
+  cmd->add_flag("--no-overlap", a.no_overlap, "finish every transfer before the computation that follows it");
+  cmd->add_flag("--json", a.json, "one JSON object per completion per line");
   return cmd;
 }
 
+// "\n", "\t", "\\" in a stop sequence given on the command line.
+inline std::string unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\\' || i + 1 == s.size()) {
+      out.push_back(s[i]);
+      continue;
+    }
+    const char c = s[++i];
+    out.push_back(c == 'n' ? '\n' : c == 't' ? '\t' : c);
+  }
+  return out;
+}
+
+inline Result<GenerateOptions> generate_options(const GenerateArgs& a) {
+  GenerateOptions o;
+  o.checkpoint = a.checkpoint;
+  o.hf_dir = a.hf;
+  o.layout = a.layout;
+  o.tokenizer = a.tokenizer;
+  if (a.seq_split == "zigzag" || a.seq_split == "contiguous") {
+    o.layout_options.split = a.seq_split == "zigzag" ? SeqSplit::kZigzag : SeqSplit::kContiguous;
+  } else {
+    return invalid_argument("--seq-split must be zigzag or contiguous, got '{}'", a.seq_split);
+  }
+  o.layout_options.overlap = !a.no_overlap;
+  o.layout_options.head_buckets = a.head_buckets;
+  if (!a.prompt_file.empty()) {
+    FP_ASSIGN_OR_RETURN(o.prompts, read_prompt_file(a.prompt_file));
+  }
+  o.prompts.insert(o.prompts.end(), a.prompts.begin(), a.prompts.end());
+  if (o.prompts.empty()) return invalid_argument("no prompt: give --prompt-file or --prompt");
+  o.generation.max_new_tokens = a.max_new_tokens;
+  o.generation.batch = a.batch;
+  o.generation.sampling = SamplingOptions{a.temperature, a.top_k, a.top_p, a.seed};
+  for (const std::string& s : a.stops) o.generation.stop.push_back(unescape(s));
+  return o;
+}
+
+inline GenerationCallbacks print_callbacks(const GenerateArgs& a, size_t prompts) {
+  GenerationCallbacks cb;
+  if (a.json) {
+    cb.on_done = [](int64_t i, const Completion& c) {
+      const nlohmann::json j{{"index", i}, {"prompt", c.prompt}, {"completion", c.text},
+                             {"tokens", c.tokens.size()}, {"stop_reason", c.stop_reason}};
+      std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+      std::fflush(stdout);
+    };
+  } else if (prompts == 1) {
+    cb.on_text = [](int64_t, std::string_view piece) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    };
+    cb.on_done = [](int64_t, const Completion&) { std::printf("\n"); };
+  } else {
+    cb.on_done = [](int64_t i, const Completion& c) {
+      std::printf("--- completion %lld (%zu tokens, %s) ---\n%s\n", static_cast<long long>(i), c.tokens.size(),
+                  c.stop_reason.c_str(), c.text.c_str());
+      std::fflush(stdout);
+    };
+  }
+  return cb;
+}
+
 // Returns the exit code; `fail` prints a Status once per job and returns 2.
-inline int run_generate(const GenerateArgs&, int (*fail)(const Status&)) {
-  return fail(unimplemented("foldpar generate is not built yet"));
+inline int run_generate(const GenerateArgs& a, int (*fail)(const Status&)) {
+  Result<GenerateOptions> o = generate_options(a);
+  if (!o.ok()) return fail(o.status());
+  Result<CommOptions> comm_options = CommOptions::from_env();
+  if (!comm_options.ok()) return fail(comm_options.status());
+  MpiRuntime mpi(nullptr, nullptr, comm_options.value());
+  const bool root = mpi.world().rank() == 0;
+  Result<GenerateResult> r = foldpar::run_generate(*o, mpi.world(), print_callbacks(a, o->prompts.size()));
+  if (!r.ok()) return fail(r.status());
+  if (root) {
+    const GenerationReport& g = r->report;
+    std::fprintf(stderr,
+                 "foldpar generate: %s, %zu prompts from %s\n"
+                 "  prefill %lld tokens in %.3f s: %.1f tokens/s\n"
+                 "  decode  %lld tokens in %.3f s: %.1f tokens/s\n"
+                 "  KV cache %.2f MiB per rank\n",
+                 r->layout.c_str(), o->prompts.size(), r->source.c_str(), static_cast<long long>(g.prompt_tokens),
+                 g.prefill_seconds, g.prefill_tokens_per_second(), static_cast<long long>(g.decode_tokens),
+                 g.decode_seconds, g.decode_tokens_per_second(), static_cast<double>(g.cache_bytes) / (1 << 20));
+  }
+  return 0;
 }
 
 }  // namespace foldpar::cli

@@ -253,6 +253,7 @@ struct TrainArgs {
   uint64_t seed = 0;
   bool resume = false;
   std::string progress = "auto";
+  bool bf16 = false;
   OptimizerConfig optimizer;
   LayoutArgs layout;
 };
@@ -281,6 +282,7 @@ void add_train(CLI::App& app, TrainArgs& a) {
   cmd->add_option("--progress", a.progress,
                   "auto (a bar on a terminal; under mpirun ranks always see one), bar, lines or none");
   cmd->add_flag("--resume", a.resume, "continue from the newest complete checkpoint in OUT");
+  cmd->add_flag("--bf16", a.bf16, "store weights and activations in bf16 (f32 master weights); tsp layouts");
   cmd->add_option("--init-from", a.init_from, "start from a Hugging Face directory (config.json + model.safetensors)");
   add_layout_flags(cmd, a.layout);
 }
@@ -314,6 +316,7 @@ int run_train_command(const TrainArgs& a) {
   o.config = config.value();
   o.layout = a.layout.layout;
   o.layout_options = lo.value();
+  if (a.bf16) o.layout_options.dtype = DType::kBF16;
   o.seq = a.seq;
   o.batch = a.batch;
   o.micro_batch = a.micro_batch;

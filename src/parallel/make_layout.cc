@@ -17,4 +17,14 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
   return unimplemented("layout {}: tsp does not combine with tp or sp in one mesh", mesh.layout().to_string());
 }
 
+Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& config, Mesh& mesh,
+                                                             const LayoutOptions& options) {
+  const std::string layout = mesh.layout().to_string();
+  if (mesh.has_axis("dp")) return unimplemented("layout {}: generation does not take a dp axis", layout);
+  const bool tsp = mesh.has_axis("tsp"), tp = mesh.has_axis("tp"), sp = mesh.has_axis("sp");
+  if (tsp && !tp && !sp) return make_tsp_decoder(config, mesh.comm("tsp"), options);
+  if (tp && !tsp && !sp) return make_tp_decoder(config, mesh.comm("tp"), options);
+  return unimplemented("layout {}: generation runs on tsp=N or tp=N", layout);
+}
+
 }  // namespace foldpar

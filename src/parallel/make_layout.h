@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "comm/mesh.h"
+#include "parallel/sharded_decoder.h"
 #include "parallel/sharded_model.h"
 
 namespace foldpar {
@@ -14,5 +15,11 @@ namespace foldpar {
 // have. The mesh must outlive the model. Not collective.
 Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& config, Mesh& mesh, int64_t seq,
                                                          const LayoutOptions& options);
+
+// The decoder of a generation layout: tsp=D or tp=T (a dp axis is not a model axis and is
+// refused here: generation runs one replica). invalid_argument for sizes that do not divide,
+// unimplemented for the other layouts. The mesh must outlive the decoder. Not collective.
+Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& config, Mesh& mesh,
+                                                             const LayoutOptions& options);
 
 }  // namespace foldpar

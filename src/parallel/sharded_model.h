@@ -35,6 +35,10 @@ struct LayoutOptions {
   // sp: how attention exchanges K/V across the sequence axis
   enum class KvExchange { kAllGather, kRing };
   KvExchange kv_exchange = KvExchange::kAllGather;
+  // Storage of weights and activations (and what travels of them): f32, or bf16 with a
+  // bf16 storage backend (backend/bf16_storage_backend.h) and f32 master weights in the
+  // optimizer. tsp supports bf16; the baselines refuse it for now.
+  DType dtype = DType::kF32;
 };
 
 class ShardedModel {

@@ -16,27 +16,40 @@ void for_each_row_block(int64_t rows, int64_t h, Fn&& fn) {
     for (int64_t j = 0; j < h; ++j) fn(i, j);
 }
 
-// Copies between a packed row block and a global tensor; `to_global` picks the direction.
+// Element i of a shard block (f32 or bf16 storage), as f32 and back.
+float block_at(const Tensor& b, int64_t i) {
+  return b.dtype() == DType::kBF16 ? bf16_to_f32(b.data<bf16>()[i]) : b.data<float>()[i];
+}
+void block_set(Tensor& b, int64_t i, float v) {
+  if (b.dtype() == DType::kBF16) {
+    b.data<bf16>()[i] = f32_to_bf16(v);
+  } else {
+    b.data<float>()[i] = v;
+  }
+}
+
+// Copies between a packed row block (f32 or bf16) and an f32 global tensor; `to_global`
+// picks the direction.
 void copy_rows(Tensor block, const Tensor& global, int64_t row0, bool to_global) {
   const int64_t rows = block.dim(0), h = block.dim(1);
-  FP_CHECK(global.dim(1) == h && block.dtype() == DType::kF32 && global.dtype() == DType::kF32,
+  FP_CHECK(global.dim(1) == h && global.dtype() == DType::kF32 &&
+               (block.dtype() == DType::kF32 || block.dtype() == DType::kBF16),
            "row block {} of {}", block.describe(), global.describe());
-  float* b = block.data<float>();
   float* g = const_cast<float*>(global.data<float>()) + row0 * h;
   for (int64_t i = 0; i < rows * h; ++i) {
-    if (to_global) g[i] = b[i];
-    else b[i] = g[i];
+    if (to_global) g[i] = block_at(block, i);
+    else block_set(block, i, g[i]);
   }
 }
 void copy_cols_t(Tensor block, const Tensor& global, int64_t col0, bool to_global) {
   const int64_t rows = block.dim(0), h = block.dim(1), cols = global.dim(1);
-  FP_CHECK(global.dim(0) == h && block.dtype() == DType::kF32 && global.dtype() == DType::kF32,
+  FP_CHECK(global.dim(0) == h && global.dtype() == DType::kF32 &&
+               (block.dtype() == DType::kF32 || block.dtype() == DType::kBF16),
            "transposed block {} of {}", block.describe(), global.describe());
-  float* b = block.data<float>();
   float* g = const_cast<float*>(global.data<float>());
   for_each_row_block(rows, h, [&](int64_t i, int64_t j) {
-    if (to_global) g[j * cols + col0 + i] = b[i * h + j];
-    else b[i * h + j] = g[j * cols + col0 + i];
+    if (to_global) g[j * cols + col0 + i] = block_at(block, i * h + j);
+    else block_set(block, i * h + j, g[j * cols + col0 + i]);
   });
 }
 
@@ -55,21 +68,13 @@ void move_shards(ShardedWeights& s, LlamaWeights& g, bool to_global, bool replic
     copy_rows(m.w_up, lw.w_up, r * d.f_rows, to_global);
     copy_cols_t(m.w_down_t, lw.w_down, r * d.f_rows, to_global);
     if (replicated) {
-      if (to_global) {
-        g.layers[l].attn_norm.copy_from(s.attn_norm[l]);
-        g.layers[l].mlp_norm.copy_from(s.mlp_norm[l]);
-      } else {
-        s.attn_norm[l].copy_from(lw.attn_norm);
-        s.mlp_norm[l].copy_from(lw.mlp_norm);
-      }
+      copy_rows(s.attn_norm[l].reshape({1, d.h}), lw.attn_norm.reshape({1, d.h}), 0, to_global);
+      copy_rows(s.mlp_norm[l].reshape({1, d.h}), lw.mlp_norm.reshape({1, d.h}), 0, to_global);
     }
   }
   copy_rows(s.embed, g.embed, r * d.v_rows, to_global);
   if (!s.tied) copy_rows(s.lm_head, g.lm_head, r * d.v_rows, to_global);
-  if (replicated) {
-    if (to_global) g.final_norm.copy_from(s.final_norm);
-    else s.final_norm.copy_from(g.final_norm);
-  }
+  if (replicated) copy_rows(s.final_norm.reshape({1, d.h}), g.final_norm.reshape({1, d.h}), 0, to_global);
 }
 
 }  // namespace
@@ -163,13 +168,11 @@ void init_sharded_weights(const InitOptions& o, ShardedWeights& w) {
   const int r = w.owner;
   const int64_t h = d.h, q_cols = d.q_rows * d.degree, f = d.f_rows * d.degree;
   auto fill_rows = [&](Tensor t, const std::string& name, int64_t row0) {
-    float* p = t.data<float>();
-    for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(init_value(o, name, row0 * h + i));
+    for (int64_t i = 0; i < t.numel(); ++i) block_set(t, i, static_cast<float>(init_value(o, name, row0 * h + i)));
   };
   auto fill_cols_t = [&](Tensor t, const std::string& name, int64_t col0, int64_t cols) {
-    float* p = t.data<float>();
     for_each_row_block(t.dim(0), h, [&](int64_t i, int64_t j) {
-      p[i * h + j] = static_cast<float>(init_value(o, name, j * cols + col0 + i));
+      block_set(t, i * h + j, static_cast<float>(init_value(o, name, j * cols + col0 + i)));
     });
   };
   for (size_t l = 0; l < w.attn.size(); ++l) {
@@ -257,6 +260,12 @@ std::vector<ParamRef> sharded_param_refs(ShardedWeights& w, ShardedWeights& g, b
   }
   refs.push_back(ParamRef{"final_norm", w.final_norm, g.final_norm, false, count_replicated,
                           {whole("model.norm.weight", w.final_norm)}});
+  return refs;
+}
+
+std::vector<ParamRef> sharded_weight_refs(ShardedWeights& w, bool count_replicated) {
+  std::vector<ParamRef> refs = sharded_param_refs(w, w, count_replicated);
+  for (ParamRef& r : refs) r.grad = Tensor();
   return refs;
 }
 

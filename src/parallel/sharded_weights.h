@@ -100,6 +100,8 @@ Status assemble_global(const ShardedWeights& shard, Communicator& axis, LlamaWei
 // axis passes true).
 std::vector<ParamRef> sharded_param_refs(ShardedWeights& weights, ShardedWeights& grads, bool count_replicated,
                                          bool count_sharded = true);
+// Inference: the ParamRefs of weights alone (ParamRef::grad undefined), for the loaders.
+std::vector<ParamRef> sharded_weight_refs(ShardedWeights& weights, bool count_replicated);
 // The ParamRefs of full (replicated) weights.
 std::vector<ParamRef> replicated_param_refs(LlamaWeights& weights, LlamaWeights& grads, bool counted);
 

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "comm/communicator.h"
+#include "parallel/sharded_decoder.h"
 #include "parallel/sharded_model.h"
 
 namespace foldpar {
@@ -22,5 +23,12 @@ Result<std::unique_ptr<ShardedModel>> make_sp_sharded_model(const LlamaConfig& c
 Result<std::unique_ptr<ShardedModel>> make_tpsp_sharded_model(const LlamaConfig& config, Communicator& tp,
                                                               Communicator& sp, int64_t seq,
                                                               const LayoutOptions& options);
+
+// Generation (parallel/sharded_decoder.h): TSP's decoder (KV cache sharded by sequence) and
+// TP's (sharded by heads). Each reads split, overlap and head_buckets (tsp) of the options.
+Result<std::unique_ptr<ShardedDecoder>> make_tsp_decoder(const LlamaConfig& config, Communicator& tsp,
+                                                         const LayoutOptions& options);
+Result<std::unique_ptr<ShardedDecoder>> make_tp_decoder(const LlamaConfig& config, Communicator& tp,
+                                                        const LayoutOptions& options);
 
 }  // namespace foldpar

@@ -15,6 +15,7 @@ std::string_view mem_category_name(MemCategory c) {
     case MemCategory::kActivations: return "activations";
     case MemCategory::kComm: return "comm";
     case MemCategory::kWorkspace: return "workspace";
+    case MemCategory::kKvCache: return "kv_cache";
   }
   return "?";
 }

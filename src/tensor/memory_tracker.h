@@ -29,8 +29,9 @@ enum class MemCategory : uint8_t {
   kActivations,      // tensors saved for backward, and forward/backward outputs
   kComm,             // communication buffers (weight shards in flight, gathered K/V)
   kWorkspace,        // scratch that lives only inside one op or one block
+  kKvCache,          // generation: the keys and values of every cached token
 };
-constexpr int kNumMemCategories = 6;
+constexpr int kNumMemCategories = 7;
 std::string_view mem_category_name(MemCategory c);  // "parameters", "gradients", ...
 
 struct MemoryStats {

@@ -38,7 +38,20 @@ AdamW::AdamW(std::vector<ParamRef> params, const OptimizerConfig& config)
   for (const ParamRef& p : params_) {
     m_.push_back(Tensor::zeros(p.param.shape(), DType::kF32, MemCategory::kOptimizer));
     v_.push_back(Tensor::zeros(p.param.shape(), DType::kF32, MemCategory::kOptimizer));
+    master_.push_back(p.param.dtype() == DType::kF32 ? Tensor() : p.param.to(DType::kF32, MemCategory::kOptimizer));
   }
+}
+
+std::vector<ParamRef> AdamW::checkpoint_params() const {
+  std::vector<ParamRef> refs = params_;
+  for (size_t i = 0; i < refs.size(); ++i)
+    if (master_[i].defined()) refs[i].param = master_[i];
+  return refs;
+}
+
+void AdamW::sync_params(Backend& be) {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (master_[i].defined()) be.copy(master_[i], params_[i].param);
 }
 
 void AdamW::step(Backend& be, double lr, double clip) {
@@ -52,8 +65,10 @@ void AdamW::step(Backend& be, double lr, double clip) {
     s.weight_decay = params_[i].decay ? config_.weight_decay : 0.0;
     s.grad_scale = clip;
     s.step = steps_;
-    be.adamw_update(s, params_[i].grad, params_[i].param, m_[i], v_[i]);
+    Tensor& target = master_[i].defined() ? master_[i] : params_[i].param;
+    be.adamw_update(s, params_[i].grad, target, m_[i], v_[i]);
   }
+  sync_params(be);
 }
 
 }  // namespace foldpar

@@ -1,6 +1,8 @@
 // AdamW over the parameters a rank holds (its own shards only: no collective), with the
 // learning-rate schedule (linear warmup, then cosine decay to a floor) and global gradient
-// clipping. Optimizer state is f32, counted under MemCategory::kOptimizer.
+// clipping. Optimizer state is f32, counted under MemCategory::kOptimizer; a parameter
+// stored in bf16 gets an f32 master copy there too: the update runs on the master, and the
+// bf16 parameter is the master rounded after every step.
 #pragma once
 
 #include <vector>
@@ -31,8 +33,13 @@ class AdamW {
  public:
   AdamW(std::vector<ParamRef> params, const OptimizerConfig& config);
 
-  // One step with learning rate `lr`, gradients multiplied by clip_scale.
+  // One step with learning rate `lr`, gradients multiplied by clip_scale. With bf16
+  // parameters `backend` must accept bf16 storage (backend/bf16_storage_backend.h).
   void step(Backend& backend, double lr, double clip_scale);
+  // The parameters as checkpoints see them: each bf16 parameter replaced by its f32 master.
+  std::vector<ParamRef> checkpoint_params() const;
+  // After masters were loaded (from a checkpoint): round them into the bf16 parameters.
+  void sync_params(Backend& backend);
 
   const std::vector<ParamRef>& params() const { return params_; }
   // Moments, one per parameter, same shapes (checkpoints read and write them).
@@ -45,6 +52,7 @@ class AdamW {
   std::vector<ParamRef> params_;
   OptimizerConfig config_;
   std::vector<Tensor> m_, v_;
+  std::vector<Tensor> master_;  // f32 masters of bf16 parameters (undefined for f32 ones)
   int64_t steps_ = 0;
 };
 

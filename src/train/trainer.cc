@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/comm_stats.h"
+#include "backend/bf16_storage_backend.h"
 #include "comm/mesh.h"
 #include "core/check.h"
 #include "data/corpus.h"
@@ -152,6 +153,7 @@ Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
   model->init_weights(InitOptions{.seed = o.seed});
   std::vector<ParamRef> params = model->parameters();
   AdamW adamw(params, o.optimizer);
+  std::vector<ParamRef> saved_params = adamw.checkpoint_params();  // f32 masters of bf16 parameters
 
   const std::string ckpt_root = (fs::path(o.out_dir) / "checkpoints").string();
   int64_t step = 0;
@@ -160,13 +162,14 @@ Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
     Result<std::string> latest = latest_checkpoint(ckpt_root);
     if (latest.ok()) {
       FP_ASSIGN_OR_RETURN(CheckpointState st, read_checkpoint_state(*latest));
-      FP_RETURN_IF_ERROR(load_checkpoint(*latest, o.config, params, &adamw.first_moments(), &adamw.second_moments()));
+      FP_RETURN_IF_ERROR(
+          load_checkpoint(*latest, o.config, saved_params, &adamw.first_moments(), &adamw.second_moments()));
       adamw.set_steps_taken(st.step);
       step = st.step;
       report.checkpoint = *latest;
     }
   } else if (!o.init_from.empty()) {
-    FP_RETURN_IF_ERROR(load_hf_weights(o.init_from, o.config, params));
+    FP_RETURN_IF_ERROR(load_hf_weights(o.init_from, o.config, saved_params));
   }
   std::error_code ec;
   fs::create_directories(o.out_dir, ec);
@@ -175,7 +178,11 @@ Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
   FP_ASSIGN_OR_RETURN(MetricsFile metrics, MetricsFile::open(leader ? (fs::path(o.out_dir) / "metrics.jsonl").string() : ""));
   ProgressLine progress(o.steps, o.tty && leader, o.print_every);
 
-  auto be = make_cpu_backend();
+  auto cpu = make_cpu_backend();
+  std::unique_ptr<Backend> bf16;
+  if (lo.dtype == DType::kBF16) bf16 = make_bf16_storage_backend(*cpu);
+  Backend* be = bf16 ? bf16.get() : cpu.get();
+  adamw.sync_params(*be);  // loaded masters -> bf16 parameters
   std::vector<double> step_times;
   const double t_start = now_s();
   const int64_t first_step = step;
@@ -238,7 +245,8 @@ Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
     if (leader) progress.update(step, loss, tps, now_s() - t_start);
     if ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == last) {
       CheckpointState st{step, static_cast<uint64_t>(step), o.seed, layout, o.config};
-      CheckpointWrite w{&params, &adamw.first_moments(), &adamw.second_moments(), s.dp_rank == 0, o.keep_checkpoints};
+      CheckpointWrite w{&saved_params, &adamw.first_moments(), &adamw.second_moments(), s.dp_rank == 0,
+                        o.keep_checkpoints};
       FP_ASSIGN_OR_RETURN(report.checkpoint, save_checkpoint(ckpt_root, st, w, world));
       if (leader) progress.note(fmt::format("step {}: checkpoint {}", step, report.checkpoint));
     }

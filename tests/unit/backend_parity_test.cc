@@ -25,7 +25,9 @@ class BackendParity : public ::testing::Test {
 
 TEST_F(BackendParity, MatmulAllTransposesAndBeta) {
   struct Case { int64_t m, n, k; };
-  for (Case c : {Case{1, 1, 1}, Case{7, 13, 5}, Case{64, 33, 129}, Case{3, 200, 17}}) {
+  // m <= 4 with a not transposed takes the skinny path (decode); k 515 = 32 x 16 lanes + 3.
+  for (Case c : {Case{1, 1, 1}, Case{7, 13, 5}, Case{64, 33, 129}, Case{3, 200, 17}, Case{1, 64, 515},
+                 Case{4, 37, 515}, Case{5, 9, 48}}) {
     for (int ta = 0; ta < 2; ++ta)
       for (int tb = 0; tb < 2; ++tb) {
         Tensor a = random_tensor(ta ? Shape{c.k, c.m} : Shape{c.m, c.k}, DType::kF32, 1);
@@ -48,6 +50,14 @@ TEST_F(BackendParity, MatmulBetaZeroIgnoresNaN) {
   fast_->fill(std::numeric_limits<double>::quiet_NaN(), c);
   fast_->matmul(a, false, b, false, c);
   for (int64_t i = 0; i < c.numel(); ++i) EXPECT_FALSE(std::isnan(c.data<float>()[i]));
+  // The skinny path with b transposed (4 rows), and sgemm (5 rows).
+  for (int64_t m : {4, 5}) {
+    Tensor a2 = random_tensor({m, 3}, DType::kF32, 1), bt = random_tensor({5, 3}, DType::kF32, 2);
+    Tensor c2 = Tensor::empty({m, 5}, DType::kF32, MemCategory::kWorkspace);
+    fast_->fill(std::numeric_limits<double>::quiet_NaN(), c2);
+    fast_->matmul(a2, false, bt, true, c2);
+    for (int64_t i = 0; i < c2.numel(); ++i) EXPECT_FALSE(std::isnan(c2.data<float>()[i])) << m;
+  }
 }
 
 TEST_F(BackendParity, RmsNormForwardBackward) {

@@ -77,6 +77,8 @@ class SpShardedModel final : public ShardedModel {
 
 Result<std::unique_ptr<ShardedModel>> make_sp_sharded_model(const LlamaConfig& config, Communicator& sp, int64_t seq,
                                                             const LayoutOptions& o) {
+  if (o.dtype != DType::kF32)
+    return unimplemented("this layout stores weights and activations in f32 only; bf16 storage runs under tsp");
   SpOptions s;
   s.split = o.split;
   s.kv_exchange = o.kv_exchange;

@@ -30,6 +30,7 @@ Tensor TpStep::attention_forward(int l, const ShardedWeights& w, const Tensor& x
   be_.matmul(a1_full, false, a.wv, true, v2);
   be_.rope_forward(rope_, q);
   be_.rope_forward(rope_, k);
+  if (kv_cache_ != nullptr) kv_cache_->store_prefill(l, 0, k, v);
   Tensor attn = act({B, S, hl, d}), lse = act({B, hl, S});
   const AttentionArgs args{&q, &k, &v, &positions_, &positions_, 1.0 / std::sqrt(static_cast<double>(d))};
   be_.attention_forward(args, attn, lse);

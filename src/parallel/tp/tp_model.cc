@@ -77,6 +77,19 @@ Result<StepResult> TpModel::forward(Backend& be, Communicator& tp, const Sharded
   return r;
 }
 
+Result<Tensor> TpModel::prefill(Backend& be, Communicator& tp, const ShardedWeights& w, const Tensor& ids,
+                                KvCache& cache, double* exposed_comm_seconds) const {
+  if (options_.sequence_parallel) return invalid_argument("prefill runs plain tensor parallelism, not sequence-parallel");
+  if (ids.rank() != 2 || ids.dtype() != DType::kI32 || ids.dim(1) != seq_)
+    return invalid_argument("prefill ids {}: expected i32 [B, {}]", ids.describe(), seq_);
+  TpStep step(*this, be, tp, Batch{ids, ids});  // no head: the targets are never read
+  step.set_kv_cache(&cache);
+  Tensor x = step.embed(w);
+  x = run_blocks(step, *this, w, x, nullptr);
+  if (exposed_comm_seconds != nullptr) *exposed_comm_seconds += step.blocked_seconds();
+  return x;
+}
+
 Result<StepResult> TpModel::forward_backward(Backend& be, Communicator& tp, const ShardedWeights& w,
                                              const Batch& batch, ShardedWeights& g, int64_t loss_normalizer) const {
   FP_RETURN_IF_ERROR(check_local_batch(*this, batch));

@@ -47,6 +47,7 @@
 
 #include "comm/communicator.h"
 #include "model/llama_model.h"
+#include "parallel/kv_cache.h"
 #include "parallel/sequence_shard.h"
 #include "parallel/sharded_weights.h"
 
@@ -95,6 +96,15 @@ class TpModel {
   Result<StepResult> forward_backward(Backend& backend, Communicator& tp, const ShardedWeights& weights,
                                       const Batch& local_batch, ShardedWeights& grads,
                                       int64_t loss_normalizer = 0) const;
+
+  // Generation's prefill: the forward of the embedding and every block over every token of
+  // ids i32 [B, S], without the head. Each layer's K (after RoPE) and V of this rank's KV
+  // heads, every token, go into `cache` (KvCache::store_prefill), so the cache ends sharded by
+  // heads. Returns the last block's output [B*S, h], the same on every rank (and adds the time
+  // blocked on communication to *exposed_comm_seconds when given). Plain TP only
+  // (invalid_argument with sequence parallelism). Collective over tp.
+  Result<Tensor> prefill(Backend& backend, Communicator& tp, const ShardedWeights& weights, const Tensor& ids,
+                         KvCache& cache, double* exposed_comm_seconds = nullptr) const;
 
  private:
   TpModel(const LlamaConfig& config, ShardDims dims, int rank, int64_t seq, const TpOptions& options)

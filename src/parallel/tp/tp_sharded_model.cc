@@ -60,6 +60,8 @@ class TpShardedModel final : public ShardedModel {
 
 Result<std::unique_ptr<ShardedModel>> make_tp_sharded_model(const LlamaConfig& config, Communicator& tp, int64_t seq,
                                                             const LayoutOptions& o) {
+  if (o.dtype != DType::kF32)
+    return unimplemented("this layout stores weights and activations in f32 only; bf16 storage runs under tsp");
   TpOptions t;
   t.sequence_parallel = o.sequence_parallel;
   t.overlap = o.overlap;

@@ -71,6 +71,10 @@ class TpStep {
 
   double blocked_seconds() const { return tp_.blocked_seconds(); }
 
+  // Generation: attention_forward also stores K (after RoPE) and V of this rank's KV heads,
+  // every token, into `cache` (KvCache::store_prefill).
+  void set_kv_cache(KvCache* cache) { kv_cache_ = cache; }
+
  private:
   Tensor act(const Shape& shape) const { return Tensor::empty(shape, DType::kF32, MemCategory::kActivations); }
   Tensor comm_buffer(const Shape& shape) const { return Tensor::empty(shape, DType::kF32, MemCategory::kComm); }
@@ -100,6 +104,7 @@ class TpStep {
   Tensor positions_;    // i32 [S] 0..S-1
   Tensor rope_;         // [S, 2, d/2]
   std::vector<Tensor> norm_partials_;  // sequence parallel: attn_norm[L], mlp_norm[L], final_norm
+  KvCache* kv_cache_ = nullptr;        // prefill only
 };
 
 }  // namespace foldpar::tp_detail

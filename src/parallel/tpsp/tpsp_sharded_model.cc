@@ -66,6 +66,8 @@ class TpspShardedModel final : public ShardedModel {
 
 Result<std::unique_ptr<ShardedModel>> make_tpsp_sharded_model(const LlamaConfig& config, Communicator& tp,
                                                               Communicator& sp, int64_t seq, const LayoutOptions& o) {
+  if (o.dtype != DType::kF32)
+    return unimplemented("this layout stores weights and activations in f32 only; bf16 storage runs under tsp");
   TpspOptions t;
   t.split = o.split;
   t.kv_exchange = o.kv_exchange;

@@ -27,7 +27,7 @@ Tensor TspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& 
   const int64_t h = dims_.h, d = dims_.d, B = batch_, Sl = local_seq_, T = rows_, S = Sl * D_;
   const int nb = opt_.head_buckets, units = D_ * nb;
   const size_t shard_elems = static_cast<size_t>(dims_.attn_elems());
-  Tensor rstd = act({T}), a1 = act({T, h});
+  Tensor rstd = stat({T}), a1 = act({T, h});
   be_.rmsnorm_forward(x, w.attn_norm[l], c_.rms_norm_eps, a1, rstd);
   Tensor y = act({T, h});
   be_.copy(x, y);
@@ -43,14 +43,14 @@ Tensor TspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& 
     if (r == p_) {
       shard[r] = w.attn[l];
     } else if (opt_.keep_weights && s != nullptr) {
-      shard[r] = comm_buffer({dims_.attn_rows(), h});
+      shard[r] = comm_buffer({dims_.attn_rows(), h}, opt_.dtype);
       s->weights[r] = shard[r];
     } else {
-      if (!wbuf[r % 2].defined()) wbuf[r % 2] = comm_buffer({dims_.attn_rows(), h});
+      if (!wbuf[r % 2].defined()) wbuf[r % 2] = comm_buffer({dims_.attn_rows(), h}, opt_.dtype);
       shard[r] = wbuf[r % 2];
     }
     // The root only reads its buffer; the interface takes void* for every rank.
-    w_req = comm_.ibroadcast(const_cast<void*>(shard[r].raw_data()), shard_elems, DType::kF32, r);
+    w_req = comm_.ibroadcast(const_cast<void*>(shard[r].raw_data()), shard_elems, shard[r].dtype(), r);
   };
 
   // ---- one unit: projections, RoPE, and the start of its K/V all-gather ----
@@ -67,8 +67,9 @@ Tensor TspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& 
     be_.matmul(a1, false, bw.wv, true, v2);
     be_.rope_forward(rope_, t.q);
     be_.rope_forward(rope_, t.k);
-    t.k_full = comm_buffer({B, S, kvh_b_, d});
-    t.v_full = comm_buffer({B, S, kvh_b_, d});
+    if (kv_cache_ != nullptr) kv_cache_->store_prefill(l, r * dims_.kv_heads + b * kvh_b_, t.k, t.v);
+    t.k_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
+    t.v_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
     t.gather = start_gather(t.k, t.k_full);
     std::vector<CommRequest> gv = start_gather(t.v, t.v_full);
     for (CommRequest& req : gv) t.gather.push_back(std::move(req));
@@ -93,7 +94,7 @@ Tensor TspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& 
       next = project(u + 1);
     }
     wait_all(cur.gather);
-    Tensor attn = act({B, Sl, heads_b_, d}), lse = act({B, heads_b_, Sl});
+    Tensor attn = act({B, Sl, heads_b_, d}), lse = stat({B, heads_b_, Sl});
     const AttentionArgs args{&cur.q, &cur.k_full, &cur.v_full, &q_pos_, &k_pos_, scale};
     be_.attention_forward(args, attn, lse);
     poke(next.gather);
@@ -137,11 +138,11 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
       shard[r] = s.weights[r];
       return;  // nothing to move
     } else {
-      if (!wbuf[r % 2].defined()) wbuf[r % 2] = comm_buffer({dims_.attn_rows(), h});
+      if (!wbuf[r % 2].defined()) wbuf[r % 2] = comm_buffer({dims_.attn_rows(), h}, opt_.dtype);
       shard[r] = wbuf[r % 2];
     }
     if (opt_.keep_weights && r == p_) return;
-    w_req = comm_.ibroadcast(const_cast<void*>(shard[r].raw_data()), shard_elems, DType::kF32, r);
+    w_req = comm_.ibroadcast(const_cast<void*>(shard[r].raw_data()), shard_elems, shard[r].dtype(), r);
   };
   // ---- packed weight-gradient partials, reduced to their owner ----
   Tensor gbuf[2];
@@ -156,7 +157,7 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
     if (r == p_) {
       g = grads.attn[l];
     } else {
-      if (!gbuf[r % 2].defined()) gbuf[r % 2] = comm_buffer({dims_.attn_rows(), h});
+      if (!gbuf[r % 2].defined()) gbuf[r % 2] = comm_buffer({dims_.attn_rows(), h}, DType::kF32);
       g = gbuf[r % 2];
     }
     const float g_beta = r == p_ ? 1.0f : 0.0f;
@@ -170,8 +171,8 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
         k_full = s.k_full[u];
         v_full = s.v_full[u];
       } else {
-        k_full = comm_buffer({B, S, kvh_b_, d});
-        v_full = comm_buffer({B, S, kvh_b_, d});
+        k_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
+        v_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
         std::vector<CommRequest> gather = start_gather(s.k[u], k_full);
         std::vector<CommRequest> gv = start_gather(s.v[u], v_full);
         for (CommRequest& req : gv) gather.push_back(std::move(req));
@@ -184,7 +185,7 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
       be_.matmul(d_out, false, bw.wo_t, true, d_attn2);
       be_.matmul(attn2, true, d_out, false, gw.wo_t, 1.0f, g_beta);
       Tensor dq = act({B, Sl, heads_b_, d});
-      Tensor dk_full = comm_buffer({B, S, kvh_b_, d}), dv_full = comm_buffer({B, S, kvh_b_, d});
+      Tensor dk_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype), dv_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
       const AttentionArgs args{&s.q[u], &k_full, &v_full, &q_pos_, &k_pos_, scale};
       be_.attention_backward(args, s.attn[u], s.lse[u], d_attn, dq, dk_full, dv_full);
       k_full = Tensor();
@@ -211,7 +212,7 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
     }
     // fwd: broadcast from r; bwd: reduce to r (in place at the owner).
     wait(g_req);
-    g_req = comm_.ireduce(g.raw_data(), r == p_ ? g.raw_data() : nullptr, shard_elems, DType::kF32, ReduceOp::kSum, r);
+    g_req = comm_.ireduce(g.raw_data(), r == p_ ? g.raw_data() : nullptr, shard_elems, g.dtype(), ReduceOp::kSum, r);
     if (!opt_.overlap) wait(g_req);
     if (r + 1 < D_) {
       if (!opt_.overlap) start_bcast(r + 1);

@@ -10,7 +10,7 @@ namespace foldpar::tsp_detail {
 
 Tensor TspStep::mlp_forward(int l, const ShardedWeights& w, const Tensor& x_mid, MlpSaved* s) {
   const int64_t h = dims_.h, T = rows_, fr = dims_.f_rows;
-  Tensor rstd = act({T}), a2 = act({T, h});
+  Tensor rstd = stat({T}), a2 = act({T, h});
   be_.rmsnorm_forward(x_mid, w.mlp_norm[l], c_.rms_norm_eps, a2, rstd);
   Tensor y = act({T, h});
   be_.copy(x_mid, y);

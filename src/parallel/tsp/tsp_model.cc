@@ -15,6 +15,8 @@ Result<TspModel> TspModel::create(const LlamaConfig& config, int degree, int ran
                                   const TspOptions& options) {
   FP_ASSIGN_OR_RETURN(ShardDims dims, shard_dims(config, degree, "TSP"));
   FP_ASSIGN_OR_RETURN(SequenceShard shard, SequenceShard::create(seq, degree, rank, options.split));
+  if (options.dtype != DType::kF32 && options.dtype != DType::kBF16)
+    return invalid_argument("TSP stores weights and activations in f32 or bf16, not {}", dtype_name(options.dtype));
   if (options.head_buckets <= 0 || dims.kv_heads % options.head_buckets != 0)
     return invalid_argument("head buckets ({}) must divide the KV heads per TSP rank ({} = {} / {})",
                             options.head_buckets, dims.kv_heads, config.num_key_value_heads, degree);
@@ -58,6 +60,19 @@ Result<StepResult> TspModel::forward(Backend& be, Communicator& tsp, const Shard
   if (options_.keep_logits) r.logits = logits.reshape({batch.batch(), batch.seq(), config_.vocab_size});
   r.exposed_comm_seconds = step.wait_seconds();
   return r;
+}
+
+Result<Tensor> TspModel::prefill(Backend& be, Communicator& tsp, const ShardedWeights& w, const Tensor& ids,
+                                 KvCache& cache, double* exposed_comm_seconds) const {
+  if (ids.rank() != 2 || ids.dtype() != DType::kI32 || ids.dim(1) != shard_.local_seq())
+    return invalid_argument("prefill ids {}: expected i32 [B, {}] (S {} / D {})", ids.describe(), shard_.local_seq(),
+                            shard_.seq(), shard_.degree());
+  TspStep step(*this, be, tsp, ids.dim(0));
+  step.set_kv_cache(&cache);
+  Tensor x = step.embed(w, ids.reshape({ids.numel()}));
+  x = run_blocks(step, *this, w, x, nullptr);
+  if (exposed_comm_seconds != nullptr) *exposed_comm_seconds += step.wait_seconds();
+  return x;
 }
 
 Result<StepResult> TspModel::forward_backward(Backend& be, Communicator& tsp, const ShardedWeights& w,

@@ -13,6 +13,7 @@
 
 #include "comm/communicator.h"
 #include "model/llama_model.h"
+#include "parallel/kv_cache.h"
 #include "parallel/sequence_shard.h"
 #include "parallel/sharded_weights.h"
 
@@ -38,6 +39,10 @@ struct TspOptions {
   Recompute recompute = Recompute::kNone;
   // Verification only: also return this rank's logits [B, S/D, V] (normally never formed).
   bool keep_logits = false;
+  // Storage of weights, activations and the shards and K/V that travel: f32 or bf16 (then
+  // run with a bf16 storage backend, backend/bf16_storage_backend.h). Gradients, per-row
+  // statistics and the gradient traffic stay f32.
+  DType dtype = DType::kF32;
 };
 
 class TspModel {
@@ -62,6 +67,16 @@ class TspModel {
   Result<StepResult> forward_backward(Backend& backend, Communicator& tsp, const ShardedWeights& weights,
                                       const Batch& local_batch, ShardedWeights& grads,
                                       int64_t loss_normalizer = 0) const;
+
+  // Generation's prefill (spec section 6): the forward of the embedding and every block over
+  // this rank's tokens local_ids i32 [B, S/D] (SequenceShard::local_batch), without the head.
+  // Each layer's K (after RoPE) and V of this rank's tokens, every KV head, go into `cache`
+  // (KvCache::store_prefill; keep_prefill_rows picks the rows it keeps), so the cache ends
+  // sharded by sequence. Returns the last block's output [B*S/D, h] (before the final norm);
+  // adds the time blocked on communication to *exposed_comm_seconds when given.
+  // Traffic: the forward's, less the LM-head ring. Collective over the TSP communicator.
+  Result<Tensor> prefill(Backend& backend, Communicator& tsp, const ShardedWeights& weights, const Tensor& local_ids,
+                         KvCache& cache, double* exposed_comm_seconds = nullptr) const;
 
  private:
   TspModel(const LlamaConfig& config, ShardDims dims, SequenceShard shard, const TspOptions& options)

@@ -13,7 +13,7 @@ class TspShardedModel final : public ShardedModel {
       : model_(std::move(model)),
         comm_(comm),
         layout_(fmt::format("tsp={}", comm.size())),
-        weights_(ShardedWeights::allocate(model_.config(), model_.dims(), comm.rank(), DType::kF32,
+        weights_(ShardedWeights::allocate(model_.config(), model_.dims(), comm.rank(), model_.options().dtype,
                                           MemCategory::kParameters)),
         grads_(ShardedWeights::allocate(model_.config(), model_.dims(), comm.rank(), DType::kF32,
                                         MemCategory::kGradients)) {
@@ -61,6 +61,7 @@ Result<std::unique_ptr<ShardedModel>> make_tsp_sharded_model(const LlamaConfig& 
   t.head_buckets = o.head_buckets;
   t.recompute = o.recompute;
   t.keep_logits = o.keep_logits;
+  t.dtype = o.dtype;
   FP_ASSIGN_OR_RETURN(TspModel model, TspModel::create(config, tsp.size(), tsp.rank(), seq, t));
   return std::unique_ptr<ShardedModel>(std::make_unique<TspShardedModel>(std::move(model), tsp));
 }

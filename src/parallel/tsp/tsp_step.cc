@@ -105,10 +105,10 @@ TspStep::WeightRing TspStep::weight_ring(const Tensor& own) { return WeightRing{
 
 void TspStep::weight_ring_send(WeightRing& ring, int step) {
   if (step + 1 >= D_) return;
-  ring.next = comm_buffer(ring.cur.shape());
+  ring.next = comm_buffer(ring.cur.shape(), ring.cur.dtype());
   // The owner's shard is only read: it is never a receive buffer, so it is never overwritten.
   ring.hop = comm_.isend_recv(ring.cur.raw_data(), ring.next.raw_data(), static_cast<size_t>(ring.cur.numel()),
-                              DType::kF32, (p_ + 1) % D_, (p_ - 1 + D_) % D_);
+                              ring.cur.dtype(), (p_ + 1) % D_, (p_ - 1 + D_) % D_);
   if (!opt_.overlap) wait(ring.hop);
 }
 
@@ -119,7 +119,7 @@ void TspStep::weight_ring_advance(WeightRing& ring, int step) {
 }
 
 Tensor TspStep::grad_ring_partial(Tensor& own_grad, int step, const Shape& shape) {
-  return step == 0 ? own_grad : comm_buffer(shape);
+  return step == 0 ? own_grad : comm_buffer(shape, own_grad.dtype());
 }
 
 void TspStep::grad_ring_send(GradRing& ring, int step, Tensor& partial) {
@@ -129,9 +129,9 @@ void TspStep::grad_ring_send(GradRing& ring, int step, Tensor& partial) {
     be_.add_inplace(ring.incoming, partial);
   }
   ring.sending = partial;
-  ring.incoming = comm_buffer(partial.shape());
+  ring.incoming = comm_buffer(partial.shape(), partial.dtype());
   ring.hop = comm_.isend_recv(ring.sending.raw_data(), ring.incoming.raw_data(),
-                              static_cast<size_t>(partial.numel()), DType::kF32, (p_ + 1) % D_, (p_ - 1 + D_) % D_);
+                              static_cast<size_t>(partial.numel()), partial.dtype(), (p_ + 1) % D_, (p_ - 1 + D_) % D_);
   if (!opt_.overlap) wait(ring.hop);
 }
 

@@ -68,6 +68,11 @@ class TspStep {
   // over the axis and adds them into grads.
   void sum_norm_partials(ShardedWeights& grads);
 
+  // Generation: attention_forward also stores each unit's K (after RoPE) and V of the local
+  // tokens into `cache` (KvCache::store_prefill), shard r's bucket b at KV head
+  // r * kv_heads + b * kv_heads / buckets, so the cache holds every head of this rank's tokens.
+  void set_kv_cache(KvCache* cache) { kv_cache_ = cache; }
+
   // Seconds this rank has spent blocked on communication (waits and blocking collectives):
   // the exposed communication time, what overlap failed to hide.
   double wait_seconds() const { return wait_seconds_; }
@@ -78,8 +83,11 @@ class TspStep {
     Tensor wq, wk, wv, wo_t;
   };
   BucketWeights bucket_weights(const Tensor& packed, int bucket) const;
-  Tensor act(const Shape& shape) const { return Tensor::empty(shape, DType::kF32, MemCategory::kActivations); }
-  Tensor comm_buffer(const Shape& shape) const { return Tensor::empty(shape, DType::kF32, MemCategory::kComm); }
+  // Activations in the storage dtype; per-row statistics (rstd, lse) always f32.
+  Tensor act(const Shape& shape) const { return Tensor::empty(shape, opt_.dtype, MemCategory::kActivations); }
+  Tensor stat(const Shape& shape) const { return Tensor::empty(shape, DType::kF32, MemCategory::kActivations); }
+  // Buffers for what travels: weights and K/V in the storage dtype, gradients f32.
+  Tensor comm_buffer(const Shape& shape, DType dtype) const { return Tensor::empty(shape, dtype, MemCategory::kComm); }
   // K/V of local tokens [B, S/D, kvh_b, d] -> [B, S, kvh_b, d] in rank order (B all-gathers).
   std::vector<CommRequest> start_gather(const Tensor& local, Tensor& full);
   std::vector<CommRequest> start_reduce_scatter(const Tensor& full, Tensor& local);
@@ -136,6 +144,7 @@ class TspStep {
   Tensor k_pos_;         // i32 [S], rank order
   Tensor rope_;          // [S/D, 2, d/2] at the local positions
   std::vector<Tensor> norm_partials_;  // attn_norm[L], mlp_norm[L], final_norm: partial gradients
+  KvCache* kv_cache_ = nullptr;        // prefill only
   double wait_seconds_ = 0;
 };
 

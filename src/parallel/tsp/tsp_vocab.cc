@@ -38,14 +38,14 @@ StepResult TspStep::head_forward(const ShardedWeights& w, const Tensor& x, const
                                  Tensor* logits) {
   const int64_t T = rows_, h = dims_.h, vr = dims_.v_rows;
   hs.x_last = x;
-  hs.rstd = act({T});
+  hs.rstd = stat({T});
   hs.xf = act({T, h});
   be_.rmsnorm_forward(x, w.final_norm, c_.rms_norm_eps, hs.xf, hs.rstd);
-  Tensor row_max = act({T}), row_sum = act({T}), target_logit = act({T});
+  Tensor row_max = stat({T}), row_sum = stat({T}), target_logit = stat({T});
   be_.fill(-INFINITY, row_max);
   be_.fill(0.0, row_sum);
   be_.fill(0.0, target_logit);
-  if (logits != nullptr) *logits = act({T, c_.vocab_size});
+  if (logits != nullptr) *logits = stat({T, c_.vocab_size});  // verification only, f32
   WeightRing ring = weight_ring(w.lm_head);
   for (int j = 0; j < D_; ++j) {
     weight_ring_send(ring, j);
@@ -54,13 +54,14 @@ StepResult TspStep::head_forward(const ShardedWeights& w, const Tensor& x, const
     const int64_t offset = ring_owner(j) * vr;
     be_.softmax_chunk_update(chunk, targets, offset, kIgnoreIndex, row_max, row_sum, target_logit);
     if (logits != nullptr) {  // verification only
+      const Tensor c32 = chunk.dtype() == DType::kF32 ? chunk : chunk.to(DType::kF32, MemCategory::kWorkspace);
       for (int64_t t = 0; t < T; ++t)
-        std::copy_n(chunk.data<float>() + t * vr, vr, logits->data<float>() + t * c_.vocab_size + offset);
+        std::copy_n(c32.data<float>() + t * vr, vr, logits->data<float>() + t * c_.vocab_size + offset);
     }
     weight_ring_advance(ring, j);
   }
   // lse and the local loss, then the sums over the axis (two f64 values).
-  hs.lse = act({T});
+  hs.lse = stat({T});
   const int32_t* tg = targets.data<int32_t>();
   double sums[2] = {0, 0};  // loss sum, valid tokens
   for (int64_t t = 0; t < T; ++t) {

@@ -1,0 +1,99 @@
+// foldpar generate: resolve the weights, build the decoder, load its slices, generate.
+#include "app/generate.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "comm/mesh.h"
+#include "data/tokenizer.h"
+#include "parallel/make_layout.h"
+#include "train/checkpoint.h"
+
+namespace foldpar {
+namespace fs = std::filesystem;
+namespace {
+
+// A step-N directory itself, or the newest complete one under DIR or DIR/checkpoints.
+Result<std::string> resolve_checkpoint(const std::string& dir) {
+  if (!fs::is_directory(dir)) return not_found("checkpoint directory '{}' does not exist", dir);
+  if (fs::exists(fs::path(dir) / "manifest.json")) return dir;
+  if (Result<std::string> r = latest_checkpoint(dir); r.ok()) return r;
+  if (Result<std::string> r = latest_checkpoint((fs::path(dir) / "checkpoints").string()); r.ok()) return r;
+  return not_found("no complete checkpoint in '{}' or '{}/checkpoints'", dir, dir);
+}
+
+struct Weights {
+  LlamaConfig config;
+  std::string source;
+  bool hf = false;
+};
+
+Result<Weights> locate_weights(const GenerateOptions& o) {
+  if (o.checkpoint.empty() == o.hf_dir.empty())
+    return invalid_argument("give exactly one of --checkpoint and --hf");
+  Weights w;
+  if (!o.checkpoint.empty()) {
+    FP_ASSIGN_OR_RETURN(w.source, resolve_checkpoint(o.checkpoint));
+    FP_ASSIGN_OR_RETURN(CheckpointState st, read_checkpoint_state(w.source));
+    w.config = st.config;
+  } else {
+    w.source = o.hf_dir;
+    w.hf = true;
+    FP_ASSIGN_OR_RETURN(w.config, LlamaConfig::load((fs::path(o.hf_dir) / "config.json").string()));
+  }
+  return w;
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> read_prompt_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return not_found("prompt file '{}' cannot be read", path);
+  const bool jsonl = path.ends_with(".jsonl");
+  std::vector<std::string> prompts;
+  int64_t line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    if (!jsonl) {
+      prompts.push_back(line);
+      continue;
+    }
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_string()) {
+      prompts.push_back(j.get<std::string>());
+    } else if (j.is_object() && j.contains("prompt") && j["prompt"].is_string()) {
+      prompts.push_back(j["prompt"].get<std::string>());
+    } else {
+      return invalid_argument("{}:{}: expected a JSON string or an object with a \"prompt\" string", path, line_no);
+    }
+  }
+  if (prompts.empty()) return invalid_argument("prompt file '{}' holds no prompt", path);
+  return prompts;
+}
+
+Result<GenerateResult> run_generate(const GenerateOptions& o, Communicator& world, const GenerationCallbacks& cb) {
+  FP_ASSIGN_OR_RETURN(Weights src, locate_weights(o));
+  FP_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, make_tokenizer(o.tokenizer));
+  if (static_cast<int64_t>(tokenizer->vocab_size()) > src.config.vocab_size)
+    return invalid_argument("tokenizer {} has {} tokens, more than the model's vocabulary ({})", tokenizer->describe(),
+                            tokenizer->vocab_size(), src.config.vocab_size);
+  const std::string layout = o.layout.empty() ? "tsp=" + std::to_string(world.size()) : o.layout;
+  FP_ASSIGN_OR_RETURN(Mesh mesh, Mesh::create(world, layout));
+  FP_ASSIGN_OR_RETURN(std::unique_ptr<ShardedDecoder> decoder, make_sharded_decoder(src.config, mesh, o.layout_options));
+  std::vector<ParamRef> refs = decoder->parameters();
+  // Each rank reads its own slices; a failure on one rank is every rank's (same files).
+  Status loaded = src.hf ? load_hf_weights(src.source, src.config, refs)
+                         : load_checkpoint(src.source, src.config, refs, nullptr, nullptr);
+  int32_t failed = loaded.ok() ? 0 : 1;
+  FP_CHECK_OK(world.all_reduce(&failed, &failed, 1, DType::kI32, ReduceOp::kMax));
+  if (!loaded.ok()) return loaded;
+  if (failed) return io_error("another rank could not load the weights from '{}'", src.source);
+  auto be = make_cpu_backend();
+  FP_ASSIGN_OR_RETURN(GenerationReport report, generate(*decoder, *be, *tokenizer, o.prompts, o.generation, world, cb));
+  return GenerateResult{std::move(report), decoder->layout(), src.source, src.config};
+}
+
+}  // namespace foldpar

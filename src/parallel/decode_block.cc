@@ -1,0 +1,127 @@
+// The decode step with stationary weights: TP-style projections and MLP around the
+// strategy's attention, the vocabulary-parallel embedding and head.
+#include "parallel/decode_block.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "backend/rope_table.h"
+
+namespace foldpar {
+namespace {
+
+Tensor act(const Shape& shape) { return Tensor::empty(shape, DType::kF32, MemCategory::kActivations); }
+
+// x [B, h] -> x + attention(norm(x)) Wo^T, summed over the axis.
+Tensor attention_block(const DecodeContext& ctx, const ShardedWeights& w, int l, const Tensor& x, const Tensor& rope,
+                       DecodeAttention& attention) {
+  Backend& be = *ctx.backend;
+  const ShardDims& dm = *ctx.dims;
+  const int64_t B = x.dim(0), h = dm.h;
+  const AttnPieces a = attn_pieces(dm, w.attn[l]);
+  Tensor rstd = act({B}), a1 = act({B, h});
+  be.rmsnorm_forward(x, w.attn_norm[l], ctx.config->rms_norm_eps, a1, rstd);
+  // Column-parallel: this rank's heads. As [1, B, n, d] each sequence's row takes its own
+  // row of the RoPE table.
+  Tensor q = act({1, B, dm.heads, dm.d}), k = act({1, B, dm.kv_heads, dm.d}), v = act({B, dm.kv_heads, dm.d});
+  Tensor q2 = q.reshape({B, dm.q_rows}), k2 = k.reshape({B, dm.kv_rows}), v2 = v.reshape({B, dm.kv_rows});
+  be.matmul(a1, false, a.wq, true, q2);
+  be.matmul(a1, false, a.wk, true, k2);
+  be.matmul(a1, false, a.wv, true, v2);
+  be.rope_forward(rope, q);
+  be.rope_forward(rope, k);
+  Tensor attn = act({B, dm.q_rows});
+  attention.attend(l, q.reshape({B, dm.heads, dm.d}), k.reshape({B, dm.kv_heads, dm.d}), v, attn);
+  // Row-parallel output projection: this rank's part, summed over the axis (g).
+  Tensor y = act({B, h});
+  be.matmul(attn, false, a.wo_t, false, y);
+  ctx.comm->all_reduce(y);
+  be.add_inplace(x, y);
+  return y;
+}
+
+// x_mid [B, h] -> x_mid + MLP(norm(x_mid)), the MLP's columns of this rank summed over the axis.
+Tensor mlp_block(const DecodeContext& ctx, const ShardedWeights& w, int l, const Tensor& x_mid) {
+  Backend& be = *ctx.backend;
+  const ShardDims& dm = *ctx.dims;
+  const int64_t B = x_mid.dim(0), h = dm.h;
+  const MlpPieces m = mlp_pieces(dm, w.mlp[l]);
+  Tensor rstd = act({B}), a2 = act({B, h});
+  be.rmsnorm_forward(x_mid, w.mlp_norm[l], ctx.config->rms_norm_eps, a2, rstd);
+  Tensor gate = act({B, dm.f_rows}), up = act({B, dm.f_rows}), a = act({B, dm.f_rows});
+  be.matmul(a2, false, m.w_gate, true, gate);
+  be.matmul(a2, false, m.w_up, true, up);
+  be.swiglu_forward(gate, up, a);
+  Tensor y = act({B, h});
+  be.matmul(a, false, m.w_down_t, false, y);
+  ctx.comm->all_reduce(y);  // g
+  be.add_inplace(x_mid, y);
+  return y;
+}
+
+}  // namespace
+
+Tensor decode_step(const DecodeContext& ctx, const ShardedWeights& w, std::span<const int32_t> ids,
+                   std::span<const int32_t> positions, DecodeAttention& attention) {
+  const int64_t B = static_cast<int64_t>(ids.size());
+  FP_CHECK(positions.size() == ids.size() && B > 0, "decode step of {} ids at {} positions", ids.size(),
+           positions.size());
+  Tensor id_tensor = Tensor::empty({B}, DType::kI32, MemCategory::kActivations);
+  std::copy(ids.begin(), ids.end(), id_tensor.data<int32_t>());
+  Tensor x = act({B, ctx.dims->h});
+  embedding_partial(*ctx.backend, ctx.comm->rank(), id_tensor, w.embed, x);
+  ctx.comm->all_reduce(x);  // g: every id's row comes from the one rank that holds it
+  const Tensor rope = build_rope_table(positions, ctx.dims->d, ctx.config->rope_theta, DType::kF32);
+  for (size_t l = 0; l < w.attn.size(); ++l) {
+    const int layer = static_cast<int>(l);
+    x = attention_block(ctx, w, layer, x, rope, attention);
+    x = mlp_block(ctx, w, layer, x);
+  }
+  return decode_logits(ctx, w, x);
+}
+
+void attend_cached(Backend& be, const KvCache& cache, int layer, int64_t b, int32_t position, const Tensor& q,
+                   Tensor& out, Tensor& lse) {
+  const int64_t n = q.dim(0), d = q.dim(1), heads = cache.kv_heads(), g = n / heads;
+  FP_CHECK(q.rank() == 2 && n == g * heads && out.shape() == q.shape() && lse.numel() == n,
+           "cached attention of q {} into {} / {} over {} KV heads", q.describe(), out.describe(), lse.describe(), heads);
+  if (cache.length(b) == 0) {
+    be.fill(0.0, out);
+    be.fill(-INFINITY, lse);
+    return;
+  }
+  Tensor q_pos = Tensor::empty({1}, DType::kI32, MemCategory::kActivations);
+  q_pos.data<int32_t>()[0] = position;
+  const Tensor k_pos = cache.positions(b);
+  for (int64_t j = 0; j < heads; ++j) {
+    const Tensor qj = q.narrow(j * g, (j + 1) * g).reshape({1, 1, g, d});
+    const Tensor k = cache.keys(layer, b, j), v = cache.values(layer, b, j);
+    Tensor oj = out.narrow(j * g, (j + 1) * g).reshape({1, 1, g, d});
+    Tensor lj = lse.reshape({n}).narrow(j * g, (j + 1) * g).reshape({1, g, 1});
+    const AttentionArgs args{&qj, &k, &v, &q_pos, &k_pos, 1.0 / std::sqrt(static_cast<double>(d))};
+    be.attention_forward(args, oj, lj);
+  }
+}
+
+Tensor decode_logits(const DecodeContext& ctx, const ShardedWeights& w, const Tensor& x) {
+  Backend& be = *ctx.backend;
+  const ShardDims& dm = *ctx.dims;
+  const int64_t B = x.dim(0), vr = dm.v_rows, D = dm.degree;
+  Tensor rstd = act({B}), xf = act({B, dm.h});
+  be.rmsnorm_forward(x, w.final_norm, ctx.config->rms_norm_eps, xf, rstd);
+  Tensor local = act({B, vr});
+  be.matmul(xf, false, w.lm_head, true, local);
+  // Every rank's vocabulary rows, rank-major [D, B, V/D], into [B, V].
+  Tensor all = Tensor::empty({D, B, vr}, DType::kF32, MemCategory::kComm);
+  const auto t0 = std::chrono::steady_clock::now();
+  ctx.comm->blocking(
+      ctx.comm->comm().all_gather(local.raw_data(), all.raw_data(), static_cast<size_t>(B * vr), DType::kF32), t0);
+  Tensor logits = act({B, vr * D});
+  const float* src = all.data<float>();
+  float* dst = logits.data<float>();
+  for (int64_t r = 0; r < D; ++r)
+    for (int64_t b = 0; b < B; ++b) std::copy_n(src + (r * B + b) * vr, vr, dst + b * vr * D + r * vr);
+  return logits;
+}
+
+}  // namespace foldpar

@@ -1,0 +1,65 @@
+// One decode step with stationary weights (spec section 6), shared by the strategies whose
+// weights are ShardedWeights (tsp/, tp/). Every rank holds the same B token rows (one new
+// token per sequence, replicated: B*h values) and its own weight shards, which never move:
+//   embedding  this rank's vocabulary rows, summed over the axis     fwd: all_reduce [B, h] (TP's g)
+//   per layer  a1 = norm(x); q, k, v of this rank's heads (column-parallel); RoPE at each
+//              sequence's position; attention of this rank's heads over the whole cached
+//              sequence: the strategy's DecodeAttention (sequence-sharded cache under TSP,
+//              head-sharded under TP)
+//              x_mid = x + sum over the axis of attn Wo_r^T          fwd: all_reduce [B, h] (g)
+//              x_out = x_mid + sum of (silu(a2 Wg_r^T) * (a2 Wu_r^T)) Wd_r^T, a2 = norm(x_mid)
+//                                                                    fwd: all_reduce [B, h] (g)
+//   head       xf = norm(x); logits of this rank's vocabulary rows   fwd: all_gather -> [B, V]
+// Forward only: the conjugates (identity for g, reduce_scatter for the all_gather) never run.
+//
+// Traffic per step per rank outside attention, elements (times 4 bytes), D ranks, when D
+// divides B*h (comm/comm_stats.h convention): all_reduce (1 + 2L) x 2 B h (D-1)/D, all_gather
+// B V (D-1)/D each way. No broadcast, reduce or point-to-point: no weight byte moves.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "backend/backend.h"
+#include "model/llama_config.h"
+#include "parallel/kv_cache.h"
+#include "parallel/sharded_weights.h"
+#include "parallel/tensor_parallel.h"
+
+namespace foldpar {
+
+// The attention of one new token per sequence over a strategy's KV cache.
+class DecodeAttention {
+ public:
+  virtual ~DecodeAttention() = default;
+  // q: [B, heads, d] this rank's query heads (ShardDims::heads) after RoPE; k, v: [B, kv_heads, d]
+  // this rank's KV heads of the new tokens (k after RoPE). attn (written): [B, heads * d], this
+  // rank's heads attending over every cached token of each sequence, the new one included.
+  // Collective over the axis when the strategy's attention communicates.
+  virtual void attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& attn) = 0;
+};
+
+struct DecodeContext {
+  const LlamaConfig* config = nullptr;
+  const ShardDims* dims = nullptr;
+  Backend* backend = nullptr;
+  TpComm* comm = nullptr;  // over the layout's axis (tsp or tp): D ranks, this rank r
+};
+
+// ids: the B new tokens; positions: their global positions (each sequence its own). Returns
+// f32 [B, V], the same on every rank. Collective over ctx.comm.
+Tensor decode_step(const DecodeContext& ctx, const ShardedWeights& w, std::span<const int32_t> ids,
+                   std::span<const int32_t> positions, DecodeAttention& attention);
+
+// Attention of one token of sequence b at `position` over the sequence's slots in `cache`,
+// one Backend::attention_forward per KV head (the cache is head-major, so nothing is packed).
+// q: [n, d], n = g x cache.kv_heads() query heads in head order (head i reads KV head i / g).
+// out (written) [n, d], lse (written) [n]. Nothing cached: out 0, lse -inf. Not collective.
+void attend_cached(Backend& backend, const KvCache& cache, int layer, int64_t b, int32_t position, const Tensor& q,
+                   Tensor& out, Tensor& lse);
+
+// The head alone (prefill ends with it): x [B, h], the same on every rank -> f32 [B, V].
+// Collective over ctx.comm (one all_gather).
+Tensor decode_logits(const DecodeContext& ctx, const ShardedWeights& w, const Tensor& x);
+
+}  // namespace foldpar

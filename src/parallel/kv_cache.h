@@ -1,0 +1,69 @@
+// KvCache: the keys and values one rank keeps for generation. Per layer, K and V
+// [B, kv_heads, capacity, d] (MemCategory::kKvCache, so a test can read its bytes off the
+// tracked allocator), head-major so that the keys of one head of one sequence are contiguous
+// and attention reads them in place; a slot holds one token of one sequence, the same slot
+// in every layer and head, with the token's global position. Under TSP a rank's slots are
+// ITS tokens with every KV head (sharded by sequence); under TP they are every token with the
+// rank's KV heads (sharded by heads). Slots of a sequence fill in order; their positions need
+// not be contiguous or sorted, because attention reads them through the position array.
+// No communication here; which rank keeps which token is the strategy's decision.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace foldpar {
+
+class KvCache {
+ public:
+  KvCache() = default;
+  // Uninitialized slots (never read before they are written). capacity: slots per sequence.
+  static KvCache allocate(int64_t layers, int64_t batch, int64_t capacity, int64_t kv_heads, int64_t head_dim);
+
+  int64_t layers() const { return static_cast<int64_t>(k_.size()); }
+  int64_t batch() const { return batch_; }
+  int64_t capacity() const { return capacity_; }
+  int64_t kv_heads() const { return kv_heads_; }
+  int64_t head_dim() const { return head_dim_; }
+  int64_t length(int64_t b) const { return length_[static_cast<size_t>(b)]; }  // filled slots of sequence b
+  // Bytes of K and V storage: 2 * L * B * capacity * kv_heads * d * 4.
+  int64_t bytes() const;
+
+  // Prefill. A prefill batch has `row_positions.size()` rows per sequence at these global
+  // positions (the same for every sequence); sequence b keeps, in row order, the rows at
+  // positions below prompt_lengths[b] (the rest are padding) as its first slots. Resets
+  // every sequence. FP_CHECK: the kept rows fit the capacity.
+  void keep_prefill_rows(std::span<const int32_t> row_positions, std::span<const int64_t> prompt_lengths);
+  // k, v: [B, rows, n, d] (k after RoPE), heads [kv_head0, kv_head0 + n) of the prefill rows;
+  // the kept rows are copied into their slots of `layer`.
+  void store_prefill(int layer, int64_t kv_head0, const Tensor& k, const Tensor& v);
+
+  // Decode. Reserves the next slot of sequence b for a token at `position` (every layer);
+  // returns the slot. FP_CHECK: capacity.
+  int64_t append(int64_t b, int32_t position);
+  // k, v: n*d values each (any shape), heads [kv_head0, kv_head0 + n) of one token, copied
+  // into `slot` of sequence b in `layer`.
+  void store_token(int layer, int64_t b, int64_t slot, int64_t kv_head0, const Tensor& k, const Tensor& v);
+
+  // Views of sequence b's filled slots: K, V of one head [1, length(b), 1, d] (the layout
+  // Backend::attention_forward takes) and the i32 positions [length(b)]. length(b) must be
+  // positive.
+  Tensor keys(int layer, int64_t b, int64_t kv_head) const;
+  Tensor values(int layer, int64_t b, int64_t kv_head) const;
+  Tensor positions(int64_t b) const;
+
+ private:
+  void copy_heads(Tensor& dst_layer, int64_t b, int64_t slot, int64_t kv_head0, int64_t n, const float* src);
+
+  int64_t batch_ = 0, capacity_ = 0, kv_heads_ = 0, head_dim_ = 0;
+  std::vector<Tensor> k_, v_;    // L x [B, kv_heads, capacity, d]
+  Tensor positions_;             // i32 [B, capacity]
+  std::vector<int64_t> length_;  // [B]
+  // Prefill row -> slot (or -1) of each sequence, set by keep_prefill_rows.
+  std::vector<std::vector<int64_t>> prefill_slot_;
+};
+
+}  // namespace foldpar

@@ -1,0 +1,150 @@
+// Tensor-parallel generation, the baseline TSP's decode is measured against: prefill is the
+// plain TP forward, which leaves the KV cache sharded by heads (each rank: every token, its
+// own KV heads); decode (parallel/decode_block.h) appends the new token's K/V of this rank's
+// heads to its own cache and attends locally, so attention moves nothing.
+// Traffic per decode step per rank, elements, T ranks, when T divides B*h: all_reduce
+// (1 + 2L) x 2 B h (T-1)/T and the logits' all_gather B V (T-1)/T; nothing else.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "parallel/decode_block.h"
+#include "parallel/sharded_decoder.h"
+#include "parallel/strategies.h"
+#include "parallel/tp/tp_model.h"
+
+namespace foldpar {
+namespace {
+
+// This rank's heads over every token of each sequence, all in the local cache.
+class TpDecodeAttention final : public DecodeAttention {
+ public:
+  TpDecodeAttention(const ShardDims& dims, Backend& be, KvCache& cache, const std::vector<int64_t>& slots,
+                    const std::vector<int32_t>& positions)
+      : dm_(dims), be_(be), cache_(cache), slots_(slots), positions_(positions) {}
+
+  void attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& attn) override {
+    const int64_t B = q.dim(0), hs = dm_.heads, d = dm_.d;
+    Tensor lse = Tensor::empty({hs}, DType::kF32, MemCategory::kActivations);
+    for (int64_t b = 0; b < B; ++b) {
+      cache_.store_token(layer, b, slots_[static_cast<size_t>(b)], 0, k.narrow(b, b + 1), v.narrow(b, b + 1));
+      Tensor out = attn.narrow(b, b + 1).reshape({hs, d});
+      attend_cached(be_, cache_, layer, b, positions_[static_cast<size_t>(b)], q.narrow(b, b + 1).reshape({hs, d}), out,
+                    lse);
+    }
+  }
+
+ private:
+  const ShardDims& dm_;
+  Backend& be_;
+  KvCache& cache_;
+  const std::vector<int64_t>& slots_;
+  const std::vector<int32_t>& positions_;
+};
+
+class TpDecoder final : public ShardedDecoder {
+ public:
+  TpDecoder(const LlamaConfig& config, ShardDims dims, Communicator& comm, bool overlap)
+      : config_(config),
+        dims_(dims),
+        comm_(comm),
+        overlap_(overlap),
+        layout_(fmt::format("tp={}", comm.size())),
+        weights_(ShardedWeights::allocate(config, dims, comm.rank(), DType::kF32, MemCategory::kParameters)) {}
+
+  const std::string& layout() const override { return layout_; }
+  std::vector<ParamRef> parameters() override { return sharded_weight_refs(weights_, comm_.rank() == 0); }
+  void init_weights(const InitOptions& o) override { init_sharded_weights(o, weights_); }
+  int64_t sequence_length(int64_t b) const override { return lengths_.empty() ? 0 : lengths_[static_cast<size_t>(b)]; }
+  const KvCache& cache() const override { return cache_; }
+  DecoderTimes times() const override { return times_; }
+
+  Result<Tensor> prefill(Backend& be, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new) override;
+  Result<Tensor> decode(Backend& be, std::span<const int32_t> tokens) override;
+
+ private:
+  LlamaConfig config_;
+  ShardDims dims_;
+  Communicator& comm_;
+  bool overlap_;
+  std::string layout_;
+  ShardedWeights weights_;
+  KvCache cache_;
+  std::vector<int64_t> lengths_;
+  int64_t decoded_ = 0, max_new_ = 0;
+  DecoderTimes times_;
+};
+
+Result<Tensor> TpDecoder::prefill(Backend& be, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new) {
+  FP_RETURN_IF_ERROR(validate_prompts(config_, prompts, max_new));
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t B = static_cast<int64_t>(prompts.size()), h = dims_.h;
+  int64_t S = 0;
+  for (const auto& p : prompts) S = std::max(S, static_cast<int64_t>(p.size()));
+  TpOptions o;
+  o.overlap = overlap_;
+  FP_ASSIGN_OR_RETURN(TpModel model, TpModel::create(config_, comm_.size(), comm_.rank(), S, o));
+  // Shorter prompts are padded after their end (token 0), which causal attention never shows them.
+  Tensor ids = Tensor::zeros({B, S}, DType::kI32, MemCategory::kActivations);
+  lengths_.assign(static_cast<size_t>(B), 0);
+  for (int64_t b = 0; b < B; ++b) {
+    const std::vector<int32_t>& p = prompts[static_cast<size_t>(b)];
+    std::copy(p.begin(), p.end(), ids.data<int32_t>() + b * S);
+    lengths_[static_cast<size_t>(b)] = static_cast<int64_t>(p.size());
+  }
+  std::vector<int32_t> rows(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  cache_ = KvCache();
+  cache_ = KvCache::allocate(config_.num_hidden_layers, B, *std::max_element(lengths_.begin(), lengths_.end()) + max_new,
+                             dims_.kv_heads, dims_.d);
+  cache_.keep_prefill_rows(rows, lengths_);
+  decoded_ = 0;
+  max_new_ = max_new;
+
+  TpComm comm(comm_, be, overlap_);
+  FP_ASSIGN_OR_RETURN(Tensor x, model.prefill(be, comm_, weights_, ids, cache_, &times_.prefill_comm_seconds));
+  // Every rank holds every token: each prompt's last row is at hand.
+  Tensor last = Tensor::empty({B, h}, DType::kF32, MemCategory::kActivations);
+  for (int64_t b = 0; b < B; ++b)
+    std::copy_n(x.data<float>() + (b * S + lengths_[static_cast<size_t>(b)] - 1) * h, h, last.data<float>() + b * h);
+  x = Tensor();
+  const DecodeContext ctx{&config_, &dims_, &be, &comm};
+  Tensor logits = decode_logits(ctx, weights_, last);
+  times_.prefill_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  times_.prefill_comm_seconds += comm.blocked_seconds();
+  return logits;
+}
+
+Result<Tensor> TpDecoder::decode(Backend& be, std::span<const int32_t> tokens) {
+  const int64_t B = static_cast<int64_t>(lengths_.size());
+  FP_RETURN_IF_ERROR(validate_decode_tokens(config_, tokens, B, decoded_, max_new_));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<int64_t> slots(static_cast<size_t>(B));
+  std::vector<int32_t> positions(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    positions[static_cast<size_t>(b)] = static_cast<int32_t>(lengths_[static_cast<size_t>(b)]);
+    slots[static_cast<size_t>(b)] = cache_.append(b, positions[static_cast<size_t>(b)]);
+  }
+  TpComm comm(comm_, be, overlap_);
+  TpDecodeAttention attention(dims_, be, cache_, slots, positions);
+  const DecodeContext ctx{&config_, &dims_, &be, &comm};
+  Tensor logits = decode_step(ctx, weights_, tokens, positions, attention);
+  for (int64_t& n : lengths_) ++n;
+  ++decoded_;
+  times_.decode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  times_.decode_comm_seconds += comm.blocked_seconds();
+  return logits;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ShardedDecoder>> make_tp_decoder(const LlamaConfig& config, Communicator& tp,
+                                                        const LayoutOptions& o) {
+  FP_ASSIGN_OR_RETURN(ShardDims dims, shard_dims(config, tp.size(), "tp"));
+  if (o.sequence_parallel)
+    return unimplemented("generate: tp with --sequence-parallel is not built (decode holds one token per sequence)");
+  return std::unique_ptr<ShardedDecoder>(std::make_unique<TpDecoder>(config, dims, tp, o.overlap));
+}
+
+}  // namespace foldpar

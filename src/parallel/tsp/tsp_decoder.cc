@@ -1,0 +1,285 @@
+// TSP generation (spec section 6): prefill is the TSP forward, which leaves the KV cache
+// sharded by sequence (each rank: its own tokens, every head); decode keeps the weights where
+// they are (parallel/decode_block.h) and attends over the sequence-sharded cache:
+//   q, k, v of this rank's heads  -> all_gather [B, q_rows + 2 kv_rows] per rank: every rank
+//                                    gets every head's query; the rank that keeps the new
+//                                    token stores its K/V (every head)
+//   partial attention of every head over this rank's cache slots, with its log-sum-exp
+//   all_to_all: rank s receives every rank's (partial output, lse) of s's heads,
+//                                    B * heads * (d + 1) values per peer
+//   exact combine of the D partials in rank order (merge_attention_block), locally
+// Only the combined output of a rank's OWN heads is needed (the output projection is
+// row-parallel over heads), so an all_to_all delivers exactly that, at half the bytes of the
+// all-reduce the spec sketches and without a second collective for the max.
+// Placement: the new token of sequence b goes to the rank holding the fewest of b's tokens,
+// ties to the first such rank counting from b mod D; every rank runs the same rule on the
+// same counts, so no message says where a token went. The cache stays balanced within one
+// token per sequence once decode has caught up with any padding the prefill dropped.
+//
+// Traffic per decode step per rank, elements, D ranks, n_h = D*heads, when D divides B*h
+// (decode_block.h gives the rest):
+//   all_gather   L x B (h + 2h/g) (D-1)/D      all_to_all  L x B (h + n_h) (D-1)/D
+//   all_reduce   (1 + 2L) x 2 B h (D-1)/D      all_gather  B V (D-1)/D (the logits)
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "parallel/decode_block.h"
+#include "parallel/ring_attention.h"
+#include "parallel/sharded_decoder.h"
+#include "parallel/strategies.h"
+#include "parallel/tsp/tsp_model.h"
+
+namespace foldpar {
+namespace {
+
+Tensor act(const Shape& shape) { return Tensor::empty(shape, DType::kF32, MemCategory::kActivations); }
+
+// counts[r]: tokens of one sequence on rank r. The rank the next token goes to.
+int pick_rank(const std::vector<int64_t>& counts, int64_t sequence) {
+  const int D = static_cast<int>(counts.size());
+  int best = static_cast<int>(sequence % D);
+  for (int i = 1; i < D; ++i) {
+    const int r = static_cast<int>((sequence + i) % D);
+    if (counts[static_cast<size_t>(r)] < counts[static_cast<size_t>(best)]) best = r;
+  }
+  return best;
+}
+
+// Attention of the new tokens over the sequence-sharded cache.
+class TspDecodeAttention final : public DecodeAttention {
+ public:
+  TspDecodeAttention(const ShardDims& dims, Backend& be, TpComm& comm, KvCache& cache, const std::vector<int64_t>& slots,
+                     const std::vector<int32_t>& positions)
+      : dm_(dims), be_(be), comm_(comm), cache_(cache), slots_(slots), positions_(positions) {}
+
+  void attend(int layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& attn) override {
+    const int64_t B = q.dim(0), n_h = dm_.heads * dm_.degree;
+    Tensor q_all = act({B, n_h, dm_.d});
+    gather_heads(layer, q, k, v, q_all);
+    Tensor send = Tensor::empty({dm_.degree, B * dm_.heads * (dm_.d + 1)}, DType::kF32, MemCategory::kComm);
+    for (int64_t b = 0; b < B; ++b) partial_attention(layer, b, q_all, send);
+    combine(send, attn);
+  }
+
+ private:
+  // Packs [q | k | v] of this rank's heads per sequence, all_gathers them, fills q_all
+  // [B, n_h, d] and, for the sequences whose new token this rank keeps, its cache slot.
+  void gather_heads(int layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& q_all) {
+    const int64_t B = q.dim(0), qr = dm_.q_rows, kvr = dm_.kv_rows, row = qr + 2 * kvr, D = dm_.degree;
+    Tensor packed = Tensor::empty({B, row}, DType::kF32, MemCategory::kComm);
+    for (int64_t b = 0; b < B; ++b) {
+      float* dst = packed.data<float>() + b * row;
+      std::copy_n(q.data<float>() + b * qr, qr, dst);
+      std::copy_n(k.data<float>() + b * kvr, kvr, dst + qr);
+      std::copy_n(v.data<float>() + b * kvr, kvr, dst + qr + kvr);
+    }
+    Tensor all = Tensor::empty({D * B, row}, DType::kF32, MemCategory::kComm);
+    const auto t0 = std::chrono::steady_clock::now();
+    comm_.blocking(comm_.comm().all_gather(packed.raw_data(), all.raw_data(), static_cast<size_t>(B * row), DType::kF32),
+                   t0);
+    // Rank r's block holds heads [r*heads, (r+1)*heads): in head order they are consecutive.
+    for (int64_t r = 0; r < D; ++r)
+      for (int64_t b = 0; b < B; ++b) {
+        const Tensor got = all.narrow(r * B + b, r * B + b + 1).reshape({row});
+        std::copy_n(got.data<float>(), qr, q_all.data<float>() + (b * D + r) * qr);
+        const int64_t slot = slots_[static_cast<size_t>(b)];
+        if (slot >= 0)
+          cache_.store_token(layer, b, slot, r * dm_.kv_heads, got.narrow(qr, qr + kvr), got.narrow(qr + kvr, row));
+      }
+  }
+
+  // Every head of sequence b's new token over this rank's slots; the output and lse of the
+  // heads of rank s go into send block s: [B * heads * d outputs | B * heads lse].
+  void partial_attention(int layer, int64_t b, const Tensor& q_all, Tensor& send) {
+    const int64_t B = q_all.dim(0), n_h = q_all.dim(1), d = dm_.d, hs = dm_.heads;
+    Tensor out = act({n_h, d}), lse = act({n_h});
+    attend_cached(be_, cache_, layer, b, positions_[static_cast<size_t>(b)], q_all.narrow(b, b + 1).reshape({n_h, d}),
+                  out, lse);
+    const int64_t block = B * hs * (d + 1);
+    for (int64_t s = 0; s < dm_.degree; ++s) {
+      float* dst = send.data<float>() + s * block;
+      std::copy_n(out.data<float>() + s * hs * d, hs * d, dst + b * hs * d);
+      std::copy_n(lse.data<float>() + s * hs, hs, dst + B * hs * d + b * hs);
+    }
+  }
+
+  // all_to_all, then the exact log-sum-exp combine of the D partials of this rank's heads.
+  void combine(const Tensor& send, Tensor& attn) {
+    const int64_t B = attn.dim(0), hs = dm_.heads, d = dm_.d, D = dm_.degree, block = B * hs * (d + 1);
+    Tensor recv = Tensor::empty({D, block}, DType::kF32, MemCategory::kComm);
+    const auto t0 = std::chrono::steady_clock::now();
+    comm_.blocking(comm_.comm().all_to_all(send.raw_data(), recv.raw_data(), static_cast<size_t>(block), DType::kF32),
+                   t0);
+    // Block r: rank r's partial outputs [B, 1, hs, d] of this rank's heads, then their lse [B, hs, 1].
+    auto out_of = [&](int64_t r) {
+      return recv.narrow(r, r + 1).reshape({block}).narrow(0, B * hs * d).reshape({B, 1, hs, d});
+    };
+    auto lse_of = [&](int64_t r) {
+      return recv.narrow(r, r + 1).reshape({block}).narrow(B * hs * d, block).reshape({B, hs, 1});
+    };
+    Tensor out = attn.reshape({B, 1, hs, d});
+    be_.copy(out_of(0), out);
+    Tensor lse = act({B, hs, 1});
+    be_.copy(lse_of(0), lse);
+    for (int64_t r = 1; r < D; ++r) merge_attention_block(out_of(r), lse_of(r), out, lse);
+  }
+
+  const ShardDims& dm_;
+  Backend& be_;
+  TpComm& comm_;
+  KvCache& cache_;
+  const std::vector<int64_t>& slots_;       // per sequence: this step's slot on this rank, or -1
+  const std::vector<int32_t>& positions_;  // per sequence: the new token's position
+};
+
+class TspDecoder final : public ShardedDecoder {
+ public:
+  TspDecoder(const LlamaConfig& config, ShardDims dims, Communicator& comm, const TspOptions& options)
+      : config_(config),
+        dims_(dims),
+        comm_(comm),
+        options_(options),
+        layout_(fmt::format("tsp={}", comm.size())),
+        weights_(ShardedWeights::allocate(config, dims, comm.rank(), DType::kF32, MemCategory::kParameters)) {}
+
+  const std::string& layout() const override { return layout_; }
+  std::vector<ParamRef> parameters() override { return sharded_weight_refs(weights_, comm_.rank() == 0); }
+  void init_weights(const InitOptions& o) override { init_sharded_weights(o, weights_); }
+  int64_t sequence_length(int64_t b) const override { return lengths_.empty() ? 0 : lengths_[static_cast<size_t>(b)]; }
+  const KvCache& cache() const override { return cache_; }
+  DecoderTimes times() const override { return times_; }
+
+  Result<Tensor> prefill(Backend& be, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new) override;
+  Result<Tensor> decode(Backend& be, std::span<const int32_t> tokens) override;
+
+ private:
+  // Sizes the cache: the most slots any sequence needs on this rank after max_new tokens.
+  int64_t plan_capacity(int64_t max_new) const;
+  // The prompts padded to S (a multiple of 2D or D) as this rank's ids [B, S/D].
+  Tensor local_ids(const std::vector<std::vector<int32_t>>& prompts, const SequenceShard& shard) const;
+  // Each prompt's last hidden state [B, h] on every rank, from the rank that holds it.
+  Tensor last_rows(const Tensor& x, const SequenceShard& shard, TpComm& comm) const;
+
+  LlamaConfig config_;
+  ShardDims dims_;
+  Communicator& comm_;
+  TspOptions options_;
+  std::string layout_;
+  ShardedWeights weights_;
+  KvCache cache_;
+  std::vector<std::vector<int64_t>> counts_;  // [B][D]: tokens of sequence b on rank r
+  std::vector<int64_t> lengths_;              // [B]: tokens so far
+  int64_t decoded_ = 0, max_new_ = 0;
+  DecoderTimes times_;
+};
+
+int64_t TspDecoder::plan_capacity(int64_t max_new) const {
+  int64_t capacity = 1;
+  for (size_t b = 0; b < counts_.size(); ++b) {
+    std::vector<int64_t> counts = counts_[b];
+    for (int64_t t = 0; t < max_new; ++t) ++counts[static_cast<size_t>(pick_rank(counts, static_cast<int64_t>(b)))];
+    capacity = std::max(capacity, counts[static_cast<size_t>(comm_.rank())]);
+  }
+  return capacity;
+}
+
+Tensor TspDecoder::local_ids(const std::vector<std::vector<int32_t>>& prompts, const SequenceShard& shard) const {
+  const int64_t B = static_cast<int64_t>(prompts.size()), S = shard.seq();
+  Batch global{Tensor::zeros({B, S}, DType::kI32, MemCategory::kActivations),
+               Tensor::zeros({B, S}, DType::kI32, MemCategory::kActivations)};
+  for (int64_t b = 0; b < B; ++b)  // padding: token 0, after the prompt, never seen by it (causal)
+    std::copy(prompts[b].begin(), prompts[b].end(), global.input_ids.data<int32_t>() + b * S);
+  return shard.local_batch(global).input_ids;
+}
+
+Tensor TspDecoder::last_rows(const Tensor& x, const SequenceShard& shard, TpComm& comm) const {
+  const int64_t B = static_cast<int64_t>(lengths_.size()), h = dims_.h, Sl = shard.local_seq();
+  Tensor rows = Tensor::zeros({B, h}, DType::kF32, MemCategory::kActivations);
+  const std::vector<int32_t>& pos = shard.positions();
+  for (int64_t b = 0; b < B; ++b) {
+    const auto it = std::find(pos.begin(), pos.end(), static_cast<int32_t>(lengths_[static_cast<size_t>(b)] - 1));
+    if (it == pos.end()) continue;
+    std::copy_n(x.data<float>() + (b * Sl + (it - pos.begin())) * h, h, rows.data<float>() + b * h);
+  }
+  comm.all_reduce(rows);  // one rank holds each row, the others add zeros: exact
+  return rows;
+}
+
+Result<Tensor> TspDecoder::prefill(Backend& be, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new) {
+  FP_RETURN_IF_ERROR(validate_prompts(config_, prompts, max_new));
+  const auto t0 = std::chrono::steady_clock::now();
+  const int D = comm_.size(), p = comm_.rank();
+  const int64_t B = static_cast<int64_t>(prompts.size());
+  int64_t longest = 0;
+  for (const auto& pr : prompts) longest = std::max(longest, static_cast<int64_t>(pr.size()));
+  const int64_t unit = options_.split == SeqSplit::kZigzag ? 2 * D : D;
+  const int64_t S = (longest + unit - 1) / unit * unit;
+  FP_ASSIGN_OR_RETURN(TspModel model, TspModel::create(config_, D, p, S, options_));
+  lengths_.assign(static_cast<size_t>(B), 0);
+  counts_.assign(static_cast<size_t>(B), std::vector<int64_t>(static_cast<size_t>(D), 0));
+  for (int64_t b = 0; b < B; ++b) {
+    lengths_[static_cast<size_t>(b)] = static_cast<int64_t>(prompts[b].size());
+    for (int r = 0; r < D; ++r)
+      for (int32_t pos : shard_positions(S, D, r, options_.split))
+        counts_[static_cast<size_t>(b)][static_cast<size_t>(r)] += pos < lengths_[static_cast<size_t>(b)];
+  }
+  cache_ = KvCache();
+  cache_ = KvCache::allocate(config_.num_hidden_layers, B, plan_capacity(max_new), config_.num_key_value_heads, dims_.d);
+  cache_.keep_prefill_rows(model.shard().positions(), lengths_);
+  decoded_ = 0;
+  max_new_ = max_new;
+
+  TpComm comm(comm_, be, options_.overlap);
+  FP_ASSIGN_OR_RETURN(Tensor x, model.prefill(be, comm_, weights_, local_ids(prompts, model.shard()), cache_,
+                                                &times_.prefill_comm_seconds));
+  const Tensor rows = last_rows(x, model.shard(), comm);
+  x = Tensor();
+  const DecodeContext ctx{&config_, &dims_, &be, &comm};
+  Tensor logits = decode_logits(ctx, weights_, rows);
+  times_.prefill_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  times_.prefill_comm_seconds += comm.blocked_seconds();
+  return logits;
+}
+
+Result<Tensor> TspDecoder::decode(Backend& be, std::span<const int32_t> tokens) {
+  const int64_t B = static_cast<int64_t>(lengths_.size());
+  FP_RETURN_IF_ERROR(validate_decode_tokens(config_, tokens, B, decoded_, max_new_));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<int64_t> slots(static_cast<size_t>(B), -1);
+  std::vector<int32_t> positions(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const size_t i = static_cast<size_t>(b);
+    positions[i] = static_cast<int32_t>(lengths_[i]);
+    const int r = pick_rank(counts_[i], b);
+    ++counts_[i][static_cast<size_t>(r)];
+    if (r == comm_.rank()) slots[i] = cache_.append(b, positions[i]);
+  }
+  TpComm comm(comm_, be, options_.overlap);
+  TspDecodeAttention attention(dims_, be, comm, cache_, slots, positions);
+  const DecodeContext ctx{&config_, &dims_, &be, &comm};
+  Tensor logits = decode_step(ctx, weights_, tokens, positions, attention);
+  for (int64_t& n : lengths_) ++n;
+  ++decoded_;
+  times_.decode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  times_.decode_comm_seconds += comm.blocked_seconds();
+  return logits;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ShardedDecoder>> make_tsp_decoder(const LlamaConfig& config, Communicator& tsp,
+                                                         const LayoutOptions& o) {
+  FP_ASSIGN_OR_RETURN(ShardDims dims, shard_dims(config, tsp.size(), "TSP"));
+  TspOptions t;
+  t.split = o.split;
+  t.overlap = o.overlap;
+  t.head_buckets = o.head_buckets;
+  if (t.head_buckets <= 0 || dims.kv_heads % t.head_buckets != 0)
+    return invalid_argument("head buckets ({}) must divide the KV heads per TSP rank ({} = {} / {})", t.head_buckets,
+                            dims.kv_heads, config.num_key_value_heads, tsp.size());
+  return std::unique_ptr<ShardedDecoder>(std::make_unique<TspDecoder>(config, dims, tsp, t));
+}
+
+}  // namespace foldpar

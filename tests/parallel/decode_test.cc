@@ -1,0 +1,335 @@
+// Generation under tsp=D and tp=D against the single-rank model (spec section 6), at D = the
+// world size (1, 2, 3, 4):
+//  - parity: the logits of the prefill and of every decode step equal the logits of one
+//    full forward over the same tokens, for prompts of awkward lengths (some ranks hold none
+//    of a short prompt's tokens), every TSP prefill option, GQA and MHA, tied embeddings;
+//  - greedy generations equal the single-rank model's greedy continuation token for token;
+//  - traffic: a decode step moves exactly the documented O(h) bytes per layer and no
+//    weight byte (no broadcast, reduce or point-to-point);
+//  - memory: the KV cache holds 2*L*B*S*h*4/(g*D) bytes per rank (tracked allocator) and
+//    stays balanced across ranks as tokens are decoded;
+//  - errors name the numbers.
+#include <gtest/gtest.h>
+
+#include "comm/comm_stats.h"
+#include "comm/mesh.h"
+#include "core/rng.h"
+#include "core/tolerance.h"
+#include "mpi_test_main.h"
+#include "parallel/make_layout.h"
+#include "tensor/compare.h"
+
+namespace foldpar {
+namespace {
+
+// Sizes that divide for D = 1, 2, 4 (g = 2, two KV heads per rank at D = 4) and for D = 3.
+LlamaConfig test_config(int D, bool gqa, bool tied) {
+  LlamaConfig c;
+  if (D == 3) {
+    c.hidden_size = 48;  // d = 8
+    c.num_attention_heads = 6;
+    c.num_key_value_heads = gqa ? 3 : 6;
+    c.intermediate_size = 72;
+    c.vocab_size = 99;
+  } else {
+    c.hidden_size = 128;  // d = 8
+    c.num_attention_heads = 16;
+    c.num_key_value_heads = gqa ? 8 : 16;
+    c.intermediate_size = 160;
+    c.vocab_size = 128;
+  }
+  c.num_hidden_layers = 2;
+  c.max_position_embeddings = 1024;
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+// std 0.1: attention far from uniform, and clear margins between the top logits (greedy).
+const InitOptions kInit{.seed = 7, .std = 0.1, .norm_jitter = 0.2};
+
+std::vector<int32_t> random_tokens(const LlamaConfig& c, int64_t n, uint64_t stream) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    t[static_cast<size_t>(i)] = static_cast<int32_t>(uniform_at(11, stream, static_cast<uint64_t>(i)) * c.vocab_size);
+  return t;
+}
+
+// The single-rank model's logits [n, V] at every position of one sequence.
+Tensor reference_logits(const LlamaConfig& c, const LlamaWeights& w, const std::vector<int32_t>& tokens) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  Batch batch{Tensor::empty({1, n}, DType::kI32, MemCategory::kWorkspace),
+              Tensor::empty({1, n}, DType::kI32, MemCategory::kWorkspace)};
+  std::copy(tokens.begin(), tokens.end(), batch.input_ids.data<int32_t>());
+  std::copy(tokens.begin(), tokens.end(), batch.target_ids.data<int32_t>());
+  auto be = make_cpu_backend();
+  Result<StepResult> r = model_forward(c, *be, w, batch, StepOptions{Recompute::kNone, true});
+  FP_CHECK_OK(r.status());
+  return r->logits.reshape({n, c.vocab_size});
+}
+
+struct Case {
+  LlamaConfig config;
+  std::string layout = "tsp";  // "tsp" or "tp"; the degree is the world size
+  LayoutOptions options;
+};
+
+// A decoder of the layout on the whole world, with the counter-based weights.
+struct Built {
+  std::unique_ptr<Mesh> mesh;
+  std::unique_ptr<ShardedDecoder> decoder;
+};
+Built build(const Case& s) {
+  Communicator& world = test::mpi().world();
+  Built b;
+  Result<Mesh> mesh = Mesh::create(world, s.layout + "=" + std::to_string(world.size()));
+  FP_CHECK_OK(mesh.status());
+  b.mesh = std::make_unique<Mesh>(std::move(mesh).value());
+  Result<std::unique_ptr<ShardedDecoder>> d = make_sharded_decoder(s.config, *b.mesh, s.options);
+  FP_CHECK_OK(d.status());
+  b.decoder = std::move(d).value();
+  b.decoder->init_weights(kInit);
+  return b;
+}
+
+// The logits row of sequence b in `got` [B, V] against row `pos` of the reference [n, V].
+void expect_row(const Tensor& got, int64_t b, const Tensor& ref, int64_t pos, const std::string& what) {
+  const int64_t V = got.dim(1);
+  const Tensor g = got.narrow(b, b + 1).reshape({V}), r = ref.narrow(pos, pos + 1).reshape({V});
+  // f32 in a different summation order (partial attentions combined across ranks, GEMV
+  // against GEMM blocking, all-reduced partial projections): observed up to 1.7e-6 at D = 1-4.
+  EXPECT_LE(max_rel_error(g, r), tol::kF32Parallel)
+      << what << ", sequence " << b << ", position " << pos << " on rank " << test::mpi().world().rank() << "\n"
+      << describe_mismatches(g, r, tol::kF32Parallel);
+}
+
+// Prompts of lengths 5, 13 and 1, fed 6 fixed tokens each (teacher forcing): the prefill's
+// and every decode step's logits against one full forward of each whole sequence.
+void check_parity(const Case& s) {
+  const LlamaConfig& c = s.config;
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
+  init_weights(kInit, w);
+  const std::vector<int64_t> lengths{5, 13, 1};
+  const int64_t fed = 6, B = static_cast<int64_t>(lengths.size());
+  std::vector<std::vector<int32_t>> prompts, full;
+  std::vector<Tensor> ref;
+  for (int64_t b = 0; b < B; ++b) {
+    full.push_back(random_tokens(c, lengths[b] + fed, static_cast<uint64_t>(b)));
+    prompts.emplace_back(full.back().begin(), full.back().begin() + lengths[b]);
+    ref.push_back(reference_logits(c, w, full.back()));
+  }
+  Built m = build(s);
+  auto be = make_cpu_backend();
+  Result<Tensor> logits = m.decoder->prefill(*be, prompts, fed);
+  ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+  for (int64_t b = 0; b < B; ++b) expect_row(*logits, b, ref[b], lengths[b] - 1, "prefill");
+  for (int64_t t = 0; t < fed; ++t) {
+    std::vector<int32_t> tokens;
+    for (int64_t b = 0; b < B; ++b) tokens.push_back(full[b][lengths[b] + t]);
+    logits = m.decoder->decode(*be, tokens);
+    ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+    for (int64_t b = 0; b < B; ++b) expect_row(*logits, b, ref[b], lengths[b] + t, "decode step " + std::to_string(t));
+  }
+  for (int64_t b = 0; b < B; ++b) EXPECT_EQ(m.decoder->sequence_length(b), lengths[b] + fed);
+}
+
+Case make_case(const std::string& layout, bool gqa = true, bool tied = false) {
+  return Case{test_config(test::mpi().world().size(), gqa, tied), layout, {}};
+}
+
+TEST(DecodeParity, TspZigzagGqa) { check_parity(make_case("tsp")); }
+TEST(DecodeParity, TspContiguous) {
+  Case s = make_case("tsp");
+  s.options.split = SeqSplit::kContiguous;
+  check_parity(s);
+}
+TEST(DecodeParity, TspMhaTiedNoOverlap) {
+  Case s = make_case("tsp", false, true);
+  s.options.overlap = false;
+  check_parity(s);
+}
+TEST(DecodeParity, TspHeadBuckets) {
+  Case s = make_case("tsp", false);  // MHA: 4 KV heads per rank at D = 4, 2 at D = 3
+  s.options.head_buckets = 2;
+  if (s.config.num_key_value_heads / test::mpi().world().size() % 2 != 0) GTEST_SKIP() << "KV heads per rank odd";
+  check_parity(s);
+}
+TEST(DecodeParity, TpGqa) { check_parity(make_case("tp")); }
+TEST(DecodeParity, TpMhaTied) { check_parity(make_case("tp", false, true)); }
+
+// Greedy decoding: each chosen token is the argmax of the logits (lowest id on ties).
+int32_t argmax_row(const Tensor& logits, int64_t b) {
+  const int64_t V = logits.dim(1);
+  const float* row = logits.data<float>() + b * V;
+  return static_cast<int32_t>(std::max_element(row, row + V) - row);
+}
+
+// The single-rank greedy continuation: a full forward per new token.
+std::vector<int32_t> reference_greedy(const LlamaConfig& c, const LlamaWeights& w, std::vector<int32_t> tokens,
+                                      int64_t n) {
+  std::vector<int32_t> out;
+  for (int64_t t = 0; t < n; ++t) {
+    const Tensor logits = reference_logits(c, w, tokens);
+    const int32_t next = argmax_row(logits.narrow(logits.dim(0) - 1, logits.dim(0)), 0);
+    out.push_back(next);
+    tokens.push_back(next);
+  }
+  return out;
+}
+
+TEST(DecodeGreedy, EqualsSingleRankOnEveryLayout) {
+  const LlamaConfig c = test_config(test::mpi().world().size(), true, false);
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
+  init_weights(kInit, w);
+  const std::vector<std::vector<int32_t>> prompts{random_tokens(c, 9, 20), random_tokens(c, 3, 21)};
+  const int64_t n = 12;
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : prompts) want.push_back(reference_greedy(c, w, p, n));
+  for (const std::string layout : {"tsp", "tp"}) {
+    Built m = build(Case{c, layout, {}});
+    auto be = make_cpu_backend();
+    Result<Tensor> logits = m.decoder->prefill(*be, prompts, n);
+    ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+    std::vector<std::vector<int32_t>> got(prompts.size());
+    for (int64_t t = 0; t < n; ++t) {
+      std::vector<int32_t> tokens;
+      for (size_t b = 0; b < prompts.size(); ++b) tokens.push_back(argmax_row(*logits, static_cast<int64_t>(b)));
+      for (size_t b = 0; b < prompts.size(); ++b) got[b].push_back(tokens[b]);
+      if (t + 1 < n) {
+        logits = m.decoder->decode(*be, tokens);
+        ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+      }
+    }
+    for (size_t b = 0; b < prompts.size(); ++b) EXPECT_EQ(got[b], want[b]) << layout << " sequence " << b;
+  }
+}
+
+// ---- traffic ----
+
+// What one decode step of B sequences moves per rank, by operation kind, in bytes (elements
+// x 4), from the formulas in parallel/decode_block.h, tsp/tsp_decoder.cc and tp/tp_decoder.cc.
+struct StepFormula {
+  uint64_t all_reduce_calls = 0, all_reduce_bytes = 0;
+  uint64_t all_gather_calls = 0, all_gather_bytes = 0;
+  uint64_t all_to_all_calls = 0, all_to_all_bytes = 0;
+};
+StepFormula step_formula(const LlamaConfig& c, const std::string& layout, uint64_t D, uint64_t B) {
+  const uint64_t h = c.hidden_size, g = c.group(), V = c.vocab_size, L = c.num_hidden_layers,
+                 n_h = c.num_attention_heads;
+  StepFormula f;
+  f.all_reduce_calls = 1 + 2 * L;  // embedding, then o_proj and down_proj of every layer
+  f.all_reduce_bytes = 4 * (1 + 2 * L) * 2 * B * h * (D - 1) / D;
+  f.all_gather_calls = 1;  // the logits
+  f.all_gather_bytes = 4 * B * V * (D - 1) / D;
+  if (layout == "tsp") {
+    f.all_gather_calls += L;  // [q | k | v] of every rank's heads
+    f.all_gather_bytes += 4 * L * B * (h + 2 * h / g) * (D - 1) / D;
+    f.all_to_all_calls = L;  // (partial output, lse) of every head
+    f.all_to_all_bytes = 4 * L * B * (h + n_h) * (D - 1) / D;
+  }
+  return f;
+}
+
+TEST(DecodeTraffic, StepMovesTheDocumentedBytesAndNoWeights) {
+  Communicator& world = test::mpi().world();
+  const uint64_t D = static_cast<uint64_t>(world.size());
+  for (const std::string layout : {"tsp", "tp"}) {
+    Case s = make_case(layout);
+    Built m = build(s);
+    auto be = make_cpu_backend();
+    const std::vector<std::vector<int32_t>> prompts{random_tokens(s.config, 7, 1), random_tokens(s.config, 2, 2)};
+    ASSERT_TRUE(m.decoder->prefill(*be, prompts, 3).ok());
+    for (int step = 0; step < 3; ++step) {
+      ScopedCommCounter counter(m.mesh->communicators());
+      ASSERT_TRUE(m.decoder->decode(*be, std::vector<int32_t>{3, 4}).ok());
+      const CommStats got = counter.delta();
+      const StepFormula f = step_formula(s.config, layout, D, 2);
+      const std::string what = layout + " step " + std::to_string(step);
+      EXPECT_EQ(got.op(CommOpKind::kAllReduce).calls, f.all_reduce_calls) << what;
+      EXPECT_EQ(got.op(CommOpKind::kAllReduce).bytes_sent, f.all_reduce_bytes) << what;
+      EXPECT_EQ(got.op(CommOpKind::kAllGather).calls, f.all_gather_calls) << what;
+      EXPECT_EQ(got.op(CommOpKind::kAllGather).bytes_sent, f.all_gather_bytes) << what;
+      EXPECT_EQ(got.op(CommOpKind::kAllToAll).calls, f.all_to_all_calls) << what;
+      EXPECT_EQ(got.op(CommOpKind::kAllToAll).bytes_sent, f.all_to_all_bytes) << what;
+      // Nothing else: weights would move by broadcast (TSP attention), send_recv (the MLP and
+      // vocabulary rings) or reduce; none runs during decode.
+      const uint64_t total_calls = f.all_reduce_calls + f.all_gather_calls + f.all_to_all_calls;
+      EXPECT_EQ(got.total().calls, total_calls) << what << "\n" << got.to_string();
+      EXPECT_EQ(got.total().bytes_sent, f.all_reduce_bytes + f.all_gather_bytes + f.all_to_all_bytes) << what;
+      EXPECT_EQ(got.total().bytes_received, got.total().bytes_sent) << what;
+    }
+  }
+}
+
+// ---- memory ----
+
+TEST(DecodeMemory, CacheBytesMatchTheFormulaAndStayBalanced) {
+  Communicator& world = test::mpi().world();
+  const int64_t D = world.size(), p = world.rank();
+  for (const std::string layout : {"tsp", "tp"}) {
+    Case s = make_case(layout);
+    const LlamaConfig& c = s.config;
+    // B = 2 prompts of n tokens (a multiple of 2D: zigzag holds n/D real tokens per rank) and
+    // m new ones, S = n + m a multiple of D.
+    const int64_t B = 2, n = D == 3 ? 12 : 8, m = D == 3 ? 6 : 8, S = n + m;
+    Built built = build(s);
+    auto be = make_cpu_backend();
+    MemoryTracker& mt = MemoryTracker::process();
+    const int64_t before = mt.stats().current_of(MemCategory::kKvCache);
+    ASSERT_TRUE(built.decoder->prefill(*be, {random_tokens(c, n, 5), random_tokens(c, n, 6)}, m).ok());
+    const int64_t cache = mt.stats().current_of(MemCategory::kKvCache) - before;
+    const int64_t L = c.num_hidden_layers, h = c.hidden_size, g = c.group();
+    EXPECT_EQ(cache, 2 * L * B * S * h * 4 / (g * D)) << layout << " on rank " << p;
+    EXPECT_EQ(cache, built.decoder->cache().bytes()) << layout;
+    for (int64_t t = 0; t < m; ++t) ASSERT_TRUE(built.decoder->decode(*be, std::vector<int32_t>{1, 2}).ok());
+    // Full and balanced: under TSP every rank holds S/D tokens of each sequence.
+    for (int64_t b = 0; b < B; ++b)
+      EXPECT_EQ(built.decoder->cache().length(b), layout == "tsp" ? S / D : S) << layout << " sequence " << b;
+    EXPECT_EQ(mt.stats().current_of(MemCategory::kKvCache) - before, cache) << "the cache never grows";
+  }
+}
+
+// ---- errors ----
+
+TEST(DecodeErrors, NameTheProblem) {
+  Case s = make_case("tsp");
+  Built m = build(s);
+  auto be = make_cpu_backend();
+  auto message = [](const Status& st) { return st.to_string(); };
+  Result<Tensor> r = m.decoder->decode(*be, std::vector<int32_t>{1});
+  EXPECT_NE(message(r.status()).find("before prefill"), std::string::npos) << message(r.status());
+  r = m.decoder->prefill(*be, {{1, 2}, {}}, 4);
+  EXPECT_NE(message(r.status()).find("prompt 1 has no tokens"), std::string::npos) << message(r.status());
+  r = m.decoder->prefill(*be, {{1, static_cast<int32_t>(s.config.vocab_size)}}, 4);
+  EXPECT_NE(message(r.status()).find("outside the vocabulary"), std::string::npos) << message(r.status());
+  r = m.decoder->prefill(*be, {{1, 2}}, s.config.max_position_embeddings);
+  EXPECT_NE(message(r.status()).find("exceeds max_position_embeddings (1024)"), std::string::npos)
+      << message(r.status());
+  ASSERT_TRUE(m.decoder->prefill(*be, {{1, 2}, {3}}, 1).ok());
+  r = m.decoder->decode(*be, std::vector<int32_t>{1});
+  EXPECT_NE(message(r.status()).find("1 tokens for 2 sequences"), std::string::npos) << message(r.status());
+  ASSERT_TRUE(m.decoder->decode(*be, std::vector<int32_t>{1, 2}).ok());
+  r = m.decoder->decode(*be, std::vector<int32_t>{1, 2});
+  EXPECT_NE(message(r.status()).find("beyond the 1 new tokens"), std::string::npos) << message(r.status());
+
+  Communicator& world = test::mpi().world();
+  LlamaConfig odd = s.config;
+  odd.num_key_value_heads = 1;
+  odd.num_attention_heads = 1;
+  odd.hidden_size = 16;
+  Result<Mesh> mesh = Mesh::create(world, "tsp=" + std::to_string(world.size()));
+  ASSERT_TRUE(mesh.ok());
+  if (world.size() > 1) {
+    Result<std::unique_ptr<ShardedDecoder>> d = make_sharded_decoder(odd, *mesh, {});
+    EXPECT_NE(message(d.status()).find("num_attention_heads (1) must be divisible by the TSP degree"), std::string::npos)
+        << message(d.status());
+  }
+  Result<Mesh> sp = Mesh::create(world, "sp=" + std::to_string(world.size()));
+  ASSERT_TRUE(sp.ok());
+  Result<std::unique_ptr<ShardedDecoder>> d = make_sharded_decoder(s.config, *sp, {});
+  EXPECT_EQ(d.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(message(d.status()).find("tsp=N or tp=N"), std::string::npos) << message(d.status());
+}
+
+}  // namespace
+}  // namespace foldpar
