@@ -50,10 +50,10 @@ void* MemoryTracker::allocate(size_t bytes, MemCategory category) {
     stats_.cached_bytes -= static_cast<int64_t>(size);
     ++stats_.cache_hits;
   } else {
-    ptr = std::aligned_alloc(kAlignment, size);
+    ptr = allocate_block(size);
     if (ptr == nullptr) {
       release_cache_locked();  // the cache may hold what the system now lacks
-      ptr = std::aligned_alloc(kAlignment, size);
+      ptr = allocate_block(size);
     }
     if (ptr == nullptr) return nullptr;
   }
@@ -75,7 +75,7 @@ void MemoryTracker::release(void* ptr, size_t bytes, MemCategory category) {
     cache_.emplace(size, ptr);
     stats_.cached_bytes += static_cast<int64_t>(size);
   } else {
-    std::free(ptr);
+    free_block(ptr, size);
   }
   const int c = static_cast<int>(category);
   stats_.current[c] -= static_cast<int64_t>(bytes);
@@ -96,7 +96,7 @@ void MemoryTracker::release_cache() {
 }
 
 void MemoryTracker::release_cache_locked() {
-  for (auto& [size, ptr] : cache_) std::free(ptr);
+  for (auto& [size, ptr] : cache_) free_block(ptr, size);
   cache_.clear();
   stats_.cached_bytes = 0;
 }
@@ -105,6 +105,26 @@ void MemoryTracker::set_caching(bool enabled) {
   std::lock_guard<std::mutex> lock(mu_);
   caching_ = enabled;
   if (!enabled) release_cache_locked();
+}
+
+void* MemoryTracker::allocate_block(size_t size) {
+  return block_allocator_ != nullptr ? block_allocator_->allocate(size) : std::aligned_alloc(kAlignment, size);
+}
+
+void MemoryTracker::free_block(void* ptr, size_t size) {
+  if (block_allocator_ != nullptr) {
+    block_allocator_->release(ptr, size);
+  } else {
+    std::free(ptr);
+  }
+}
+
+void MemoryTracker::set_block_allocator(BlockAllocator* allocator) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FP_CHECK(stats_.live_allocations == 0, "block allocator changed while {} blocks are live",
+           stats_.live_allocations);
+  release_cache_locked();
+  block_allocator_ = allocator;
 }
 
 void MemoryTracker::reset_peaks() {

@@ -11,6 +11,10 @@
 // fresh pages would cost a page fault each). Cached bytes are NOT counted as live: the
 // counters describe tensors, `cached_bytes` what the cache holds on top. The cache is off
 // under AddressSanitizer so that use-after-free is still caught.
+//
+// Blocks come from aligned_alloc unless a BlockAllocator is installed (the CUDA build
+// installs CUDA unified memory, so that host code and device kernels address the same
+// tensors; docs/GPU.md). The counters do not depend on where blocks come from.
 #pragma once
 
 #include <array>
@@ -48,6 +52,16 @@ struct MemoryStats {
   int64_t peak_of(MemCategory c) const { return peak[static_cast<int>(c)]; }
 };
 
+// A source of raw blocks for a MemoryTracker. Implementations must be thread-safe.
+class BlockAllocator {
+ public:
+  virtual ~BlockAllocator() = default;
+  // At least `bytes` (> 0) bytes aligned to MemoryTracker::kAlignment, or nullptr.
+  virtual void* allocate(size_t bytes) = 0;
+  // `bytes` is the value given to allocate().
+  virtual void release(void* ptr, size_t bytes) = 0;
+};
+
 class MemoryTracker {
  public:
   static constexpr size_t kAlignment = 64;
@@ -75,15 +89,22 @@ class MemoryTracker {
   void release_cache();
   // Caching on or off (on by default, off under AddressSanitizer); turning it off empties it.
   void set_caching(bool enabled);
+  // Takes blocks from `allocator` from now on (nullptr: aligned_alloc, the default). Only
+  // while no block is live (FP_CHECK); empties the cache. `allocator` must outlive the
+  // tracker or be uninstalled first.
+  void set_block_allocator(BlockAllocator* allocator);
 
  private:
   size_t block_size(size_t bytes) const;
   void release_cache_locked();
+  void* allocate_block(size_t size);
+  void free_block(void* ptr, size_t size);
 
   mutable std::mutex mu_;
   MemoryStats stats_;
   bool caching_ = true;
   std::multimap<size_t, void*> cache_;  // block size -> free block
+  BlockAllocator* block_allocator_ = nullptr;  // null: aligned_alloc / free
 };
 
 }  // namespace foldpar

@@ -1,7 +1,9 @@
 // Tensor: a dtype, a shape and a handle to tracked storage. Always contiguous and row-major.
 // Copying a Tensor copies the handle (both refer to the same bytes), as in PyTorch; clone()
 // copies the bytes. A view (reshape, narrow) shares the storage and counts no new bytes.
-// Host memory only for now; a device field arrives with the CUDA backend.
+// Storage is host memory, or CUDA unified memory when a CUDA program installs it under the
+// tracker (MemoryTracker::set_block_allocator; docs/GPU.md): the same pointers then serve
+// host code and kernels.
 #pragma once
 
 #include <cstdint>

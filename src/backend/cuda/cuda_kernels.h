@@ -1,0 +1,91 @@
+// Launchers of the CUDA backend's kernels, on raw device pointers. Host-callable from the
+// C++ side (cuda_backend.cc), defined in the .cu files, one op family per file. Nothing
+// here knows Tensor: the backend validates shapes with backend/op_checks.h and passes
+// extents. Float operands are f32 or bf16 (DType says which); every kernel computes in
+// f32 and accumulates reductions in f32 (sum_squares and the loss in f64). All launches
+// are asynchronous on `stream`; only the launchers that return a value synchronize.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "tensor/dtype.h"
+
+namespace foldpar::cuda {
+
+// A float operand: f32 or bf16 storage.
+struct FloatPtr {
+  const void* p;
+  DType dtype;
+};
+struct FloatOut {
+  void* p;
+  DType dtype;
+};
+
+// Checks cudaGetLastError after a launch (a library failure aborts; cuda_backend.cc), so
+// that the .cu files need no fmt.
+void check_launch(const char* file, int line);
+#define FP_CUDA_LAUNCHED() ::foldpar::cuda::check_launch(__FILE__, __LINE__)
+
+// ---- elementwise (elementwise.cu) ----
+void launch_convert(FloatPtr src, FloatOut dst, int64_t n, cudaStream_t stream);  // dst = src
+void launch_add(FloatPtr x, FloatOut y, int64_t n, cudaStream_t stream);          // y += x
+void launch_scale(double alpha, FloatOut y, int64_t n, cudaStream_t stream);      // y *= alpha
+void launch_fill(double value, FloatOut y, int64_t n, cudaStream_t stream);
+// Returns sum of x^2 (synchronizes). `scratch`: one device double.
+double sum_squares(FloatPtr x, int64_t n, double* scratch, cudaStream_t stream);
+struct AdamWArgs {
+  float lr, beta1, beta2, eps, weight_decay, grad_scale, c1, c2;  // c1 = 1 - b1^step, c2 = 1 - b2^step
+};
+void launch_adamw(const AdamWArgs& a, FloatPtr grad, FloatOut param, FloatOut m, FloatOut v, int64_t n,
+                  cudaStream_t stream);
+void launch_swiglu_forward(FloatPtr gate, FloatPtr up, FloatOut out, int64_t n, cudaStream_t stream);
+void launch_swiglu_backward(FloatPtr gate, FloatPtr up, FloatPtr d_out, FloatOut d_gate, FloatOut d_up, int64_t n,
+                            cudaStream_t stream);
+
+// ---- embedding, RMSNorm, RoPE (norm_rope_embedding.cu) ----
+// ids [T]; table [rows, h]; out [T, h].
+void launch_embedding_forward(const int32_t* ids, int64_t T, FloatPtr table, int64_t rows, int64_t h,
+                              int64_t vocab_offset, FloatOut out, cudaStream_t stream);
+void launch_embedding_backward(const int32_t* ids, int64_t T, FloatPtr d_out, int64_t rows, int64_t h,
+                               int64_t vocab_offset, FloatOut d_table, cudaStream_t stream);
+// x, y [T, h]; w [h]; rstd [T].
+void launch_rmsnorm_forward(FloatPtr x, FloatPtr w, double eps, int64_t T, int64_t h, FloatOut y, FloatOut rstd,
+                            cudaStream_t stream);
+// dx written [T, h]; dw accumulated [h]; dw_scratch: f32 workspace [h].
+void launch_rmsnorm_backward(FloatPtr x, FloatPtr w, FloatPtr rstd, FloatPtr dy, int64_t T, int64_t h, FloatOut dx,
+                             FloatOut dw, float* dw_scratch, cudaStream_t stream);
+// x [B, S, n, d] in place; table [S, 2, d/2]; sign +1 forward, -1 backward.
+void launch_rope(FloatPtr table, FloatOut x, int64_t B, int64_t S, int64_t n, int64_t d, float sign,
+                 cudaStream_t stream);
+
+// ---- cross-entropy (cross_entropy.cu) ----
+// logits [T, V]; targets [T]; lse [T]. Returns the loss sum (synchronizes); `scratch`: one
+// device double.
+double cross_entropy_forward(FloatPtr logits, const int32_t* targets, int64_t T, int64_t V, int32_t ignore_index,
+                             FloatOut lse, double* scratch, cudaStream_t stream);
+void launch_cross_entropy_backward(FloatPtr logits, const int32_t* targets, FloatPtr lse, int64_t T, int64_t V,
+                                   int64_t vocab_offset, int32_t ignore_index, double grad_scale, FloatOut d_logits,
+                                   cudaStream_t stream);
+void launch_softmax_chunk_update(FloatPtr logits, const int32_t* targets, int64_t T, int64_t V, int64_t vocab_offset,
+                                 int32_t ignore_index, FloatOut row_max, FloatOut row_sum, FloatOut target_logit,
+                                 cudaStream_t stream);
+
+// ---- causal flash attention with position arrays (flash_attention.cu) ----
+struct AttentionShape {
+  int64_t batch, sq, sk, n_h, n_kv, d;
+  float scale;
+};
+// q [B, Sq, n_h, d], k/v [B, Sk, n_kv, d], out like q (all the same float dtype);
+// lse f32 [B, n_h, Sq]; q_pos [Sq], k_pos [Sk]. d <= kMaxHeadDim.
+inline constexpr int64_t kMaxHeadDim = 256;
+void launch_attention_forward(const AttentionShape& s, FloatPtr q, FloatPtr k, FloatPtr v, const int32_t* q_pos,
+                              const int32_t* k_pos, FloatOut out, float* lse, cudaStream_t stream);
+// delta: f32 workspace [B, n_h, Sq]. dq like q, dk/dv like k, all written.
+void launch_attention_backward(const AttentionShape& s, FloatPtr q, FloatPtr k, FloatPtr v, FloatPtr out,
+                               const float* lse, FloatPtr d_out, const int32_t* q_pos, const int32_t* k_pos,
+                               float* delta, FloatOut dq, FloatOut dk, FloatOut dv, cudaStream_t stream);
+
+}  // namespace foldpar::cuda

@@ -1,0 +1,230 @@
+// The NCCL backend of Communicator: one rank per GPU. The ncclUniqueId is broadcast over
+// the host communicator (MPI) as 32 i32 words; each operation is enqueued on the transfer
+// stream after an event recorded on the compute stream, and an event recorded after it
+// completes the request. Host-only buffers are staged through device memory first.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "comm/nccl/device_communicator.h"
+#include "comm/nccl/staging.h"
+
+namespace foldpar {
+namespace {
+
+// A failed NCCL call is a library failure: abort the whole job so no peer hangs.
+#define FP_NCCL_CHECK(call)                                                                          \
+  do {                                                                                               \
+    const ncclResult_t fp_nccl_rc_ = (call);                                                         \
+    if (fp_nccl_rc_ != ncclSuccess) [[unlikely]]                                                     \
+      ::foldpar::fatal_error(__FILE__, __LINE__, fmt::format("NCCL call failed: {}: {} ({})", #call, \
+                                                             ncclGetErrorString(fp_nccl_rc_),        \
+                                                             static_cast<int>(fp_nccl_rc_)));        \
+  } while (0)
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::kF32: return ncclFloat32;
+    case DType::kF64: return ncclFloat64;
+    case DType::kBF16: return ncclBfloat16;
+    case DType::kI32: return ncclInt32;
+    case DType::kI64: return ncclInt64;
+  }
+  return ncclFloat32;
+}
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::kMax ? ncclMax : ncclSum; }
+
+// Whether the GPU can address p (device, managed or registered host memory).
+bool device_addressable(const void* p) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged || attr.type == cudaMemoryTypeHost;
+}
+
+const char* at(const void* base, size_t elems, DType t) { return static_cast<const char*>(base) + elems * dtype_size(t); }
+char* at(void* base, size_t elems, DType t) { return static_cast<char*>(base) + elems * dtype_size(t); }
+
+// Completes when the transfer stream has passed `done`.
+class NcclRequest final : public CommRequestImpl {
+ public:
+  explicit NcclRequest(cudaEvent_t done) : done_(done) {}
+  ~NcclRequest() override { (void)cudaEventDestroy(done_); }
+  Status wait() override {
+    FP_CUDA_CHECK(cudaEventSynchronize(done_));
+    return Status::ok_status();
+  }
+  Status test(bool* done) override {
+    const cudaError_t rc = cudaEventQuery(done_);
+    if (rc == cudaErrorNotReady) {
+      *done = false;
+      return Status::ok_status();
+    }
+    FP_CUDA_CHECK(rc);
+    *done = true;
+    return Status::ok_status();
+  }
+
+ private:
+  cudaEvent_t done_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(Communicator& host, std::unique_ptr<Communicator> owned_host, const DeviceCommOptions& options)
+      : Communicator(host.rank(), host.size(), host.name(), host.world_ranks()),
+        host_(host),
+        owned_host_(std::move(owned_host)),
+        options_(options),
+        compute_(static_cast<cudaStream_t>(options.compute_stream)) {
+    FP_CUDA_CHECK(cudaSetDevice(options.device));
+    ncclUniqueId id{};
+    static_assert(sizeof(id) % 4 == 0);
+    if (host_.rank() == 0) FP_NCCL_CHECK(ncclGetUniqueId(&id));
+    FP_CHECK_OK(host_.broadcast(&id, sizeof(id) / 4, DType::kI32, 0));
+    FP_NCCL_CHECK(ncclCommInitRank(&comm_, size(), id, rank()));
+    FP_CUDA_CHECK(cudaStreamCreateWithFlags(&transfer_, cudaStreamNonBlocking));
+    FP_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  }
+  ~NcclCommunicator() override {
+    (void)cudaStreamSynchronize(transfer_);
+    (void)ncclCommDestroy(comm_);
+    (void)cudaEventDestroy(ready_);
+    (void)cudaStreamDestroy(transfer_);
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key, std::string name) override {
+    std::unique_ptr<Communicator> part = host_.split(color, key, std::move(name));
+    Communicator& ref = *part;
+    return std::make_unique<NcclCommunicator>(ref, std::move(part), options_);
+  }
+
+ protected:
+  Status supports(const CommOp&) const override { return Status::ok_status(); }
+
+  Status run_validated(const CommOp& op) override { return start_validated(op).wait(); }
+
+  CommRequest start_validated(const CommOp& op) override {
+    FP_CUDA_CHECK(cudaSetDevice(options_.device));
+    cudaStream_t stream = op.stream.native != nullptr ? static_cast<cudaStream_t>(op.stream.native) : transfer_;
+    if (compute_ != nullptr && stream != compute_) {  // transfers start after the compute enqueued so far
+      FP_CUDA_CHECK(cudaEventRecord(ready_, compute_));
+      FP_CUDA_CHECK(cudaStreamWaitEvent(stream, ready_, 0));
+    }
+    CommOp staged_op = op;
+    std::vector<void*> scratch;
+    const nccl_detail::Stager stager{
+        [](const void* p) { return !device_addressable(p); },
+        [&](size_t bytes) {
+          void* p = nullptr;
+          FP_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream));
+          scratch.push_back(p);
+          return static_cast<char*>(p);
+        },
+        [&](void* dst, const void* src, size_t bytes) {
+          FP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+        }};
+    const nccl_detail::StagedRange back = nccl_detail::stage(staged_op, rank(), size(), stager);
+    enqueue(staged_op, stream);
+    if (back.bytes > 0) FP_CUDA_CHECK(cudaMemcpyAsync(back.user, back.staged, back.bytes, cudaMemcpyDefault, stream));
+    for (void* p : scratch) FP_CUDA_CHECK(cudaFreeAsync(p, stream));
+    cudaEvent_t done = nullptr;
+    FP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    FP_CUDA_CHECK(cudaEventRecord(done, stream));
+    return CommRequest(std::make_unique<NcclRequest>(done));
+  }
+
+ private:
+  void enqueue(const CommOp& op, cudaStream_t s) {
+    const ncclDataType_t t = nccl_type(op.dtype);
+    const ncclRedOp_t r = nccl_op(op.reduce_op);
+    switch (op.kind) {
+      case CommOpKind::kBroadcast:
+        FP_NCCL_CHECK(ncclBroadcast(op.recv_buf, op.recv_buf, op.count, t, op.root, comm_, s));
+        return;
+      case CommOpKind::kReduce:
+        FP_NCCL_CHECK(ncclReduce(op.send_buf, op.recv_buf, op.count, t, r, op.root, comm_, s));
+        return;
+      case CommOpKind::kAllReduce:
+        FP_NCCL_CHECK(ncclAllReduce(op.send_buf, op.recv_buf, op.count, t, r, comm_, s));
+        return;
+      case CommOpKind::kAllGather:
+        FP_NCCL_CHECK(ncclAllGather(op.send_buf, op.recv_buf, op.count, t, comm_, s));
+        return;
+      case CommOpKind::kReduceScatter:
+        FP_NCCL_CHECK(ncclReduceScatter(op.send_buf, op.recv_buf, op.count, t, r, comm_, s));
+        return;
+      case CommOpKind::kAllGatherV:
+      case CommOpKind::kReduceScatterV:
+        return enqueue_v(op, s);
+      case CommOpKind::kAllToAll:
+        FP_NCCL_CHECK(ncclGroupStart());
+        for (int p = 0; p < size(); ++p) {
+          FP_NCCL_CHECK(ncclSend(at(op.send_buf, p * op.count, op.dtype), op.count, t, p, comm_, s));
+          FP_NCCL_CHECK(ncclRecv(at(op.recv_buf, p * op.count, op.dtype), op.count, t, p, comm_, s));
+        }
+        FP_NCCL_CHECK(ncclGroupEnd());
+        return;
+      case CommOpKind::kSend:
+        FP_NCCL_CHECK(ncclSend(op.send_buf, op.count, t, op.peer, comm_, s));
+        return;
+      case CommOpKind::kRecv:
+        FP_NCCL_CHECK(ncclRecv(op.recv_buf, op.count, t, op.source, comm_, s));
+        return;
+      case CommOpKind::kSendRecv:
+        FP_NCCL_CHECK(ncclGroupStart());
+        FP_NCCL_CHECK(ncclSend(op.send_buf, op.count, t, op.peer, comm_, s));
+        FP_NCCL_CHECK(ncclRecv(op.recv_buf, op.count, t, op.source, comm_, s));
+        FP_NCCL_CHECK(ncclGroupEnd());
+        return;
+      case CommOpKind::kBarrier: {
+        void* word = nullptr;
+        FP_CUDA_CHECK(cudaMallocAsync(&word, sizeof(int32_t), s));
+        FP_CUDA_CHECK(cudaMemsetAsync(word, 0, sizeof(int32_t), s));
+        FP_NCCL_CHECK(ncclAllReduce(word, word, 1, ncclInt32, ncclSum, comm_, s));
+        FP_CUDA_CHECK(cudaFreeAsync(word, s));
+        return;
+      }
+    }
+  }
+
+  // The _v forms as one group of rooted operations: a broadcast (all_gather_v) or a reduce
+  // (reduce_scatter_v) per block.
+  void enqueue_v(const CommOp& op, cudaStream_t s) {
+    const ncclDataType_t t = nccl_type(op.dtype);
+    FP_NCCL_CHECK(ncclGroupStart());
+    size_t offset = 0;
+    for (int p = 0; p < size(); ++p) {
+      const size_t n = op.counts[p];
+      if (op.kind == CommOpKind::kAllGatherV) {
+        const void* src = p == rank() ? op.send_buf : at(op.recv_buf, offset, op.dtype);
+        FP_NCCL_CHECK(ncclBroadcast(src, at(op.recv_buf, offset, op.dtype), n, t, p, comm_, s));
+      } else {
+        void* dst = p == rank() ? op.recv_buf : nullptr;
+        FP_NCCL_CHECK(ncclReduce(at(op.send_buf, offset, op.dtype), dst, n, t, nccl_op(op.reduce_op), p, comm_, s));
+      }
+      offset += n;
+    }
+    FP_NCCL_CHECK(ncclGroupEnd());
+  }
+
+  Communicator& host_;
+  std::unique_ptr<Communicator> owned_host_;
+  DeviceCommOptions options_;
+  cudaStream_t compute_ = nullptr;
+  cudaStream_t transfer_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, const DeviceCommOptions& options) {
+  return std::make_unique<NcclCommunicator>(host, nullptr, options);
+}
+
+}  // namespace foldpar

@@ -1,0 +1,51 @@
+// Helpers of the GPU tests: skipping where no GPU is visible, unified memory for every
+// tensor, bf16 copies, and the GPU tolerance policy. Every GPU test starts with
+// FP_REQUIRE_GPU(): it skips with the driver's reason when cudaGetDeviceCount fails or finds
+// no device, and otherwise the test asserts.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "backend/cuda/cuda_backend.h"
+#include "tensor/tensor.h"
+
+namespace foldpar::gpu_test {
+
+// Tolerances of a CUDA op against the reference backend (fp64 accumulation), normwise
+// relative as in core/tolerance.h.
+//  - f32: the kernels accumulate in f32 like the fast CPU backend (kF32Op = 2e-5), and use
+//    the __expf/rsqrtf intrinsics (2 ulp plus about 1.2 ulp per unit of |x| for __expf at
+//    the scores of these tests, |x| < 30): 5e-5 keeps a margin of 2 without hiding a wrong
+//    formula (errors of order 1).
+//  - bf16 storage: inputs are exact bf16 values (the reference sees the same values widened
+//    to f32), arithmetic is f32, and each output is rounded once to bf16, whose 8-bit
+//    significand gives a relative error of at most 2^-8 = 3.9e-3 per rounding. 2^-7 allows
+//    that rounding plus the f32 effects above with a margin of 2.
+constexpr double kCudaF32Op = 5e-5;
+constexpr double kCudaBf16Op = 1.0 / 128;
+// A whole model step in f32 on the GPU against the CPU backend: op errors compound as in
+// core/tolerance.h's kF32Model (1e-4); the intrinsics add a factor of about 2.
+constexpr double kCudaF32Model = 2e-4;
+
+// True when a CUDA device is visible; otherwise *why says why.
+bool gpu_available(std::string* why);
+
+// Installs unified memory under MemoryTracker::process() once per process (before the
+// first tensor: call it first thing in a test).
+void use_unified_memory_once();
+
+// A copy of an f32 tensor rounded to bf16, and the same values widened back to f32.
+Tensor to_bf16(const Tensor& f32);
+Tensor bf16_values_as_f32(const Tensor& f32);
+
+}  // namespace foldpar::gpu_test
+
+#define FP_REQUIRE_GPU()                                                                      \
+  do {                                                                                        \
+    std::string fp_gpu_why_;                                                                  \
+    if (!::foldpar::gpu_test::gpu_available(&fp_gpu_why_))                                    \
+      GTEST_SKIP() << "no GPU: " << fp_gpu_why_ << " (GPU tests run only where a GPU exists)"; \
+    ::foldpar::gpu_test::use_unified_memory_once();                                           \
+  } while (0)
