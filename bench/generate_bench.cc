@@ -83,7 +83,7 @@ void prefill_once(Communicator& world, const LlamaConfig& c, const std::string& 
   const auto p = prompts(c, 1, S);
   FP_CHECK_OK(world.barrier());
   const auto t0 = std::chrono::steady_clock::now();
-  FP_CHECK_OK(m.decoder->prefill(*be, p, 1).status());
+  FP_CHECK_OK(m.decoder->prefill(*be, p, 0).status());  // prefill alone: S may be the longest context
   row.seconds.push_back(max_over(world, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
   row.comm.push_back(m.decoder->times().prefill_comm_seconds);
   row.cache = static_cast<int64_t>(max_over(world, static_cast<double>(m.decoder->cache().bytes())));

@@ -17,9 +17,20 @@ esac
 # MPI as root (CI runs as root) and one BLAS thread per process: ranks share the cores.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
 
+# Tests declare the processes they start (ctest PROCESSORS), so ctest may run several at once.
+jobs=$(nproc)
+
 if [ "$normal" = 1 ]; then
-  ./scripts/build.sh
-  ctest --test-dir build --output-on-failure --timeout 900 "$@"
+  # The CUDA code is compiled and linked wherever the toolkit is (it needs no GPU to build),
+  # so that it never rots; its tests (label gpu) skip, with the reason, where no GPU is.
+  cuda=()
+  if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+    cuda=(-DFOLDPAR_WITH_CUDA=ON)
+  else
+    echo "test: no CUDA toolkit (nvcc): the GPU backend is not built" >&2
+  fi
+  ./scripts/build.sh "${cuda[@]}"
+  ctest --test-dir build --output-on-failure --timeout 900 -j "$jobs" "$@"
 fi
 
 if [ "$sanitize" = 1 ]; then
@@ -30,5 +41,5 @@ if [ "$sanitize" = 1 ]; then
   # OpenMPI does not free everything at exit, so leak checking is off; any other report,
   # and any undefined behaviour, fails the test.
   ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    ctest --test-dir build-asan --output-on-failure --timeout 900 -L 'unit|parallel' "$@"
+    ctest --test-dir build-asan --output-on-failure --timeout 900 -j "$jobs" -L 'unit|parallel' "$@"
 fi
