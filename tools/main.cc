@@ -13,6 +13,8 @@
 
 #include "app/plot.h"
 #include "cli_generate.h"
+#include "cli_bench_layouts.h"
+#include "cli_plan.h"
 #include "app/step_bench.h"
 #include "app/verify.h"
 #include "backend/backend.h"
@@ -427,9 +429,13 @@ int main(int argc, char** argv) {
   ExportArgs export_args;
   ImportArgs import_args;
   cli::GenerateArgs generate_args;
+  cli::PlanArgs plan_args;
+  cli::BenchLayoutsArgs bench_layouts_args;
   add_verify(app, verify_args);
   cli::add_generate(app, generate_args);
+  cli::add_plan(app, plan_args);
   add_bench(app, bench_args);
+  cli::add_bench_layouts(app.get_subcommand("bench"), bench_layouts_args);
   add_prepare(app, prepare_args);
   add_train(app, train_args);
   CLI::App* plot = app.add_subcommand("plot", "draw loss, throughput and memory of a metrics file as PNG (gnuplot)");
@@ -452,6 +458,9 @@ int main(int argc, char** argv) {
     return kExitBadInput;
   }
   if (app.got_subcommand("verify")) return run_verify_command(verify_args);
+  if (app.got_subcommand("bench") && bench_layouts_args.active())
+    return cli::run_bench_layouts(bench_layouts_args, bench_args, fail);
+  if (app.got_subcommand("bench") && bench_args.model.empty()) return fail(invalid_argument("bench: --model is required"));
   if (app.got_subcommand("bench")) return run_bench_command(bench_args);
   if (app.got_subcommand("prepare-data")) return run_prepare_command(prepare_args);
   if (app.got_subcommand("train")) return run_train_command(train_args);
@@ -459,5 +468,6 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("export")) return run_export_command(export_args);
   if (app.got_subcommand("import")) return run_import_command(import_args);
   if (app.got_subcommand("generate")) return cli::run_generate(generate_args, fail);
+  if (app.got_subcommand("plan")) return cli::run_plan(plan_args, fail);
   return kExitBadInput;
 }

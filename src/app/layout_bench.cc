@@ -1,0 +1,366 @@
+// The layout benchmark and the calibration (app/layout_bench.h).
+#include "app/layout_bench.h"
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "app/step_bench.h"
+#include "app/synthetic.h"
+#include "backend/bf16_storage_backend.h"
+#include "comm/comm_stats.h"
+#include "comm/mesh.h"
+#include "parallel/make_layout.h"
+#include "plan/planner.h"
+
+namespace foldpar {
+namespace fs = std::filesystem;
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+LayoutOptions options_of(const LayoutSpec& s) {
+  LayoutOptions o;
+  o.kv_exchange = s.ring ? LayoutOptions::KvExchange::kRing : LayoutOptions::KvExchange::kAllGather;
+  o.sequence_parallel = s.sequence_parallel;
+  o.overlap = s.overlap;
+  o.keep_weights = s.keep_weights;
+  o.keep_kv = s.keep_kv;
+  o.head_buckets = s.head_buckets;
+  o.recompute = s.recompute;
+  o.dtype = s.bf16 ? DType::kBF16 : DType::kF32;
+  return o;
+}
+
+struct Sample {
+  double seconds = 0, exposed = 0;
+  int64_t peak = 0;
+  uint64_t sent = 0;
+};
+
+// One training step of `spec`, measured from before the model exists.
+Result<Sample> run_once(Communicator& world, const LlamaConfig& c, const LayoutSpec& spec, const Batch& global,
+                        int64_t S, bool forward_only) {
+  FP_ASSIGN_OR_RETURN(Mesh mesh, Mesh::create(world, spec.mesh()));
+  MemoryTracker& mt = MemoryTracker::process();
+  mt.release_cache();
+  const int64_t base = mt.stats().current_total;
+  mt.reset_peaks();
+  Sample s;
+  {
+    FP_ASSIGN_OR_RETURN(std::unique_ptr<ShardedModel> m, make_sharded_model(c, mesh, S, options_of(spec)));
+    m->init_weights(InitOptions{.seed = 1});
+    const Batch local = m->local_batch(global);
+    auto cpu = make_cpu_backend();
+    std::unique_ptr<Backend> bf16 = spec.bf16 ? make_bf16_storage_backend(*cpu) : nullptr;
+    Backend* be = bf16 ? bf16.get() : cpu.get();
+    std::vector<const Communicator*> comms;
+    for (const char* axis : {"tsp", "tp", "sp"})
+      if (mesh.has_axis(axis)) comms.push_back(&mesh.comm(axis));
+    FP_RETURN_IF_ERROR(world.barrier());
+    ScopedCommCounter counter(comms);
+    const auto t0 = std::chrono::steady_clock::now();
+    FP_ASSIGN_OR_RETURN(StepResult r, forward_only ? m->forward(*be, local) : m->forward_backward(*be, local, 0));
+    s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    s.exposed = r.exposed_comm_seconds;
+    s.sent = counter.delta().total().bytes_sent;
+  }
+  s.peak = mt.stats().peak_total - base;
+  FP_RETURN_IF_ERROR(world.all_reduce(&s.seconds, &s.seconds, 1, DType::kF64, ReduceOp::kMax));
+  FP_RETURN_IF_ERROR(world.all_reduce(&s.peak, &s.peak, 1, DType::kI64, ReduceOp::kMax));
+  mt.release_cache();
+  return s;
+}
+
+// The plan's figures for the row (rank 0's coordinates, the bench's step).
+Status predict_row(const LayoutBenchOptions& o, const LayoutSpec& spec, LayoutBenchRow& row) {
+  PlanRequest req;
+  req.config = o.config;
+  req.devices = spec.ranks();
+  req.batch = row.batch;
+  req.seq = row.seq;
+  req.layouts = {spec};
+  req.bf16 = spec.bf16;
+  req.recompute = spec.recompute;
+  req.mode = o.forward_only ? PlanMode::kForward : PlanMode::kTrain;
+  if (o.hardware != nullptr) {
+    req.hardware = *o.hardware;
+  } else {
+    // A placeholder machine: only memory and traffic are read from the plan.
+    req.hardware.name = "none";
+    req.hardware.memory_per_device_gb = req.hardware.peak_tflops_f32 = 1;
+    req.hardware.intra_node_gb_per_s = req.hardware.inter_node_gb_per_s = 1;
+  }
+  FP_ASSIGN_OR_RETURN(PlanReport rep, make_plan(req));
+  if (rep.layouts.empty()) return invalid_argument("{}: {}", spec.name(), rep.not_buildable.front());
+  const LayoutPlan& p = rep.layouts.front();
+  row.predicted_peak_bytes = p.memory.peak;
+  row.predicted_bytes_sent = p.traffic.total().bytes_sent;
+  if (o.hardware != nullptr) {
+    row.predicted_step_s = p.time.step_s;
+    row.predicted_tokens_per_s = p.time.tokens_per_s;
+  }
+  return Status();
+}
+
+Status check_options(const LayoutBenchOptions& o, int ranks) {
+  if (o.layouts.empty() || o.seqs.empty()) return invalid_argument("bench: give at least one layout and one --seq");
+  if (o.reps < 1) return invalid_argument("bench: --steps ({}) must be at least 1", o.reps);
+  for (const LayoutSpec& l : o.layouts) {
+    if (l.ranks() != ranks)
+      return invalid_argument("bench: layout {} uses {} ranks, the job has {} (run under mpirun -np {})", l.name(),
+                              l.ranks(), ranks, l.ranks());
+    if (l.dp > 1) return invalid_argument("bench: layout {}: the layout benchmark runs one replica (no dp axis)", l.name());
+    if (l.bf16 && l.strategy != PlanStrategy::kTsp)
+      return invalid_argument("bench: layout {}: bf16 storage runs on tsp layouts only", l.name());
+    for (int64_t S : o.seqs) FP_RETURN_IF_ERROR(check_layout_sizes(o.config, l, o.batch, S));
+  }
+  return Status();
+}
+
+}  // namespace
+
+Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& o, Communicator& world) {
+  FP_RETURN_IF_ERROR(check_options(o, world.size()));
+  const int reps = o.memory_only ? 1 : o.reps;
+  std::vector<LayoutBenchRow> rows;
+  for (int64_t S : o.seqs) {
+    const Batch global = synthetic_batch(o.config, o.batch, S, 1);
+    std::map<std::string, std::vector<Sample>> samples;
+    for (int rep = 0; rep < reps; ++rep) {
+      for (const LayoutSpec& spec : o.layouts) {
+        FP_ASSIGN_OR_RETURN(Sample s, run_once(world, o.config, spec, global, S, o.forward_only));
+        samples[spec.name()].push_back(s);
+      }
+    }
+    for (const LayoutSpec& spec : o.layouts) {
+      const std::vector<Sample>& v = samples[spec.name()];
+      LayoutBenchRow row;
+      row.layout = spec.name();
+      row.seq = S;
+      row.batch = o.batch;
+      std::vector<double> t, e;
+      for (const Sample& s : v) {
+        t.push_back(s.seconds);
+        e.push_back(s.exposed);
+        row.peak_bytes = std::max(row.peak_bytes, s.peak);
+      }
+      row.bytes_sent = v.front().sent;
+      if (!o.memory_only) {
+        row.step_s = median(t);
+        row.exposed_s = median(e);
+        row.tokens_per_s = static_cast<double>(o.batch * S) / row.step_s;
+      }
+      FP_RETURN_IF_ERROR(predict_row(o, spec, row));
+      rows.push_back(row);
+    }
+  }
+  return rows;
+}
+
+std::string layout_bench_text(const std::vector<LayoutBenchRow>& rows) {
+  std::string s = fmt::format("{:<7} {:<22} {:>9} {:>11} {:>10} {:>12} {:>12} {:>7} {:>11} {:>11} {:>12}\n", "S",
+                              "layout", "step s", "tokens/s", "exposed s", "peak MiB", "pred MiB", "ratio",
+                              "sent MB", "pred MB", "pred tok/s");
+  for (const LayoutBenchRow& r : rows) {
+    s += fmt::format("{:<7} {:<22} {:>9.3f} {:>11.1f} {:>10.3f} {:>12.2f} {:>12.2f} {:>7.3f} {:>11.3f} {:>11.3f} {:>12.1f}\n",
+                     r.seq, r.layout, r.step_s, r.tokens_per_s, r.exposed_s, r.peak_bytes / 1048576.0,
+                     r.predicted_peak_bytes / 1048576.0,
+                     static_cast<double>(r.predicted_peak_bytes) / static_cast<double>(std::max<int64_t>(1, r.peak_bytes)),
+                     r.bytes_sent / 1e6, r.predicted_bytes_sent / 1e6, r.predicted_tokens_per_s);
+  }
+  return s;
+}
+
+Result<std::vector<std::string>> write_layout_bench(const std::vector<LayoutBenchRow>& rows, const std::string& out) {
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) return io_error("cannot create '{}': {}", out, ec.message());
+  const fs::path dir(out);
+  std::ofstream csv(dir / "table.csv");
+  csv << "layout,seq,batch,step_s,tokens_per_s,exposed_s,peak_bytes,predicted_peak_bytes,bytes_sent,"
+         "predicted_bytes_sent,predicted_step_s,predicted_tokens_per_s\n";
+  nlohmann::ordered_json j = nlohmann::json::array();
+  for (const LayoutBenchRow& r : rows) {
+    csv << r.layout << ',' << r.seq << ',' << r.batch << ',' << r.step_s << ',' << r.tokens_per_s << ','
+        << r.exposed_s << ',' << r.peak_bytes << ',' << r.predicted_peak_bytes << ',' << r.bytes_sent << ','
+        << r.predicted_bytes_sent << ',' << r.predicted_step_s << ',' << r.predicted_tokens_per_s << '\n';
+    j.push_back({{"layout", r.layout}, {"seq", r.seq}, {"batch", r.batch}, {"step_s", r.step_s},
+                 {"tokens_per_s", r.tokens_per_s}, {"exposed_s", r.exposed_s}, {"peak_bytes", r.peak_bytes},
+                 {"predicted_peak_bytes", r.predicted_peak_bytes}, {"bytes_sent", r.bytes_sent},
+                 {"predicted_bytes_sent", r.predicted_bytes_sent}, {"predicted_step_s", r.predicted_step_s},
+                 {"predicted_tokens_per_s", r.predicted_tokens_per_s}});
+  }
+  csv.close();
+  std::ofstream(dir / "table.json") << j.dump(2) << '\n';
+  if (!csv) return io_error("cannot write '{}'", (dir / "table.csv").string());
+  std::vector<std::string> written{(dir / "table.csv").string(), (dir / "table.json").string()};
+
+  // One data block per layout (gnuplot's `index`), S ascending.
+  std::vector<std::string> layouts;
+  for (const LayoutBenchRow& r : rows)
+    if (std::find(layouts.begin(), layouts.end(), r.layout) == layouts.end()) layouts.push_back(r.layout);
+  std::ofstream dat(dir / "rows.dat");
+  for (const std::string& l : layouts) {
+    dat << "# " << l << '\n';
+    for (const LayoutBenchRow& r : rows)
+      if (r.layout == l)
+        dat << r.seq << ' ' << r.peak_bytes / 1048576.0 << ' ' << r.predicted_peak_bytes / 1048576.0 << ' '
+            << r.tokens_per_s << ' ' << r.predicted_tokens_per_s << ' ' << r.step_s << ' ' << r.predicted_step_s
+            << '\n';
+    dat << "\n\n";
+  }
+  dat.close();
+  const std::string d = (dir / "rows.dat").string();
+  std::ofstream gp(dir / "plot.gp");
+  gp << "set terminal pngcairo size 900,540 noenhanced\nset grid\nset key top left\nset logscale x 2\n"
+     << "set xlabel 'sequence length S (tokens)'\n";
+  auto plot = [&](const std::string& png, const std::string& ylabel, const std::string& using_measured,
+                  const std::string& using_predicted) {
+    gp << "set output '" << (dir / png).string() << "'\nset ylabel '" << ylabel << "'\nplot";
+    for (size_t i = 0; i < layouts.size(); ++i) {
+      gp << (i ? "," : "") << " '" << d << "' index " << i << " using " << using_measured
+         << " with linespoints lw 2 title '" << layouts[i] << " measured'";
+      if (!using_predicted.empty())
+        gp << ", '" << d << "' index " << i << " using " << using_predicted << " with lines dt 2 title '"
+           << layouts[i] << " predicted'";
+    }
+    gp << '\n';
+  };
+  plot("memory.png", "tracked peak per rank (MiB)", "1:2", "1:3");
+  plot("throughput.png", "tokens/s (training steps)", "1:4", "1:5");
+  // Predicted against measured: the peak per rank, and the step time (where a hardware
+  // description gave one).
+  gp << "unset logscale x\nset logscale xy\nset key top left\nset terminal pngcairo size 1200,540 noenhanced\n"
+     << "set output '" << (dir / "predicted.png").string() << "'\nset multiplot layout 1,2\n";
+  auto scatter = [&](const std::string& title, const std::string& cols) {
+    gp << "set title '" << title << "'\nset xlabel 'measured'\nset ylabel 'predicted'\n"
+       << "plot x with lines dt 3 title 'predicted = measured'";
+    for (size_t i = 0; i < layouts.size(); ++i)
+      gp << ", '" << d << "' index " << i << " using " << cols << " with points pt 7 title '" << layouts[i] << "'";
+    gp << '\n';
+  };
+  scatter("tracked peak per rank (MiB)", "2:3");
+  scatter("step time (s)", "6:($7 > 0 ? $7 : NaN)");
+  gp << "unset multiplot\n";
+  gp.close();
+  const int rc = std::system(("gnuplot '" + (dir / "plot.gp").string() + "' 2>&1").c_str());
+  if (rc != 0) {
+    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 127) return not_found("gnuplot is not installed (scripts/setup.sh installs it)");
+    return Status(StatusCode::kInternal, fmt::format("gnuplot failed (status {}) on {}", rc, (dir / "plot.gp").string()));
+  }
+  for (const char* png : {"memory.png", "throughput.png", "predicted.png"}) written.push_back((dir / png).string());
+  return written;
+}
+
+namespace {
+
+// GFLOP/s of the backend's f32 matmul, n x n x n, median of `reps` after one warm-up.
+double matmul_gflops(int64_t n, int reps) {
+  auto be = make_cpu_backend();
+  Tensor a = Tensor::empty({n, n}, DType::kF32, MemCategory::kWorkspace);
+  Tensor b = Tensor::empty({n, n}, DType::kF32, MemCategory::kWorkspace);
+  Tensor c = Tensor::empty({n, n}, DType::kF32, MemCategory::kWorkspace);
+  be->fill(0.5, a);
+  be->fill(0.25, b);
+  be->matmul(a, false, b, false, c);
+  std::vector<double> secs;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    be->matmul(a, false, b, false, c);
+    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return 2.0 * static_cast<double>(n * n * n) / median(secs) / 1e9;
+}
+
+// GB/s one way of a ring step between neighbours: every rank sends `bytes` to p+1 while
+// receiving as much from p-1.
+Result<double> ring_bandwidth(Communicator& world, size_t bytes, int reps) {
+  const size_t n = bytes / 4;
+  std::vector<float> send(n, 1.0f), recv(n);
+  const int p = world.rank(), N = world.size();
+  std::vector<double> secs;
+  for (int i = 0; i < reps + 1; ++i) {
+    FP_RETURN_IF_ERROR(world.barrier());
+    const auto t0 = std::chrono::steady_clock::now();
+    FP_RETURN_IF_ERROR(world.send_recv(send.data(), recv.data(), n, DType::kF32, (p + 1) % N, (p - 1 + N) % N));
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    FP_RETURN_IF_ERROR(world.all_reduce(&s, &s, 1, DType::kF64, ReduceOp::kMax));
+    if (i > 0) secs.push_back(s);
+  }
+  return static_cast<double>(n * 4) / median(secs) / 1e9;
+}
+
+int64_t node_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  while (in >> key >> kb) {
+    if (key == "MemTotal:") return kb * 1024;
+    in.ignore(1 << 10, '\n');
+  }
+  return 0;
+}
+
+}  // namespace
+
+Result<Hardware> calibrate_hardware(Communicator& world) {
+  if (world.size() < 2)
+    return invalid_argument("bench --calibrate measures the bandwidth between ranks: run it under mpirun -np 2 (got {} rank)",
+                            world.size());
+  set_cpu_backend_threads(1);
+  // GEMM rate on every rank at once (the cores are shared as in a real step); the slowest.
+  double gemm = matmul_gflops(1024, 5);
+  gemm = -gemm;  // the slowest rank: max of the negatives
+  FP_RETURN_IF_ERROR(world.all_reduce(&gemm, &gemm, 1, DType::kF64, ReduceOp::kMax));
+  gemm = -gemm;
+  FP_ASSIGN_OR_RETURN(const double bw, ring_bandwidth(world, size_t{64} << 20, 5));
+  // A single-rank training step (every rank at once, as in a layout step): useful FLOP/s.
+  StepBenchOptions sb;
+  sb.config.hidden_size = 512;
+  sb.config.num_attention_heads = 8;
+  sb.config.num_key_value_heads = 8;
+  sb.config.intermediate_size = 1376;
+  sb.config.vocab_size = 256;
+  sb.config.num_hidden_layers = 2;
+  sb.config.max_position_embeddings = 4096;
+  sb.seq = 2048;
+  sb.steps = 3;
+  FP_ASSIGN_OR_RETURN(StepBenchReport step, run_step_bench(sb));
+  double step_gflops = step.gflops;
+  FP_RETURN_IF_ERROR(world.all_reduce(&step_gflops, &step_gflops, 1, DType::kF64, ReduceOp::kSum));
+  step_gflops /= world.size();
+  Hardware h;
+  h.name = "this-machine";
+  h.devices_per_node = world.size();
+  h.memory_per_device_gb = static_cast<double>(node_memory_bytes()) / world.size() / 1e9;
+  h.peak_tflops_f32 = gemm / 1e3;
+  h.peak_tflops_bf16 = 0;  // bf16 is a storage type here: the math is f32
+  h.intra_node_gb_per_s = bw;
+  h.inter_node_gb_per_s = bw;
+  h.memory_gb_per_s = 0;
+  h.matmul_efficiency = std::min(1.0, step_gflops / gemm);
+  h.overlap_efficiency = 0.5;
+  h.notes = fmt::format(
+      "Measured by `foldpar bench --calibrate` with {} MPI ranks on one node ({} hardware threads), each rank a "
+      "device: f32 GEMM 1024^3 with the CPU backend on one thread, {:.2f} GFLOP/s (median of 5, all ranks at once); "
+      "a ring send_recv of 64 MiB between ranks, {:.2f} GB/s one way (median of 5; inter-node set equal: one node); "
+      "memory per device = MemTotal / ranks; matmul_efficiency = a single-rank training step's useful FLOP/s "
+      "({:.2f} GFLOP/s, h=512, L=2, S=2048) over the GEMM rate. overlap_efficiency 0.5 is an assumption: MPI "
+      "progresses transfers only inside MPI calls.",
+      world.size(), std::thread::hardware_concurrency(), gemm, bw, step_gflops);
+  FP_RETURN_IF_ERROR(h.validate());
+  return h;
+}
+
+}  // namespace foldpar

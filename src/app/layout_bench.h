@@ -1,0 +1,67 @@
+// Layouts side by side, measured and predicted: `foldpar bench --layouts` and
+// bench/layout_bench. For each sequence length, repetitions interleave the layouts (one
+// training step each, forward + backward, from before the model exists); each row gives the
+// medians of the step time (slowest rank) and tokens/s, the exposed communication time
+// (rank 0), the tracked peak per rank (worst rank) and the bytes rank 0 sent on the model
+// axes, beside what src/plan predicts for the same layout. Also `foldpar bench --calibrate`:
+// the numbers of a hardware description measured on this machine.
+//
+// Every function taking a Communicator is collective over it: all ranks call it with the
+// same options.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/status.h"
+#include "model/llama_config.h"
+#include "plan/hardware.h"
+#include "plan/layout_spec.h"
+
+namespace foldpar {
+
+struct LayoutBenchOptions {
+  LlamaConfig config;
+  std::vector<LayoutSpec> layouts;  // each must use every rank of the communicator
+  std::vector<int64_t> seqs;        // S values, each a row per layout
+  int64_t batch = 1;                // B
+  int reps = 3;                     // interleaved repetitions (medians reported)
+  bool memory_only = false;         // one step per layout (oversubscribed runs: time means little)
+  bool forward_only = false;        // time forward steps (with the loss) instead of training steps
+  const Hardware* hardware = nullptr;  // for the predicted step time; none: not predicted
+};
+
+struct LayoutBenchRow {
+  std::string layout;
+  int64_t seq = 0, batch = 0;
+  // measured
+  double step_s = 0, tokens_per_s = 0, exposed_s = 0;
+  int64_t peak_bytes = 0;      // tracked peak, worst rank
+  uint64_t bytes_sent = 0;     // rank 0, summed over the model axes
+  // predicted (src/plan) for rank 0
+  int64_t predicted_peak_bytes = 0;
+  uint64_t predicted_bytes_sent = 0;
+  double predicted_step_s = 0, predicted_tokens_per_s = 0;  // 0 without hardware
+};
+
+// invalid_argument for a layout that does not use every rank or does not divide the sizes.
+Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& options, Communicator& world);
+
+// The rows as a fixed-width table.
+std::string layout_bench_text(const std::vector<LayoutBenchRow>& rows);
+// Writes table.csv, table.json and, with gnuplot, memory.png (peak per rank against S),
+// throughput.png (tokens/s against S) and predicted.png (predicted against measured peak
+// and step time) into out_dir. Returns the paths written; not_found when gnuplot is missing
+// (the tables are written first).
+Result<std::vector<std::string>> write_layout_bench(const std::vector<LayoutBenchRow>& rows, const std::string& out_dir);
+
+// What a hardware description needs, measured here with `world`'s ranks as the devices of
+// one node: f32 GEMM rate of one core (the backend's matmul, 1 thread), the ring bandwidth
+// between ranks (send_recv of 64 MiB, needs 2 ranks or more), memory per rank (the node's
+// memory / ranks), and matmul_efficiency = a single-rank training step's useful FLOP/s over
+// the GEMM rate. overlap_efficiency is stated, not measured.
+Result<Hardware> calibrate_hardware(Communicator& world);
+
+}  // namespace foldpar

@@ -1,0 +1,279 @@
+// The planner: candidates, the time estimate, the choice, and the two report formats.
+#include "plan/planner.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "model/flop_count.h"
+
+namespace foldpar {
+namespace {
+
+// Whether an axis's rank group fits inside one node. Mesh order: the first axis written is
+// the outermost, so an axis's ranks lie `stride` apart with stride the product of the
+// degrees written after it.
+bool axis_inside_node(const LayoutSpec& l, const std::string& axis, int devices_per_node) {
+  std::vector<std::pair<std::string, int>> order;
+  if (l.dp > 1) order.emplace_back("dp", l.dp);
+  if (l.strategy == PlanStrategy::kTsp) order.emplace_back("tsp", l.tsp);
+  if (l.strategy == PlanStrategy::kTp || l.strategy == PlanStrategy::kTpSp) order.emplace_back("tp", l.tp);
+  if (l.strategy == PlanStrategy::kSp || l.strategy == PlanStrategy::kTpSp) order.emplace_back("sp", l.sp);
+  int64_t stride = 1;
+  for (size_t i = order.size(); i-- > 0;) {
+    if (order[i].first == axis) return stride * order[i].second <= devices_per_node;
+    stride *= order[i].second;
+  }
+  return true;
+}
+
+// Bytes of an axis that its schedule overlaps with computation.
+double overlappable_bytes(const LayoutSpec& l, const AxisTraffic& a, PlanMode mode) {
+  if (!l.overlap || a.axis == "dp") return 0;
+  auto bytes = [&](PlanOp op) { return static_cast<double>(std::max(a.op(op).bytes_sent, a.op(op).bytes_received)); };
+  if (a.axis == "tsp")
+    return bytes(PlanOp::kBroadcast) + bytes(PlanOp::kReduce) + bytes(PlanOp::kAllGather) +
+           bytes(PlanOp::kReduceScatter) + bytes(PlanOp::kSendRecv);
+  if (a.axis == "sp") return bytes(PlanOp::kAllGather) + bytes(PlanOp::kReduceScatter) + bytes(PlanOp::kSendRecv);
+  // tp: the forward's collectives sit on the critical path; in training the backward's dX
+  // collectives (half of the activation traffic) run behind the weight-gradient GEMMs.
+  return mode == PlanMode::kTrain ? 0.5 * static_cast<double>(std::max(a.total().bytes_sent, a.total().bytes_received))
+                                  : 0;
+}
+
+double step_flops(const LlamaConfig& c, const LayoutSpec& l, const PlanRequest& r) {
+  const int64_t B = r.batch / l.dp;
+  const double fwd = forward_matmul_flops(c, B * r.seq) + forward_attention_flops(c, B, r.seq);
+  switch (r.mode) {
+    case PlanMode::kTrain: return (l.recompute == Recompute::kBlock ? 4.0 : 3.0) * fwd;
+    case PlanMode::kForward: return fwd;
+    case PlanMode::kPrefill: return fwd - 2.0 * static_cast<double>(B * r.seq) * c.vocab_size * c.hidden_size;
+    case PlanMode::kDecode: {
+      const double attn = 4.0 * c.head_dim() * c.num_attention_heads * static_cast<double>(r.seq) * B *
+                          static_cast<double>(c.num_hidden_layers);
+      return forward_matmul_flops(c, B) + attn;
+    }
+  }
+  return fwd;
+}
+
+// Memory columns in GB, or in MB when every layout's total is under 1 GB.
+struct Unit {
+  double scale;
+  const char* name;
+};
+Unit unit_for(const PlanReport& rep) {
+  int64_t largest = 0;
+  for (const LayoutPlan& p : rep.layouts) largest = std::max(largest, p.memory.total());
+  return largest >= 1000000000 ? Unit{1e9, "GB"} : Unit{1e6, "MB"};
+}
+std::string in_unit(int64_t bytes, const Unit& u) { return fmt::format("{:.2f}", static_cast<double>(bytes) / u.scale); }
+
+std::string bytes_text(double b) {
+  if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
+  if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
+  return fmt::format("{:.1f} kB", b / 1e3);
+}
+
+}  // namespace
+
+std::vector<LayoutSpec> candidate_layouts(int devices, int64_t batch, PlanMode mode) {
+  std::vector<LayoutSpec> out;
+  auto add = [&](const std::string& text) {
+    Result<LayoutSpec> s = parse_layout_spec(text);
+    if (s.ok()) out.push_back(*s);
+  };
+  if (mode == PlanMode::kPrefill || mode == PlanMode::kDecode) {
+    add(fmt::format("tsp={}", devices));
+    add(fmt::format("tp={}", devices));
+    return out;
+  }
+  for (int dp = 1; dp <= devices; ++dp) {
+    if (devices % dp != 0 || batch % dp != 0) continue;
+    const int m = devices / dp;
+    const std::string pre = dp > 1 ? fmt::format("dp={}+", dp) : "";
+    add(fmt::format("{}tsp={}", pre, m));
+    if (m == 1) continue;  // one rank per replica: every layout is the same
+    add(fmt::format("{}tp={}", pre, m));
+    add(fmt::format("{}tp={}:seqpar", pre, m));
+    add(fmt::format("{}sp={}", pre, m));
+    add(fmt::format("{}sp={}:ring", pre, m));
+    for (int T = 2; T < m; ++T) {
+      if (m % T != 0) continue;
+      add(fmt::format("{}tp={}+sp={}", pre, T, m / T));
+      add(fmt::format("{}tp={}+sp={}:seqpar", pre, T, m / T));
+    }
+  }
+  return out;
+}
+
+TimeEstimate estimate_time(const LlamaConfig& c, const LayoutSpec& l, const Hardware& hw, const PlanRequest& r,
+                           const StepTraffic& traffic, const MemoryEstimate& memory) {
+  TimeEstimate t;
+  const double flops = step_flops(c, l, r) / l.model_ranks();
+  t.compute_s = flops / (hw.peak_flops(l.bf16) * hw.matmul_efficiency);
+  if (r.mode == PlanMode::kDecode && hw.memory_gb_per_s > 0) {
+    // Every weight and every cached key and value is read once per decode step.
+    const double bytes = static_cast<double>(memory.of(MemCategory::kParameters) + memory.of(MemCategory::kKvCache));
+    t.compute_s = std::max(t.compute_s, bytes / (hw.memory_gb_per_s * 1e9));
+  }
+  double overlappable_s = 0;
+  for (const AxisTraffic& a : traffic.axes) {
+    const OpBytes total = a.total();
+    const bool intra = axis_inside_node(l, a.axis, hw.devices_per_node);
+    const double bw = 1e9 * (intra ? hw.intra_node_gb_per_s : hw.inter_node_gb_per_s);
+    const double s = static_cast<double>(std::max(total.bytes_sent, total.bytes_received)) / bw;
+    (intra ? t.intra_node_s : t.inter_node_s) += s;
+    overlappable_s += overlappable_bytes(l, a, r.mode) / bw;
+  }
+  const double comm_s = t.intra_node_s + t.inter_node_s;
+  const double hidden = hw.overlap_efficiency * std::min(overlappable_s, t.compute_s);
+  t.exposed_comm_s = comm_s - hidden;
+  t.step_s = t.compute_s + t.exposed_comm_s;
+  const double tokens = r.mode == PlanMode::kDecode ? static_cast<double>(r.batch)
+                                                    : static_cast<double>(r.batch) * static_cast<double>(r.seq);
+  t.tokens_per_s = t.step_s > 0 ? tokens / t.step_s : 0;
+  return t;
+}
+
+Result<PlanReport> make_plan(const PlanRequest& r) {
+  if (r.devices < 1) return invalid_argument("--devices ({}) must be at least 1", r.devices);
+  if (r.batch < 1 || r.seq < 1) return invalid_argument("--batch ({}) and --seq ({}) must be positive", r.batch, r.seq);
+  FP_RETURN_IF_ERROR(r.config.validate());
+  FP_RETURN_IF_ERROR(r.hardware.validate());
+  if (r.seq > r.config.max_position_embeddings)
+    return invalid_argument("--seq ({}) exceeds the model's max_position_embeddings ({})", r.seq,
+                            r.config.max_position_embeddings);
+  PlanReport report;
+  report.request = r;
+  std::vector<LayoutSpec> layouts = r.layouts.empty() ? candidate_layouts(r.devices, r.batch, r.mode) : r.layouts;
+  for (LayoutSpec l : layouts) {
+    if (r.layouts.empty()) {
+      l.bf16 = r.bf16;
+      l.recompute = r.recompute;
+    }
+    if (l.ranks() != r.devices) {
+      report.not_buildable.push_back(fmt::format("{}: uses {} ranks, not {}", l.name(), l.ranks(), r.devices));
+      continue;
+    }
+    MemoryRequest mr;
+    mr.batch = r.batch;
+    mr.seq = r.seq;
+    mr.mode = r.mode;
+    mr.max_new_tokens = r.max_new_tokens;
+    mr.count_batch = r.mode != PlanMode::kDecode;
+    Result<MemoryEstimate> mem = predict_memory(r.config, l, mr);
+    Result<StepTraffic> traffic = predict_traffic(r.config, l, r.batch, r.seq, r.mode);
+    if (!mem.ok() || !traffic.ok()) {
+      report.not_buildable.push_back((mem.ok() ? traffic.status() : mem.status()).message());
+      continue;
+    }
+    LayoutPlan p;
+    p.layout = l;
+    p.memory = *mem;
+    p.traffic = *traffic;
+    p.time = estimate_time(r.config, l, r.hardware, r, p.traffic, p.memory);
+    p.over_bytes = p.memory.total() - r.hardware.memory_bytes();
+    p.fits = p.over_bytes <= 0;
+    report.layouts.push_back(std::move(p));
+  }
+  if (report.layouts.empty() && !report.not_buildable.empty())
+    return invalid_argument("no layout of {} devices can run this model: {}", r.devices, report.not_buildable.front());
+  for (size_t i = 0; i < report.layouts.size(); ++i) {
+    const LayoutPlan& p = report.layouts[i];
+    if (!p.fits) continue;
+    if (report.recommended < 0 || p.time.tokens_per_s > report.layouts[report.recommended].time.tokens_per_s)
+      report.recommended = static_cast<int>(i);
+  }
+  return report;
+}
+
+std::string plan_report_text(const PlanReport& rep) {
+  const PlanRequest& r = rep.request;
+  const LlamaConfig& c = r.config;
+  std::string s = fmt::format(
+      "plan: {} (L={} h={} f={} heads={}/{} V={}), {} B={} S={}{}, {} devices of {} ({} GB each), {}{}\n",
+      r.model_name, c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads,
+      c.num_key_value_heads, c.vocab_size, plan_mode_name(r.mode), r.batch, r.seq,
+      r.max_new_tokens > 0 ? fmt::format(" (+{} new)", r.max_new_tokens) : "", r.devices, r.hardware.name,
+      r.hardware.memory_per_device_gb, r.bf16 ? "bf16" : "f32",
+      r.recompute == Recompute::kBlock ? ", recompute block" : "");
+  const Unit u = unit_for(rep);
+  auto mem = [&](int64_t bytes) { return in_unit(bytes, u); };
+  s += fmt::format("memory per rank in {} (live at the step's peak, by category; optimizer state beside it)\n", u.name);
+  s += fmt::format("{:<32} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<21} {:>11} {:>10} {:>11}\n",
+                   "layout", "params", "grads", "optim", "activ", "comm", "work", "kvcache", "total", "fits",
+                   "sent/step", "step s", "tokens/s");
+  for (size_t i = 0; i < rep.layouts.size(); ++i) {
+    const LayoutPlan& p = rep.layouts[i];
+    const MemoryEstimate& m = p.memory;
+    const std::string fits = p.fits ? "yes" : fmt::format("no, over by {} {}", mem(p.over_bytes), u.name);
+    const OpBytes t = p.traffic.total();
+    s += fmt::format("{:<32} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<21} {:>11} {:>10.4g} {:>11.4g}{}\n",
+                     p.layout.name(), mem(m.of(MemCategory::kParameters)), mem(m.of(MemCategory::kGradients)),
+                     mem(m.optimizer), mem(m.of(MemCategory::kActivations)), mem(m.of(MemCategory::kComm)),
+                     mem(m.of(MemCategory::kWorkspace)), mem(m.of(MemCategory::kKvCache)), mem(m.total()), fits, bytes_text(static_cast<double>(t.bytes_sent)), p.time.step_s,
+                     p.time.tokens_per_s, static_cast<int>(i) == rep.recommended ? "  <- recommended" : "");
+  }
+  for (const std::string& n : rep.not_buildable) s += fmt::format("not buildable: {}\n", n);
+  if (rep.recommended >= 0) {
+    const LayoutPlan& p = rep.layouts[rep.recommended];
+    s += fmt::format("recommended: {} (the fastest layout that fits: {:.4g} tokens/s, {} of {} GB per rank)\n",
+                     p.layout.name(), p.time.tokens_per_s, bytes_text(static_cast<double>(p.memory.total())),
+                     r.hardware.memory_per_device_gb);
+  } else {
+    s += "recommended: none fits; raise --devices, lower --seq or --batch, or plan with --recompute block or --bf16\n";
+  }
+  return s;
+}
+
+std::string plan_report_json(const PlanReport& rep) {
+  const PlanRequest& r = rep.request;
+  nlohmann::ordered_json j;
+  j["model"] = r.model_name;
+  j["mode"] = plan_mode_name(r.mode);
+  j["batch"] = r.batch;
+  j["seq"] = r.seq;
+  j["devices"] = r.devices;
+  j["hardware"] = r.hardware.name;
+  j["memory_per_device_bytes"] = r.hardware.memory_bytes();
+  j["dtype"] = r.bf16 ? "bf16" : "f32";
+  j["recompute"] = r.recompute == Recompute::kBlock ? "block" : "none";
+  j["layouts"] = nlohmann::json::array();
+  for (const LayoutPlan& p : rep.layouts) {
+    nlohmann::ordered_json l;
+    l["layout"] = p.layout.name();
+    nlohmann::ordered_json mem;
+    for (int i = 0; i < kNumMemCategories; ++i)
+      mem[std::string(mem_category_name(static_cast<MemCategory>(i)))] = p.memory.at_peak[i];
+    mem["peak"] = p.memory.peak;
+    mem["optimizer_state"] = p.memory.optimizer;
+    mem["total"] = p.memory.total();
+    mem["peak_phase"] = p.memory.phase;
+    l["memory_bytes"] = mem;
+    l["fits"] = p.fits;
+    l["over_bytes"] = std::max<int64_t>(0, p.over_bytes);
+    nlohmann::ordered_json tr = nlohmann::json::object();
+    for (const AxisTraffic& a : p.traffic.axes) {
+      nlohmann::ordered_json ax;
+      for (int i = 0; i < kNumPlanOps; ++i) {
+        const OpBytes& o = a.ops[i];
+        if (o.calls == 0 && o.bytes_sent == 0) continue;
+        ax[plan_op_name(static_cast<PlanOp>(i))] = {
+            {"calls", o.calls}, {"bytes_sent", o.bytes_sent}, {"bytes_received", o.bytes_received}};
+      }
+      ax["link"] = axis_inside_node(p.layout, a.axis, r.hardware.devices_per_node) ? "intra_node" : "inter_node";
+      tr[a.axis] = ax;
+    }
+    l["traffic"] = tr;
+    l["traffic_bytes_sent"] = p.traffic.total().bytes_sent;
+    l["time"] = {{"compute_s", p.time.compute_s},           {"intra_node_s", p.time.intra_node_s},
+                 {"inter_node_s", p.time.inter_node_s},     {"exposed_comm_s", p.time.exposed_comm_s},
+                 {"step_s", p.time.step_s},                 {"tokens_per_s", p.time.tokens_per_s}};
+    j["layouts"].push_back(l);
+  }
+  j["not_buildable"] = rep.not_buildable;
+  j["recommended"] = rep.recommended >= 0 ? nlohmann::json(rep.layouts[rep.recommended].layout.name()) : nlohmann::json();
+  return j.dump(2) + "\n";
+}
+
+}  // namespace foldpar

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# foldpar plan and foldpar bench --layouts, end to end: the plan's table and JSON for the
+# paper's model on the paper's node (TSP recommended at 128K, TP over by a stated amount),
+# exit 2 with one line naming the values on bad input, and a 2-rank layout bench at tiny
+# scale writing its CSV, JSON and PNGs with predictions beside measurements.
+set -u
+mpirun=$1 bin=$2 src=$3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+
+# ---- the plan: table and JSON ----
+out=$("$bin" plan --model "$src/configs/paper-7b.json" --seq 131072 --devices 8 --hardware "$src/hardware/mi300x-8.json" --bf16)
+rc=$?
+[ "$rc" -eq 0 ] || fail "plan exited $rc"
+grep -q '^tsp=8:bf16 .*<- recommended' <<<"$out" || fail "tsp=8 is not recommended at 128K on mi300x-8:"$'\n'"$out"
+grep -q '^tp=8:bf16 .*no, over by [0-9.]* GB' <<<"$out" || fail "tp=8 does not say by how much it is over:"$'\n'"$out"
+"$bin" plan --model "$src/configs/paper-7b.json" --seq 131072 --devices 8 --hardware "$src/hardware/mi300x-8.json" \
+  --bf16 --json >"$tmp/plan.json" || fail "plan --json exited $?"
+/usr/bin/python3 - "$tmp/plan.json" <<'PY' || fail "plan --json content"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["recommended"] == "tsp=8:bf16", j["recommended"]
+names = {l["layout"]: l for l in j["layouts"]}
+for want in ["tsp=8:bf16", "tp=8:bf16", "sp=8:bf16", "tp=2+sp=4:bf16"]:
+    assert want in names, want
+t = names["tsp=8:bf16"]
+m = t["memory_bytes"]
+assert m["total"] == m["peak"] + m["optimizer_state"]
+assert m["peak"] == sum(m[k] for k in ["parameters", "gradients", "optimizer", "activations", "comm", "workspace", "kv_cache"])
+assert t["fits"] and not names["tp=8:bf16"]["fits"] and names["tp=8:bf16"]["over_bytes"] > 0
+assert t["traffic"]["tsp"]["broadcast"]["bytes_sent"] > 0 and t["traffic"]["tsp"]["link"] == "intra_node"
+assert names["tsp=8:bf16"]["time"]["tokens_per_s"] > 0
+PY
+# Generation modes and dp.
+"$bin" plan --model "$src/configs/paper-7b.json" --seq 32768 --devices 8 --hardware "$src/hardware/h200-8.json" \
+  --decode --max-new-tokens 1024 --batch 8 | grep -q '^tsp=8 ' || fail "plan --decode lists no tsp=8"
+"$bin" plan --model "$src/configs/paper-7b.json" --seq 16384 --devices 16 --batch 2 --hardware "$src/hardware/mi300x-8.json" \
+  --bf16 | grep -q '^dp=2+tsp=8:bf16 ' || fail "plan over 2 nodes lists no dp=2+tsp=8"
+
+# ---- bad input: exit 2, one line naming the values ----
+check() {  # check "needle" args...
+  local needle=$1; shift
+  local err rc
+  err=$("$bin" "$@" 2>&1 >/dev/null)
+  rc=$?
+  if [ "$rc" -ne 2 ] || [ "$(grep -c '^foldpar: error' <<<"$err")" -ne 1 ] || ! grep -qF -- "$needle" <<<"$err"; then
+    fail "foldpar $* -> exit $rc, wanted 2 and one line containing '$needle':"$'\n'"$err"
+  fi
+}
+hw="$src/hardware/mi300x-8.json"
+check "--devices (0)" plan --model "$src/configs/tiny.json" --seq 128 --devices 0 --hardware "$hw"
+check "unknown axis 'xp'" plan --model "$src/configs/tiny.json" --seq 128 --devices 2 --hardware "$hw" --layouts xp=2
+check "num_attention_heads (8) must be divisible by the TSP degree (3)" \
+  plan --model "$src/configs/tiny.json" --seq 96 --devices 3 --hardware "$hw" --layouts tsp=3
+check "uses 4 ranks, not 2" plan --model "$src/configs/tiny.json" --seq 128 --devices 2 --hardware "$hw" --layouts tsp=4
+check "nope.json" plan --model "$src/configs/tiny.json" --seq 128 --devices 2 --hardware "$tmp/nope.json"
+echo '{"devices_per_node": 8}' >"$tmp/bad.json"
+check "memory_per_device_gb" plan --model "$src/configs/tiny.json" --seq 128 --devices 2 --hardware "$tmp/bad.json"
+check "one of --train" plan --model "$src/configs/tiny.json" --seq 128 --devices 2 --hardware "$hw" --train --decode
+check "bench: --model is required" bench --seq 128
+
+# ---- bench --layouts at tiny scale, 2 ranks ----
+bench=$("$mpirun" --allow-run-as-root -np 2 "$bin" bench --layouts tsp=2,tp=2,sp=2:ring --model "$src/configs/tiny.json" \
+  --seq 128,256 --steps 1 --hardware "$src/hardware/this-machine.json" --out "$tmp/bench" 2>&1)
+rc=$?
+[ "$rc" -eq 0 ] || fail "bench --layouts exited $rc:"$'\n'"$bench"
+for f in table.csv table.json memory.png throughput.png predicted.png; do
+  [ -s "$tmp/bench/$f" ] || fail "bench --layouts wrote no $f"
+done
+/usr/bin/python3 - "$tmp/bench/table.json" <<'PY' || fail "bench table.json content"
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert len(rows) == 6, len(rows)
+for r in rows:
+    assert r["bytes_sent"] == r["predicted_bytes_sent"], r
+    assert abs(r["predicted_peak_bytes"] / r["peak_bytes"] - 1) <= 0.10, r
+    assert r["step_s"] > 0 and r["predicted_step_s"] > 0, r
+PY
+[ "$(head -1 "$tmp/bench/table.csv" | cut -d, -f1-3)" = "layout,seq,batch" ] || fail "table.csv header"
+err=$("$mpirun" --allow-run-as-root -np 2 "$bin" bench --layouts tsp=4 --model "$src/configs/tiny.json" --seq 128 2>&1 >/dev/null)
+rc=$?
+{ [ "$rc" -eq 2 ] && grep -qF "uses 4 ranks, the job has 2" <<<"$err"; } || fail "bench --layouts tsp=4 on 2 ranks -> $rc: $err"
+exit $((failures > 0))
