@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 bin=./build/tools/foldpar
 out=${FOLDPAR_DEMO_OUT:-out/demo}
-steps=${FOLDPAR_DEMO_STEPS:-200}
+steps=${FOLDPAR_DEMO_STEPS:-120}
 rm -rf "$out"
 mkdir -p "$out"
 
