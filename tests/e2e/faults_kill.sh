@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One rank of a tsp=2 training job is killed (SIGKILL) in the middle of a training step.
-#  1. Plain mpirun: it notices the death and ends the job. Asserts: mpirun exits non-zero
+#  1. Plain mpirun, rank 1 and then rank 0 (the rank that writes metrics and prints): it
+#     notices the death and ends the job. Asserts: mpirun exits non-zero
 #     within the watchdog timeout plus a margin, its message names the rank and the host,
 #     no process of the job is left, and `train --resume` continues from the newest complete
 #     checkpoint with the losses of an undisturbed run.
@@ -21,17 +22,17 @@ args=(train --model "$src/configs/tiny.json" --data "$tmp/data" --layout tsp=2 -
       --batch 16 --eval-every 0 --eval-batches 1 --progress none --seed 3 --checkpoint-every 4)
 train() { "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$@"; }
 
-# kill_rank_1 OUT TIMEOUT [mpirun flags]: starts the job, kills rank 1 as soon as step 5 is
+# kill_rank OUT TIMEOUT RANK [mpirun flags]: starts the job, kills RANK as soon as step 5 is
 # done, waits for mpirun; sets killed_in (the step it died in), job_s (seconds from the kill
 # to mpirun's exit) and job_rc.
-kill_rank_1() {
-  local out=$1 timeout=$2
-  shift 2
+kill_rank() {
+  local out=$1 timeout=$2 rank=$3
+  shift 3
   FOLDPAR_COMM_TIMEOUT=$timeout train "$@" "$bin" "${args[@]}" --out "$out" >"$out.log" 2>&1 &
   local job=$! start
   start=$(now)
-  until victim=$(rank_pid "--out $out" 1); do
-    less_than "$(elapsed_since "$start")" 60 || die "rank 1 of $out not found"
+  until victim=$(rank_pid "--out $out" "$rank"); do
+    less_than "$(elapsed_since "$start")" 60 || die "rank $rank of $out not found"
     sleep 0.05
   done
   wait_for_step "$out/metrics.jsonl" 5 120 "$job"
@@ -44,9 +45,10 @@ kill_rank_1() {
   job_s=$(elapsed_since "$killed_at")
   less_than "$job_s" $((timeout + 15)) || die "the job took $job_s s to end (watchdog timeout $timeout s)"
   no_process_left "--out $out"
-  grep -q "trained to step" "$out.log" && die "rank 0 finished training after rank 1 died"
+  grep -q "trained to step" "$out.log" && die "rank 0 finished training after rank $rank died"
   return 0
 }
+kill_rank_1() { kill_rank "$1" "$2" 1 "${@:3}"; }
 
 # 1. mpirun ends the job.
 kill_rank_1 "$tmp/killed" 30
@@ -61,6 +63,18 @@ train "$bin" "${args[@]}" --out "$tmp/killed" --resume >/dev/null
 train "$bin" "${args[@]}" --out "$tmp/clean" >/dev/null
 same_losses "$tmp/killed" "$tmp/clean" $((from + 1)) 12
 echo "resumed from step $from"
+
+# 1b. Rank 0 dies: the same, naming rank 0; the losses rank 0 had written stay valid.
+kill_rank "$tmp/killed0" 30 0
+[ "$job_rc" -ne 0 ] || die "mpirun exited 0 after rank 0 was killed"
+grep -Eq "mpi(run|exec) noticed that process rank 0 with PID [0-9]* on node $host exited on signal 9" "$tmp/killed0.log" ||
+  { cat "$tmp/killed0.log" >&2; die "mpirun's message does not name rank 0 on $host"; }
+echo "killed rank 0 (pid $victim) in step $killed_in: the job ended in $job_s s, exit $job_rc"
+from=$(newest_checkpoint "$tmp/killed0/checkpoints")
+[ "$from" -ge 4 ] || die "no checkpoint before the kill of rank 0"
+train "$bin" "${args[@]}" --out "$tmp/killed0" --resume >/dev/null
+same_losses "$tmp/killed0" "$tmp/clean" $((from + 1)) 12
+echo "resumed from step $from after rank 0 died"
 
 # 2. The launcher keeps the job running: the watchdog ends it.
 kill_rank_1 "$tmp/recovery" 3 --enable-recovery
