@@ -19,14 +19,50 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "backend/backend.h"
 #include "model/llama_config.h"
 #include "parallel/kv_cache.h"
+#include "parallel/sharded_decoder.h"
 #include "parallel/sharded_weights.h"
 #include "parallel/tensor_parallel.h"
 
 namespace foldpar {
+
+// What a decoder over ShardedWeights holds whatever its attention (tsp/, tp/): the config
+// and shard dims, this rank's weights (f32 parameters, no gradients), its KV cache, each
+// sequence's length, the decode budget and the phase times; and the ShardedDecoder
+// accessors over them. The strategies add prefill, decode and their placement state.
+class WeightShardedDecoder : public ShardedDecoder {
+ public:
+  WeightShardedDecoder(const LlamaConfig& config, ShardDims dims, Communicator& comm, std::string layout)
+      : config_(config),
+        dims_(dims),
+        comm_(comm),
+        layout_(std::move(layout)),
+        weights_(ShardedWeights::allocate(config, dims, comm.rank(), DType::kF32, MemCategory::kParameters)) {}
+
+  const std::string& layout() const override { return layout_; }
+  std::vector<ParamRef> parameters() override { return sharded_weight_refs(weights_, comm_.rank() == 0); }
+  void init_weights(const InitOptions& o) override { init_sharded_weights(o, weights_); }
+  int64_t sequence_length(int64_t b) const override { return lengths_.empty() ? 0 : lengths_[static_cast<size_t>(b)]; }
+  const KvCache& cache() const override { return cache_; }
+  DecoderTimes times() const override { return times_; }
+
+ protected:
+  LlamaConfig config_;
+  ShardDims dims_;
+  Communicator& comm_;
+  std::string layout_;
+  ShardedWeights weights_;
+  KvCache cache_;
+  std::vector<int64_t> lengths_;  // [B]: tokens so far
+  int64_t decoded_ = 0, max_new_ = 0;
+  DecoderTimes times_;
+};
 
 // The attention of one new token per sequence over a strategy's KV cache.
 class DecodeAttention {

@@ -43,37 +43,17 @@ class TpDecodeAttention final : public DecodeAttention {
   const std::vector<int32_t>& positions_;
 };
 
-class TpDecoder final : public ShardedDecoder {
+class TpDecoder final : public WeightShardedDecoder {
  public:
   TpDecoder(const LlamaConfig& config, ShardDims dims, Communicator& comm, bool overlap)
-      : config_(config),
-        dims_(dims),
-        comm_(comm),
-        overlap_(overlap),
-        layout_(fmt::format("tp={}", comm.size())),
-        weights_(ShardedWeights::allocate(config, dims, comm.rank(), DType::kF32, MemCategory::kParameters)) {}
+      : WeightShardedDecoder(config, dims, comm, fmt::format("tp={}", comm.size())), overlap_(overlap) {}
 
-  const std::string& layout() const override { return layout_; }
-  std::vector<ParamRef> parameters() override { return sharded_weight_refs(weights_, comm_.rank() == 0); }
-  void init_weights(const InitOptions& o) override { init_sharded_weights(o, weights_); }
-  int64_t sequence_length(int64_t b) const override { return lengths_.empty() ? 0 : lengths_[static_cast<size_t>(b)]; }
-  const KvCache& cache() const override { return cache_; }
-  DecoderTimes times() const override { return times_; }
 
   Result<Tensor> prefill(Backend& be, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new) override;
   Result<Tensor> decode(Backend& be, std::span<const int32_t> tokens) override;
 
  private:
-  LlamaConfig config_;
-  ShardDims dims_;
-  Communicator& comm_;
   bool overlap_;
-  std::string layout_;
-  ShardedWeights weights_;
-  KvCache cache_;
-  std::vector<int64_t> lengths_;
-  int64_t decoded_ = 0, max_new_ = 0;
-  DecoderTimes times_;
 };
 
 Result<Tensor> TpDecoder::prefill(Backend& be, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new) {

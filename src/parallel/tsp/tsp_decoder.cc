@@ -134,22 +134,11 @@ class TspDecodeAttention final : public DecodeAttention {
   const std::vector<int32_t>& positions_;  // per sequence: the new token's position
 };
 
-class TspDecoder final : public ShardedDecoder {
+class TspDecoder final : public WeightShardedDecoder {
  public:
   TspDecoder(const LlamaConfig& config, ShardDims dims, Communicator& comm, const TspOptions& options)
-      : config_(config),
-        dims_(dims),
-        comm_(comm),
-        options_(options),
-        layout_(fmt::format("tsp={}", comm.size())),
-        weights_(ShardedWeights::allocate(config, dims, comm.rank(), DType::kF32, MemCategory::kParameters)) {}
+      : WeightShardedDecoder(config, dims, comm, fmt::format("tsp={}", comm.size())), options_(options) {}
 
-  const std::string& layout() const override { return layout_; }
-  std::vector<ParamRef> parameters() override { return sharded_weight_refs(weights_, comm_.rank() == 0); }
-  void init_weights(const InitOptions& o) override { init_sharded_weights(o, weights_); }
-  int64_t sequence_length(int64_t b) const override { return lengths_.empty() ? 0 : lengths_[static_cast<size_t>(b)]; }
-  const KvCache& cache() const override { return cache_; }
-  DecoderTimes times() const override { return times_; }
 
   Result<Tensor> prefill(Backend& be, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new) override;
   Result<Tensor> decode(Backend& be, std::span<const int32_t> tokens) override;
@@ -162,17 +151,8 @@ class TspDecoder final : public ShardedDecoder {
   // Each prompt's last hidden state [B, h] on every rank, from the rank that holds it.
   Tensor last_rows(const Tensor& x, const SequenceShard& shard, TpComm& comm) const;
 
-  LlamaConfig config_;
-  ShardDims dims_;
-  Communicator& comm_;
   TspOptions options_;
-  std::string layout_;
-  ShardedWeights weights_;
-  KvCache cache_;
   std::vector<std::vector<int64_t>> counts_;  // [B][D]: tokens of sequence b on rank r
-  std::vector<int64_t> lengths_;              // [B]: tokens so far
-  int64_t decoded_ = 0, max_new_ = 0;
-  DecoderTimes times_;
 };
 
 int64_t TspDecoder::plan_capacity(int64_t max_new) const {
