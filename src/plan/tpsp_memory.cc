@@ -1,6 +1,6 @@
-// The memory replay of tp=T, sp=S_ and tp=T x sp=S_ steps (parallel/tp/tp_block.cc,
-// tp_head.cc; parallel/sp/sp_step.cc, sp_attention.cc; parallel/tpsp/tpsp_block.cc;
-// parallel/ring_attention.cc), in the order of their code: see memory_replay.h. One replay
+// The memory replay of tp=T, sp=S_ and tp=T x sp=S_ steps (parallel/tp_step_base.cc,
+// tp_layers.cc, tp/tp_step.cc; parallel/sp/sp_step.cc, sp_attention.cc;
+// parallel/tpsp/tpsp_block.cc; parallel/ring_attention.cc), in the order of their code: see memory_replay.h. One replay
 // serves the three: on the tp group of this rank every weight is 1/T; the group holds
 // N = B*S/S_ token rows (R = N/T per rank with seqpar); attention of the local queries runs
 // over every position's K/V (gathered over sp, or the ring), the local ones when S_ = 1.

@@ -1,13 +1,13 @@
-// TpModel: validation and the order of one tensor-parallel step (embedding, L blocks, the
-// vocabulary-parallel head and loss, then the adjoint in reverse).
+// TpModel: validation, the local batch, and one tensor-parallel step (its order is
+// run_tp_step in parallel/tp_step_base.h) or prefill.
 #include "parallel/tp/tp_model.h"
 
 #include "parallel/tp/tp_step.h"
 
 namespace foldpar {
 
-using tp_detail::HeadSaved;
-using tp_detail::LayerSaved;
+using tp_detail::run_tp_blocks;
+using tp_detail::run_tp_step;
 using tp_detail::TpStep;
 
 Result<TpModel> TpModel::create(const LlamaConfig& config, int degree, int rank, int64_t seq,
@@ -48,31 +48,13 @@ Status check_local_batch(const TpModel& m, const Batch& b) {
   return Status();
 }
 
-// Every block's forward; `saved` receives per-layer activations (all of them, or only the
-// block inputs under Recompute::kBlock).
-Tensor run_blocks(TpStep& step, const TpModel& m, const ShardedWeights& w, Tensor x, std::vector<LayerSaved>* saved) {
-  const bool keep = m.options().recompute == Recompute::kNone;
-  for (size_t l = 0; l < w.attn.size(); ++l) {
-    LayerSaved* s = saved != nullptr && keep ? &(*saved)[l] : nullptr;
-    if (saved != nullptr && !keep) (*saved)[l].attn.x_in = x;
-    const int layer = static_cast<int>(l);
-    Tensor x_mid = step.attention_forward(layer, w, x, s != nullptr ? &s->attn : nullptr, false);
-    x = step.mlp_forward(layer, w, x_mid, s != nullptr ? &s->mlp : nullptr, false);
-  }
-  return x;
-}
-
 }  // namespace
 
 Result<StepResult> TpModel::forward(Backend& be, Communicator& tp, const ShardedWeights& w, const Batch& batch) const {
   FP_RETURN_IF_ERROR(check_local_batch(*this, batch));
   TpStep step(*this, be, tp, batch);
-  Tensor x = step.embed(w);
-  x = run_blocks(step, *this, w, x, nullptr);
-  HeadSaved hs;
-  Tensor logits;
-  StepResult r = step.head_forward(w, x, hs, options_.keep_logits ? &logits : nullptr);
-  if (options_.keep_logits) r.logits = logits.reshape({batch.batch(), batch.seq(), config_.vocab_size});
+  StepResult r = run_tp_step(step, options_.recompute, options_.keep_logits, w, nullptr, 0);
+  if (options_.keep_logits) r.logits = r.logits.reshape({batch.batch(), batch.seq(), config_.vocab_size});
   r.exposed_comm_seconds = step.blocked_seconds();
   return r;
 }
@@ -85,7 +67,7 @@ Result<Tensor> TpModel::prefill(Backend& be, Communicator& tp, const ShardedWeig
   TpStep step(*this, be, tp, Batch{ids, ids});  // no head: the targets are never read
   step.set_kv_cache(&cache);
   Tensor x = step.embed(w);
-  x = run_blocks(step, *this, w, x, nullptr);
+  x = run_tp_blocks(step, options_.recompute, w, x, nullptr);
   if (exposed_comm_seconds != nullptr) *exposed_comm_seconds += step.blocked_seconds();
   return x;
 }
@@ -94,33 +76,8 @@ Result<StepResult> TpModel::forward_backward(Backend& be, Communicator& tp, cons
                                              const Batch& batch, ShardedWeights& g, int64_t loss_normalizer) const {
   FP_RETURN_IF_ERROR(check_local_batch(*this, batch));
   TpStep step(*this, be, tp, batch);
-  const size_t L = w.attn.size();
-  std::vector<LayerSaved> saved(L);
-
-  Tensor x = step.embed(w);
-  x = run_blocks(step, *this, w, x, &saved);
-  HeadSaved hs;
-  Tensor logits;
-  StepResult r = step.head_forward(w, x, hs, options_.keep_logits ? &logits : nullptr);
-  if (options_.keep_logits) r.logits = logits.reshape({batch.batch(), batch.seq(), config_.vocab_size});
-  x = Tensor();
-
-  Tensor dx = step.head_backward(w, hs, loss_normalizer > 0 ? loss_normalizer : r.valid_tokens, g);
-  hs = HeadSaved();
-  for (size_t l = L; l-- > 0;) {
-    LayerSaved& s = saved[l];
-    const int layer = static_cast<int>(l);
-    if (options_.recompute == Recompute::kBlock) {
-      // The rerun keeps its gathered norm outputs: backward follows at once.
-      const Tensor x_in = s.attn.x_in;
-      Tensor x_mid = step.attention_forward(layer, w, x_in, &s.attn, true);
-      Tensor out = step.mlp_forward(layer, w, x_mid, &s.mlp, true);
-    }
-    dx = step.mlp_backward(layer, w, s.mlp, dx, g);
-    dx = step.attention_backward(layer, w, s.attn, dx, g);
-    s = LayerSaved();
-  }
-  step.embed_backward(dx, g);
+  StepResult r = run_tp_step(step, options_.recompute, options_.keep_logits, w, &g, loss_normalizer);
+  if (options_.keep_logits) r.logits = r.logits.reshape({batch.batch(), batch.seq(), config_.vocab_size});
   step.sum_norm_partials(g);
   r.exposed_comm_seconds = step.blocked_seconds();
   return r;

@@ -1,6 +1,6 @@
-// TP x SP attention and MLP: TP's column-parallel Q/K/V and gate/up, row-parallel output
-// and down projections over tp, on the sp shard's rows; attention sees every sp rank's keys
-// of this rank's KV heads through one of two exchanges over sp:
+// TP x SP attention: TP's column-parallel Q/K/V and row-parallel output projection over tp
+// (parallel/tp_step_base.h, which also holds the MLP), on the sp shard's rows; attention
+// sees every sp rank's keys of this rank's KV heads through one of two exchanges over sp:
 //   kAllGather  fwd: all_gather(k, v) over sp in rank order (2B collectives), attention of the
 //               local queries against all keys; bwd: all_gather again (unless a rerun kept
 //               them), attention backward, reduce_scatter(dK, dV) over sp.
@@ -46,7 +46,7 @@ RingAttentionArgs TpspStep::ring_args(const AttnSaved& s) {
 
 Tensor TpspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& x, AttnSaved* saved,
                                    bool keep_gathered) {
-  const int64_t h = dims_.h, d = dims_.d, B = batch_, Sl = sp_seq_, N = all_rows_, R = rows_;
+  const int64_t h = dims_.h, d = dims_.d, B = batch_, Sl = tp_seq_, N = all_rows_, R = rows_;
   const int64_t hl = dims_.heads, kvl = dims_.kv_heads;
   const AttnPieces a = attn_pieces(dims_, w.attn[l]);
   AttnSaved local;
@@ -84,42 +84,23 @@ Tensor TpspStep::attention_forward(int l, const ShardedWeights& w, const Tensor&
     ring_attention_forward(ring_args(s), s.attn, s.lse);  // fwd: K/V ring over sp
   }
   if (keep_gathered && seq_par_) s.a1_full = a1_full;
-  // Row-parallel: this rank's part of attn Wo^T, summed over tp.
-  Tensor partial = seq_par_ ? comm_buffer({N, h}) : act({N, h});
-  be_.matmul(s.attn.reshape({N, hl * d}), false, a.wo_t, false, partial);
-  Tensor y = reduce_rows(partial);  // fwd: g (all_reduce) or g' (reduce_scatter)
-  be_.add_inplace(x, y);
-  return y;
+  return output_projection(s.attn, a.wo_t, x);
 }
 
 Tensor TpspStep::attention_backward(int l, const ShardedWeights& w, AttnSaved& s, const Tensor& d_out,
                                     ShardedWeights& grads) {
-  const int64_t h = dims_.h, d = dims_.d, B = batch_, Sl = sp_seq_, N = all_rows_, R = rows_;
+  const int64_t d = dims_.d, B = batch_, Sl = tp_seq_;
   const int64_t hl = dims_.heads, kvl = dims_.kv_heads;
-  const AttnPieces a = attn_pieces(dims_, w.attn[l]);
-  AttnPieces g = attn_pieces(dims_, grads.attn[l]);
-  const Tensor dy = gather_rows(d_out);  // bwd of g: identity; of g': all_gather over tp
-  // Every row's a1 for the weight gradients: at hand, kept by a rerun, or gathered again.
-  Tensor a1_full = seq_par_ ? s.a1_full : s.a1;
-  s.a1_full = Tensor();
-  TpComm::Pending a1_req;
-  if (!a1_full.defined()) {
-    a1_full = comm_buffer({N, h});
-    a1_req = start_gather_rows(s.a1, a1_full);
-  }
   // The gathered K/V again (a per-layer transient), arriving during the o_proj backward.
   Tensor k_full = s.k_full, v_full = s.v_full;
   s.k_full = Tensor();
   s.v_full = Tensor();
   std::vector<CommRequest> kv_req;
   if (gather_ && !k_full.defined()) kv_req = start_gather_kv_pair(s.k, s.v, k_full, v_full);
-  // y = attn Wo_t (row-parallel): d_attn = dy Wo_t^T, dWo_t += attn^T dy. No communication.
-  Tensor d_attn = act({B, Sl, hl, d});
-  Tensor d_attn2 = d_attn.reshape({N, hl * d});
-  be_.matmul(dy, false, a.wo_t, true, d_attn2);
-  tp_.progress(a1_req);
-  sp_poke(kv_req);
-  be_.matmul(s.attn.reshape({N, hl * d}), true, dy, false, g.wo_t, 1.0f, 1.0f);
+  Tensor a1_full;
+  TpComm::Pending a1_req;
+  Tensor d_attn =
+      output_projection_backward(l, w, s, d_out, grads, &a1_full, &a1_req, [&kv_req] { sp_poke(kv_req); });
   Tensor dq = act({B, Sl, hl, d}), dk = act({B, Sl, kvl, d}), dv = act({B, Sl, kvl, d});
   if (gather_) {
     sp_wait(kv_req);
@@ -143,88 +124,9 @@ Tensor TpspStep::attention_backward(int l, const ShardedWeights& w, AttnSaved& s
   }
   d_attn = Tensor();
   be_.rope_backward(rope_, dk);
-  // Column-parallel q, k, v = a1 W^T: this rank's part of d_a1, summed over tp (f^T).
-  const Tensor dq2 = dq.reshape({N, hl * d}), dk2 = dk.reshape({N, kvl * d}), dv2 = dv.reshape({N, kvl * d});
-  Tensor d_a1_partial = seq_par_ ? comm_buffer({N, h}) : act({N, h});
-  be_.matmul(dq2, false, a.wq, false, d_a1_partial);
-  be_.matmul(dk2, false, a.wk, false, d_a1_partial, 1.0f, 1.0f);
-  be_.matmul(dv2, false, a.wv, false, d_a1_partial, 1.0f, 1.0f);
-  Tensor d_a1;
-  TpComm::Pending dx_req = start_reduce_rows(d_a1_partial, d_a1);  // bwd of f: all_reduce; of f': reduce_scatter
-  // The weight gradients compute while dX travels.
-  tp_.wait(a1_req);
-  be_.matmul(dq2, true, a1_full, false, g.wq, 1.0f, 1.0f);
-  tp_.progress(dx_req);
-  be_.matmul(dk2, true, a1_full, false, g.wk, 1.0f, 1.0f);
-  tp_.progress(dx_req);
-  be_.matmul(dv2, true, a1_full, false, g.wv, 1.0f, 1.0f);
-  tp_.wait(dx_req);
-  // a1 = norm(x_in) on this rank's rows; dx = d_out + norm^T(d_a1). The gain's gradient is
-  // this rank's partial, summed with the others' at the end of the step.
-  Tensor dx = act({R, h});
-  be_.rmsnorm_backward(s.x_in, w.attn_norm[l], s.rstd, d_a1, dx, grads.attn_norm[l]);
-  be_.add_inplace(d_out, dx);
-  return dx;
-}
-
-Tensor TpspStep::mlp_forward(int l, const ShardedWeights& w, const Tensor& x_mid, MlpSaved* saved,
-                             bool keep_gathered) {
-  const int64_t h = dims_.h, N = all_rows_, R = rows_, fr = dims_.f_rows;
-  const MlpPieces m = mlp_pieces(dims_, w.mlp[l]);
-  Tensor rstd = act({R}), a2 = act({R, h});
-  be_.rmsnorm_forward(x_mid, w.mlp_norm[l], c_.rms_norm_eps, a2, rstd);
-  const Tensor a2_full = gather_rows(a2);  // fwd: f or f'
-  // Column-parallel gate and up of this rank's columns.
-  Tensor gate = act({N, fr}), up = act({N, fr}), a = act({N, fr});
-  be_.matmul(a2_full, false, m.w_gate, true, gate);
-  be_.matmul(a2_full, false, m.w_up, true, up);
-  be_.swiglu_forward(gate, up, a);
-  // Row-parallel down projection, summed over tp.
-  Tensor partial = seq_par_ ? comm_buffer({N, h}) : act({N, h});
-  be_.matmul(a, false, m.w_down_t, false, partial);
-  Tensor y = reduce_rows(partial);  // fwd: g or g'
-  be_.add_inplace(x_mid, y);
-  if (saved != nullptr)
-    *saved = MlpSaved{x_mid, rstd, a2, keep_gathered && seq_par_ ? a2_full : Tensor(), gate, up, a};
-  return y;
-}
-
-Tensor TpspStep::mlp_backward(int l, const ShardedWeights& w, const MlpSaved& s, const Tensor& d_out,
-                              ShardedWeights& grads) {
-  const int64_t h = dims_.h, N = all_rows_, R = rows_, fr = dims_.f_rows;
-  const MlpPieces m = mlp_pieces(dims_, w.mlp[l]);
-  MlpPieces g = mlp_pieces(dims_, grads.mlp[l]);
-  const Tensor dy = gather_rows(d_out);  // bwd of g: identity; of g': all_gather
-  Tensor a2_full = seq_par_ ? s.a2_full : s.a2;
-  TpComm::Pending a2_req;
-  if (!a2_full.defined()) {
-    a2_full = comm_buffer({N, h});
-    a2_req = start_gather_rows(s.a2, a2_full);
-  }
-  // y = act Wd_t (row-parallel): d_act = dy Wd_t^T, dWd_t += act^T dy.
-  Tensor d_act = act({N, fr});
-  be_.matmul(dy, false, m.w_down_t, true, d_act);
-  tp_.progress(a2_req);
-  be_.matmul(s.act, true, dy, false, g.w_down_t, 1.0f, 1.0f);
-  Tensor d_gate = act({N, fr}), d_up = act({N, fr});
-  be_.swiglu_backward(s.gate, s.up, d_act, d_gate, d_up);
-  d_act = Tensor();
-  // Column-parallel gate, up = a2 W^T: this rank's part of d_a2, summed over tp (f^T).
-  Tensor d_a2_partial = seq_par_ ? comm_buffer({N, h}) : act({N, h});
-  be_.matmul(d_gate, false, m.w_gate, false, d_a2_partial);
-  be_.matmul(d_up, false, m.w_up, false, d_a2_partial, 1.0f, 1.0f);
-  Tensor d_a2;
-  TpComm::Pending dx_req = start_reduce_rows(d_a2_partial, d_a2);
-  tp_.wait(a2_req);
-  be_.matmul(d_gate, true, a2_full, false, g.w_gate, 1.0f, 1.0f);
-  tp_.progress(dx_req);
-  be_.matmul(d_up, true, a2_full, false, g.w_up, 1.0f, 1.0f);
-  tp_.wait(dx_req);
-  // a2 = norm(x_mid); dx_mid = d_out + norm^T(d_a2).
-  Tensor dx = act({R, h});
-  be_.rmsnorm_backward(s.x_mid, w.mlp_norm[l], s.rstd, d_a2, dx, grads.mlp_norm[l]);
-  be_.add_inplace(d_out, dx);
-  return dx;
+  // The gains' gradients are this rank's partials, summed with the others' at the end of
+  // the step (sum_partials).
+  return qkv_backward(l, w, s, dq, dk, dv, a1_full, a1_req, d_out, grads);
 }
 
 }  // namespace foldpar::tpsp_detail

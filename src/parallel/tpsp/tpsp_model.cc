@@ -1,6 +1,5 @@
-// TpspModel: validation, the flat gradient buffer, and the order of one TP x SP step
-// (embedding, L blocks, the vocabulary-parallel head and loss, the adjoint in reverse, then
-// the sums of the step's partial gradients).
+// TpspModel: validation, the flat gradient buffer, and one TP x SP step: the order of
+// run_tp_step (parallel/tp_step_base.h), then the sums of the step's partial gradients.
 #include "parallel/tpsp/tpsp_model.h"
 
 #include <cstring>
@@ -9,8 +8,7 @@
 
 namespace foldpar {
 
-using tpsp_detail::HeadSaved;
-using tpsp_detail::LayerSaved;
+using tp_detail::run_tp_step;
 using tpsp_detail::TpspStep;
 
 TpspGrads TpspGrads::allocate(const LlamaConfig& c, const ShardDims& dims, int owner, MemCategory category) {
@@ -114,33 +112,14 @@ Status check_local_batch(const TpspModel& m, const Batch& b) {
   return Status();
 }
 
-// Every block's forward; `saved` receives per-layer activations (all of them, or only the
-// block inputs under Recompute::kBlock).
-Tensor run_blocks(TpspStep& step, const TpspModel& m, const ShardedWeights& w, Tensor x,
-                  std::vector<LayerSaved>* saved) {
-  const bool keep = m.options().recompute == Recompute::kNone;
-  for (size_t l = 0; l < w.attn.size(); ++l) {
-    LayerSaved* s = saved != nullptr && keep ? &(*saved)[l] : nullptr;
-    if (saved != nullptr && !keep) (*saved)[l].attn.x_in = x;
-    const int layer = static_cast<int>(l);
-    Tensor x_mid = step.attention_forward(layer, w, x, s != nullptr ? &s->attn : nullptr, false);
-    x = step.mlp_forward(layer, w, x_mid, s != nullptr ? &s->mlp : nullptr, false);
-  }
-  return x;
-}
-
 }  // namespace
 
 Result<StepResult> TpspModel::forward(Backend& be, const TpspAxes& axes, const ShardedWeights& w,
                                       const Batch& batch) const {
   FP_RETURN_IF_ERROR(check_local_batch(*this, batch));
   TpspStep step(*this, be, axes, batch);
-  Tensor x = step.embed(w);
-  x = run_blocks(step, *this, w, x, nullptr);
-  HeadSaved hs;
-  Tensor logits;
-  StepResult r = step.head_forward(w, x, hs, options_.keep_logits ? &logits : nullptr);
-  if (options_.keep_logits) r.logits = logits.reshape({batch.batch(), batch.seq(), config_.vocab_size});
+  StepResult r = run_tp_step(step, options_.recompute, options_.keep_logits, w, nullptr, 0);
+  if (options_.keep_logits) r.logits = r.logits.reshape({batch.batch(), batch.seq(), config_.vocab_size});
   r.exposed_comm_seconds = step.blocked_seconds();
   return r;
 }
@@ -149,7 +128,6 @@ Result<StepResult> TpspModel::forward_backward(Backend& be, const TpspAxes& axes
                                                const Batch& batch, TpspGrads& grads, int64_t loss_normalizer) const {
   FP_RETURN_IF_ERROR(check_local_batch(*this, batch));
   TpspStep step(*this, be, axes, batch);
-  const size_t L = w.attn.size();
   // Only this step's partial is summed over the axes: it accumulates straight into gradients
   // known to be zero, otherwise into a scratch buffer added afterwards.
   const bool in_place = grads.known_zero();
@@ -161,32 +139,8 @@ Result<StepResult> TpspModel::forward_backward(Backend& be, const TpspAxes& axes
   TpspGrads& partial = in_place ? grads : scratch;
   ShardedWeights& g = partial.views();
 
-  std::vector<LayerSaved> saved(L);
-  Tensor x = step.embed(w);
-  x = run_blocks(step, *this, w, x, &saved);
-  HeadSaved hs;
-  Tensor logits;
-  StepResult r = step.head_forward(w, x, hs, options_.keep_logits ? &logits : nullptr);
-  if (options_.keep_logits) r.logits = logits.reshape({batch.batch(), batch.seq(), config_.vocab_size});
-  x = Tensor();
-
-  Tensor dx = step.head_backward(w, hs, loss_normalizer > 0 ? loss_normalizer : r.valid_tokens, g);
-  hs = HeadSaved();
-  for (size_t l = L; l-- > 0;) {
-    LayerSaved& s = saved[l];
-    const int layer = static_cast<int>(l);
-    if (options_.recompute == Recompute::kBlock) {
-      // The rerun keeps its gathered norm outputs and K/V: backward follows at once.
-      const Tensor x_in = s.attn.x_in;
-      Tensor x_mid = step.attention_forward(layer, w, x_in, &s.attn, true);
-      Tensor out = step.mlp_forward(layer, w, x_mid, &s.mlp, true);
-    }
-    dx = step.mlp_backward(layer, w, s.mlp, dx, g);
-    dx = step.attention_backward(layer, w, s.attn, dx, g);
-    s = LayerSaved();
-  }
-  step.embed_backward(dx, g);
-  dx = Tensor();
+  StepResult r = run_tp_step(step, options_.recompute, options_.keep_logits, w, &g, loss_normalizer);
+  if (options_.keep_logits) r.logits = r.logits.reshape({batch.batch(), batch.seq(), config_.vocab_size});
   step.sum_partials(partial);
   if (!in_place) be.add_inplace(scratch.flat(), grads.flat());
   grads.mark_written();
