@@ -41,6 +41,7 @@ void choose_tokens(BatchState& st, const Tensor& logits, const GenerationOptions
     const std::span<const float> row(logits.data<float>() + b * V, static_cast<size_t>(V));
     const int64_t step = static_cast<int64_t>(text.tokens().size());
     tokens[i] = sample_token(row, o.sampling, static_cast<uint64_t>(st.first + b), static_cast<uint64_t>(step));
+    ++report.generated_tokens;
     const bool stopped = text.add(tokens[i]);
     st.done[i] = stopped || static_cast<int64_t>(text.tokens().size()) >= o.max_new_tokens;
     const std::string piece = text.take_ready(st.done[i]);

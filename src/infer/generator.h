@@ -38,11 +38,18 @@ struct GenerationReport {
   std::vector<Completion> completions;  // prompt order; filled on rank 0 only
   int64_t prompt_tokens = 0;            // prefilled, over every batch
   double prefill_seconds = 0;
-  int64_t decode_tokens = 0;            // tokens the decode steps processed: steps x batch size
+  int64_t decode_tokens = 0;            // tokens the decode steps processed: steps x batch size, finished
+                                        // sequences' slots included (what the model computed)
+  int64_t generated_tokens = 0;         // rank 0: tokens in the completions (what the user got)
   double decode_seconds = 0;            // the decode steps, with sampling and the broadcasts
   int64_t cache_bytes = 0;              // this rank's largest KV cache
   double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0; }
   double decode_tokens_per_second() const { return decode_seconds > 0 ? decode_tokens / decode_seconds : 0; }
+  // Completion tokens per second of prefill and decode together (rank 0).
+  double generated_tokens_per_second() const {
+    const double t = prefill_seconds + decode_seconds;
+    return t > 0 ? generated_tokens / t : 0;
+  }
 };
 
 // Called on rank 0 only. on_text(i, piece): more final text of completion i (prompt index);

@@ -11,8 +11,9 @@
 // AdamW moments (and f32 master weights under bf16) live across steps and are reported
 // beside the step's peak; `total()` adds them.
 //
-// Held to measurement: training and forward steps of every layout, and tsp/tp prefill.
-// Decode is an estimate: the weights, the KV cache and O(B h + B V/D) of transients.
+// Held to measurement: training and forward steps of every layout, and tsp/tp prefill and
+// decode. Decode counts the weights, the KV cache (exact) and O(B h + B V/D) of transients
+// (an estimate, within 1% at the test's sizes, where weights and cache dominate).
 #pragma once
 
 #include <array>

@@ -8,6 +8,7 @@
 //    weight byte (no broadcast, reduce or point-to-point);
 //  - memory: the KV cache holds 2*L*B*S*h*4/(g*D) bytes per rank (tracked allocator) and
 //    stays balanced across ranks as tokens are decoded;
+//  - generate() counts the completions' tokens apart from the decoded slots;
 //  - errors name the numbers.
 #include <gtest/gtest.h>
 
@@ -15,7 +16,9 @@
 #include "comm/mesh.h"
 #include "core/rng.h"
 #include "core/tolerance.h"
+#include "data/tokenizer.h"
 #include "mpi_test_main.h"
+#include "infer/generator.h"
 #include "parallel/make_layout.h"
 #include "tensor/compare.h"
 
@@ -202,6 +205,46 @@ TEST(DecodeGreedy, EqualsSingleRankOnEveryLayout) {
     }
     for (size_t b = 0; b < prompts.size(); ++b) EXPECT_EQ(got[b], want[b]) << layout << " sequence " << b;
   }
+}
+
+// generate(): the report counts what the model computed (every slot of every decode step,
+// finished sequences included) apart from what the user got (the completions' tokens).
+TEST(DecodeGenerate, CountsGeneratedTokensApartFromDecodedSlots) {
+  Communicator& world = test::mpi().world();
+  const LlamaConfig c = test_config(world.size(), true, false);  // V = 99 or 128: ASCII prompts
+  Built m = build(Case{c, "tsp", {}});
+  auto be = make_cpu_backend();
+  const std::unique_ptr<Tokenizer> bytes = make_byte_tokenizer();
+  const std::vector<std::string> prompts{"ab", "AB C"};
+  GenerationOptions o;
+  o.max_new_tokens = 10;  // greedy (temperature 0)
+  Result<GenerationReport> all = generate(*m.decoder, *be, *bytes, prompts, o, world);
+  ASSERT_TRUE(all.ok()) << all.status().to_string();
+  EXPECT_EQ(all->decode_tokens, 2 * (o.max_new_tokens - 1));  // the last token needs no decode step
+  // Stop sequence 0 after its first two tokens: its slot keeps being decoded while sequence
+  // 1 runs on, but it gets no more tokens. Rank 0 holds the completions: it tells the others.
+  int32_t first_two[2] = {0, 0};
+  if (world.rank() == 0) {
+    EXPECT_EQ(all->generated_tokens, 2 * o.max_new_tokens);
+    ASSERT_GE(all->completions[0].tokens.size(), 2u);
+    std::copy_n(all->completions[0].tokens.begin(), 2, first_two);
+  }
+  ASSERT_TRUE(world.broadcast(first_two, 2, DType::kI32, 0).ok());
+  o.stop = {bytes->decode(std::span<const int32_t>(first_two, 2))};
+  Result<GenerationReport> cut = generate(*m.decoder, *be, *bytes, prompts, o, world);
+  ASSERT_TRUE(cut.ok()) << cut.status().to_string();
+  if (world.rank() != 0) return;
+  int64_t given = 0, longest = 0;
+  for (const Completion& done : cut->completions) {
+    given += static_cast<int64_t>(done.tokens.size());
+    longest = std::max(longest, static_cast<int64_t>(done.tokens.size()));
+  }
+  EXPECT_EQ(cut->completions[0].stop_reason, "stop");
+  EXPECT_LE(cut->completions[0].tokens.size(), 2u);
+  EXPECT_EQ(cut->generated_tokens, given);
+  EXPECT_EQ(cut->decode_tokens, 2 * (longest - 1));
+  // Sequence 0's slot ran `longest` steps too, but only its own tokens count.
+  EXPECT_LT(cut->generated_tokens, 2 * longest);
 }
 
 // ---- traffic ----

@@ -218,6 +218,71 @@ TEST(PlanValidationPrefill, PeakWithinTenPercent) {
   }
 }
 
+// Generation's decode steps (after a prefill: weights and the KV cache stay, each step adds
+// O(B h + B V/D) transients) against the plan's decode estimate. The KV cache and the
+// parameters are exact (the cache never grows after prefill); the peak within 10%.
+TEST(PlanValidationDecode, CacheExactAndPeakWithinTenPercent) {
+  Communicator& world = test::mpi().world();
+  if (world.size() != 2) GTEST_SKIP() << "written for 2 ranks";
+  const int64_t S = 1024, new_tokens = 64, steps = 8;
+  for (const char* text : {"tsp=2", "tp=2"}) {
+    for (const int64_t B : {int64_t{1}, int64_t{4}}) {
+      SCOPED_TRACE(fmt::format("{} B={}", text, B));
+      const LayoutSpec spec = *parse_layout_spec(text);
+      Result<Mesh> mesh = Mesh::create(world, spec.mesh());
+      ASSERT_TRUE(mesh.ok());
+      const Batch prompt = synthetic_batch(plan_config(), B, S, 7);
+      std::vector<std::vector<int32_t>> prompts;
+      for (int64_t b = 0; b < B; ++b) {
+        const int32_t* row = prompt.input_ids.data<int32_t>() + b * S;
+        prompts.emplace_back(row, row + S);
+      }
+      MemoryTracker& mt = MemoryTracker::process();
+      mt.release_cache();
+      const int64_t base = mt.stats().current_total;
+      MemoryStats at_peak;
+      int64_t peak = 0;
+      {
+        Result<std::unique_ptr<ShardedDecoder>> dec = make_sharded_decoder(plan_config(), *mesh, options_of(spec));
+        ASSERT_TRUE(dec.ok()) << dec.status().to_string();
+        (*dec)->init_weights(InitOptions{.seed = 1});
+        auto be = make_cpu_backend();
+        {
+          Result<Tensor> logits = (*dec)->prefill(*be, prompts, new_tokens);
+          ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+        }
+        mt.reset_peaks();
+        std::vector<int32_t> tokens(static_cast<size_t>(B));
+        for (int64_t step = 0; step < steps; ++step) {
+          for (int64_t b = 0; b < B; ++b) tokens[static_cast<size_t>(b)] = static_cast<int32_t>((step * 31 + b) % 256);
+          Result<Tensor> logits = (*dec)->decode(*be, tokens);
+          ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+        }
+        at_peak = mt.stats();
+        peak = at_peak.peak_total - base;
+      }
+      mt.release_cache();
+      MemoryRequest req;
+      req.batch = B;
+      req.seq = S;
+      req.mode = PlanMode::kDecode;
+      req.max_new_tokens = new_tokens;
+      req.count_batch = false;
+      Result<MemoryEstimate> mem = predict_memory(plan_config(), spec, req);
+      ASSERT_TRUE(mem.ok()) << mem.status().to_string();
+      // Neither category changes during decode: their current bytes are what the peak held.
+      EXPECT_EQ(mem->of(MemCategory::kKvCache), at_peak.current_of(MemCategory::kKvCache));
+      EXPECT_EQ(mem->of(MemCategory::kParameters), at_peak.current_of(MemCategory::kParameters));
+      const double ratio = static_cast<double>(mem->peak) / static_cast<double>(peak);
+      if (world.rank() == 0)
+        std::printf("[plan] %-26s measured %9.3f MiB  predicted %9.3f MiB  ratio %.3f  (cache %.3f MiB)\n",
+                    fmt::format("{} decode B={}", text, B).c_str(), peak / 1048576.0, mem->peak / 1048576.0, ratio,
+                    mem->of(MemCategory::kKvCache) / 1048576.0);
+      EXPECT_NEAR(ratio, 1.0, 0.10) << "measured " << peak << " B, predicted " << mem->peak << " B";
+    }
+  }
+}
+
 // At 4 ranks: D >= 3 keeps more shards and gradient buffers in flight, tp x sp is a real 2-D
 // mesh whose ranks sit at different coordinates, and dp splits the batch.
 TEST(PlanValidationFourRanks, TspAndTwoDimensionalMeshes) {
