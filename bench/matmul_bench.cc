@@ -1,6 +1,10 @@
 // The fast backend's matmul (OpenBLAS sgemm behind Backend::matmul) on the shapes of a
 // training step, single thread, in GFLOP/s beside sgemm 2048^3 measured in the same run.
-// Usage: matmul_bench [--model configs/small.json] [--tokens 1024,4096] [--reps 9]
+// Then decode's shapes (m = 1..8 rows, one token per sequence, against each weight): the
+// backend (its skinny path for m <= 4) beside cblas_sgemm called directly on the same
+// operands, interleaved, as microseconds per call and their ratio.
+// Usage: matmul_bench [--model configs/small.json] [--tokens 1024,4096] [--rows 1,2,4,8] [--reps 9]
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <sstream>
@@ -35,11 +39,51 @@ double rate(Backend& be, const Shape3& s, int reps) {
   return 2.0 * static_cast<double>(s.m * s.n * s.k) / bench::median(secs) / 1e9;
 }
 
+// Median seconds of the backend's matmul and of cblas_sgemm on the same [m, k] x [n, k]^T
+// (tb) or [m, k] x [k, n] operands, alternating call by call.
+struct PairTimes {
+  double backend = 0, sgemm = 0, sgemv = 0;
+};
+PairTimes decode_pair(Backend& be, int64_t m, int64_t n, int64_t k, bool tb, int reps) {
+  Tensor a = Tensor::empty({m, k}, DType::kF32, MemCategory::kWorkspace);
+  Tensor b = Tensor::empty(tb ? Shape{n, k} : Shape{k, n}, DType::kF32, MemCategory::kWorkspace);
+  std::fill_n(a.data<float>(), a.numel(), 0.5f);
+  std::fill_n(b.data<float>(), b.numel(), 0.25f);
+  Tensor c = Tensor::zeros({m, n}, DType::kF32, MemCategory::kWorkspace);
+  auto direct = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), 1.0f, a.data<float>(), static_cast<int>(k), b.data<float>(),
+                static_cast<int>(tb ? k : n), 0.0f, c.data<float>(), static_cast<int>(n));
+  };
+  auto timed = [](auto&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  auto rows_gemv = [&] {  // one sgemv per row of a
+    for (int64_t i = 0; i < m; ++i)
+      cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, static_cast<int>(tb ? n : k),
+                  static_cast<int>(tb ? k : n), 1.0f, b.data<float>(), static_cast<int>(tb ? k : n),
+                  a.data<float>() + i * k, 1, 0.0f, c.data<float>() + i * n, 1);
+  };
+  be.matmul(a, false, b, tb, c);
+  direct();
+  rows_gemv();
+  std::vector<double> mine, theirs, gemv;
+  for (int i = 0; i < reps; ++i) {
+    mine.push_back(timed([&] { be.matmul(a, false, b, tb, c); }));
+    theirs.push_back(timed(direct));
+    gemv.push_back(timed(rows_gemv));
+  }
+  return {bench::median(mine), bench::median(theirs), bench::median(gemv)};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string model = "configs/small.json";
   std::vector<int64_t> tokens = {1024, 4096};
+  std::vector<int64_t> rows = {1, 2, 4, 8};
   int reps = 9;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
@@ -49,6 +93,10 @@ int main(int argc, char** argv) {
       tokens.clear();
       std::stringstream ss(v);
       for (std::string item; std::getline(ss, item, ',');) tokens.push_back(std::stoll(item));
+    } else if (a == "--rows") {
+      rows.clear();
+      std::stringstream ss(v);
+      for (std::string item; std::getline(ss, item, ',');) rows.push_back(std::stoll(item));
     } else if (a == "--reps") {
       reps = std::stoi(v);
     } else {
@@ -84,6 +132,26 @@ int main(int argc, char** argv) {
     for (const Shape3& s : shapes)
       std::printf("  %-32s %6lld %6lld %6lld %10.1f\n", s.what, static_cast<long long>(s.m), static_cast<long long>(s.n),
                   static_cast<long long>(s.k), rate(*be, s, reps));
+  }
+  std::printf("decode: m rows against each weight, us per call (median of %d, alternating)\n", reps);
+  std::printf("%-34s %4s %10s %10s %10s %8s\n", "shape", "m", "backend", "sgemm", "m x sgemv", "sgemm/be");
+  for (int64_t m : rows) {
+    const struct {
+      const char* what;
+      int64_t n, k;
+      bool tb;
+    } shapes[] = {
+        {"q projection   [m,h]x[h,h]^T", h, h, true},
+        {"gate/up        [m,h]x[f,h]^T", f, h, true},
+        {"down           [m,f]x[h,f]^T", h, f, true},
+        {"lm head        [m,h]x[V,h]^T", V, h, true},
+        {"row update     [m,h]x[h,f]", f, h, false},
+    };
+    for (const auto& s : shapes) {
+      const PairTimes t = decode_pair(*be, m, s.n, s.k, s.tb, reps);
+      std::printf("  %-32s %4lld %10.1f %10.1f %10.1f %8.2f\n", s.what, static_cast<long long>(m), t.backend * 1e6,
+                  t.sgemm * 1e6, t.sgemv * 1e6, t.sgemm / t.backend);
+    }
   }
   std::printf("sgemm 2048^3 again: %.1f GFLOP/s\n", bench::sgemm_gflops());
   return 0;

@@ -25,9 +25,11 @@ class BackendParity : public ::testing::Test {
 
 TEST_F(BackendParity, MatmulAllTransposesAndBeta) {
   struct Case { int64_t m, n, k; };
-  // m <= 4 with a not transposed takes the skinny path (decode); k 515 = 32 x 16 lanes + 3.
+  // m <= 4 with a not transposed takes the skinny path (decode): rows in pairs plus a lone
+  // one (m = 3), weight rows in blocks of 4 with a tail (n = 6, 37), k in vectors of 8 with
+  // a tail (k = 9, 17, 515 = 64 x 8 + 3).
   for (Case c : {Case{1, 1, 1}, Case{7, 13, 5}, Case{64, 33, 129}, Case{3, 200, 17}, Case{1, 64, 515},
-                 Case{4, 37, 515}, Case{5, 9, 48}}) {
+                 Case{4, 37, 515}, Case{2, 6, 9}, Case{5, 9, 48}}) {
     for (int ta = 0; ta < 2; ++ta)
       for (int tb = 0; tb < 2; ++tb) {
         Tensor a = random_tensor(ta ? Shape{c.k, c.m} : Shape{c.m, c.k}, DType::kF32, 1);

@@ -22,28 +22,77 @@ void check_f32(const Tensor& t, const char* what) {
 }
 
 // Few rows of a (decode: one token per sequence). sgemm packs the whole of b for them, which
-// costs more than the product; streaming b once instead, as dot products with its rows (b
-// transposed) or as row updates (b as stored), runs 2-3x faster up to 4 rows and slower
-// beyond (docs/PERFORMANCE.md, generation). a is not transposed; c [m, n] row-major.
+// costs more than the product once b outgrows the cache; streaming b once instead, as dot
+// products with its rows (b transposed: 4 rows of b by 2 rows of a per pass, 8-float
+// vectors) or as row updates (b as stored), runs up to 3x faster at 2-4 rows, and loses to
+// sgemm only on weights small enough to stay in cache (bench/matmul_bench: docs/
+// PERFORMANCE.md, generation). a is not transposed; c [m, n] row-major.
 constexpr int64_t kSkinnyRows = 4;
-constexpr int kDotLanes = 16;  // independent partial sums, so GCC vectorizes without reassociating
+constexpr int kDotLanes = 8;  // partial sums per output: one 256-bit vector
+constexpr int kDotCols = 4;   // outputs computed together: each x load feeds 4 weight rows
+
+// GCC/Clang vector extension: 8 floats, element-wise arithmetic; unaligned loads by memcpy.
+typedef float Lanes __attribute__((vector_size(kDotLanes * sizeof(float))));
+inline Lanes load_lanes(const float* p) {
+  Lanes v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline float lane_sum(Lanes v) {
+  float s = 0;
+  for (int l = 0; l < kDotLanes; ++l) s += v[l];
+  return s;
+}
 
 void skinny_matmul(const MatmulDims& d, const float* a, const float* b, bool trans_b, float* c, float alpha,
                    float beta) {
   if (trans_b) {  // c[i, j] = alpha <a[i, :], b[j, :]> + beta c[i, j]
     const int64_t k_vec = d.k / kDotLanes * kDotLanes;
-    for (int64_t j = 0; j < d.n; ++j) {
-      const float* w = b + j * d.ldb;
-      for (int64_t i = 0; i < d.m; ++i) {
+    for (int64_t j0 = 0; j0 < d.n; j0 += kDotCols) {
+      const int64_t cols = std::min<int64_t>(kDotCols, d.n - j0);
+      // Past the last column the block repeats row j0 (valid memory; results dropped).
+      const float* w0 = b + j0 * d.ldb;
+      const float* w1 = cols > 1 ? w0 + d.ldb : w0;
+      const float* w2 = cols > 2 ? w0 + 2 * d.ldb : w0;
+      const float* w3 = cols > 3 ? w0 + 3 * d.ldb : w0;
+      const float* w[kDotCols] = {w0, w1, w2, w3};
+      // Two rows of a at a time: 8 running sums, each weight load feeding two of them.
+      for (int64_t i = 0; i < d.m; i += 2) {
+        const bool pair = i + 1 < d.m;
         const float* x = a + i * d.lda;
-        float acc[kDotLanes] = {};
-        for (int64_t k = 0; k < k_vec; k += kDotLanes)
-          for (int l = 0; l < kDotLanes; ++l) acc[l] += x[k + l] * w[k + l];
-        float sum = 0;
-        for (int l = 0; l < kDotLanes; ++l) sum += acc[l];
-        for (int64_t k = k_vec; k < d.k; ++k) sum += x[k] * w[k];
-        float& y = c[i * d.n + j];
-        y = beta == 0 ? alpha * sum : alpha * sum + beta * y;  // beta 0 ignores the old value (NaN too)
+        const float* x2 = pair ? x + d.lda : x;  // unused for a lone row
+        Lanes s0 = {}, s1 = {}, s2 = {}, s3 = {}, t0 = {}, t1 = {}, t2 = {}, t3 = {};
+        for (int64_t k = 0; !pair && k < k_vec; k += kDotLanes) {  // a lone last row
+          const Lanes xv = load_lanes(x + k);
+          s0 += xv * load_lanes(w0 + k);
+          s1 += xv * load_lanes(w1 + k);
+          s2 += xv * load_lanes(w2 + k);
+          s3 += xv * load_lanes(w3 + k);
+        }
+        for (int64_t k = 0; pair && k < k_vec; k += kDotLanes) {
+          const Lanes xv = load_lanes(x + k), yv = load_lanes(x2 + k);
+          const Lanes v0 = load_lanes(w0 + k), v1 = load_lanes(w1 + k), v2 = load_lanes(w2 + k),
+                      v3 = load_lanes(w3 + k);
+          s0 += xv * v0;
+          s1 += xv * v1;
+          s2 += xv * v2;
+          s3 += xv * v3;
+          t0 += yv * v0;
+          t1 += yv * v1;
+          t2 += yv * v2;
+          t3 += yv * v3;
+        }
+        const float sums[2][kDotCols] = {{lane_sum(s0), lane_sum(s1), lane_sum(s2), lane_sum(s3)},
+                                         {lane_sum(t0), lane_sum(t1), lane_sum(t2), lane_sum(t3)}};
+        for (int r = 0; r < (pair ? 2 : 1); ++r) {
+          const float* xr = r == 0 ? x : x2;
+          for (int64_t jj = 0; jj < cols; ++jj) {
+            float sum = sums[r][jj];
+            for (int64_t k = k_vec; k < d.k; ++k) sum += xr[k] * w[jj][k];
+            float& y = c[(i + r) * d.n + j0 + jj];
+            y = beta == 0 ? alpha * sum : alpha * sum + beta * y;  // beta 0 ignores the old value (NaN too)
+          }
+        }
       }
     }
     return;
