@@ -29,19 +29,6 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-LayoutOptions options_of(const LayoutSpec& s) {
-  LayoutOptions o;
-  o.kv_exchange = s.ring ? LayoutOptions::KvExchange::kRing : LayoutOptions::KvExchange::kAllGather;
-  o.sequence_parallel = s.sequence_parallel;
-  o.overlap = s.overlap;
-  o.keep_weights = s.keep_weights;
-  o.keep_kv = s.keep_kv;
-  o.head_buckets = s.head_buckets;
-  o.recompute = s.recompute;
-  o.dtype = s.bf16 ? DType::kBF16 : DType::kF32;
-  return o;
-}
-
 struct Sample {
   double seconds = 0, exposed = 0;
   int64_t peak = 0;
@@ -58,7 +45,7 @@ Result<Sample> run_once(Communicator& world, const LlamaConfig& c, const LayoutS
   mt.reset_peaks();
   Sample s;
   {
-    FP_ASSIGN_OR_RETURN(std::unique_ptr<ShardedModel> m, make_sharded_model(c, mesh, S, options_of(spec)));
+    FP_ASSIGN_OR_RETURN(std::unique_ptr<ShardedModel> m, make_sharded_model(c, mesh, S, layout_options_of(spec)));
     m->init_weights(InitOptions{.seed = 1});
     const Batch local = m->local_batch(global);
     auto cpu = make_cpu_backend();
@@ -129,6 +116,19 @@ Status check_options(const LayoutBenchOptions& o, int ranks) {
 }
 
 }  // namespace
+
+LayoutOptions layout_options_of(const LayoutSpec& s) {
+  LayoutOptions o;
+  o.kv_exchange = s.ring ? LayoutOptions::KvExchange::kRing : LayoutOptions::KvExchange::kAllGather;
+  o.sequence_parallel = s.sequence_parallel;
+  o.overlap = s.overlap;
+  o.keep_weights = s.keep_weights;
+  o.keep_kv = s.keep_kv;
+  o.head_buckets = s.head_buckets;
+  o.recompute = s.recompute;
+  o.dtype = s.bf16 ? DType::kBF16 : DType::kF32;
+  return o;
+}
 
 Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& o, Communicator& world) {
   FP_RETURN_IF_ERROR(check_options(o, world.size()));

@@ -17,6 +17,7 @@
 #include "comm/communicator.h"
 #include "core/status.h"
 #include "model/llama_config.h"
+#include "parallel/sharded_model.h"
 #include "plan/hardware.h"
 #include "plan/layout_spec.h"
 
@@ -45,6 +46,10 @@ struct LayoutBenchRow {
   uint64_t predicted_bytes_sent = 0;
   double predicted_step_s = 0, predicted_tokens_per_s = 0;  // 0 without hardware
 };
+
+// The strategy knobs a plan's layout names (exchange, policies, recompute, dtype), as the
+// parallel layer takes them: what the bench runs for the rows the plan predicts.
+LayoutOptions layout_options_of(const LayoutSpec& spec);
 
 // invalid_argument for a layout that does not use every rank or does not divide the sizes.
 Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& options, Communicator& world);

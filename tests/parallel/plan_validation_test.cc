@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "app/layout_bench.h"
 #include "app/synthetic.h"
 #include "backend/bf16_storage_backend.h"
 #include "comm/comm_stats.h"
@@ -35,19 +36,6 @@ LlamaConfig plan_config() {
   return c;
 }
 
-LayoutOptions options_of(const LayoutSpec& s) {
-  LayoutOptions o;
-  o.kv_exchange = s.ring ? LayoutOptions::KvExchange::kRing : LayoutOptions::KvExchange::kAllGather;
-  o.sequence_parallel = s.sequence_parallel;
-  o.overlap = s.overlap;
-  o.keep_weights = s.keep_weights;
-  o.keep_kv = s.keep_kv;
-  o.head_buckets = s.head_buckets;
-  o.recompute = s.recompute;
-  o.dtype = s.bf16 ? DType::kBF16 : DType::kF32;
-  return o;
-}
-
 struct Measured {
   int64_t peak = 0;
   std::vector<std::pair<std::string, CommStats>> axes;
@@ -66,7 +54,7 @@ Measured measure(const LayoutSpec& spec, int64_t B, int64_t S, bool train) {
   mt.reset_peaks();
   Measured out;
   {
-    Result<std::unique_ptr<ShardedModel>> m = make_sharded_model(plan_config(), *mesh, S, options_of(spec));
+    Result<std::unique_ptr<ShardedModel>> m = make_sharded_model(plan_config(), *mesh, S, layout_options_of(spec));
     FP_CHECK_OK(m.status());
     (*m)->init_weights(InitOptions{.seed = 1});
     const Batch local = (*m)->local_batch(global);
@@ -195,7 +183,7 @@ TEST(PlanValidationPrefill, PeakWithinTenPercent) {
     mt.reset_peaks();
     int64_t peak = 0;
     {
-      Result<std::unique_ptr<ShardedDecoder>> dec = make_sharded_decoder(plan_config(), *mesh, options_of(spec));
+      Result<std::unique_ptr<ShardedDecoder>> dec = make_sharded_decoder(plan_config(), *mesh, layout_options_of(spec));
       ASSERT_TRUE(dec.ok()) << dec.status().to_string();
       (*dec)->init_weights(InitOptions{.seed = 1});
       auto be = make_cpu_backend();
@@ -243,7 +231,7 @@ TEST(PlanValidationDecode, CacheExactAndPeakWithinTenPercent) {
       MemoryStats at_peak;
       int64_t peak = 0;
       {
-        Result<std::unique_ptr<ShardedDecoder>> dec = make_sharded_decoder(plan_config(), *mesh, options_of(spec));
+        Result<std::unique_ptr<ShardedDecoder>> dec = make_sharded_decoder(plan_config(), *mesh, layout_options_of(spec));
         ASSERT_TRUE(dec.ok()) << dec.status().to_string();
         (*dec)->init_weights(InitOptions{.seed = 1});
         auto be = make_cpu_backend();
