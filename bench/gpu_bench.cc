@@ -1,6 +1,7 @@
 // GPU benchmark (built only with FOLDPAR_WITH_CUDA): bf16 GEMM, causal flash attention
-// forward and backward, and a training step (forward + backward + AdamW) of the model on
-// the CUDA backend for configs/small.json and configs/llama-1b.json. Prints one
+// forward and backward (the default kernel choice, tensor cores for bf16, then the simple
+// reference kernel: keys *_simple_tflops), and a training step (forward + backward + AdamW)
+// of the model on the CUDA backend for configs/small.json and configs/llama-1b.json. Prints one
 // "RESULT <key> <value>" line per figure (scripts/gpu-check.sh tabulates them). Reports,
 // never asserts; skips with a message and exits 0 where no GPU is visible.
 //
@@ -55,7 +56,8 @@ void bench_gemm(CudaBackend& be, int64_t n) {
   result("gemm_bf16_tflops", 2.0 * n * n * n / t / 1e12);
 }
 
-void bench_attention(CudaBackend& be, int64_t seq, int64_t n_h, int64_t d) {
+// Keys attention_{fwd,bwd}<key_suffix>_tflops.
+void bench_attention(CudaBackend& be, int64_t seq, int64_t n_h, int64_t d, const std::string& key_suffix) {
   const int64_t B = 1, n_kv = n_h / 4;
   Tensor q = Tensor::empty({B, seq, n_h, d}, DType::kBF16, MemCategory::kActivations);
   Tensor k = Tensor::empty({B, seq, n_kv, d}, DType::kBF16, MemCategory::kActivations);
@@ -74,11 +76,11 @@ void bench_attention(CudaBackend& be, int64_t seq, int64_t n_h, int64_t d) {
   const double fwd_flops = 4.0 * d * pairs * n_h * B;
   const double tf = time_per_call(be, 1, 3, [&] { be.attention_forward(args, o, lse); });
   const double tb = time_per_call(be, 1, 3, [&] { be.attention_backward(args, o, lse, d_o, dq, dk, dv); });
-  std::printf("attention bf16 causal S=%lld n_h=%lld n_kv=%lld d=%lld: forward %.2f ms, backward %.2f ms\n",
-              static_cast<long long>(seq), static_cast<long long>(n_h), static_cast<long long>(n_kv),
-              static_cast<long long>(d), tf * 1e3, tb * 1e3);
-  result("attention_fwd_tflops", fwd_flops / tf / 1e12);
-  result("attention_bwd_tflops", 2.5 * fwd_flops / tb / 1e12);
+  std::printf("attention%s bf16 causal S=%lld n_h=%lld n_kv=%lld d=%lld: forward %.2f ms, backward %.2f ms\n",
+              key_suffix.c_str(), static_cast<long long>(seq), static_cast<long long>(n_h),
+              static_cast<long long>(n_kv), static_cast<long long>(d), tf * 1e3, tb * 1e3);
+  result(("attention_fwd" + key_suffix + "_tflops").c_str(), fwd_flops / tf / 1e12);
+  result(("attention_bwd" + key_suffix + "_tflops").c_str(), 2.5 * fwd_flops / tb / 1e12);
 }
 
 // Forward + backward + AdamW on bf16 weights (f32 statistics), one GPU.
@@ -140,7 +142,14 @@ int run(const Flags& f) {
     opt.sync_each_op = false;  // device-only tensors between timed points
     auto be = make_cuda_backend(opt);
     bench_gemm(*be, f.quick ? 2048 : 8192);
-    bench_attention(*be, f.quick ? 2048 : 8192, 16, 128);
+    bench_attention(*be, f.quick ? 2048 : 8192, 16, 128, "");  // kAuto: the tensor-core kernel
+  }
+  {
+    CudaBackendOptions opt;
+    opt.sync_each_op = false;
+    opt.attention = AttentionKernel::kSimple;
+    auto be = make_cuda_backend(opt);
+    bench_attention(*be, f.quick ? 2048 : 8192, 16, 128, "_simple");
   }
   for (const auto& [key, file, batch, seq] :
        std::vector<std::tuple<std::string, std::string, int64_t, int64_t>>{

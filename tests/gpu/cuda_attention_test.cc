@@ -1,7 +1,9 @@
-// The CUDA flash attention, forward and backward, against the reference backend: contiguous
-// causal, the zigzag position arrays of a TSP rank (two chunks of queries against keys
-// gathered in rank order), GQA, Sq != Sk, head dims 16 to 128, rows that see no key, and
-// bf16 storage. Skipped where no GPU is visible.
+// The CUDA flash attention kernels, forward and backward, against the reference backend:
+// the simple kernel (contiguous causal, the zigzag position arrays of a TSP rank: two chunks
+// of queries against keys gathered in rank order, GQA, Sq != Sk, head dims 16 to 128, rows
+// that see no key, bf16 storage) and the tensor-core kernel (bf16, d = 64 and 128, the same
+// cases at lengths that are not multiples of its tiles, unsorted key positions). Skipped
+// where no GPU is visible, except the kernel-choice test, which needs none.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -50,6 +52,11 @@ void check_case(const Case& c, Backend& ref, Backend& cuda) {
   const Tensor d_out = bf16_values_as_f32(random_tensor({c.batch, sq, c.n_h, c.d}, DType::kF32, 4));
   const Tensor qp = positions(c.q_pos), kp = positions(c.k_pos);
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+  // bf16: kCudaBf16Op (2^-7) for both kernels. The tensor-core kernel also rounds P (out, dV)
+  // and dS (dQ, dK) to bf16 before their second product: at most 2^-8 relative per term, but
+  // of independent sign over the summed keys or queries, so it adds about 2^-8 / sqrt(3) of a
+  // typical output to the output's own rounding (<= 2^-8). A host emulation of the kernel on
+  // these exact cases (docs/GPU.md) measured at most 5.2e-3 against 7.8e-3.
   const double tol = c.dtype == DType::kF32 ? kCudaF32Op : kCudaBf16Op;
 
   const AttentionArgs ra{&q, &k, &v, &qp, &kp, scale};
@@ -88,14 +95,34 @@ void check_case(const Case& c, Backend& ref, Backend& cuda) {
   EXPECT_TRUE(near_rel(dv, dv_ref, tol)) << c.name << " dv";
 }
 
+// A deterministic permutation of lo..hi-1 (a multiplicative stride coprime to the length).
+std::vector<int32_t> shuffled(int32_t lo, int32_t hi) {
+  const int32_t n = hi - lo;
+  std::vector<int32_t> v;
+  for (int32_t i = 0; i < n; ++i) v.push_back(lo + static_cast<int32_t>((int64_t{i} * 37 + 11) % n));
+  return v;
+}
+
 class CudaAttention : public ::testing::Test {
  protected:
   void SetUp() override {
     FP_REQUIRE_GPU();
-    cuda_ = make_cuda_backend();
+    cuda_ = backend_with(AttentionKernel::kSimple);
+    tc_ = backend_with(AttentionKernel::kTensorCore);
+  }
+  static std::unique_ptr<CudaBackend> backend_with(AttentionKernel kernel) {
+    CudaBackendOptions options;
+    options.attention = kernel;
+    return make_cuda_backend(options);
+  }
+  // Cases for the tensor-core kernel: bf16 storage.
+  static Case bf16(Case c) {
+    c.dtype = DType::kBF16;
+    return c;
   }
   std::unique_ptr<Backend> ref_ = make_reference_backend();
-  std::unique_ptr<CudaBackend> cuda_;
+  std::unique_ptr<CudaBackend> cuda_;  // the simple kernel, forced
+  std::unique_ptr<CudaBackend> tc_;    // the tensor-core kernel, forced
 };
 
 TEST_F(CudaAttention, ContiguousCausalMultiHead) {
@@ -126,6 +153,54 @@ TEST_F(CudaAttention, Bf16Storage) {
          concat({range(0, 32), range(96, 128), range(32, 64), range(64, 96)})};
   c.dtype = DType::kBF16;
   check_case(c, *ref_, *cuda_);
+}
+
+// ---- the tensor-core kernel (forced; bf16 only) ----
+
+TEST_F(CudaAttention, TensorCoreContiguousNotTileMultiple) {
+  // 257 = 2 x 128 + 1 rows: a last forward block of one row, a last 64-tile of one row.
+  check_case(bf16({"tc contiguous d64", 1, 4, 4, 64, range(0, 257), range(0, 257)}), *ref_, *tc_);
+  check_case(bf16({"tc contiguous d128 gqa", 2, 8, 2, 128, range(0, 100), range(0, 100)}), *ref_, *tc_);
+}
+
+TEST_F(CudaAttention, TensorCoreZigzagWithGqa) {
+  // S = 200 in 4 chunks of 50 (not a multiple of the tiles); rank 1 of D = 2 holds chunks 1
+  // and 2, rank 0 chunks 0 and 3; keys gathered in rank order.
+  const std::vector<int32_t> keys = concat({range(0, 50), range(150, 200), range(50, 100), range(100, 150)});
+  check_case(bf16({"tc zigzag rank 1", 1, 8, 2, 128, concat({range(50, 100), range(100, 150)}), keys}), *ref_, *tc_);
+  check_case(bf16({"tc zigzag rank 0", 1, 8, 2, 64, concat({range(0, 50), range(150, 200)}), keys}), *ref_, *tc_);
+}
+
+TEST_F(CudaAttention, TensorCoreQueriesSuffixOfKeys) {
+  // Sq = 100 queries at positions 157..256 against Sk = 257 keys: many fully visible tiles.
+  check_case(bf16({"tc suffix d128", 2, 8, 2, 128, range(157, 257), range(0, 257)}), *ref_, *tc_);
+  check_case(bf16({"tc suffix d64 mha", 1, 4, 4, 64, range(157, 257), range(0, 257)}), *ref_, *tc_);
+}
+
+TEST_F(CudaAttention, TensorCoreRowsThatSeeNoKey) {
+  // Queries 0..9 see no key (out 0, lse -inf, dq 0); keys 100..129 are seen by no query
+  // (dk = dv = 0 must be written).
+  check_case(bf16({"tc no key d64", 1, 2, 1, 64, range(0, 100), range(10, 130)}), *ref_, *tc_);
+  check_case(bf16({"tc no key d128", 1, 4, 2, 128, range(0, 70), range(10, 130)}), *ref_, *tc_);
+}
+
+TEST_F(CudaAttention, TensorCoreUnsortedKeyPositions) {
+  // Every key tile mixes early and late positions: masked, never skipped.
+  check_case(bf16({"tc shuffled keys", 1, 4, 2, 64, range(0, 150), shuffled(0, 150)}), *ref_, *tc_);
+  check_case(bf16({"tc shuffled both", 1, 2, 1, 128, shuffled(20, 170), shuffled(0, 150)}), *ref_, *tc_);
+}
+
+// The choice itself is a pure function (no GPU needed): kAuto takes the tensor cores for bf16
+// at a supported head dim and aligned tensors, the simple kernel otherwise.
+TEST(CudaAttentionKernelChoice, AutoPicksTensorCoresForBf16Only) {
+  EXPECT_EQ(resolve_attention_kernel(AttentionKernel::kAuto, DType::kBF16, 128, true), AttentionKernel::kTensorCore);
+  EXPECT_EQ(resolve_attention_kernel(AttentionKernel::kAuto, DType::kBF16, 64, true), AttentionKernel::kTensorCore);
+  EXPECT_EQ(resolve_attention_kernel(AttentionKernel::kAuto, DType::kF32, 128, true), AttentionKernel::kSimple);
+  EXPECT_EQ(resolve_attention_kernel(AttentionKernel::kAuto, DType::kBF16, 32, true), AttentionKernel::kSimple);
+  EXPECT_EQ(resolve_attention_kernel(AttentionKernel::kAuto, DType::kBF16, 128, false), AttentionKernel::kSimple);
+  EXPECT_EQ(resolve_attention_kernel(AttentionKernel::kSimple, DType::kBF16, 128, true), AttentionKernel::kSimple);
+  EXPECT_EQ(resolve_attention_kernel(AttentionKernel::kTensorCore, DType::kBF16, 128, true),
+            AttentionKernel::kTensorCore);
 }
 
 }  // namespace

@@ -7,7 +7,10 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
@@ -30,6 +33,9 @@ void check_launch(const char* file, int line) {
   if (rc != cudaSuccess) [[unlikely]] {
     fatal_error(file, line, fmt::format("CUDA kernel launch failed: {} ({})", cudaGetErrorString(rc), static_cast<int>(rc)));
   }
+}
+void kernel_contract_violated(const char* file, int line, const char* what) {
+  fatal_error(file, line, fmt::format("CUDA launcher called against its contract: {}", what));
 }
 }  // namespace cuda
 
@@ -185,9 +191,17 @@ class CudaBackendImpl final : public CudaBackend {
 
   void attention_forward(const AttentionArgs& args, Tensor& o, Tensor& lse) override {
     const cuda::AttentionShape s = check_cuda_attention(args, o, lse);
-    cuda::launch_attention_forward(s, in(*args.q, "attention q"), in(*args.k, "attention k"),
-                                   in(*args.v, "attention v"), ids_of(*args.q_pos), ids_of(*args.k_pos),
-                                   out(o, "attention out"), static_cast<float*>(lse.raw_data()), stream_);
+    if (attention_kernel(args, {&o}) == AttentionKernel::kTensorCore) {
+      Tensor bounds = tile_bounds_workspace(s);
+      cuda::launch_attention_forward_tc(s, in(*args.q, "attention q"), in(*args.k, "attention k"),
+                                        in(*args.v, "attention v"), ids_of(*args.q_pos), ids_of(*args.k_pos),
+                                        out(o, "attention out"), static_cast<float*>(lse.raw_data()),
+                                        bounds.data<int32_t>(), stream_);
+    } else {
+      cuda::launch_attention_forward(s, in(*args.q, "attention q"), in(*args.k, "attention k"),
+                                     in(*args.v, "attention v"), ids_of(*args.q_pos), ids_of(*args.k_pos),
+                                     out(o, "attention out"), static_cast<float*>(lse.raw_data()), stream_);
+    }
     done();
   }
   void attention_backward(const AttentionArgs& args, const Tensor& o, const Tensor& lse, const Tensor& d_out,
@@ -199,11 +213,21 @@ class CudaBackendImpl final : public CudaBackend {
              "attention backward: d_out {} dq {} dk {} dv {}", d_out.describe(), dq.describe(), dk.describe(),
              dv.describe());
     Tensor delta = Tensor::empty({s.batch, s.n_h, s.sq}, DType::kF32, MemCategory::kWorkspace);
-    cuda::launch_attention_backward(s, in(*args.q, "attention q"), in(*args.k, "attention k"),
-                                    in(*args.v, "attention v"), in(o, "attention out"),
-                                    static_cast<const float*>(lse.raw_data()), in(d_out, "attention d_out"),
-                                    ids_of(*args.q_pos), ids_of(*args.k_pos), delta.data<float>(), out(dq, "dq"),
-                                    out(dk, "dk"), out(dv, "dv"), stream_);
+    if (attention_kernel(args, {&o, &d_out, &dq, &dk, &dv}) == AttentionKernel::kTensorCore) {
+      Tensor bounds = tile_bounds_workspace(s);
+      cuda::launch_attention_backward_tc(s, in(*args.q, "attention q"), in(*args.k, "attention k"),
+                                         in(*args.v, "attention v"), in(o, "attention out"),
+                                         static_cast<const float*>(lse.raw_data()), in(d_out, "attention d_out"),
+                                         ids_of(*args.q_pos), ids_of(*args.k_pos), delta.data<float>(),
+                                         bounds.data<int32_t>(), out(dq, "dq"), out(dk, "dk"), out(dv, "dv"),
+                                         stream_);
+    } else {
+      cuda::launch_attention_backward(s, in(*args.q, "attention q"), in(*args.k, "attention k"),
+                                      in(*args.v, "attention v"), in(o, "attention out"),
+                                      static_cast<const float*>(lse.raw_data()), in(d_out, "attention d_out"),
+                                      ids_of(*args.q_pos), ids_of(*args.k_pos), delta.data<float>(), out(dq, "dq"),
+                                      out(dk, "dk"), out(dv, "dv"), stream_);
+    }
     done();
   }
 
@@ -286,6 +310,18 @@ class CudaBackendImpl final : public CudaBackend {
     cuda::launch_rope(in(table, "rope table"), out(x, "rope x"), x.dim(0), x.dim(1), x.dim(2), x.dim(3), sign, stream_);
     done();
   }
+  // The attention kernel for these operands (q, k, v and `more`): options_.attention resolved.
+  AttentionKernel attention_kernel(const AttentionArgs& args, std::initializer_list<const Tensor*> more) const {
+    bool aligned = true;
+    for (const Tensor* t : {args.q, args.k, args.v}) aligned = aligned && aligned16(*t);
+    for (const Tensor* t : more) aligned = aligned && aligned16(*t);
+    return resolve_attention_kernel(options_.attention, args.q->dtype(), args.q->dim(3), aligned);
+  }
+  static bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0; }
+  static Tensor tile_bounds_workspace(const cuda::AttentionShape& s) {
+    return Tensor::empty({std::max<int64_t>(1, cuda::attention_tc_workspace_words(s))}, DType::kI32,
+                         MemCategory::kWorkspace);
+  }
   // check_attention, except that lse is f32 for bf16 activations (stat_dtype).
   static cuda::AttentionShape check_cuda_attention(const AttentionArgs& args, const Tensor& o, const Tensor& lse) {
     FP_CHECK(args.q && args.k && args.v && args.q_pos && args.k_pos, "attention: missing argument");
@@ -326,6 +362,25 @@ int cuda_device_count(std::string* why) {
   }
   if (count == 0 && why != nullptr) *why = "cudaGetDeviceCount found no device";
   return count;
+}
+
+AttentionKernel resolve_attention_kernel(AttentionKernel requested, DType dtype, int64_t d, bool aligned16) {
+  cuda::AttentionShape shape{};
+  shape.d = d;
+  const bool supported = cuda::attention_tc_supported(shape, dtype) && aligned16;
+  switch (requested) {
+    case AttentionKernel::kSimple:
+      return AttentionKernel::kSimple;
+    case AttentionKernel::kTensorCore:
+      FP_CHECK(supported,
+               "attention: the tensor-core kernel (CudaBackendOptions::attention = kTensorCore) needs bf16, d in "
+               "{{64, 128}} and 16-byte aligned tensors; got {}, d = {}, aligned = {}",
+               dtype_name(dtype), d, aligned16);
+      return AttentionKernel::kTensorCore;
+    case AttentionKernel::kAuto:
+      break;
+  }
+  return supported ? AttentionKernel::kTensorCore : AttentionKernel::kSimple;
 }
 
 std::unique_ptr<CudaBackend> make_cuda_backend(const CudaBackendOptions& options) {

@@ -1,6 +1,7 @@
 // The CUDA backend: every Backend op on one GPU, on one compute stream. cuBLAS GEMMs (f32
 // with f32 compute, or bf16 storage with f32 accumulation, CUBLAS_COMPUTE_32F), kernels for
-// the rest (backend/cuda/*.cu), a tiled causal flash attention with position arrays and GQA.
+// the rest (backend/cuda/*.cu), causal flash attention with position arrays and GQA (on
+// tensor cores for bf16, else the simple reference kernel: CudaBackendOptions::attention).
 // Float tensors may be f32 or bf16 (bf16 natively: no widened copies); per-row statistics
 // (RMSNorm's rstd, the log-sum-exps) must then be f32, as stat_dtype() prescribes.
 //
@@ -19,11 +20,25 @@
 
 namespace foldpar {
 
+// Which flash attention kernel runs (docs/GPU.md, "The attention kernels").
+enum class AttentionKernel {
+  kAuto,        // tensor cores where supported (bf16, d in {64, 128}, 16-byte aligned tensors), else simple
+  kTensorCore,  // flash_attention_tc.cu; an unsupported case is an error (FP_CHECK)
+  kSimple,      // flash_attention.cu: the f32 CUDA-core reference kernel, every case
+};
+
 struct CudaBackendOptions {
   int device = 0;             // CUDA device ordinal; one rank per device, or several sharing one
   bool sync_each_op = true;   // false: ops return once enqueued (benchmarks that never read on the host)
   bool allow_tf32 = false;    // f32 GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)
+  AttentionKernel attention = AttentionKernel::kAuto;
 };
+
+// The kernel `requested` resolves to (kTensorCore or kSimple, never kAuto) for attention on
+// activations of `dtype` with head dim d whose tensors are all 16-byte aligned (`aligned16`).
+// kTensorCore for a case that kernel does not support fails (FP_CHECK naming the case). Pure:
+// the backend's own choice, exposed for tests.
+AttentionKernel resolve_attention_kernel(AttentionKernel requested, DType dtype, int64_t d, bool aligned16);
 
 class CudaBackend : public Backend {
  public:

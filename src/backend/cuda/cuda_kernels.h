@@ -28,6 +28,9 @@ struct FloatOut {
 // that the .cu files need no fmt.
 void check_launch(const char* file, int line);
 #define FP_CUDA_LAUNCHED() ::foldpar::cuda::check_launch(__FILE__, __LINE__)
+// Aborts with `what` at file:line: a launcher called against its contract (the backend
+// validates first, so this is a broken invariant).
+[[noreturn]] void kernel_contract_violated(const char* file, int line, const char* what);
 
 // ---- elementwise (elementwise.cu) ----
 void launch_convert(FloatPtr src, FloatOut dst, int64_t n, cudaStream_t stream);  // dst = src
@@ -87,5 +90,23 @@ void launch_attention_forward(const AttentionShape& s, FloatPtr q, FloatPtr k, F
 void launch_attention_backward(const AttentionShape& s, FloatPtr q, FloatPtr k, FloatPtr v, FloatPtr out,
                                const float* lse, FloatPtr d_out, const int32_t* q_pos, const int32_t* k_pos,
                                float* delta, FloatOut dq, FloatOut dk, FloatOut dv, cudaStream_t stream);
+
+// ---- the same on tensor cores (flash_attention_tc.cu) ----
+// FlashAttention-2 style, bf16 mma.sync with f32 accumulation; same contract and outputs as
+// the two launchers above (which stay the plain reference). Supported: bf16 storage and
+// d in {64, 128}; every bf16 pointer 16-byte aligned (cp.async). Calling the launchers
+// outside that aborts (kernel_contract_violated).
+bool attention_tc_supported(const AttentionShape& s, DType dtype);
+// tile_bounds: i32 workspace of attention_tc_workspace_words(s) words, written by each
+// launcher before use: (min, max) position of every 64-row query tile, then key tile.
+int64_t attention_tc_workspace_words(const AttentionShape& s);
+void launch_attention_forward_tc(const AttentionShape& s, FloatPtr q, FloatPtr k, FloatPtr v, const int32_t* q_pos,
+                                 const int32_t* k_pos, FloatOut out, float* lse, int32_t* tile_bounds,
+                                 cudaStream_t stream);
+// delta: f32 workspace [B, n_h, Sq] as above. dq, dk, dv written (no atomics).
+void launch_attention_backward_tc(const AttentionShape& s, FloatPtr q, FloatPtr k, FloatPtr v, FloatPtr out,
+                                  const float* lse, FloatPtr d_out, const int32_t* q_pos, const int32_t* k_pos,
+                                  float* delta, int32_t* tile_bounds, FloatOut dq, FloatOut dk, FloatOut dv,
+                                  cudaStream_t stream);
 
 }  // namespace foldpar::cuda
