@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include "backend/bf16_storage_backend.h"
 #include "comm/comm_stats.h"
 #include "comm/mesh.h"
+#include "model/flop_count.h"
 #include "parallel/make_layout.h"
 #include "plan/planner.h"
 
@@ -283,6 +285,40 @@ double matmul_gflops(int64_t n, int reps) {
   return 2.0 * static_cast<double>(n * n * n) / median(secs) / 1e9;
 }
 
+// Seconds of one causal attention forward + backward (the CPU backend's flash attention,
+// 1 thread) of one sequence of `seq` tokens with the config's heads, median of `reps`.
+double attention_seconds(const LlamaConfig& c, int64_t seq, int reps) {
+  auto be = make_cpu_backend();
+  const int64_t n_h = c.num_attention_heads, n_kv = c.num_key_value_heads, d = c.head_dim();
+  auto filled = [&](const Shape& shape, double v) {
+    Tensor t = Tensor::empty(shape, DType::kF32, MemCategory::kWorkspace);
+    be->fill(v, t);
+    return t;
+  };
+  Tensor q = filled({1, seq, n_h, d}, 0.01), k = filled({1, seq, n_kv, d}, 0.02), v = filled({1, seq, n_kv, d}, 0.5);
+  Tensor d_out = filled({1, seq, n_h, d}, 0.1);
+  Tensor out = Tensor::empty(q.shape(), DType::kF32, MemCategory::kWorkspace);
+  Tensor lse = Tensor::empty({1, n_h, seq}, DType::kF32, MemCategory::kWorkspace);
+  Tensor dq = Tensor::empty(q.shape(), DType::kF32, MemCategory::kWorkspace);
+  Tensor dk = Tensor::empty(k.shape(), DType::kF32, MemCategory::kWorkspace);
+  Tensor dv = Tensor::empty(v.shape(), DType::kF32, MemCategory::kWorkspace);
+  Tensor pos = Tensor::empty({seq}, DType::kI32, MemCategory::kWorkspace);
+  for (int64_t i = 0; i < seq; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i);
+  const AttentionArgs args{&q, &k, &v, &pos, &pos, 1.0 / std::sqrt(static_cast<double>(d))};
+  auto once = [&] {
+    be->attention_forward(args, out, lse);
+    be->attention_backward(args, out, lse, d_out, dq, dk, dv);
+  };
+  once();
+  std::vector<double> secs;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    once();
+    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return median(secs);
+}
+
 // GB/s one way of a ring step between neighbours: every rank sends `bytes` to p+1 while
 // receiving as much from p-1.
 Result<double> ring_bandwidth(Communicator& world, size_t bytes, int reps) {
@@ -337,9 +373,16 @@ Result<Hardware> calibrate_hardware(Communicator& world) {
   sb.seq = 2048;
   sb.steps = 3;
   FP_ASSIGN_OR_RETURN(StepBenchReport step, run_step_bench(sb));
-  double step_gflops = step.gflops;
-  FP_RETURN_IF_ERROR(world.all_reduce(&step_gflops, &step_gflops, 1, DType::kF64, ReduceOp::kSum));
-  step_gflops /= world.size();
+  // Attention alone (every rank at once): its FLOP rate, and its share of the step, so that
+  // the GEMMs' efficiency is the rest of the step's.
+  const double attn_s = attention_seconds(sb.config, sb.seq, 5);
+  const double attn_flops = 3.0 * forward_attention_flops(sb.config, 1, sb.seq);  // every layer, fwd + bwd
+  double rates[2] = {attn_flops / sb.config.num_hidden_layers / attn_s / 1e9,
+                     (step.flops_per_step - attn_flops) /
+                         std::max(step.median_seconds - attn_s * sb.config.num_hidden_layers, 0.5 * step.median_seconds) /
+                         1e9};
+  FP_RETURN_IF_ERROR(world.all_reduce(rates, rates, 2, DType::kF64, ReduceOp::kSum));
+  const double attn_gflops = rates[0] / world.size(), rest_gflops = rates[1] / world.size();
   Hardware h;
   h.name = "this-machine";
   h.devices_per_node = world.size();
@@ -349,16 +392,18 @@ Result<Hardware> calibrate_hardware(Communicator& world) {
   h.intra_node_gb_per_s = bw;
   h.inter_node_gb_per_s = bw;
   h.memory_gb_per_s = 0;
-  h.matmul_efficiency = std::min(1.0, step_gflops / gemm);
+  h.matmul_efficiency = std::min(1.0, rest_gflops / gemm);
+  h.attention_efficiency = std::min(1.0, attn_gflops / gemm);
   h.overlap_efficiency = 0.5;
   h.notes = fmt::format(
       "Measured by `foldpar bench --calibrate` with {} MPI ranks on one node ({} hardware threads), each rank a "
       "device: f32 GEMM 1024^3 with the CPU backend on one thread, {:.2f} GFLOP/s (median of 5, all ranks at once); "
       "a ring send_recv of 64 MiB between ranks, {:.2f} GB/s one way (median of 5; inter-node set equal: one node); "
-      "memory per device = MemTotal / ranks; matmul_efficiency = a single-rank training step's useful FLOP/s "
-      "({:.2f} GFLOP/s, h=512, L=2, S=2048) over the GEMM rate. overlap_efficiency 0.5 is an assumption: MPI "
-      "progresses transfers only inside MPI calls.",
-      world.size(), std::thread::hardware_concurrency(), gemm, bw, step_gflops);
+      "memory per device = MemTotal / ranks; attention_efficiency = causal flash attention forward + backward "
+      "(S=2048, 8 heads of 64) at {:.2f} GFLOP/s over the GEMM rate; matmul_efficiency = the rest of a "
+      "single-rank training step (h=512, L=2, S=2048; its attention time taken out) at {:.2f} GFLOP/s over the GEMM "
+      "rate. overlap_efficiency 0.5 is an assumption: MPI progresses transfers only inside MPI calls.",
+      world.size(), std::thread::hardware_concurrency(), gemm, bw, attn_gflops, rest_gflops);
   FP_RETURN_IF_ERROR(h.validate());
   return h;
 }

@@ -65,8 +65,10 @@ Result<std::vector<std::string>> write_layout_bench(const std::vector<LayoutBenc
 // What a hardware description needs, measured here with `world`'s ranks as the devices of
 // one node: f32 GEMM rate of one core (the backend's matmul, 1 thread), the ring bandwidth
 // between ranks (send_recv of 64 MiB, needs 2 ranks or more), memory per rank (the node's
-// memory / ranks), and matmul_efficiency = a single-rank training step's useful FLOP/s over
-// the GEMM rate. overlap_efficiency is stated, not measured.
+// memory / ranks), attention_efficiency = causal flash attention's forward + backward
+// FLOP/s over the GEMM rate, and matmul_efficiency = the rest of a single-rank training
+// step's useful FLOP/s (its attention time taken out) over the GEMM rate.
+// overlap_efficiency is stated, not measured.
 Result<Hardware> calibrate_hardware(Communicator& world);
 
 }  // namespace foldpar

@@ -20,6 +20,9 @@ Status Hardware::validate() const {
                             peak_tflops_bf16, memory_gb_per_s);
   if (!(matmul_efficiency > 0 && matmul_efficiency <= 1))
     return invalid_argument("hardware '{}': matmul_efficiency ({}) must lie in (0, 1]", name, matmul_efficiency);
+  if (!(attention_efficiency >= 0 && attention_efficiency <= 1))
+    return invalid_argument("hardware '{}': attention_efficiency ({}) must lie in (0, 1], or be 0 (as matmul_efficiency)",
+                            name, attention_efficiency);
   if (!(overlap_efficiency >= 0 && overlap_efficiency <= 1))
     return invalid_argument("hardware '{}': overlap_efficiency ({}) must lie in [0, 1]", name, overlap_efficiency);
   return Status();
@@ -30,7 +33,7 @@ Result<Hardware> Hardware::from_json(const std::string& text) {
   if (j.is_discarded() || !j.is_object()) return invalid_argument("hardware description is not a JSON object");
   static const char* const kKnown[] = {"name", "devices_per_node", "memory_per_device_gb", "peak_tflops_bf16",
                                        "peak_tflops_f32", "intra_node_gb_per_s", "inter_node_gb_per_s",
-                                       "memory_gb_per_s", "matmul_efficiency", "overlap_efficiency", "notes",
+                                       "memory_gb_per_s", "matmul_efficiency", "attention_efficiency", "overlap_efficiency", "notes",
                                        "measured"};
   for (const auto& [key, value] : j.items()) {
     bool known = false;
@@ -60,6 +63,7 @@ Result<Hardware> Hardware::from_json(const std::string& text) {
   FP_RETURN_IF_ERROR(number("inter_node_gb_per_s", h.inter_node_gb_per_s, true));
   FP_RETURN_IF_ERROR(number("memory_gb_per_s", h.memory_gb_per_s, false));
   FP_RETURN_IF_ERROR(number("matmul_efficiency", h.matmul_efficiency, false));
+  FP_RETURN_IF_ERROR(number("attention_efficiency", h.attention_efficiency, false));
   FP_RETURN_IF_ERROR(number("overlap_efficiency", h.overlap_efficiency, false));
   if (j.contains("notes")) {
     if (!j["notes"].is_string()) return invalid_argument("hardware '{}': field 'notes' must be a string", h.name);
@@ -90,6 +94,7 @@ std::string Hardware::to_json() const {
   j["inter_node_gb_per_s"] = inter_node_gb_per_s;
   j["memory_gb_per_s"] = memory_gb_per_s;
   j["matmul_efficiency"] = matmul_efficiency;
+  if (attention_efficiency > 0) j["attention_efficiency"] = attention_efficiency;
   j["overlap_efficiency"] = overlap_efficiency;
   j["notes"] = notes;
   return j.dump(2) + "\n";

@@ -40,20 +40,29 @@ double overlappable_bytes(const LayoutSpec& l, const AxisTraffic& a, PlanMode mo
                                   : 0;
 }
 
-double step_flops(const LlamaConfig& c, const LayoutSpec& l, const PlanRequest& r) {
+// Useful FLOPs of one step on the whole model, GEMMs apart from attention (they run at
+// different rates).
+struct StepFlops {
+  double matmul = 0, attention = 0;
+};
+StepFlops step_flops(const LlamaConfig& c, const LayoutSpec& l, const PlanRequest& r) {
   const int64_t B = r.batch / l.dp;
-  const double fwd = forward_matmul_flops(c, B * r.seq) + forward_attention_flops(c, B, r.seq);
+  const double mm = forward_matmul_flops(c, B * r.seq), attn = forward_attention_flops(c, B, r.seq);
   switch (r.mode) {
-    case PlanMode::kTrain: return (l.recompute == Recompute::kBlock ? 4.0 : 3.0) * fwd;
-    case PlanMode::kForward: return fwd;
-    case PlanMode::kPrefill: return fwd - 2.0 * static_cast<double>(B * r.seq) * c.vocab_size * c.hidden_size;
+    case PlanMode::kTrain: {
+      const double passes = l.recompute == Recompute::kBlock ? 4.0 : 3.0;
+      return {passes * mm, passes * attn};
+    }
+    case PlanMode::kForward: return {mm, attn};
+    case PlanMode::kPrefill:
+      return {mm - 2.0 * static_cast<double>(B * r.seq) * c.vocab_size * c.hidden_size, attn};
     case PlanMode::kDecode: {
-      const double attn = 4.0 * c.head_dim() * c.num_attention_heads * static_cast<double>(r.seq) * B *
-                          static_cast<double>(c.num_hidden_layers);
-      return forward_matmul_flops(c, B) + attn;
+      const double scores = 4.0 * c.head_dim() * c.num_attention_heads * static_cast<double>(r.seq) * B *
+                            static_cast<double>(c.num_hidden_layers);
+      return {forward_matmul_flops(c, B), scores};
     }
   }
-  return fwd;
+  return {mm, attn};
 }
 
 // Memory columns in GB, or in MB when every layout's total is under 1 GB.
@@ -109,8 +118,9 @@ std::vector<LayoutSpec> candidate_layouts(int devices, int64_t batch, PlanMode m
 TimeEstimate estimate_time(const LlamaConfig& c, const LayoutSpec& l, const Hardware& hw, const PlanRequest& r,
                            const StepTraffic& traffic, const MemoryEstimate& memory) {
   TimeEstimate t;
-  const double flops = step_flops(c, l, r) / l.model_ranks();
-  t.compute_s = flops / (hw.peak_flops(l.bf16) * hw.matmul_efficiency);
+  const StepFlops flops = step_flops(c, l, r);
+  const double peak = hw.peak_flops(l.bf16), ranks = l.model_ranks();
+  t.compute_s = flops.matmul / ranks / (peak * hw.matmul_efficiency) + flops.attention / ranks / (peak * hw.attention_rate());
   if (r.mode == PlanMode::kDecode && hw.memory_gb_per_s > 0) {
     // Every weight and every cached key and value is read once per decode step.
     const double bytes = static_cast<double>(memory.of(MemCategory::kParameters) + memory.of(MemCategory::kKvCache));

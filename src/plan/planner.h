@@ -4,7 +4,9 @@
 // estimate, and the fastest layout that fits. `foldpar plan` prints it.
 //
 // Step time: compute = FLOPs per rank (model/flop_count.h, split evenly over the model
-// ranks; recompute adds a forward) / (peak x matmul_efficiency); each axis's traffic moves
+// ranks; recompute adds a forward): the GEMMs' / (peak x matmul_efficiency) plus
+// attention's / (peak x attention_efficiency), which differ most at long S where causal
+// attention is most of the work; each axis's traffic moves
 // over the intra-node links when the axis's rank group fits inside a node (mesh order: dp
 // outermost, the last-written model axis innermost), else over the NICs, at max(bytes sent,
 // received) / bandwidth; traffic the schedule overlaps (TSP's shards, rings and K/V; SP's

@@ -4,6 +4,7 @@
 // against measurement are tests/parallel/plan_validation_test.cc.
 #include <gtest/gtest.h>
 
+#include "model/flop_count.h"
 #include "plan/planner.h"
 
 namespace foldpar {
@@ -160,9 +161,37 @@ TEST(HardwareTest, ParsesAndRoundTrips) {
   EXPECT_EQ(h->memory_bytes(), int64_t{80} * 1000000000);
   EXPECT_DOUBLE_EQ(h->peak_flops(true), 1e14);
   EXPECT_DOUBLE_EQ(h->matmul_efficiency, 0.5);  // the default
+  EXPECT_DOUBLE_EQ(h->attention_rate(), 0.5);     // unset: as matmul_efficiency
   Result<Hardware> again = Hardware::from_json(h->to_json());
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->to_json(), h->to_json());
+  h->attention_efficiency = 0.125;
+  again = Hardware::from_json(h->to_json());
+  ASSERT_TRUE(again.ok());
+  EXPECT_DOUBLE_EQ(again->attention_rate(), 0.125);
+}
+
+// Compute time is the GEMMs' FLOPs at matmul_efficiency plus attention's at
+// attention_efficiency, per model rank: halving attention's efficiency adds exactly its
+// FLOPs' time once more.
+TEST(PlannerTest, AttentionRunsAtItsOwnEfficiency) {
+  const LlamaConfig c = mha_config(4);
+  Hardware hw = *Hardware::from_json(kHardware);
+  PlanRequest r;
+  r.config = c;
+  r.devices = 4;
+  r.seq = 8192;
+  const LayoutSpec l = spec("tsp=4");
+  const StepTraffic traffic = *predict_traffic(c, l, 1, r.seq, PlanMode::kTrain);
+  const MemoryEstimate memory;
+  const double same = estimate_time(c, l, hw, r, traffic, memory).compute_s;
+  EXPECT_NEAR(same, 3.0 * (forward_matmul_flops(c, r.seq) + forward_attention_flops(c, 1, r.seq)) / 4 /
+                        (hw.peak_flops(false) * hw.matmul_efficiency),
+              1e-12 * same);
+  hw.attention_efficiency = hw.matmul_efficiency / 2;
+  const double slower = estimate_time(c, l, hw, r, traffic, memory).compute_s;
+  EXPECT_NEAR(slower - same, 3.0 * forward_attention_flops(c, 1, r.seq) / 4 / (hw.peak_flops(false) * hw.matmul_efficiency),
+              1e-12 * same);
 }
 
 TEST(HardwareTest, ErrorsNameTheField) {
@@ -178,7 +207,9 @@ TEST(HardwareTest, ErrorsNameTheField) {
       {R"({"devices_per_node": 8, "memory_per_device_gb": "big", "peak_tflops_f32": 1, "intra_node_gb_per_s": 1,
            "inter_node_gb_per_s": 1})", "must be a number"},
       {R"({"devices_per_node": 8, "memory_per_device_gb": 1, "peak_tflops_f32": 1, "intra_node_gb_per_s": 1,
-           "inter_node_gb_per_s": 1, "overlap_efficiency": 2})", "overlap_efficiency (2)"}};
+           "inter_node_gb_per_s": 1, "overlap_efficiency": 2})", "overlap_efficiency (2)"},
+      {R"({"devices_per_node": 8, "memory_per_device_gb": 1, "peak_tflops_f32": 1, "intra_node_gb_per_s": 1,
+           "inter_node_gb_per_s": 1, "attention_efficiency": -0.1})", "attention_efficiency (-0.1)"}};
   for (const auto& [text, needle] : bad) {
     Result<Hardware> h = Hardware::from_json(text);
     ASSERT_FALSE(h.ok()) << text;
