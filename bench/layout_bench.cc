@@ -1,6 +1,6 @@
 // Layouts side by side on the same kernels, in one run, measured beside the plan:
-//   mpirun -np 2 build/bench/layout_bench --model configs/small.json --seq 4096,16384 \
-//       --layouts tsp=2,tp=2,sp=2,sp=2:ring [--reps 3] [--memory-only] \
+//   mpirun -np 2 build/bench/layout_bench --model configs/small.json --seq 4096,16384
+//       --layouts tsp=2,tp=2,sp=2,sp=2:ring [--reps 3] [--memory-only]
 //       [--hardware hardware/this-machine.json] [--out DIR]
 // Every layout must use all the job's ranks (tp=2+sp=2 and tsp=4 under -np 4; a 2-D layout
 // is written with '+' because ',' separates layouts). Options follow ':' ("sp=2:ring" ring

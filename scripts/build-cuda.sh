@@ -2,7 +2,8 @@
 # Builds the CUDA code without running it, so that the GPU code never rots: configures
 # build-cuda/ with -DFOLDPAR_WITH_CUDA=ON (nvcc, cuBLAS and NCCL from /usr/local/cuda,
 # sm_90) and builds only the CUDA targets: the backend, the device communicators, the GPU
-# tests and gpu_bench (plus the CPU libraries they link). Needs no GPU.
+# tests, gpu_bench and the foldpar program with --device cuda (plus the CPU libraries they
+# link). Needs no GPU.
 # BUILD_DIR overrides the directory; extra arguments go to cmake's configure step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +14,7 @@ if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
 fi
 targets=(foldpar_backend_cuda foldpar_comm_nccl
          staging_test unified_memory_test cuda_ops_test cuda_attention_test cuda_model_test gpu_tsp_test gpu_comm_test
-         gpu_bench)
+         gpu_bench foldpar)
 start=$(date +%s)
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DFOLDPAR_WITH_CUDA=ON -DFOLDPAR_BUILD_BENCH=ON "$@" >/dev/null

@@ -2,7 +2,7 @@
 // and their run. Included by main.cc only, so that CLI11 stays in one translation unit. What
 // they measure lives in src/app/layout_bench.h; here: flags in, table and files out.
 //
-//   mpirun -np 2 foldpar bench --layouts tsp=2,tp=2,sp=2,sp=2:ring --model configs/small.json \
+//   mpirun -np 2 foldpar bench --layouts tsp=2,tp=2,sp=2,sp=2:ring --model configs/small.json
 //       --seq 1024,4096 [--steps 3] [--hardware hardware/this-machine.json] [--out DIR]
 //     prints the side-by-side table (rank 0); DIR receives table.csv, table.json and PNGs.
 //   mpirun -np 2 foldpar bench --calibrate [--out hardware/this-machine.json]

@@ -20,11 +20,12 @@
 #include "app/generate.h"
 #include "comm/mpi_runtime.h"
 #include "core/status.h"
+#include "device.h"
 
 namespace foldpar::cli {
 
 struct GenerateArgs {
-  std::string checkpoint, hf, layout, tokenizer = "bytes", prompt_file, seq_split = "zigzag";
+  std::string checkpoint, hf, layout, tokenizer = "bytes", prompt_file, seq_split = "zigzag", device = "cpu";
   std::vector<std::string> prompts, stops;
   int64_t max_new_tokens = 128, batch = 0, top_k = 0;
   double temperature = 0, top_p = 1.0;
@@ -52,6 +53,7 @@ inline CLI::App* add_generate(CLI::App& app, GenerateArgs& a) {
   cmd->add_option("--head-buckets", a.head_buckets, "tsp prefill: all-gather each attention shard's K/V in this many buckets");
   cmd->add_flag("--no-overlap", a.no_overlap, "finish every transfer before the computation that follows it");
   cmd->add_flag("--json", a.json, "one JSON object per completion per line");
+  cmd->add_option("--device", a.device, "cpu or cuda (each rank: GPU local rank mod GPUs; docs/GPU.md)");
   return cmd;
 }
 
@@ -123,9 +125,15 @@ inline GenerationCallbacks print_callbacks(const GenerateArgs& a, size_t prompts
 inline int run_generate(const GenerateArgs& a, int (*fail)(const Status&)) {
   Result<GenerateOptions> o = generate_options(a);
   if (!o.ok()) return fail(o.status());
+  Result<DeviceKind> kind = parse_device(a.device);
+  if (!kind.ok()) return fail(kind.status());
   Result<CommOptions> comm_options = CommOptions::from_env();
   if (!comm_options.ok()) return fail(comm_options.status());
   MpiRuntime mpi(nullptr, nullptr, comm_options.value());
+  Result<Device> device = open_job_device(*kind, mpi);  // before the first tensor
+  if (!device.ok()) return fail(device.status());
+  o->backend = device->backend.get();
+  o->axis_comm = device->axis_comm;
   const bool root = mpi.world().rank() == 0;
   Result<GenerateResult> r = foldpar::run_generate(*o, mpi.world(), print_callbacks(a, o->prompts.size()));
   if (!r.ok()) return fail(r.status());
@@ -134,11 +142,13 @@ inline int run_generate(const GenerateArgs& a, int (*fail)(const Status&)) {
     std::fprintf(stderr,
                  "foldpar generate: %s, %zu prompts from %s\n"
                  "  prefill %lld tokens in %.3f s: %.1f tokens/s\n"
-                 "  decode  %lld tokens in %.3f s: %.1f tokens/s\n"
+                 "  decode  %lld tokens in %.3f s: %.1f tokens/s (every slot of every step)\n"
+                 "  generated %lld tokens: %.1f tokens/s over prefill and decode\n"
                  "  KV cache %.2f MiB per rank\n",
                  r->layout.c_str(), o->prompts.size(), r->source.c_str(), static_cast<long long>(g.prompt_tokens),
                  g.prefill_seconds, g.prefill_tokens_per_second(), static_cast<long long>(g.decode_tokens),
-                 g.decode_seconds, g.decode_tokens_per_second(), static_cast<double>(g.cache_bytes) / (1 << 20));
+                 g.decode_seconds, g.decode_tokens_per_second(), static_cast<long long>(g.generated_tokens),
+                 g.generated_tokens_per_second(), static_cast<double>(g.cache_bytes) / (1 << 20));
   }
   return 0;
 }

@@ -2,7 +2,7 @@
 // stays in one translation unit. What the plan computes lives in src/plan/; here: flags in,
 // a table (or --json) out. No MPI: it runs as one process.
 //
-//   foldpar plan --model configs/paper-7b.json --seq 131072 --batch 1 --devices 8 \
+//   foldpar plan --model configs/paper-7b.json --seq 131072 --batch 1 --devices 8
 //       --hardware hardware/mi300x-8.json [--train|--forward|--prefill|--decode] [--bf16]
 //       [--recompute block] [--layouts tsp=8,tp=8] [--max-new-tokens N] [--json]
 #pragma once

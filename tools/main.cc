@@ -15,6 +15,7 @@
 #include "cli_generate.h"
 #include "cli_bench_layouts.h"
 #include "cli_plan.h"
+#include "device.h"
 #include "app/step_bench.h"
 #include "app/verify.h"
 #include "backend/backend.h"
@@ -164,7 +165,7 @@ struct BenchArgs {
   int64_t batch = 1;
   std::vector<int64_t> seqs{1024};
   int steps = 3, warmup = 1, threads = 1;
-  std::string recompute = "none";
+  std::string recompute = "none", device = "cpu";
   bool profile = false;
 };
 
@@ -178,6 +179,7 @@ void add_bench(CLI::App& app, BenchArgs& a) {
   cmd->add_option("--threads", a.threads, "BLAS threads");
   cmd->add_option("--recompute", a.recompute, "activation recomputation: none or block");
   cmd->add_flag("--profile", a.profile, "print the time spent in each backend op");
+  cmd->add_option("--device", a.device, "cpu or cuda (GPU 0; built with -DFOLDPAR_WITH_CUDA=ON); not with --layouts");
 }
 
 void print_profile(const StepBenchReport& r) {
@@ -196,6 +198,10 @@ int run_bench_command(const BenchArgs& a) {
   Result<Recompute> rc = parse_recompute(a.recompute);
   if (!rc.ok()) return fail(rc.status());
   if (a.threads <= 0) return fail(invalid_argument("--threads ({}) must be positive", a.threads));
+  Result<cli::DeviceKind> kind = cli::parse_device(a.device);
+  if (!kind.ok()) return fail(kind.status());
+  Result<cli::Device> device = cli::open_device(*kind, 0);
+  if (!device.ok()) return fail(device.status());
   set_cpu_backend_threads(a.threads);
   std::printf("%-8s %-6s %12s %12s %10s %14s\n", "seq", "batch", "step s", "tokens/s", "GFLOP/s", "peak MiB");
   for (int64_t seq : a.seqs) {
@@ -207,6 +213,7 @@ int run_bench_command(const BenchArgs& a) {
     o.warmup = a.warmup;
     o.recompute = rc.value();
     o.profile = a.profile;
+    o.backend = device->backend.get();
     Result<StepBenchReport> r = run_step_bench(o);
     if (!r.ok()) return fail(r.status());
     std::printf("%-8lld %-6lld %12.3f %12.1f %10.1f %14.1f\n", static_cast<long long>(seq),
@@ -254,7 +261,7 @@ struct TrainArgs {
   int keep = 2;
   uint64_t seed = 0;
   bool resume = false;
-  std::string progress = "auto";
+  std::string progress = "auto", device = "cpu";
   bool bf16 = false;
   OptimizerConfig optimizer;
   LayoutArgs layout;
@@ -286,6 +293,7 @@ void add_train(CLI::App& app, TrainArgs& a) {
   cmd->add_flag("--resume", a.resume, "continue from the newest complete checkpoint in OUT");
   cmd->add_flag("--bf16", a.bf16, "store weights and activations in bf16 (f32 master weights); tsp layouts");
   cmd->add_option("--init-from", a.init_from, "start from a Hugging Face directory (config.json + model.safetensors)");
+  cmd->add_option("--device", a.device, "cpu or cuda (each rank: GPU local rank mod GPUs; docs/GPU.md)");
   add_layout_flags(cmd, a.layout);
 }
 
@@ -310,11 +318,17 @@ int run_train_command(const TrainArgs& a) {
   if (!config.ok()) return fail(config.status());
   Result<LayoutOptions> lo = layout_options(a.layout);
   if (!lo.ok()) return fail(lo.status());
+  Result<cli::DeviceKind> kind = cli::parse_device(a.device);
+  if (!kind.ok()) return fail(kind.status());
   std::unique_ptr<MpiRuntime> mpi;
   Result<MpiRuntime*> rt = start_mpi(mpi);
   if (!rt.ok()) return fail(rt.status());
   Communicator& world = (*rt)->world();
+  Result<cli::Device> device = cli::open_job_device(*kind, **rt);  // before the first tensor
+  if (!device.ok()) return fail(device.status());
   TrainOptions o;
+  o.backend = device->backend.get();
+  o.axis_comm = device->axis_comm;
   o.config = config.value();
   o.layout = a.layout.layout;
   o.layout_options = lo.value();
@@ -458,6 +472,9 @@ int main(int argc, char** argv) {
     return kExitBadInput;
   }
   if (app.got_subcommand("verify")) return run_verify_command(verify_args);
+  if (app.got_subcommand("bench") && bench_layouts_args.active() && bench_args.device != "cpu")
+    return fail(invalid_argument("bench --layouts and --calibrate run on the CPU only, not --device {}",
+                                 bench_args.device));
   if (app.got_subcommand("bench") && bench_layouts_args.active())
     return cli::run_bench_layouts(bench_layouts_args, bench_args, fail);
   if (app.got_subcommand("bench") && bench_args.model.empty()) return fail(invalid_argument("bench: --model is required"));

@@ -81,7 +81,7 @@ Result<GenerateResult> run_generate(const GenerateOptions& o, Communicator& worl
     return invalid_argument("tokenizer {} has {} tokens, more than the model's vocabulary ({})", tokenizer->describe(),
                             tokenizer->vocab_size(), src.config.vocab_size);
   const std::string layout = o.layout.empty() ? "tsp=" + std::to_string(world.size()) : o.layout;
-  FP_ASSIGN_OR_RETURN(Mesh mesh, Mesh::create(world, layout));
+  FP_ASSIGN_OR_RETURN(Mesh mesh, Mesh::create(world, layout, o.axis_comm));
   FP_ASSIGN_OR_RETURN(std::unique_ptr<ShardedDecoder> decoder, make_sharded_decoder(src.config, mesh, o.layout_options));
   std::vector<ParamRef> refs = decoder->parameters();
   // Each rank reads its own slices; a failure on one rank is every rank's (same files).
@@ -91,8 +91,9 @@ Result<GenerateResult> run_generate(const GenerateOptions& o, Communicator& worl
   FP_CHECK_OK(world.all_reduce(&failed, &failed, 1, DType::kI32, ReduceOp::kMax));
   if (!loaded.ok()) return loaded;
   if (failed) return io_error("another rank could not load the weights from '{}'", src.source);
-  auto be = make_cpu_backend();
-  FP_ASSIGN_OR_RETURN(GenerationReport report, generate(*decoder, *be, *tokenizer, o.prompts, o.generation, world, cb));
+  std::unique_ptr<Backend> cpu = o.backend != nullptr ? nullptr : make_cpu_backend();
+  Backend& be = o.backend != nullptr ? *o.backend : *cpu;
+  FP_ASSIGN_OR_RETURN(GenerationReport report, generate(*decoder, be, *tokenizer, o.prompts, o.generation, world, cb));
   return GenerateResult{std::move(report), decoder->layout(), src.source, src.config};
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/mesh.h"
 #include "infer/generator.h"
 #include "model/llama_config.h"
 #include "parallel/sharded_model.h"
@@ -22,6 +23,11 @@ struct GenerateOptions {
   std::string tokenizer = "bytes"; // bytes, or a SentencePiece model (data/tokenizer.h)
   std::vector<std::string> prompts;
   GenerationOptions generation;
+  // Where the decoder runs (as TrainOptions::backend and ::axis_comm): borrowed, null for
+  // the fast CPU backend and the mesh's MPI communicators. Host code reads the logits after
+  // each step, so a GPU backend must finish each op before returning.
+  Backend* backend = nullptr;
+  AxisCommFactory axis_comm;
 };
 
 struct GenerateResult {

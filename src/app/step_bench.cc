@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 
 #include "app/synthetic.h"
 #include "backend/backend.h"
@@ -22,9 +23,10 @@ Result<StepBenchReport> run_step_bench(const StepBenchOptions& o) {
   init_weights(InitOptions{.seed = o.seed}, w);
   LlamaWeights g = LlamaWeights::allocate(o.config, DType::kF32, MemCategory::kGradients);
   const Batch batch = synthetic_batch(o.config, o.batch, o.seq, o.seed + 1);
-  auto cpu = make_cpu_backend();
-  TimedBackend timed(*cpu);
-  Backend& be = o.profile ? static_cast<Backend&>(timed) : *cpu;
+  std::unique_ptr<Backend> cpu = o.backend != nullptr ? nullptr : make_cpu_backend();
+  Backend& base = o.backend != nullptr ? *o.backend : *cpu;
+  TimedBackend timed(base);
+  Backend& be = o.profile ? static_cast<Backend&>(timed) : base;
   StepOptions step;
   step.recompute = o.recompute;
 

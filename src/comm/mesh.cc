@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <utility>
 
 #include "core/check.h"
 
@@ -77,12 +78,12 @@ std::string MeshLayout::to_string() const {
   return out;
 }
 
-Result<Mesh> Mesh::create(Communicator& world, std::string_view layout) {
+Result<Mesh> Mesh::create(Communicator& world, std::string_view layout, const AxisCommFactory& axis_comm) {
   FP_ASSIGN_OR_RETURN(MeshLayout parsed, MeshLayout::parse(layout));
-  return create(world, parsed);
+  return create(world, parsed, axis_comm);
 }
 
-Result<Mesh> Mesh::create(Communicator& world, const MeshLayout& layout) {
+Result<Mesh> Mesh::create(Communicator& world, const MeshLayout& layout, const AxisCommFactory& axis_comm) {
   // A layout built by hand obeys the same rules as a parsed one.
   FP_RETURN_IF_ERROR(MeshLayout::parse(layout.to_string()).status());
   if (layout.num_ranks() != world.size()) {
@@ -91,10 +92,11 @@ Result<Mesh> Mesh::create(Communicator& world, const MeshLayout& layout) {
     return invalid_argument("layout {} needs {} ranks ({}), but communicator {} has {}", layout.to_string(),
                             layout.num_ranks(), factors, world.name(), world.size());
   }
-  return Mesh(world, layout);
+  return Mesh(world, layout, axis_comm);
 }
 
-Mesh::Mesh(Communicator& world, MeshLayout layout) : world_(&world), layout_(std::move(layout)) {
+Mesh::Mesh(Communicator& world, MeshLayout layout, const AxisCommFactory& axis_comm)
+    : world_(&world), layout_(std::move(layout)) {
   const int n_axes = static_cast<int>(layout_.axes.size());
   coords_.resize(n_axes);
   int rest = world.rank();
@@ -107,11 +109,31 @@ Mesh::Mesh(Communicator& world, MeshLayout layout) : world_(&world), layout_(std
   for (int i = 0; i < n_axes; ++i) {
     std::vector<int> others = coords_;
     others[i] = 0;
-    comms_.push_back(world.split(world_rank_at(others), coords_[i], layout_.axes[i].name));
+    std::unique_ptr<Communicator> split = world.split(world_rank_at(others), coords_[i], layout_.axes[i].name);
+    if (axis_comm) {
+      host_comms_.push_back(std::move(split));
+      split = axis_comm(*host_comms_.back());
+      FP_CHECK(split != nullptr, "axis {}: the AxisCommFactory returned no communicator", layout_.axes[i].name);
+    }
+    comms_.push_back(std::move(split));
     FP_CHECK(comms_.back()->rank() == coords_[i] && comms_.back()->size() == layout_.axes[i].degree,
              "axis {}: rank {} of {}, expected {} of {}", layout_.axes[i].name, comms_.back()->rank(),
              comms_.back()->size(), coords_[i], layout_.axes[i].degree);
   }
+}
+
+// Not member by member in declaration order: assigning host_comms_ first would destroy the
+// communicators that the old comms_ still borrow.
+Mesh& Mesh::operator=(Mesh&& other) noexcept {
+  if (this == &other) return *this;
+  comms_.clear();
+  host_comms_.clear();
+  world_ = other.world_;
+  layout_ = std::move(other.layout_);
+  coords_ = std::move(other.coords_);
+  host_comms_ = std::move(other.host_comms_);
+  comms_ = std::move(other.comms_);
+  return *this;
 }
 
 int Mesh::axis_index(std::string_view axis) const {

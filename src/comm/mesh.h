@@ -1,7 +1,10 @@
 // Mesh: the parallel axes of a job and one communicator per axis, built from the world
 // communicator and a layout string ("tsp=4", "tp=2,sp=2", "dp=2,tsp=2"). The Mesh owns its
 // axis communicators and borrows the world communicator, which must outlive it. Nothing is
-// global: whoever needs an axis gets the Mesh or the Communicator passed in.
+// global: whoever needs an axis gets the Mesh or the Communicator passed in. An optional
+// AxisCommFactory wraps each axis's split of world (e.g. in a device communicator,
+// comm/nccl/device_communicator.h), so the strategies above talk to GPUs without this layer
+// knowing about them.
 //
 // Rank order: axes are listed outermost first and the last axis varies fastest. dp, when
 // present, must be written first (the outermost axis). A rank's coordinates are the digits
@@ -11,6 +14,7 @@
 // mesh.comm("tp").rank() == mesh.coord("tp").
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -37,16 +41,25 @@ struct MeshLayout {
   std::string to_string() const;  // "dp=2,tsp=2"
 };
 
+// Makes the communicator an axis uses out of that axis's split of world (`host`), e.g. a
+// device communicator over the MPI one. Collective over `host`; the result may borrow `host`,
+// which the Mesh keeps alive until after the result is destroyed. Same name and ranks as
+// `host`.
+using AxisCommFactory = std::function<std::unique_ptr<Communicator>(Communicator& host)>;
+
 class Mesh {
  public:
   // Collective over `world`: every rank passes the same layout. Fails with invalid_argument
   // when the layout does not parse or its product is not world.size(), e.g.
   // "layout tp=2,sp=2 needs 4 ranks (tp 2 x sp 2), but communicator world has 3".
-  static Result<Mesh> create(Communicator& world, std::string_view layout);
-  static Result<Mesh> create(Communicator& world, const MeshLayout& layout);
+  // With `axis_comm`, every axis communicator is axis_comm(split of world), made in layout
+  // order on every rank; without, the splits themselves.
+  static Result<Mesh> create(Communicator& world, std::string_view layout, const AxisCommFactory& axis_comm = {});
+  static Result<Mesh> create(Communicator& world, const MeshLayout& layout, const AxisCommFactory& axis_comm = {});
 
   Mesh(Mesh&&) noexcept = default;
-  Mesh& operator=(Mesh&&) noexcept = default;
+  Mesh& operator=(Mesh&& other) noexcept;
+  ~Mesh() = default;  // comms_ before host_comms_ (declaration order), which they may borrow
 
   const MeshLayout& layout() const { return layout_; }
   Communicator& world() { return *world_; }
@@ -65,13 +78,14 @@ class Mesh {
   int world_rank_at(const std::vector<int>& coords) const;
 
  private:
-  Mesh(Communicator& world, MeshLayout layout);
+  Mesh(Communicator& world, MeshLayout layout, const AxisCommFactory& axis_comm);
   int axis_index(std::string_view axis) const;  // -1 when absent
 
   Communicator* world_;
   MeshLayout layout_;
   std::vector<int> coords_;
-  std::vector<std::unique_ptr<Communicator>> comms_;  // one per axis, layout order
+  std::vector<std::unique_ptr<Communicator>> host_comms_;  // with an AxisCommFactory: the splits comms_ wrap
+  std::vector<std::unique_ptr<Communicator>> comms_;       // one per axis, layout order
 };
 
 }  // namespace foldpar

@@ -101,6 +101,11 @@ MpiRuntime::~MpiRuntime() {
 int MpiRuntime::world_rank() const { return ctx_->world_rank; }
 int MpiRuntime::world_size() const { return ctx_->world_size; }
 const std::string& MpiRuntime::host() const { return ctx_->hosts[ctx_->world_rank]; }
+int MpiRuntime::local_rank() const {
+  int local = 0;
+  for (int r = 0; r < ctx_->world_rank; ++r) local += ctx_->hosts[r] == host() ? 1 : 0;
+  return local;
+}
 bool MpiRuntime::watchdog_enabled() const { return ctx_->watchdog != nullptr; }
 void MpiRuntime::set_check(bool on) { ctx_->check.store(on); }
 

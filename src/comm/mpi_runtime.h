@@ -44,6 +44,9 @@ class MpiRuntime {
   int world_rank() const;
   int world_size() const;
   const std::string& host() const;
+  // This rank's index among the ranks on its host (those with the same processor name,
+  // gathered at start-up), in world-rank order: what picks a GPU per rank. No communication.
+  int local_rank() const;
   const CommOptions& options() const { return options_; }
   bool watchdog_enabled() const;
 

@@ -136,7 +136,7 @@ Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
   if (o.steps <= 0 || o.seq <= 0) return invalid_argument("--steps ({}) and --seq ({}) must be positive", o.steps, o.seq);
   if (o.out_dir.empty()) return invalid_argument("an output directory is required");
   const std::string layout = o.layout.empty() ? fmt::format("tsp={}", world.size()) : o.layout;
-  FP_ASSIGN_OR_RETURN(Mesh mesh, Mesh::create(world, layout));
+  FP_ASSIGN_OR_RETURN(Mesh mesh, Mesh::create(world, layout, o.axis_comm));
   FP_ASSIGN_OR_RETURN(Setup s, plan_batches(o, mesh));
   FP_ASSIGN_OR_RETURN(CorpusInfo corpus, read_corpus_info(o.data_dir));
   if (corpus.vocab_size > static_cast<uint32_t>(o.config.vocab_size))
@@ -178,10 +178,13 @@ Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
   FP_ASSIGN_OR_RETURN(MetricsFile metrics, MetricsFile::open(leader ? (fs::path(o.out_dir) / "metrics.jsonl").string() : ""));
   ProgressLine progress(o.steps, o.tty && leader, o.print_every);
 
-  auto cpu = make_cpu_backend();
-  std::unique_ptr<Backend> bf16;
-  if (lo.dtype == DType::kBF16) bf16 = make_bf16_storage_backend(*cpu);
-  Backend* be = bf16 ? bf16.get() : cpu.get();
+  std::unique_ptr<Backend> cpu, bf16;
+  Backend* be = o.backend;
+  if (be == nullptr) {
+    cpu = make_cpu_backend();
+    if (lo.dtype == DType::kBF16) bf16 = make_bf16_storage_backend(*cpu);
+    be = bf16 ? bf16.get() : cpu.get();
+  }
   adamw.sync_params(*be);  // loaded masters -> bf16 parameters
   std::vector<double> step_times;
   const double t_start = now_s();

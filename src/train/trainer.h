@@ -6,12 +6,17 @@
 // tokens of the GLOBAL batch, whatever the layout and the accumulation: every micro-batch's
 // gradient is normalized by the global batch's valid-token count, known in advance from the
 // data, and the data-parallel replicas sum their gradients.
+//
+// Where it runs is the caller's choice (TrainOptions::backend, ::axis_comm): by default the
+// fast CPU backend and MPI communicators; `foldpar train --device cuda` passes the CUDA
+// backend and device communicators (tools/device.h). This layer never sees CUDA.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "comm/communicator.h"
+#include "comm/mesh.h"
 #include "core/status.h"
 #include "parallel/sharded_model.h"
 #include "train/optimizer.h"
@@ -41,6 +46,13 @@ struct TrainOptions {
   // print_every 0 prints nothing but validation and checkpoint notes.
   bool tty = false;
   int64_t print_every = 10;
+  // Where the steps run; borrowed, and null for the default, like leveldb's Options::env.
+  // A backend must compute layout_options.dtype natively (the CUDA backend does bf16) and
+  // return from each op only once its result is in memory: the model, the strategies and
+  // this loop read results on the host (CudaBackendOptions::sync_each_op). Null: the fast
+  // CPU backend, decorated with bf16 storage (backend/bf16_storage_backend.h) for bf16.
+  Backend* backend = nullptr;
+  AxisCommFactory axis_comm;        // the mesh's axis communicators (Mesh::create); null: MPI's
 };
 
 struct TrainReport {
@@ -53,7 +65,8 @@ struct TrainReport {
   std::vector<double> losses;       // every step's loss, in order
 };
 
-// Collective over `world`.
+// Collective over `world`, which carries only host values (loss sums, counters, checkpoint
+// agreement); gradients travel on the mesh's axis communicators.
 Result<TrainReport> run_training(const TrainOptions& options, Communicator& world);
 
 }  // namespace foldpar

@@ -2,7 +2,9 @@
 // each rank's coordinates follow the documented order (dp outermost, last axis fastest),
 // each axis communicator holds exactly the ranks that share the other coordinates, moves
 // data among them only, and counts its traffic separately. A layout of the wrong size is a
-// Status naming both numbers. Runs under mpirun at 1-4 ranks.
+// Status naming both numbers. An AxisCommFactory (how `--device cuda` puts device
+// communicators on the axes) wraps every axis's split, and the wrapped axis carries the
+// traffic. Runs under mpirun at 1-4 ranks.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -83,6 +85,71 @@ TEST(Mesh, EveryLayoutOfTheWorldHasTheDocumentedRankOrder) {
       EXPECT_EQ(mesh.coord(absent), 0) << text;
     }
     EXPECT_EQ(mesh.communicators().size(), layout.axes.size());
+  }
+}
+
+// A communicator that forwards every operation to the split it wraps (as the device
+// communicators do) and counts what it forwarded.
+class Forwarding final : public Communicator {
+ public:
+  Forwarding(Communicator& host, int* forwarded)
+      : Communicator(host.rank(), host.size(), host.name(), host.world_ranks()), host_(host), forwarded_(forwarded) {}
+  std::unique_ptr<Communicator> split(int color, int key, std::string name) override {
+    return host_.split(color, key, std::move(name));
+  }
+
+ protected:
+  Status supports(const CommOp&) const override { return Status::ok_status(); }
+  Status run_validated(const CommOp& op) override {
+    ++*forwarded_;
+    return host_.run(op);
+  }
+  CommRequest start_validated(const CommOp& op) override {
+    ++*forwarded_;
+    return host_.start(op);
+  }
+
+ private:
+  Communicator& host_;
+  int* forwarded_;
+};
+
+TEST(Mesh, AnAxisFactoryWrapsEveryAxisAndTheWrapperCarriesItsTraffic) {
+  Communicator& world = mpi().world();
+  const int N = world.size();
+  for (const std::string& layout : {fmt::format("tsp={}", N), fmt::format("dp=1,tp={},sp=1", N)}) {
+    SCOPED_TRACE(layout);
+    int made = 0, forwarded = 0;
+    std::vector<std::string> wrapped;
+    AxisCommFactory factory = [&](Communicator& host) -> std::unique_ptr<Communicator> {
+      ++made;
+      wrapped.push_back(host.name());
+      return std::make_unique<Forwarding>(host, &forwarded);
+    };
+    {
+      Result<Mesh> mesh = Mesh::create(world, layout, factory);
+      ASSERT_TRUE(mesh.ok()) << mesh.status().to_string();
+      const MeshLayout& l = mesh->layout();
+      EXPECT_EQ(made, static_cast<int>(l.axes.size()));
+      for (size_t i = 0; i < l.axes.size(); ++i) {
+        EXPECT_EQ(wrapped[i], l.axes[i].name);
+        Communicator& axis = mesh->comm(l.axes[i].name);
+        EXPECT_NE(dynamic_cast<Forwarding*>(&axis), nullptr) << l.axes[i].name;
+        EXPECT_EQ(axis.rank(), mesh->coord(l.axes[i].name));
+      }
+      // The largest axis sums every rank's value through the wrapper.
+      const std::string big = l.axes.size() == 1 ? l.axes[0].name : "tp";
+      int64_t v = world.rank() + 1, sum = 0;
+      const int before = forwarded;
+      ASSERT_TRUE(mesh->comm(big).all_reduce(&v, &sum, 1, DType::kI64, ReduceOp::kSum).ok());
+      EXPECT_EQ(sum, int64_t{N} * (N + 1) / 2);
+      EXPECT_EQ(forwarded, before + 1);
+      EXPECT_EQ(mesh->comm(big).stats().total().calls, 1u);
+      // Moved, the mesh keeps its wrappers and the splits they borrow (ASan checks the rest).
+      Mesh moved = std::move(mesh).value();
+      ASSERT_TRUE(moved.comm(big).all_reduce(&v, &sum, 1, DType::kI64, ReduceOp::kSum).ok());
+      EXPECT_EQ(sum, int64_t{N} * (N + 1) / 2);
+    }
   }
 }
 

@@ -1,0 +1,29 @@
+// --device cuda: the CUDA backend and the device communicators for one process. Compiled
+// only with FOLDPAR_WITH_CUDA (tools/CMakeLists.txt); tools/device.h is its interface.
+#include <utility>
+
+#include "backend/cuda/cuda_backend.h"
+#include "comm/nccl/device_communicator.h"
+#include "device.h"
+#include "tensor/memory_tracker.h"
+
+namespace foldpar::cli {
+
+Result<Device> open_cuda_device(int local_rank) {
+  std::string why;
+  const int count = cuda_device_count(&why);
+  if (count <= 0) return not_found("--device cuda: no usable GPU ({})", why);
+  // Before any tensor exists: every block of the process from now on is unified memory.
+  use_cuda_unified_memory(MemoryTracker::process());
+  CudaBackendOptions options;
+  options.device = local_rank % count;
+  options.sync_each_op = true;  // host code reads losses, ids and logits right after ops
+  std::unique_ptr<CudaBackend> cuda = make_cuda_backend(options);
+  const DeviceCommOptions comm{.device = options.device, .compute_stream = cuda->stream()};
+  Device device;
+  device.axis_comm = [comm](Communicator& host) { return make_device_communicator(host, comm); };
+  device.backend = std::move(cuda);
+  return device;
+}
+
+}  // namespace foldpar::cli
