@@ -267,6 +267,19 @@ Result<std::vector<std::string>> write_layout_bench(const std::vector<LayoutBenc
 
 namespace {
 
+// Median wall-clock seconds of `reps` calls of f, after one untimed warm-up call.
+template <class F>
+double median_seconds(int reps, F&& f) {
+  f();
+  std::vector<double> secs;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return median(secs);
+}
+
 // GFLOP/s of the backend's f32 matmul, n x n x n, median of `reps` after one warm-up.
 double matmul_gflops(int64_t n, int reps) {
   auto be = make_cpu_backend();
@@ -275,14 +288,7 @@ double matmul_gflops(int64_t n, int reps) {
   Tensor c = Tensor::empty({n, n}, DType::kF32, MemCategory::kWorkspace);
   be->fill(0.5, a);
   be->fill(0.25, b);
-  be->matmul(a, false, b, false, c);
-  std::vector<double> secs;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    be->matmul(a, false, b, false, c);
-    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return 2.0 * static_cast<double>(n * n * n) / median(secs) / 1e9;
+  return 2.0 * static_cast<double>(n * n * n) / median_seconds(reps, [&] { be->matmul(a, false, b, false, c); }) / 1e9;
 }
 
 // Seconds of one causal attention forward + backward (the CPU backend's flash attention,
@@ -305,18 +311,10 @@ double attention_seconds(const LlamaConfig& c, int64_t seq, int reps) {
   Tensor pos = Tensor::empty({seq}, DType::kI32, MemCategory::kWorkspace);
   for (int64_t i = 0; i < seq; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i);
   const AttentionArgs args{&q, &k, &v, &pos, &pos, 1.0 / std::sqrt(static_cast<double>(d))};
-  auto once = [&] {
+  return median_seconds(reps, [&] {
     be->attention_forward(args, out, lse);
     be->attention_backward(args, out, lse, d_out, dq, dk, dv);
-  };
-  once();
-  std::vector<double> secs;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    once();
-    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return median(secs);
+  });
 }
 
 // GB/s one way of a ring step between neighbours: every rank sends `bytes` to p+1 while

@@ -114,7 +114,7 @@ StepResult TpStepBase::head_forward(const ShardedWeights& w, const Tensor& x, He
     const int64_t first = seq_par_ ? tp_.rank() * local_seq_ : 0;
     for (int64_t b = 0; b < batch_; ++b)
       for (int64_t i = 0; i < local_seq_; ++i) rows.push_back(b * tp_seq_ + first + i);
-    *logits = gather_vocab_logits(tp_, hs.loss.logits, rows);
+    *logits = gather_vocab_logits(tp_, hs.loss.logits, rows).reshape({batch_, local_seq_, c_.vocab_size});
   }
   StepResult r;
   r.loss_sum = hs.loss.loss_sum;

@@ -89,7 +89,8 @@ class TpStepBase {
                       ShardedWeights& grads);
 
   // Final norm (f' with sequence parallelism), LM head and the vocabulary-parallel loss over
-  // tp. With `logits` also this rank's rows [R, V] (verification). The loss of these rows.
+  // tp. With `logits` also this rank's rows [B, local_seq, V] (verification). The loss of
+  // these rows.
   virtual StepResult head_forward(const ShardedWeights& w, const Tensor& x, HeadSaved& saved, Tensor* logits);
   // d(x_last) [R, h] of loss_sum / normalizer: the partial d_xf through f^T while the LM
   // head's weight gradient computes.

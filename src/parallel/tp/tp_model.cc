@@ -54,7 +54,6 @@ Result<StepResult> TpModel::forward(Backend& be, Communicator& tp, const Sharded
   FP_RETURN_IF_ERROR(check_local_batch(*this, batch));
   TpStep step(*this, be, tp, batch);
   StepResult r = run_tp_step(step, options_.recompute, options_.keep_logits, w, nullptr, 0);
-  if (options_.keep_logits) r.logits = r.logits.reshape({batch.batch(), batch.seq(), config_.vocab_size});
   r.exposed_comm_seconds = step.blocked_seconds();
   return r;
 }
@@ -77,7 +76,6 @@ Result<StepResult> TpModel::forward_backward(Backend& be, Communicator& tp, cons
   FP_RETURN_IF_ERROR(check_local_batch(*this, batch));
   TpStep step(*this, be, tp, batch);
   StepResult r = run_tp_step(step, options_.recompute, options_.keep_logits, w, &g, loss_normalizer);
-  if (options_.keep_logits) r.logits = r.logits.reshape({batch.batch(), batch.seq(), config_.vocab_size});
   step.sum_norm_partials(g);
   r.exposed_comm_seconds = step.blocked_seconds();
   return r;

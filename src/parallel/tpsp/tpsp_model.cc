@@ -119,7 +119,6 @@ Result<StepResult> TpspModel::forward(Backend& be, const TpspAxes& axes, const S
   FP_RETURN_IF_ERROR(check_local_batch(*this, batch));
   TpspStep step(*this, be, axes, batch);
   StepResult r = run_tp_step(step, options_.recompute, options_.keep_logits, w, nullptr, 0);
-  if (options_.keep_logits) r.logits = r.logits.reshape({batch.batch(), batch.seq(), config_.vocab_size});
   r.exposed_comm_seconds = step.blocked_seconds();
   return r;
 }
@@ -140,7 +139,6 @@ Result<StepResult> TpspModel::forward_backward(Backend& be, const TpspAxes& axes
   ShardedWeights& g = partial.views();
 
   StepResult r = run_tp_step(step, options_.recompute, options_.keep_logits, w, &g, loss_normalizer);
-  if (options_.keep_logits) r.logits = r.logits.reshape({batch.batch(), batch.seq(), config_.vocab_size});
   step.sum_partials(partial);
   if (!in_place) be.add_inplace(scratch.flat(), grads.flat());
   grads.mark_written();
