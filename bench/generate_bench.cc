@@ -57,11 +57,12 @@ struct Built {
 };
 
 Built build(Communicator& world, const LlamaConfig& c, const std::string& layout) {
-  Result<Mesh> mesh = Mesh::create(world, layout);
+  const Layout l = parse_layout(layout).value();
+  Result<Mesh> mesh = Mesh::create(world, l.mesh());
   FP_CHECK_OK(mesh.status());
   Built b;
   b.mesh = std::make_unique<Mesh>(std::move(mesh).value());
-  Result<std::unique_ptr<ShardedDecoder>> d = make_sharded_decoder(c, *b.mesh, LayoutOptions{});
+  Result<std::unique_ptr<ShardedDecoder>> d = make_sharded_decoder(c, *b.mesh, l);
   FP_CHECK_OK(d.status());
   b.decoder = std::move(d).value();
   b.decoder->init_weights(InitOptions{.seed = 1});

@@ -1,11 +1,10 @@
 // Layouts side by side on the same kernels, in one run, measured beside the plan:
 //   mpirun -np 2 build/bench/layout_bench --model configs/small.json --seq 4096,16384
-//       --layouts tsp=2,tp=2,sp=2,sp=2:ring [--reps 3] [--memory-only]
+//       --layouts "tsp=2;tp=2;sp=2;sp=2:ring" [--reps 3] [--memory-only]
 //       [--hardware hardware/this-machine.json] [--out DIR]
-// Every layout must use all the job's ranks (tp=2+sp=2 and tsp=4 under -np 4; a 2-D layout
-// is written with '+' because ',' separates layouts). Options follow ':' ("sp=2:ring" ring
-// attention, "tp=2:seqpar" Megatron's sequence parallelism, "tsp=2:bf16" bf16 storage;
-// plan/layout_spec.h lists them all). The work is src/app/layout_bench.h, which
+// Every layout must use all the job's ranks (tp=2,sp=2 and tsp=4 under -np 4; ';' separates
+// layouts). Options follow ':' ("sp=2:ring" ring attention, "tp=2:seqpar" Megatron's
+// sequence parallelism, "tsp=2:bf16" bf16 storage; layout/layout.h lists them all). The work is src/app/layout_bench.h, which
 // `foldpar bench --layouts` runs too: for each S, repetitions interleave the layouts (one
 // training step each); the table gives medians of the step time (slowest rank), tokens/s,
 // the exposed communication time (rank 0), the tracked peak per rank (worst rank) and the
@@ -40,7 +39,7 @@ Result<std::vector<int64_t>> parse_seqs(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model = "configs/small.json", layouts = "tsp=2,tp=2,sp=2,sp=2:ring", seqs = "4096,16384";
+  std::string model = "configs/small.json", layouts = "tsp=2;tp=2;sp=2;sp=2:ring", seqs = "4096,16384";
   std::string hardware, out;
   int reps = 3;
   bool memory_only = false;
@@ -72,7 +71,7 @@ int main(int argc, char** argv) {
   Result<LlamaConfig> config = LlamaConfig::load(model);
   if (!config.ok()) return fail(config.status());
   o.config = *config;
-  Result<std::vector<LayoutSpec>> specs = parse_layout_list(layouts);
+  Result<std::vector<Layout>> specs = parse_layout_list({layouts});
   if (!specs.ok()) return fail(specs.status());
   o.layouts = *specs;
   Result<std::vector<int64_t>> s = parse_seqs(seqs);

@@ -99,9 +99,9 @@ int main(int argc, char** argv) {
       mt.release_cache();
       // (b), (c) TSP with and without overlap.
       for (bool overlap : {true, false}) {
-        TspOptions opt;
+        Layout opt = tsp_layout(D);
         opt.overlap = overlap;
-        Result<TspModel> m = TspModel::create(c, D, p, S, opt);
+        Result<TspModel> m = TspModel::create(c, opt, p, S);
         if (!m.ok()) {
           if (p == 0) std::fprintf(stderr, "tsp_step_bench: %s\n", m.status().to_string().c_str());
           return 2;

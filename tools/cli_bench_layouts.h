@@ -17,12 +17,14 @@
 
 #include "app/layout_bench.h"
 #include "comm/mpi_runtime.h"
+#include "cli_layout.h"
 #include "core/status.h"
 
 namespace foldpar::cli {
 
 struct BenchLayoutsArgs {
-  std::string layouts, out, hardware;
+  std::vector<std::string> layouts;
+  std::string out, hardware;
   bool calibrate = false, memory_only = false, forward = false;
 
   bool active() const { return !layouts.empty() || calibrate; }
@@ -32,8 +34,9 @@ struct BenchLayoutsArgs {
 // but --calibrate (checked by run_bench_layouts and main's dispatch).
 inline void add_bench_layouts(CLI::App* bench, BenchLayoutsArgs& a) {
   bench->add_option("--layouts", a.layouts,
-                    "run these layouts side by side under mpirun: tsp=2,tp=2,sp=2:ring,tp=2+sp=2 (',' separates "
-                    "layouts, '+' joins axes, ':' adds ring, seqpar, nooverlap, keepw, keepkv, buckets=N, bf16)");
+                    "run these layouts side by side under mpirun: tsp=2 tp=2 sp=2:ring tp=2,sp=2:seqpar (spaces "
+                    "separate layouts, ',' joins axes, ':' adds ring, seqpar, contiguous, nooverlap, keepw, keepkv, "
+                    "buckets=N, recompute, bf16)");
   bench->add_option("--out", a.out, "--layouts: directory for table.csv, table.json and PNGs; --calibrate: JSON file");
   bench->add_option("--hardware", a.hardware, "--layouts: hardware JSON for the predicted step time");
   bench->add_flag("--calibrate", a.calibrate, "measure this machine's hardware description (mpirun -np 2)");
@@ -47,12 +50,9 @@ Result<LayoutBenchOptions> layout_bench_options(const BenchLayoutsArgs& a, const
   if (base.model.empty()) return invalid_argument("bench --layouts: --model is required");
   LayoutBenchOptions o;
   FP_ASSIGN_OR_RETURN(o.config, LlamaConfig::load(base.model));
-  FP_ASSIGN_OR_RETURN(o.layouts, parse_layout_list(a.layouts));
-  if (base.recompute == "block") {
-    for (LayoutSpec& l : o.layouts) l.recompute = Recompute::kBlock;
-  } else if (base.recompute != "none") {
-    return invalid_argument("--recompute must be none or block, got '{}'", base.recompute);
-  }
+  FP_ASSIGN_OR_RETURN(o.layouts, layouts_of(a.layouts));
+  if (base.recompute == Recompute::kBlock)
+    for (Layout& l : o.layouts) l.recompute = Recompute::kBlock;
   o.seqs = base.seqs;
   o.batch = base.batch;
   o.reps = base.steps;

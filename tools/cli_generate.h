@@ -19,26 +19,27 @@
 
 #include "app/generate.h"
 #include "comm/mpi_runtime.h"
+#include "cli_layout.h"
 #include "core/status.h"
 #include "device.h"
 
 namespace foldpar::cli {
 
 struct GenerateArgs {
-  std::string checkpoint, hf, layout, tokenizer = "bytes", prompt_file, seq_split = "zigzag", device = "cpu";
+  std::string checkpoint, hf, tokenizer = "bytes", prompt_file, device = "cpu";
+  LayoutArgs layout;
   std::vector<std::string> prompts, stops;
   int64_t max_new_tokens = 128, batch = 0, top_k = 0;
   double temperature = 0, top_p = 1.0;
   uint64_t seed = 0;
-  int head_buckets = 1;
-  bool no_overlap = false, json = false;
+  bool json = false;
 };
 
 inline CLI::App* add_generate(CLI::App& app, GenerateArgs& a) {
   CLI::App* cmd = app.add_subcommand("generate", "generate text from a checkpoint or a Hugging Face directory (run under mpirun)");
   cmd->add_option("--checkpoint", a.checkpoint, "a checkpoint (step-N), or a directory holding them: the newest");
   cmd->add_option("--hf", a.hf, "or: a Hugging Face directory (config.json + model.safetensors)");
-  cmd->add_option("--layout", a.layout, "tsp=N (KV cache sharded by sequence) or tp=N (by heads); default tsp=<ranks>");
+  add_layout_flags(cmd, a.layout, /*generation=*/true);
   cmd->add_option("--prompt-file", a.prompt_file, "prompts, one per line (or *.jsonl: a JSON string or {\"prompt\": ...} per line)");
   cmd->add_option("--prompt", a.prompts, "a prompt (repeatable; after those of --prompt-file)");
   cmd->add_option("--max-new-tokens", a.max_new_tokens, "tokens generated per prompt at most");
@@ -49,9 +50,6 @@ inline CLI::App* add_generate(CLI::App& app, GenerateArgs& a) {
   cmd->add_option("--stop", a.stops, "stop sequence (repeatable; \\n, \\t and \\\\ are escapes); not printed");
   cmd->add_option("--batch", a.batch, "prompts decoded together (0: all)");
   cmd->add_option("--tokenizer", a.tokenizer, "bytes, or a SentencePiece model file");
-  cmd->add_option("--seq-split", a.seq_split, "tsp prefill: zigzag or contiguous");
-  cmd->add_option("--head-buckets", a.head_buckets, "tsp prefill: all-gather each attention shard's K/V in this many buckets");
-  cmd->add_flag("--no-overlap", a.no_overlap, "finish every transfer before the computation that follows it");
   cmd->add_flag("--json", a.json, "one JSON object per completion per line");
   cmd->add_option("--device", a.device, "cpu or cuda (each rank: GPU local rank mod GPUs; docs/GPU.md)");
   return cmd;
@@ -71,19 +69,13 @@ inline std::string unescape(const std::string& s) {
   return out;
 }
 
-inline Result<GenerateOptions> generate_options(const GenerateArgs& a) {
+// `ranks`: the job's, for the default layout tsp=<ranks>.
+inline Result<GenerateOptions> generate_options(const GenerateArgs& a, int ranks) {
   GenerateOptions o;
   o.checkpoint = a.checkpoint;
   o.hf_dir = a.hf;
-  o.layout = a.layout;
+  FP_ASSIGN_OR_RETURN(o.layout, layout_of(a.layout, ranks));
   o.tokenizer = a.tokenizer;
-  if (a.seq_split == "zigzag" || a.seq_split == "contiguous") {
-    o.layout_options.split = a.seq_split == "zigzag" ? SeqSplit::kZigzag : SeqSplit::kContiguous;
-  } else {
-    return invalid_argument("--seq-split must be zigzag or contiguous, got '{}'", a.seq_split);
-  }
-  o.layout_options.overlap = !a.no_overlap;
-  o.layout_options.head_buckets = a.head_buckets;
   if (!a.prompt_file.empty()) {
     FP_ASSIGN_OR_RETURN(o.prompts, read_prompt_file(a.prompt_file));
   }
@@ -123,13 +115,13 @@ inline GenerationCallbacks print_callbacks(const GenerateArgs& a, size_t prompts
 
 // Returns the exit code; `fail` prints a Status once per job and returns 2.
 inline int run_generate(const GenerateArgs& a, int (*fail)(const Status&)) {
-  Result<GenerateOptions> o = generate_options(a);
-  if (!o.ok()) return fail(o.status());
   Result<DeviceKind> kind = parse_device(a.device);
   if (!kind.ok()) return fail(kind.status());
   Result<CommOptions> comm_options = CommOptions::from_env();
   if (!comm_options.ok()) return fail(comm_options.status());
   MpiRuntime mpi(nullptr, nullptr, comm_options.value());
+  Result<GenerateOptions> o = generate_options(a, mpi.world().size());
+  if (!o.ok()) return fail(o.status());
   Result<Device> device = open_job_device(*kind, mpi);  // before the first tensor
   if (!device.ok()) return fail(device.status());
   o->backend = device->backend.get();

@@ -12,13 +12,16 @@
 #include <cstdio>
 #include <string>
 
+#include "cli_layout.h"
 #include "core/status.h"
 #include "plan/planner.h"
 
 namespace foldpar::cli {
 
 struct PlanArgs {
-  std::string model, hardware, layouts, recompute = "none";
+  std::string model, hardware;
+  std::vector<std::string> layouts;
+  Recompute recompute = Recompute::kNone;
   int64_t seq = 0, batch = 1, max_new_tokens = 0;
   int devices = 0;
   bool train = false, forward = false, prefill = false, decode = false, bf16 = false, json = false;
@@ -38,8 +41,8 @@ inline CLI::App* add_plan(CLI::App& app, PlanArgs& a) {
   cmd->add_flag("--decode", a.decode, "one decode step of B tokens (tsp and tp)");
   cmd->add_option("--max-new-tokens", a.max_new_tokens, "prefill, decode: the KV cache holds S + this many tokens");
   cmd->add_flag("--bf16", a.bf16, "bf16 storage of weights and activations (f32 gradients, statistics, masters)");
-  cmd->add_option("--recompute", a.recompute, "activation recomputation: none or block");
-  cmd->add_option("--layouts", a.layouts, "only these layouts, comma-separated (tp=2+sp=2 for a 2-D mesh; :ring, ...)");
+  add_recompute_flag(cmd, a.recompute);
+  cmd->add_option("--layouts", a.layouts, "only these layouts, space-separated: tsp=8 tp=4,sp=2:seqpar sp=8:ring (',' joins axes, ':' adds options)");
   cmd->add_flag("--json", a.json, "print the plan as JSON");
   return cmd;
 }
@@ -58,12 +61,11 @@ inline Result<PlanRequest> plan_request(const PlanArgs& a) {
   const int modes = int{a.train} + int{a.forward} + int{a.prefill} + int{a.decode};
   if (modes > 1) return invalid_argument("give one of --train, --forward, --prefill, --decode, not {}", modes);
   r.mode = a.forward ? PlanMode::kForward : a.prefill ? PlanMode::kPrefill : a.decode ? PlanMode::kDecode : PlanMode::kTrain;
-  if (a.recompute == "block") r.recompute = Recompute::kBlock;
-  else if (a.recompute != "none") return invalid_argument("--recompute must be none or block, got '{}'", a.recompute);
+  r.recompute = a.recompute;
   if (!a.layouts.empty()) {
-    FP_ASSIGN_OR_RETURN(r.layouts, parse_layout_list(a.layouts));
-    for (LayoutSpec& l : r.layouts) {
-      l.bf16 = l.bf16 || a.bf16;
+    FP_ASSIGN_OR_RETURN(r.layouts, layouts_of(a.layouts));
+    for (Layout& l : r.layouts) {
+      if (a.bf16) l.dtype = DType::kBF16;
       if (r.recompute == Recompute::kBlock) l.recompute = Recompute::kBlock;
     }
   }

@@ -13,6 +13,7 @@
 
 #include "app/plot.h"
 #include "cli_generate.h"
+#include "cli_layout.h"
 #include "cli_bench_layouts.h"
 #include "cli_plan.h"
 #include "device.h"
@@ -32,72 +33,13 @@ namespace {
 constexpr int kExitCheckFailed = 1;
 constexpr int kExitBadInput = 2;
 
-// Under mpirun every rank parses the same flags and reaches the same verdict on them; only
-// the first rank prints, so a bad flag reads as one line. The launcher's environment tells
-// the rank before MPI is initialized (OpenMPI, then PMIx/PMI launchers).
-bool is_first_rank() {
-  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
-    if (const char* v = std::getenv(var)) return std::string(v) == "0";
-  }
-  return true;
-}
+using cli::is_first_rank;
+using cli::LayoutArgs;
+using cli::add_layout_flags;
 
 int fail(const Status& s) {
   if (is_first_rank()) std::fprintf(stderr, "foldpar: error: %s\n", s.to_string().c_str());
   return kExitBadInput;
-}
-
-// ---- flags shared by verify, train and bench: the layout and its strategy's knobs ----
-struct LayoutArgs {
-  std::string layout;
-  std::string seq_split = "zigzag";
-  std::string recompute = "none";
-  std::string kv_exchange = "allgather";
-  bool no_overlap = false, keep_weights = false, keep_kv = false, sequence_parallel = false;
-  int head_buckets = 1;
-};
-
-void add_layout_flags(CLI::App* cmd, LayoutArgs& a) {
-  cmd->add_option("--layout", a.layout, "parallel layout, e.g. tsp=4, tp=2,sp=2, dp=2,tsp=2 (run under mpirun)");
-  cmd->add_option("--recompute", a.recompute, "activation recomputation: none or block");
-  cmd->add_option("--seq-split", a.seq_split, "sequence sharding (tsp, sp, tp x sp): zigzag or contiguous");
-  cmd->add_flag("--no-overlap", a.no_overlap, "finish every transfer before the computation that follows it");
-  cmd->add_flag("--keep-weights", a.keep_weights, "tsp: backward reuses the forward's attention shards");
-  cmd->add_flag("--keep-kv", a.keep_kv, "tsp: backward reuses the forward's gathered K/V");
-  cmd->add_option("--head-buckets", a.head_buckets, "tsp: all-gather each attention shard's K/V in this many buckets");
-  cmd->add_flag("--sequence-parallel", a.sequence_parallel, "tp, tp x sp: Megatron sequence parallelism in the norm regions");
-  cmd->add_option("--kv-exchange", a.kv_exchange, "sp, tp x sp: how attention exchanges K/V: allgather or ring");
-}
-
-Result<Recompute> parse_recompute(const std::string& name) {
-  if (name == "none") return Recompute::kNone;
-  if (name == "block") return Recompute::kBlock;
-  return invalid_argument("--recompute must be none or block, got '{}'", name);
-}
-
-Result<LayoutOptions> layout_options(const LayoutArgs& a) {
-  LayoutOptions o;
-  if (a.seq_split == "zigzag") {
-    o.split = SeqSplit::kZigzag;
-  } else if (a.seq_split == "contiguous") {
-    o.split = SeqSplit::kContiguous;
-  } else {
-    return invalid_argument("--seq-split must be zigzag or contiguous, got '{}'", a.seq_split);
-  }
-  if (a.kv_exchange == "allgather") {
-    o.kv_exchange = LayoutOptions::KvExchange::kAllGather;
-  } else if (a.kv_exchange == "ring") {
-    o.kv_exchange = LayoutOptions::KvExchange::kRing;
-  } else {
-    return invalid_argument("--kv-exchange must be allgather or ring, got '{}'", a.kv_exchange);
-  }
-  FP_ASSIGN_OR_RETURN(o.recompute, parse_recompute(a.recompute));
-  o.overlap = !a.no_overlap;
-  o.keep_weights = a.keep_weights;
-  o.keep_kv = a.keep_kv;
-  o.head_buckets = a.head_buckets;
-  o.sequence_parallel = a.sequence_parallel;
-  return o;
 }
 
 Result<MpiRuntime*> start_mpi(std::unique_ptr<MpiRuntime>& holder) {
@@ -132,19 +74,18 @@ void add_verify(CLI::App& app, VerifyArgs& a) {
 int run_verify_command(const VerifyArgs& a) {
   Result<LlamaConfig> config = LlamaConfig::load(a.model);
   if (!config.ok()) return fail(config.status());
-  Result<LayoutOptions> lo = layout_options(a.layout);
-  if (!lo.ok()) return fail(lo.status());
+  Result<Layout> layout = cli::layout_of(a.layout, 1);
+  if (!layout.ok()) return fail(layout.status());
   if (a.tolerance < 0) return fail(invalid_argument("--tolerance ({}) must not be negative", a.tolerance));
   VerifyOptions o;
   o.config = config.value();
   o.seed = a.seed;
   o.batch = a.batch;
   o.seq = a.seq;
-  o.recompute = lo->recompute;
+  o.recompute = layout->recompute;
   o.tolerance = a.tolerance;
   o.dump_dir = a.dump;
-  o.layout = a.layout.layout;
-  o.layout_options = lo.value();
+  if (!a.layout.layout.empty()) o.layout = layout.value();
   std::unique_ptr<MpiRuntime> mpi;
   Result<VerifyReport> report = Status();
   if (a.layout.layout.empty()) {
@@ -165,7 +106,8 @@ struct BenchArgs {
   int64_t batch = 1;
   std::vector<int64_t> seqs{1024};
   int steps = 3, warmup = 1, threads = 1;
-  std::string recompute = "none", device = "cpu";
+  Recompute recompute = Recompute::kNone;
+  std::string device = "cpu";
   bool profile = false;
 };
 
@@ -177,7 +119,7 @@ void add_bench(CLI::App& app, BenchArgs& a) {
   cmd->add_option("--steps", a.steps, "timed steps (median reported)");
   cmd->add_option("--warmup", a.warmup, "untimed steps first");
   cmd->add_option("--threads", a.threads, "BLAS threads");
-  cmd->add_option("--recompute", a.recompute, "activation recomputation: none or block");
+  cli::add_recompute_flag(cmd, a.recompute);
   cmd->add_flag("--profile", a.profile, "print the time spent in each backend op");
   cmd->add_option("--device", a.device, "cpu or cuda (GPU 0; built with -DFOLDPAR_WITH_CUDA=ON); not with --layouts");
 }
@@ -195,8 +137,6 @@ void print_profile(const StepBenchReport& r) {
 int run_bench_command(const BenchArgs& a) {
   Result<LlamaConfig> config = LlamaConfig::load(a.model);
   if (!config.ok()) return fail(config.status());
-  Result<Recompute> rc = parse_recompute(a.recompute);
-  if (!rc.ok()) return fail(rc.status());
   if (a.threads <= 0) return fail(invalid_argument("--threads ({}) must be positive", a.threads));
   Result<cli::DeviceKind> kind = cli::parse_device(a.device);
   if (!kind.ok()) return fail(kind.status());
@@ -211,7 +151,7 @@ int run_bench_command(const BenchArgs& a) {
     o.seq = seq;
     o.steps = a.steps;
     o.warmup = a.warmup;
-    o.recompute = rc.value();
+    o.recompute = a.recompute;
     o.profile = a.profile;
     o.backend = device->backend.get();
     Result<StepBenchReport> r = run_step_bench(o);
@@ -316,8 +256,6 @@ Result<std::string> default_corpus(const std::string& out, Communicator& world) 
 int run_train_command(const TrainArgs& a) {
   Result<LlamaConfig> config = LlamaConfig::load(a.model);
   if (!config.ok()) return fail(config.status());
-  Result<LayoutOptions> lo = layout_options(a.layout);
-  if (!lo.ok()) return fail(lo.status());
   Result<cli::DeviceKind> kind = cli::parse_device(a.device);
   if (!kind.ok()) return fail(kind.status());
   std::unique_ptr<MpiRuntime> mpi;
@@ -330,9 +268,10 @@ int run_train_command(const TrainArgs& a) {
   o.backend = device->backend.get();
   o.axis_comm = device->axis_comm;
   o.config = config.value();
-  o.layout = a.layout.layout;
-  o.layout_options = lo.value();
-  if (a.bf16) o.layout_options.dtype = DType::kBF16;
+  Result<Layout> layout = cli::layout_of(a.layout, world.size());
+  if (!layout.ok()) return fail(layout.status());
+  o.layout = layout.value();
+  if (a.bf16) o.layout->dtype = DType::kBF16;
   o.seq = a.seq;
   o.batch = a.batch;
   o.micro_batch = a.micro_batch;

@@ -80,9 +80,10 @@ Result<GenerateResult> run_generate(const GenerateOptions& o, Communicator& worl
   if (static_cast<int64_t>(tokenizer->vocab_size()) > src.config.vocab_size)
     return invalid_argument("tokenizer {} has {} tokens, more than the model's vocabulary ({})", tokenizer->describe(),
                             tokenizer->vocab_size(), src.config.vocab_size);
-  const std::string layout = o.layout.empty() ? "tsp=" + std::to_string(world.size()) : o.layout;
-  FP_ASSIGN_OR_RETURN(Mesh mesh, Mesh::create(world, layout, o.axis_comm));
-  FP_ASSIGN_OR_RETURN(std::unique_ptr<ShardedDecoder> decoder, make_sharded_decoder(src.config, mesh, o.layout_options));
+  const Layout layout = o.layout.value_or(tsp_layout(world.size()));
+  FP_RETURN_IF_ERROR(validate_layout(src.config, layout, 0, 0));
+  FP_ASSIGN_OR_RETURN(Mesh mesh, Mesh::create(world, layout.mesh(), o.axis_comm));
+  FP_ASSIGN_OR_RETURN(std::unique_ptr<ShardedDecoder> decoder, make_sharded_decoder(src.config, mesh, layout));
   std::vector<ParamRef> refs = decoder->parameters();
   // Each rank reads its own slices; a failure on one rank is every rank's (same files).
   Status loaded = src.hf ? load_hf_weights(src.source, src.config, refs)

@@ -3,6 +3,7 @@
 // generation loop of infer/generator.h. Options in, report out; printing is the caller's.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,8 +19,9 @@ struct GenerateOptions {
   std::string checkpoint;          // a step-N directory, or a directory holding them (the newest
                                    // complete one; also DIR/checkpoints, a training directory)
   std::string hf_dir;              // or a Hugging Face directory (config.json + model.safetensors)
-  std::string layout;              // tsp=N or tp=N; empty: tsp=<world size>
-  LayoutOptions layout_options;    // split, overlap, head buckets (tsp's prefill)
+  // tsp=N or tp=N with the knobs prefill reads (split, overlap, head buckets); none:
+  // tsp=<world size>.
+  std::optional<Layout> layout;
   std::string tokenizer = "bytes"; // bytes, or a SentencePiece model (data/tokenizer.h)
   std::vector<std::string> prompts;
   GenerationOptions generation;

@@ -38,7 +38,7 @@ struct Sample {
 };
 
 // One training step of `spec`, measured from before the model exists.
-Result<Sample> run_once(Communicator& world, const LlamaConfig& c, const LayoutSpec& spec, const Batch& global,
+Result<Sample> run_once(Communicator& world, const LlamaConfig& c, const Layout& spec, const Batch& global,
                         int64_t S, bool forward_only) {
   FP_ASSIGN_OR_RETURN(Mesh mesh, Mesh::create(world, spec.mesh()));
   MemoryTracker& mt = MemoryTracker::process();
@@ -47,11 +47,11 @@ Result<Sample> run_once(Communicator& world, const LlamaConfig& c, const LayoutS
   mt.reset_peaks();
   Sample s;
   {
-    FP_ASSIGN_OR_RETURN(std::unique_ptr<ShardedModel> m, make_sharded_model(c, mesh, S, layout_options_of(spec)));
+    FP_ASSIGN_OR_RETURN(std::unique_ptr<ShardedModel> m, make_sharded_model(c, mesh, S, spec));
     m->init_weights(InitOptions{.seed = 1});
     const Batch local = m->local_batch(global);
     auto cpu = make_cpu_backend();
-    std::unique_ptr<Backend> bf16 = spec.bf16 ? make_bf16_storage_backend(*cpu) : nullptr;
+    std::unique_ptr<Backend> bf16 = (spec.dtype == DType::kBF16) ? make_bf16_storage_backend(*cpu) : nullptr;
     Backend* be = bf16 ? bf16.get() : cpu.get();
     std::vector<const Communicator*> comms;
     for (const char* axis : {"tsp", "tp", "sp"})
@@ -72,14 +72,14 @@ Result<Sample> run_once(Communicator& world, const LlamaConfig& c, const LayoutS
 }
 
 // The plan's figures for the row (rank 0's coordinates, the bench's step).
-Status predict_row(const LayoutBenchOptions& o, const LayoutSpec& spec, LayoutBenchRow& row) {
+Status predict_row(const LayoutBenchOptions& o, const Layout& spec, LayoutBenchRow& row) {
   PlanRequest req;
   req.config = o.config;
   req.devices = spec.ranks();
   req.batch = row.batch;
   req.seq = row.seq;
   req.layouts = {spec};
-  req.bf16 = spec.bf16;
+  req.bf16 = (spec.dtype == DType::kBF16);
   req.recompute = spec.recompute;
   req.mode = o.forward_only ? PlanMode::kForward : PlanMode::kTrain;
   if (o.hardware != nullptr) {
@@ -91,7 +91,7 @@ Status predict_row(const LayoutBenchOptions& o, const LayoutSpec& spec, LayoutBe
     req.hardware.intra_node_gb_per_s = req.hardware.inter_node_gb_per_s = 1;
   }
   FP_ASSIGN_OR_RETURN(PlanReport rep, make_plan(req));
-  if (rep.layouts.empty()) return invalid_argument("{}: {}", spec.name(), rep.not_buildable.front());
+  if (rep.layouts.empty()) return invalid_argument("{}: {}", spec.to_string(), rep.not_buildable.front());
   const LayoutPlan& p = rep.layouts.front();
   row.predicted_peak_bytes = p.memory.peak;
   row.predicted_bytes_sent = p.traffic.total().bytes_sent;
@@ -105,32 +105,19 @@ Status predict_row(const LayoutBenchOptions& o, const LayoutSpec& spec, LayoutBe
 Status check_options(const LayoutBenchOptions& o, int ranks) {
   if (o.layouts.empty() || o.seqs.empty()) return invalid_argument("bench: give at least one layout and one --seq");
   if (o.reps < 1) return invalid_argument("bench: --steps ({}) must be at least 1", o.reps);
-  for (const LayoutSpec& l : o.layouts) {
+  for (const Layout& l : o.layouts) {
     if (l.ranks() != ranks)
-      return invalid_argument("bench: layout {} uses {} ranks, the job has {} (run under mpirun -np {})", l.name(),
+      return invalid_argument("bench: layout {} uses {} ranks, the job has {} (run under mpirun -np {})", l.to_string(),
                               l.ranks(), ranks, l.ranks());
-    if (l.dp > 1) return invalid_argument("bench: layout {}: the layout benchmark runs one replica (no dp axis)", l.name());
-    if (l.bf16 && l.strategy != PlanStrategy::kTsp)
-      return invalid_argument("bench: layout {}: bf16 storage runs on tsp layouts only", l.name());
-    for (int64_t S : o.seqs) FP_RETURN_IF_ERROR(check_layout_sizes(o.config, l, o.batch, S));
+    if (l.dp > 1) return invalid_argument("bench: layout {}: the layout benchmark runs one replica (no dp axis)", l.to_string());
+    if ((l.dtype == DType::kBF16) && plan_strategy(l) != PlanStrategy::kTsp)
+      return invalid_argument("bench: layout {}: bf16 storage runs on tsp layouts only", l.to_string());
+    for (int64_t S : o.seqs) FP_RETURN_IF_ERROR(validate_layout(o.config, l, o.batch, S));
   }
   return Status();
 }
 
 }  // namespace
-
-LayoutOptions layout_options_of(const LayoutSpec& s) {
-  LayoutOptions o;
-  o.kv_exchange = s.ring ? LayoutOptions::KvExchange::kRing : LayoutOptions::KvExchange::kAllGather;
-  o.sequence_parallel = s.sequence_parallel;
-  o.overlap = s.overlap;
-  o.keep_weights = s.keep_weights;
-  o.keep_kv = s.keep_kv;
-  o.head_buckets = s.head_buckets;
-  o.recompute = s.recompute;
-  o.dtype = s.bf16 ? DType::kBF16 : DType::kF32;
-  return o;
-}
 
 Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& o, Communicator& world) {
   FP_RETURN_IF_ERROR(check_options(o, world.size()));
@@ -140,15 +127,15 @@ Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& o
     const Batch global = synthetic_batch(o.config, o.batch, S, 1);
     std::map<std::string, std::vector<Sample>> samples;
     for (int rep = 0; rep < reps; ++rep) {
-      for (const LayoutSpec& spec : o.layouts) {
+      for (const Layout& spec : o.layouts) {
         FP_ASSIGN_OR_RETURN(Sample s, run_once(world, o.config, spec, global, S, o.forward_only));
-        samples[spec.name()].push_back(s);
+        samples[spec.to_string()].push_back(s);
       }
     }
-    for (const LayoutSpec& spec : o.layouts) {
-      const std::vector<Sample>& v = samples[spec.name()];
+    for (const Layout& spec : o.layouts) {
+      const std::vector<Sample>& v = samples[spec.to_string()];
       LayoutBenchRow row;
-      row.layout = spec.name();
+      row.layout = spec.to_string();
       row.seq = S;
       row.batch = o.batch;
       std::vector<double> t, e;

@@ -25,7 +25,7 @@ namespace foldpar {
 
 struct LayoutBenchOptions {
   LlamaConfig config;
-  std::vector<LayoutSpec> layouts;  // each must use every rank of the communicator
+  std::vector<Layout> layouts;  // each must use every rank of the communicator
   std::vector<int64_t> seqs;        // S values, each a row per layout
   int64_t batch = 1;                // B
   int reps = 3;                     // interleaved repetitions (medians reported)
@@ -46,10 +46,6 @@ struct LayoutBenchRow {
   uint64_t predicted_bytes_sent = 0;
   double predicted_step_s = 0, predicted_tokens_per_s = 0;  // 0 without hardware
 };
-
-// The strategy knobs a plan's layout names (exchange, policies, recompute, dtype), as the
-// parallel layer takes them: what the bench runs for the rows the plan predicts.
-LayoutOptions layout_options_of(const LayoutSpec& spec);
 
 // invalid_argument for a layout that does not use every rank or does not divide the sizes.
 Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& options, Communicator& world);

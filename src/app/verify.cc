@@ -87,7 +87,7 @@ Status write_dump(const VerifyOptions& o, const LlamaWeights& w, const Batch& ba
   result["valid_tokens"] = valid_tokens;
   result["logits_file"] = "logits.safetensors";
   result["seed"] = o.seed;
-  if (!o.layout.empty()) result["layout"] = o.layout;
+  if (o.layout) result["layout"] = o.layout->to_string();
   return write_text(dir / "result.json", result.dump(2) + "\n");
 }
 

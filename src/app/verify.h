@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,8 +24,9 @@ struct VerifyOptions {
   Recompute recompute = Recompute::kNone;
   double tolerance = 0;      // 0: tol::kF32Model (single rank) or tol::kF32Parallel (a layout)
   std::string dump_dir;      // empty: no dump
-  std::string layout;        // empty: fast path against the reference path on one rank
-  LayoutOptions layout_options;  // knobs of the layout's strategy (recompute comes from `recompute`)
+  // The parallel layout to verify (recompute comes from `recompute`); none: the fast path
+  // against the reference path on one rank.
+  std::optional<Layout> layout;
 };
 
 struct TensorError {

@@ -34,9 +34,10 @@ Result<VerifyReport> run_verify_layout(const VerifyOptions& o, Communicator& wor
   using namespace verify_detail;
   FP_RETURN_IF_ERROR(o.config.validate());
   if (o.batch <= 0 || o.seq <= 0) return invalid_argument("--batch ({}) and --seq ({}) must be positive", o.batch, o.seq);
-  FP_ASSIGN_OR_RETURN(Mesh mesh, Mesh::create(world, o.layout));
-  LayoutOptions lo = o.layout_options;
+  FP_CHECK(o.layout.has_value(), "run_verify_layout without a layout");
+  Layout lo = *o.layout;
   lo.recompute = o.recompute;
+  FP_ASSIGN_OR_RETURN(Mesh mesh, Mesh::create(world, lo.mesh()));
   lo.keep_logits = true;
   const Batch global = verify_batch(o);
   auto be = make_cpu_backend();

@@ -1,30 +1,41 @@
-// The layout string's strategy.
+// The layout's strategy, over a mesh made from the same layout.
 #include "parallel/make_layout.h"
 
 #include "parallel/strategies.h"
 
 namespace foldpar {
+namespace {
+
+// The mesh must have been made from layout.mesh(): the same axes, the same degrees.
+Status check_mesh(const Mesh& mesh, const Layout& layout) {
+  if (mesh.layout().to_string() != layout.mesh())
+    return invalid_argument("layout {} runs on the mesh {}, but the mesh is {}", layout.to_string(), layout.mesh(),
+                            mesh.layout().to_string());
+  return Status();
+}
+
+}  // namespace
 
 Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& config, Mesh& mesh, int64_t seq,
-                                                         const LayoutOptions& options) {
-  const bool tsp = mesh.has_axis("tsp"), tp = mesh.has_axis("tp"), sp = mesh.has_axis("sp");
-  if (tsp && !tp && !sp) return make_tsp_sharded_model(config, mesh.comm("tsp"), seq, options);
-  if (tp && !tsp && !sp) return make_tp_sharded_model(config, mesh.comm("tp"), seq, options);
-  if (sp && !tsp && !tp) return make_sp_sharded_model(config, mesh.comm("sp"), seq, options);
-  if (tp && sp && !tsp) return make_tpsp_sharded_model(config, mesh.comm("tp"), mesh.comm("sp"), seq, options);
-  if (!tsp && !tp && !sp)
-    return invalid_argument("layout {} has no model axis (tsp, tp or sp)", mesh.layout().to_string());
-  return unimplemented("layout {}: tsp does not combine with tp or sp in one mesh", mesh.layout().to_string());
+                                                         const Layout& layout) {
+  FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));
+  FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
+  if (layout.strategy == Strategy::kTsp) return make_tsp_sharded_model(config, mesh.comm("tsp"), seq, layout);
+  if (layout.tp > 1 && layout.sp > 1)
+    return make_tpsp_sharded_model(config, mesh.comm("tp"), mesh.comm("sp"), seq, layout);
+  if (layout.sp > 1) return make_sp_sharded_model(config, mesh.comm("sp"), seq, layout);
+  return make_tp_sharded_model(config, mesh.comm("tp"), seq, layout);
 }
 
 Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& config, Mesh& mesh,
-                                                             const LayoutOptions& options) {
-  const std::string layout = mesh.layout().to_string();
-  if (mesh.has_axis("dp")) return unimplemented("layout {}: generation does not take a dp axis", layout);
-  const bool tsp = mesh.has_axis("tsp"), tp = mesh.has_axis("tp"), sp = mesh.has_axis("sp");
-  if (tsp && !tp && !sp) return make_tsp_decoder(config, mesh.comm("tsp"), options);
-  if (tp && !tsp && !sp) return make_tp_decoder(config, mesh.comm("tp"), options);
-  return unimplemented("layout {}: generation runs on tsp=N or tp=N", layout);
+                                                             const Layout& layout) {
+  const std::string name = layout.to_string();
+  if (layout.dp > 1) return unimplemented("layout {}: generation does not take a dp axis", name);
+  FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, 0));
+  FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
+  if (layout.strategy == Strategy::kTsp) return make_tsp_decoder(config, mesh.comm("tsp"), layout);
+  if (layout.sp == 1) return make_tp_decoder(config, mesh.comm("tp"), layout);
+  return unimplemented("layout {}: generation runs on tsp=N or tp=N", name);
 }
 
 }  // namespace foldpar

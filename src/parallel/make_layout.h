@@ -9,17 +9,18 @@
 
 namespace foldpar {
 
-// The strategy of the mesh's model axes: tsp=D; tp=T; sp=S; tp=T,sp=S. (A dp axis is the
-// training loop's business: the model is built over the other axes.) invalid_argument for
-// sizes that do not divide, naming the numbers; unimplemented for layouts foldpar does not
-// have. The mesh must outlive the model. Not collective.
+// The strategy of the layout's model axes (tsp=D; tp=T; sp=S; tp=T,sp=S) over a mesh made
+// from layout.mesh(). (A dp axis is the training loop's business: the model is built over
+// the other axes.) validate_layout's verdict first, then a mesh that does not match the
+// layout; unimplemented for layouts foldpar does not have. The mesh must outlive the model.
+// Not collective.
 Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& config, Mesh& mesh, int64_t seq,
-                                                         const LayoutOptions& options);
+                                                         const Layout& layout);
 
 // The decoder of a generation layout: tsp=D or tp=T (a dp axis is not a model axis and is
-// refused here: generation runs one replica). invalid_argument for sizes that do not divide,
+// refused here: generation runs one replica). validate_layout's verdict first,
 // unimplemented for the other layouts. The mesh must outlive the decoder. Not collective.
 Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& config, Mesh& mesh,
-                                                             const LayoutOptions& options);
+                                                             const Layout& layout);
 
 }  // namespace foldpar

@@ -9,11 +9,10 @@
 #include <vector>
 
 #include "core/status.h"
+#include "layout/layout.h"
 #include "model/llama_model.h"
 
 namespace foldpar {
-
-enum class SeqSplit { kZigzag, kContiguous };
 
 class SequenceShard {
  public:

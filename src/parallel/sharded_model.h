@@ -12,34 +12,17 @@
 
 #include "backend/backend.h"
 #include "core/status.h"
+#include "layout/layout.h"
 #include "model/llama_model.h"
 #include "parallel/param_ref.h"
 #include "parallel/sequence_shard.h"
 
 namespace foldpar {
 
-// The knobs of every strategy; each reads those that apply to it.
-struct LayoutOptions {
-  SeqSplit split = SeqSplit::kZigzag;  // token sharding on sequence axes (tsp, sp)
-  // Start transfers before the computation that does not need them yet (double buffers).
-  bool overlap = true;
-  Recompute recompute = Recompute::kNone;
-  bool keep_logits = false;            // verification: return this rank's logits rows
-  // tsp: backward policies and head buckets (parallel/tsp/tsp_model.h)
-  bool keep_weights = false;
-  bool keep_kv = false;
-  int head_buckets = 1;
-  // tp: Megatron sequence parallelism in the norm regions (all-gather before the
-  // column-parallel GEMMs, reduce-scatter after the row-parallel ones)
-  bool sequence_parallel = false;
-  // sp: how attention exchanges K/V across the sequence axis
-  enum class KvExchange { kAllGather, kRing };
-  KvExchange kv_exchange = KvExchange::kAllGather;
-  // Storage of weights and activations (and what travels of them): f32, or bf16 with a
-  // bf16 storage backend (backend/bf16_storage_backend.h) and f32 master weights in the
-  // optimizer. tsp supports bf16; the baselines refuse it for now.
-  DType dtype = DType::kF32;
-};
+// The layout a model runs (layout/layout.h): axes and every strategy knob in one value.
+// (LayoutOptions is the name the strategies used before the one Layout value; it goes once
+// every strategy says Layout.)
+using LayoutOptions = Layout;
 
 class ShardedModel {
  public:

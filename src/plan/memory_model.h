@@ -53,6 +53,6 @@ struct MemoryRequest {
 
 // invalid_argument for sizes that do not divide (check_layout_sizes) and for modes the layout
 // does not run.
-Result<MemoryEstimate> predict_memory(const LlamaConfig& config, const LayoutSpec& layout, const MemoryRequest& request);
+Result<MemoryEstimate> predict_memory(const LlamaConfig& config, const Layout& layout, const MemoryRequest& request);
 
 }  // namespace foldpar

@@ -71,9 +71,9 @@ int64_t flash_workspace(int64_t sq, int64_t sk, int64_t heads, int64_t kv_heads,
 
 // One step of `request.mode` (train, forward, prefill) after the parameters (and gradients)
 // are in the ledger; kv_cache_bytes (prefill) is added with the step's constants.
-void replay_tsp(const LlamaConfig& config, const LayoutSpec& layout, const MemoryRequest& request,
+void replay_tsp(const LlamaConfig& config, const Layout& layout, const MemoryRequest& request,
                 int64_t kv_cache_bytes, Ledger& ledger);
-void replay_tp_sp(const LlamaConfig& config, const LayoutSpec& layout, const MemoryRequest& request,
+void replay_tp_sp(const LlamaConfig& config, const Layout& layout, const MemoryRequest& request,
                   int64_t kv_cache_bytes, Ledger& ledger);
 
 }  // namespace foldpar::plan_detail

@@ -12,12 +12,12 @@ namespace {
 // Whether an axis's rank group fits inside one node. Mesh order: the first axis written is
 // the outermost, so an axis's ranks lie `stride` apart with stride the product of the
 // degrees written after it.
-bool axis_inside_node(const LayoutSpec& l, const std::string& axis, int devices_per_node) {
+bool axis_inside_node(const Layout& l, const std::string& axis, int devices_per_node) {
   std::vector<std::pair<std::string, int>> order;
   if (l.dp > 1) order.emplace_back("dp", l.dp);
-  if (l.strategy == PlanStrategy::kTsp) order.emplace_back("tsp", l.tsp);
-  if (l.strategy == PlanStrategy::kTp || l.strategy == PlanStrategy::kTpSp) order.emplace_back("tp", l.tp);
-  if (l.strategy == PlanStrategy::kSp || l.strategy == PlanStrategy::kTpSp) order.emplace_back("sp", l.sp);
+  if (plan_strategy(l) == PlanStrategy::kTsp) order.emplace_back("tsp", l.tsp);
+  if (plan_strategy(l) == PlanStrategy::kTp || plan_strategy(l) == PlanStrategy::kTpSp) order.emplace_back("tp", l.tp);
+  if (plan_strategy(l) == PlanStrategy::kSp || plan_strategy(l) == PlanStrategy::kTpSp) order.emplace_back("sp", l.sp);
   int64_t stride = 1;
   for (size_t i = order.size(); i-- > 0;) {
     if (order[i].first == axis) return stride * order[i].second <= devices_per_node;
@@ -27,7 +27,7 @@ bool axis_inside_node(const LayoutSpec& l, const std::string& axis, int devices_
 }
 
 // Bytes of an axis that its schedule overlaps with computation.
-double overlappable_bytes(const LayoutSpec& l, const AxisTraffic& a, PlanMode mode) {
+double overlappable_bytes(const Layout& l, const AxisTraffic& a, PlanMode mode) {
   if (!l.overlap || a.axis == "dp") return 0;
   auto bytes = [&](PlanOp op) { return static_cast<double>(std::max(a.op(op).bytes_sent, a.op(op).bytes_received)); };
   if (a.axis == "tsp")
@@ -45,7 +45,7 @@ double overlappable_bytes(const LayoutSpec& l, const AxisTraffic& a, PlanMode mo
 struct StepFlops {
   double matmul = 0, attention = 0;
 };
-StepFlops step_flops(const LlamaConfig& c, const LayoutSpec& l, const PlanRequest& r) {
+StepFlops step_flops(const LlamaConfig& c, const Layout& l, const PlanRequest& r) {
   const int64_t B = r.batch / l.dp;
   const double mm = forward_matmul_flops(c, B * r.seq), attn = forward_attention_flops(c, B, r.seq);
   switch (r.mode) {
@@ -85,10 +85,10 @@ std::string bytes_text(double b) {
 
 }  // namespace
 
-std::vector<LayoutSpec> candidate_layouts(int devices, int64_t batch, PlanMode mode) {
-  std::vector<LayoutSpec> out;
+std::vector<Layout> candidate_layouts(int devices, int64_t batch, PlanMode mode) {
+  std::vector<Layout> out;
   auto add = [&](const std::string& text) {
-    Result<LayoutSpec> s = parse_layout_spec(text);
+    Result<Layout> s = parse_layout(text);
     if (s.ok()) out.push_back(*s);
   };
   if (mode == PlanMode::kPrefill || mode == PlanMode::kDecode) {
@@ -99,7 +99,7 @@ std::vector<LayoutSpec> candidate_layouts(int devices, int64_t batch, PlanMode m
   for (int dp = 1; dp <= devices; ++dp) {
     if (devices % dp != 0 || batch % dp != 0) continue;
     const int m = devices / dp;
-    const std::string pre = dp > 1 ? fmt::format("dp={}+", dp) : "";
+    const std::string pre = dp > 1 ? fmt::format("dp={},", dp) : "";
     add(fmt::format("{}tsp={}", pre, m));
     if (m == 1) continue;  // one rank per replica: every layout is the same
     add(fmt::format("{}tp={}", pre, m));
@@ -108,18 +108,18 @@ std::vector<LayoutSpec> candidate_layouts(int devices, int64_t batch, PlanMode m
     add(fmt::format("{}sp={}:ring", pre, m));
     for (int T = 2; T < m; ++T) {
       if (m % T != 0) continue;
-      add(fmt::format("{}tp={}+sp={}", pre, T, m / T));
-      add(fmt::format("{}tp={}+sp={}:seqpar", pre, T, m / T));
+      add(fmt::format("{}tp={},sp={}", pre, T, m / T));
+      add(fmt::format("{}tp={},sp={}:seqpar", pre, T, m / T));
     }
   }
   return out;
 }
 
-TimeEstimate estimate_time(const LlamaConfig& c, const LayoutSpec& l, const Hardware& hw, const PlanRequest& r,
+TimeEstimate estimate_time(const LlamaConfig& c, const Layout& l, const Hardware& hw, const PlanRequest& r,
                            const StepTraffic& traffic, const MemoryEstimate& memory) {
   TimeEstimate t;
   const StepFlops flops = step_flops(c, l, r);
-  const double peak = hw.peak_flops(l.bf16), ranks = l.model_ranks();
+  const double peak = hw.peak_flops((l.dtype == DType::kBF16)), ranks = l.model_ranks();
   t.compute_s = flops.matmul / ranks / (peak * hw.matmul_efficiency) + flops.attention / ranks / (peak * hw.attention_rate());
   if (r.mode == PlanMode::kDecode && hw.memory_gb_per_s > 0) {
     // Every weight and every cached key and value is read once per decode step.
@@ -155,14 +155,14 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
                             r.config.max_position_embeddings);
   PlanReport report;
   report.request = r;
-  std::vector<LayoutSpec> layouts = r.layouts.empty() ? candidate_layouts(r.devices, r.batch, r.mode) : r.layouts;
-  for (LayoutSpec l : layouts) {
+  std::vector<Layout> layouts = r.layouts.empty() ? candidate_layouts(r.devices, r.batch, r.mode) : r.layouts;
+  for (Layout l : layouts) {
     if (r.layouts.empty()) {
-      l.bf16 = r.bf16;
+      l.dtype = r.bf16 ? DType::kBF16 : DType::kF32;
       l.recompute = r.recompute;
     }
     if (l.ranks() != r.devices) {
-      report.not_buildable.push_back(fmt::format("{}: uses {} ranks, not {}", l.name(), l.ranks(), r.devices));
+      report.not_buildable.push_back(fmt::format("{}: uses {} ranks, not {}", l.to_string(), l.ranks(), r.devices));
       continue;
     }
     MemoryRequest mr;
@@ -219,7 +219,7 @@ std::string plan_report_text(const PlanReport& rep) {
     const std::string fits = p.fits ? "yes" : fmt::format("no, over by {} {}", mem(p.over_bytes), u.name);
     const OpBytes t = p.traffic.total();
     s += fmt::format("{:<32} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<21} {:>11} {:>10.4g} {:>11.4g}{}\n",
-                     p.layout.name(), mem(m.of(MemCategory::kParameters)), mem(m.of(MemCategory::kGradients)),
+                     p.layout.to_string(), mem(m.of(MemCategory::kParameters)), mem(m.of(MemCategory::kGradients)),
                      mem(m.optimizer), mem(m.of(MemCategory::kActivations)), mem(m.of(MemCategory::kComm)),
                      mem(m.of(MemCategory::kWorkspace)), mem(m.of(MemCategory::kKvCache)), mem(m.total()), fits, bytes_text(static_cast<double>(t.bytes_sent)), p.time.step_s,
                      p.time.tokens_per_s, static_cast<int>(i) == rep.recommended ? "  <- recommended" : "");
@@ -228,7 +228,7 @@ std::string plan_report_text(const PlanReport& rep) {
   if (rep.recommended >= 0) {
     const LayoutPlan& p = rep.layouts[rep.recommended];
     s += fmt::format("recommended: {} (the fastest layout that fits: {:.4g} tokens/s, {} of {} GB per rank)\n",
-                     p.layout.name(), p.time.tokens_per_s, bytes_text(static_cast<double>(p.memory.total())),
+                     p.layout.to_string(), p.time.tokens_per_s, bytes_text(static_cast<double>(p.memory.total())),
                      r.hardware.memory_per_device_gb);
   } else {
     s += "recommended: none fits; raise --devices, lower --seq or --batch, or plan with --recompute block or --bf16\n";
@@ -251,7 +251,7 @@ std::string plan_report_json(const PlanReport& rep) {
   j["layouts"] = nlohmann::json::array();
   for (const LayoutPlan& p : rep.layouts) {
     nlohmann::ordered_json l;
-    l["layout"] = p.layout.name();
+    l["layout"] = p.layout.to_string();
     nlohmann::ordered_json mem;
     for (int i = 0; i < kNumMemCategories; ++i)
       mem[std::string(mem_category_name(static_cast<MemCategory>(i)))] = p.memory.at_peak[i];
@@ -282,7 +282,7 @@ std::string plan_report_json(const PlanReport& rep) {
     j["layouts"].push_back(l);
   }
   j["not_buildable"] = rep.not_buildable;
-  j["recommended"] = rep.recommended >= 0 ? nlohmann::json(rep.layouts[rep.recommended].layout.name()) : nlohmann::json();
+  j["recommended"] = rep.recommended >= 0 ? nlohmann::json(rep.layouts[rep.recommended].layout.to_string()) : nlohmann::json();
   return j.dump(2) + "\n";
 }
 

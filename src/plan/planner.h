@@ -36,7 +36,7 @@ struct PlanRequest {
   bool bf16 = false;       // storage of weights and activations (every layout)
   Recompute recompute = Recompute::kNone;
   int64_t max_new_tokens = 0;       // prefill, decode: the cache is planned for S + this
-  std::vector<LayoutSpec> layouts;  // empty: every layout of `devices` ranks
+  std::vector<Layout> layouts;  // empty: every layout of `devices` ranks
 };
 
 struct TimeEstimate {
@@ -49,7 +49,7 @@ struct TimeEstimate {
 };
 
 struct LayoutPlan {
-  LayoutSpec layout;
+  Layout layout;
   MemoryEstimate memory;
   StepTraffic traffic;
   TimeEstimate time;
@@ -65,11 +65,11 @@ struct PlanReport {
 };
 
 // Every model layout of `devices` ranks, with dp where the batch divides: tsp=m, tp=m,
-// tp=m:seqpar, sp=m, sp=m:ring and each tp=T+sp=S (T*S = m, with and without seqpar).
+// tp=m:seqpar, sp=m, sp=m:ring and each tp=T,sp=S (T*S = m, with and without seqpar).
 // Prefill and decode: tsp=N and tp=N only.
-std::vector<LayoutSpec> candidate_layouts(int devices, int64_t batch, PlanMode mode);
+std::vector<Layout> candidate_layouts(int devices, int64_t batch, PlanMode mode);
 
-TimeEstimate estimate_time(const LlamaConfig& config, const LayoutSpec& layout, const Hardware& hardware,
+TimeEstimate estimate_time(const LlamaConfig& config, const Layout& layout, const Hardware& hardware,
                            const PlanRequest& request, const StepTraffic& traffic, const MemoryEstimate& memory);
 
 // invalid_argument for a request no layout could satisfy (devices < 1, bad sizes) naming

@@ -15,7 +15,7 @@ namespace {
 // One rank of tp, sp or tp x sp; bt the storage bytes (statistics, logits f32).
 class TpSpReplay {
  public:
-  TpSpReplay(const LlamaConfig& c, const LayoutSpec& l, const MemoryRequest& r, Ledger& led)
+  TpSpReplay(const LlamaConfig& c, const Layout& l, const MemoryRequest& r, Ledger& led)
       : led_(led), l_(l), mode_(r.mode) {
     T = l.tp;
     bt = l.storage_bytes();
@@ -33,9 +33,9 @@ class TpSpReplay {
     hl = c.num_attention_heads / T;
     kvl = c.num_key_value_heads / T;
     seqpar = l.sequence_parallel;
-    sp_only = l.strategy == PlanStrategy::kSp;
-    gather = P > 1 || l.strategy == PlanStrategy::kTpSp ? !l.ring : false;
-    ring = l.ring && (l.strategy != PlanStrategy::kTp);
+    sp_only = plan_strategy(l) == PlanStrategy::kSp;
+    gather = P > 1 || plan_strategy(l) == PlanStrategy::kTpSp ? !(l.kv_exchange == Layout::KvExchange::kRing) : false;
+    ring = (l.kv_exchange == Layout::KvExchange::kRing) && (plan_strategy(l) != PlanStrategy::kTp);
     staging = seqpar && B > 1 && T > 1 ? bt * N * h : 0;
     full_kv = bt * B * S * kvl * d;  // one of K, V gathered over sp
     packed = 2 * bt * B * Sl * kvl * d;  // one ring block: K and V of one rank's tokens
@@ -50,7 +50,7 @@ class TpSpReplay {
       led_.add(kA, 8 * N);            // every token's ids and targets
       led_.add(kG, 4 * (2 * L + 1) * h);
     }
-    if (sp_only || l_.strategy == PlanStrategy::kTpSp) led_.add(kA, 4 * Sl + 4 * S);  // q_pos, k_pos
+    if (sp_only || plan_strategy(l_) == PlanStrategy::kTpSp) led_.add(kA, 4 * Sl + 4 * S);  // q_pos, k_pos
     else led_.add(kA, 4 * S);                                                         // positions
     led_.add(kA, 4 * Sl * d);  // the RoPE table
     if (kv_cache_bytes > 0) led_.add(kK, kv_cache_bytes);
@@ -320,7 +320,7 @@ class TpSpReplay {
   }
 
   Ledger& led_;
-  const LayoutSpec& l_;
+  const Layout& l_;
   PlanMode mode_;
   bool train_ = false, keep_ = false, seqpar = false, sp_only = false, gather = false, ring = false;
   int64_t bt, T, P, B, S, Sl, N, R, h, fr, vr, L, d, hl, kvl, staging, full_kv, packed;
@@ -328,7 +328,7 @@ class TpSpReplay {
 
 }  // namespace
 
-void replay_tp_sp(const LlamaConfig& c, const LayoutSpec& l, const MemoryRequest& r, int64_t kv_cache_bytes,
+void replay_tp_sp(const LlamaConfig& c, const Layout& l, const MemoryRequest& r, int64_t kv_cache_bytes,
                   Ledger& led) {
   TpSpReplay(c, l, r, led).run(kv_cache_bytes);
 }

@@ -29,7 +29,7 @@ Dims dims_of(const LlamaConfig& c, int64_t batch, int64_t seq) {
 }
 
 // ---- tsp=D: broadcast attention shards, all-gather K/V, rings of MLP and vocabulary shards ----
-AxisTraffic tsp_traffic(const Dims& m, const LayoutSpec& l, PlanMode mode, int p) {
+AxisTraffic tsp_traffic(const Dims& m, const Layout& l, PlanMode mode, int p) {
   const u64 D = static_cast<u64>(l.tsp), beta = static_cast<u64>(l.storage_bytes()), L = m.L;
   const u64 nb = static_cast<u64>(l.head_buckets), hops = D - 1;
   const u64 attn_shard = (2 * (m.n_h / D) * m.d + 2 * (m.n_kv / D) * m.d) * m.h;
@@ -68,7 +68,7 @@ AxisTraffic tsp_traffic(const Dims& m, const LayoutSpec& l, PlanMode mode, int p
 }
 
 // ---- tp=T on N token rows (B*S, or B*S/S_ inside tp x sp) ----
-AxisTraffic tp_traffic(const Dims& m, const LayoutSpec& l, PlanMode mode, u64 rows, int t) {
+AxisTraffic tp_traffic(const Dims& m, const Layout& l, PlanMode mode, u64 rows, int t) {
   const u64 T = static_cast<u64>(l.tp), L = m.L, n = rows * m.h, beta = static_cast<u64>(l.storage_bytes());
   const bool sp = l.sequence_parallel;
   auto G = [&](u64 x) { return x * (T - 1) / T; };
@@ -114,13 +114,13 @@ AxisTraffic tp_traffic(const Dims& m, const LayoutSpec& l, PlanMode mode, u64 ro
 }
 
 // ---- the sequence axis of sp=S_ (weights replicated) or of tp x sp (heads 1/T) ----
-AxisTraffic sp_traffic(const Dims& m, const LayoutSpec& l, PlanMode mode, int p, u64 grad_elements) {
+AxisTraffic sp_traffic(const Dims& m, const Layout& l, PlanMode mode, int p, u64 grad_elements) {
   const u64 P = static_cast<u64>(l.sp), T = static_cast<u64>(l.tp), L = m.L, hops = P - 1;
   const u64 beta = static_cast<u64>(l.storage_bytes());
   const u64 KV = 2 * m.B * (m.S / P) * (m.n_kv / T) * m.d * hops;
   AxisTraffic a{"sp", l.sp, {}};
   auto exchange = [&](u64 times) {
-    if (l.ring) {
+    if ((l.kv_exchange == Layout::KvExchange::kRing)) {
       a.add(PlanOp::kSendRecv, times * L * hops, times * L * KV, beta);
     } else {
       a.add(PlanOp::kAllGather, times * L * 2 * m.B, times * L * KV, beta);
@@ -130,7 +130,7 @@ AxisTraffic sp_traffic(const Dims& m, const LayoutSpec& l, PlanMode mode, int p,
   a.add_all_reduce(1, 2, p, kF64);  // loss sum and valid count
   if (mode != PlanMode::kTrain) return a;
   const bool rc = l.recompute == Recompute::kBlock;
-  if (l.ring) {
+  if ((l.kv_exchange == Layout::KvExchange::kRing)) {
     exchange(rc ? 3 : 2);  // (the rerun's,) K/V again, dK/dV home
   } else {
     exchange(1);  // again, or the rerun's kept for the backward
@@ -213,18 +213,18 @@ OpBytes StepTraffic::total() const {
   return t;
 }
 
-Result<StepTraffic> predict_traffic(const LlamaConfig& c, const LayoutSpec& l, int64_t batch, int64_t seq,
+Result<StepTraffic> predict_traffic(const LlamaConfig& c, const Layout& l, int64_t batch, int64_t seq,
                                     PlanMode mode, const RankCoords& rc) {
-  FP_RETURN_IF_ERROR(check_layout_sizes(c, l, batch, seq));
-  if ((mode == PlanMode::kPrefill || mode == PlanMode::kDecode) && l.strategy != PlanStrategy::kTsp &&
-      l.strategy != PlanStrategy::kTp)
-    return invalid_argument("{}: {} runs on tsp or tp layouts only", l.name(), plan_mode_name(mode));
+  FP_RETURN_IF_ERROR(validate_layout(c, l, batch, seq));
+  if ((mode == PlanMode::kPrefill || mode == PlanMode::kDecode) && plan_strategy(l) != PlanStrategy::kTsp &&
+      plan_strategy(l) != PlanStrategy::kTp)
+    return invalid_argument("{}: {} runs on tsp or tp layouts only", l.to_string(), plan_mode_name(mode));
   if (mode == PlanMode::kPrefill && l.sequence_parallel)
-    return invalid_argument("{}: prefill runs plain tensor parallelism, not seqpar", l.name());
+    return invalid_argument("{}: prefill runs plain tensor parallelism, not seqpar", l.to_string());
   // The model axes see one replica's micro-batch: B / dp sequences.
   const Dims m = dims_of(c, batch / l.dp, seq);
   StepTraffic out;
-  switch (l.strategy) {
+  switch (plan_strategy(l)) {
     case PlanStrategy::kTsp: out.axes.push_back(tsp_traffic(m, l, mode, rc.tsp)); break;
     case PlanStrategy::kTp: out.axes.push_back(tp_traffic(m, l, mode, m.B * m.S, rc.tp)); break;
     case PlanStrategy::kSp:

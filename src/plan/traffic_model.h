@@ -64,7 +64,7 @@ struct StepTraffic {
 
 // invalid_argument for a mode the layout does not run (prefill, decode: tsp and tp only)
 // and for sizes that do not divide (naming the numbers).
-Result<StepTraffic> predict_traffic(const LlamaConfig& config, const LayoutSpec& layout, int64_t batch, int64_t seq,
+Result<StepTraffic> predict_traffic(const LlamaConfig& config, const Layout& layout, int64_t batch, int64_t seq,
                                     PlanMode mode, const RankCoords& coords = {});
 
 // Spec section 7, forward, per layer per rank, in elements: the byte-free formulas the

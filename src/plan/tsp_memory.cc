@@ -12,7 +12,7 @@ namespace {
 // counted with the block that keeps them (saved[l]); the last block's output with the head.
 class TspReplay {
  public:
-  TspReplay(const LlamaConfig& c, const LayoutSpec& l, const MemoryRequest& r, Ledger& led)
+  TspReplay(const LlamaConfig& c, const Layout& l, const MemoryRequest& r, Ledger& led)
       : led_(led), l_(l), mode_(r.mode) {
     D = l.tsp;
     beta = l.storage_bytes();
@@ -248,7 +248,7 @@ class TspReplay {
   }
 
   Ledger& led_;
-  const LayoutSpec& l_;
+  const Layout& l_;
   PlanMode mode_;
   bool train_ = false, keep_ = false, bf16_ = false;
   int64_t D, beta, B, S, Sl, T, h, fr, vr, L, d, nb, heads_b, kvh_b;
@@ -257,7 +257,7 @@ class TspReplay {
 
 }  // namespace
 
-void replay_tsp(const LlamaConfig& c, const LayoutSpec& l, const MemoryRequest& r, int64_t kv_cache_bytes,
+void replay_tsp(const LlamaConfig& c, const Layout& l, const MemoryRequest& r, int64_t kv_cache_bytes,
                 Ledger& led) {
   TspReplay(c, l, r, led).run(kv_cache_bytes);
 }

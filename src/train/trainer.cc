@@ -135,8 +135,11 @@ Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
   FP_RETURN_IF_ERROR(o.optimizer.validate());
   if (o.steps <= 0 || o.seq <= 0) return invalid_argument("--steps ({}) and --seq ({}) must be positive", o.steps, o.seq);
   if (o.out_dir.empty()) return invalid_argument("an output directory is required");
-  const std::string layout = o.layout.empty() ? fmt::format("tsp={}", world.size()) : o.layout;
-  FP_ASSIGN_OR_RETURN(Mesh mesh, Mesh::create(world, layout, o.axis_comm));
+  Layout lo = o.layout.value_or(tsp_layout(world.size()));
+  lo.keep_logits = false;
+  FP_RETURN_IF_ERROR(validate_layout(o.config, lo, o.batch, o.seq));
+  const std::string layout = lo.to_string();
+  FP_ASSIGN_OR_RETURN(Mesh mesh, Mesh::create(world, lo.mesh(), o.axis_comm));
   FP_ASSIGN_OR_RETURN(Setup s, plan_batches(o, mesh));
   FP_ASSIGN_OR_RETURN(CorpusInfo corpus, read_corpus_info(o.data_dir));
   if (corpus.vocab_size > static_cast<uint32_t>(o.config.vocab_size))
@@ -147,8 +150,6 @@ Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
   FP_ASSIGN_OR_RETURN(DataLoader train, DataLoader::create(std::make_shared<TokenFile>(std::move(train_tokens)), o.seq, o.seed));
   FP_ASSIGN_OR_RETURN(DataLoader val, DataLoader::create(std::make_shared<TokenFile>(std::move(val_tokens)), o.seq, o.seed));
 
-  LayoutOptions lo = o.layout_options;
-  lo.keep_logits = false;
   FP_ASSIGN_OR_RETURN(std::unique_ptr<ShardedModel> model, make_sharded_model(o.config, mesh, o.seq, lo));
   model->init_weights(InitOptions{.seed = o.seed});
   std::vector<ParamRef> params = model->parameters();

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "comm/communicator.h"
@@ -25,8 +26,8 @@ namespace foldpar {
 
 struct TrainOptions {
   LlamaConfig config;
-  std::string layout;               // e.g. "tsp=2", "dp=2,tsp=2"; empty: tsp=<world size>
-  LayoutOptions layout_options;
+  // Axes and knobs, e.g. dp=2,tsp=2:bf16 (layout/layout.h); none: tsp=<world size>.
+  std::optional<Layout> layout;
   std::string data_dir;             // a prepared corpus (foldpar prepare-data)
   int64_t seq = 256;                // S
   int64_t batch = 8;                // sequences per optimizer step (global)
@@ -47,7 +48,7 @@ struct TrainOptions {
   bool tty = false;
   int64_t print_every = 10;
   // Where the steps run; borrowed, and null for the default, like leveldb's Options::env.
-  // A backend must compute layout_options.dtype natively (the CUDA backend does bf16) and
+  // A backend must compute the layout's dtype natively (the CUDA backend does bf16) and
   // return from each op only once its result is in memory: the model, the strategies and
   // this loop read results on the host (CudaBackendOptions::sync_each_op). Null: the fast
   // CPU backend, decorated with bf16 storage (backend/bf16_storage_backend.h) for bf16.

@@ -50,7 +50,7 @@ TEST(GpuTsp, TrainingStepMatchesTheSingleRankModel) {
 
   auto cuda = make_cuda_backend();
   std::unique_ptr<Communicator> tsp = make_device_communicator(world, {.device = 0, .compute_stream = cuda->stream()});
-  Result<TspModel> model = TspModel::create(c, D, p, seq, TspOptions{});
+  Result<TspModel> model = TspModel::create(c, tsp_layout(D), p, seq);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   ShardedWeights tw = ShardedWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kParameters);
   init_sharded_weights(init, tw);

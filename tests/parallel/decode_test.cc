@@ -74,7 +74,7 @@ Tensor reference_logits(const LlamaConfig& c, const LlamaWeights& w, const std::
 struct Case {
   LlamaConfig config;
   std::string layout = "tsp";  // "tsp" or "tp"; the degree is the world size
-  LayoutOptions options;
+  Layout options;              // the knobs; the axis comes from `layout`
 };
 
 // A decoder of the layout on the whole world, with the counter-based weights.
@@ -85,10 +85,15 @@ struct Built {
 Built build(const Case& s) {
   Communicator& world = test::mpi().world();
   Built b;
-  Result<Mesh> mesh = Mesh::create(world, s.layout + "=" + std::to_string(world.size()));
+  Layout layout = s.options;
+  const Layout axis = parse_layout(s.layout + "=" + std::to_string(world.size())).value();
+  layout.strategy = axis.strategy;
+  layout.tsp = axis.tsp;
+  layout.tp = axis.tp;
+  Result<Mesh> mesh = Mesh::create(world, layout.mesh());
   FP_CHECK_OK(mesh.status());
   b.mesh = std::make_unique<Mesh>(std::move(mesh).value());
-  Result<std::unique_ptr<ShardedDecoder>> d = make_sharded_decoder(s.config, *b.mesh, s.options);
+  Result<std::unique_ptr<ShardedDecoder>> d = make_sharded_decoder(s.config, *b.mesh, layout);
   FP_CHECK_OK(d.status());
   b.decoder = std::move(d).value();
   b.decoder->init_weights(kInit);
@@ -363,13 +368,15 @@ TEST(DecodeErrors, NameTheProblem) {
   Result<Mesh> mesh = Mesh::create(world, "tsp=" + std::to_string(world.size()));
   ASSERT_TRUE(mesh.ok());
   if (world.size() > 1) {
-    Result<std::unique_ptr<ShardedDecoder>> d = make_sharded_decoder(odd, *mesh, {});
+    Result<std::unique_ptr<ShardedDecoder>> d = make_sharded_decoder(odd, *mesh, tsp_layout(world.size()));
     EXPECT_NE(message(d.status()).find("num_attention_heads (1) must be divisible by the TSP degree"), std::string::npos)
         << message(d.status());
   }
-  Result<Mesh> sp = Mesh::create(world, "sp=" + std::to_string(world.size()));
+  if (world.size() == 1) return;  // sp=1 is one rank of the Megatron layout: tp=1 generates
+  const Layout sp_layout = parse_layout("sp=" + std::to_string(world.size())).value();
+  Result<Mesh> sp = Mesh::create(world, sp_layout.mesh());
   ASSERT_TRUE(sp.ok());
-  Result<std::unique_ptr<ShardedDecoder>> d = make_sharded_decoder(s.config, *sp, {});
+  Result<std::unique_ptr<ShardedDecoder>> d = make_sharded_decoder(s.config, *sp, sp_layout);
   EXPECT_EQ(d.status().code(), StatusCode::kUnimplemented);
   EXPECT_NE(message(d.status()).find("tsp=N or tp=N"), std::string::npos) << message(d.status());
 }

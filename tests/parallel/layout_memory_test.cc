@@ -26,9 +26,10 @@ LlamaConfig memory_config() {
 }
 
 // The tracked peak of one training step under `layout`, from before the weights exist.
-int64_t step_peak(const std::string& layout, const LayoutOptions& lo, const Batch& global, int64_t seq) {
+int64_t step_peak(const std::string& layout, const Batch& global, int64_t seq) {
   Communicator& world = test::mpi().world();
-  Result<Mesh> mesh = Mesh::create(world, layout);
+  const Layout lo = parse_layout(layout).value();
+  Result<Mesh> mesh = Mesh::create(world, lo.mesh());
   EXPECT_TRUE(mesh.ok()) << mesh.status().to_string();
   MemoryTracker& mt = MemoryTracker::process();
   mt.release_cache();
@@ -55,16 +56,11 @@ TEST(LayoutMemory, TspPeakIsBelowEveryBaselineWhenTokensExceedEightH) {
   const int64_t B = 1, S = 2048;
   ASSERT_GE(B * S, 8 * c.hidden_size);
   const Batch global = synthetic_batch(c, B, S, 3);
-  const int64_t tsp = step_peak("tsp=4", {}, global, S);
-  LayoutOptions ring;
-  ring.kv_exchange = LayoutOptions::KvExchange::kRing;
-  const std::pair<std::string, LayoutOptions> baselines[] = {
-      {"tp=4", {}}, {"sp=4", {}}, {"sp=4", ring}, {"tp=2,sp=2", {}}};
-  for (const auto& [layout, lo] : baselines) {
-    const int64_t peak = step_peak(layout, lo, global, S);
+  const int64_t tsp = step_peak("tsp=4", global, S);
+  for (const std::string layout : {"tp=4", "sp=4", "sp=4:ring", "tp=2,sp=2"}) {
+    const int64_t peak = step_peak(layout, global, S);
     if (world.rank() == 0)
-      std::printf("[memory] %-10s %s peak %.2f MiB per rank (tsp=4: %.2f MiB)\n", layout.c_str(),
-                  lo.kv_exchange == LayoutOptions::KvExchange::kRing ? "ring" : "    ", peak / 1048576.0,
+      std::printf("[memory] %-10s peak %.2f MiB per rank (tsp=4: %.2f MiB)\n", layout.c_str(), peak / 1048576.0,
                   tsp / 1048576.0);
     EXPECT_LT(tsp, peak) << layout << ": tsp=4 peaks at " << tsp << " B, " << layout << " at " << peak << " B";
   }

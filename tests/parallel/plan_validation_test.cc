@@ -42,7 +42,7 @@ struct Measured {
 };
 
 // One step under `spec`, measured from before the model exists, as layout_bench does.
-Measured measure(const LayoutSpec& spec, int64_t B, int64_t S, bool train) {
+Measured measure(const Layout& spec, int64_t B, int64_t S, bool train) {
   Communicator& world = test::mpi().world();
   Result<Mesh> mesh = Mesh::create(world, spec.mesh());
   FP_CHECK_OK(mesh.status());
@@ -54,12 +54,12 @@ Measured measure(const LayoutSpec& spec, int64_t B, int64_t S, bool train) {
   mt.reset_peaks();
   Measured out;
   {
-    Result<std::unique_ptr<ShardedModel>> m = make_sharded_model(plan_config(), *mesh, S, layout_options_of(spec));
+    Result<std::unique_ptr<ShardedModel>> m = make_sharded_model(plan_config(), *mesh, S, spec);
     FP_CHECK_OK(m.status());
     (*m)->init_weights(InitOptions{.seed = 1});
     const Batch local = (*m)->local_batch(global);
     auto cpu = make_cpu_backend();
-    std::unique_ptr<Backend> bf16 = spec.bf16 ? make_bf16_storage_backend(*cpu) : nullptr;
+    std::unique_ptr<Backend> bf16 = (spec.dtype == DType::kBF16) ? make_bf16_storage_backend(*cpu) : nullptr;
     Backend* be = bf16 ? bf16.get() : cpu.get();
     std::vector<const Communicator*> comms;
     std::vector<std::string> names;
@@ -78,7 +78,7 @@ Measured measure(const LayoutSpec& spec, int64_t B, int64_t S, bool train) {
   return out;
 }
 
-RankCoords coords_of(const LayoutSpec& spec) {
+RankCoords coords_of(const Layout& spec) {
   Result<Mesh> mesh = Mesh::create(test::mpi().world(), spec.mesh());
   FP_CHECK_OK(mesh.status());
   RankCoords c;
@@ -97,7 +97,7 @@ CommOpKind kind_of(PlanOp op) {
 
 void check(const std::string& text, int64_t B, int64_t S, bool train) {
   const int rank = test::mpi().world().rank();
-  Result<LayoutSpec> spec = parse_layout_spec(text);
+  Result<Layout> spec = parse_layout(text);
   ASSERT_TRUE(spec.ok()) << spec.status().to_string();
   const PlanMode mode = train ? PlanMode::kTrain : PlanMode::kForward;
   const std::string what = fmt::format("{} B={} S={} {}", text, B, S, plan_mode_name(mode));
@@ -171,7 +171,7 @@ TEST(PlanValidationPrefill, PeakWithinTenPercent) {
   const int64_t S = 1024, new_tokens = 64;
   for (const char* text : {"tsp=2", "tp=2"}) {
     SCOPED_TRACE(text);
-    const LayoutSpec spec = *parse_layout_spec(text);
+    const Layout spec = *parse_layout(text);
     Result<Mesh> mesh = Mesh::create(world, spec.mesh());
     ASSERT_TRUE(mesh.ok());
     const Batch prompt = synthetic_batch(plan_config(), 1, S, 5);
@@ -183,7 +183,7 @@ TEST(PlanValidationPrefill, PeakWithinTenPercent) {
     mt.reset_peaks();
     int64_t peak = 0;
     {
-      Result<std::unique_ptr<ShardedDecoder>> dec = make_sharded_decoder(plan_config(), *mesh, layout_options_of(spec));
+      Result<std::unique_ptr<ShardedDecoder>> dec = make_sharded_decoder(plan_config(), *mesh, spec);
       ASSERT_TRUE(dec.ok()) << dec.status().to_string();
       (*dec)->init_weights(InitOptions{.seed = 1});
       auto be = make_cpu_backend();
@@ -216,7 +216,7 @@ TEST(PlanValidationDecode, CacheExactAndPeakWithinTenPercent) {
   for (const char* text : {"tsp=2", "tp=2"}) {
     for (const int64_t B : {int64_t{1}, int64_t{4}}) {
       SCOPED_TRACE(fmt::format("{} B={}", text, B));
-      const LayoutSpec spec = *parse_layout_spec(text);
+      const Layout spec = *parse_layout(text);
       Result<Mesh> mesh = Mesh::create(world, spec.mesh());
       ASSERT_TRUE(mesh.ok());
       const Batch prompt = synthetic_batch(plan_config(), B, S, 7);
@@ -231,7 +231,7 @@ TEST(PlanValidationDecode, CacheExactAndPeakWithinTenPercent) {
       MemoryStats at_peak;
       int64_t peak = 0;
       {
-        Result<std::unique_ptr<ShardedDecoder>> dec = make_sharded_decoder(plan_config(), *mesh, layout_options_of(spec));
+        Result<std::unique_ptr<ShardedDecoder>> dec = make_sharded_decoder(plan_config(), *mesh, spec);
         ASSERT_TRUE(dec.ok()) << dec.status().to_string();
         (*dec)->init_weights(InitOptions{.seed = 1});
         auto be = make_cpu_backend();

@@ -47,7 +47,7 @@ TEST(TspMemory, PeakIsAQuarterOfSingleRankPlusTransients) {
   const Batch global = synthetic_batch(c, 1, kSeq, 5);
   const int64_t single = single_rank_peak(c, global);
 
-  Result<TspModel> m = TspModel::create(c, D, p, kSeq, {});
+  Result<TspModel> m = TspModel::create(c, tsp_layout(D), p, kSeq);
   ASSERT_TRUE(m.ok());
   const Batch local = m->shard().local_batch(global);
   MemoryTracker& mt = MemoryTracker::process();

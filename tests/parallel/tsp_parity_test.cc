@@ -38,7 +38,7 @@ LlamaConfig test_config(int D, bool tied, bool gqa) {
 }
 
 struct Case {
-  TspOptions options;
+  Layout options;  // tsp is set to the world size
   bool tied = false;
   bool gqa = true;
   int64_t batch = 1;
@@ -73,9 +73,10 @@ void check_parity(const Case& k) {
   ASSERT_TRUE(ref.ok()) << ref.status().to_string();
 
   // TSP on this rank's shards (initialized on their own, as in training) and tokens.
-  TspOptions opt = k.options;
+  Layout opt = k.options;
+  opt.tsp = D;
   opt.keep_logits = true;
-  Result<TspModel> model = TspModel::create(c, D, p, k.seq, opt);
+  Result<TspModel> model = TspModel::create(c, opt, p, k.seq);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   ShardedWeights tw = ShardedWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kParameters);
   init_sharded_weights(kInit, tw);
@@ -187,8 +188,9 @@ TEST(TspErrors, SizesThatDoNotDivide) {
   const int D = test::mpi().world().size();
   if (D == 1) GTEST_SKIP() << "everything divides by 1";
   LlamaConfig c = test_config(D, false, true);
-  auto message = [&](const LlamaConfig& cfg, int64_t seq, TspOptions o = {}) {
-    Result<TspModel> m = TspModel::create(cfg, D, 0, seq, o);
+  auto message = [&](const LlamaConfig& cfg, int64_t seq, Layout o = {}) {
+    o.tsp = D;
+    Result<TspModel> m = TspModel::create(cfg, o, 0, seq);
     return m.ok() ? std::string("ok") : m.status().message();
   };
   LlamaConfig bad = c;
@@ -203,7 +205,7 @@ TEST(TspErrors, SizesThatDoNotDivide) {
   bad.vocab_size = D * 10 + 1;
   EXPECT_NE(message(bad, 48).find("vocab_size"), std::string::npos);
   EXPECT_NE(message(c, 2 * D + 1).find("sequence length (" + std::to_string(2 * D + 1) + ")"), std::string::npos);
-  TspOptions o;
+  Layout o;
   o.head_buckets = 3;
   EXPECT_NE(message(c, 48, o).find("head buckets (3)"), std::string::npos);
 }

@@ -25,11 +25,12 @@ LlamaConfig traffic_config(int D, int layers) {
   return c;
 }
 
-CommStats run(int layers, const TspOptions& opt, bool backward, int64_t B, int64_t S) {
+CommStats run(int layers, Layout opt, bool backward, int64_t B, int64_t S) {
   Communicator& world = test::mpi().world();
   const int D = world.size(), p = world.rank();
   const LlamaConfig c = traffic_config(D, layers);
-  Result<TspModel> m = TspModel::create(c, D, p, S, opt);
+  opt.tsp = D;
+  Result<TspModel> m = TspModel::create(c, opt, p, S);
   EXPECT_TRUE(m.ok()) << m.status().to_string();
   ShardedWeights w = ShardedWeights::allocate(c, m->dims(), p, DType::kF32, MemCategory::kParameters);
   init_sharded_weights(InitOptions{.seed = 1}, w);
@@ -81,7 +82,7 @@ TEST_P(TspTraffic, OneLayerForwardAndBackwardEqualTheFormulas) {
   const Policy pol = GetParam();
   const int D = test::mpi().world().size();
   const int64_t B = 2, S = 12 * D;
-  TspOptions opt;
+  Layout opt;
   opt.keep_weights = pol.keep_weights;
   opt.keep_kv = pol.keep_kv;
   opt.head_buckets = (traffic_config(D, 1).num_key_value_heads / D) % pol.buckets == 0 ? pol.buckets : 1;

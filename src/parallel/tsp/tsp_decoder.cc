@@ -136,7 +136,7 @@ class TspDecodeAttention final : public DecodeAttention {
 
 class TspDecoder final : public WeightShardedDecoder {
  public:
-  TspDecoder(const LlamaConfig& config, ShardDims dims, Communicator& comm, const TspOptions& options)
+  TspDecoder(const LlamaConfig& config, ShardDims dims, Communicator& comm, const Layout& options)
       : WeightShardedDecoder(config, dims, comm, fmt::format("tsp={}", comm.size())), options_(options) {}
 
 
@@ -151,7 +151,7 @@ class TspDecoder final : public WeightShardedDecoder {
   // Each prompt's last hidden state [B, h] on every rank, from the rank that holds it.
   Tensor last_rows(const Tensor& x, const SequenceShard& shard, TpComm& comm) const;
 
-  TspOptions options_;
+  Layout options_;  // tsp=D: split, overlap and head_buckets apply to prefill
   std::vector<std::vector<int64_t>> counts_;  // [B][D]: tokens of sequence b on rank r
 };
 
@@ -196,7 +196,7 @@ Result<Tensor> TspDecoder::prefill(Backend& be, const std::vector<std::vector<in
   for (const auto& pr : prompts) longest = std::max(longest, static_cast<int64_t>(pr.size()));
   const int64_t unit = options_.split == SeqSplit::kZigzag ? 2 * D : D;
   const int64_t S = (longest + unit - 1) / unit * unit;
-  FP_ASSIGN_OR_RETURN(TspModel model, TspModel::create(config_, D, p, S, options_));
+  FP_ASSIGN_OR_RETURN(TspModel model, TspModel::create(config_, options_, p, S));
   lengths_.assign(static_cast<size_t>(B), 0);
   counts_.assign(static_cast<size_t>(B), std::vector<int64_t>(static_cast<size_t>(D), 0));
   for (int64_t b = 0; b < B; ++b) {
@@ -251,15 +251,11 @@ Result<Tensor> TspDecoder::decode(Backend& be, std::span<const int32_t> tokens) 
 
 Result<std::unique_ptr<ShardedDecoder>> make_tsp_decoder(const LlamaConfig& config, Communicator& tsp,
                                                          const LayoutOptions& o) {
+  FP_CHECK(o.strategy == Strategy::kTsp && o.tsp == tsp.size(), "TSP decoder for layout {} over {} ranks",
+           o.to_string(), tsp.size());
+  FP_RETURN_IF_ERROR(validate_layout(config, o, 0, 0));
   FP_ASSIGN_OR_RETURN(ShardDims dims, shard_dims(config, tsp.size(), "TSP"));
-  TspOptions t;
-  t.split = o.split;
-  t.overlap = o.overlap;
-  t.head_buckets = o.head_buckets;
-  if (t.head_buckets <= 0 || dims.kv_heads % t.head_buckets != 0)
-    return invalid_argument("head buckets ({}) must divide the KV heads per TSP rank ({} = {} / {})", t.head_buckets,
-                            dims.kv_heads, config.num_key_value_heads, tsp.size());
-  return std::unique_ptr<ShardedDecoder>(std::make_unique<TspDecoder>(config, dims, tsp, t));
+  return std::unique_ptr<ShardedDecoder>(std::make_unique<TspDecoder>(config, dims, tsp, o));
 }
 
 }  // namespace foldpar

@@ -11,16 +11,12 @@ using tsp_detail::HeadSaved;
 using tsp_detail::LayerSaved;
 using tsp_detail::TspStep;
 
-Result<TspModel> TspModel::create(const LlamaConfig& config, int degree, int rank, int64_t seq,
-                                  const TspOptions& options) {
-  FP_ASSIGN_OR_RETURN(ShardDims dims, shard_dims(config, degree, "TSP"));
-  FP_ASSIGN_OR_RETURN(SequenceShard shard, SequenceShard::create(seq, degree, rank, options.split));
-  if (options.dtype != DType::kF32 && options.dtype != DType::kBF16)
-    return invalid_argument("TSP stores weights and activations in f32 or bf16, not {}", dtype_name(options.dtype));
-  if (options.head_buckets <= 0 || dims.kv_heads % options.head_buckets != 0)
-    return invalid_argument("head buckets ({}) must divide the KV heads per TSP rank ({} = {} / {})",
-                            options.head_buckets, dims.kv_heads, config.num_key_value_heads, degree);
-  return TspModel(config, dims, std::move(shard), options);
+Result<TspModel> TspModel::create(const LlamaConfig& config, const Layout& layout, int rank, int64_t seq) {
+  FP_CHECK(layout.strategy == Strategy::kTsp, "TspModel for layout {}", layout.to_string());
+  FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));
+  FP_ASSIGN_OR_RETURN(ShardDims dims, shard_dims(config, layout.tsp, "TSP"));
+  FP_ASSIGN_OR_RETURN(SequenceShard shard, SequenceShard::create(seq, layout.tsp, rank, layout.split));
+  return TspModel(config, dims, std::move(shard), layout);
 }
 
 namespace {

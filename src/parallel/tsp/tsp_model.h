@@ -19,43 +19,17 @@
 
 namespace foldpar {
 
-struct TspOptions {
-  SeqSplit split = SeqSplit::kZigzag;  // how tokens are sharded (zigzag balances causal work)
-  // Start the broadcast of shard r+1, the all-gather of its K/V and the next ring hop
-  // before computing with shard r (double buffers). false: every transfer completes
-  // before the computation that follows it, to measure what overlap hides.
-  bool overlap = true;
-  // Backward policy for attention weights: keep the forward's broadcast shards (D-1 extra
-  // attention shards per layer held until backward) instead of broadcasting them again.
-  bool keep_weights = false;
-  // Backward policy for K/V: keep the forward's gathered K/V (2*B*S*h/g elements per layer)
-  // instead of gathering them again.
-  bool keep_kv = false;
-  // Split each attention shard's KV heads into this many buckets, each with its own
-  // all-gather, so the gathered K/V in flight is 1/buckets of a shard's. Must divide n_kv/D.
-  int head_buckets = 1;
-  // kNone keeps each block's activations for backward; kBlock keeps only the block inputs
-  // and reruns the block forward (with its communication) inside backward.
-  Recompute recompute = Recompute::kNone;
-  // Verification only: also return this rank's logits [B, S/D, V] (normally never formed).
-  bool keep_logits = false;
-  // Storage of weights, activations and the shards and K/V that travel: f32 or bf16 (then
-  // run with a bf16 storage backend, backend/bf16_storage_backend.h). Gradients, per-row
-  // statistics and the gradient traffic stay f32.
-  DType dtype = DType::kF32;
-};
-
 class TspModel {
  public:
-  // Validates divisibility (heads, KV heads, f, V by D; S by 2D for zigzag; buckets) and
-  // returns invalid_argument naming the numbers otherwise. Not collective.
-  static Result<TspModel> create(const LlamaConfig& config, int degree, int rank, int64_t seq,
-                                 const TspOptions& options);
+  // The TSP model of rank `rank` of a tsp=D layout (layout.strategy kTsp, D = layout.tsp) at
+  // sequence length `seq`: validate_layout's verdict first (invalid_argument naming the
+  // numbers), nothing allocated before it. Not collective.
+  static Result<TspModel> create(const LlamaConfig& config, const Layout& layout, int rank, int64_t seq);
 
   const LlamaConfig& config() const { return config_; }
   const ShardDims& dims() const { return dims_; }
   const SequenceShard& shard() const { return shard_; }
-  const TspOptions& options() const { return options_; }
+  const Layout& options() const { return options_; }
 
   // Loss (mean over the valid tokens of the whole global batch) of this rank's rows
   // local_batch [B, S/D] (SequenceShard::local_batch of the global batch).
@@ -79,13 +53,14 @@ class TspModel {
                          KvCache& cache, double* exposed_comm_seconds = nullptr) const;
 
  private:
-  TspModel(const LlamaConfig& config, ShardDims dims, SequenceShard shard, const TspOptions& options)
+  TspModel(const LlamaConfig& config, ShardDims dims, SequenceShard shard, const Layout& options)
       : config_(config), dims_(dims), shard_(std::move(shard)), options_(options) {}
 
   LlamaConfig config_;
   ShardDims dims_;
   SequenceShard shard_;
-  TspOptions options_;
+  Layout options_;  // tsp=D and the knobs it reads: split, overlap, keep_weights, keep_kv,
+                    // head_buckets, recompute, dtype, keep_logits
 };
 
 }  // namespace foldpar

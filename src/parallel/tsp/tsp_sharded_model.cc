@@ -53,16 +53,7 @@ class TspShardedModel final : public ShardedModel {
 
 Result<std::unique_ptr<ShardedModel>> make_tsp_sharded_model(const LlamaConfig& config, Communicator& tsp,
                                                              int64_t seq, const LayoutOptions& o) {
-  TspOptions t;
-  t.split = o.split;
-  t.overlap = o.overlap;
-  t.keep_weights = o.keep_weights;
-  t.keep_kv = o.keep_kv;
-  t.head_buckets = o.head_buckets;
-  t.recompute = o.recompute;
-  t.keep_logits = o.keep_logits;
-  t.dtype = o.dtype;
-  FP_ASSIGN_OR_RETURN(TspModel model, TspModel::create(config, tsp.size(), tsp.rank(), seq, t));
+  FP_ASSIGN_OR_RETURN(TspModel model, TspModel::create(config, o, tsp.rank(), seq));
   return std::unique_ptr<ShardedModel>(std::make_unique<TspShardedModel>(std::move(model), tsp));
 }
 

@@ -131,7 +131,7 @@ class TspStep {
   const TspModel& model_;
   const LlamaConfig& c_;
   const ShardDims& dims_;
-  const TspOptions& opt_;
+  const Layout& opt_;
   Backend& be_;
   Communicator& comm_;
   int64_t batch_;        // B

@@ -1,0 +1,115 @@
+// Layout: one parallel layout of a job, every axis and every strategy knob, as every command,
+// the plan and the strategies see it. One grammar (parse_layout), one canonical spelling
+// (to_string) and one divisibility check (validate_layout), so the plan and the strategies
+// cannot disagree about what runs. Pure values and arithmetic: no MPI, no strategy code.
+//
+// Grammar (canonical): axes as `name=degree` joined by ',', then options each after ':':
+//   tsp=4          dp=2,tsp=4:bf16          tp=2,sp=2:ring:seqpar          sp=4:contiguous
+// Axes: dp (data), pp (pipeline), tp (tensor), sp (sequence), tsp (tensor-and-sequence),
+// ep (experts). Options: ring (K/V around the sp ring instead of an all-gather), seqpar
+// (Megatron sequence-parallel norms), contiguous (sequence split; zigzag by default),
+// nooverlap, keepw / keepkv (TSP backward policies), buckets=N (TSP head buckets),
+// recompute (Recompute::kBlock), bf16 (storage dtype).
+// The old plan spelling with '+' between axes ("tp=2+sp=2") is still read, with a note
+// naming the canonical form.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "model/llama_config.h"
+#include "model/llama_model.h"
+#include "tensor/dtype.h"
+
+namespace foldpar {
+
+// How tokens are sharded on a sequence axis (tsp, sp): zigzag cuts S into 2D chunks and
+// rank p holds c_p and c_{2D-1-p} (balanced causal work); contiguous gives rank p the p-th
+// block of S/D (parallel/sequence_shard.h).
+enum class SeqSplit { kZigzag, kContiguous };
+
+// Which family of strategy runs the model axes. kTsp: tsp=D (parallel/tsp/). kMegatron: tp=T
+// and/or sp=S, either possibly 1 (the baselines).
+enum class Strategy { kTsp, kMegatron };
+
+struct Layout {
+  // ---- axes (degrees >= 1; an axis not written has degree 1) ----
+  int dp = 1;   // data-parallel replicas (the training loop's axis)
+  int pp = 1;   // pipeline stages (not implemented yet: validate_layout refuses pp > 1)
+  int tsp = 1;  // TSP degree D: 1/D of the weights and of the tokens per rank
+  int tp = 1;   // Megatron tensor-parallel degree
+  int sp = 1;   // sequence (context) parallel degree
+  int ep = 1;   // expert-parallel degree (not implemented yet: refused above 1)
+  Strategy strategy = Strategy::kTsp;  // kTsp when tsp is written, else kMegatron
+
+  // ---- strategy knobs (each applies where said; validate_layout refuses a knob set on a
+  // layout it does not apply to) ----
+  SeqSplit split = SeqSplit::kZigzag;  // tsp, sp
+  enum class KvExchange { kAllGather, kRing };
+  KvExchange kv_exchange = KvExchange::kAllGather;  // sp: how attention exchanges K/V
+  // tp: Megatron sequence parallelism in the norm regions (all_gather before the
+  // column-parallel GEMMs, reduce_scatter after the row-parallel ones).
+  bool sequence_parallel = false;
+  // Start transfers before the computation that does not need them yet (double buffers);
+  // false: every transfer completes before the computation that follows it.
+  bool overlap = true;
+  bool keep_weights = false;  // tsp backward: reuse the forward's broadcast attention shards
+  bool keep_kv = false;       // tsp backward: reuse the forward's gathered K/V
+  int head_buckets = 1;       // tsp: all-gather each attention shard's K/V in this many buckets
+  Recompute recompute = Recompute::kNone;
+  // Storage of weights and activations and what travels of them: f32, or bf16 (then run on
+  // a bf16 storage backend; gradients, statistics and AdamW stay f32).
+  DType dtype = DType::kF32;
+
+  // ---- not part of the layout's name: a verification request ----
+  bool keep_logits = false;  // also return this rank's logits rows [B, S_local, V]
+
+  int model_ranks() const { return pp * tsp * tp * sp; }  // ranks of one model replica
+  int ranks() const { return dp * model_ranks(); }
+  int storage_bytes() const { return dtype == DType::kBF16 ? 2 : 4; }  // beta
+  // The degree weights are sharded by (tsp, tp, or 1 for sp) and the degree tokens are
+  // sharded by inside a replica (tsp, sp, or 1 for tp without sequence parallelism).
+  int weight_degree() const { return strategy == Strategy::kTsp ? tsp : tp; }
+  int token_degree() const { return strategy == Strategy::kTsp ? tsp : sp; }
+
+  // The mesh string comm/mesh.h parses, in the canonical rank order (outermost first):
+  // "dp=2,tsp=4", "tp=2,sp=2". Axes of degree 1 are left out, except the strategy's own
+  // axis (tsp for TSP; tp when both Megatron degrees are 1).
+  std::string mesh() const;
+  // The canonical spelling: mesh() then the options that differ from the defaults, in the
+  // order of the grammar above. parse_layout(to_string()) gives the same layout back.
+  std::string to_string() const;
+
+  bool operator==(const Layout&) const = default;
+};
+
+// tsp=D with default knobs: what a job without --layout runs on D ranks.
+Layout tsp_layout(int degree);
+
+// Parses one layout. invalid_argument naming the text for unknown axes or options, degrees
+// that are not positive integers, repeated axes, tsp with tp or sp, and no model axis
+// (dp=2 alone: write dp=2,tsp=1).
+// `note`, when given, receives a one-line note where an old spelling was read ('+').
+Result<Layout> parse_layout(std::string_view text, std::string* note = nullptr);
+
+// Several layouts: each item is one layout; an item may also hold several separated by ';'.
+// An item in the old list spelling ("tsp=2,tp=2+sp=2:ring", layouts between commas, axes
+// between '+') is read with a note giving the canonical list.
+Result<std::vector<Layout>> parse_layout_list(const std::vector<std::string>& items, std::string* note = nullptr);
+
+// The only divisibility and applicability check in foldpar: the plan calls it for every
+// candidate, and every strategy before it allocates. `batch` 0 means not known yet (a
+// strategy is built for any batch) and `seq` 0 the same (a decoder, whose prefill pads the
+// prompts): those checks are skipped. invalid_argument naming the
+// numbers, e.g. "tp=4,sp=2:seqpar: the local sequence (10 = 20 / 2) must be divisible by
+// the tensor-parallel degree (4) with seqpar"; unimplemented for axes foldpar lacks.
+Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t batch, int64_t seq);
+
+// Elements of the parameters one rank holds (its weight shards, or the whole model where
+// weights are replicated): the size of its gradients and of each AdamW moment.
+int64_t local_parameter_elements(const LlamaConfig& config, const Layout& layout);
+
+}  // namespace foldpar

@@ -1,0 +1,192 @@
+// The Layout value (src/layout): its one grammar, the canonical spelling and round trip, the
+// old '+' spelling read with a note, errors that name the text, and validate_layout's
+// messages. The plan-against-strategy verdict table is tests/unit/layout_verdict_test.cc.
+#include <gtest/gtest.h>
+
+#include "layout/layout.h"
+
+namespace foldpar {
+namespace {
+
+Layout parse(const std::string& text) {
+  Result<Layout> l = parse_layout(text);
+  EXPECT_TRUE(l.ok()) << text << ": " << l.status().to_string();
+  return l.ok() ? *l : Layout{};
+}
+
+LlamaConfig mha_config() {
+  LlamaConfig c;
+  c.hidden_size = 64;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 4;
+  c.intermediate_size = 256;
+  c.vocab_size = 128;
+  c.num_hidden_layers = 1;
+  c.max_position_embeddings = 65536;
+  return c;
+}
+
+TEST(LayoutGrammar, ParsesAxesAndOptions) {
+  const Layout a = parse("dp=2,tp=2,sp=4:ring:seqpar");
+  EXPECT_EQ(a.strategy, Strategy::kMegatron);
+  EXPECT_EQ(a.dp, 2);
+  EXPECT_EQ(a.tp, 2);
+  EXPECT_EQ(a.sp, 4);
+  EXPECT_EQ(a.ranks(), 16);
+  EXPECT_EQ(a.model_ranks(), 8);
+  EXPECT_EQ(a.kv_exchange, Layout::KvExchange::kRing);
+  EXPECT_TRUE(a.sequence_parallel);
+  EXPECT_EQ(a.mesh(), "dp=2,tp=2,sp=4");
+  EXPECT_EQ(a.weight_degree(), 2);
+  EXPECT_EQ(a.token_degree(), 4);
+  const Layout t = parse("tsp=4:keepw:keepkv:buckets=2:bf16:recompute:contiguous:nooverlap");
+  EXPECT_EQ(t.strategy, Strategy::kTsp);
+  EXPECT_EQ(t.tsp, 4);
+  EXPECT_TRUE(t.keep_weights);
+  EXPECT_TRUE(t.keep_kv);
+  EXPECT_EQ(t.head_buckets, 2);
+  EXPECT_EQ(t.dtype, DType::kBF16);
+  EXPECT_EQ(t.storage_bytes(), 2);
+  EXPECT_EQ(t.recompute, Recompute::kBlock);
+  EXPECT_EQ(t.split, SeqSplit::kContiguous);
+  EXPECT_FALSE(t.overlap);
+  EXPECT_EQ(t.weight_degree(), 4);
+  EXPECT_EQ(t.token_degree(), 4);
+  EXPECT_EQ(parse(" tp = 2 , sp = 2 ").mesh(), "tp=2,sp=2");  // spaces are ignored
+}
+
+TEST(LayoutGrammar, CanonicalSpellingRoundTrips) {
+  // Axes in rank order whatever the order written; options in the grammar's order.
+  EXPECT_EQ(parse("sp=2,dp=2,tp=2:seqpar:ring").to_string(), "dp=2,tp=2,sp=2:ring:seqpar");
+  EXPECT_EQ(parse("tsp=2:bf16:keepw").to_string(), "tsp=2:keepw:bf16");
+  // Degree-1 axes are left out; a Megatron layout keeps its tp axis when both are 1.
+  EXPECT_EQ(parse("tp=1,sp=2").to_string(), "sp=2");
+  EXPECT_EQ(parse("tp=2,sp=1").to_string(), "tp=2");
+  EXPECT_EQ(parse("tp=1").to_string(), "tp=1");
+  EXPECT_EQ(parse("dp=1,tsp=1").to_string(), "tsp=1");
+  for (const char* text : {"tsp=8", "dp=4,tsp=2:buckets=2:recompute", "tp=4,sp=2:ring:seqpar:nooverlap",
+                           "sp=8:contiguous:bf16", "dp=2,tp=2"}) {
+    const Layout l = parse(text);
+    EXPECT_EQ(l.to_string(), text);
+    EXPECT_EQ(parse(l.to_string()), l) << text;
+  }
+  EXPECT_EQ(tsp_layout(3).to_string(), "tsp=3");
+}
+
+TEST(LayoutGrammar, OldPlusSpellingIsReadWithANote) {
+  std::string note;
+  Result<Layout> l = parse_layout("dp=2+tp=2+sp=4:ring", &note);
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  EXPECT_EQ(l->to_string(), "dp=2,tp=2,sp=4:ring");
+  EXPECT_NE(note.find("is written 'dp=2,tp=2,sp=4:ring'"), std::string::npos) << note;
+  note.clear();
+  ASSERT_TRUE(parse_layout("tp=2,sp=2", &note).ok());
+  EXPECT_TRUE(note.empty()) << note;
+  EXPECT_FALSE(parse_layout("tp=2+sp=2,dp=2").ok());  // the two spellings mixed
+}
+
+TEST(LayoutGrammar, ListsTakeSpacesOrSemicolonsAndReadTheOldList) {
+  std::string note;
+  Result<std::vector<Layout>> list = parse_layout_list({"tsp=2", "tp=2,sp=2:ring;sp=4"}, &note);
+  ASSERT_TRUE(list.ok()) << list.status().to_string();
+  ASSERT_EQ(list->size(), 3u);
+  EXPECT_EQ((*list)[1].to_string(), "tp=2,sp=2:ring");
+  EXPECT_TRUE(note.empty()) << note;
+  // "tp=4,sp=2" is ONE 2-D layout now (it used to be read as two).
+  list = parse_layout_list({"tp=4,sp=2"}, &note);
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].model_ranks(), 8);
+  // The old list, with and without '+': layouts between commas, read with a note.
+  list = parse_layout_list({"tsp=2,tp=2+sp=2:ring"}, &note);
+  ASSERT_TRUE(list.ok()) << list.status().to_string();
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ((*list)[1].to_string(), "tp=2,sp=2:ring");
+  EXPECT_NE(note.find("is written 'tsp=2 tp=2,sp=2:ring'"), std::string::npos) << note;
+  note.clear();
+  list = parse_layout_list({"tsp=2,tp=2,sp=2:ring"}, &note);
+  ASSERT_TRUE(list.ok()) << list.status().to_string();
+  EXPECT_EQ(list->size(), 3u);
+  EXPECT_FALSE(note.empty());
+  EXPECT_FALSE(parse_layout_list({";", ""}).ok());
+  EXPECT_FALSE(parse_layout_list({"tsp=2", "xp=2"}).ok());
+}
+
+TEST(LayoutGrammar, RejectsBadTextNamingIt) {
+  for (const char* bad : {"", "tsp=2,tp=2", "xp=2", "tp=0", "tp=two", "tp=", "tp=2:fast", "dp=2", "tsp", "tp=2,tp=4",
+                          "tsp=2:buckets=0", ":ring"}) {
+    Result<Layout> l = parse_layout(bad);
+    ASSERT_FALSE(l.ok()) << bad;
+    EXPECT_EQ(l.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(l.status().message().find(std::string("'") + bad + "'"), std::string::npos) << l.status().message();
+  }
+  EXPECT_NE(parse_layout("tp=2:fast").status().message().find("unknown option 'fast'"), std::string::npos);
+  EXPECT_NE(parse_layout("tp=2,tp=4").status().message().find("axis 'tp' is given twice"), std::string::npos);
+  EXPECT_NE(parse_layout("tp=two").status().message().find("got 'two'"), std::string::npos);
+}
+
+TEST(ValidateLayout, SizesThatDoNotDivideNameTheNumbers) {
+  const LlamaConfig c = mha_config();
+  auto message = [&](const std::string& layout, int64_t B, int64_t S) {
+    const Status s = validate_layout(c, parse(layout), B, S);
+    return s.ok() ? std::string("ok") : s.message();
+  };
+  EXPECT_EQ(message("tsp=3", 1, 96), "tsp=3: num_attention_heads (4) must be divisible by the TSP degree (3)");
+  EXPECT_EQ(message("tp=8", 1, 96), "tp=8: num_attention_heads (4) must be divisible by the tensor-parallel degree (8)");
+  EXPECT_EQ(message("sp=2", 1, 102),
+            "sp=2: the sequence length (102) must be divisible by 2 x the sequence degree (2 x 2 = 4) for the zigzag "
+            "split");
+  EXPECT_EQ(message("sp=4:contiguous", 1, 102), "sp=4:contiguous: the sequence length (102) must be divisible by the "
+                                                "sequence degree (4)");
+  EXPECT_EQ(message("dp=2,tsp=2", 3, 128), "dp=2,tsp=2: the batch (3) must be divisible by the data-parallel degree (2)");
+  EXPECT_EQ(message("tsp=4:buckets=2", 1, 128),
+            "tsp=4:buckets=2: head buckets (2) must divide the KV heads per TSP rank (1 = 4 / 4)");
+  // The case the old plan got wrong: it checked S % tp, the strategy (S / sp) % tp.
+  EXPECT_EQ(message("tp=4,sp=2:seqpar", 1, 20),
+            "tp=4,sp=2:seqpar: the local sequence (10 = 20 / 2) must be divisible by the tensor-parallel degree (4) "
+            "with seqpar");
+  EXPECT_EQ(message("tp=4:seqpar", 1, 18),
+            "tp=4:seqpar: the sequence length (18) must be divisible by the tensor-parallel degree (4) with seqpar");
+  EXPECT_EQ(message("tsp=4", 1, 128), "ok");
+  EXPECT_EQ(message("tsp=4", 0, 128), "ok");  // batch not known yet
+  EXPECT_EQ(message("tsp=4", 1, 0), "ok");    // a decoder: the prefill pads
+}
+
+TEST(ValidateLayout, KnobsOnLayoutsTheyDoNotApplyToAreRefused) {
+  const LlamaConfig c = mha_config();
+  auto message = [&](const std::string& layout) {
+    const Status s = validate_layout(c, parse(layout), 1, 128);
+    return s.ok() ? std::string("ok") : s.message();
+  };
+  EXPECT_NE(message("tp=2:keepw").find("TSP backward policies"), std::string::npos);
+  EXPECT_NE(message("sp=2:buckets=2").find("TSP backward policies"), std::string::npos);
+  EXPECT_NE(message("tsp=2:ring").find("needs a sequence-parallel axis"), std::string::npos);
+  EXPECT_NE(message("tp=2:ring").find("needs a sequence-parallel axis"), std::string::npos);
+  EXPECT_NE(message("sp=2:seqpar").find("needs a tensor-parallel axis"), std::string::npos);
+  EXPECT_EQ(message("tp=2,sp=2:ring:seqpar"), "ok");
+}
+
+TEST(ValidateLayout, AxesNotBuiltYetAreUnimplemented) {
+  const LlamaConfig c = mha_config();
+  const Status pp = validate_layout(c, parse("pp=2,tsp=2"), 1, 128);
+  EXPECT_EQ(pp.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(pp.message().find("pipeline parallelism (pp=2)"), std::string::npos) << pp.message();
+  EXPECT_EQ(validate_layout(c, parse("ep=2,tsp=2"), 1, 128).code(), StatusCode::kUnimplemented);
+  Layout bad = parse("tsp=2");
+  bad.tp = 2;  // built in code, not parsed
+  EXPECT_FALSE(validate_layout(c, bad, 1, 128).ok());
+}
+
+TEST(LayoutParameters, LocalParameterElementsShardByTheWeightDegree) {
+  LlamaConfig c = mha_config();
+  c.num_hidden_layers = 4;
+  const int64_t norms = (2 * c.num_hidden_layers + 1) * c.hidden_size;
+  const int64_t all = c.parameter_count();
+  EXPECT_EQ(local_parameter_elements(c, parse("tsp=1")), all);
+  EXPECT_EQ(local_parameter_elements(c, parse("sp=4")), all);
+  EXPECT_EQ(local_parameter_elements(c, parse("tsp=4")), (all - norms) / 4 + norms);
+  EXPECT_EQ(local_parameter_elements(c, parse("tp=2,sp=2")), (all - norms) / 2 + norms);
+}
+
+}  // namespace
+}  // namespace foldpar
