@@ -17,12 +17,12 @@
 #include <string>
 #include <string_view>
 
+#include "checkpoint/checkpoint.h"
 #include "core/check.h"
 #include "core/status.h"
 #include "io/safetensors.h"
 #include "io/token_file.h"
 #include "model/llama_config.h"
-#include "train/checkpoint.h"
 
 namespace foldpar::fuzz {
 

@@ -17,6 +17,7 @@
 #include "cli_bench_layouts.h"
 #include "cli_plan.h"
 #include "device.h"
+#include "fault_injection.h"
 #include "app/step_bench.h"
 #include "app/verify.h"
 #include "backend/backend.h"
@@ -24,7 +25,8 @@
 #include "core/status.h"
 #include "data/corpus.h"
 #include "parallel/sharded_weights.h"
-#include "train/checkpoint.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_directory.h"
 #include "train/trainer.h"
 
 namespace foldpar {
@@ -285,6 +287,7 @@ int run_train_command(const TrainArgs& a) {
   o.eval_batches = a.eval_batches;
   o.checkpoint_every = a.checkpoint_every;
   o.keep_checkpoints = a.keep;
+  o.checkpoint_hooks = cli::checkpoint_hooks_from_env();
   o.resume = a.resume;
   o.init_from = a.init_from;
   o.print_every = a.print_every;

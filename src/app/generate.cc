@@ -5,10 +5,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_directory.h"
 #include "comm/mesh.h"
 #include "data/tokenizer.h"
 #include "parallel/make_layout.h"
-#include "train/checkpoint.h"
 
 namespace foldpar {
 namespace fs = std::filesystem;

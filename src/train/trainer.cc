@@ -7,14 +7,15 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "comm/comm_stats.h"
 #include "backend/bf16_storage_backend.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_directory.h"
+#include "comm/comm_stats.h"
 #include "comm/mesh.h"
 #include "core/check.h"
 #include "data/corpus.h"
 #include "data/data_loader.h"
 #include "parallel/make_layout.h"
-#include "train/checkpoint.h"
 #include "train/progress.h"
 
 namespace foldpar {
@@ -250,7 +251,7 @@ Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
     if ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == last) {
       CheckpointState st{step, static_cast<uint64_t>(step), o.seed, layout, o.config};
       CheckpointWrite w{&saved_params, &adamw.first_moments(), &adamw.second_moments(), s.dp_rank == 0,
-                        o.keep_checkpoints};
+                        o.keep_checkpoints, o.checkpoint_hooks};
       FP_ASSIGN_OR_RETURN(report.checkpoint, save_checkpoint(ckpt_root, st, w, world));
       if (leader) progress.note(fmt::format("step {}: checkpoint {}", step, report.checkpoint));
     }

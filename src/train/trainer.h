@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 
+#include "checkpoint/checkpoint.h"
 #include "comm/communicator.h"
 #include "comm/mesh.h"
 #include "core/status.h"
@@ -41,6 +42,7 @@ struct TrainOptions {
   int64_t eval_batches = 4;         // validation batches of `batch` windows each
   int64_t checkpoint_every = 0;     // 0: only at the end
   int keep_checkpoints = 2;
+  CheckpointHooks checkpoint_hooks{};  // fault-test seams of every checkpoint save; empty: none
   bool resume = false;              // continue from the newest complete checkpoint in out_dir
   std::string init_from;            // start from these weights (a Hugging Face directory)
   // Rank 0's progress: a bar redrawn in place (tty), or a line every print_every steps;

@@ -1,16 +1,18 @@
 // Checkpoints reshard: written by tsp=N (every rank its own shards and AdamW moments),
 // read back by one rank, by tsp=2 on a split communicator and by tsp=N; a failed write on
-// one rank leaves the previous checkpoint as the newest complete one.
+// one rank leaves the previous checkpoint as the newest complete one, and so does a failure
+// from the injected CheckpointHooks, which run on every rank after its own file is written.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
 #include <csignal>
 #include <filesystem>
+#include <tuple>
 
+#include "checkpoint/checkpoint.h"
 #include "mpi_test_main.h"
 #include "parallel/sharded_weights.h"
 #include "tensor/compare.h"
-#include "train/checkpoint.h"
 
 namespace foldpar {
 namespace {
@@ -160,6 +162,44 @@ TEST_F(Checkpoint, AFailedWriteKeepsThePreviousCheckpoint) {
   // And a third save succeeds and keeps two.
   ASSERT_TRUE(save_checkpoint(root_, CheckpointState{3, 30, 1, "tsp", c}, CheckpointWrite{&refs}, world).ok());
   EXPECT_EQ(read_checkpoint_state(*latest_checkpoint(root_))->step, 3);
+}
+
+TEST_F(Checkpoint, AHookRunsOnEveryRankAndItsFailureFailsTheSave) {
+  Communicator& world = test::mpi().world();
+  const int N = world.size(), p = world.rank();
+  const LlamaConfig c = config();
+  Result<ShardDims> dims = shard_dims(c, N, "TSP");
+  ShardedWeights w = ShardedWeights::allocate(c, *dims, p, DType::kF32, MemCategory::kParameters);
+  ShardedWeights g = ShardedWeights::allocate(c, *dims, p, DType::kF32, MemCategory::kGradients);
+  init_sharded_weights(InitOptions{.seed = 1}, w);
+  std::vector<ParamRef> refs = sharded_param_refs(w, g, p == 0);
+  // Every rank's hook sees the step being written, its rank and the world size, after its own
+  // file is in the incomplete directory.
+  std::vector<std::tuple<int64_t, int, int>> calls;
+  bool file_was_there = false;
+  CheckpointWrite write{&refs};
+  write.hooks.after_rank_file = [&](int64_t step, int rank, int size) {
+    calls.emplace_back(step, rank, size);
+    file_was_there = fs::exists(fs::path(root_) / fmt::format(".incomplete-step-{:08d}", step) /
+                                fmt::format("rank-{:05d}.safetensors", rank));
+    if (step == 2 && rank == size - 1) return io_error("injected failure on rank {}", rank);
+    return Status();
+  };
+  ASSERT_TRUE(save_checkpoint(root_, CheckpointState{1, 10, 1, "tsp", c}, write, world).ok());
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0], std::make_tuple(int64_t{1}, p, N));
+  EXPECT_TRUE(file_was_there);
+  Result<std::string> second = save_checkpoint(root_, CheckpointState{2, 20, 1, "tsp", c}, write, world);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(calls.size(), 2u);
+  EXPECT_NE(second.status().message().find(p == N - 1 ? "injected failure" : std::to_string(N - 1)), std::string::npos)
+      << second.status().message();
+  FP_CHECK_OK(world.barrier());
+  EXPECT_EQ(read_checkpoint_state(*latest_checkpoint(root_))->step, 1);
+  EXPECT_FALSE(fs::exists(fs::path(root_) / ".incomplete-step-00000002"));
+  // With no hooks (production), nothing runs and the save succeeds.
+  ASSERT_TRUE(save_checkpoint(root_, CheckpointState{3, 30, 1, "tsp", c}, CheckpointWrite{&refs}, world).ok());
+  EXPECT_EQ(calls.size(), 2u);
 }
 
 }  // namespace

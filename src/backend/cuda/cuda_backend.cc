@@ -12,9 +12,9 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/op_checks.h"
+#include "cuda/cuda_check.h"
 
 #define FP_CUBLAS_CHECK(call)                                                                          \
   do {                                                                                                 \

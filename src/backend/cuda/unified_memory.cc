@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_check.h"
+#include "cuda/cuda_check.h"
 
 namespace foldpar {
 namespace {

@@ -7,8 +7,8 @@
 #include <set>
 #include <vector>
 
-#include "backend/cuda/cuda_check.h"
 #include "comm/nccl/device_communicator.h"
+#include "cuda/cuda_check.h"
 
 namespace foldpar {
 

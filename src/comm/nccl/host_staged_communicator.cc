@@ -7,9 +7,9 @@
 
 #include <vector>
 
-#include "backend/cuda/cuda_check.h"
 #include "comm/nccl/device_communicator.h"
 #include "comm/nccl/staging.h"
+#include "cuda/cuda_check.h"
 
 namespace foldpar {
 namespace {

@@ -1,16 +1,15 @@
-// Checkpoint writing, discovery and resharding load.
-#include "train/checkpoint.h"
+// Checkpoint writing, discovery and resharding load (checkpoint.h).
+#include "checkpoint/checkpoint.h"
 
 #include <algorithm>
-#include <csignal>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "checkpoint/slice_fill.h"
 #include "io/atomic_file.h"
 #include "io/posix_file.h"
 #include "io/safetensors.h"
@@ -107,45 +106,17 @@ Status publish(const fs::path& root, const fs::path& tmp, const fs::path& final_
   return Status();
 }
 
-struct Box {
-  int64_t row0, rows, col0, cols;
-};
-
-bool parse_entry(const std::string& name, std::string* kind, std::string* tensor, Box* box) {
+bool parse_entry(const std::string& name, std::string* kind, std::string* tensor, GlobalBox* box) {
   const size_t a = name.find('/'), b = name.rfind('/');
   if (a == std::string::npos || b == a) return false;
   *kind = name.substr(0, a);
   *tensor = name.substr(a + 1, b - a - 1);
   long long r0, rn, c0, cn;
   if (std::sscanf(name.c_str() + b + 1, "%lld,%lld,%lld,%lld", &r0, &rn, &c0, &cn) != 4) return false;
-  *box = Box{r0, rn, c0, cn};
+  *box = GlobalBox{r0, rn, c0, cn};
   return r0 >= 0 && rn >= 0 && c0 >= 0 && cn >= 0;
 }
 
-Status same_config(const LlamaConfig& a, const LlamaConfig& b) {
-  if (a.hidden_size != b.hidden_size || a.intermediate_size != b.intermediate_size ||
-      a.num_attention_heads != b.num_attention_heads || a.num_key_value_heads != b.num_key_value_heads ||
-      a.num_hidden_layers != b.num_hidden_layers || a.vocab_size != b.vocab_size ||
-      a.tie_word_embeddings != b.tie_word_embeddings)
-    return invalid_argument("the checkpoint's model ({}) differs from this model ({})", a.to_json(), b.to_json());
-  return Status();
-}
-
-}  // namespace
-
-namespace {
-
-// Fault injection for the tests of "a writer killed mid-write is never loaded":
-// FOLDPAR_FAULT_KILL_CHECKPOINT=<step> makes the last rank SIGKILL itself right after
-// writing its file of that step's checkpoint, before the checkpoint is published.
-void maybe_inject_kill(int64_t step, Communicator& world) {
-  const char* env = std::getenv("FOLDPAR_FAULT_KILL_CHECKPOINT");
-  if (env == nullptr || std::atoll(env) != step || world.rank() != world.size() - 1) return;
-  std::fprintf(stderr, "foldpar: fault injection: rank %d kills itself while writing checkpoint %lld\n", world.rank(),
-               static_cast<long long>(step));
-  std::fflush(stderr);
-  std::raise(SIGKILL);
-}
 
 }  // namespace
 
@@ -164,7 +135,7 @@ Result<std::string> save_checkpoint(const std::string& root_str, const Checkpoin
   FP_RETURN_IF_ERROR(agree(world, s, "directory"));
   const std::string file = fmt::format("rank-{:05d}.safetensors", world.rank());
   if (w.writes) s = write_rank_file((tmp / file).string(), w);
-  maybe_inject_kill(st.step, world);
+  if (s.ok() && w.hooks.after_rank_file) s = w.hooks.after_rank_file(st.step, world.rank(), world.size());
   const int32_t writes = w.writes ? 1 : 0;
   std::vector<int32_t> writers(static_cast<size_t>(world.size()));
   FP_CHECK_OK(world.all_gather(&writes, writers.data(), 1, DType::kI32));
@@ -294,59 +265,6 @@ Result<CheckpointState> read_checkpoint_state(const std::string& dir) {
   return m.state;
 }
 
-namespace {
-
-// Blocks of global tensors available in a set of safetensors files.
-struct Block {
-  size_t file;
-  std::string name;
-  Box box;
-};
-using BlockIndex = std::map<std::pair<std::string, std::string>, std::vector<Block>>;
-
-// Fills every slice of `targets[i]` (the tensors of params[i] for this kind) from the
-// intersecting blocks of `index`; kCorrupt when a slice is not covered.
-Status fill_slices(const std::string& what, const char* kind, const std::vector<ParamRef>& params,
-                   const std::vector<Tensor*>& targets, std::vector<SafetensorsFile>& files, BlockIndex& index) {
-  for (size_t i = 0; i < params.size(); ++i) {
-    float* dst = targets[i]->data<float>();
-    for (const GlobalSlice& s : params[i].slices) {
-      int64_t filled = 0;
-      for (const Block& b : index[{kind, s.tensor}]) {
-        const int64_t r0 = std::max(s.row0, b.box.row0), r1 = std::min(s.row0 + s.rows, b.box.row0 + b.box.rows);
-        const int64_t c0 = std::max(s.col0, b.box.col0), c1 = std::min(s.col0 + s.cols, b.box.col0 + b.box.cols);
-        if (r0 >= r1 || c0 >= c1) continue;
-        FP_ASSIGN_OR_RETURN(Tensor block, files[b.file].read_as(b.name, DType::kF32, MemCategory::kWorkspace));
-        const float* src = block.data<float>();
-        for (int64_t r = r0; r < r1; ++r)
-          for (int64_t c = c0; c < c1; ++c) {
-            const int64_t li = s.transposed ? (c - s.col0) * s.rows + (r - s.row0) : (r - s.row0) * s.cols + (c - s.col0);
-            dst[s.offset + li] = src[(r - b.box.row0) * b.box.cols + (c - b.box.col0)];
-          }
-        filled += (r1 - r0) * (c1 - c0);
-      }
-      if (filled != s.rows * s.cols)
-        return corrupt("{}: {} of {} [{}+{}, {}+{}] covers {} of {} elements", what, kind, s.tensor, s.row0, s.rows,
-                       s.col0, s.cols, filled, s.rows * s.cols);
-    }
-  }
-  return Status();
-}
-
-std::vector<Tensor*> tensors_of(std::vector<ParamRef>& params) {
-  std::vector<Tensor*> t;
-  for (ParamRef& p : params) t.push_back(&p.param);
-  return t;
-}
-
-std::vector<Tensor*> tensors_of(std::vector<Tensor>& list) {
-  std::vector<Tensor*> t;
-  for (Tensor& x : list) t.push_back(&x);
-  return t;
-}
-
-}  // namespace
-
 Status load_checkpoint(const std::string& dir, const LlamaConfig& config, std::vector<ParamRef>& params,
                        std::vector<Tensor>* adam_m, std::vector<Tensor>* adam_v) {
   FP_ASSIGN_OR_RETURN(CheckpointManifest manifest, read_manifest(dir));
@@ -357,11 +275,11 @@ Status load_checkpoint(const std::string& dir, const LlamaConfig& config, std::v
     FP_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open((fs::path(dir) / f).string()));
     for (const SafetensorsEntry& e : file.entries()) {
       std::string kind, tensor;
-      Box box{};
+      GlobalBox box{};
       if (!parse_entry(e.name, &kind, &tensor, &box) || e.dtype != DType::kF32 ||
           e.shape.numel() != box.rows * box.cols)
         return corrupt("checkpoint {}: malformed entry '{}' in {}", dir, e.name, file.path());
-      index[{kind, tensor}].push_back(Block{opened.size(), e.name, box});
+      index[{kind, tensor}].push_back(StoredBlock{opened.size(), e.name, box});
     }
     opened.push_back(std::move(file));
   }
@@ -370,33 +288,6 @@ Status load_checkpoint(const std::string& dir, const LlamaConfig& config, std::v
   if (adam_m != nullptr) FP_RETURN_IF_ERROR(fill_slices(what, kKinds[1], params, tensors_of(*adam_m), opened, index));
   if (adam_v != nullptr) FP_RETURN_IF_ERROR(fill_slices(what, kKinds[2], params, tensors_of(*adam_v), opened, index));
   return Status();
-}
-
-Status load_hf_weights(const std::string& dir, const LlamaConfig& config, std::vector<ParamRef>& params) {
-  FP_ASSIGN_OR_RETURN(LlamaConfig theirs, LlamaConfig::load((fs::path(dir) / "config.json").string()));
-  FP_RETURN_IF_ERROR(same_config(theirs, config));
-  std::vector<SafetensorsFile> opened;
-  FP_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open((fs::path(dir) / "model.safetensors").string()));
-  BlockIndex index;
-  for (const SafetensorsEntry& e : file.entries()) {
-    const int64_t cols = e.shape.rank() == 0 ? 1 : e.shape[e.shape.rank() - 1];
-    index[{kKinds[0], e.name}].push_back(Block{0, e.name, Box{0, cols == 0 ? 0 : e.shape.numel() / cols, 0, cols}});
-  }
-  opened.push_back(std::move(file));
-  return fill_slices("weights " + dir, kKinds[0], params, tensors_of(params), opened, index);
-}
-
-Status write_hf_directory(const std::string& dir, const LlamaConfig& config, const LlamaWeights& weights) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return io_error("cannot create '{}': {}", dir, ec.message());
-  const std::string text = config.to_json();
-  FP_RETURN_IF_ERROR(write_file_atomically((fs::path(dir) / "config.json").string(), [&](int fd, const std::string& tmp) {
-    return write_fully(fd, tmp, text.data(), text.size());
-  }));
-  std::vector<std::pair<std::string, Tensor>> list;
-  weights.for_each([&](const std::string& name, const Tensor& t) { list.emplace_back(name, t); });
-  return write_safetensors((fs::path(dir) / "model.safetensors").string(), list, {{"format", "pt"}});
 }
 
 }  // namespace foldpar

@@ -1,7 +1,9 @@
-// The CUDA, cuBLAS and NCCL check macros: a failed call is a library failure (STYLE.md,
-// errors tier 2): it prints the call, file:line and the library's error text through
-// fatal_error (which adds rank and host) and aborts the job. Used by backend/cuda and
-// comm/nccl; no other header of foldpar includes CUDA headers.
+// The cuda layer: CUDA runtime support that both the CUDA backend (backend/cuda) and the
+// device communicators (comm/nccl) use, so neither depends on the other. Here: the CUDA
+// check macros. A failed call is a library failure (STYLE.md, errors tier 2): it prints the
+// call, file:line and the library's error text through fatal_error (which adds rank and host)
+// and aborts the job. The cuBLAS and NCCL macros live beside their only users
+// (backend/cuda/cuda_backend.cc, comm/nccl/nccl_communicator.cc). Built only with CUDA.
 #pragma once
 
 #include <cuda_runtime.h>

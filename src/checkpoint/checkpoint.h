@@ -12,16 +12,18 @@
 // named step-N with a manifest is complete; anything else is ignored (and cleaned up). The
 // newest `keep` complete checkpoints stay; older ones are removed after the new one is in
 // place, so a failure never leaves fewer than the previous complete checkpoint.
+// Hugging Face directories, the other stored form, are hf_directory.h's.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/status.h"
 #include "model/llama_config.h"
-#include "model/llama_weights.h"
 #include "parallel/param_ref.h"
 
 namespace foldpar {
@@ -34,12 +36,23 @@ struct CheckpointState {
   LlamaConfig config;
 };
 
+// Seams for the fault tests, empty in production (leveldb's injected Env, not environment
+// switches in library code). The program builds them from FOLDPAR_FAULT_* variables
+// (tools/fault_injection.h) for the e2e fault tests; unit tests set them directly.
+struct CheckpointHooks {
+  // Runs on every rank whose own file of checkpoint `step` was written (and on ranks that
+  // write none), before the ranks agree on the write and before the checkpoint is
+  // published. A non-OK Status counts as this rank's write failing.
+  std::function<Status(int64_t step, int rank, int world_size)> after_rank_file;
+};
+
 struct CheckpointWrite {
   const std::vector<ParamRef>* params = nullptr;
   const std::vector<Tensor>* adam_m = nullptr;  // optional, aligned with params
   const std::vector<Tensor>* adam_v = nullptr;
   bool writes = true;   // false on ranks whose tensors another rank already writes (data-parallel replicas)
   int keep = 2;         // complete checkpoints kept
+  CheckpointHooks hooks{};  // none by default
 };
 
 // Collective over `world`. Returns the directory written. On any rank's failure every rank
@@ -65,13 +78,5 @@ Result<CheckpointManifest> parse_checkpoint_manifest(std::string_view text);
 // when the checkpoint's config does not match `config`. Not collective.
 Status load_checkpoint(const std::string& dir, const LlamaConfig& config, std::vector<ParamRef>& params,
                        std::vector<Tensor>* adam_m, std::vector<Tensor>* adam_v);
-
-// A Hugging Face style directory (config.json + model.safetensors with Llama names): what
-// `foldpar export` writes and `foldpar import` / `train --init-from` read.
-// Fills every slice of `params` from it (F32, F64 or BF16 tensors); invalid_argument when
-// its config.json does not describe `config`. Not collective.
-Status load_hf_weights(const std::string& dir, const LlamaConfig& config, std::vector<ParamRef>& params);
-// Rank 0 writes full weights as such a directory (atomic files). Not collective.
-Status write_hf_directory(const std::string& dir, const LlamaConfig& config, const LlamaWeights& weights);
 
 }  // namespace foldpar
