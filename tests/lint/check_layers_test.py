@@ -104,8 +104,8 @@ class PlantedViolations(unittest.TestCase):
 
     def test_a_private_link_does_not_pass_on(self):
         # app reaches comm through parallel's PUBLIC link; made PRIVATE, it no longer does.
-        self.edit("src/parallel/CMakeLists.txt", "PUBLIC foldpar_model foldpar_comm",
-                  "PUBLIC foldpar_model PRIVATE foldpar_comm")
+        self.edit("src/parallel/CMakeLists.txt", "PUBLIC foldpar_model foldpar_layout foldpar_comm",
+                  "PUBLIC foldpar_model foldpar_layout PRIVATE foldpar_comm")
         self.assert_fails_with("foldpar_app does not link foldpar_comm")
 
     def test_a_source_folder_outside_the_map_fails(self):
@@ -115,11 +115,11 @@ class PlantedViolations(unittest.TestCase):
         self.assert_fails_with("src/extra/extra.cc: in no layer of the map")
 
     def test_a_map_entry_without_its_folder_fails(self):
-        self.edit("docs/design.md", "plan:           model", "plan:           model\nghost:          core")
+        self.edit("docs/design.md", "plan:           layout", "plan:           layout\nghost:          core")
         self.assert_fails_with("layer 'ghost' has no folder src/ghost/")
 
     def test_an_unknown_dependency_in_the_map_is_an_error(self):
-        self.edit("docs/design.md", "plan:           model", "plan:           model nowhere")
+        self.edit("docs/design.md", "plan:           layout", "plan:           layout nowhere")
         rc, out = run_check(self.tmp)
         self.assertEqual(rc, 2, out)
         self.assertIn("'plan' may include 'nowhere', which the map does not define", out)
@@ -127,7 +127,7 @@ class PlantedViolations(unittest.TestCase):
     def test_allowing_the_edge_in_the_map_makes_it_pass(self):
         self.plant_include("src/plan/planner.cc", "comm/comm_stats.h")
         self.assert_fails_with("plan -> comm is not allowed")
-        self.edit("docs/design.md", "plan:           model", "plan:           model comm")
+        self.edit("docs/design.md", "plan:           layout", "plan:           layout comm")
         self.edit("src/plan/CMakeLists.txt", "PUBLIC foldpar_model", "PUBLIC foldpar_model foldpar_comm")
         rc, out = run_check(self.tmp)
         self.assertEqual(rc, 0, out)
