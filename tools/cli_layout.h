@@ -8,7 +8,8 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <map>
+#include <utility>
+#include <vector>
 #include <string>
 
 #include "core/status.h"
@@ -40,17 +41,35 @@ struct LayoutArgs {
   int head_buckets = 1;
 };
 
-inline const std::map<std::string, SeqSplit> kSplitNames{{"zigzag", SeqSplit::kZigzag},
-                                                         {"contiguous", SeqSplit::kContiguous}};
-inline const std::map<std::string, Recompute> kRecomputeNames{{"none", Recompute::kNone},
-                                                              {"block", Recompute::kBlock}};
-inline const std::map<std::string, Layout::KvExchange> kKvExchangeNames{{"allgather", Layout::KvExchange::kAllGather},
-                                                                        {"ring", Layout::KvExchange::kRing}};
+inline const std::vector<std::pair<std::string, SeqSplit>> kSplitNames{{"zigzag", SeqSplit::kZigzag},
+                                                                       {"contiguous", SeqSplit::kContiguous}};
+inline const std::vector<std::pair<std::string, Recompute>> kRecomputeNames{{"none", Recompute::kNone},
+                                                                            {"block", Recompute::kBlock}};
+inline const std::vector<std::pair<std::string, Layout::KvExchange>> kKvExchangeNames{
+    {"allgather", Layout::KvExchange::kAllGather}, {"ring", Layout::KvExchange::kRing}};
+
+// A CLI11 transform from an enum's names to its value, with a one-line error naming the
+// value and the choices ("'diagonal' is not one of zigzag, contiguous").
+template <typename E>
+CLI::Validator enum_names(const std::vector<std::pair<std::string, E>>& names) {
+  std::string choices;
+  for (const auto& [name, value] : names) choices += (choices.empty() ? "" : ", ") + name;
+  return CLI::Validator(
+      [names, choices](std::string& text) -> std::string {
+        for (const auto& [name, value] : names)
+          if (text == name) {
+            text = std::to_string(static_cast<int>(value));
+            return "";
+          }
+        return "'" + text + "' is not one of " + choices;
+      },
+      choices);
+}
 
 // --recompute alone (bench, and single-rank verify read it too).
 inline void add_recompute_flag(CLI::App* cmd, Recompute& recompute) {
   cmd->add_option("--recompute", recompute, "activation recomputation: none or block")
-      ->transform(CLI::CheckedTransformer(kRecomputeNames));
+      ->transform(enum_names(kRecomputeNames));
 }
 
 // Every layout flag (verify, train). `generation`: only those prefill reads (generate).
@@ -60,7 +79,7 @@ inline void add_layout_flags(CLI::App* cmd, LayoutArgs& a, bool generation = fal
                              : "parallel layout, e.g. tsp=4, tp=2,sp=2:ring, dp=2,tsp=2:bf16 (run under mpirun; "
                                "options after ':' as the flags below)");
   cmd->add_option("--seq-split", a.split, "sequence sharding (tsp, sp): zigzag or contiguous")
-      ->transform(CLI::CheckedTransformer(kSplitNames));
+      ->transform(enum_names(kSplitNames));
   cmd->add_flag("--no-overlap", a.no_overlap, "finish every transfer before the computation that follows it");
   cmd->add_option("--head-buckets", a.head_buckets, "tsp: all-gather each attention shard's K/V in this many buckets")
       ->check(CLI::PositiveNumber);
@@ -70,7 +89,7 @@ inline void add_layout_flags(CLI::App* cmd, LayoutArgs& a, bool generation = fal
   cmd->add_flag("--keep-kv", a.keep_kv, "tsp: backward reuses the forward's gathered K/V");
   cmd->add_flag("--sequence-parallel", a.sequence_parallel, "tp: Megatron sequence parallelism in the norm regions");
   cmd->add_option("--kv-exchange", a.kv_exchange, "sp: how attention exchanges K/V: allgather or ring")
-      ->transform(CLI::CheckedTransformer(kKvExchangeNames));
+      ->transform(enum_names(kKvExchangeNames));
 }
 
 // The layout the flags name: --layout (or tsp=<ranks> when it is empty), then each flag that
