@@ -23,7 +23,7 @@ import json, sys
 j = json.load(open(sys.argv[1]))
 assert j["recommended"] == "tsp=8:bf16", j["recommended"]
 names = {l["layout"]: l for l in j["layouts"]}
-for want in ["tsp=8:bf16", "tp=8:bf16", "sp=8:bf16", "tp=2+sp=4:bf16"]:
+for want in ["tsp=8:bf16", "tp=8:bf16", "sp=8:bf16", "tp=2,sp=4:bf16"]:
     assert want in names, want
 t = names["tsp=8:bf16"]
 m = t["memory_bytes"]
@@ -37,7 +37,7 @@ PY
 "$bin" plan --model "$src/configs/paper-7b.json" --seq 32768 --devices 8 --hardware "$src/hardware/h200-8.json" \
   --decode --max-new-tokens 1024 --batch 8 | grep -q '^tsp=8 ' || fail "plan --decode lists no tsp=8"
 "$bin" plan --model "$src/configs/paper-7b.json" --seq 16384 --devices 16 --batch 2 --hardware "$src/hardware/mi300x-8.json" \
-  --bf16 | grep -q '^dp=2+tsp=8:bf16 ' || fail "plan over 2 nodes lists no dp=2+tsp=8"
+  --bf16 | grep -q "^dp=2,tsp=8:bf16 " || fail "plan over 2 nodes lists no dp=2,tsp=8"
 
 # ---- bad input: exit 2, one line naming the values ----
 check() {  # check "needle" args...
@@ -50,6 +50,18 @@ check() {  # check "needle" args...
   fi
 }
 hw="$src/hardware/mi300x-8.json"
+# The old '+' spelling and the old comma-separated list still work, with a note naming the
+# canonical form; "tp=2,sp=2" is one 2-D layout.
+old=$("$bin" plan --model "$src/configs/tiny.json" --seq 128 --devices 4 --hardware "$hw" --layouts "tsp=4,tp=2+sp=2" 2>&1)
+grep -qF "note: the layout list 'tsp=4,tp=2+sp=2' is written 'tsp=4 tp=2,sp=2'" <<<"$old" || fail "old list: $old"
+grep -q "^tp=2,sp=2 " <<<"$old" || fail "old list gave no tp=2,sp=2 row: $old"
+new=$("$bin" plan --model "$src/configs/tiny.json" --seq 128 --devices 4 --hardware "$hw" --layouts tp=2,sp=2 tsp=4 2>&1)
+{ grep -q "^tp=2,sp=2 " <<<"$new" && grep -q "^tsp=4 " <<<"$new" && ! grep -q "note:" <<<"$new"; } || fail "new list: $new"
+# The seqpar case the old plan recommended and the strategy refused (S=20, tp=4 x sp=2).
+seqpar=$("$bin" plan --model "$src/configs/tiny.json" --seq 20 --devices 8 --hardware "$hw" 2>&1)
+grep -q "^tp=4,sp=2:seqpar " <<<"$seqpar" && fail "plan lists tp=4,sp=2:seqpar at S=20: $seqpar"
+grep -qF "not buildable: tp=4,sp=2:seqpar: the local sequence (10 = 20 / 2)" <<<"$seqpar" || fail "S=20 seqpar: $seqpar"
+
 check "--devices (0)" plan --model "$src/configs/tiny.json" --seq 128 --devices 0 --hardware "$hw"
 check "unknown axis 'xp'" plan --model "$src/configs/tiny.json" --seq 128 --devices 2 --hardware "$hw" --layouts xp=2
 check "num_attention_heads (8) must be divisible by the TSP degree (3)" \
@@ -62,7 +74,7 @@ check "one of --train" plan --model "$src/configs/tiny.json" --seq 128 --devices
 check "bench: --model is required" bench --seq 128
 
 # ---- bench --layouts at tiny scale, 2 ranks ----
-bench=$("$mpirun" --allow-run-as-root -np 2 "$bin" bench --layouts tsp=2,tp=2,sp=2:ring --model "$src/configs/tiny.json" \
+bench=$("$mpirun" --allow-run-as-root -np 2 "$bin" bench --layouts tsp=2 tp=2 sp=2:ring --model "$src/configs/tiny.json" \
   --seq 128,256 --steps 1 --hardware "$src/hardware/this-machine.json" --out "$tmp/bench" 2>&1)
 rc=$?
 [ "$rc" -eq 0 ] || fail "bench --layouts exited $rc:"$'\n'"$bench"
