@@ -14,15 +14,6 @@ namespace foldpar {
 namespace fs = std::filesystem;
 namespace {
 
-// A step-N directory itself, or the newest complete one under DIR or DIR/checkpoints.
-Result<std::string> resolve_checkpoint(const std::string& dir) {
-  if (!fs::is_directory(dir)) return not_found("checkpoint directory '{}' does not exist", dir);
-  if (fs::exists(fs::path(dir) / "manifest.json")) return dir;
-  if (Result<std::string> r = latest_checkpoint(dir); r.ok()) return r;
-  if (Result<std::string> r = latest_checkpoint((fs::path(dir) / "checkpoints").string()); r.ok()) return r;
-  return not_found("no complete checkpoint in '{}' or '{}/checkpoints'", dir, dir);
-}
-
 struct Weights {
   LlamaConfig config;
   std::string source;

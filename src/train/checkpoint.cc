@@ -197,6 +197,14 @@ Result<std::string> latest_checkpoint(const std::string& root) {
   return best;
 }
 
+Result<std::string> resolve_checkpoint(const std::string& dir) {
+  if (!fs::is_directory(dir)) return not_found("checkpoint directory '{}' does not exist", dir);
+  if (fs::exists(fs::path(dir) / "manifest.json")) return dir;
+  if (Result<std::string> r = latest_checkpoint(dir); r.ok()) return r;
+  if (Result<std::string> r = latest_checkpoint((fs::path(dir) / "checkpoints").string()); r.ok()) return r;
+  return not_found("no complete checkpoint in '{}' or '{}/checkpoints'", dir, dir);
+}
+
 namespace {
 
 // nlohmann parses iteratively, but dump() recurses: a hostile manifest nesting 100k levels
