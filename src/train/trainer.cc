@@ -203,6 +203,7 @@ Backends choose_backend(const TrainOptions& o) {
 // What one optimizer step measured.
 struct StepStats {
   double loss = 0, grad_norm = 0, lr = 0;
+  double seconds = 0;  // wall time of the step (set by the loop)
 };
 
 // One optimizer step: the micro-batches' forward and backward, the data-parallel gradient
@@ -239,6 +240,22 @@ Result<StepStats> train_step(const TrainOptions& o, const Setup& s, const DataLo
   l.adamw->step(be, st.lr, clip_scale(st.grad_norm, o.optimizer.grad_clip));
   ++l.step;
   return st;
+}
+
+// The metrics line of step `step` (1-based); the validation loss is added when measured.
+// Collective over `world` (every rank's memory peaks and traffic).
+nlohmann::ordered_json metrics_line(const TrainOptions& o, int64_t step, const StepStats& st, Communicator& world,
+                                    uint64_t bytes_sent) {
+  nlohmann::ordered_json line;
+  line["step"] = step;
+  line["loss"] = st.loss;
+  line["lr"] = st.lr;
+  line["grad_norm"] = st.grad_norm;
+  line["tokens_per_s"] = static_cast<double>(o.batch * o.seq) / st.seconds;
+  line["step_s"] = st.seconds;
+  line["tokens"] = step * o.batch * o.seq;
+  line["ranks"] = per_rank_counters(world, MemoryTracker::process().stats(), static_cast<int64_t>(bytes_sent));
+  return line;
 }
 
 // Where a run reports: metrics.jsonl and the progress on rank 0.
@@ -288,22 +305,11 @@ Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
     ScopedCommCounter counter(mesh.communicators());
     FP_ASSIGN_OR_RETURN(StepStats st, train_step(o, s, data.train, l, be, world));
     const int64_t step = l.step;
-    const double dt = now_s() - t0;
-    step_times.push_back(dt);
-    const double tps = static_cast<double>(o.batch * o.seq) / dt;
+    st.seconds = now_s() - t0;
+    step_times.push_back(st.seconds);
     report.losses.push_back(st.loss);
     report.last_loss = st.loss;
-
-    nlohmann::ordered_json line;
-    line["step"] = step;
-    line["loss"] = st.loss;
-    line["lr"] = st.lr;
-    line["grad_norm"] = st.grad_norm;
-    line["tokens_per_s"] = tps;
-    line["step_s"] = dt;
-    line["tokens"] = step * o.batch * o.seq;
-    line["ranks"] = per_rank_counters(world, MemoryTracker::process().stats(),
-                                      static_cast<int64_t>(counter.delta().total().bytes_sent));
+    nlohmann::ordered_json line = metrics_line(o, step, st, world, counter.delta().total().bytes_sent);
     const bool eval_now = (o.eval_every > 0 && step % o.eval_every == 0) || step == last;
     if (eval_now) {
       FP_ASSIGN_OR_RETURN(report.val_loss, validate(*l.model, be, data.val, o, s, world));
@@ -311,7 +317,7 @@ Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
       if (out.leader) out.progress.note(fmt::format("step {}: validation loss {:.4f}", step, report.val_loss));
     }
     if (out.leader) FP_RETURN_IF_ERROR(out.metrics.append(line.dump()));
-    if (out.leader) out.progress.update(step, st.loss, tps, now_s() - t_start);
+    if (out.leader) out.progress.update(step, st.loss, line["tokens_per_s"].get<double>(), now_s() - t_start);
     if ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == last) {
       CheckpointState cs{step, static_cast<uint64_t>(step), o.seed, layout, o.config};
       CheckpointWrite w{&l.saved_params, &l.adamw->first_moments(), &l.adamw->second_moments(), s.dp_rank == 0,
