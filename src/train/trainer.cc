@@ -1,4 +1,7 @@
-// The training loop.
+// The training loop. run_training's phases, in order: plan_batches (the dp split and the
+// micro-batches), open_data, build_learner (model and AdamW), restore_state (--resume or
+// --init-from), open_outputs (metrics, progress), choose_backend; then per step train_step,
+// metrics_line, validate when due and save_checkpoint when due.
 #include "train/trainer.h"
 
 #include <algorithm>
