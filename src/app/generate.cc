@@ -15,15 +15,6 @@ namespace foldpar {
 namespace fs = std::filesystem;
 namespace {
 
-// A step-N directory itself, or the newest complete one under DIR or DIR/checkpoints.
-Result<std::string> resolve_checkpoint(const std::string& dir) {
-  if (!fs::is_directory(dir)) return not_found("checkpoint directory '{}' does not exist", dir);
-  if (fs::exists(fs::path(dir) / "manifest.json")) return dir;
-  if (Result<std::string> r = latest_checkpoint(dir); r.ok()) return r;
-  if (Result<std::string> r = latest_checkpoint((fs::path(dir) / "checkpoints").string()); r.ok()) return r;
-  return not_found("no complete checkpoint in '{}' or '{}/checkpoints'", dir, dir);
-}
-
 struct Weights {
   LlamaConfig config;
   std::string source;
@@ -89,10 +80,13 @@ Result<GenerateResult> run_generate(const GenerateOptions& o, Communicator& worl
   // Each rank reads its own slices; a failure on one rank is every rank's (same files).
   Status loaded = src.hf ? load_hf_weights(src.source, src.config, refs)
                          : load_checkpoint(src.source, src.config, refs, nullptr, nullptr);
-  int32_t failed = loaded.ok() ? 0 : 1;
+  // The other ranks report the failing one's error class, so the job's exit code is one.
+  int32_t failed = loaded.ok() ? 0 : static_cast<int32_t>(loaded.code());
   FP_CHECK_OK(world.all_reduce(&failed, &failed, 1, DType::kI32, ReduceOp::kMax));
   if (!loaded.ok()) return loaded;
-  if (failed) return io_error("another rank could not load the weights from '{}'", src.source);
+  if (failed)
+    return Status(static_cast<StatusCode>(failed),
+                  fmt::format("another rank could not load the weights from '{}'", src.source));
   std::unique_ptr<Backend> cpu = o.backend != nullptr ? nullptr : make_cpu_backend();
   Backend& be = o.backend != nullptr ? *o.backend : *cpu;
   FP_ASSIGN_OR_RETURN(GenerationReport report, generate(*decoder, be, *tokenizer, o.prompts, o.generation, world, cb));

@@ -381,7 +381,7 @@ Result<Hardware> calibrate_hardware(Communicator& world) {
   h.attention_efficiency = std::min(1.0, attn_gflops / gemm);
   h.overlap_efficiency = 0.5;
   h.notes = fmt::format(
-      "Measured by `foldpar bench --calibrate` with {} MPI ranks on one node ({} hardware threads), each rank a "
+      "Measured by `foldpar calibrate` with {} MPI ranks on one node ({} hardware threads), each rank a "
       "device: f32 GEMM 1024^3 with the CPU backend on one thread, {:.2f} GFLOP/s (median of 5, all ranks at once); "
       "a ring send_recv of 64 MiB between ranks, {:.2f} GB/s one way (median of 5; inter-node set equal: one node); "
       "memory per device = MemTotal / ranks; attention_efficiency = causal flash attention forward + backward "

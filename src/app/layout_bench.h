@@ -1,9 +1,9 @@
-// Layouts side by side, measured and predicted: `foldpar bench --layouts` and
+// Layouts side by side, measured and predicted: `foldpar bench-layouts` and
 // bench/layout_bench. For each sequence length, repetitions interleave the layouts (one
 // training step each, forward + backward, from before the model exists); each row gives the
 // medians of the step time (slowest rank) and tokens/s, the exposed communication time
 // (rank 0), the tracked peak per rank (worst rank) and the bytes rank 0 sent on the model
-// axes, beside what src/plan predicts for the same layout. Also `foldpar bench --calibrate`:
+// axes, beside what src/plan predicts for the same layout. Also `foldpar calibrate`:
 // the numbers of a hardware description measured on this machine.
 //
 // Every function taking a Communicator is collective over it: all ranks call it with the

@@ -36,9 +36,10 @@ Tensor extract_block(const Tensor& local, const GlobalSlice& s) {
   return block;
 }
 
-// Every rank's verdict on a phase; the failing ranks named when any failed.
+// Every rank's verdict on a phase; the failing ranks named when any failed, with the first
+// one's error class (so every rank of the job exits with the same code).
 Status agree(Communicator& world, const Status& mine, const char* phase) {
-  const int32_t flag = mine.ok() ? 0 : 1;
+  const int32_t flag = static_cast<int32_t>(mine.code());
   std::vector<int32_t> flags(static_cast<size_t>(world.size()));
   FP_CHECK_OK(world.all_gather(&flag, flags.data(), 1, DType::kI32));
   if (!mine.ok()) return mine.with_context(fmt::format("checkpoint {}", phase));
@@ -46,7 +47,9 @@ Status agree(Communicator& world, const Status& mine, const char* phase) {
   for (int r = 0; r < world.size(); ++r)
     if (flags[r]) failed.push_back(r);
   if (failed.empty()) return Status();
-  return io_error("checkpoint {}: rank(s) {} failed (their own messages say why)", phase, fmt::join(failed, ", "));
+  return Status(static_cast<StatusCode>(flags[static_cast<size_t>(failed.front())]),
+                fmt::format("checkpoint {}: rank(s) {} failed (their own messages say why)", phase,
+                            fmt::join(failed, ", ")));
 }
 
 Status write_rank_file(const std::string& path, const CheckpointWrite& w) {
@@ -166,6 +169,14 @@ Result<std::string> latest_checkpoint(const std::string& root) {
   }
   if (best.empty()) return not_found("no complete checkpoint under '{}'", root);
   return best;
+}
+
+Result<std::string> resolve_checkpoint(const std::string& dir) {
+  if (!fs::is_directory(dir)) return not_found("checkpoint directory '{}' does not exist", dir);
+  if (fs::exists(fs::path(dir) / "manifest.json")) return dir;
+  if (Result<std::string> r = latest_checkpoint(dir); r.ok()) return r;
+  if (Result<std::string> r = latest_checkpoint((fs::path(dir) / "checkpoints").string()); r.ok()) return r;
+  return not_found("no complete checkpoint in '{}' or '{}/checkpoints'", dir, dir);
 }
 
 namespace {

@@ -62,6 +62,10 @@ Result<std::string> save_checkpoint(const std::string& root, const CheckpointSta
 
 // The newest complete checkpoint under root; not_found when there is none.
 Result<std::string> latest_checkpoint(const std::string& root);
+// What a command's --checkpoint names: a step-N directory itself (it holds manifest.json), or
+// the newest complete checkpoint under DIR (a checkpoints/ folder) or DIR/checkpoints (a
+// training directory, `train --out DIR`). not_found naming `dir` when it holds none.
+Result<std::string> resolve_checkpoint(const std::string& dir);
 Result<CheckpointState> read_checkpoint_state(const std::string& dir);
 
 // What manifest.json says: the state and the rank files (names inside the directory).

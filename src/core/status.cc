@@ -13,6 +13,7 @@ const char* status_code_name(StatusCode code) {
     case StatusCode::kOutOfMemory: return "out of memory";
     case StatusCode::kUnimplemented: return "unimplemented";
     case StatusCode::kInternal: return "internal";
+    case StatusCode::kDiverged: return "diverged";
   }
   return "unknown";
 }

@@ -1,5 +1,6 @@
 // Status and Result<T>: how foldpar reports the user's mistakes and recoverable failures.
-// Library code returns these; only the program's main() turns them into an exit code (2).
+// Library code returns these; only the program turns them into an exit code, by code
+// (tools/cli.h: 2 for the user's mistakes, 3 for kIoError, 4 for kDiverged, 5 for kInternal).
 // Broken invariants are not Statuses: they are FP_CHECK failures (core/check.h).
 #pragma once
 
@@ -20,6 +21,7 @@ enum class StatusCode {
   kOutOfMemory,       // a request exceeds what may be allocated
   kUnimplemented,     // valid request, not supported by this build
   kInternal,          // a library outside foldpar failed in a recoverable way
+  kDiverged,          // a training run met a non-finite loss or gradient (stopped before the update)
 };
 
 const char* status_code_name(StatusCode code);
@@ -60,6 +62,10 @@ Status not_found(fmt::format_string<Args...> f, Args&&... args) {
 template <typename... Args>
 Status io_error(fmt::format_string<Args...> f, Args&&... args) {
   return Status(StatusCode::kIoError, fmt::format(f, std::forward<Args>(args)...));
+}
+template <typename... Args>
+Status diverged(fmt::format_string<Args...> f, Args&&... args) {
+  return Status(StatusCode::kDiverged, fmt::format(f, std::forward<Args>(args)...));
 }
 template <typename... Args>
 Status unimplemented(fmt::format_string<Args...> f, Args&&... args) {

@@ -1,8 +1,12 @@
 // Metrics lines and the progress bar.
 #include "train/progress.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -25,6 +29,18 @@ Status MetricsFile::append(const std::string& line) {
   if (std::fprintf(file_, "%s\n", line.c_str()) < 0 || std::fflush(file_) != 0)
     return io_error("cannot append to the metrics file: {}", std::strerror(errno));
   return Status();
+}
+
+bool stdout_is_terminal() {
+  bool launched = false;
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) launched = launched || std::getenv(var);
+  if (!launched) return ::isatty(STDOUT_FILENO) != 0;
+  const std::string parent_stdout = fmt::format("/proc/{}/fd/1", ::getppid());
+  const int fd = ::open(parent_stdout.c_str(), O_WRONLY | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool tty = ::isatty(fd) != 0;
+  ::close(fd);
+  return tty;
 }
 
 std::string format_duration(double s) {

@@ -40,6 +40,12 @@ class ProgressLine {
   bool dirty_ = false;
 };
 
+// Whether the user watches this process's stdout on a terminal: what `--progress auto`
+// draws the bar on. Under a launcher (mpirun) a rank's stdout is the launcher's pseudo-
+// terminal whatever the user redirected, so there it asks about the stdout of the process
+// that started the rank (mpirun on one host); when that cannot be read, no terminal.
+bool stdout_is_terminal();
+
 // "1h02m", "3m05s", "42s".
 std::string format_duration(double seconds);
 

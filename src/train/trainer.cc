@@ -1,4 +1,7 @@
-// The training loop.
+// The training loop. run_training's phases, in order: plan_batches (the dp split and the
+// micro-batches), open_data, build_learner (model and AdamW), restore_state (--resume or
+// --init-from), open_outputs (metrics, progress), choose_backend; then per step train_step,
+// metrics_line, validate when due and save_checkpoint when due.
 #include "train/trainer.h"
 
 #include <algorithm>
@@ -118,15 +121,159 @@ Status check_finite(Communicator& world, int64_t step, double loss, const std::s
   if (!ranks.empty()) {
     const std::string where = mine ? fmt::format(": the gradient of {} on this rank ({})", bad_tensor, process_identity())
                                    : std::string();
-    return Status(StatusCode::kInternal,
-                  fmt::format("step {}: non-finite gradients on rank(s) {}{}; stopped before the update, the last "
-                              "checkpoint is untouched", step, fmt::join(ranks, ", "), where));
+    return diverged("step {}: non-finite gradients on rank(s) {}{}; stopped before the update, the last "
+                    "checkpoint is untouched", step, fmt::join(ranks, ", "), where);
   }
   if (!std::isfinite(loss))
-    return Status(StatusCode::kInternal,
-                  fmt::format("step {}: the loss is {}; stopped before the update, the last checkpoint is untouched",
-                              step, loss));
+    return diverged("step {}: the loss is {}; stopped before the update, the last checkpoint is untouched", step,
+                    loss);
   return Status();
+}
+
+// The training and validation windows of the corpus, checked against the model's vocabulary.
+struct Data {
+  DataLoader train, val;
+};
+
+Result<Data> open_data(const TrainOptions& o) {
+  FP_ASSIGN_OR_RETURN(CorpusInfo corpus, read_corpus_info(o.data_dir));
+  if (corpus.vocab_size > static_cast<uint32_t>(o.config.vocab_size))
+    return invalid_argument("the corpus has a vocabulary of {}, the model only {}", corpus.vocab_size,
+                            o.config.vocab_size);
+  FP_ASSIGN_OR_RETURN(TokenFile train_tokens, read_token_file(corpus.train_path));
+  FP_ASSIGN_OR_RETURN(TokenFile val_tokens, read_token_file(corpus.val_path));
+  FP_ASSIGN_OR_RETURN(DataLoader train, DataLoader::create(std::make_shared<TokenFile>(std::move(train_tokens)), o.seq, o.seed));
+  FP_ASSIGN_OR_RETURN(DataLoader val, DataLoader::create(std::make_shared<TokenFile>(std::move(val_tokens)), o.seq, o.seed));
+  return Data{std::move(train), std::move(val)};
+}
+
+// The model and its optimizer, at the step the run starts from.
+struct Learner {
+  std::unique_ptr<ShardedModel> model;
+  std::vector<ParamRef> params;        // the model's (bf16 ones for bf16 storage)
+  std::unique_ptr<AdamW> adamw;
+  std::vector<ParamRef> saved_params;  // what checkpoints hold: f32 masters of bf16 parameters
+  int64_t step = 0;                    // optimizer steps already taken
+  std::string checkpoint;              // the checkpoint resumed from, if any
+};
+
+Result<Learner> build_learner(const TrainOptions& o, Mesh& mesh, const Layout& lo) {
+  Learner l;
+  FP_ASSIGN_OR_RETURN(l.model, make_sharded_model(o.config, mesh, o.seq, lo));
+  l.model->init_weights(InitOptions{.seed = o.seed});
+  l.params = l.model->parameters();
+  l.adamw = std::make_unique<AdamW>(l.params, o.optimizer);
+  l.saved_params = l.adamw->checkpoint_params();
+  return l;
+}
+
+// --resume: the newest complete checkpoint in out_dir, if there is one (else a fresh start);
+// --init-from: a Hugging Face directory's weights. Not collective.
+Status restore_state(const TrainOptions& o, const std::string& ckpt_root, Learner& l) {
+  if (o.resume) {
+    Result<std::string> latest = latest_checkpoint(ckpt_root);
+    if (!latest.ok()) return Status();
+    FP_ASSIGN_OR_RETURN(CheckpointState st, read_checkpoint_state(*latest));
+    FP_RETURN_IF_ERROR(load_checkpoint(*latest, o.config, l.saved_params, &l.adamw->first_moments(),
+                                       &l.adamw->second_moments()));
+    l.adamw->set_steps_taken(st.step);
+    l.step = st.step;
+    l.checkpoint = *latest;
+  } else if (!o.init_from.empty()) {
+    FP_RETURN_IF_ERROR(load_hf_weights(o.init_from, o.config, l.saved_params));
+  }
+  return Status();
+}
+
+// The borrowed backend, or the fast CPU one (decorated with bf16 storage for bf16 layouts).
+struct Backends {
+  std::unique_ptr<Backend> cpu, bf16;
+  Backend* be = nullptr;
+};
+
+Backends choose_backend(const TrainOptions& o) {
+  Backends b;
+  b.be = o.backend;
+  if (b.be == nullptr) {
+    b.cpu = make_cpu_backend();
+    if (o.layout && o.layout->dtype == DType::kBF16) b.bf16 = make_bf16_storage_backend(*b.cpu);
+    b.be = b.bf16 ? b.bf16.get() : b.cpu.get();
+  }
+  return b;
+}
+
+// What one optimizer step measured.
+struct StepStats {
+  double loss = 0, grad_norm = 0, lr = 0;
+  double seconds = 0;  // wall time of the step (set by the loop)
+};
+
+// One optimizer step: the micro-batches' forward and backward, the data-parallel gradient
+// sum, the finiteness check (every rank stops together), clipping and AdamW. Collective.
+Result<StepStats> train_step(const TrainOptions& o, const Setup& s, const DataLoader& train, Learner& l, Backend& be,
+                             Communicator& world) {
+  l.model->zero_grads();
+  const uint64_t index = static_cast<uint64_t>(l.step);
+  // The global batch's valid tokens (every rank can count them: the loader is counter-based).
+  const Batch all_rows = train.train_rows(index, 0, o.batch);
+  const int64_t normalizer = count_valid_targets(all_rows.target_ids.reshape({all_rows.target_ids.numel()}), kIgnoreIndex);
+  double loss_sum = 0;
+  const int64_t r0 = s.dp_rank * s.rows_per_dp;
+  for (int64_t a = 0; a < s.accum; ++a) {
+    const Batch rows = train.train_rows(index, r0 + a * s.micro, r0 + (a + 1) * s.micro);
+    FP_ASSIGN_OR_RETURN(StepResult r, l.model->forward_backward(be, l.model->local_batch(rows), normalizer));
+    loss_sum += r.loss_sum;
+  }
+  for (ParamRef& p : l.params) sum_over(s.dp_comm, p.grad);
+  StepStats st;
+  // Loss sums are global over the model axes already; the dp replicas add theirs.
+  const double model_ranks = static_cast<double>(world.size()) / s.dp;
+  st.loss = sum_over(world, loss_sum) / model_ranks / std::max<double>(1.0, static_cast<double>(normalizer));
+  double sq = 0;
+  std::string bad_tensor;  // the first gradient on this rank that is not finite
+  for (const ParamRef& p : l.params) {
+    const double t = be.sum_squares(p.grad);
+    if (!std::isfinite(t) && bad_tensor.empty()) bad_tensor = p.name;
+    if (p.counted) sq += t;
+  }
+  FP_RETURN_IF_ERROR(check_finite(world, l.step + 1, st.loss, bad_tensor));
+  st.grad_norm = std::sqrt(sum_over(world, sq) / s.dp);  // every dp replica counted the same
+  st.lr = learning_rate(o.optimizer, l.step + 1);
+  l.adamw->step(be, st.lr, clip_scale(st.grad_norm, o.optimizer.grad_clip));
+  ++l.step;
+  return st;
+}
+
+// The metrics line of step `step` (1-based); the validation loss is added when measured.
+// Collective over `world` (every rank's memory peaks and traffic).
+nlohmann::ordered_json metrics_line(const TrainOptions& o, int64_t step, const StepStats& st, Communicator& world,
+                                    uint64_t bytes_sent) {
+  nlohmann::ordered_json line;
+  line["step"] = step;
+  line["loss"] = st.loss;
+  line["lr"] = st.lr;
+  line["grad_norm"] = st.grad_norm;
+  line["tokens_per_s"] = static_cast<double>(o.batch * o.seq) / st.seconds;
+  line["step_s"] = st.seconds;
+  line["tokens"] = step * o.batch * o.seq;
+  line["ranks"] = per_rank_counters(world, MemoryTracker::process().stats(), static_cast<int64_t>(bytes_sent));
+  return line;
+}
+
+// Where a run reports: metrics.jsonl and the progress on rank 0.
+struct Outputs {
+  MetricsFile metrics;
+  ProgressLine progress;
+  bool leader = false;
+};
+
+Result<Outputs> open_outputs(const TrainOptions& o, Communicator& world) {
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  if (ec) return io_error("cannot create '{}': {}", o.out_dir, ec.message());
+  const bool leader = world.rank() == 0;
+  FP_ASSIGN_OR_RETURN(MetricsFile metrics, MetricsFile::open(leader ? (fs::path(o.out_dir) / "metrics.jsonl").string() : ""));
+  return Outputs{std::move(metrics), ProgressLine(o.steps, o.tty && leader, o.print_every), leader};
 }
 
 }  // namespace
@@ -142,123 +289,51 @@ Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
   const std::string layout = lo.to_string();
   FP_ASSIGN_OR_RETURN(Mesh mesh, Mesh::create(world, lo.mesh(), o.axis_comm));
   FP_ASSIGN_OR_RETURN(Setup s, plan_batches(o, mesh));
-  FP_ASSIGN_OR_RETURN(CorpusInfo corpus, read_corpus_info(o.data_dir));
-  if (corpus.vocab_size > static_cast<uint32_t>(o.config.vocab_size))
-    return invalid_argument("the corpus has a vocabulary of {}, the model only {}", corpus.vocab_size,
-                            o.config.vocab_size);
-  FP_ASSIGN_OR_RETURN(TokenFile train_tokens, read_token_file(corpus.train_path));
-  FP_ASSIGN_OR_RETURN(TokenFile val_tokens, read_token_file(corpus.val_path));
-  FP_ASSIGN_OR_RETURN(DataLoader train, DataLoader::create(std::make_shared<TokenFile>(std::move(train_tokens)), o.seq, o.seed));
-  FP_ASSIGN_OR_RETURN(DataLoader val, DataLoader::create(std::make_shared<TokenFile>(std::move(val_tokens)), o.seq, o.seed));
-
-  FP_ASSIGN_OR_RETURN(std::unique_ptr<ShardedModel> model, make_sharded_model(o.config, mesh, o.seq, lo));
-  model->init_weights(InitOptions{.seed = o.seed});
-  std::vector<ParamRef> params = model->parameters();
-  AdamW adamw(params, o.optimizer);
-  std::vector<ParamRef> saved_params = adamw.checkpoint_params();  // f32 masters of bf16 parameters
-
+  FP_ASSIGN_OR_RETURN(Data data, open_data(o));
+  FP_ASSIGN_OR_RETURN(Learner l, build_learner(o, mesh, lo));
   const std::string ckpt_root = (fs::path(o.out_dir) / "checkpoints").string();
-  int64_t step = 0;
-  TrainReport report;
-  if (o.resume) {
-    Result<std::string> latest = latest_checkpoint(ckpt_root);
-    if (latest.ok()) {
-      FP_ASSIGN_OR_RETURN(CheckpointState st, read_checkpoint_state(*latest));
-      FP_RETURN_IF_ERROR(
-          load_checkpoint(*latest, o.config, saved_params, &adamw.first_moments(), &adamw.second_moments()));
-      adamw.set_steps_taken(st.step);
-      step = st.step;
-      report.checkpoint = *latest;
-    }
-  } else if (!o.init_from.empty()) {
-    FP_RETURN_IF_ERROR(load_hf_weights(o.init_from, o.config, saved_params));
-  }
-  std::error_code ec;
-  fs::create_directories(o.out_dir, ec);
-  if (ec) return io_error("cannot create '{}': {}", o.out_dir, ec.message());
-  const bool leader = world.rank() == 0;
-  FP_ASSIGN_OR_RETURN(MetricsFile metrics, MetricsFile::open(leader ? (fs::path(o.out_dir) / "metrics.jsonl").string() : ""));
-  ProgressLine progress(o.steps, o.tty && leader, o.print_every);
+  FP_RETURN_IF_ERROR(restore_state(o, ckpt_root, l));
+  FP_ASSIGN_OR_RETURN(Outputs out, open_outputs(o, world));
+  Backends backends = choose_backend(o);
+  Backend& be = *backends.be;
+  l.adamw->sync_params(be);  // loaded masters -> bf16 parameters
 
-  std::unique_ptr<Backend> cpu, bf16;
-  Backend* be = o.backend;
-  if (be == nullptr) {
-    cpu = make_cpu_backend();
-    if (lo.dtype == DType::kBF16) bf16 = make_bf16_storage_backend(*cpu);
-    be = bf16 ? bf16.get() : cpu.get();
-  }
-  adamw.sync_params(*be);  // loaded masters -> bf16 parameters
+  TrainReport report;
+  report.checkpoint = l.checkpoint;
   std::vector<double> step_times;
   const double t_start = now_s();
-  const int64_t first_step = step;
+  const int64_t first_step = l.step;
   const int64_t last = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
-  while (step < last) {
+  while (l.step < last) {
     const double t0 = now_s();
     MemoryTracker::process().reset_peaks();
     ScopedCommCounter counter(mesh.communicators());
-    model->zero_grads();
-    const uint64_t index = static_cast<uint64_t>(step);
-    // The global batch's valid tokens (every rank can count them: the loader is counter-based).
-    const Batch all_rows = train.train_rows(index, 0, o.batch);
-    const int64_t normalizer = count_valid_targets(all_rows.target_ids.reshape({all_rows.target_ids.numel()}), kIgnoreIndex);
-    double loss_sum = 0;
-    const int64_t r0 = s.dp_rank * s.rows_per_dp;
-    for (int64_t a = 0; a < s.accum; ++a) {
-      const Batch rows = train.train_rows(index, r0 + a * s.micro, r0 + (a + 1) * s.micro);
-      FP_ASSIGN_OR_RETURN(StepResult r, model->forward_backward(*be, model->local_batch(rows), normalizer));
-      loss_sum += r.loss_sum;
-    }
-    for (ParamRef& p : params) sum_over(s.dp_comm, p.grad);
-    // Loss sums are global over the model axes already; the dp replicas add theirs.
-    const double model_ranks = static_cast<double>(world.size()) / s.dp;
-    const double loss = sum_over(world, loss_sum) / model_ranks / std::max<double>(1.0, static_cast<double>(normalizer));
-    double sq = 0;
-    std::string bad_tensor;  // the first gradient on this rank that is not finite
-    for (const ParamRef& p : params) {
-      const double t = be->sum_squares(p.grad);
-      if (!std::isfinite(t) && bad_tensor.empty()) bad_tensor = p.name;
-      if (p.counted) sq += t;
-    }
-    FP_RETURN_IF_ERROR(check_finite(world, step + 1, loss, bad_tensor));
-    const double grad_norm = std::sqrt(sum_over(world, sq) / s.dp);  // every dp replica counted the same
-    const double lr = learning_rate(o.optimizer, step + 1);
-    adamw.step(*be, lr, clip_scale(grad_norm, o.optimizer.grad_clip));
-    ++step;
-    const double dt = now_s() - t0;
-    step_times.push_back(dt);
-    const double tps = static_cast<double>(o.batch * o.seq) / dt;
-    report.losses.push_back(loss);
-    report.last_loss = loss;
-
-    nlohmann::ordered_json line;
-    line["step"] = step;
-    line["loss"] = loss;
-    line["lr"] = lr;
-    line["grad_norm"] = grad_norm;
-    line["tokens_per_s"] = tps;
-    line["step_s"] = dt;
-    line["tokens"] = step * o.batch * o.seq;
-    line["ranks"] = per_rank_counters(world, MemoryTracker::process().stats(),
-                                      static_cast<int64_t>(counter.delta().total().bytes_sent));
+    FP_ASSIGN_OR_RETURN(StepStats st, train_step(o, s, data.train, l, be, world));
+    const int64_t step = l.step;
+    st.seconds = now_s() - t0;
+    step_times.push_back(st.seconds);
+    report.losses.push_back(st.loss);
+    report.last_loss = st.loss;
+    nlohmann::ordered_json line = metrics_line(o, step, st, world, counter.delta().total().bytes_sent);
     const bool eval_now = (o.eval_every > 0 && step % o.eval_every == 0) || step == last;
     if (eval_now) {
-      FP_ASSIGN_OR_RETURN(report.val_loss, validate(*model, *be, val, o, s, world));
+      FP_ASSIGN_OR_RETURN(report.val_loss, validate(*l.model, be, data.val, o, s, world));
       line["val_loss"] = report.val_loss;
-      if (leader) progress.note(fmt::format("step {}: validation loss {:.4f}", step, report.val_loss));
+      if (out.leader) out.progress.note(fmt::format("step {}: validation loss {:.4f}", step, report.val_loss));
     }
-    if (leader) FP_RETURN_IF_ERROR(metrics.append(line.dump()));
-    if (leader) progress.update(step, loss, tps, now_s() - t_start);
+    if (out.leader) FP_RETURN_IF_ERROR(out.metrics.append(line.dump()));
+    if (out.leader) out.progress.update(step, st.loss, line["tokens_per_s"].get<double>(), now_s() - t_start);
     if ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == last) {
-      CheckpointState st{step, static_cast<uint64_t>(step), o.seed, layout, o.config};
-      CheckpointWrite w{&saved_params, &adamw.first_moments(), &adamw.second_moments(), s.dp_rank == 0,
+      CheckpointState cs{step, static_cast<uint64_t>(step), o.seed, layout, o.config};
+      CheckpointWrite w{&l.saved_params, &l.adamw->first_moments(), &l.adamw->second_moments(), s.dp_rank == 0,
                         o.keep_checkpoints, o.checkpoint_hooks};
-      FP_ASSIGN_OR_RETURN(report.checkpoint, save_checkpoint(ckpt_root, st, w, world));
-      if (leader) progress.note(fmt::format("step {}: checkpoint {}", step, report.checkpoint));
+      FP_ASSIGN_OR_RETURN(report.checkpoint, save_checkpoint(ckpt_root, cs, w, world));
+      if (out.leader) out.progress.note(fmt::format("step {}: checkpoint {}", step, report.checkpoint));
     }
   }
-  if (leader) progress.finish();
-  report.steps_done = step - first_step;
-  report.final_step = step;
+  if (out.leader) out.progress.finish();
+  report.steps_done = l.step - first_step;
+  report.final_step = l.step;
   report.tokens_per_second = step_times.empty() ? 0 : static_cast<double>(o.batch * o.seq) / median(step_times);
   return report;
 }

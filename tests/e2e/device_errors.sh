@@ -34,7 +34,7 @@ check() {  # check NP "needle" args...   (NP 0: no mpirun)
 train=(train --model "$model" --data "$tmp/no-data" --out "$tmp/out" --steps 2 --progress none)
 generate=(generate --hf "$tmp/no-model" --prompt hello)
 
-unknown="--device 'tpu' is unknown; choose cpu or cuda"
+unknown="--device: must be cpu or cuda, got 'tpu'"
 check 0 "$unknown" "${train[@]}" --device tpu
 check 0 "$unknown" bench --model "$model" --device tpu
 check 0 "$unknown" "${generate[@]}" --device tpu

@@ -5,9 +5,9 @@
 #    (1.6 MB) fits and the step-8 one cannot;
 #  - a read-only checkpoint directory: a read-only bind mount (as root, chmod would not stop
 #    a write), while a resumed run reaches its next checkpoint.
-# Asserts each time: exit 2 with one "foldpar: error:" line naming the OS error; the previous
-# checkpoint is complete and unchanged, no partial one is left; and `train --resume` from it
-# (its copy on a good disk) continues with the losses of an undisturbed run. (A rank whose
+# Asserts each time: exit 3 (an I/O failure) with one "foldpar: error:" line naming the OS
+# error; the previous checkpoint is complete and unchanged, no partial one is left; and
+# `train --resume` from it (its copy on a good disk) continues with the losses of an undisturbed run. (A rank whose
 # file outgrows RLIMIT_FSIZE is tests/parallel/checkpoint_test.cc.)
 set -euo pipefail
 mpirun=$1 bin=$2 src=$3
@@ -27,7 +27,7 @@ args=(train --model "$src/configs/tiny.json" --data "$tmp/data" --layout tsp=2 -
 train() { "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$bin" "${args[@]}" "$@"; }
 train --out "$tmp/clean" >/dev/null
 
-# expect_clean_failure LOG OS_ERROR: exit 2 was seen by the caller; one error line naming it.
+# expect_one_error_line LOG OS_ERROR: exit 3 was seen by the caller; one error line naming it.
 expect_one_error_line() {
   local n
   n=$(grep -c "^foldpar: error:" "$1" || true)
@@ -58,7 +58,7 @@ mount -t tmpfs -o size=2000k tmpfs "$tmp/full/checkpoints" || die "cannot mount 
 mounts+=("$tmp/full/checkpoints")
 rc=0
 train --out "$tmp/full" >"$tmp/full.log" 2>&1 || rc=$?
-[ "$rc" = 2 ] || { cat "$tmp/full.log" >&2; die "a full disk gave exit $rc, expected 2"; }
+[ "$rc" = 3 ] || { cat "$tmp/full.log" >&2; die "a full disk gave exit $rc, expected 3"; }
 expect_one_error_line "$tmp/full.log" "No space left on device"
 checkpoint_intact "$tmp/full/checkpoints" 4
 resume_copy "$tmp/full/checkpoints" 4 full_resumed
@@ -73,7 +73,7 @@ mount -o remount,bind,ro "$tmp/ro/checkpoints" || die "cannot remount read-only"
 touch "$tmp/ro/checkpoints/probe" 2>/dev/null && die "the read-only mount accepts writes"
 rc=0
 train --out "$tmp/ro" --resume >"$tmp/ro.log" 2>&1 || rc=$?
-[ "$rc" = 2 ] || { cat "$tmp/ro.log" >&2; die "a read-only checkpoint directory gave exit $rc, expected 2"; }
+[ "$rc" = 3 ] || { cat "$tmp/ro.log" >&2; die "a read-only checkpoint directory gave exit $rc, expected 3"; }
 expect_one_error_line "$tmp/ro.log" "Read-only file system"
 [ "$(cd "$tmp/ro/checkpoints" && md5sum step-00000004/*)" = "$sums" ] || die "checkpoint 4 changed"
 checkpoint_intact "$tmp/ro/checkpoints" 4

@@ -73,8 +73,8 @@ check "memory_per_device_gb" plan --model "$src/configs/tiny.json" --seq 128 --d
 check "one of --train" plan --model "$src/configs/tiny.json" --seq 128 --devices 2 --hardware "$hw" --train --decode
 check "bench: --model is required" bench --seq 128
 
-# ---- bench --layouts at tiny scale, 2 ranks ----
-bench=$("$mpirun" --allow-run-as-root -np 2 "$bin" bench --layouts tsp=2 tp=2 sp=2:ring --model "$src/configs/tiny.json" \
+# ---- bench-layouts at tiny scale, 2 ranks ----
+bench=$("$mpirun" --allow-run-as-root -np 2 "$bin" bench-layouts --layouts tsp=2 tp=2 sp=2:ring --model "$src/configs/tiny.json" \
   --seq 128,256 --steps 1 --hardware "$src/hardware/this-machine.json" --out "$tmp/bench" 2>&1)
 rc=$?
 [ "$rc" -eq 0 ] || fail "bench --layouts exited $rc:"$'\n'"$bench"
@@ -94,4 +94,7 @@ PY
 err=$("$mpirun" --allow-run-as-root -np 2 "$bin" bench --layouts tsp=4 --model "$src/configs/tiny.json" --seq 128 2>&1 >/dev/null)
 rc=$?
 { [ "$rc" -eq 2 ] && grep -qF "uses 4 ranks, the job has 2" <<<"$err"; } || fail "bench --layouts tsp=4 on 2 ranks -> $rc: $err"
+# The old spelling still runs bench-layouts, after one line naming the new command.
+[ "$(grep -c '^foldpar: note: `bench --layouts` is now `foldpar bench-layouts`' <<<"$err")" = 1 ] ||
+  fail "bench --layouts does not name bench-layouts once: $err"
 exit $((failures > 0))

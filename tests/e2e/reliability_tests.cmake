@@ -7,7 +7,7 @@ set(FOLDPAR_RELIABILITY_TESTS
   multihost_train     multihost.sh     # tsp=2 and dp=2,tsp=2 over two hosts == one host
   fault_killed_rank   faults_kill.sh   # SIGKILL mid-step: the job ends, names rank and host; resume
   fault_cut_link      faults_link.sh   # a host's link down: same, across hosts
-  disk_full_read_only disk_faults.sh)  # ENOSPC and EROFS: exit 2, previous checkpoint intact; resume
+  disk_full_read_only disk_faults.sh)  # ENOSPC and EROFS: exit 3, previous checkpoint intact; resume
 while(FOLDPAR_RELIABILITY_TESTS)
   list(POP_FRONT FOLDPAR_RELIABILITY_TESTS name script)
   add_test(NAME e2e.${name} COMMAND bash ${E2E}/${script} ${MPIEXEC_EXECUTABLE} ${FOLDPAR_BIN} ${PROJECT_SOURCE_DIR})

@@ -42,6 +42,9 @@ ls -a "$tmp/killed/checkpoints" | grep -q incomplete && { echo "an incomplete ch
 
 # Export the final checkpoint, check it with PyTorch's reader (the oracle's), import it.
 "$bin" export --checkpoint "$tmp/clean/checkpoints/step-00000012" -o "$tmp/hf" >/dev/null
+# A training directory means its newest complete checkpoint: the same step, the same bytes.
+"$bin" export --checkpoint "$tmp/clean" -o "$tmp/hf_latest" | grep -qF "exported step 12 of $tmp/clean/checkpoints/step-00000012"
+cmp "$tmp/hf/model.safetensors" "$tmp/hf_latest/model.safetensors"
 /usr/bin/python3 - "$tmp/hf" "$src/scripts" <<'PY'
 import sys
 sys.path.insert(0, sys.argv[2])
@@ -63,9 +66,12 @@ echo "plots drawn"
 
 # Bad numbers: a learning rate that blows the weights up stops the run at the first
 # non-finite gradient, naming step, tensor and rank, before the update and before any
-# checkpoint of that step; the previous checkpoint stays the newest.
-if train 2 tsp=2 "$tmp/nan" --lr 1e8 --warmup 0 --grad-clip 0 --checkpoint-every 1 >"$tmp/nan.log" 2>&1; then
-  echo "training with non-finite gradients exited 0" >&2
+# checkpoint of that step; the previous checkpoint stays the newest. Exit 4: a diverged run.
+rc=0
+train 2 tsp=2 "$tmp/nan" --lr 1e8 --warmup 0 --grad-clip 0 --checkpoint-every 1 >"$tmp/nan.log" 2>&1 || rc=$?
+if [ "$rc" != 4 ]; then
+  echo "training with non-finite gradients exited $rc, expected 4 (diverged)" >&2
+  cat "$tmp/nan.log" >&2
   exit 1
 fi
 grep -q "step 2: non-finite gradients on rank(s) 0, 1: the gradient of layers.0.attn" "$tmp/nan.log"

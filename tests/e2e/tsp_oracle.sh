@@ -12,4 +12,4 @@ run -np 2 "$bin" verify --model "$src/configs/tiny.json" --layout tsp=2 --seq 96
 run -np 4 "$bin" verify --model "$src/configs/tiny.json" --layout tsp=4 --seq 64 --no-overlap --seq-split contiguous \
   --dump "$tmp/d4" >/dev/null
 /usr/bin/python3 "$src/scripts/torch_reference.py" "$tmp/d4"
-grep -q '"layout": "tsp=4"' "$tmp/d4/result.json"
+grep -q '"layout": "tsp=4:contiguous:nooverlap"' "$tmp/d4/result.json"

@@ -27,6 +27,12 @@ TEST(Status, CarriesCodeAndMessage) {
   EXPECT_TRUE(Status().ok());
 }
 
+TEST(Status, DivergedIsItsOwnCode) {
+  Status s = diverged("step {}: the loss is {}", 3, "nan");
+  EXPECT_EQ(s.code(), StatusCode::kDiverged);
+  EXPECT_EQ(s.to_string(), "diverged: step 3: the loss is nan");
+}
+
 TEST(Status, MacrosPropagate) {
   int out = 0;
   EXPECT_TRUE(twice(3, &out).ok());
