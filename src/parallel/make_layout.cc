@@ -9,9 +9,9 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
                                                          const LayoutOptions& options) {
   const bool tsp = mesh.has_axis("tsp"), tp = mesh.has_axis("tp"), sp = mesh.has_axis("sp");
   if (tsp && !tp && !sp) return make_tsp_sharded_model(config, mesh.comm("tsp"), seq, options);
-  if (tp && !tsp && !sp) return make_tp_sharded_model(config, mesh.comm("tp"), seq, options);
-  if (sp && !tsp && !tp) return make_sp_sharded_model(config, mesh.comm("sp"), seq, options);
-  if (tp && sp && !tsp) return make_tpsp_sharded_model(config, mesh.comm("tp"), mesh.comm("sp"), seq, options);
+  if ((tp || sp) && !tsp)
+    return make_megatron_sharded_model(config, tp ? &mesh.comm("tp") : nullptr, sp ? &mesh.comm("sp") : nullptr, seq,
+                                       options);
   if (!tsp && !tp && !sp)
     return invalid_argument("layout {} has no model axis (tsp, tp or sp)", mesh.layout().to_string());
   return unimplemented("layout {}: tsp does not combine with tp or sp in one mesh", mesh.layout().to_string());

@@ -1,0 +1,14 @@
+# The Megatron strategy (parallel/megatron/: tp=T, sp=S_ and the 2-D mesh tp=T,sp=S_):
+# parity with the single-rank model (loss, logits, every gradient and ParamRef, weights bit for
+# bit; both K/V exchanges, zigzag and contiguous, GQA and MHA, tied and untied, overlap,
+# recompute, sequence parallelism, ignored targets, accumulation and loss normalizers), the
+# sequence mappings' adjoint identity, the ring attention pieces, errors, and the traffic per
+# layer and per step on each communicator against the written formulas (an axis of one rank
+# issues nothing). Layouts by world size W: tp=W and sp=W; the 2-D meshes at W = 1, 2, 4.
+foldpar_mpi_test_program(megatron_parity_test)
+foldpar_mpi_test(megatron_parity_test RANKS 1 2 3 4)
+foldpar_mpi_test_program(megatron_traffic_test)
+foldpar_mpi_test(megatron_traffic_test RANKS 1 2 3 4)
+# Checking mode must pass a correct schedule: on both communicators every rank issues the
+# same collectives in the same order (sp=3 and tp=3 at 3 ranks, tp=2,sp=2 at 4).
+foldpar_mpi_test(megatron_parity_test RANKS 3 4 SUFFIX .checked ENV FOLDPAR_COMM_CHECK=1)
