@@ -21,6 +21,7 @@
 #include "comm/mesh.h"
 #include "core/rng.h"
 #include "core/tolerance.h"
+#include "megatron_layouts.h"
 #include "mpi_test_main.h"
 #include "parallel/make_layout.h"
 #include "parallel/megatron/megatron_model.h"
@@ -33,24 +34,10 @@ namespace {
 
 using Exchange = LayoutOptions::KvExchange;
 
-// The layouts a case runs on: the family it was written for.
-enum class Family { kTp, kSp, kMesh };
+using test::Family;
 
-std::vector<std::string> layouts(Family f) {
-  const int W = test::mpi().world().size();
-  switch (f) {
-    case Family::kTp: return {"tp=" + std::to_string(W)};
-    case Family::kSp: return {"sp=" + std::to_string(W)};
-    case Family::kMesh:
-      switch (W) {
-        case 1: return {"tp=1,sp=1"};
-        case 2: return {"tp=2,sp=1", "tp=1,sp=2"};
-        case 4: return {"tp=2,sp=2"};
-        default: return {};
-      }
-  }
-  return {};
-}
+// The layouts a case runs on: those of the family it was written for.
+std::vector<std::string> layouts(Family f) { return test::megatron_layouts(f); }
 
 // sp and the 2-D meshes: n_h 8, n_kv 2 (g = 4: one KV head per rank at T = 2, so a wrong
 // K/V head mapping shows) or 8; f and V divide by 2; S = 48 splits in zigzag for S_ <= 4 and

@@ -29,6 +29,7 @@
 #include "app/synthetic.h"
 #include "comm/comm_stats.h"
 #include "comm/mesh.h"
+#include "megatron_layouts.h"
 #include "mpi_test_main.h"
 #include "parallel/make_layout.h"
 
@@ -37,8 +38,10 @@ namespace {
 
 using Exchange = LayoutOptions::KvExchange;
 
-// The layouts a policy runs on: the family it was written for.
-enum class Family { kTp, kSp, kMesh };
+using test::Family;
+
+// The layouts a policy runs on: those of the family it was written for.
+std::vector<std::string> layouts(Family f) { return test::megatron_layouts(f); }
 
 LlamaConfig traffic_config(int layers, bool tied, int kv_heads) {
   LlamaConfig c;
@@ -55,21 +58,6 @@ LlamaConfig traffic_config(int layers, bool tied, int kv_heads) {
 
 constexpr int64_t kBatch = 2;
 
-std::vector<std::string> layouts(Family f) {
-  const int W = test::mpi().world().size();
-  switch (f) {
-    case Family::kTp: return {"tp=" + std::to_string(W)};
-    case Family::kSp: return {"sp=" + std::to_string(W)};
-    case Family::kMesh:
-      switch (W) {
-        case 1: return {"tp=1,sp=1"};
-        case 2: return {"tp=2,sp=1", "tp=1,sp=2"};
-        case 4: return {"tp=2,sp=2"};
-        default: return {};
-      }
-  }
-  return {};
-}
 
 struct Policy {
   const char* name;
