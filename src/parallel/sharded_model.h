@@ -3,7 +3,7 @@
 // weights and gradients. Every method that communicates is collective over the layout's
 // model communicators: all ranks call it in the same order with the same arguments.
 //
-// Strategies implement it in their own folders (tsp/, tp/, sp/, tpsp/); make_layout.h builds
+// Strategies implement it in their own folders (tsp/, megatron/); make_layout.h builds
 // the one a layout string names. What strategies share (sharded weights, sequence shards,
 // mappings) lives in parallel/ beside them.
 #pragma once

@@ -1,5 +1,5 @@
 // Megatron tensor parallelism's communication, shared by the strategies that shard weights
-// over a tp axis (tp/ today, tpsp/ next): the conjugate mappings over one tp communicator and
+// over a tp axis (megatron/): the conjugate mappings over one tp communicator and
 // the vocabulary-parallel embedding and cross-entropy. Everything here works on whatever
 // token rows the caller gives it (every token in plain TP, a sequence shard under TP x SP),
 // so the same calls serve both. Strategy state (weights, saved activations) does not live
