@@ -3,8 +3,6 @@
 // gradients; and generation's prefill.
 #include "parallel/megatron/megatron_model.h"
 
-#include <cstring>
-
 #include "parallel/megatron/megatron_step.h"
 
 namespace foldpar {
@@ -91,31 +89,14 @@ Result<MegatronModel> MegatronModel::create(const LlamaConfig& config, int T, in
 }
 
 Batch MegatronModel::local_batch(const Batch& global) const {
-  const int64_t B = global.batch(), S = global.seq(), n = local_seq();
-  FP_CHECK(S == shard_.seq(), "batch of S={} for a model of S={}", S, shard_.seq());
-  if (n == S) return global;  // every position, in order: the global batch itself
-  Batch out;
-  out.input_ids = Tensor::empty({B, n}, DType::kI32, MemCategory::kActivations);
-  out.target_ids = Tensor::empty({B, n}, DType::kI32, MemCategory::kActivations);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < n; ++i) {
-      out.input_ids.data<int32_t>()[b * n + i] = global.input_ids.data<int32_t>()[b * S + positions_[i]];
-      out.target_ids.data<int32_t>()[b * n + i] = global.target_ids.data<int32_t>()[b * S + positions_[i]];
-    }
-  return out;
+  FP_CHECK(global.seq() == shard_.seq(), "batch of S={} for a model of S={}", global.seq(), shard_.seq());
+  if (local_seq() == shard_.seq()) return global;  // every position, in order: the global batch itself
+  return batch_rows_at(global, positions_);
 }
 
 void MegatronModel::scatter_rows(const Tensor& local, Tensor& global) const {
-  const int64_t B = global.dim(0), S = shard_.seq(), n = local_seq();
-  FP_CHECK(global.dim(1) == S && local.dim(0) == B && local.dim(1) == n && local.dtype() == global.dtype() &&
-               local.numel() / (B * n) == global.numel() / (B * S),
-           "scatter of {} into {}", local.describe(), global.describe());
-  const size_t row_bytes = local.nbytes() / static_cast<size_t>(B * n);
-  const auto* src = static_cast<const char*>(local.raw_data());
-  auto* dst = static_cast<char*>(global.raw_data());
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < n; ++i)
-      std::memcpy(dst + (b * S + positions_[i]) * row_bytes, src + (b * n + i) * row_bytes, row_bytes);
+  FP_CHECK(global.dim(1) == shard_.seq(), "scatter of {} into {}", local.describe(), global.describe());
+  scatter_rows_to(local, positions_, global);
 }
 
 namespace {
