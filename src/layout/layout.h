@@ -103,9 +103,9 @@ Result<std::vector<Layout>> parse_layout_list(const std::vector<std::string>& it
 // The only divisibility and applicability check in foldpar: the plan calls it for every
 // candidate, and every strategy before it allocates. `batch` 0 means not known yet (a
 // strategy is built for any batch) and `seq` 0 the same (a decoder, whose prefill pads the
-// prompts): those checks are skipped. invalid_argument naming the
-// numbers, e.g. "tp=4,sp=2:seqpar: the local sequence (10 = 20 / 2) must be divisible by
-// the tensor-parallel degree (4) with seqpar"; unimplemented for axes foldpar lacks.
+// prompts): those checks are skipped. invalid_argument naming the numbers, e.g.
+// "tsp=3: num_attention_heads (4) must be divisible by the TSP degree (3)"; unimplemented
+// for axes foldpar lacks.
 Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t batch, int64_t seq);
 
 // Elements of the parameters one rank holds (its weight shards, or the whole model where

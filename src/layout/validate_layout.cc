@@ -23,16 +23,20 @@ Status check_axes(const Layout& l, const std::string& name) {
   return Status();
 }
 
-// Knobs that only one strategy reads: set on another, they would be silently ignored.
+// Knobs that only one strategy reads: set on the other, they would be silently ignored. (A
+// Megatron knob on an axis of degree 1 is accepted: that axis issues no collective, so the
+// knob changes nothing, as tp=2,sp=1 is tp=2.)
 Status check_knobs(const Layout& l, const std::string& name) {
   const bool tsp = l.strategy == Strategy::kTsp;
   if (!tsp && (l.keep_weights || l.keep_kv || l.head_buckets != 1))
     return invalid_argument("{}: keepw, keepkv and buckets are TSP backward policies (layout tsp=N)", name);
   if (l.head_buckets < 1) return invalid_argument("{}: head buckets ({}) must be positive", name, l.head_buckets);
-  if (l.kv_exchange == Layout::KvExchange::kRing && (tsp || l.sp == 1))
-    return invalid_argument("{}: the ring K/V exchange needs a sequence-parallel axis (sp > 1)", name);
-  if (l.sequence_parallel && (tsp || l.tp == 1))
-    return invalid_argument("{}: seqpar (Megatron sequence parallelism) needs a tensor-parallel axis (tp > 1)", name);
+  if (tsp && l.kv_exchange == Layout::KvExchange::kRing)
+    return invalid_argument("{}: the ring K/V exchange is the sp axis's (TSP all-gathers K/V)", name);
+  if (tsp && l.sequence_parallel)
+    return invalid_argument("{}: seqpar (Megatron sequence parallelism) is the tp axis's (TSP shards the sequence "
+                            "already)",
+                            name);
   if (l.dtype != DType::kF32 && l.dtype != DType::kBF16)
     return invalid_argument("{}: weights and activations are stored in f32 or bf16, not {}", name,
                             dtype_name(l.dtype));
@@ -44,7 +48,7 @@ Status check_sizes(const LlamaConfig& c, const Layout& l, int64_t batch, int64_t
   if (batch > 0 && batch % l.dp != 0)
     return invalid_argument("{}: the batch ({}) must be divisible by the data-parallel degree ({})", name, batch, l.dp);
   const int W = l.weight_degree(), Q = l.token_degree();
-  const char* waxis = l.strategy == Strategy::kTsp ? "TSP" : "tensor-parallel";
+  const char* waxis = l.strategy == Strategy::kTsp ? "TSP" : "tp";
   const std::pair<const char*, int64_t> sharded[] = {{"num_attention_heads", c.num_attention_heads},
                                                      {"num_key_value_heads", c.num_key_value_heads},
                                                      {"intermediate_size", c.intermediate_size},
@@ -61,10 +65,11 @@ Status check_sizes(const LlamaConfig& c, const Layout& l, int64_t batch, int64_t
     return invalid_argument("{}: the sequence length ({}) must be divisible by the sequence degree ({})", name, seq, Q);
   if (l.sequence_parallel && (seq / Q) % l.tp != 0) {
     if (Q > 1)
-      return invalid_argument("{}: the local sequence ({} = {} / {}) must be divisible by the tensor-parallel degree "
-                              "({}) with seqpar",
-                              name, seq / Q, seq, Q, l.tp);
-    return invalid_argument("{}: the sequence length ({}) must be divisible by the tensor-parallel degree ({}) with seqpar",
+      return invalid_argument("{}: the sequence length ({}) must be divisible by the sp degree x the tp degree ({} x {} = "
+                              "{}) with sequence parallelism (the local sequence {} by {})",
+                              name, seq, Q, l.tp, Q * l.tp, seq / Q, l.tp);
+    return invalid_argument("{}: the sequence length ({}) must be divisible by the tp degree ({}) with sequence "
+                            "parallelism",
                             name, seq, l.tp);
   }
   if (l.strategy == Strategy::kTsp && (c.num_key_value_heads / l.tsp) % l.head_buckets != 0)

@@ -6,13 +6,21 @@
 namespace foldpar {
 namespace {
 
-// The mesh must have been made from layout.mesh(): the same axes, the same degrees.
+// The mesh must have the layout's degrees (layout.mesh(); an axis of degree 1 may be in the
+// mesh or not: the strategy runs a missing one on a size-1 communicator).
 Status check_mesh(const Mesh& mesh, const Layout& layout) {
-  if (mesh.layout().to_string() != layout.mesh())
+  const std::pair<const char*, int> axes[] = {{"dp", layout.dp}, {"tsp", layout.tsp}, {"tp", layout.tp}, {"sp", layout.sp}};
+  for (const auto& [axis, degree] : axes)
+    if (mesh.degree(axis) != degree)
+      return invalid_argument("layout {} runs on the mesh {}, but the mesh is {}", layout.to_string(), layout.mesh(),
+                              mesh.layout().to_string());
+  if (layout.strategy == Strategy::kTsp ? !mesh.has_axis("tsp") : mesh.has_axis("tsp"))
     return invalid_argument("layout {} runs on the mesh {}, but the mesh is {}", layout.to_string(), layout.mesh(),
                             mesh.layout().to_string());
   return Status();
 }
+
+Communicator* axis_comm(Mesh& mesh, const char* axis) { return mesh.has_axis(axis) ? &mesh.comm(axis) : nullptr; }
 
 }  // namespace
 
@@ -21,10 +29,7 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
   if (layout.strategy == Strategy::kTsp) return make_tsp_sharded_model(config, mesh.comm("tsp"), seq, layout);
-  if (layout.tp > 1 && layout.sp > 1)
-    return make_tpsp_sharded_model(config, mesh.comm("tp"), mesh.comm("sp"), seq, layout);
-  if (layout.sp > 1) return make_sp_sharded_model(config, mesh.comm("sp"), seq, layout);
-  return make_tp_sharded_model(config, mesh.comm("tp"), seq, layout);
+  return make_megatron_sharded_model(config, axis_comm(mesh, "tp"), axis_comm(mesh, "sp"), seq, layout);
 }
 
 Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& config, Mesh& mesh,
@@ -34,7 +39,7 @@ Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& 
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, 0));
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
   if (layout.strategy == Strategy::kTsp) return make_tsp_decoder(config, mesh.comm("tsp"), layout);
-  if (layout.sp == 1) return make_tp_decoder(config, mesh.comm("tp"), layout);
+  if (layout.sp == 1 && mesh.has_axis("tp")) return make_tp_decoder(config, mesh.comm("tp"), layout);
   return unimplemented("layout {}: generation runs on tsp=N or tp=N", name);
 }
 

@@ -76,18 +76,14 @@ class Ring {
     return hop;
   }
   void wait(CommRequest& request) {
-    if (!request.pending()) return;
-    const auto t0 = std::chrono::steady_clock::now();
-    FP_CHECK_OK(request.wait());
-    if (a_.wait_seconds != nullptr)
-      *a_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (a_.timer != nullptr) {
+      a_.timer->wait(request);
+    } else if (request.pending()) {
+      FP_CHECK_OK(request.wait());
+    }
   }
   // MPI moves a transfer only inside MPI calls: advance it between pieces of computation.
-  static void poke(CommRequest& request) {
-    if (!request.pending()) return;
-    bool done = false;
-    FP_CHECK_OK(request.test(&done));
-  }
+  static void poke(CommRequest& request) { StepTimer::poke(request); }
 
   AttentionArgs attention_args(const Tensor& block, int r, Tensor& k, Tensor& v, Tensor& pos) const {
     k = half(block, 0);

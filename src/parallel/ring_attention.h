@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "comm/communicator.h"
+#include "parallel/step_timer.h"
 
 namespace foldpar {
 
@@ -34,7 +35,7 @@ struct RingAttentionArgs {
   // Start each hop before the attention of the block at hand (it overlaps the compute);
   // false: every hop completes before the computation that follows it.
   bool overlap = true;
-  double* wait_seconds = nullptr;  // when set, seconds blocked on the ring are added here
+  StepTimer* timer = nullptr;  // when set, the time blocked on the ring is counted here
 };
 
 // Causal attention of the local queries against the keys of every rank.

@@ -46,30 +46,39 @@ std::vector<int32_t> SequenceShard::gathered_positions() const {
 }
 
 Batch SequenceShard::local_batch(const Batch& global) const {
-  const int64_t B = global.batch(), S = global.seq(), local = local_seq();
-  FP_CHECK(S == seq_, "batch of S={} for a shard of S={}", S, seq_);
+  FP_CHECK(global.seq() == seq_, "batch of S={} for a shard of S={}", global.seq(), seq_);
+  return batch_rows_at(global, positions_);
+}
+
+void SequenceShard::scatter_to_global(const Tensor& local, Tensor& global) const {
+  FP_CHECK(global.dim(1) == seq_, "scatter of {} into {}", local.describe(), global.describe());
+  scatter_rows_to(local, positions_, global);
+}
+
+Batch batch_rows_at(const Batch& global, std::span<const int32_t> positions) {
+  const int64_t B = global.batch(), S = global.seq(), n = static_cast<int64_t>(positions.size());
   Batch out;
-  out.input_ids = Tensor::empty({B, local}, DType::kI32, MemCategory::kActivations);
-  out.target_ids = Tensor::empty({B, local}, DType::kI32, MemCategory::kActivations);
+  out.input_ids = Tensor::empty({B, n}, DType::kI32, MemCategory::kActivations);
+  out.target_ids = Tensor::empty({B, n}, DType::kI32, MemCategory::kActivations);
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < local; ++i) {
-      out.input_ids.data<int32_t>()[b * local + i] = global.input_ids.data<int32_t>()[b * S + positions_[i]];
-      out.target_ids.data<int32_t>()[b * local + i] = global.target_ids.data<int32_t>()[b * S + positions_[i]];
+    for (int64_t i = 0; i < n; ++i) {
+      out.input_ids.data<int32_t>()[b * n + i] = global.input_ids.data<int32_t>()[b * S + positions[i]];
+      out.target_ids.data<int32_t>()[b * n + i] = global.target_ids.data<int32_t>()[b * S + positions[i]];
     }
   return out;
 }
 
-void SequenceShard::scatter_to_global(const Tensor& local, Tensor& global) const {
-  const int64_t B = global.dim(0), local_rows = local_seq();
-  FP_CHECK(global.dim(1) == seq_ && local.dim(0) == B && local.dim(1) == local_rows && local.dtype() == global.dtype() &&
-               local.numel() / (B * local_rows) == global.numel() / (B * seq_),
+void scatter_rows_to(const Tensor& local, std::span<const int32_t> positions, Tensor& global) {
+  const int64_t B = global.dim(0), S = global.dim(1), n = static_cast<int64_t>(positions.size());
+  FP_CHECK(local.dim(0) == B && local.dim(1) == n && local.dtype() == global.dtype() &&
+               local.numel() / (B * n) == global.numel() / (B * S),
            "scatter of {} into {}", local.describe(), global.describe());
-  const size_t row_bytes = local.nbytes() / static_cast<size_t>(B * local_rows);
+  const size_t row_bytes = local.nbytes() / static_cast<size_t>(B * n);
   const auto* src = static_cast<const char*>(local.raw_data());
   auto* dst = static_cast<char*>(global.raw_data());
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < local_rows; ++i)
-      std::memcpy(dst + (b * seq_ + positions_[i]) * row_bytes, src + (b * local_rows + i) * row_bytes, row_bytes);
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(dst + (b * S + positions[i]) * row_bytes, src + (b * n + i) * row_bytes, row_bytes);
 }
 
 }  // namespace foldpar

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/status.h"
@@ -51,5 +52,11 @@ class SequenceShard {
 
 // Positions of rank `rank`'s rows (no validation).
 std::vector<int32_t> shard_positions(int64_t seq, int degree, int rank, SeqSplit split);
+
+// The rows at `positions` (global, in local order) of a global batch [B, S]: [B, n] (a copy).
+Batch batch_rows_at(const Batch& global, std::span<const int32_t> positions);
+// Copies local rows [B, n, ...] into their places `positions` of `global` [B, S, ...] (both
+// row-major with the same trailing extents; other rows left).
+void scatter_rows_to(const Tensor& local, std::span<const int32_t> positions, Tensor& global);
 
 }  // namespace foldpar

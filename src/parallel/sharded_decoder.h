@@ -5,7 +5,7 @@
 //            the logits of every prompt's last token.
 //   decode   one new token per sequence: weights stay where they are (stationary); only
 //            O(h) activations per token per layer move (parallel/decode_block.h).
-// Strategies: tsp/tsp_decoder.cc (cache sharded by sequence) and tp/tp_decoder.cc (cache
+// Strategies: tsp/tsp_decoder.cc (cache sharded by sequence) and megatron/megatron_decoder.cc (cache
 // sharded by heads, the baseline); make_layout.h builds the one a layout string names.
 //
 // Every method that communicates is collective over the layout's communicator: every rank

@@ -3,7 +3,7 @@
 // weights and gradients. Every method that communicates is collective over the layout's
 // model communicators: all ranks call it in the same order with the same arguments.
 //
-// Strategies implement it in their own folders (tsp/, tp/, sp/, tpsp/); make_layout.h builds
+// Strategies implement it in their own folders (tsp/, megatron/); make_layout.h builds
 // the one a layout string names. What strategies share (sharded weights, sequence shards,
 // mappings) lives in parallel/ beside them.
 #pragma once
@@ -18,11 +18,6 @@
 #include "parallel/sequence_shard.h"
 
 namespace foldpar {
-
-// The layout a model runs (layout/layout.h): axes and every strategy knob in one value.
-// (LayoutOptions is the name the strategies used before the one Layout value; it goes once
-// every strategy says Layout.)
-using LayoutOptions = Layout;
 
 class ShardedModel {
  public:

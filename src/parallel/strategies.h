@@ -1,4 +1,5 @@
-// The factory of each strategy, one per folder; make_layout.cc picks one from the mesh.
+// The factory of each strategy, one per folder (tsp/, megatron/); make_layout.cc picks one
+// from the mesh.
 // Each returns invalid_argument naming the numbers when the sizes do not divide.
 #pragma once
 
@@ -12,23 +13,19 @@ namespace foldpar {
 
 // tsp/: Tensor-and-Sequence Parallelism over one axis.
 Result<std::unique_ptr<ShardedModel>> make_tsp_sharded_model(const LlamaConfig& config, Communicator& tsp,
-                                                             int64_t seq, const LayoutOptions& options);
-// tp/: Megatron tensor parallelism (optionally with sequence-parallel norm regions).
-Result<std::unique_ptr<ShardedModel>> make_tp_sharded_model(const LlamaConfig& config, Communicator& tp,
-                                                            int64_t seq, const LayoutOptions& options);
-// sp/: sequence (context) parallelism with replicated weights.
-Result<std::unique_ptr<ShardedModel>> make_sp_sharded_model(const LlamaConfig& config, Communicator& sp,
-                                                            int64_t seq, const LayoutOptions& options);
-// tpsp/: the 2-D mesh, tensor parallel inside, sequence parallel across.
-Result<std::unique_ptr<ShardedModel>> make_tpsp_sharded_model(const LlamaConfig& config, Communicator& tp,
-                                                              Communicator& sp, int64_t seq,
-                                                              const LayoutOptions& options);
+                                                             int64_t seq, const Layout& options);
+// megatron/: Megatron tensor parallelism inside tp groups, sequence (context) parallelism
+// across them: tp=T (sp null), sp=S (tp null) and tp=T,sp=S. A null axis runs as one rank.
+Result<std::unique_ptr<ShardedModel>> make_megatron_sharded_model(const LlamaConfig& config, Communicator* tp,
+                                                                  Communicator* sp, int64_t seq,
+                                                                  const Layout& options);
 
 // Generation (parallel/sharded_decoder.h): TSP's decoder (KV cache sharded by sequence) and
-// TP's (sharded by heads). Each reads split, overlap and head_buckets (tsp) of the options.
+// TP's (megatron/, tp=T: sharded by heads). Each reads split, overlap and head_buckets (tsp)
+// of the options.
 Result<std::unique_ptr<ShardedDecoder>> make_tsp_decoder(const LlamaConfig& config, Communicator& tsp,
-                                                         const LayoutOptions& options);
+                                                         const Layout& options);
 Result<std::unique_ptr<ShardedDecoder>> make_tp_decoder(const LlamaConfig& config, Communicator& tp,
-                                                        const LayoutOptions& options);
+                                                        const Layout& options);
 
 }  // namespace foldpar

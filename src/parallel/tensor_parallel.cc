@@ -10,10 +10,6 @@
 namespace foldpar {
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 // The sequence collectives move one contiguous buffer, which holds the rows rank by rank
 // ([T, B, n, ...], rank-major), while the model's tensors are batch-major ([B, T*n, ...]).
 // Both are B*T blocks of n rows; this copies block (b, r) between the two orders. With B = 1
@@ -42,27 +38,14 @@ void check_seq_shapes(const Tensor& local, const Tensor& full, int T, const char
 TpComm::TpComm(Communicator& tp, Backend& backend, bool overlap) : comm_(tp), be_(backend), overlap_(overlap) {}
 
 void TpComm::wait(Pending& p) {
-  if (p.request.pending()) {
-    const auto t0 = std::chrono::steady_clock::now();
-    FP_CHECK_OK(p.request.wait());
-    blocked_seconds_ += seconds_since(t0);
-  }
+  timer_.wait(p.request);
   if (p.reorder_to.defined())
     reorder_blocks(be_, p.staging, p.reorder_to, p.reorder_to.dim(0), size(), /*to_rank_major=*/false);
   p.staging = Tensor();
   p.reorder_to = Tensor();
 }
 
-void TpComm::progress(Pending& p) {
-  if (!p.request.pending()) return;
-  bool done = false;
-  FP_CHECK_OK(p.request.test(&done));
-}
-
-void TpComm::blocking(const Status& status, std::chrono::steady_clock::time_point t0) {
-  FP_CHECK_OK(status);
-  blocked_seconds_ += seconds_since(t0);
-}
+void TpComm::progress(Pending& p) { StepTimer::poke(p.request); }
 
 TpComm::Pending TpComm::start_all_reduce(Tensor& x) {
   Pending p;
@@ -140,18 +123,25 @@ VocabParallelLoss vocab_parallel_cross_entropy(TpComm& tp, const Tensor& xf, con
   be.fill(-INFINITY, local_max);
   be.fill(0.0, sums);
   be.softmax_chunk_update(out.logits, targets, tp.rank() * vr, kIgnoreIndex, local_max, row_sum, target_logit);
-  auto t0 = std::chrono::steady_clock::now();
-  tp.blocking(tp.comm().all_reduce(local_max.raw_data(), global_max.raw_data(), static_cast<size_t>(n), DType::kF32,
-                                   ReduceOp::kMax),
-              t0);
+  // One rank holds the whole vocabulary: its sums are the answer (no collective on a
+  // communicator of one).
+  const bool reduce = tp.size() > 1;
+  auto t0 = StepTimer::Clock::now();
+  if (reduce)
+    tp.blocking(tp.comm().all_reduce(local_max.raw_data(), global_max.raw_data(), static_cast<size_t>(n),
+                                     DType::kF32, ReduceOp::kMax),
+                t0);
+  else
+    be.copy(local_max, global_max);
   // Rescale to the global maximum, then one sum for both the exponentials and the targets.
   const float *lm = local_max.data<float>(), *gm = global_max.data<float>();
   float* rs = row_sum.data<float>();
   for (int64_t i = 0; i < n; ++i) rs[i] *= std::exp(lm[i] - gm[i]);
-  t0 = std::chrono::steady_clock::now();
-  tp.blocking(tp.comm().all_reduce(sums.raw_data(), sums.raw_data(), static_cast<size_t>(2 * n), DType::kF32,
-                                   ReduceOp::kSum),
-              t0);
+  t0 = StepTimer::Clock::now();
+  if (reduce)
+    tp.blocking(tp.comm().all_reduce(sums.raw_data(), sums.raw_data(), static_cast<size_t>(2 * n), DType::kF32,
+                                     ReduceOp::kSum),
+                t0);
   out.lse = act({n});
   const int32_t* tg = targets.data<int32_t>();
   const float* tl = target_logit.data<float>();
@@ -180,9 +170,14 @@ void vocab_parallel_head_weight_grad(Backend& be, const VocabParallelLoss& loss,
 Tensor gather_vocab_logits(TpComm& tp, const Tensor& local, std::span<const int64_t> rows) {
   const int T = tp.size();
   const int64_t n = local.dim(0), vr = local.dim(1), V = vr * T, count = static_cast<int64_t>(rows.size());
-  Tensor all = Tensor::empty({T, n, vr}, DType::kF32, MemCategory::kComm);
-  const auto t0 = std::chrono::steady_clock::now();
-  tp.blocking(tp.comm().all_gather(local.raw_data(), all.raw_data(), static_cast<size_t>(n * vr), DType::kF32), t0);
+  // One rank: its columns are every column (no collective on a communicator of one).
+  Tensor all = local;
+  if (T > 1) {
+    all = Tensor::empty({T, n, vr}, DType::kF32, MemCategory::kComm);
+    const auto t0 = StepTimer::Clock::now();
+    tp.blocking(tp.comm().all_gather(local.raw_data(), all.raw_data(), static_cast<size_t>(n * vr), DType::kF32),
+                t0);
+  }
   Tensor out = Tensor::empty({count, V}, DType::kF32, MemCategory::kActivations);
   const float* src = all.data<float>();
   float* dst = out.data<float>();

@@ -1,5 +1,5 @@
 // Megatron tensor parallelism's communication, shared by the strategies that shard weights
-// over a tp axis (tp/ today, tpsp/ next): the conjugate mappings over one tp communicator and
+// over a tp axis (megatron/): the conjugate mappings over one tp communicator and
 // the vocabulary-parallel embedding and cross-entropy. Everything here works on whatever
 // token rows the caller gives it (every token in plain TP, a sequence shard under TP x SP),
 // so the same calls serve both. Strategy state (weights, saved activations) does not live
@@ -14,12 +14,12 @@
 // so a strategy needs only all_reduce, all_gather_seq and reduce_scatter_seq below.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <span>
 
 #include "backend/backend.h"
 #include "comm/communicator.h"
+#include "parallel/step_timer.h"
 #include "tensor/tensor.h"
 
 namespace foldpar {
@@ -62,16 +62,18 @@ class TpComm {
   void wait(Pending& pending);
   void progress(Pending& pending);  // never blocks
   // Timed blocking collective for calls outside the mappings (the loss, norm gains).
-  void blocking(const Status& status, std::chrono::steady_clock::time_point started);
+  void blocking(const Status& status, StepTimer::Clock::time_point started) { timer_.blocking(status, started); }
 
-  // Seconds this rank spent blocked in collectives and waits: the exposed communication.
-  double blocked_seconds() const { return blocked_seconds_; }
+  // The time this rank spent blocked in collectives and waits: the exposed communication.
+  // A strategy with more axes counts its other waits here too.
+  StepTimer& timer() { return timer_; }
+  double blocked_seconds() const { return timer_.seconds(); }
 
  private:
   Communicator& comm_;
   Backend& be_;
   bool overlap_;
-  double blocked_seconds_ = 0;
+  StepTimer timer_;
 };
 
 // ---- vocabulary-parallel embedding ----
@@ -94,7 +96,7 @@ struct VocabParallelLoss {
 // (rescaled to the global max) packed with [n] target logits (each rank contributes the
 // target logit where the target falls in its columns, 0 elsewhere). xf: [n, h] (the same
 // rows on every tp rank); head: [V/T, h]; targets: i32 [n] (kIgnoreIndex carries no loss).
-// Collective over tp: two all_reduces.
+// Collective over tp: two all_reduces (none when tp has one rank).
 VocabParallelLoss vocab_parallel_cross_entropy(TpComm& tp, const Tensor& xf, const Tensor& head,
                                                const Tensor& targets);
 // Backward, in two calls so that the dX collective can run behind the weight gradient:
@@ -110,7 +112,8 @@ void vocab_parallel_cross_entropy_backward(Backend& backend, int tp_rank, VocabP
 void vocab_parallel_head_weight_grad(Backend& backend, const VocabParallelLoss& loss, const Tensor& xf,
                                      Tensor& d_head);
 // Verification only: the full logits [rows.size(), V] of the chosen rows (indices into n)
-// from every rank's columns [n, V/T]: one all_gather of n*V/T elements. Collective over tp.
+// from every rank's columns [n, V/T]: one all_gather of n*V/T elements (none when tp has
+// one rank). Collective over tp.
 Tensor gather_vocab_logits(TpComm& tp, const Tensor& local_logits, std::span<const int64_t> rows);
 
 }  // namespace foldpar

@@ -1,9 +1,9 @@
-// The memory replay of tp=T, sp=S_ and tp=T x sp=S_ steps (parallel/tp_step_base.cc,
-// tp_layers.cc, tp/tp_step.cc; parallel/sp/sp_step.cc, sp_attention.cc;
-// parallel/tpsp/tpsp_block.cc; parallel/ring_attention.cc), in the order of their code: see memory_replay.h. One replay
-// serves the three: on the tp group of this rank every weight is 1/T; the group holds
-// N = B*S/S_ token rows (R = N/T per rank with seqpar); attention of the local queries runs
-// over every position's K/V (gathered over sp, or the ring), the local ones when S_ = 1.
+// The memory replay of the Megatron strategy's steps, tp=T, sp=S_ and tp=T x sp=S_
+// (parallel/megatron/tp_step_base.cc, tp_layers.cc, megatron_attention.cc, megatron_step.cc;
+// parallel/ring_attention.cc), in the order of their code: see memory_replay.h. On the tp
+// group of this rank every weight is 1/T; the group holds N = B*S/S_ token rows (R = N/T per
+// rank with seqpar, T > 1 only); attention of the local queries runs over every position's
+// K/V (gathered over sp, or the ring), the local ones when S_ = 1.
 #include <algorithm>
 #include <vector>
 
@@ -16,7 +16,7 @@ namespace {
 class TpSpReplay {
  public:
   TpSpReplay(const LlamaConfig& c, const Layout& l, const MemoryRequest& r, Ledger& led)
-      : led_(led), l_(l), mode_(r.mode) {
+      : led_(led), mode_(r.mode) {
     T = l.tp;
     bt = l.storage_bytes();
     P = l.sp;
@@ -24,7 +24,7 @@ class TpSpReplay {
     S = r.seq;
     Sl = S / P;
     N = B * Sl;
-    R = l.sequence_parallel ? N / T : N;
+    R = l.sequence_parallel && T > 1 ? N / T : N;
     h = c.hidden_size;
     fr = c.intermediate_size / T;
     vr = c.vocab_size / T;
@@ -32,10 +32,9 @@ class TpSpReplay {
     d = c.head_dim();
     hl = c.num_attention_heads / T;
     kvl = c.num_key_value_heads / T;
-    seqpar = l.sequence_parallel;
-    sp_only = plan_strategy(l) == PlanStrategy::kSp;
-    gather = P > 1 || plan_strategy(l) == PlanStrategy::kTpSp ? !(l.kv_exchange == Layout::KvExchange::kRing) : false;
-    ring = (l.kv_exchange == Layout::KvExchange::kRing) && (plan_strategy(l) != PlanStrategy::kTp);
+    seqpar = l.sequence_parallel && T > 1;
+    gather = P > 1 && l.kv_exchange != Layout::KvExchange::kRing;
+    ring = P > 1 && l.kv_exchange == Layout::KvExchange::kRing;
     staging = seqpar && B > 1 && T > 1 ? bt * N * h : 0;
     full_kv = bt * B * S * kvl * d;  // one of K, V gathered over sp
     packed = 2 * bt * B * Sl * kvl * d;  // one ring block: K and V of one rank's tokens
@@ -48,10 +47,9 @@ class TpSpReplay {
     if (seqpar) {
       led_.touch(kA, 8 * R + 8 * N);  // packed ids/targets and their gather
       led_.add(kA, 8 * N);            // every token's ids and targets
-      led_.add(kG, 4 * (2 * L + 1) * h);
+      if (P == 1) led_.add(kG, 4 * (2 * L + 1) * h);  // the gains' partials (S_ > 1: in the gradients)
     }
-    if (sp_only || plan_strategy(l_) == PlanStrategy::kTpSp) led_.add(kA, 4 * Sl + 4 * S);  // q_pos, k_pos
-    else led_.add(kA, 4 * S);                                                         // positions
+    led_.add(kA, P > 1 ? 4 * Sl + 4 * S : 4 * S);  // q_pos, k_pos (the same tensor when S_ = 1)
     led_.add(kA, 4 * Sl * d);  // the RoPE table
     if (kv_cache_bytes > 0) led_.add(kK, kv_cache_bytes);
     embed();
@@ -65,17 +63,13 @@ class TpSpReplay {
     led_.phase("embedding backward");
     if (seqpar) led_.touch(kC, bt * N * h + staging);
     led_.sub(kA, bt * R * h);
-    if (seqpar) led_.touch(kC, 4 * (2 * L + 1) * h);
+    if (seqpar && P == 1) led_.touch(kC, 4 * (2 * L + 1) * h);  // the gains' packed partials
   }
 
  private:
   // Leaves x [R, h] live.
   void embed() {
     led_.phase("embedding");
-    if (sp_only) {
-      led_.add(kA, bt * R * h);
-      return;
-    }
     const int64_t partial = bt * N * h;
     led_.add(seqpar ? kC : kA, partial);
     if (seqpar) {
@@ -88,20 +82,17 @@ class TpSpReplay {
   void forward_blocks(std::vector<Bundle>& saved) {
     for (int64_t layer = 0; layer < L; ++layer) {
       Bundle& s = saved[static_cast<size_t>(layer)];
-      // sp's block keeps what it would save in a block-local struct until the block ends.
-      Bundle block_local;
-      Bundle* target = keep_ ? &s : (sp_only ? &block_local : nullptr);
+      Bundle* target = keep_ ? &s : nullptr;
       led_.phase(fmt::format("attention forward, layer {}", layer));
       attention_forward(target, false);
       led_.phase(fmt::format("MLP forward, layer {}", layer));
       mlp_forward(target, false);
-      block_local.sub_from(led_);
-      // x_in: the saved block's or the recompute's input; otherwise dropped (tp and tp x sp
-      // callers hold the embedding output until the block loop returns).
+      // x_in: the saved block's or the recompute's input; otherwise dropped (the caller
+      // holds the embedding output until the block loop returns).
       if (train_) s.put(kA, bt * R * h);
-      else if (layer > 0 || sp_only) led_.sub(kA, bt * R * h);
+      else if (layer > 0) led_.sub(kA, bt * R * h);
     }
-    if (!train_ && !sp_only) led_.sub(kA, bt * R * h);
+    if (!train_) led_.sub(kA, bt * R * h);
   }
 
   // Final norm, LM head and loss; returns what is kept for backward (rstd, xf or xf_full,
@@ -109,11 +100,6 @@ class TpSpReplay {
   Bundle head_forward() {
     led_.phase("LM head forward");
     Bundle head;
-    if (sp_only) {
-      head.put(kA, 4 * R + bt * R * h + 4 * R * vr + 4 * R);
-      head.add_to(led_);
-      return head;
-    }
     led_.add(kA, 4 * R + bt * R * h);  // rstd, xf
     if (seqpar) {
       led_.add(kC, bt * N * h);  // xf_full
@@ -131,26 +117,18 @@ class TpSpReplay {
   // Leaves dx [R, h] live.
   void head_backward(Bundle& head) {
     led_.phase("LM head backward");
-    if (sp_only) {
-      led_.add(kA, bt * R * h);   // d_xf
-      led_.sub(kA, 4 * R * vr);  // logits dropped
-      head.bytes[static_cast<int>(kA)] -= 4 * R * vr;
-      led_.touch(kA, bt * R * h);  // dx
-      led_.sub(kA, bt * R * h);
-    } else {
-      const int64_t partial = bt * N * h;
-      led_.add(seqpar ? kC : kA, partial);
-      if (seqpar) led_.add(kA, bt * R * h);  // d_xf
-      led_.touch(kC, staging);
-      led_.sub(kA, 4 * N * vr);  // logits dropped after the weight gradient
-      head.bytes[static_cast<int>(kA)] -= 4 * N * vr;
-      // xf_full dropped with them (plain: it is xf itself)
-      led_.sub(seqpar ? kC : kA, seqpar ? bt * N * h : bt * R * h);
-      head.bytes[static_cast<int>(seqpar ? kC : kA)] -= seqpar ? bt * N * h : bt * R * h;
-      led_.touch(kA, bt * R * h);  // dx
-      led_.sub(seqpar ? kC : kA, partial);
-      if (seqpar) led_.sub(kA, bt * R * h);
-    }
+    const int64_t partial = bt * N * h;
+    led_.add(seqpar ? kC : kA, partial);
+    if (seqpar) led_.add(kA, bt * R * h);  // d_xf
+    led_.touch(kC, staging);
+    led_.sub(kA, 4 * N * vr);  // logits dropped after the weight gradient
+    head.bytes[static_cast<int>(kA)] -= 4 * N * vr;
+    // xf_full dropped with them (plain: it is xf itself)
+    led_.sub(seqpar ? kC : kA, seqpar ? bt * N * h : bt * R * h);
+    head.bytes[static_cast<int>(seqpar ? kC : kA)] -= seqpar ? bt * N * h : bt * R * h;
+    led_.touch(kA, bt * R * h);  // dx
+    led_.sub(seqpar ? kC : kA, partial);
+    if (seqpar) led_.sub(kA, bt * R * h);
     head.sub_from(led_);
     led_.sub(kA, bt * R * h);  // x_last
     led_.add(kA, bt * R * h);  // dx
@@ -187,10 +165,6 @@ class TpSpReplay {
 
   // The partial of a row-parallel GEMM and its reduction into y [R, h] (kept as the output).
   void reduce_into_output() {
-    if (sp_only) {
-      led_.add(kA, bt * R * h);
-      return;
-    }
     if (seqpar) {
       led_.add(kC, bt * N * h);
       led_.add(kA, bt * R * h);
@@ -255,18 +229,15 @@ class TpSpReplay {
     led_.add(kA, bt * N * fr);  // d_act
     led_.add(kA, 2 * bt * N * fr);  // d_gate, d_up
     led_.sub(kA, bt * N * fr);
-    if (sp_only) led_.sub(kA, 2 * bt * N * fr);  // sp drops them before the norm
     const int64_t partial = bt * N * h, reduced = seqpar ? bt * R * h : 0;
     led_.add(seqpar ? kC : kA, partial);
     led_.add(kA, reduced);
     led_.touch(kC, staging);
     led_.sub(kC, a2_stage);
-    // dx; sp hands it to the attention backward while its d_out is still held
-    if (sp_only) led_.add(kA, bt * R * h);
-    else led_.touch(kA, bt * R * h);
+    led_.touch(kA, bt * R * h);  // dx
     led_.sub(seqpar ? kC : kA, partial);
     led_.sub(kA, reduced);
-    if (!sp_only) led_.sub(kA, 2 * bt * N * fr);
+    led_.sub(kA, 2 * bt * N * fr);
     led_.sub(kC, dy + a2);
   }
 
@@ -281,7 +252,6 @@ class TpSpReplay {
     const int64_t d_attn = bt * N * hl * d, dqkv = bt * N * (hl + 2 * kvl) * d;
     led_.add(kC, kv);
     led_.add(kA, d_attn + dqkv);
-    if (sp_only) led_.add(kA, bt * R * h);  // d_a1, made before the attention backward
     if (gather) {
       led_.add(kC, 2 * full_kv);  // dK, dV of every position
       led_.touch(kW, flash_workspace(Sl, S, hl, kvl, d, true));
@@ -300,29 +270,21 @@ class TpSpReplay {
       led_.touch(kW, flash_workspace(Sl, Sl, hl, kvl, d, true));
     }
     led_.sub(kA, d_attn);
-    if (!sp_only) {
-      const int64_t partial = bt * N * h, reduced = seqpar ? bt * R * h : 0;
-      led_.add(seqpar ? kC : kA, partial);
-      led_.add(kA, reduced);
-      led_.touch(kC, staging);
-      led_.sub(kC, a1_stage);
-      led_.touch(kA, bt * R * h);  // dx
-      led_.sub(seqpar ? kC : kA, partial);
-      led_.sub(kA, reduced);
-    } else {
-      led_.touch(kA, bt * R * h);  // dx
-      led_.sub(kA, bt * R * h);    // d_a1
-      led_.sub(kA, bt * R * h);    // the MLP backward's d_out, held by the caller until now
-    }
+    const int64_t partial = bt * N * h, reduced = seqpar ? bt * R * h : 0;
+    led_.add(seqpar ? kC : kA, partial);
+    led_.add(kA, reduced);
+    led_.touch(kC, staging);
+    led_.sub(kC, a1_stage);
+    led_.touch(kA, bt * R * h);  // dx
+    led_.sub(seqpar ? kC : kA, partial);
+    led_.sub(kA, reduced);
     led_.sub(kA, dqkv);
     led_.sub(kC, dy + a1);
-    if (sp_only) led_.sub(kC, a1_stage);
   }
 
   Ledger& led_;
-  const Layout& l_;
   PlanMode mode_;
-  bool train_ = false, keep_ = false, seqpar = false, sp_only = false, gather = false, ring = false;
+  bool train_ = false, keep_ = false, seqpar = false, gather = false, ring = false;
   int64_t bt, T, P, B, S, Sl, N, R, h, fr, vr, L, d, hl, kvl, staging, full_kv, packed;
 };
 

@@ -73,6 +73,7 @@ AxisTraffic tp_traffic(const Dims& m, const Layout& l, PlanMode mode, u64 rows, 
   const bool sp = l.sequence_parallel;
   auto G = [&](u64 x) { return x * (T - 1) / T; };
   AxisTraffic a{"tp", l.tp, {}};
+  if (T == 1) return a;  // an axis of one rank issues nothing (parallel/megatron/megatron_model.h)
   if (mode == PlanMode::kDecode) {
     for (u64 i = 0; i < 1 + 2 * L; ++i) a.add_all_reduce(1, m.B * m.h, t, kF32);
     a.add(PlanOp::kAllGather, 1, G(T * m.B * (m.V / T)), kF32);
@@ -119,6 +120,7 @@ AxisTraffic sp_traffic(const Dims& m, const Layout& l, PlanMode mode, int p, u64
   const u64 beta = static_cast<u64>(l.storage_bytes());
   const u64 KV = 2 * m.B * (m.S / P) * (m.n_kv / T) * m.d * hops;
   AxisTraffic a{"sp", l.sp, {}};
+  if (P == 1) return a;  // an axis of one rank issues nothing (parallel/megatron/megatron_model.h)
   auto exchange = [&](u64 times) {
     if ((l.kv_exchange == Layout::KvExchange::kRing)) {
       a.add(PlanOp::kSendRecv, times * L * hops, times * L * KV, beta);

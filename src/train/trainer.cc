@@ -18,6 +18,7 @@
 #include "core/check.h"
 #include "data/corpus.h"
 #include "data/data_loader.h"
+#include "parallel/failed_ranks.h"
 #include "parallel/make_layout.h"
 #include "train/progress.h"
 
@@ -112,12 +113,8 @@ nlohmann::json per_rank_counters(Communicator& world, const MemoryStats& mem, in
 // checkpoint is written; the message names the step, the first tensor and every rank that
 // saw one.
 Status check_finite(Communicator& world, int64_t step, double loss, const std::string& bad_tensor) {
-  const int32_t mine = bad_tensor.empty() ? 0 : 1;
-  std::vector<int32_t> all(static_cast<size_t>(world.size()));
-  FP_CHECK_OK(world.all_gather(&mine, all.data(), 1, DType::kI32));
-  std::vector<int> ranks;
-  for (int r = 0; r < world.size(); ++r)
-    if (all[r]) ranks.push_back(r);
+  const bool mine = !bad_tensor.empty();
+  const std::vector<int> ranks = failed_ranks(world, mine);
   if (!ranks.empty()) {
     const std::string where = mine ? fmt::format(": the gradient of {} on this rank ({})", bad_tensor, process_identity())
                                    : std::string();

@@ -60,7 +60,7 @@ new=$("$bin" plan --model "$src/configs/tiny.json" --seq 128 --devices 4 --hardw
 # The seqpar case the old plan recommended and the strategy refused (S=20, tp=4 x sp=2).
 seqpar=$("$bin" plan --model "$src/configs/tiny.json" --seq 20 --devices 8 --hardware "$hw" 2>&1)
 grep -q "^tp=4,sp=2:seqpar " <<<"$seqpar" && fail "plan lists tp=4,sp=2:seqpar at S=20: $seqpar"
-grep -qF "not buildable: tp=4,sp=2:seqpar: the local sequence (10 = 20 / 2)" <<<"$seqpar" || fail "S=20 seqpar: $seqpar"
+grep -qF "not buildable: tp=4,sp=2:seqpar: the sequence length (20) must be divisible by the sp degree x the tp degree (2 x 4 = 8)" <<<"$seqpar" || fail "S=20 seqpar: $seqpar"
 
 check "--devices (0)" plan --model "$src/configs/tiny.json" --seq 128 --devices 0 --hardware "$hw"
 check "unknown axis 'xp'" plan --model "$src/configs/tiny.json" --seq 128 --devices 2 --hardware "$hw" --layouts xp=2

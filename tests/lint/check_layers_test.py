@@ -75,8 +75,8 @@ class PlantedViolations(unittest.TestCase):
         self.assert_fails_with(f"src/tensor/tensor.h:{line}: tensor -> model is not allowed")
 
     def test_a_strategy_including_another_fails(self):
-        line = self.plant_include("src/parallel/tsp/tsp_model.cc", "parallel/tp/tp_model.h")
-        self.assert_fails_with(f"src/parallel/tsp/tsp_model.cc:{line}: parallel/tsp -> parallel/tp is not allowed")
+        line = self.plant_include("src/parallel/tsp/tsp_model.cc", "parallel/megatron/megatron_model.h")
+        self.assert_fails_with(f"src/parallel/tsp/tsp_model.cc:{line}: parallel/tsp -> parallel/megatron is not allowed")
 
     def test_comm_nccl_including_the_cuda_backend_fails(self):
         line = self.plant_include("src/comm/nccl/staging.cc", "backend/cuda/cuda_backend.h")

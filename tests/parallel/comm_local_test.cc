@@ -11,6 +11,7 @@
 #include "comm/communicator.h"
 #include "comm/mesh.h"
 #include "comm/op_check.h"
+#include "comm/self_communicator.h"
 
 namespace foldpar {
 namespace {
@@ -260,6 +261,64 @@ TEST_F(CommunicatorDeathTest, ContractViolationsFailAnFpCheck) {
   EXPECT_TRUE(comm.reduce_scatter(buf, buf + 4, 4, DType::kF32, ReduceOp::kSum).ok());
   EXPECT_TRUE(comm.all_reduce(buf, buf, 4, DType::kF32, ReduceOp::kSum).ok());
   EXPECT_TRUE(comm.reduce(buf, nullptr, 4, DType::kF32, ReduceOp::kSum, 0).ok());  // recv unused off the root
+}
+
+// A communicator of one rank: every collective is its size-1 identity (copies between
+// distinct buffers, nothing in place), counted one call and 0 bytes; non-blocking forms are
+// complete at once; a lone send or recv is refused, send_recv to itself copies.
+TEST(SelfCommunicator, CollectivesAreTheIdentityOfOneRank) {
+  SelfCommunicator comm("sp", 5);
+  EXPECT_EQ(comm.size(), 1);
+  EXPECT_EQ(comm.rank(), 0);
+  EXPECT_EQ(comm.describe(), "sp (world rank 5)");
+  const float in[3] = {1, 2, 3};
+  float out[3] = {0, 0, 0};
+  auto expect_copied = [&](const char* what) {
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(out[i], in[i]) << what << " [" << i << "]";
+    out[0] = out[1] = out[2] = 0;
+  };
+  ASSERT_TRUE(comm.all_reduce(in, out, 3, DType::kF32, ReduceOp::kSum).ok());
+  expect_copied("all_reduce");
+  ASSERT_TRUE(comm.all_reduce(in, out, 3, DType::kF32, ReduceOp::kMax).ok());
+  expect_copied("all_reduce max");
+  ASSERT_TRUE(comm.reduce(in, out, 3, DType::kF32, ReduceOp::kSum, 0).ok());
+  expect_copied("reduce");
+  ASSERT_TRUE(comm.all_gather(in, out, 3, DType::kF32).ok());
+  expect_copied("all_gather");
+  ASSERT_TRUE(comm.reduce_scatter(in, out, 3, DType::kF32, ReduceOp::kSum).ok());
+  expect_copied("reduce_scatter");
+  const size_t counts[1] = {3};
+  ASSERT_TRUE(comm.all_gather_v(in, out, counts, DType::kF32).ok());
+  expect_copied("all_gather_v");
+  ASSERT_TRUE(comm.reduce_scatter_v(in, out, counts, DType::kF32, ReduceOp::kSum).ok());
+  expect_copied("reduce_scatter_v");
+  ASSERT_TRUE(comm.all_to_all(in, out, 3, DType::kF32).ok());
+  expect_copied("all_to_all");
+  ASSERT_TRUE(comm.send_recv(in, out, 3, DType::kF32, 0, 0).ok());
+  expect_copied("send_recv");
+  CommRequest r = comm.iall_reduce(in, out, 3, DType::kF32, ReduceOp::kSum);
+  EXPECT_FALSE(r.pending());
+  EXPECT_TRUE(r.wait().ok());
+  expect_copied("iall_reduce");
+  // In place: nothing moves.
+  float buf[3] = {4, 5, 6};
+  ASSERT_TRUE(comm.all_reduce(buf, buf, 3, DType::kF32, ReduceOp::kSum).ok());
+  ASSERT_TRUE(comm.broadcast(buf, 3, DType::kF32, 0).ok());
+  ASSERT_TRUE(comm.barrier().ok());
+  EXPECT_EQ(buf[0], 4);
+  EXPECT_EQ(buf[2], 6);
+  // Counted: one call each, no bytes (a transfer to oneself is a local copy).
+  EXPECT_EQ(comm.stats().op(CommOpKind::kAllReduce).calls, 4u);
+  EXPECT_EQ(comm.stats().total().bytes_sent, 0u);
+  EXPECT_EQ(comm.stats().total().bytes_received, 0u);
+  // A lone send or recv has no partner.
+  EXPECT_EQ(comm.send(in, 3, DType::kF32, 0).code(), StatusCode::kUnimplemented);
+  EXPECT_EQ(comm.recv(out, 3, DType::kF32, 0).code(), StatusCode::kUnimplemented);
+  // split: another communicator of this rank, or none.
+  std::unique_ptr<Communicator> half = comm.split(0, 0, "half");
+  ASSERT_NE(half, nullptr);
+  EXPECT_EQ(half->describe(), "half (world rank 5)");
+  EXPECT_EQ(comm.split(-1, 0, "none"), nullptr);
 }
 
 }  // namespace

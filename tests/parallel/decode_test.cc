@@ -255,7 +255,7 @@ TEST(DecodeGenerate, CountsGeneratedTokensApartFromDecodedSlots) {
 // ---- traffic ----
 
 // What one decode step of B sequences moves per rank, by operation kind, in bytes (elements
-// x 4), from the formulas in parallel/decode_block.h, tsp/tsp_decoder.cc and tp/tp_decoder.cc.
+// x 4), from the formulas in parallel/decode_block.h, tsp/tsp_decoder.cc and megatron/megatron_decoder.cc.
 struct StepFormula {
   uint64_t all_reduce_calls = 0, all_reduce_bytes = 0;
   uint64_t all_gather_calls = 0, all_gather_bytes = 0;

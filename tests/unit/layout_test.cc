@@ -132,7 +132,7 @@ TEST(ValidateLayout, SizesThatDoNotDivideNameTheNumbers) {
     return s.ok() ? std::string("ok") : s.message();
   };
   EXPECT_EQ(message("tsp=3", 1, 96), "tsp=3: num_attention_heads (4) must be divisible by the TSP degree (3)");
-  EXPECT_EQ(message("tp=8", 1, 96), "tp=8: num_attention_heads (4) must be divisible by the tensor-parallel degree (8)");
+  EXPECT_EQ(message("tp=8", 1, 96), "tp=8: num_attention_heads (4) must be divisible by the tp degree (8)");
   EXPECT_EQ(message("sp=2", 1, 102),
             "sp=2: the sequence length (102) must be divisible by 2 x the sequence degree (2 x 2 = 4) for the zigzag "
             "split");
@@ -143,10 +143,10 @@ TEST(ValidateLayout, SizesThatDoNotDivideNameTheNumbers) {
             "tsp=4:buckets=2: head buckets (2) must divide the KV heads per TSP rank (1 = 4 / 4)");
   // The case the old plan got wrong: it checked S % tp, the strategy (S / sp) % tp.
   EXPECT_EQ(message("tp=4,sp=2:seqpar", 1, 20),
-            "tp=4,sp=2:seqpar: the local sequence (10 = 20 / 2) must be divisible by the tensor-parallel degree (4) "
-            "with seqpar");
+            "tp=4,sp=2:seqpar: the sequence length (20) must be divisible by the sp degree x the tp degree (2 x 4 = 8) "
+            "with sequence parallelism (the local sequence 10 by 4)");
   EXPECT_EQ(message("tp=4:seqpar", 1, 18),
-            "tp=4:seqpar: the sequence length (18) must be divisible by the tensor-parallel degree (4) with seqpar");
+            "tp=4:seqpar: the sequence length (18) must be divisible by the tp degree (4) with sequence parallelism");
   EXPECT_EQ(message("tsp=4", 1, 128), "ok");
   EXPECT_EQ(message("tsp=4", 0, 128), "ok");  // batch not known yet
   EXPECT_EQ(message("tsp=4", 1, 0), "ok");    // a decoder: the prefill pads
@@ -160,9 +160,11 @@ TEST(ValidateLayout, KnobsOnLayoutsTheyDoNotApplyToAreRefused) {
   };
   EXPECT_NE(message("tp=2:keepw").find("TSP backward policies"), std::string::npos);
   EXPECT_NE(message("sp=2:buckets=2").find("TSP backward policies"), std::string::npos);
-  EXPECT_NE(message("tsp=2:ring").find("needs a sequence-parallel axis"), std::string::npos);
-  EXPECT_NE(message("tp=2:ring").find("needs a sequence-parallel axis"), std::string::npos);
-  EXPECT_NE(message("sp=2:seqpar").find("needs a tensor-parallel axis"), std::string::npos);
+  EXPECT_NE(message("tsp=2:ring").find("is the sp axis's"), std::string::npos);
+  EXPECT_NE(message("tsp=2:seqpar").find("is the tp axis's"), std::string::npos);
+  // A Megatron knob on an axis of degree 1 changes nothing and is accepted.
+  EXPECT_EQ(message("tp=2:ring"), "ok");
+  EXPECT_EQ(message("sp=2:seqpar"), "ok");
   EXPECT_EQ(message("tp=2,sp=2:ring:seqpar"), "ok");
 }
 

@@ -250,7 +250,7 @@ Result<Tensor> TspDecoder::decode(Backend& be, std::span<const int32_t> tokens) 
 }  // namespace
 
 Result<std::unique_ptr<ShardedDecoder>> make_tsp_decoder(const LlamaConfig& config, Communicator& tsp,
-                                                         const LayoutOptions& o) {
+                                                         const Layout& o) {
   FP_CHECK(o.strategy == Strategy::kTsp && o.tsp == tsp.size(), "TSP decoder for layout {} over {} ranks",
            o.to_string(), tsp.size());
   FP_RETURN_IF_ERROR(validate_layout(config, o, 0, 0));

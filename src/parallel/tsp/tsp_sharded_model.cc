@@ -52,7 +52,7 @@ class TspShardedModel final : public ShardedModel {
 }  // namespace
 
 Result<std::unique_ptr<ShardedModel>> make_tsp_sharded_model(const LlamaConfig& config, Communicator& tsp,
-                                                             int64_t seq, const LayoutOptions& o) {
+                                                             int64_t seq, const Layout& o) {
   FP_ASSIGN_OR_RETURN(TspModel model, TspModel::create(config, o, tsp.rank(), seq));
   return std::unique_ptr<ShardedModel>(std::make_unique<TspShardedModel>(std::move(model), tsp));
 }

@@ -52,30 +52,6 @@ std::vector<CommRequest> TspStep::start_reduce_scatter(const Tensor& full, Tenso
   return start_reduce_scatter_kv(comm_, full, local);
 }
 
-void TspStep::wait(CommRequest& request) {
-  if (!request.pending()) return;
-  const auto t0 = std::chrono::steady_clock::now();
-  FP_CHECK_OK(request.wait());
-  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-void TspStep::blocking(const Status& status, std::chrono::steady_clock::time_point t0) {
-  FP_CHECK_OK(status);
-  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-void TspStep::wait_all(std::vector<CommRequest>& requests) {
-  for (CommRequest& r : requests) wait(r);
-  requests.clear();
-}
-
-void TspStep::poke(std::vector<CommRequest>& requests) {
-  for (CommRequest& r : requests) {
-    bool done = false;
-    FP_CHECK_OK(r.test(&done));
-  }
-}
-
 int TspStep::ring_owner(int step) const { return ((p_ - step) % D_ + D_) % D_; }
 
 void TspStep::sum_norm_partials(ShardedWeights& grads) {

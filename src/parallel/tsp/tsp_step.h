@@ -7,6 +7,7 @@
 
 #include "backend/backend.h"
 #include "comm/communicator.h"
+#include "parallel/step_timer.h"
 #include "parallel/tsp/tsp_model.h"
 
 namespace foldpar::tsp_detail {
@@ -75,7 +76,7 @@ class TspStep {
 
   // Seconds this rank has spent blocked on communication (waits and blocking collectives):
   // the exposed communication time, what overlap failed to hide.
-  double wait_seconds() const { return wait_seconds_; }
+  double wait_seconds() const { return timer_.seconds(); }
 
  private:
   // Buckets of one attention shard: the row views of its weights for bucket b.
@@ -91,11 +92,12 @@ class TspStep {
   // K/V of local tokens [B, S/D, kvh_b, d] -> [B, S, kvh_b, d] in rank order (B all-gathers).
   std::vector<CommRequest> start_gather(const Tensor& local, Tensor& full);
   std::vector<CommRequest> start_reduce_scatter(const Tensor& full, Tensor& local);
-  void wait_all(std::vector<CommRequest>& requests);
-  void wait(CommRequest& request);
-  void blocking(const Status& status, std::chrono::steady_clock::time_point started);
+  // The step's waits, counted by timer_ (parallel/step_timer.h).
+  void wait_all(std::vector<CommRequest>& requests) { timer_.wait_all(requests); }
+  void wait(CommRequest& request) { timer_.wait(request); }
+  void blocking(const Status& status, StepTimer::Clock::time_point started) { timer_.blocking(status, started); }
   // Advances in-flight transfers (MPI progresses only inside MPI calls).
-  void poke(std::vector<CommRequest>& requests);
+  static void poke(std::vector<CommRequest>& requests) { StepTimer::poke(requests); }
   // At ring step j this rank holds the shard of rank (p - j) mod D.
   int ring_owner(int step) const;
 
@@ -145,7 +147,7 @@ class TspStep {
   Tensor rope_;          // [S/D, 2, d/2] at the local positions
   std::vector<Tensor> norm_partials_;  // attn_norm[L], mlp_norm[L], final_norm: partial gradients
   KvCache* kv_cache_ = nullptr;        // prefill only
-  double wait_seconds_ = 0;
+  StepTimer timer_;
 };
 
 }  // namespace foldpar::tsp_detail

@@ -1,25 +1,33 @@
-// TpspModel: the Llama model on the 2-D mesh tp=T,sp=S_ (spec/TSP.md sections 7-8, the
-// TP x SP baseline): Megatron tensor parallelism inside each tp group, sequence (context)
-// parallelism across groups. Rank (t, p) holds the tp slices of rank t (ShardedWeights of
-// degree T: its heads, MLP columns and vocabulary rows; norm gains replicated), identical on
-// every sp rank, and the S/S_ positions of sp shard p (SequenceShard, zigzag by default) of
-// every sequence. The tp collectives (parallel/tensor_parallel.h) run over the tp
-// communicator on those B*S/S_ token rows; attention exchanges the K/V of the rank's T-sharded
-// KV heads over the sp communicator (parallel/kv_exchange.h, or parallel/ring_attention.h).
-// With sequence parallelism (Megatron's, inside the tp group) the residual stream and the
-// norms hold only a contiguous block of S/(S_ T) of the sp shard's local rows.
+// MegatronModel: the Llama model under Megatron tensor parallelism inside each tp group of T
+// ranks and sequence (context) parallelism across S_ groups: the layouts tp=T (S_ = 1),
+// sp=S_ (T = 1) and the 2-D mesh tp=T,sp=S_ (spec/TSP.md sections 7-8, the TP, SP and
+// TP x SP baselines) are this one strategy. Rank (t, p) holds the tp slices of rank t
+// (ShardedWeights of degree T: its heads, MLP columns and vocabulary rows; norm gains
+// replicated; T = 1: every weight), identical on every sp rank, and the S/S_ positions of sp
+// shard p (SequenceShard, zigzag by default; contiguous when S_ = 1) of every sequence. The tp
+// collectives (parallel/tensor_parallel.h) run over the tp communicator on those B*S/S_ token
+// rows; attention exchanges the K/V of the rank's T-sharded KV heads over the sp
+// communicator (parallel/kv_exchange.h, or parallel/ring_attention.h). With sequence
+// parallelism (Megatron's, inside the tp group; T > 1 only) the residual stream and the norms
+// hold only a contiguous block of S/(S_ T) of the sp shard's local rows.
+//
+// An axis of one rank issues no collective: with T = 1 the row mappings and the loss's
+// reductions are local, with S_ = 1 attention is local (no K/V exchange) and nothing is
+// summed over sp, so tp=T and sp=S_ move exactly what a strategy without that axis would.
 //
 //   attention  a1 = norm(x); [f] q,k,v of the local heads on the S/S_ local tokens; RoPE at
 //              global positions; K/V over sp (all_gather, or the ring); causal attention of
 //              the local queries; [g] x_mid = x + tp_sum(attn Wo_t^T)
-//   MLP        exactly TP's: [f] silu(a2 Wg_t^T) * (a2 Wu_t^T); [g] x_out = x_mid + tp_sum(act Wd_t^T)
+//   MLP        [f] silu(a2 Wg_t^T) * (a2 Wu_t^T); [g] x_out = x_mid + tp_sum(act Wd_t^T)
 //   conjugates f: identity / all_reduce(tp); g: all_reduce(tp) / identity; with sequence
 //              parallelism f' = all_gather_seq / reduce_scatter_seq and g' the reverse;
 //              K/V all_gather(sp) / reduce_scatter(sp); K/V ring / K/V ring + dK/dV ring.
-//   gradients  every tp-sharded gradient and norm gain is partial over sp (each sp rank saw
-//              its tokens): one packed all_reduce over sp of this step's partial at the end of
-//              backward (TpspGrads: one flat buffer). With sequence parallelism the norm gains
-//              are also partial over tp: one all_reduce over tp of their packed region first.
+//   gradients  S_ > 1: every gradient and norm gain is partial over sp (each sp rank saw its
+//              tokens): one packed all_reduce over sp of this step's partial at the end of
+//              backward (MegatronGrads: one flat buffer); with sequence parallelism the norm
+//              gains are also partial over tp: one all_reduce over tp of their packed region
+//              first. S_ = 1: the step accumulates into the gradients directly; with sequence
+//              parallelism the gains' partials go to a packed buffer all_reduced over tp.
 //   loss       the vocabulary-parallel cross-entropy over tp on the local rows; loss sum and
 //              valid count all_reduced over sp: the mean over the whole global batch.
 //
@@ -53,7 +61,8 @@
 //                          all_reduce of every gradient this rank holds, L (attn + mlp shard
 //                          elements) + (1 or 2) V/T*h + (2L+1) h (chunks of 2^30 elements)
 //   keep_logits            (verification) adds an all_gather over tp of the rows' [rows, V/T]
-// tests/parallel/tpsp_traffic_test.cc holds every term per communicator and kind.
+// On an axis of one rank every term of that axis is zero, calls included.
+// tests/parallel/megatron_traffic_test.cc holds every term per communicator and kind.
 //
 // Collective over both communicators: every rank calls forward/forward_backward with the
 // same batch size and options, in the same order.
@@ -64,28 +73,16 @@
 
 #include "comm/communicator.h"
 #include "model/llama_model.h"
+#include "parallel/kv_cache.h"
 #include "parallel/sequence_shard.h"
 #include "parallel/sharded_model.h"
 #include "parallel/sharded_weights.h"
 
 namespace foldpar {
 
-struct TpspOptions {
-  SeqSplit split = SeqSplit::kZigzag;  // token sharding over sp
-  LayoutOptions::KvExchange kv_exchange = LayoutOptions::KvExchange::kAllGather;
-  // Megatron sequence parallelism inside the tp group: the residual stream and the norms
-  // hold a contiguous block of S/(S_ T) of the sp shard's local rows (needs S % (S_ T) == 0).
-  bool sequence_parallel = false;
-  // Start transfers before the computation that does not need them yet; false: every
-  // transfer completes where it starts.
-  bool overlap = true;
-  // kBlock keeps only each block's input and reruns the block (with its communication).
-  Recompute recompute = Recompute::kNone;
-  bool keep_logits = false;  // verification: return this rank's logits rows [B, local_seq, V]
-};
-
-// The two axes of the mesh: tp (T ranks) inside, sp (S_ ranks) across.
-struct TpspAxes {
+// The two axes of the mesh: tp (T ranks) inside, sp (S_ ranks) across; either may be a
+// communicator of one rank (comm/self_communicator.h) where the layout lacks the axis.
+struct MegatronAxes {
   Communicator* tp = nullptr;
   Communicator* sp = nullptr;
 };
@@ -93,9 +90,10 @@ struct TpspAxes {
 // The gradients of this rank's tp slices in ONE flat buffer, ShardedWeights views into it
 // (sharded tensors first, then the (2L+1) norm gains contiguous), so that the sum over sp is
 // one all_reduce (a few when it exceeds one MPI message) and the gains' sum over tp one more.
-class TpspGrads {
+// Laid out in ShardedWeights::for_each's order.
+class MegatronGrads {
  public:
-  static TpspGrads allocate(const LlamaConfig& config, const ShardDims& dims, int owner, MemCategory category);
+  static MegatronGrads allocate(const LlamaConfig& config, const ShardDims& dims, int owner, MemCategory category);
 
   ShardedWeights& views() { return views_; }
   Tensor& flat() { return flat_; }
@@ -113,18 +111,24 @@ class TpspGrads {
   bool known_zero_ = false;
 };
 
-class TpspModel {
+class MegatronModel {
  public:
-  // invalid_argument naming the numbers: heads, KV heads, f and V by T (shard_dims); S by
-  // 2 S_ (zigzag) or S_ (contiguous); with sequence parallelism S/S_ by T. Not collective.
-  static Result<TpspModel> create(const LlamaConfig& config, int tp_degree, int tp_rank, int sp_degree, int sp_rank,
-                                  int64_t seq, const TpspOptions& options);
+  // invalid_argument naming the numbers: heads, KV heads, f and V by T (shard_dims); S
+  // positive, by 2 S_ (zigzag) or S_ (contiguous; the split of S_ = 1); with sequence
+  // parallelism S/S_ by T. bf16 storage is refused (unimplemented). Not collective.
+  static Result<MegatronModel> create(const LlamaConfig& config, int tp_degree, int tp_rank, int sp_degree,
+                                      int sp_rank, int64_t seq, const Layout& options);
 
   const LlamaConfig& config() const { return config_; }
   const ShardDims& dims() const { return dims_; }
   const SequenceShard& shard() const { return shard_; }  // the sp shard
-  const TpspOptions& options() const { return options_; }
+  const Layout& options() const { return options_; }
   int tp_rank() const { return tp_rank_; }
+  int tp_degree() const { return dims_.degree; }
+  int sp_degree() const { return shard_.degree(); }
+  // Megatron sequence parallelism in the norm regions: the option, on a tp axis of more than
+  // one rank (with one rank it would change nothing).
+  bool sequence_parallel() const { return seq_par_; }
   // Positions per sequence the tp GEMMs see: S/S_.
   int64_t sp_seq() const { return shard_.local_seq(); }
   // Positions per sequence this rank's batch holds: S/S_, or S/(S_ T) with sequence parallelism.
@@ -139,22 +143,33 @@ class TpspModel {
 
   // Loss (mean over the valid tokens of the global batch, the same on every rank) of the
   // local batch. Collective over tp and sp.
-  Result<StepResult> forward(Backend& backend, const TpspAxes& axes, const ShardedWeights& weights,
+  Result<StepResult> forward(Backend& backend, const MegatronAxes& axes, const ShardedWeights& weights,
                              const Batch& local) const;
   // Forward and backward: the gradient of loss_sum / loss_normalizer (0: this micro-batch's
   // global valid count), summed over sp (and the gains over tp), accumulated (+=) into grads
   // on every rank. Collective over tp and sp.
-  Result<StepResult> forward_backward(Backend& backend, const TpspAxes& axes, const ShardedWeights& weights,
-                                      const Batch& local, TpspGrads& grads, int64_t loss_normalizer) const;
+  Result<StepResult> forward_backward(Backend& backend, const MegatronAxes& axes, const ShardedWeights& weights,
+                                      const Batch& local, MegatronGrads& grads, int64_t loss_normalizer) const;
+
+  // Generation's prefill (tp=T only: S_ = 1, no sequence parallelism, else
+  // invalid_argument): the forward of the embedding and every block over every token of ids
+  // i32 [B, S], without the head. Each layer's K (after RoPE) and V of this rank's KV heads,
+  // every token, go into `cache` (KvCache::store_prefill), so the cache ends sharded by
+  // heads. Returns the last block's output [B*S, h], the same on every rank (and adds the
+  // time blocked on communication to *exposed_comm_seconds when given). Collective over tp.
+  Result<Tensor> prefill(Backend& backend, const MegatronAxes& axes, const ShardedWeights& weights, const Tensor& ids,
+                         KvCache& cache, double* exposed_comm_seconds = nullptr) const;
 
  private:
-  TpspModel(const LlamaConfig& config, ShardDims dims, int tp_rank, SequenceShard shard, const TpspOptions& options);
+  MegatronModel(const LlamaConfig& config, ShardDims dims, int tp_rank, SequenceShard shard,
+                const Layout& options);
 
   LlamaConfig config_;
   ShardDims dims_;
   int tp_rank_;
   SequenceShard shard_;
-  TpspOptions options_;
+  Layout options_;
+  bool seq_par_;
   std::vector<int32_t> positions_;
 };
 

@@ -1,5 +1,5 @@
-// Tensor-parallel generation, the baseline TSP's decode is measured against: prefill is the
-// plain TP forward, which leaves the KV cache sharded by heads (each rank: every token, its
+// Tensor-parallel generation (tp=T), the baseline TSP's decode is measured against: prefill
+// is the Megatron forward with one sp rank and no sequence parallelism, which leaves the KV cache sharded by heads (each rank: every token, its
 // own KV heads); decode (parallel/decode_block.h) appends the new token's K/V of this rank's
 // heads to its own cache and attends locally, so attention moves nothing.
 // Traffic per decode step per rank, elements, T ranks, when T divides B*h: all_reduce
@@ -9,10 +9,11 @@
 #include <algorithm>
 #include <chrono>
 
+#include "comm/self_communicator.h"
 #include "parallel/decode_block.h"
+#include "parallel/megatron/megatron_model.h"
 #include "parallel/sharded_decoder.h"
 #include "parallel/strategies.h"
-#include "parallel/tp/tp_model.h"
 
 namespace foldpar {
 namespace {
@@ -46,7 +47,9 @@ class TpDecodeAttention final : public DecodeAttention {
 class TpDecoder final : public WeightShardedDecoder {
  public:
   TpDecoder(const LlamaConfig& config, ShardDims dims, Communicator& comm, bool overlap)
-      : WeightShardedDecoder(config, dims, comm, fmt::format("tp={}", comm.size())), overlap_(overlap) {}
+      : WeightShardedDecoder(config, dims, comm, fmt::format("tp={}", comm.size())),
+        overlap_(overlap),
+        sp_("sp", comm.world_ranks()[static_cast<size_t>(comm.rank())]) {}
 
 
   Result<Tensor> prefill(Backend& be, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new) override;
@@ -54,6 +57,7 @@ class TpDecoder final : public WeightShardedDecoder {
 
  private:
   bool overlap_;
+  SelfCommunicator sp_;  // prefill's sequence axis: this rank alone
 };
 
 Result<Tensor> TpDecoder::prefill(Backend& be, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new) {
@@ -62,9 +66,9 @@ Result<Tensor> TpDecoder::prefill(Backend& be, const std::vector<std::vector<int
   const int64_t B = static_cast<int64_t>(prompts.size()), h = dims_.h;
   int64_t S = 0;
   for (const auto& p : prompts) S = std::max(S, static_cast<int64_t>(p.size()));
-  TpOptions o;
+  Layout o;
   o.overlap = overlap_;
-  FP_ASSIGN_OR_RETURN(TpModel model, TpModel::create(config_, comm_.size(), comm_.rank(), S, o));
+  FP_ASSIGN_OR_RETURN(MegatronModel model, MegatronModel::create(config_, comm_.size(), comm_.rank(), 1, 0, S, o));
   // Shorter prompts are padded after their end (token 0), which causal attention never shows them.
   Tensor ids = Tensor::zeros({B, S}, DType::kI32, MemCategory::kActivations);
   lengths_.assign(static_cast<size_t>(B), 0);
@@ -83,7 +87,7 @@ Result<Tensor> TpDecoder::prefill(Backend& be, const std::vector<std::vector<int
   max_new_ = max_new;
 
   TpComm comm(comm_, be, overlap_);
-  FP_ASSIGN_OR_RETURN(Tensor x, model.prefill(be, comm_, weights_, ids, cache_, &times_.prefill_comm_seconds));
+  FP_ASSIGN_OR_RETURN(Tensor x, model.prefill(be, MegatronAxes{&comm_, &sp_}, weights_, ids, cache_, &times_.prefill_comm_seconds));
   // Every rank holds every token: each prompt's last row is at hand.
   Tensor last = Tensor::empty({B, h}, DType::kF32, MemCategory::kActivations);
   for (int64_t b = 0; b < B; ++b)
@@ -120,7 +124,7 @@ Result<Tensor> TpDecoder::decode(Backend& be, std::span<const int32_t> tokens) {
 }  // namespace
 
 Result<std::unique_ptr<ShardedDecoder>> make_tp_decoder(const LlamaConfig& config, Communicator& tp,
-                                                        const LayoutOptions& o) {
+                                                        const Layout& o) {
   FP_ASSIGN_OR_RETURN(ShardDims dims, shard_dims(config, tp.size(), "tp"));
   if (o.sequence_parallel)
     return unimplemented("generate: tp with --sequence-parallel is not built (decode holds one token per sequence)");

@@ -1,18 +1,16 @@
-// The tensor-parallel half of one training or inference step, shared by the strategies that
-// shard weights over a tp axis: plain TP (parallel/tp) and the TP x SP mesh (parallel/tpsp).
-// Both run Megatron's blocks on some token rows: every token in TP, one sp shard's tokens
-// under TP x SP. What is the same lives here once:
-//   - the row mappings f/g and their sequence-parallel forms f'/g' (over the tp communicator),
+// The tensor-parallel half of one Megatron step (parallel/megatron/megatron_step.h adds the
+// sequence axis): Megatron's blocks on some token rows, one sp shard's tokens (every token
+// with one sp rank). Here:
+//   - the row mappings f/g and their sequence-parallel forms f'/g' (over the tp communicator;
+//     nothing is issued when tp has one rank),
 //   - the vocabulary-parallel embedding, final norm, LM head and loss (over tp),
 //   - the whole MLP sub-block, forward and backward,
 //   - the attention sub-block's row-parallel output projection and the backward of its
 //     column-parallel q/k/v projections and norm,
 //   - the order of a step: embedding, L blocks, head, then the adjoint in reverse, with
 //     Recompute::kBlock reruns.
-// What differs stays in the strategy: the attention core (local in TP; a K/V exchange over
-// sp under TP x SP), the positions, and where the norm gains' gradients go (norm_grad).
-// Strategy state (weights, options) lives in the strategy's model; this class holds the
-// state of ONE step and is made afresh per step.
+// The attention core, the positions and where the norm gains' gradients go (norm_grad) are
+// the subclass's. This class holds the state of ONE step and is made afresh per step.
 //
 // Row counts: N = B * tp_seq the token rows the column- and row-parallel GEMMs see; R the
 // rows of this rank's residual stream (N, or N/T with sequence parallelism). Allocation
@@ -27,7 +25,7 @@
 #include "parallel/sharded_weights.h"
 #include "parallel/tensor_parallel.h"
 
-namespace foldpar::tp_detail {
+namespace foldpar::megatron_detail {
 
 // What the attention sub-block keeps for backward.
 struct AttnSaved {
@@ -35,7 +33,7 @@ struct AttnSaved {
   Tensor a1_full;          // [N, h] the gathered a1, kept only by a recompute rerun (else undefined)
   Tensor q, k, v;          // [B, tp_seq, heads, d], [B, tp_seq, kv_heads, d]: local heads, after RoPE
   Tensor attn, lse;        // [B, tp_seq, heads, d], [B, heads, tp_seq]
-  Tensor k_full, v_full;   // TP x SP's all-gather exchange: [B, S, kv_heads, d], kept only by a rerun
+  Tensor k_full, v_full;   // the all-gather exchange over sp: [B, S, kv_heads, d], kept only by a rerun
 };
 
 // What the MLP sub-block keeps for backward.
@@ -59,7 +57,7 @@ struct HeadSaved {
 // Where a step's rows come from.
 struct TpRows {
   int64_t batch = 0;      // B
-  int64_t tp_seq = 0;     // positions per sequence the tp GEMMs see: S (TP), S/S_ (TP x SP)
+  int64_t tp_seq = 0;     // positions per sequence the tp GEMMs see: S/S_
   int64_t local_seq = 0;  // positions per sequence of the residual stream: tp_seq, or tp_seq/T (sequence parallel)
 };
 
@@ -110,8 +108,9 @@ class TpStepBase {
   // [R, h] -> [N, h]: f' (all_gather over tp) with sequence parallelism; identity otherwise.
   Tensor gather_rows(const Tensor& local);
   TpComm::Pending start_gather_rows(const Tensor& local, Tensor& full);
-  // A partial [N, h] -> its tp sum on this rank's rows [R, h]: g (all_reduce, in place) or
-  // g' (reduce_scatter). Returns the result (the partial itself without sequence parallel).
+  // A partial [N, h] -> its tp sum on this rank's rows [R, h]: g (all_reduce, in place; the
+  // partial itself on one tp rank) or g' (reduce_scatter). Returns the result (the partial
+  // itself without sequence parallel).
   Tensor reduce_rows(Tensor& partial);
   TpComm::Pending start_reduce_rows(Tensor& partial, Tensor& out);
   // Where a norm gain's gradient goes (index: attn norms 0..L-1, mlp norms L..2L-1, the
@@ -182,4 +181,4 @@ Tensor run_tp_blocks(TpStepBase& step, Recompute recompute, const ShardedWeights
 StepResult run_tp_step(TpStepBase& step, Recompute recompute, bool keep_logits, const ShardedWeights& w,
                        ShardedWeights* grads, int64_t loss_normalizer);
 
-}  // namespace foldpar::tp_detail
+}  // namespace foldpar::megatron_detail

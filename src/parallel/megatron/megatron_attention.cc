@@ -1,35 +1,36 @@
-// TP x SP attention: TP's column-parallel Q/K/V and row-parallel output projection over tp
-// (parallel/tp_step_base.h, which also holds the MLP), on the sp shard's rows; attention
-// sees every sp rank's keys of this rank's KV heads through one of two exchanges over sp:
-//   kAllGather  fwd: all_gather(k, v) over sp in rank order (2B collectives), attention of the
-//               local queries against all keys; bwd: all_gather again (unless a rerun kept
-//               them), attention backward, reduce_scatter(dK, dV) over sp.
-//   kRing       parallel/ring_attention.h over sp, forward and its adjoint.
-//   tp:         fwd: a_full = f(norm(x)); y = x + g(partial);  bwd: dy_full = g^T(dy); the
-//               column-parallel GEMMs' dX through f^T while the weight gradients compute.
+// Megatron attention: TP's column-parallel Q/K/V and row-parallel output projection over tp
+// (tp_step_base.h, which also holds the MLP), on the sp shard's rows; attention sees every
+// sp rank's keys of this rank's KV heads:
+//   one sp rank  every position's keys are local: attention forward and backward, no exchange.
+//   kAllGather   fwd: all_gather(k, v) over sp in rank order (2B collectives), attention of the
+//                local queries against all keys; bwd: all_gather again (unless a rerun kept
+//                them), attention backward, reduce_scatter(dK, dV) over sp.
+//   kRing        parallel/ring_attention.h over sp, forward and its adjoint.
+//   tp:          fwd: a_full = f(norm(x)); y = x + g(partial);  bwd: dy_full = g^T(dy); the
+//                column-parallel GEMMs' dX through f^T while the weight gradients compute.
 // With sequence parallelism the weight gradients need every row's norm output: gathered
 // again during the o_proj / SwiGLU backward (Megatron's choice), unless a rerun kept it.
 #include <cmath>
 
 #include "parallel/kv_exchange.h"
-#include "parallel/tpsp/tpsp_step.h"
+#include "parallel/megatron/megatron_step.h"
 
-namespace foldpar::tpsp_detail {
+namespace foldpar::megatron_detail {
 
-double TpspStep::attention_scale() const { return 1.0 / std::sqrt(static_cast<double>(dims_.d)); }
+double MegatronStep::attention_scale() const { return 1.0 / std::sqrt(static_cast<double>(dims_.d)); }
 
-std::vector<CommRequest> TpspStep::start_gather_kv_pair(const Tensor& k, const Tensor& v, Tensor& k_full,
-                                                         Tensor& v_full) {
+std::vector<CommRequest> MegatronStep::start_gather_kv_pair(const Tensor& k, const Tensor& v, Tensor& k_full,
+                                                            Tensor& v_full) {
   const Shape full{batch_, model_.shard().seq(), dims_.kv_heads, dims_.d};
   k_full = comm_buffer(full);
   v_full = comm_buffer(full);
   std::vector<CommRequest> requests = start_gather_kv(sp_, k, k_full);
   for (CommRequest& r : start_gather_kv(sp_, v, v_full)) requests.push_back(std::move(r));
-  if (!opt_.overlap) sp_wait(requests);
+  if (!opt_.overlap) tp_.timer().wait_all(requests);
   return requests;
 }
 
-RingAttentionArgs TpspStep::ring_args(const AttnSaved& s) {
+RingAttentionArgs MegatronStep::ring_args(const AttnSaved& s) {
   RingAttentionArgs a;
   a.axis = &sp_;
   a.backend = &be_;
@@ -40,12 +41,12 @@ RingAttentionArgs TpspStep::ring_args(const AttnSaved& s) {
   a.k_pos = &k_pos_;
   a.scale = attention_scale();
   a.overlap = opt_.overlap;
-  a.wait_seconds = &sp_wait_seconds_;
+  a.timer = &tp_.timer();
   return a;
 }
 
-Tensor TpspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& x, AttnSaved* saved,
-                                   bool keep_gathered) {
+Tensor MegatronStep::attention_forward(int l, const ShardedWeights& w, const Tensor& x, AttnSaved* saved,
+                                       bool keep_gathered) {
   const int64_t h = dims_.h, d = dims_.d, B = batch_, Sl = tp_seq_, N = all_rows_, R = rows_;
   const int64_t hl = dims_.heads, kvl = dims_.kv_heads;
   const AttnPieces a = attn_pieces(dims_, w.attn[l]);
@@ -65,6 +66,7 @@ Tensor TpspStep::attention_forward(int l, const ShardedWeights& w, const Tensor&
   be_.matmul(a1_full, false, a.wk, true, k2);
   be_.matmul(a1_full, false, a.wv, true, v2);
   be_.rope_forward(rope_, s.k);
+  if (kv_cache_ != nullptr) kv_cache_->store_prefill(l, 0, s.k, s.v);
   Tensor k_full, v_full;
   std::vector<CommRequest> requests;
   if (gather_) requests = start_gather_kv_pair(s.k, s.v, k_full, v_full);  // fwd: all_gather over sp
@@ -72,8 +74,11 @@ Tensor TpspStep::attention_forward(int l, const ShardedWeights& w, const Tensor&
   be_.rope_forward(rope_, s.q);
   s.attn = act({B, Sl, hl, d});
   s.lse = act({B, hl, Sl});
-  if (gather_) {
-    sp_wait(requests);
+  if (local_) {
+    const AttentionArgs args{&s.q, &s.k, &s.v, &q_pos_, &k_pos_, attention_scale()};
+    be_.attention_forward(args, s.attn, s.lse);
+  } else if (gather_) {
+    tp_.timer().wait_all(requests);
     const AttentionArgs args{&s.q, &k_full, &v_full, &q_pos_, &k_pos_, attention_scale()};
     be_.attention_forward(args, s.attn, s.lse);
     if (keep_gathered) {
@@ -87,10 +92,11 @@ Tensor TpspStep::attention_forward(int l, const ShardedWeights& w, const Tensor&
   return output_projection(s.attn, a.wo_t, x);
 }
 
-Tensor TpspStep::attention_backward(int l, const ShardedWeights& w, AttnSaved& s, const Tensor& d_out,
-                                    ShardedWeights& grads) {
+Tensor MegatronStep::attention_backward(int l, const ShardedWeights& w, AttnSaved& s, const Tensor& d_out,
+                                        ShardedWeights& grads) {
   const int64_t d = dims_.d, B = batch_, Sl = tp_seq_;
   const int64_t hl = dims_.heads, kvl = dims_.kv_heads;
+  StepTimer& timer = tp_.timer();
   // The gathered K/V again (a per-layer transient), arriving during the o_proj backward.
   Tensor k_full = s.k_full, v_full = s.v_full;
   s.k_full = Tensor();
@@ -100,10 +106,15 @@ Tensor TpspStep::attention_backward(int l, const ShardedWeights& w, AttnSaved& s
   Tensor a1_full;
   TpComm::Pending a1_req;
   Tensor d_attn =
-      output_projection_backward(l, w, s, d_out, grads, &a1_full, &a1_req, [&kv_req] { sp_poke(kv_req); });
+      output_projection_backward(l, w, s, d_out, grads, &a1_full, &a1_req, [&kv_req] { StepTimer::poke(kv_req); });
   Tensor dq = act({B, Sl, hl, d}), dk = act({B, Sl, kvl, d}), dv = act({B, Sl, kvl, d});
-  if (gather_) {
-    sp_wait(kv_req);
+  if (local_) {
+    const AttentionArgs args{&s.q, &s.k, &s.v, &q_pos_, &k_pos_, attention_scale()};
+    be_.attention_backward(args, s.attn, s.lse, d_attn, dq, dk, dv);
+    tp_.progress(a1_req);
+    be_.rope_backward(rope_, dq);
+  } else if (gather_) {
+    timer.wait_all(kv_req);
     Tensor dk_full = comm_buffer(k_full.shape()), dv_full = comm_buffer(v_full.shape());
     const AttentionArgs args{&s.q, &k_full, &v_full, &q_pos_, &k_pos_, attention_scale()};
     be_.attention_backward(args, s.attn, s.lse, d_attn, dq, dk_full, dv_full);
@@ -113,20 +124,20 @@ Tensor TpspStep::attention_backward(int l, const ShardedWeights& w, AttnSaved& s
     // while the query side's RoPE adjoint computes.
     std::vector<CommRequest> rs = start_reduce_scatter_kv(sp_, dk_full, dk);
     for (CommRequest& r : start_reduce_scatter_kv(sp_, dv_full, dv)) rs.push_back(std::move(r));
-    if (!opt_.overlap) sp_wait(rs);
+    if (!opt_.overlap) timer.wait_all(rs);
     be_.rope_backward(rope_, dq);
     tp_.progress(a1_req);
-    sp_poke(rs);
-    sp_wait(rs);
+    StepTimer::poke(rs);
+    timer.wait_all(rs);
   } else {
     ring_attention_backward(ring_args(s), s.attn, s.lse, d_attn, dq, dk, dv);  // bwd: K/V ring + dK/dV ring
     be_.rope_backward(rope_, dq);
   }
   d_attn = Tensor();
   be_.rope_backward(rope_, dk);
-  // The gains' gradients are this rank's partials, summed with the others' at the end of
-  // the step (sum_partials).
+  // The gains' gradients go where norm_grad says; summed with the others' at the end of the
+  // step (sum_partials).
   return qkv_backward(l, w, s, dq, dk, dv, a1_full, a1_req, d_out, grads);
 }
 
-}  // namespace foldpar::tpsp_detail
+}  // namespace foldpar::megatron_detail

@@ -1,4 +1,4 @@
-// The parts of Megatron's blocks that TP and TP x SP share (parallel/tp_step_base.h): the
+// The tensor-parallel parts of Megatron's blocks (parallel/megatron/tp_step_base.h): the
 // MLP sub-block, the attention's row-parallel output projection, and the backward of its
 // column-parallel q/k/v projections and norm.
 //   forward:  a = norm(x) [R, h];  a_full = f(a) [N, h];  partial = column/row GEMMs [N, h];
@@ -10,9 +10,9 @@
 // With sequence parallelism the weight gradients need every row's norm output: gathered
 // again during the attention / SwiGLU backward (Megatron's choice: activations stay 1/T),
 // unless a recompute rerun kept it.
-#include "parallel/tp_step_base.h"
+#include "parallel/megatron/tp_step_base.h"
 
-namespace foldpar::tp_detail {
+namespace foldpar::megatron_detail {
 
 Tensor TpStepBase::output_projection(const Tensor& attn, const Tensor& wo_t, const Tensor& x) {
   const int64_t N = all_rows_, h = dims_.h;
@@ -113,4 +113,4 @@ Tensor TpStepBase::mlp_backward(int l, const ShardedWeights& w, const MlpSaved& 
   return dx;
 }
 
-}  // namespace foldpar::tp_detail
+}  // namespace foldpar::megatron_detail

@@ -1,8 +1,10 @@
-// TP x SP traffic: what each rank counts (comm/comm_stats.h convention) on the tp and on the
-// sp communicator SEPARATELY, per operation kind (calls, bytes sent, bytes received), equals
-// the formulas written in parallel/tpsp/tpsp_model.h, which this file computes again from
-// the config. Notation: T, S_ the degrees, N = B*S/S_ the sp shard's token rows, n = N*h,
-// G(x) = x (T-1)/T, KV = 2*B*S*h/(g T) * (S_-1)/S_. Per layer per rank, in elements:
+// Megatron traffic (tp=T, sp=S_, tp=T,sp=S_): what each rank counts (comm/comm_stats.h
+// convention) on the tp and on the sp communicator SEPARATELY, per operation kind (calls,
+// bytes sent, bytes received), equals the formulas written in
+// parallel/megatron/megatron_model.h, which this file computes again from the config. An
+// axis of one rank, or one the layout lacks, moves nothing and is called nothing. Notation:
+// T, S_ the degrees, N = B*S/S_ the sp shard's token rows, n = N*h, G(x) = x (T-1)/T,
+// KV = 2*B*S*h/(g T) * (S_-1)/S_. Per layer per rank, in elements:
 //   forward   tp: all_reduce 4 G(n) (2 calls) | sequence parallel: all_gather 2 G(n) +
 //             reduce_scatter 2 G(n) (2 calls each) -- spec section 7's 4 B (S/S_) h (T-1)/T
 //             sp: all_gather KV (2B calls) | ring: send_recv KV (S_-1 hops) -- spec's
@@ -17,7 +19,9 @@
 // One layer is the difference between a 2-layer and a 1-layer model; a whole step (L = 1, 2)
 // equals the sum of every term, including the embedding, the loss and the per-step gradient
 // all_reduce over sp. All-reduces are held to the ring-block rule (2n - b[p] - b[next] sent,
-// 2n - b[prev] - b[p] received) for this rank.
+// 2n - b[prev] - b[p] received) for this rank. The policies of each layout family are those
+// the tp=T, sp=S_ and tp x sp suites held before the three became one strategy, on the same
+// sizes (tp=T: S = 12 T, n_kv 6 at T = 3; sp=S_: S = 12 S_; the 2-D meshes: S = 48).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -25,19 +29,25 @@
 #include "app/synthetic.h"
 #include "comm/comm_stats.h"
 #include "comm/mesh.h"
+#include "megatron_layouts.h"
 #include "mpi_test_main.h"
 #include "parallel/make_layout.h"
 
 namespace foldpar {
 namespace {
 
-using Exchange = LayoutOptions::KvExchange;
+using Exchange = Layout::KvExchange;
 
-LlamaConfig traffic_config(int layers, bool tied) {
+using test::Family;
+
+// The layouts a policy runs on: those of the family it was written for.
+std::vector<std::string> layouts(Family f) { return test::megatron_layouts(f); }
+
+LlamaConfig traffic_config(int layers, bool tied, int kv_heads) {
   LlamaConfig c;
   c.hidden_size = 96;
   c.num_attention_heads = 12;
-  c.num_key_value_heads = 4;  // g = 3; two KV heads per rank at T = 2
+  c.num_key_value_heads = kv_heads;  // 4: g = 3, two KV heads per rank at T = 2; 6 at T = 3
   c.intermediate_size = 144;
   c.vocab_size = 120;
   c.num_hidden_layers = layers;
@@ -46,19 +56,12 @@ LlamaConfig traffic_config(int layers, bool tied) {
   return c;
 }
 
-constexpr int64_t kBatch = 2, kSeq = 48;
+constexpr int64_t kBatch = 2;
 
-std::vector<std::string> layouts() {
-  switch (test::mpi().world().size()) {
-    case 1: return {"tp=1,sp=1"};
-    case 2: return {"tp=2,sp=1", "tp=1,sp=2"};
-    case 4: return {"tp=2,sp=2"};
-    default: return {};
-  }
-}
 
 struct Policy {
   const char* name;
+  Family family;
   Exchange exchange;
   bool sequence_parallel;
   Recompute recompute;
@@ -69,31 +72,55 @@ struct Policy {
 
 void PrintTo(const Policy& p, std::ostream* os) { *os << p.name; }
 
+// The sizes of a layout: S and the KV heads.
+struct Sizes {
+  int T, P;
+  int64_t seq;
+  int kv_heads;
+};
+
+Sizes sizes(const Mesh& mesh, Family f) {
+  const int T = mesh.degree("tp"), P = mesh.degree("sp");
+  switch (f) {
+    case Family::kTp: return {T, P, 12 * T, T == 3 ? 6 : 4};
+    case Family::kSp: return {T, P, 12 * P, 4};
+    case Family::kMesh: return {T, P, 48, 4};
+  }
+  return {T, P, 48, 4};
+}
+
 struct Counted {
   CommStats tp, sp;
 };
 
+// One step's counters on each axis the mesh has (nothing on an axis it lacks).
 Counted run(const std::string& layout, int layers, const Policy& pol, bool backward) {
-  const LlamaConfig c = traffic_config(layers, pol.tied);
   Result<Mesh> mesh = Mesh::create(test::mpi().world(), layout);
   FP_CHECK_OK(mesh.status());
-  LayoutOptions o;
+  const Sizes z = sizes(*mesh, pol.family);
+  const LlamaConfig c = traffic_config(layers, pol.tied, z.kv_heads);
+  Layout o = test::megatron_layout(layout);
   o.kv_exchange = pol.exchange;
   o.sequence_parallel = pol.sequence_parallel;
   o.recompute = pol.recompute;
   o.overlap = pol.overlap;
   o.split = pol.split;
-  Result<std::unique_ptr<ShardedModel>> m = make_sharded_model(c, *mesh, kSeq, o);
+  Result<std::unique_ptr<ShardedModel>> m = make_sharded_model(c, *mesh, z.seq, o);
   FP_CHECK_OK(m.status());
   ShardedModel& model = **m;
   model.init_weights(InitOptions{.seed = 1});
-  const Batch local = model.local_batch(synthetic_batch(c, kBatch, kSeq, 3));
+  const Batch local = model.local_batch(synthetic_batch(c, kBatch, z.seq, 3));
   auto be = make_cpu_backend();
-  const Communicator &tp = mesh->comm("tp"), &sp = mesh->comm("sp");
-  ScopedCommCounter counter({&tp, &sp});
+  std::vector<const Communicator*> axes;
+  for (const char* axis : {"tp", "sp"})
+    if (mesh->has_axis(axis)) axes.push_back(&mesh->comm(axis));
+  ScopedCommCounter counter(axes);
   Result<StepResult> r = backward ? model.forward_backward(*be, local, 0) : model.forward(*be, local);
   EXPECT_TRUE(r.ok()) << r.status().to_string();
-  return Counted{counter.delta(tp), counter.delta(sp)};
+  Counted out;
+  if (mesh->has_axis("tp")) out.tp = counter.delta(mesh->comm("tp"));
+  if (mesh->has_axis("sp")) out.sp = counter.delta(mesh->comm("sp"));
+  return out;
 }
 
 // Expected counters per kind, in bytes.
@@ -148,7 +175,8 @@ void expect_counters(const CommStats& got, const Expected& want, const std::stri
   }
 }
 
-// The formulas of parallel/tpsp/tpsp_model.h, from the config and the mesh.
+// The formulas of parallel/megatron/megatron_model.h, from the config and the mesh. An axis
+// of one rank issues nothing: its terms are empty.
 struct Formulas {
   int T, t, P, p;
   bool seq_par, ring, recompute, tied;
@@ -163,6 +191,7 @@ struct Formulas {
 
   Expected tp_layer_forward() const {
     Expected e;
+    if (T == 1) return e;
     if (seq_par) {
       e.add(CommOpKind::kAllGather, 2, 2 * G(n));      // f' before Q/K/V and gate/up
       e.add(CommOpKind::kReduceScatter, 2, 2 * G(n));  // g' after Wo and Wdown
@@ -174,6 +203,7 @@ struct Formulas {
   }
   Expected tp_layer_backward() const {
     Expected e;
+    if (T == 1) return e;
     if (recompute) e = tp_layer_forward();  // the rerun
     if (seq_par) {
       e.add(CommOpKind::kAllGather, 2, 2 * G(n));                  // dY of both sub-blocks (g'^T)
@@ -188,6 +218,7 @@ struct Formulas {
   }
   Expected sp_layer_forward() const {
     Expected e;
+    if (P == 1) return e;
     if (ring) {
       e.add(CommOpKind::kSendRecv, static_cast<uint64_t>(P - 1), KV);
     } else {
@@ -197,6 +228,7 @@ struct Formulas {
   }
   Expected sp_layer_backward() const {
     Expected e;
+    if (P == 1) return e;
     if (ring) {
       const uint64_t rings = recompute ? 3 : 2;  // (the rerun's,) K/V again, dK/dV home
       e.add(CommOpKind::kSendRecv, rings * static_cast<uint64_t>(P - 1), rings * KV);
@@ -210,6 +242,7 @@ struct Formulas {
 
   Expected tp_step(uint64_t L, bool backward) const {
     Expected e;
+    if (T == 1) return e;
     e.add_times(tp_layer_forward(), L);
     e.add_all_reduce(1, N, T, t);      // loss: row maxima
     e.add_all_reduce(1, 2 * N, T, t);  // loss: sums of exponentials and target logits
@@ -236,6 +269,7 @@ struct Formulas {
   }
   Expected sp_step(uint64_t L, bool backward) const {
     Expected e;
+    if (P == 1) return e;
     e.add_times(sp_layer_forward(), L);
     e.add_all_reduce(1, 2, P, p, 8);  // loss sum and valid count, f64
     if (!backward) return e;
@@ -250,18 +284,19 @@ struct Formulas {
 Formulas formulas(const std::string& layout, const Policy& pol) {
   Result<Mesh> mesh = Mesh::create(test::mpi().world(), layout);
   FP_CHECK_OK(mesh.status());
-  const LlamaConfig c = traffic_config(1, pol.tied);
+  const Sizes z = sizes(*mesh, pol.family);
+  const LlamaConfig c = traffic_config(1, pol.tied, z.kv_heads);
   Formulas F{};
   F.T = mesh->degree("tp");
   F.t = mesh->coord("tp");
   F.P = mesh->degree("sp");
   F.p = mesh->coord("sp");
-  F.seq_par = pol.sequence_parallel;
+  F.seq_par = pol.sequence_parallel && F.T > 1;  // sequence parallelism of one tp rank changes nothing
   F.ring = pol.exchange == Exchange::kRing;
   F.recompute = pol.recompute == Recompute::kBlock;
   F.tied = pol.tied;
   F.B = kBatch;
-  F.S = kSeq;
+  F.S = static_cast<uint64_t>(z.seq);
   F.h = static_cast<uint64_t>(c.hidden_size);
   F.g = static_cast<uint64_t>(c.group());
   F.N = F.B * F.S / F.P;
@@ -273,27 +308,28 @@ Formulas formulas(const std::string& layout, const Policy& pol) {
   return F;
 }
 
-class TpspTraffic : public ::testing::TestWithParam<Policy> {
+class MegatronTraffic : public ::testing::TestWithParam<Policy> {
  protected:
   void SetUp() override {
-    if (layouts().empty()) GTEST_SKIP() << "layouts are listed for 1, 2 and 4 ranks";
+    if (layouts(GetParam().family).empty()) GTEST_SKIP() << "the 2-D meshes are listed for 1, 2 and 4 ranks";
   }
 };
 
-TEST_P(TpspTraffic, OneLayerEqualsTheFormulasOnEachCommunicator) {
+TEST_P(MegatronTraffic, OneLayerEqualsTheFormulasOnEachCommunicator) {
   const Policy pol = GetParam();
-  for (const std::string& layout : layouts()) {
+  for (const std::string& layout : layouts(pol.family)) {
     SCOPED_TRACE(layout);
     const Formulas F = formulas(layout, pol);
     const Counted f1 = run(layout, 1, pol, false), f2 = run(layout, 2, pol, false);
     const CommStats tp_f = f2.tp - f1.tp, sp_f = f2.sp - f1.sp;
     expect_counters(tp_f, F.tp_layer_forward(), "tp, one layer forward");
     expect_counters(sp_f, F.sp_layer_forward(), "sp, one layer forward");
-    // Spec section 7's TP x SP row, written from the config alone.
-    const uint64_t B = kBatch, S = kSeq, h = F.h, g = F.g, T = F.T, P = F.P;
+    // Spec section 7's rows (TP, SP, TP x SP), written from the config alone.
+    const uint64_t B = kBatch, S = F.S, h = F.h, g = F.g, T = F.T, P = F.P;
     EXPECT_EQ(tp_f.total().bytes_received, 4 * (4 * B * (S / P) * h * (T - 1) / T)) << "tp: 4 B (S/S_) h (T-1)/T";
     EXPECT_EQ(sp_f.total().bytes_received, 4 * (2 * B * S * h / (g * T) * (P - 1) / P))
         << "sp: 2 B S h/(g T) (S_-1)/S_";
+    EXPECT_EQ(sp_f.total().bytes_sent, sp_f.total().bytes_received) << "sp forward: nothing but K/V";
 
     const Counted b1 = run(layout, 1, pol, true), b2 = run(layout, 2, pol, true);
     expect_counters((b2.tp - b1.tp) - tp_f, F.tp_layer_backward(), "tp, one layer backward");
@@ -301,9 +337,9 @@ TEST_P(TpspTraffic, OneLayerEqualsTheFormulasOnEachCommunicator) {
   }
 }
 
-TEST_P(TpspTraffic, WholeStepEqualsTheSumOfItsTerms) {
+TEST_P(MegatronTraffic, WholeStepEqualsTheSumOfItsTerms) {
   const Policy pol = GetParam();
-  for (const std::string& layout : layouts()) {
+  for (const std::string& layout : layouts(pol.family)) {
     SCOPED_TRACE(layout);
     const Formulas F = formulas(layout, pol);
     for (int layers : {1, 2}) {
@@ -317,18 +353,37 @@ TEST_P(TpspTraffic, WholeStepEqualsTheSumOfItsTerms) {
   }
 }
 
+constexpr Exchange kGather = Exchange::kAllGather, kRing = Exchange::kRing;
+constexpr Recompute kKeep = Recompute::kNone, kRerun = Recompute::kBlock;
+constexpr SeqSplit kZigzag = SeqSplit::kZigzag, kContiguous = SeqSplit::kContiguous;
+
 INSTANTIATE_TEST_SUITE_P(
-    Policies, TpspTraffic,
+    Policies, MegatronTraffic,
     ::testing::Values(
-        Policy{"allgather", Exchange::kAllGather, false, Recompute::kNone, true, SeqSplit::kZigzag, false},
-        Policy{"ring_tied", Exchange::kRing, false, Recompute::kNone, true, SeqSplit::kZigzag, true},
-        Policy{"allgather_recompute", Exchange::kAllGather, false, Recompute::kBlock, true, SeqSplit::kZigzag, false},
-        Policy{"ring_recompute_no_overlap_contiguous", Exchange::kRing, false, Recompute::kBlock, false,
-               SeqSplit::kContiguous, false},
-        Policy{"seqpar_allgather", Exchange::kAllGather, true, Recompute::kNone, true, SeqSplit::kZigzag, false},
-        Policy{"seqpar_allgather_recompute_no_overlap", Exchange::kAllGather, true, Recompute::kBlock, false,
-               SeqSplit::kZigzag, true},
-        Policy{"seqpar_ring_recompute", Exchange::kRing, true, Recompute::kBlock, true, SeqSplit::kZigzag, false}),
+        // tp=T: plain and sequence-parallel norms, recompute, overlap off.
+        Policy{"tp_plain", Family::kTp, kGather, false, kKeep, true, kZigzag, false},
+        Policy{"tp_plain_recompute", Family::kTp, kGather, false, kRerun, true, kZigzag, false},
+        Policy{"tp_plain_no_overlap", Family::kTp, kGather, false, kKeep, false, kZigzag, false},
+        Policy{"tp_seqpar", Family::kTp, kGather, true, kKeep, true, kZigzag, false},
+        Policy{"tp_seqpar_recompute_no_overlap", Family::kTp, kGather, true, kRerun, false, kZigzag, false},
+        Policy{"tp_seqpar_no_overlap", Family::kTp, kGather, true, kKeep, false, kZigzag, false},
+        // sp=S_: both exchanges, both splits, overlap off, recompute.
+        Policy{"sp_allgather", Family::kSp, kGather, false, kKeep, true, kZigzag, false},
+        Policy{"sp_allgather_no_overlap_contiguous", Family::kSp, kGather, false, kKeep, false, kContiguous, false},
+        Policy{"sp_allgather_recompute", Family::kSp, kGather, false, kRerun, true, kZigzag, false},
+        Policy{"sp_ring", Family::kSp, kRing, false, kKeep, true, kZigzag, false},
+        Policy{"sp_ring_no_overlap_contiguous", Family::kSp, kRing, false, kKeep, false, kContiguous, false},
+        Policy{"sp_ring_recompute", Family::kSp, kRing, false, kRerun, true, kZigzag, false},
+        // tp=T,sp=S_.
+        Policy{"mesh_allgather", Family::kMesh, kGather, false, kKeep, true, kZigzag, false},
+        Policy{"mesh_ring_tied", Family::kMesh, kRing, false, kKeep, true, kZigzag, true},
+        Policy{"mesh_allgather_recompute", Family::kMesh, kGather, false, kRerun, true, kZigzag, false},
+        Policy{"mesh_ring_recompute_no_overlap_contiguous", Family::kMesh, kRing, false, kRerun, false, kContiguous,
+               false},
+        Policy{"mesh_seqpar_allgather", Family::kMesh, kGather, true, kKeep, true, kZigzag, false},
+        Policy{"mesh_seqpar_allgather_recompute_no_overlap", Family::kMesh, kGather, true, kRerun, false, kZigzag,
+               true},
+        Policy{"mesh_seqpar_ring_recompute", Family::kMesh, kRing, true, kRerun, true, kZigzag, false}),
     [](const ::testing::TestParamInfo<Policy>& i) { return std::string(i.param.name); });
 
 }  // namespace

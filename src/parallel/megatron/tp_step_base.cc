@@ -1,5 +1,5 @@
 // TpStepBase: construction, the row mappings over tp, the vocabulary-parallel embedding,
-// head and loss, and the order of a step (parallel/tp_step_base.h).
+// head and loss, and the order of a step (parallel/megatron/tp_step_base.h).
 //   embedding  fwd: local vocabulary rows, then g (all_reduce) or g' (reduce_scatter to this
 //              rank's rows); bwd: dX of every row (g^T: identity, or all_gather) scattered
 //              into this rank's vocabulary rows, no other communication.
@@ -7,9 +7,9 @@
 //              parallelism; the vocabulary-parallel cross-entropy on every row; bwd: the
 //              partial d_xf through f^T (all_reduce, or reduce_scatter) while the LM head's
 //              weight gradient computes.
-#include "parallel/tp_step_base.h"
+#include "parallel/megatron/tp_step_base.h"
 
-namespace foldpar::tp_detail {
+namespace foldpar::megatron_detail {
 
 TpStepBase::TpStepBase(const LlamaConfig& config, const ShardDims& dims, Backend& backend, Communicator& tp,
                        int tp_rank, bool overlap, bool sequence_parallel, TpRows rows, const Batch& local)
@@ -69,7 +69,8 @@ Tensor TpStepBase::gather_rows(const Tensor& local) {
 TpComm::Pending TpStepBase::start_reduce_rows(Tensor& partial, Tensor& out) {
   if (!seq_par_) {
     out = partial;
-    return tp_.start_all_reduce(partial);  // g: all_reduce in place
+    if (tp_.size() == 1) return TpComm::Pending{};  // one rank's partial is the sum
+    return tp_.start_all_reduce(partial);          // g: all_reduce in place
   }
   const int64_t h = dims_.h;
   out = act({rows_, h});
@@ -187,4 +188,4 @@ StepResult run_tp_step(TpStepBase& step, Recompute recompute, bool keep_logits, 
   return r;
 }
 
-}  // namespace foldpar::tp_detail
+}  // namespace foldpar::megatron_detail

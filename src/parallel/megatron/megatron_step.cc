@@ -1,0 +1,99 @@
+// MegatronStep: construction, the loss's sums over sp and the sums of a step's partial
+// gradients. The row mappings over tp, the embedding, head and vocabulary-parallel loss are
+// the tp half's (tp_step_base.cc) on the sp shard's rows; the loss sum and valid count are
+// then all_reduced over sp. Nothing is issued on an sp axis of one rank.
+#include "parallel/megatron/megatron_step.h"
+
+#include <algorithm>
+
+#include "backend/rope_table.h"
+
+namespace foldpar::megatron_detail {
+
+MegatronStep::MegatronStep(const MegatronModel& model, Backend& backend, const MegatronAxes& axes, const Batch& local)
+    : TpStepBase(model.config(), model.dims(), backend, *axes.tp, model.tp_rank(), model.options().overlap,
+                 model.sequence_parallel(), TpRows{local.batch(), model.sp_seq(), model.local_seq()}, local),
+      model_(model),
+      opt_(model.options()),
+      sp_(*axes.sp),
+      local_(model.sp_degree() == 1),
+      gather_(!local_ && model.options().kv_exchange == Layout::KvExchange::kAllGather) {
+  FP_CHECK(sp_.size() == model.shard().degree() && sp_.rank() == model.shard().rank(),
+           "Megatron model for sp rank {} of {} on communicator {}", model.shard().rank(), model.shard().degree(),
+           sp_.describe());
+  if (seq_par_ && local_)
+    for (int64_t i = 0; i < 2 * c_.num_hidden_layers + 1; ++i)
+      norm_partials_.push_back(Tensor::zeros({dims_.h}, DType::kF32, MemCategory::kGradients));
+  const std::vector<int32_t>& mine = model.shard().positions();
+  q_pos_ = Tensor::empty({tp_seq_}, DType::kI32, MemCategory::kActivations);
+  std::copy(mine.begin(), mine.end(), q_pos_.data<int32_t>());
+  if (local_) {
+    k_pos_ = q_pos_;  // every position, in order
+  } else {
+    const std::vector<int32_t> all = model.shard().gathered_positions();
+    k_pos_ = Tensor::empty({model.shard().seq()}, DType::kI32, MemCategory::kActivations);
+    std::copy(all.begin(), all.end(), k_pos_.data<int32_t>());
+  }
+  rope_ = build_rope_table(mine, dims_.d, c_.rope_theta, DType::kF32);
+}
+
+Tensor& MegatronStep::norm_grad(Tensor& grad, int index) {
+  return norm_partials_.empty() ? grad : norm_partials_[static_cast<size_t>(index)];
+}
+
+// ---- the sums of a step's partial gradients ----
+
+void MegatronStep::sum_partials(MegatronGrads& partial) {
+  if (local_) {
+    if (norm_partials_.empty()) return;
+    // One all_reduce of every gain's partial over tp, packed: [(2L+1) * h], then into the
+    // gradients.
+    const int64_t L = c_.num_hidden_layers, n = static_cast<int64_t>(norm_partials_.size());
+    Tensor packed = comm_buffer({n, dims_.h});
+    for (int64_t i = 0; i < n; ++i) {
+      Tensor row = packed.narrow(i, i + 1);
+      be_.copy(norm_partials_[static_cast<size_t>(i)], row);
+    }
+    tp_.all_reduce(packed);
+    ShardedWeights& g = partial.views();
+    for (int64_t i = 0; i < n; ++i) {
+      Tensor& dst = i < L ? g.attn_norm[i] : (i < 2 * L ? g.mlp_norm[i - L] : g.final_norm);
+      be_.add_inplace(packed.narrow(i, i + 1), dst);
+    }
+    return;
+  }
+  if (seq_par_) {
+    // The gains saw only this rank's rows of the sp shard: sum over tp first.
+    Tensor norms = partial.norm_region();
+    tp_.all_reduce(norms);
+  }
+  // Every gradient saw only this sp rank's tokens. MPI counts are int: a 7B model's
+  // gradient slices need several messages.
+  constexpr int64_t kMaxElements = int64_t{1} << 30;
+  Tensor& flat = partial.flat();
+  const int64_t n = flat.numel();
+  for (int64_t begin = 0; begin < n; begin += kMaxElements) {
+    Tensor chunk = flat.narrow(begin, std::min(n, begin + kMaxElements));
+    const auto t0 = StepTimer::Clock::now();
+    tp_.timer().blocking(sp_.all_reduce(chunk.raw_data(), chunk.raw_data(), static_cast<size_t>(chunk.numel()),
+                                        DType::kF32, ReduceOp::kSum),
+                         t0);
+  }
+}
+
+// ---- the loss over sp ----
+
+StepResult MegatronStep::head_forward(const ShardedWeights& w, const Tensor& x, HeadSaved& hs, Tensor* logits) {
+  StepResult r = TpStepBase::head_forward(w, x, hs, logits);
+  if (local_) return r;  // this sp rank's rows are the global batch
+  // The same sums on every tp rank of the group; over sp they add up to the global batch's.
+  double sums[2] = {r.loss_sum, static_cast<double>(r.valid_tokens)};
+  const auto t0 = StepTimer::Clock::now();
+  tp_.timer().blocking(sp_.all_reduce(sums, sums, 2, DType::kF64, ReduceOp::kSum), t0);
+  r.loss_sum = sums[0];
+  r.valid_tokens = static_cast<int64_t>(sums[1]);
+  r.loss = r.valid_tokens > 0 ? r.loss_sum / static_cast<double>(r.valid_tokens) : 0.0;
+  return r;
+}
+
+}  // namespace foldpar::megatron_detail
