@@ -66,9 +66,11 @@ Result<Tensor> TpDecoder::prefill(Backend& be, const std::vector<std::vector<int
   const int64_t B = static_cast<int64_t>(prompts.size()), h = dims_.h;
   int64_t S = 0;
   for (const auto& p : prompts) S = std::max(S, static_cast<int64_t>(p.size()));
-  Layout o;
+  Layout o;  // tp=T: prefill runs plain tensor parallelism
+  o.strategy = Strategy::kMegatron;
+  o.tp = comm_.size();
   o.overlap = overlap_;
-  FP_ASSIGN_OR_RETURN(MegatronModel model, MegatronModel::create(config_, comm_.size(), comm_.rank(), 1, 0, S, o));
+  FP_ASSIGN_OR_RETURN(MegatronModel model, MegatronModel::create(config_, o, comm_.rank(), 0, S));
   // Shorter prompts are padded after their end (token 0), which causal attention never shows them.
   Tensor ids = Tensor::zeros({B, S}, DType::kI32, MemCategory::kActivations);
   lengths_.assign(static_cast<size_t>(B), 0);

@@ -66,26 +66,19 @@ MegatronModel::MegatronModel(const LlamaConfig& config, ShardDims dims, int tp_r
   positions_.assign(all.begin() + first, all.begin() + first + n);
 }
 
-Result<MegatronModel> MegatronModel::create(const LlamaConfig& config, int T, int t, int P, int p, int64_t seq,
-                                            const Layout& options) {
-  if (options.dtype != DType::kF32)
+Result<MegatronModel> MegatronModel::create(const LlamaConfig& config, const Layout& layout, int t, int p,
+                                            int64_t seq) {
+  FP_CHECK(layout.strategy == Strategy::kMegatron, "MegatronModel for layout {}", layout.to_string());
+  FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));
+  if (layout.dtype != DType::kF32)
     return unimplemented("this layout stores weights and activations in f32 only; bf16 storage runs under tsp");
-  FP_RETURN_IF_ERROR(config.validate());
+  const int T = layout.tp, P = layout.sp;
+  FP_CHECK(t >= 0 && t < T && p >= 0 && p < P, "rank ({}, {}) of layout {}", t, p, layout.to_string());
   FP_ASSIGN_OR_RETURN(ShardDims dims, shard_dims(config, T, "tp"));
-  if (t < 0 || t >= T) return invalid_argument("tp rank {} outside the tp degree ({})", t, T);
   // One sp rank holds every position in order, whatever the split.
-  const SeqSplit split = P == 1 ? SeqSplit::kContiguous : options.split;
+  const SeqSplit split = P == 1 ? SeqSplit::kContiguous : layout.split;
   FP_ASSIGN_OR_RETURN(SequenceShard shard, SequenceShard::create(seq, P, p, split));
-  if (options.sequence_parallel && T > 1 && shard.local_seq() % T != 0) {
-    if (P == 1)
-      return invalid_argument("sequence length ({}) must be divisible by the tp degree ({}) with sequence parallelism",
-                              seq, T);
-    return invalid_argument(
-        "sequence length ({}) must be divisible by the sp degree x the tp degree ({} x {} = {}) with sequence "
-        "parallelism",
-        seq, P, T, static_cast<int64_t>(P) * T);
-  }
-  return MegatronModel(config, dims, t, std::move(shard), options);
+  return MegatronModel(config, dims, t, std::move(shard), layout);
 }
 
 Batch MegatronModel::local_batch(const Batch& global) const {

@@ -113,11 +113,12 @@ class MegatronGrads {
 
 class MegatronModel {
  public:
-  // invalid_argument naming the numbers: heads, KV heads, f and V by T (shard_dims); S
-  // positive, by 2 S_ (zigzag) or S_ (contiguous; the split of S_ = 1); with sequence
-  // parallelism S/S_ by T. bf16 storage is refused (unimplemented). Not collective.
-  static Result<MegatronModel> create(const LlamaConfig& config, int tp_degree, int tp_rank, int sp_degree,
-                                      int sp_rank, int64_t seq, const Layout& options);
+  // The model of the rank at (tp_rank, sp_rank) of a Megatron layout (tp=T, sp=S, either
+  // possibly 1) at sequence length `seq`: validate_layout's verdict first (invalid_argument
+  // naming the numbers), nothing allocated before it; bf16 storage is refused
+  // (unimplemented). Not collective.
+  static Result<MegatronModel> create(const LlamaConfig& config, const Layout& layout, int tp_rank, int sp_rank,
+                                      int64_t seq);
 
   const LlamaConfig& config() const { return config_; }
   const ShardDims& dims() const { return dims_; }

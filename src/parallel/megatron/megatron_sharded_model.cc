@@ -102,7 +102,7 @@ Result<std::unique_ptr<ShardedModel>> make_megatron_sharded_model(const LlamaCon
     layout = fmt::format("tp={},sp={}", tp->size(), sp->size());
   }
   FP_ASSIGN_OR_RETURN(MegatronModel model,
-                      MegatronModel::create(config, tp->size(), tp->rank(), sp->size(), sp->rank(), seq, options));
+                      MegatronModel::create(config, options, tp->rank(), sp->rank(), seq));
   return std::unique_ptr<ShardedModel>(
       std::make_unique<MegatronShardedModel>(std::move(model), *tp, *sp, std::move(layout), std::move(self)));
 }
