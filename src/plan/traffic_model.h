@@ -67,7 +67,7 @@ struct StepTraffic {
 Result<StepTraffic> predict_traffic(const LlamaConfig& config, const LayoutSpec& layout, int64_t batch, int64_t seq,
                                     PlanMode mode, const RankCoords& coords = {});
 
-// Spec section 7, forward, per layer per rank, in elements: the byte-free formulas the
+// docs/tsp.md section 7, forward, per layer per rank, in elements: the byte-free formulas the
 // crossover is read from. TSP: weights (2 + 2/g) h^2 (D-1)/D + 3 h f (D-1)/D plus K/V
 // 2 B S h/g (D-1)/D; TP: 4 B S h (T-1)/T.
 double tsp_forward_layer_elements(const LlamaConfig& c, int64_t tokens, int degree);

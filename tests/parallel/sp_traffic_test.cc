@@ -1,6 +1,6 @@
 // SP traffic: the bytes each rank counts (comm/comm_stats.h convention) equal the written
 // formulas exactly, for both K/V exchanges and every option. Per layer per rank, in
-// elements, with KV = 2*B*S*h/g*(S_-1)/S_ (spec/TSP.md section 7, the SP row):
+// elements, with KV = 2*B*S*h/g*(S_-1)/S_ (docs/tsp.md section 7, the SP row):
 //   forward                 all-gather exchange: KV all_gather;  ring: KV send_recv
 //   forward + backward      all-gather: 2 KV all_gather (again in backward; the recompute's
 //                           gather is the backward's) + KV reduce_scatter (dK, dV);
@@ -99,7 +99,7 @@ TEST_P(SpTraffic, OneLayerEqualsTheFormulasAndOneGradientAllReducePerStep) {
   o.split = pol.split;
   const LlamaConfig c = traffic_config(1);
   const uint64_t h = c.hidden_size, g = c.group();
-  const uint64_t KV = 2 * B * S * h / g * (N - 1) / N;  // spec section 7, SP row
+  const uint64_t KV = 2 * B * S * h / g * (N - 1) / N;  // docs/tsp.md section 7, SP row
   const bool ring = pol.exchange == Exchange::kRing, recompute = pol.recompute == Recompute::kBlock;
   const uint64_t hops = static_cast<uint64_t>(N - 1);
 

@@ -1,5 +1,5 @@
 // Tensor-parallel traffic: the calls and bytes each rank counts (comm/comm_stats.h
-// convention), per operation kind, for one layer, forward and backward, equal spec section
+// convention), per operation kind, for one layer, forward and backward, equal docs/tsp.md section
 // 7's TP row and the backward formulas written in parallel/tp/tp_model.h, with and without
 // sequence parallelism and recompute; and a whole 1-layer step equals the sum of every term
 // (embedding, head, loss, ids). One layer is the difference between a 2-layer and a 1-layer
@@ -97,7 +97,7 @@ struct Formulas {
   uint64_t n, tokens, h, L;
   uint64_t G(uint64_t x) const { return x * static_cast<uint64_t>(T - 1) / static_cast<uint64_t>(T); }
 
-  // One layer, forward (spec section 7: 4 B S h (T-1)/T either way).
+  // One layer, forward (docs/tsp.md section 7: 4 B S h (T-1)/T either way).
   Expected layer_forward(bool sp) const {
     Expected e;
     if (sp) {
@@ -170,7 +170,7 @@ TEST_P(TpTraffic, OneLayerForwardAndBackwardEqualTheFormulas) {
   const CommStats b1 = run(1, pol, true), b2 = run(2, pol, true);
   expect_counters(difference(difference(b2, b1), difference(f2, f1)), F.layer_backward(sp, rc),
                   "one layer backward");
-  // Spec section 7's TP row, whatever the mapping: 4 B S h (T-1)/T elements forward.
+  // docs/tsp.md section 7's TP row, whatever the mapping: 4 B S h (T-1)/T elements forward.
   const CommStats layer = difference(f2, f1);
   const uint64_t moved = layer.total().bytes_received / 4;
   EXPECT_EQ(moved, 4 * F.G(F.n));

@@ -1,5 +1,5 @@
 // SpModel: the Llama model under sequence (context) parallelism on one axis of S_ ranks
-// (spec/TSP.md sections 7-8, the SP baseline). Every rank holds the full weights
+// (docs/tsp.md sections 7-8, the SP baseline). Every rank holds the full weights
 // (replicated) and S/S_ of the tokens (SequenceShard, zigzag by default). Everything
 // token-wise (embedding, norms, projections, MLP, LM head, loss) is local; attention sees
 // every rank's keys through one of two exchanges:

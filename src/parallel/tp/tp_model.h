@@ -15,7 +15,7 @@
 // Traffic per rank in elements, sent = received (comm/comm_stats.h convention), with
 // n = B*S*h and G(x) = x (T-1)/T (an all_gather or reduce_scatter of x elements in all; an
 // all_reduce of x moves 2 G(x)):
-//   per layer, forward       plain: all_reduce 4 G(n)  (spec section 7's TP row)
+//   per layer, forward       plain: all_reduce 4 G(n)  (docs/tsp.md section 7's TP row)
 //                            sequence-parallel: all_gather 2 G(n) + reduce_scatter 2 G(n)
 //   per layer, backward      plain: all_reduce 4 G(n)  (the dX of both column-parallel GEMMs)
 //   (fb minus forward)       sequence-parallel: all_gather 4 G(n) (dY of both sub-blocks, and
