@@ -16,9 +16,9 @@
 //   reduce(n, root)              n unless p == root              n unless p == root-1 mod N
 //   all_reduce(n)                2n - b[p] - b[next]             2n - b[prev] - b[p]
 //   all_gather(c), result N*c    (N-1) c                         (N-1) c
-//   all_gather_v(c[]), T=sum c   T - c[next]                     T - c[p]
+//   all_gather_v(c[]), C=sum c   C - c[next]                     C - c[p]
 //   reduce_scatter(c), N*c in    (N-1) c                         (N-1) c
-//   reduce_scatter_v(c[])        T - c[p]                        T - c[prev]
+//   reduce_scatter_v(c[])        C - c[p]                        C - c[prev]
 //   all_to_all(c per peer)       (N-1) c                         (N-1) c
 //   send(n, peer)                n unless peer == p              0
 //   recv(n, source)              0                               n unless source == p

@@ -15,26 +15,27 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // The sequence collectives move one contiguous buffer, which holds the rows rank by rank
-// ([T, B, n, ...], rank-major), while the model's tensors are batch-major ([B, T*n, ...]).
-// Both are B*T blocks of n rows; this copies block (b, r) between the two orders. With B = 1
+// ([tp, B, n, ...], rank-major), while the model's tensors are batch-major ([B, tp*n, ...]).
+// Both are B*tp blocks of n rows; this copies block (b, r) between the two orders. With B = 1
 // the orders coincide and nothing is copied (callers skip it).
-void reorder_blocks(Backend& be, const Tensor& src, Tensor& dst, int64_t B, int T, bool to_rank_major) {
-  const int64_t blocks = B * T, block = src.numel() / blocks;
+void reorder_blocks(Backend& be, const Tensor& src, Tensor& dst, int64_t B, int tp_size, bool to_rank_major) {
+  const int64_t blocks = B * tp_size, block = src.numel() / blocks;
   const Tensor s = src.reshape({blocks, block});
   Tensor d = dst.reshape({blocks, block});
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t r = 0; r < T; ++r) {
-      const int64_t batch_major = b * T + r, rank_major = r * B + b;
+    for (int64_t r = 0; r < tp_size; ++r) {
+      const int64_t batch_major = b * tp_size + r, rank_major = r * B + b;
       const int64_t from = to_rank_major ? batch_major : rank_major, to = to_rank_major ? rank_major : batch_major;
       Tensor dst_block = d.narrow(to, to + 1);
       be.copy(s.narrow(from, from + 1), dst_block);
     }
 }
 
-void check_seq_shapes(const Tensor& local, const Tensor& full, int T, const char* what) {
+void check_seq_shapes(const Tensor& local, const Tensor& full, int tp_size, const char* what) {
   FP_CHECK(local.rank() >= 2 && full.rank() == local.rank() && full.dim(0) == local.dim(0) &&
-               full.dim(1) == local.dim(1) * T && full.numel() == local.numel() * T && full.dtype() == local.dtype(),
-           "{}: local {} and full {} over {} ranks", what, local.describe(), full.describe(), T);
+               full.dim(1) == local.dim(1) * tp_size && full.numel() == local.numel() * tp_size &&
+               full.dtype() == local.dtype(),
+           "{}: local {} and full {} over {} ranks", what, local.describe(), full.describe(), tp_size);
 }
 
 }  // namespace
@@ -178,16 +179,16 @@ void vocab_parallel_head_weight_grad(Backend& be, const VocabParallelLoss& loss,
 }
 
 Tensor gather_vocab_logits(TpComm& tp, const Tensor& local, std::span<const int64_t> rows) {
-  const int T = tp.size();
-  const int64_t n = local.dim(0), vr = local.dim(1), V = vr * T, count = static_cast<int64_t>(rows.size());
-  Tensor all = Tensor::empty({T, n, vr}, DType::kF32, MemCategory::kComm);
+  const int tp_size = tp.size();
+  const int64_t n = local.dim(0), vr = local.dim(1), V = vr * tp_size, count = static_cast<int64_t>(rows.size());
+  Tensor all = Tensor::empty({tp_size, n, vr}, DType::kF32, MemCategory::kComm);
   const auto t0 = std::chrono::steady_clock::now();
   tp.blocking(tp.comm().all_gather(local.raw_data(), all.raw_data(), static_cast<size_t>(n * vr), DType::kF32), t0);
   Tensor out = Tensor::empty({count, V}, DType::kF32, MemCategory::kActivations);
   const float* src = all.data<float>();
   float* dst = out.data<float>();
   for (int64_t i = 0; i < count; ++i)
-    for (int r = 0; r < T; ++r) std::copy_n(src + (r * n + rows[i]) * vr, vr, dst + i * V + r * vr);
+    for (int r = 0; r < tp_size; ++r) std::copy_n(src + (r * n + rows[i]) * vr, vr, dst + i * V + r * vr);
   return out;
 }
 

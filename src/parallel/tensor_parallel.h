@@ -3,7 +3,7 @@
 // the vocabulary-parallel embedding and cross-entropy. Everything here works on whatever
 // token rows the caller gives it (every token in plain TP, a sequence shard under TP x SP),
 // so the same calls serve both. Strategy state (weights, saved activations) does not live
-// here. Notation: T the tp degree, t this rank, n token rows, V/T vocabulary rows per rank.
+// here. Notation: tp the tp degree, t this rank, n token rows, V/tp vocabulary rows per rank.
 //
 // The conjugate pairs of Megatron's core/tensor_parallel/mappings.py, as calls (there is no
 // autograd: each strategy calls the adjoint itself in its backward):
@@ -43,18 +43,18 @@ class TpComm {
   struct Pending {
     CommRequest request;
     Tensor staging;     // B > 1: the rank-major buffer the collective sends or receives
-    Tensor reorder_to;  // all_gather_seq: where wait() puts the staging rows, [B, T*n, ...]
+    Tensor reorder_to;  // all_gather_seq: where wait() puts the staging rows, [B, tp*n, ...]
   };
 
   // x: any shape, summed over tp in place. g's forward; f's backward.
   void all_reduce(Tensor& x);
   Pending start_all_reduce(Tensor& x);
-  // local: [B, n, ...] this rank's rows of every batch entry -> full: [B, T*n, ...] written,
+  // local: [B, n, ...] this rank's rows of every batch entry -> full: [B, tp*n, ...] written,
   // rank r's rows at [r*n, (r+1)*n) of each entry (a contiguous split). One all_gather of
   // B*n*... elements; f32 or i32. f''s forward; g''s backward.
   void all_gather_seq(const Tensor& local, Tensor& full);
   Pending start_all_gather_seq(const Tensor& local, Tensor& full);
-  // full: [B, T*n, ...] -> local: [B, n, ...] written with the tp sum of this rank's rows.
+  // full: [B, tp*n, ...] -> local: [B, n, ...] written with the tp sum of this rank's rows.
   // One reduce_scatter. g''s forward; f''s backward. `full` is only read.
   void reduce_scatter_seq(const Tensor& full, Tensor& local);
   Pending start_reduce_scatter_seq(const Tensor& full, Tensor& local);
@@ -76,15 +76,15 @@ class TpComm {
 
 // ---- vocabulary-parallel embedding ----
 // This rank's part: out [n, h] written with the table row of every id in its vocabulary
-// rows [t*V/T, (t+1)*V/T) and 0 for the other ids. The sum over tp is the embedding; reduce
-// it with all_reduce (g) or reduce_scatter_seq (g'). ids: i32 [n]; table: [V/T, h]. The
+// rows [t*V/tp, (t+1)*V/tp) and 0 for the other ids. The sum over tp is the embedding; reduce
+// it with all_reduce (g) or reduce_scatter_seq (g'). ids: i32 [n]; table: [V/tp, h]. The
 // backward is Backend::embedding_backward with the same offset: each rank scatters into its
 // own rows, no communication. Not collective.
 void embedding_partial(Backend& backend, int tp_rank, const Tensor& ids, const Tensor& table, Tensor& out);
 
 // ---- vocabulary-parallel cross-entropy (Megatron's vocab_parallel_cross_entropy) ----
 struct VocabParallelLoss {
-  Tensor logits;          // [n, V/T] this rank's columns; kept for backward, which overwrites it
+  Tensor logits;          // [n, V/tp] this rank's columns; kept for backward, which overwrites it
   Tensor lse;             // [n] log-sum-exp over the full vocabulary
   double loss_sum = 0;    // sum over the valid rows given; the same on every tp rank
   int64_t valid_tokens = 0;
@@ -93,7 +93,7 @@ struct VocabParallelLoss {
 // all_reduce(max) of the row maxima [n] and one all_reduce(sum) of [n] sums of exponentials
 // (rescaled to the global max) packed with [n] target logits (each rank contributes the
 // target logit where the target falls in its columns, 0 elsewhere). xf: [n, h] (the same
-// rows on every tp rank); head: [V/T, h]; targets: i32 [n] (kIgnoreIndex carries no loss).
+// rows on every tp rank); head: [V/tp, h]; targets: i32 [n] (kIgnoreIndex carries no loss).
 // Collective over tp: two all_reduces.
 VocabParallelLoss vocab_parallel_cross_entropy(TpComm& tp, const Tensor& xf, const Tensor& head,
                                                const Tensor& targets);
@@ -105,12 +105,12 @@ VocabParallelLoss vocab_parallel_cross_entropy(TpComm& tp, const Tensor& xf, con
 void vocab_parallel_cross_entropy_backward(Backend& backend, int tp_rank, VocabParallelLoss& loss,
                                            const Tensor& head, const Tensor& targets, double grad_scale,
                                            Tensor& d_xf);
-// Then d_head [V/T, h] += d_logits^T xf (the gradient of this rank's vocabulary rows; with
+// Then d_head [V/tp, h] += d_logits^T xf (the gradient of this rank's vocabulary rows; with
 // tied embeddings the embedding's gradient tensor). Not collective.
 void vocab_parallel_head_weight_grad(Backend& backend, const VocabParallelLoss& loss, const Tensor& xf,
                                      Tensor& d_head);
 // Verification only: the full logits [rows.size(), V] of the chosen rows (indices into n)
-// from every rank's columns [n, V/T]: one all_gather of n*V/T elements. Collective over tp.
+// from every rank's columns [n, V/tp]: one all_gather of n*V/tp elements. Collective over tp.
 Tensor gather_vocab_logits(TpComm& tp, const Tensor& local_logits, std::span<const int64_t> rows);
 
 }  // namespace foldpar

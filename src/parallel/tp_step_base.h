@@ -15,7 +15,7 @@
 // state of ONE step and is made afresh per step.
 //
 // Row counts: N = B * tp_seq the token rows the column- and row-parallel GEMMs see; R the
-// rows of this rank's residual stream (N, or N/T with sequence parallelism). Allocation
+// rows of this rank's residual stream (N, or N/tp with sequence parallelism). Allocation
 // order matters: src/plan replays it (plan_validation_test holds the two together).
 #pragma once
 
@@ -31,7 +31,7 @@ namespace foldpar::tp_detail {
 
 // What the attention sub-block keeps for backward.
 struct AttnSaved {
-  Tensor x_in, rstd, a1;   // [R, h], [R], [R, h]: the norm region (1/T with sequence parallel)
+  Tensor x_in, rstd, a1;   // [R, h], [R], [R, h]: the norm region (1/tp with sequence parallel)
   Tensor a1_full;          // [N, h] the gathered a1, kept only by a recompute rerun (else undefined)
   Tensor q, k, v;          // [B, tp_seq, heads, d], [B, tp_seq, kv_heads, d]: local heads, after RoPE
   Tensor attn, lse;        // [B, tp_seq, heads, d], [B, heads, tp_seq]
@@ -42,7 +42,7 @@ struct AttnSaved {
 struct MlpSaved {
   Tensor x_mid, rstd, a2;  // [R, h], [R], [R, h]
   Tensor a2_full;          // [N, h], as a1_full
-  Tensor gate, up, act;    // [N, f/T]
+  Tensor gate, up, act;    // [N, f/tp]
 };
 
 struct LayerSaved {
@@ -53,14 +53,14 @@ struct LayerSaved {
 struct HeadSaved {
   Tensor x_last, rstd;     // [R, h], [R]
   Tensor xf_full;          // [N, h] the final norm's output on every row, kept for the head's weight gradient
-  VocabParallelLoss loss;  // local logits [N, V/T], lse [N]
+  VocabParallelLoss loss;  // local logits [N, V/tp], lse [N]
 };
 
 // Where a step's rows come from.
 struct TpRows {
   int64_t batch = 0;      // B
-  int64_t tp_seq = 0;     // positions per sequence the tp GEMMs see: S (TP), S/S_ (TP x SP)
-  int64_t local_seq = 0;  // positions per sequence of the residual stream: tp_seq, or tp_seq/T (sequence parallel)
+  int64_t tp_seq = 0;     // positions per sequence the tp GEMMs see: S (TP), S/sp (TP x SP)
+  int64_t local_seq = 0;  // positions per sequence of the residual stream: tp_seq, or tp_seq/tp (sequence parallel)
 };
 
 class TpStepBase {

@@ -61,7 +61,7 @@ namespace {
 Status check_local_batch(const SpModel& m, const Batch& b) {
   FP_RETURN_IF_ERROR(validate_batch(m.config(), b));
   if (b.seq() != m.shard().local_seq())
-    return invalid_argument("local batch has {} tokens per sequence, the SP shard holds {} (S {} / S_ {})", b.seq(),
+    return invalid_argument("local batch has {} tokens per sequence, the SP shard holds {} (S {} / sp degree {})", b.seq(),
                             m.shard().local_seq(), m.shard().seq(), m.shard().degree());
   return Status();
 }

@@ -1,6 +1,6 @@
-// SpModel: the Llama model under sequence (context) parallelism on one axis of S_ ranks
+// SpModel: the Llama model under sequence (context) parallelism on one axis of sp ranks
 // (docs/tsp.md sections 7-8, the SP baseline). Every rank holds the full weights
-// (replicated) and S/S_ of the tokens (SequenceShard, zigzag by default). Everything
+// (replicated) and S/sp of the tokens (SequenceShard, zigzag by default). Everything
 // token-wise (embedding, norms, projections, MLP, LM head, loss) is local; attention sees
 // every rank's keys through one of two exchanges:
 //   kAllGather  fwd: all_gather K, V over sp;  bwd: all_gather again (the gathered K/V of a
@@ -10,7 +10,7 @@
 // all_reduce at the end of the step (SpGrads). The loss is the mean over the valid tokens of
 // the whole global batch (loss sum and count all_reduced).
 //
-// Traffic per layer per rank, elements (x4 bytes), KV = 2*B*S*h/g*(S_-1)/S_:
+// Traffic per layer per rank, elements (x4 bytes), KV = 2*B*S*h/g*(sp-1)/sp:
 //   forward: KV (all_gather, or N-1 send_recv hops);  backward: KV again + KV of dK/dV
 //   (all_gather + reduce_scatter, or send_recv hops both); recompute adds one forward's
 //   KV for the ring (the all-gather exchange keeps the recomputed gather for the backward).
@@ -37,7 +37,7 @@ struct SpOptions {
   bool overlap = true;
   // kBlock keeps only each block's input and reruns the block (with its exchange) in backward.
   Recompute recompute = Recompute::kNone;
-  bool keep_logits = false;  // verification: return this rank's logits [B, S/S_, V]
+  bool keep_logits = false;  // verification: return this rank's logits [B, S/sp, V]
 };
 
 // The gradients of the replicated weights in one flat buffer [parameter_count()], with
@@ -73,7 +73,7 @@ class SpModel {
   const SequenceShard& shard() const { return shard_; }
   const SpOptions& options() const { return options_; }
 
-  // Loss of this rank's rows local [B, S/S_] (SequenceShard::local_batch of the global batch).
+  // Loss of this rank's rows local [B, S/sp] (SequenceShard::local_batch of the global batch).
   Result<StepResult> forward(Backend& backend, Communicator& sp, const LlamaWeights& weights,
                              const Batch& local) const;
   // Forward and backward; the gradient of the mean loss, summed over the axis, is

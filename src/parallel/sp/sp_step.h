@@ -1,6 +1,6 @@
 // Internal to parallel/sp: the state of one SP forward (+ backward) on one rank, shared by
 // the attention exchanges (sp_attention.cc) and the token-wise parts (sp_step.cc).
-// T = B*S/S_ local rows; every tensor below holds local tokens only, except the gathered
+// T = B*S/sp local rows; every tensor below holds local tokens only, except the gathered
 // K/V of the all-gather exchange.
 #pragma once
 
@@ -17,8 +17,8 @@ namespace foldpar::sp_detail {
 // What one block keeps for its backward (all of it, or only x_in under Recompute::kBlock).
 struct LayerSaved {
   Tensor x_in, rstd_attn, a1;     // [T, h], [T], [T, h]
-  Tensor q, k, v;                 // [B, S/S_, n_h | n_kv, d], q and k after RoPE
-  Tensor attn, lse;               // [B, S/S_, n_h, d], [B, n_h, S/S_]
+  Tensor q, k, v;                 // [B, S/sp, n_h | n_kv, d], q and k after RoPE
+  Tensor attn, lse;               // [B, S/sp, n_h, d], [B, n_h, S/sp]
   // All-gather exchange, Recompute::kBlock only: the gathered K/V [B, S, n_kv, d] of the
   // rerun, used at once by the backward that follows it instead of a second gather.
   Tensor k_full, v_full;
@@ -65,7 +65,7 @@ class SpStep {
   Tensor attention_backward(const LayerWeights& w, LayerSaved& s, const Tensor& d_out, LayerWeights& g);
   // The ring exchange's arguments for this layer's local q, k, v.
   RingAttentionArgs ring_args(const LayerSaved& s);
-  // K, V [B, S/S_, n_kv, d] -> [B, S, n_kv, d] in rank order (2B all-gathers), not waited.
+  // K, V [B, S/sp, n_kv, d] -> [B, S, n_kv, d] in rank order (2B all-gathers), not waited.
   std::vector<CommRequest> start_gather(const Tensor& k, const Tensor& v, Tensor& k_full, Tensor& v_full);
 
   Tensor act(const Shape& shape) const { return Tensor::empty(shape, DType::kF32, MemCategory::kActivations); }
@@ -79,12 +79,12 @@ class SpStep {
   Backend& be_;
   Communicator& comm_;
   int64_t batch_;      // B
-  int64_t local_seq_;  // S/S_
+  int64_t local_seq_;  // S/sp
   int64_t rows_;       // T
   int64_t seq_;        // S
-  Tensor q_pos_;       // i32 [S/S_]
+  Tensor q_pos_;       // i32 [S/sp]
   Tensor k_pos_;       // i32 [S], rank order (the gathered K/V's, and the ring's blocks)
-  Tensor rope_;        // [S/S_, 2, d/2] at the local positions
+  Tensor rope_;        // [S/sp, 2, d/2] at the local positions
   double wait_seconds_ = 0;
 };
 

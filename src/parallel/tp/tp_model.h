@@ -1,8 +1,8 @@
-// TpModel: the Llama model under Megatron tensor parallelism on one axis of T ranks. Every
-// rank holds 1/T of the weights (ShardedWeights: the heads, MLP columns and vocabulary rows
+// TpModel: the Llama model under Megatron tensor parallelism on one axis of tp ranks. Every
+// rank holds 1/tp of the weights (ShardedWeights: the heads, MLP columns and vocabulary rows
 // of rank t, replicated norm gains) and every token of the micro-batch; with sequence
 // parallelism the residual stream and the norms hold only the rank's contiguous block of
-// S/T positions of every sequence. Per block:
+// S/tp positions of every sequence. Per block:
 //
 //   attention  a1 = norm(x); [f] q,k,v of the local heads (column-parallel); RoPE; causal
 //              attention over all S positions; [g] x_mid = x + all_reduce(attn Wo_t^T)
@@ -13,7 +13,7 @@
 //   g' = reduce_scatter(seq) fwd / all_gather(seq) bwd (parallel/tensor_parallel.h).
 //
 // Traffic per rank in elements, sent = received (comm/comm_stats.h convention), with
-// n = B*S*h and G(x) = x (T-1)/T (an all_gather or reduce_scatter of x elements in all; an
+// n = B*S*h and G(x) = x (tp-1)/tp (an all_gather or reduce_scatter of x elements in all; an
 // all_reduce of x moves 2 G(x)):
 //   per layer, forward       plain: all_reduce 4 G(n)  (docs/tsp.md section 7's TP row)
 //                            sequence-parallel: all_gather 2 G(n) + reduce_scatter 2 G(n)
@@ -31,7 +31,7 @@
 //                            the i32 ids and targets (G(2*B*S)), all_gather G(n) of xf before
 //                            the LM head, reduce_scatter G(n) of d_xf, all_gather G(n) of the
 //                            embedding's dX, the final norm's 2 G(h) in the packed all_reduce
-//   keep_logits (verification) adds one all_gather of the local logits [B*S, V/T].
+//   keep_logits (verification) adds one all_gather of the local logits [B*S, V/tp].
 // tests/parallel/tp_traffic_test.cc holds every term, per operation kind.
 //
 // Overlap: the forward's all-reduces sit on the critical path (Megatron's basic schedule);
@@ -55,7 +55,7 @@ namespace foldpar {
 
 struct TpOptions {
   // Megatron sequence parallelism: norms and residual stream sharded by contiguous sequence
-  // blocks (needs S % T == 0); all_gather / reduce_scatter replace the all-reduces.
+  // blocks (needs S % tp == 0); all_gather / reduce_scatter replace the all-reduces.
   bool sequence_parallel = false;
   // Backward: run the dX collectives behind the weight-gradient GEMMs.
   bool overlap = true;
@@ -69,7 +69,7 @@ struct TpOptions {
 
 class TpModel {
  public:
-  // Validates divisibility (heads, KV heads, f, V by T; S by T with sequence parallelism)
+  // Validates divisibility (heads, KV heads, f, V by tp; S by tp with sequence parallelism)
   // and returns invalid_argument naming the numbers otherwise. Not collective.
   static Result<TpModel> create(const LlamaConfig& config, int degree, int rank, int64_t seq,
                                 const TpOptions& options);
@@ -79,10 +79,10 @@ class TpModel {
   const TpOptions& options() const { return options_; }
   int rank() const { return rank_; }
   int64_t seq() const { return seq_; }  // S
-  // Positions per sequence this rank's batch holds: S, or S/T with sequence parallelism.
+  // Positions per sequence this rank's batch holds: S, or S/tp with sequence parallelism.
   int64_t local_seq() const { return options_.sequence_parallel ? seq_ / dims_.degree : seq_; }
   // The rank's rows of a global batch [B, S]: all of them, or with sequence parallelism
-  // positions [t*S/T, (t+1)*S/T) of every sequence. Not collective.
+  // positions [t*S/tp, (t+1)*S/tp) of every sequence. Not collective.
   Batch local_batch(const Batch& global) const;
   // Places this rank's logits rows [B, S_local, V] into `global` [B, S, V] (other rows left).
   void scatter_rows(const Tensor& local, Tensor& global) const;

@@ -61,17 +61,18 @@ TpspModel::TpspModel(const LlamaConfig& config, ShardDims dims, int tp_rank, Seq
   positions_.assign(all.begin() + first, all.begin() + first + n);
 }
 
-Result<TpspModel> TpspModel::create(const LlamaConfig& config, int T, int t, int P, int p, int64_t seq,
-                                    const TpspOptions& options) {
-  FP_ASSIGN_OR_RETURN(ShardDims dims, shard_dims(config, T, "tp"));
-  if (t < 0 || t >= T) return invalid_argument("tp rank {} outside the tp degree ({})", t, T);
-  FP_ASSIGN_OR_RETURN(SequenceShard shard, SequenceShard::create(seq, P, p, options.split));
-  if (options.sequence_parallel && shard.local_seq() % T != 0)
+Result<TpspModel> TpspModel::create(const LlamaConfig& config, int tp_degree, int tp_rank, int sp_degree, int sp_rank,
+                                    int64_t seq, const TpspOptions& options) {
+  FP_ASSIGN_OR_RETURN(ShardDims dims, shard_dims(config, tp_degree, "tp"));
+  if (tp_rank < 0 || tp_rank >= tp_degree)
+    return invalid_argument("tp rank {} outside the tp degree ({})", tp_rank, tp_degree);
+  FP_ASSIGN_OR_RETURN(SequenceShard shard, SequenceShard::create(seq, sp_degree, sp_rank, options.split));
+  if (options.sequence_parallel && shard.local_seq() % tp_degree != 0)
     return invalid_argument(
         "sequence length ({}) must be divisible by the sp degree x the tp degree ({} x {} = {}) with sequence "
         "parallelism",
-        seq, P, T, static_cast<int64_t>(P) * T);
-  return TpspModel(config, dims, t, std::move(shard), options);
+        seq, sp_degree, tp_degree, static_cast<int64_t>(sp_degree) * tp_degree);
+  return TpspModel(config, dims, tp_rank, std::move(shard), options);
 }
 
 Batch TpspModel::local_batch(const Batch& global) const {

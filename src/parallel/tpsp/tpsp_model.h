@@ -1,15 +1,15 @@
-// TpspModel: the Llama model on the 2-D mesh tp=T,sp=S_ (docs/tsp.md sections 7-8, the
+// TpspModel: the Llama model on the 2-D mesh tp=N,sp=M (docs/tsp.md sections 7-8, the
 // TP x SP baseline): Megatron tensor parallelism inside each tp group, sequence (context)
 // parallelism across groups. Rank (t, p) holds the tp slices of rank t (ShardedWeights of
-// degree T: its heads, MLP columns and vocabulary rows; norm gains replicated), identical on
-// every sp rank, and the S/S_ positions of sp shard p (SequenceShard, zigzag by default) of
+// degree tp: its heads, MLP columns and vocabulary rows; norm gains replicated), identical on
+// every sp rank, and the S/sp positions of sp shard p (SequenceShard, zigzag by default) of
 // every sequence. The tp collectives (parallel/tensor_parallel.h) run over the tp
-// communicator on those B*S/S_ token rows; attention exchanges the K/V of the rank's T-sharded
+// communicator on those B*S/sp token rows; attention exchanges the K/V of the rank's tp-sharded
 // KV heads over the sp communicator (parallel/kv_exchange.h, or parallel/ring_attention.h).
 // With sequence parallelism (Megatron's, inside the tp group) the residual stream and the
-// norms hold only a contiguous block of S/(S_ T) of the sp shard's local rows.
+// norms hold only a contiguous block of S/(sp tp) of the sp shard's local rows.
 //
-//   attention  a1 = norm(x); [f] q,k,v of the local heads on the S/S_ local tokens; RoPE at
+//   attention  a1 = norm(x); [f] q,k,v of the local heads on the S/sp local tokens; RoPE at
 //              global positions; K/V over sp (all_gather, or the ring); causal attention of
 //              the local queries; [g] x_mid = x + tp_sum(attn Wo_t^T)
 //   MLP        exactly TP's: [f] silu(a2 Wg_t^T) * (a2 Wu_t^T); [g] x_out = x_mid + tp_sum(act Wd_t^T)
@@ -25,11 +25,11 @@
 //
 // Traffic per rank in elements (comm/comm_stats.h convention: sent = received; an all_reduce
 // of x over M ranks moves 2 x (M-1)/M when M divides x, the ring-block rule otherwise). Notation:
-// N = B*S/S_ the sp shard's token rows, n = N*h, G(x) = x (T-1)/T, and
-// KV = 2*B*S*h/(g T) * (S_-1)/S_ (the gathered K/V of the rank's T-sharded heads):
+// N = B*S/sp the sp shard's token rows, n = N*h, G(x) = x (tp-1)/tp, and
+// KV = 2*B*S*h/(g tp) * (sp-1)/sp (the gathered K/V of the rank's tp-sharded heads):
 //   per layer, forward     tp: all_reduce 4 G(n) in 2 calls | sequence parallel: all_gather
 //                          2 G(n) + reduce_scatter 2 G(n) (2 calls each)
-//                          sp: all_gather KV in 2B calls | ring: send_recv KV in S_-1 hops
+//                          sp: all_gather KV in 2B calls | ring: send_recv KV in sp-1 hops
 //                          (docs/tsp.md section 7's TP x SP row: 4 G(n) + KV)
 //   per layer, backward    tp: plain all_reduce 4 G(n) (dX of both column-parallel GEMMs, 2
 //   (fb minus forward)     calls) | sequence parallel: all_gather 4 G(n) (dY of both sub-blocks,
@@ -37,7 +37,7 @@
 //                          more elements in the per-step tp all_reduce of the norm gains
 //                          sp: all_gather KV again (2B calls) + reduce_scatter KV of dK/dV
 //                          (2B calls) | ring: send_recv 2 KV (K/V ring again, dK/dV ring
-//                          home; 2(S_-1) hops); plus attn+mlp shard elements + 2h more in the
+//                          home; 2(sp-1) hops); plus attn+mlp shard elements + 2h more in the
 //                          per-step sp all_reduce of the gradients
 //   Recompute::kBlock      reruns each block forward in backward with its communication:
 //                          adds one layer's forward; the all-gather exchange keeps the
@@ -51,8 +51,8 @@
 //                          embedding's dX and all_reduce of the (2L+1)h norm gains
 //                          sp: all_reduce of 2 f64 (loss sum, valid count); backward: one
 //                          all_reduce of every gradient this rank holds, L (attn + mlp shard
-//                          elements) + (1 or 2) V/T*h + (2L+1) h (chunks of 2^30 elements)
-//   keep_logits            (verification) adds an all_gather over tp of the rows' [rows, V/T]
+//                          elements) + (1 or 2) V/tp*h + (2L+1) h (chunks of 2^30 elements)
+//   keep_logits            (verification) adds an all_gather over tp of the rows' [rows, V/tp]
 // tests/parallel/tpsp_traffic_test.cc holds every term per communicator and kind.
 //
 // Collective over both communicators: every rank calls forward/forward_backward with the
@@ -74,7 +74,7 @@ struct TpspOptions {
   SeqSplit split = SeqSplit::kZigzag;  // token sharding over sp
   LayoutOptions::KvExchange kv_exchange = LayoutOptions::KvExchange::kAllGather;
   // Megatron sequence parallelism inside the tp group: the residual stream and the norms
-  // hold a contiguous block of S/(S_ T) of the sp shard's local rows (needs S % (S_ T) == 0).
+  // hold a contiguous block of S/(sp tp) of the sp shard's local rows (needs S % (sp tp) == 0).
   bool sequence_parallel = false;
   // Start transfers before the computation that does not need them yet; false: every
   // transfer completes where it starts.
@@ -84,7 +84,7 @@ struct TpspOptions {
   bool keep_logits = false;  // verification: return this rank's logits rows [B, local_seq, V]
 };
 
-// The two axes of the mesh: tp (T ranks) inside, sp (S_ ranks) across.
+// The two axes of the mesh: tp (tp ranks) inside, sp (sp ranks) across.
 struct TpspAxes {
   Communicator* tp = nullptr;
   Communicator* sp = nullptr;
@@ -115,8 +115,8 @@ class TpspGrads {
 
 class TpspModel {
  public:
-  // invalid_argument naming the numbers: heads, KV heads, f and V by T (shard_dims); S by
-  // 2 S_ (zigzag) or S_ (contiguous); with sequence parallelism S/S_ by T. Not collective.
+  // invalid_argument naming the numbers: heads, KV heads, f and V by tp (shard_dims); S by
+  // 2 sp (zigzag) or sp (contiguous); with sequence parallelism S/sp by tp. Not collective.
   static Result<TpspModel> create(const LlamaConfig& config, int tp_degree, int tp_rank, int sp_degree, int sp_rank,
                                   int64_t seq, const TpspOptions& options);
 
@@ -125,9 +125,9 @@ class TpspModel {
   const SequenceShard& shard() const { return shard_; }  // the sp shard
   const TpspOptions& options() const { return options_; }
   int tp_rank() const { return tp_rank_; }
-  // Positions per sequence the tp GEMMs see: S/S_.
+  // Positions per sequence the tp GEMMs see: S/sp.
   int64_t sp_seq() const { return shard_.local_seq(); }
-  // Positions per sequence this rank's batch holds: S/S_, or S/(S_ T) with sequence parallelism.
+  // Positions per sequence this rank's batch holds: S/sp, or S/(sp tp) with sequence parallelism.
   int64_t local_seq() const { return static_cast<int64_t>(positions_.size()); }
   // Global positions of this rank's rows, in local order.
   const std::vector<int32_t>& positions() const { return positions_; }

@@ -1,7 +1,7 @@
 // Internal to parallel/tpsp: the state of one TP x SP forward (+ backward) on one rank. What
 // TP x SP shares with plain TP (row mappings over tp, embedding, head, MLP, the attention's
 // projections, the order of a step) is parallel/tp_step_base.h on the sp shard's rows
-// (tp_seq = S/S_); this adds the attention core with its K/V exchange over sp, the loss's
+// (tp_seq = S/sp); this adds the attention core with its K/V exchange over sp, the loss's
 // sums over sp, and the sums of a step's partial gradients.
 #pragma once
 
@@ -38,7 +38,7 @@ class TpspStep : public tp_detail::TpStepBase {
   double blocked_seconds() const override { return tp_.blocked_seconds() + sp_wait_seconds_; }
 
  private:
-  // The sp exchange: K, V [B, S/S_, kv_heads, d] -> [B, S, kv_heads, d] in sp rank order.
+  // The sp exchange: K, V [B, S/sp, kv_heads, d] -> [B, S, kv_heads, d] in sp rank order.
   std::vector<CommRequest> start_gather_kv_pair(const Tensor& k, const Tensor& v, Tensor& k_full, Tensor& v_full);
   RingAttentionArgs ring_args(const AttnSaved& s);
   double attention_scale() const;
@@ -50,9 +50,9 @@ class TpspStep : public tp_detail::TpStepBase {
   const TpspOptions& opt_;
   Communicator& sp_;
   bool gather_;          // the all-gather K/V exchange (else the ring)
-  Tensor q_pos_;         // i32 [S/S_] global positions of the sp shard's rows
+  Tensor q_pos_;         // i32 [S/sp] global positions of the sp shard's rows
   Tensor k_pos_;         // i32 [S] every sp rank's positions in rank order
-  Tensor rope_;          // [S/S_, 2, d/2]
+  Tensor rope_;          // [S/sp, 2, d/2]
   double sp_wait_seconds_ = 0;
 };
 
