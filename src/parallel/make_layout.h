@@ -9,14 +9,14 @@
 
 namespace foldpar {
 
-// The strategy of the mesh's model axes: tsp=D; tp=N; sp=N; tp=N,sp=M. (A dp axis is the
+// The strategy of the mesh's model axes: tsp=D; tp=T; sp=S; tp=T,sp=S. (A dp axis is the
 // training loop's business: the model is built over the other axes.) invalid_argument for
 // sizes that do not divide, naming the numbers; unimplemented for layouts foldpar does not
 // have. The mesh must outlive the model. Not collective.
 Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& config, Mesh& mesh, int64_t seq,
                                                          const LayoutOptions& options);
 
-// The decoder of a generation layout: tsp=D or tp=N (a dp axis is not a model axis and is
+// The decoder of a generation layout: tsp=D or tp=T (a dp axis is not a model axis and is
 // refused here: generation runs one replica). invalid_argument for sizes that do not divide,
 // unimplemented for the other layouts. The mesh must outlive the decoder. Not collective.
 Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& config, Mesh& mesh,

@@ -49,7 +49,7 @@ Result<LayoutSpec> parse_layout_spec(const std::string& text);
 Result<std::vector<LayoutSpec>> parse_layout_list(const std::string& text);
 
 // The divisibility the strategies require (parallel/*: heads, KV heads, f and V by the
-// weight-sharding degree; S by 2x the sequence degree for zigzag, by tp with seqpar; head
+// weight-sharding degree; S by 2x the sequence degree for zigzag, by T with seqpar; head
 // buckets dividing the KV heads per TSP rank; B by dp), checked without building anything.
 // invalid_argument naming the numbers.
 Status check_layout_sizes(const LlamaConfig& config, const LayoutSpec& layout, int64_t batch, int64_t seq);

@@ -1,9 +1,9 @@
-// The memory replay of tp=N, sp=N and tp=N x sp=M steps (parallel/tp_step_base.cc,
+// The memory replay of tp=T, sp=S_ and tp=T x sp=S_ steps (parallel/tp_step_base.cc,
 // tp_layers.cc, tp/tp_step.cc; parallel/sp/sp_step.cc, sp_attention.cc;
 // parallel/tpsp/tpsp_block.cc; parallel/ring_attention.cc), in the order of their code: see memory_replay.h. One replay
-// serves the three: on the tp group of this rank every weight is 1/tp; the group holds
-// N = B*S/sp token rows (R = N/tp per rank with seqpar); attention of the local queries runs
-// over every position's K/V (gathered over sp, or the ring), the local ones when sp = 1.
+// serves the three: on the tp group of this rank every weight is 1/T; the group holds
+// N = B*S/S_ token rows (R = N/T per rank with seqpar); attention of the local queries runs
+// over every position's K/V (gathered over sp, or the ring), the local ones when S_ = 1.
 #include <algorithm>
 #include <vector>
 
@@ -17,26 +17,26 @@ class TpSpReplay {
  public:
   TpSpReplay(const LlamaConfig& c, const LayoutSpec& l, const MemoryRequest& r, Ledger& led)
       : led_(led), l_(l), mode_(r.mode) {
-    tp = l.tp;
+    T = l.tp;
     bt = l.storage_bytes();
-    sp = l.sp;
+    P = l.sp;
     B = r.batch / l.dp;
     S = r.seq;
-    Sl = S / sp;
+    Sl = S / P;
     N = B * Sl;
-    R = l.sequence_parallel ? N / tp : N;
+    R = l.sequence_parallel ? N / T : N;
     h = c.hidden_size;
-    fr = c.intermediate_size / tp;
-    vr = c.vocab_size / tp;
+    fr = c.intermediate_size / T;
+    vr = c.vocab_size / T;
     L = c.num_hidden_layers;
     d = c.head_dim();
-    hl = c.num_attention_heads / tp;
-    kvl = c.num_key_value_heads / tp;
+    hl = c.num_attention_heads / T;
+    kvl = c.num_key_value_heads / T;
     seqpar = l.sequence_parallel;
     sp_only = l.strategy == PlanStrategy::kSp;
-    gather = sp > 1 || l.strategy == PlanStrategy::kTpSp ? !l.ring : false;
+    gather = P > 1 || l.strategy == PlanStrategy::kTpSp ? !l.ring : false;
     ring = l.ring && (l.strategy != PlanStrategy::kTp);
-    staging = seqpar && B > 1 && tp > 1 ? bt * N * h : 0;
+    staging = seqpar && B > 1 && T > 1 ? bt * N * h : 0;
     full_kv = bt * B * S * kvl * d;  // one of K, V gathered over sp
     packed = 2 * bt * B * Sl * kvl * d;  // one ring block: K and V of one rank's tokens
     train_ = r.mode == PlanMode::kTrain;
@@ -105,7 +105,7 @@ class TpSpReplay {
   }
 
   // Final norm, LM head and loss; returns what is kept for backward (rstd, xf or xf_full,
-  // the local logits [N, V/tp], lse; x_last is already live).
+  // the local logits [N, V/T], lse; x_last is already live).
   Bundle head_forward() {
     led_.phase("LM head forward");
     Bundle head;
@@ -291,11 +291,11 @@ class TpSpReplay {
       // The K|V blocks in use and arriving, the step's dK|dV partial, this rank's own
       // accumulator and the travelling ones (2 ranks: 3 at the attention, 4 after; 3: 5; more:
       // 6), with the step's dq and the flash workspace.
-      const int64_t blocks = sp == 2 ? 3 : (sp == 3 ? 5 : 6);
+      const int64_t blocks = P == 2 ? 3 : (P == 3 ? 5 : 6);
       led_.add(kC, blocks * packed);
       led_.touch(kW, bt * N * hl * d + flash_workspace(Sl, Sl, hl, kvl, d, true));
       led_.sub(kC, blocks * packed);
-      if (sp == 2) led_.touch(kC, 4 * packed);
+      if (P == 2) led_.touch(kC, 4 * packed);
     } else {
       led_.touch(kW, flash_workspace(Sl, Sl, hl, kvl, d, true));
     }
@@ -323,7 +323,7 @@ class TpSpReplay {
   const LayoutSpec& l_;
   PlanMode mode_;
   bool train_ = false, keep_ = false, seqpar = false, sp_only = false, gather = false, ring = false;
-  int64_t bt, tp, sp, B, S, Sl, N, R, h, fr, vr, L, d, hl, kvl, staging, full_kv, packed;
+  int64_t bt, T, P, B, S, Sl, N, R, h, fr, vr, L, d, hl, kvl, staging, full_kv, packed;
 };
 
 }  // namespace

@@ -67,19 +67,19 @@ AxisTraffic tsp_traffic(const Dims& m, const LayoutSpec& l, PlanMode mode, int p
   return a;
 }
 
-// ---- tp on N token rows (B*S, or B*S/sp inside tp x sp) ----
+// ---- tp=T on N token rows (B*S, or B*S/S_ inside tp x sp) ----
 AxisTraffic tp_traffic(const Dims& m, const LayoutSpec& l, PlanMode mode, u64 rows, int t) {
-  const u64 tp = static_cast<u64>(l.tp), L = m.L, n = rows * m.h, beta = static_cast<u64>(l.storage_bytes());
-  const bool seqpar = l.sequence_parallel;
-  auto G = [&](u64 x) { return x * (tp - 1) / tp; };
+  const u64 T = static_cast<u64>(l.tp), L = m.L, n = rows * m.h, beta = static_cast<u64>(l.storage_bytes());
+  const bool sp = l.sequence_parallel;
+  auto G = [&](u64 x) { return x * (T - 1) / T; };
   AxisTraffic a{"tp", l.tp, {}};
   if (mode == PlanMode::kDecode) {
     for (u64 i = 0; i < 1 + 2 * L; ++i) a.add_all_reduce(1, m.B * m.h, t, kF32);
-    a.add(PlanOp::kAllGather, 1, G(tp * m.B * (m.V / tp)), kF32);
+    a.add(PlanOp::kAllGather, 1, G(T * m.B * (m.V / T)), kF32);
     return a;
   }
   auto layer_forward = [&](u64 times) {
-    if (seqpar) {
+    if (sp) {
       a.add(PlanOp::kAllGather, 2 * times, 2 * times * G(n), beta);
       a.add(PlanOp::kReduceScatter, 2 * times, 2 * times * G(n), beta);
     } else {
@@ -87,20 +87,20 @@ AxisTraffic tp_traffic(const Dims& m, const LayoutSpec& l, PlanMode mode, u64 ro
     }
   };
   layer_forward(L);
-  if (seqpar) {
+  if (sp) {
     a.add(PlanOp::kAllGather, 1, G(2 * rows), kI32);  // ids and targets
     a.add(PlanOp::kReduceScatter, 1, G(n), beta);     // embedding (g')
   } else {
     a.add_all_reduce(1, n, t, beta);  // embedding (g)
   }
   if (mode == PlanMode::kPrefill) return a;
-  if (seqpar) a.add(PlanOp::kAllGather, 1, G(n), beta);  // xf before the LM head (f')
+  if (sp) a.add(PlanOp::kAllGather, 1, G(n), beta);  // xf before the LM head (f')
   a.add_all_reduce(1, rows, t, kF32);                 // loss: row maxima
   a.add_all_reduce(1, 2 * rows, t, kF32);             // loss: sums and target logits
   if (mode != PlanMode::kTrain) return a;
   const bool rc = l.recompute == Recompute::kBlock;
   if (rc) layer_forward(L);
-  if (seqpar) {
+  if (sp) {
     a.add(PlanOp::kAllGather, 2 * L, 2 * L * G(n), beta);                        // dY (g'^T)
     if (!rc) a.add(PlanOp::kAllGather, 2 * L, 2 * L * G(n), beta);               // norm outputs again
     a.add(PlanOp::kReduceScatter, 2 * L, 2 * L * G(n), beta);                    // dX (f'^T)
@@ -113,11 +113,11 @@ AxisTraffic tp_traffic(const Dims& m, const LayoutSpec& l, PlanMode mode, u64 ro
   return a;
 }
 
-// ---- the sequence axis of sp (weights replicated) or of tp x sp (heads 1/tp) ----
+// ---- the sequence axis of sp=S_ (weights replicated) or of tp x sp (heads 1/T) ----
 AxisTraffic sp_traffic(const Dims& m, const LayoutSpec& l, PlanMode mode, int p, u64 grad_elements) {
-  const u64 sp = static_cast<u64>(l.sp), tp = static_cast<u64>(l.tp), L = m.L, hops = sp - 1;
+  const u64 P = static_cast<u64>(l.sp), T = static_cast<u64>(l.tp), L = m.L, hops = P - 1;
   const u64 beta = static_cast<u64>(l.storage_bytes());
-  const u64 KV = 2 * m.B * (m.S / sp) * (m.n_kv / tp) * m.d * hops;
+  const u64 KV = 2 * m.B * (m.S / P) * (m.n_kv / T) * m.d * hops;
   AxisTraffic a{"sp", l.sp, {}};
   auto exchange = [&](u64 times) {
     if (l.ring) {
@@ -252,8 +252,8 @@ double tsp_forward_layer_elements(const LlamaConfig& c, int64_t tokens, int degr
 }
 
 double tp_forward_layer_elements(const LlamaConfig& c, int64_t tokens, int degree) {
-  const double tp = degree;
-  return 4 * static_cast<double>(tokens) * static_cast<double>(c.hidden_size) * (tp - 1) / tp;
+  const double T = degree;
+  return 4 * static_cast<double>(tokens) * static_cast<double>(c.hidden_size) * (T - 1) / T;
 }
 
 double tsp_tp_forward_crossover_tokens(const LlamaConfig& c) {

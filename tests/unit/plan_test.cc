@@ -1,6 +1,6 @@
 // The plan's arithmetic (src/plan): layout specs and their errors, hardware descriptions and
-// their errors, parameters per rank, the forward-traffic crossover B*S = 8h of docs/tsp.md
-// section 7 read from the predicted (counted-convention) bytes, and the planner's choice. The predictions
+// their errors, parameters per rank, the spec's forward-traffic crossover B*S = 8h read from
+// the predicted (counted-convention) bytes, and the planner's choice. The predictions
 // against measurement are tests/parallel/plan_validation_test.cc.
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 namespace foldpar {
 namespace {
 
-// g = 1, f = 4h: docs/tsp.md section 7's crossover is exactly 8h.
+// g = 1, f = 4h: the spec's crossover is exactly 8h.
 LlamaConfig mha_config(int64_t layers = 1) {
   LlamaConfig c;
   c.hidden_size = 64;
@@ -135,7 +135,7 @@ TEST(PlanTrafficTest, ForwardCrossoverIsEightHFromTheCountedBytes) {
     EXPECT_GT(layer_forward_bytes(tsp.c_str(), 4 * h), layer_forward_bytes(tp.c_str(), 4 * h));
     EXPECT_EQ(layer_forward_bytes(tsp.c_str(), 8 * h), layer_forward_bytes(tp.c_str(), 8 * h));
     EXPECT_LT(layer_forward_bytes(tsp.c_str(), 16 * h), layer_forward_bytes(tp.c_str(), 16 * h));
-    // And both equal the formulas of docs/tsp.md section 7 (elements x 4 bytes).
+    // And both equal the spec's formulas (elements x 4 bytes).
     EXPECT_EQ(static_cast<double>(layer_forward_bytes(tsp.c_str(), 16 * h)),
               4 * tsp_forward_layer_elements(c, 16 * h, D));
     EXPECT_EQ(static_cast<double>(layer_forward_bytes(tp.c_str(), 16 * h)), 4 * tp_forward_layer_elements(c, 16 * h, D));
