@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   o.seqs = {4096, 16384};
   CLI::App app{"Layouts side by side on the same kernels, beside the plan (run under mpirun)", "layout_bench"};
   app.add_option("--model", model, "model config (JSON)");
-  app.add_option("--layouts", layouts, "layouts, comma-separated (plan/layout_spec.h grammar)");
+  app.add_option("--layouts", layouts, "the layouts to compare, each using every rank");
   app.add_option("--seq", o.seqs, "sequence lengths S, comma-separated")->delimiter(',')->check(bench::kPositive);
   app.add_option("--reps", o.reps, "interleaved repetitions (medians)")->check(bench::kPositive);
   app.add_flag("--memory-only", o.memory_only, "one step per layout (oversubscribed runs: time means little)");
