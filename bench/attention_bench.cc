@@ -11,18 +11,15 @@
 // thread's CPU time, so that other processes sharing the machine distort them less.
 #include <cblas.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <ctime>
 #include <functional>
-#include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "bench_cli.h"
 #include "core/rng.h"
+#include "core/timing.h"
 
 namespace foldpar {
 namespace {
@@ -36,58 +33,9 @@ struct Options {
   double seconds = 4.0;   // time budget per figure, bounds the repetitions of the large sizes
 };
 
-std::vector<int64_t> parse_list(const char* s) {
-  std::vector<int64_t> v;
-  for (const char* p = s; *p;) {
-    char* end = nullptr;
-    v.push_back(std::strtoll(p, &end, 10));
-    if (end == p) break;
-    p = *end == ',' ? end + 1 : end;
-  }
-  return v;
-}
-
-bool parse_options(int argc, char** argv, Options& o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const size_t eq = a.find('=');
-    const std::string key = a.substr(0, eq), val = eq == std::string::npos ? "" : a.substr(eq + 1);
-    if (key == "--S") o.seq_lens = parse_list(val.c_str());
-    else if (key == "--d") o.head_dims = parse_list(val.c_str());
-    else if (key == "--h") o.hidden = std::atoll(val.c_str());
-    else if (key == "--group") o.group = std::atoll(val.c_str());
-    else if (key == "--reps") o.reps = std::atoi(val.c_str());
-    else if (key == "--seconds") o.seconds = std::atof(val.c_str());
-    else {
-      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
-      return false;
-    }
-  }
-  return true;
-}
-
-// CPU time of the calling thread (OpenBLAS runs single-threaded in it): on a shared machine
-// wall time also counts the slices other processes held the core, CPU time does not.
-double now_s() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-// Median seconds of one call of fn over the repetitions, after one warm-up call.
-double median_seconds(const std::function<void()>& fn, const Options& o) {
-  double t0 = now_s();
-  fn();
-  const double first = now_s() - t0;
-  const int reps = std::max(3, std::min(o.reps, static_cast<int>(o.seconds / std::max(first, 1e-9))));
-  std::vector<double> times;
-  for (int r = 0; r < reps; ++r) {
-    t0 = now_s();
-    fn();
-    times.push_back(now_s() - t0);
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+// Median seconds of one call of fn: thread CPU time, `reps` calls within the time budget.
+double cpu_median_seconds(const std::function<void()>& fn, const Options& o) {
+  return median_seconds({.reps = o.reps, .clock = Clock::kThreadCpu, .budget_seconds = o.seconds}, fn);
 }
 
 Tensor random_tensor(const Shape& shape, uint64_t stream) {
@@ -100,7 +48,7 @@ Tensor random_tensor(const Shape& shape, uint64_t stream) {
 double sgemm_gflops(int m, int n, int k, bool trans_b, const Options& o) {
   const Tensor a = random_tensor({m, k}, 1), b = random_tensor({k, n}, 2);
   Tensor c = Tensor::empty({m, n}, DType::kF32, MemCategory::kWorkspace);
-  const double t = median_seconds(
+  const double t = cpu_median_seconds(
       [&] {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f,
                     a.data<float>(), k, b.data<float>(), trans_b ? k : n, 0.0f, c.data<float>(), n);
@@ -130,9 +78,9 @@ void run_attention(int64_t S, int64_t d, const Options& o) {
   // The reference rate is measured again for every row: the machine is shared, and a ratio
   // is only meaningful against a rate taken at the same time.
   const double sgemm_rate = sgemm_gflops(2048, 2048, 2048, false, o);
-  const double fwd_s = median_seconds([&] { backend->attention_forward(args, out, lse); }, o);
+  const double fwd_s = cpu_median_seconds([&] { backend->attention_forward(args, out, lse); }, o);
   const double bwd_s =
-      median_seconds([&] { backend->attention_backward(args, out, lse, d_out, dq, dk, dv); }, o);
+      cpu_median_seconds([&] { backend->attention_backward(args, out, lse, d_out, dq, dk, dv); }, o);
   const double pairs = static_cast<double>(S) * (S + 1) / 2;
   const double fwd = 4.0 * d * pairs * n_h / fwd_s * 1e-9, bwd = 8.0 * d * pairs * n_h / bwd_s * 1e-9;
   std::printf("%6ld %4ld %4ld %4ld %9.1f %10.2f %9.1f %6.0f%% %10.2f %9.1f %6.0f%%\n", S, d, n_h, n_kv, sgemm_rate,
@@ -157,7 +105,14 @@ int run(const Options& o) {
 }  // namespace foldpar
 
 int main(int argc, char** argv) {
-  foldpar::Options options;
-  if (!foldpar::parse_options(argc, argv, options)) return 2;
-  return foldpar::run(options);
+  foldpar::Options o;
+  CLI::App app{"Single-thread throughput of the CPU backend's flash attention beside cblas_sgemm", "attention_bench"};
+  app.add_option("--S", o.seq_lens, "sequence lengths, comma-separated")->delimiter(',')->check(foldpar::bench::kPositive);
+  app.add_option("--d", o.head_dims, "head dims, comma-separated")->delimiter(',')->check(foldpar::bench::kPositive);
+  app.add_option("--h", o.hidden, "hidden size n_h * d")->check(foldpar::bench::kPositive);
+  app.add_option("--group", o.group, "n_h / n_kv")->check(foldpar::bench::kPositive);
+  app.add_option("--reps", o.reps, "timed runs per figure (at most)")->check(foldpar::bench::kPositive);
+  app.add_option("--seconds", o.seconds, "time budget per figure")->check(foldpar::bench::kPositive);
+  if (std::optional<int> rc = foldpar::bench::parse_flags(app, argc, argv)) return *rc;
+  return foldpar::run(o);
 }

@@ -24,16 +24,15 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "bench_cli.h"
 #include "comm/mpi_runtime.h"
 #include "core/check.h"
+#include "core/timing.h"
 
 namespace foldpar {
 namespace {
@@ -50,41 +49,18 @@ struct BenchOptions {
                                   "reduce",     "all_to_all", "send_recv"};
 };
 
-Result<BenchOptions> parse_args(int argc, char** argv) {
-  BenchOptions o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : ""; };
-    if (arg == "--reps") {
-      o.reps = std::atoi(next());
-    } else if (arg == "--min-bytes") {
-      o.min_bytes = std::strtoull(next(), nullptr, 10);
-    } else if (arg == "--max-bytes") {
-      o.max_bytes = std::strtoull(next(), nullptr, 10);
-    } else if (arg == "--sample-ms") {
-      o.sample_ms = std::atof(next());
-    } else if (arg == "--nonblocking") {
-      o.nonblocking = true;
-    } else if (arg == "--overlap") {
-      o.overlap = true;
-    } else if (arg == "--raw-vs-raw") {
-      o.raw_vs_raw = true;
-    } else if (arg == "--ops") {
-      o.ops.clear();
-      std::string list = next();
-      for (size_t b = 0, e; b <= list.size(); b = e + 1) {
-        e = std::min(list.find(',', b), list.size());
-        if (e > b) o.ops.push_back(list.substr(b, e - b));
-      }
-    } else {
-      return invalid_argument("unknown argument '{}'", arg);
-    }
-  }
-  if (o.reps < 1 || o.min_bytes < 1 || o.max_bytes < o.min_bytes || o.sample_ms <= 0) {
-    return invalid_argument("--reps ({}) and --sample-ms ({}) must be positive and --min-bytes ({}) <= --max-bytes ({})",
-                            o.reps, o.sample_ms, o.min_bytes, o.max_bytes);
-  }
-  return o;
+void add_flags(CLI::App& app, BenchOptions& o) {
+  app.add_option("--reps", o.reps, "samples per variant (medians)")->check(bench::kPositive);
+  app.add_option("--min-bytes", o.min_bytes, "smallest message size")->check(bench::kPositive);
+  app.add_option("--max-bytes", o.max_bytes, "largest message size")->check(bench::kPositive);
+  app.add_option("--sample-ms", o.sample_ms, "target duration of one sample")->check(bench::kPositive);
+  app.add_option("--ops", o.ops, "collectives, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
+                             "send_recv"}));
+  app.add_flag("--nonblocking", o.nonblocking, "time the i-forms + wait instead of the blocking calls");
+  app.add_flag("--overlap", o.overlap, "measure how much of an iall_reduce hides behind computation");
+  app.add_flag("--raw-vs-raw", o.raw_vs_raw, "raw MPI in both columns: the noise floor");
 }
 
 // One operation at one size: the layer's call and the raw MPI call on the same buffers.
@@ -224,22 +200,14 @@ Case make_case(const std::string& op, size_t size_bytes, Communicator& comm, Buf
   return c;
 }
 
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
 // Mean seconds per call of `fn` over `iters` calls, the slowest rank's.
 double time_sample(const std::function<void()>& fn, int iters) {
   BENCH_MPI(MPI_Barrier(MPI_COMM_WORLD));
-  const double t0 = now_s();
+  const double t0 = now_seconds();
   for (int i = 0; i < iters; ++i) fn();
-  double t = (now_s() - t0) / iters, slowest = 0;
+  double t = (now_seconds() - t0) / iters, slowest = 0;
   BENCH_MPI(MPI_Allreduce(&t, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
   return slowest;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
 struct Row {
@@ -247,13 +215,6 @@ struct Row {
   double overhead;        // median over sample pairs of layer / raw - 1
   double raw_spread;      // interquartile range / median of the raw samples
 };
-
-double quantile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  const double x = q * (v.size() - 1);
-  const size_t i = static_cast<size_t>(x);
-  return i + 1 < v.size() ? v[i] + (x - i) * (v[i + 1] - v[i]) : v[i];
-}
 
 Row measure(const Case& c, const BenchOptions& o) {
   for (int i = 0; i < 2; ++i) {  // warm up both paths (connections, algorithm selection)
@@ -324,10 +285,10 @@ void run(MpiRuntime& mpi, const BenchOptions& o) {
 // `between()` run after each piece.
 double compute(double seconds, int slices, const std::function<void()>& between) {
   volatile double acc = 0;
-  const double t_end = now_s() + seconds;
+  const double t_end = now_seconds() + seconds;
   for (int s = 0; s < slices; ++s) {
-    const double slice_end = now_s() + (t_end - now_s()) / (slices - s);
-    while (now_s() < slice_end) {
+    const double slice_end = now_seconds() + (t_end - now_seconds()) / (slices - s);
+    while (now_seconds() < slice_end) {
       for (int i = 0; i < 1000; ++i) acc = acc + 1e-9 * i;
     }
     between();
@@ -388,15 +349,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   foldpar::MpiRuntime mpi(&argc, &argv, comm_options.value());
-  Result<BenchOptions> options = foldpar::parse_args(argc, argv);
-  if (!options.ok()) {
-    if (mpi.world_rank() == 0) std::fprintf(stderr, "comm_bench: %s\n", options.status().to_string().c_str());
+  BenchOptions options;
+  CLI::App app{"Every collective through the communication layer beside raw MPI (run under mpirun)", "comm_bench"};
+  foldpar::add_flags(app, options);
+  if (std::optional<int> rc = foldpar::bench::parse_flags(app, argc, argv, mpi.world_rank() == 0)) return *rc;
+  if (options.max_bytes < options.min_bytes) {
+    if (mpi.world_rank() == 0)
+      std::fprintf(stderr, "comm_bench: --min-bytes (%zu) must be <= --max-bytes (%zu)\n", options.min_bytes,
+                   options.max_bytes);
     return 2;
   }
-  if (options->overlap) {
-    foldpar::run_overlap(mpi, options.value());
+  if (options.overlap) {
+    foldpar::run_overlap(mpi, options);
   } else {
-    foldpar::run(mpi, options.value());
+    foldpar::run(mpi, options);
   }
   return 0;
 }

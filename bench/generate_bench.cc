@@ -8,34 +8,21 @@
 //            seconds (slowest rank), milliseconds per step, bytes each rank sent per step.
 // Repetitions alternate the layouts; medians. Every layout uses all the job's ranks.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "bench_cli.h"
 #include "comm/comm_stats.h"
 #include "comm/mesh.h"
 #include "comm/mpi_runtime.h"
 #include "core/rng.h"
+#include "core/timing.h"
 #include "parallel/make_layout.h"
 
 using namespace foldpar;
 
 namespace {
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, sep);)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 double max_over(Communicator& world, double x) {
   FP_CHECK_OK(world.all_reduce(&x, &x, 1, DType::kF64, ReduceOp::kMax));
@@ -83,9 +70,9 @@ void prefill_once(Communicator& world, const LlamaConfig& c, const std::string& 
   auto be = make_cpu_backend();
   const auto p = prompts(c, 1, S);
   FP_CHECK_OK(world.barrier());
-  const auto t0 = std::chrono::steady_clock::now();
+  const double t0 = now_seconds();
   FP_CHECK_OK(m.decoder->prefill(*be, p, 0).status());  // prefill alone: S may be the longest context
-  row.seconds.push_back(max_over(world, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
+  row.seconds.push_back(max_over(world, now_seconds() - t0));
   row.comm.push_back(m.decoder->times().prefill_comm_seconds);
   row.cache = static_cast<int64_t>(max_over(world, static_cast<double>(m.decoder->cache().bytes())));
   row.peak = static_cast<int64_t>(max_over(world, static_cast<double>(mt.stats().peak_total - base)));
@@ -105,7 +92,7 @@ void decode_once(Communicator& world, const LlamaConfig& c, const std::string& l
   std::vector<int32_t> tokens(static_cast<size_t>(B));
   FP_CHECK_OK(world.barrier());
   ScopedCommCounter counter(m.mesh->communicators());
-  const auto t0 = std::chrono::steady_clock::now();
+  const double t0 = now_seconds();
   for (int64_t t = 0; t < steps; ++t) {
     const int64_t V = logits->dim(1);
     for (int64_t b = 0; b < B; ++b) {
@@ -115,7 +102,7 @@ void decode_once(Communicator& world, const LlamaConfig& c, const std::string& l
     logits = m.decoder->decode(*be, tokens);
     FP_CHECK_OK(logits.status());
   }
-  row.seconds.push_back(max_over(world, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
+  row.seconds.push_back(max_over(world, now_seconds() - t0));
   row.bytes_per_step = counter.delta().total().bytes_sent / static_cast<uint64_t>(steps);
 }
 
@@ -127,35 +114,27 @@ struct Args {
   int reps = 1;
 };
 
-std::vector<int64_t> ints(const std::string& s) {
-  std::vector<int64_t> v;
-  for (const std::string& x : split(s, ',')) v.push_back(std::stoll(x));
-  return v;
-}
-
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--model") a.model = v;
-    else if (k == "--layouts") a.layouts = split(v, ',');
-    else if (k == "--seq") a.seqs = ints(v);
-    else if (k == "--batch") a.batches = ints(v);
-    else if (k == "--prompt") a.prompt = std::stoll(v);
-    else if (k == "--new") a.steps = std::stoll(v);
-    else if (k == "--reps") a.reps = std::stoi(v);
-  }
-  return a;
+void add_flags(CLI::App& app, Args& a) {
+  app.add_option("--model", a.model, "model config (JSON)");
+  app.add_option("--layouts", a.layouts, "generation layouts, comma-separated (each uses every rank)")->delimiter(',');
+  app.add_option("--seq", a.seqs, "prefill prompt lengths S, comma-separated")->delimiter(',')->check(bench::kPositive);
+  app.add_option("--batch", a.batches, "decode batch sizes B, comma-separated")->delimiter(',')->check(bench::kPositive);
+  app.add_option("--prompt", a.prompt, "tokens per decode prompt")->check(bench::kPositive);
+  app.add_option("--new", a.steps, "decode steps")->check(bench::kPositive);
+  app.add_option("--reps", a.reps, "repetitions, alternating the layouts (medians)")->check(bench::kPositive);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args a = parse(argc, argv);
+  Args a;
+  CLI::App app{"Generation side by side: prefill and decode under several layouts (run under mpirun)", "generate_bench"};
+  add_flags(app, a);
   Result<CommOptions> options = CommOptions::from_env();
   FP_CHECK_OK(options.status());
   MpiRuntime mpi(&argc, &argv, options.value());
   Communicator& world = mpi.world();
+  if (std::optional<int> rc = bench::parse_flags(app, argc, argv, world.rank() == 0)) return *rc;
   Result<LlamaConfig> c = LlamaConfig::load(a.model);
   FP_CHECK_OK(c.status());
   const bool root = world.rank() == 0;

@@ -9,17 +9,17 @@
 // pair per head forward and 2.5x that backward (FlashAttention's convention); the training
 // step uses model/flop_count.h. MFU = step FLOP/s / peak bf16 dense (989 TFLOP/s for an
 // H200 SXM unless --peak-tflops says otherwise).
-#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "app/synthetic.h"
 #include "backend/cuda/cuda_backend.h"
+#include "bench_cli.h"
+#include "core/timing.h"
 #include "model/flop_count.h"
 #include "model/llama_model.h"
 
@@ -36,10 +36,10 @@ struct Flags {
 double time_per_call(CudaBackend& be, int warmup, int iters, const std::function<void()>& fn) {
   for (int i = 0; i < warmup; ++i) fn();
   be.synchronize();
-  const auto t0 = std::chrono::steady_clock::now();
+  const double t0 = now_seconds();
   for (int i = 0; i < iters; ++i) fn();
   be.synchronize();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+  return (now_seconds() - t0) / iters;
 }
 
 void result(const char* key, double value) { std::printf("RESULT %s %.4g\n", key, value); }
@@ -169,17 +169,10 @@ int run(const Flags& f) {
 
 int main(int argc, char** argv) {
   foldpar::Flags f;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) {
-      f.quick = true;
-    } else if (std::strcmp(argv[i], "--peak-tflops") == 0 && i + 1 < argc) {
-      f.peak_tflops = std::atof(argv[++i]);
-    } else if (std::strcmp(argv[i], "--configs") == 0 && i + 1 < argc) {
-      f.config_dir = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: gpu_bench [--quick] [--peak-tflops T] [--configs DIR]\n");
-      return 2;
-    }
-  }
+  CLI::App app{"GPU benchmark: bf16 GEMM, flash attention and a training step on the CUDA backend", "gpu_bench"};
+  app.add_flag("--quick", f.quick, "smaller sizes, for a smoke run");
+  app.add_option("--peak-tflops", f.peak_tflops, "bf16 dense peak of the device, for the MFU")->check(foldpar::bench::kPositive);
+  app.add_option("--configs", f.config_dir, "directory holding small.json and llama-1b.json");
+  if (std::optional<int> rc = foldpar::bench::parse_flags(app, argc, argv)) return *rc;
   return foldpar::run(f);
 }

@@ -11,62 +11,37 @@
 // bytes rank 0 sent, each beside the plan's prediction. --memory-only runs one step per
 // layout (for oversubscribed runs, where time means little).
 #include <cstdio>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "app/layout_bench.h"
+#include "bench_cli.h"
 #include "comm/mpi_runtime.h"
 
 using namespace foldpar;
 
-namespace {
-
-Result<std::vector<int64_t>> parse_seqs(const std::string& s) {
-  std::vector<int64_t> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');) {
-    if (item.empty()) continue;
-    try {
-      out.push_back(std::stoll(item));
-    } catch (const std::exception&) {
-      return invalid_argument("--seq: '{}' is not a number", item);
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
-  std::string model = "configs/small.json", layouts = "tsp=2;tp=2;sp=2;sp=2:ring", seqs = "4096,16384";
+  std::string model = "configs/small.json", layouts = "tsp=2;tp=2;sp=2;sp=2:ring";
   std::string hardware, out;
-  int reps = 3;
-  bool memory_only = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-    if (a == "--model") model = value();
-    else if (a == "--layouts") layouts = value();
-    else if (a == "--seq") seqs = value();
-    else if (a == "--reps") reps = std::atoi(value().c_str());
-    else if (a == "--memory-only") memory_only = true;
-    else if (a == "--hardware") hardware = value();
-    else if (a == "--out") out = value();
-    else {
-      std::fprintf(stderr, "layout_bench: unknown argument %s\n", a.c_str());
-      return 2;
-    }
-  }
+  LayoutBenchOptions o;
+  o.seqs = {4096, 16384};
+  CLI::App app{"Layouts side by side on the same kernels, beside the plan (run under mpirun)", "layout_bench"};
+  app.add_option("--model", model, "model config (JSON)");
+  app.add_option("--layouts", layouts, "the layouts to compare, each using every rank");
+  app.add_option("--seq", o.seqs, "sequence lengths S, comma-separated")->delimiter(',')->check(bench::kPositive);
+  app.add_option("--reps", o.reps, "interleaved repetitions (medians)")->check(bench::kPositive);
+  app.add_flag("--memory-only", o.memory_only, "one step per layout (oversubscribed runs: time means little)");
+  app.add_option("--hardware", hardware, "hardware JSON for the predicted step time");
+  app.add_option("--out", out, "directory for table.csv, table.json and the plots");
   Result<CommOptions> comm_options = CommOptions::from_env();
   MpiRuntime mpi(&argc, &argv, comm_options.ok() ? comm_options.value() : CommOptions());
   Communicator& world = mpi.world();
+  if (std::optional<int> rc = bench::parse_flags(app, argc, argv, world.rank() == 0)) return *rc;
   set_cpu_backend_threads(1);
   auto fail = [&](const Status& s) {
     if (world.rank() == 0) std::fprintf(stderr, "layout_bench: %s\n", s.to_string().c_str());
     return 2;
   };
-  LayoutBenchOptions o;
   Hardware hw;
   Result<LlamaConfig> config = LlamaConfig::load(model);
   if (!config.ok()) return fail(config.status());
@@ -74,11 +49,6 @@ int main(int argc, char** argv) {
   Result<std::vector<Layout>> specs = parse_layout_list({layouts});
   if (!specs.ok()) return fail(specs.status());
   o.layouts = *specs;
-  Result<std::vector<int64_t>> s = parse_seqs(seqs);
-  if (!s.ok()) return fail(s.status());
-  o.seqs = *s;
-  o.reps = reps;
-  o.memory_only = memory_only;
   if (!hardware.empty()) {
     Result<Hardware> h = Hardware::load(hardware);
     if (!h.ok()) return fail(h.status());

@@ -5,13 +5,13 @@
 // operands, interleaved, as microseconds per call and their ratio.
 // Usage: matmul_bench [--model configs/small.json] [--tokens 1024,4096] [--rows 1,2,4,8] [--reps 9]
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "bench_cli.h"
+#include "core/timing.h"
 #include "model/llama_config.h"
 #include "sgemm_rate.h"
 
@@ -29,14 +29,8 @@ double rate(Backend& be, const Shape3& s, int reps) {
   Tensor a = Tensor::zeros(s.ta ? Shape{s.k, s.m} : Shape{s.m, s.k}, DType::kF32, MemCategory::kWorkspace);
   Tensor b = Tensor::zeros(s.tb ? Shape{s.n, s.k} : Shape{s.k, s.n}, DType::kF32, MemCategory::kWorkspace);
   Tensor c = Tensor::zeros({s.m, s.n}, DType::kF32, MemCategory::kWorkspace);
-  be.matmul(a, s.ta, b, s.tb, c);
-  std::vector<double> secs;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    be.matmul(a, s.ta, b, s.tb, c);
-    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return 2.0 * static_cast<double>(s.m * s.n * s.k) / bench::median(secs) / 1e9;
+  const double secs = median_seconds({.reps = reps}, [&] { be.matmul(a, s.ta, b, s.tb, c); });
+  return 2.0 * static_cast<double>(s.m * s.n * s.k) / secs / 1e9;
 }
 
 // Median seconds of the backend's matmul and of cblas_sgemm on the same [m, k] x [n, k]^T
@@ -55,11 +49,6 @@ PairTimes decode_pair(Backend& be, int64_t m, int64_t n, int64_t k, bool tb, int
                 static_cast<int>(k), 1.0f, a.data<float>(), static_cast<int>(k), b.data<float>(),
                 static_cast<int>(tb ? k : n), 0.0f, c.data<float>(), static_cast<int>(n));
   };
-  auto timed = [](auto&& f) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
   auto rows_gemv = [&] {  // one sgemv per row of a
     for (int64_t i = 0; i < m; ++i)
       cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, static_cast<int>(tb ? n : k),
@@ -71,11 +60,11 @@ PairTimes decode_pair(Backend& be, int64_t m, int64_t n, int64_t k, bool tb, int
   rows_gemv();
   std::vector<double> mine, theirs, gemv;
   for (int i = 0; i < reps; ++i) {
-    mine.push_back(timed([&] { be.matmul(a, false, b, tb, c); }));
-    theirs.push_back(timed(direct));
-    gemv.push_back(timed(rows_gemv));
+    mine.push_back(seconds_of([&] { be.matmul(a, false, b, tb, c); }));
+    theirs.push_back(seconds_of(direct));
+    gemv.push_back(seconds_of(rows_gemv));
   }
-  return {bench::median(mine), bench::median(theirs), bench::median(gemv)};
+  return {median(mine), median(theirs), median(gemv)};
 }
 
 }  // namespace
@@ -85,25 +74,14 @@ int main(int argc, char** argv) {
   std::vector<int64_t> tokens = {1024, 4096};
   std::vector<int64_t> rows = {1, 2, 4, 8};
   int reps = 9;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i], v = argv[i + 1];
-    if (a == "--model") {
-      model = v;
-    } else if (a == "--tokens") {
-      tokens.clear();
-      std::stringstream ss(v);
-      for (std::string item; std::getline(ss, item, ',');) tokens.push_back(std::stoll(item));
-    } else if (a == "--rows") {
-      rows.clear();
-      std::stringstream ss(v);
-      for (std::string item; std::getline(ss, item, ',');) rows.push_back(std::stoll(item));
-    } else if (a == "--reps") {
-      reps = std::stoi(v);
-    } else {
-      std::fprintf(stderr, "matmul_bench: unknown argument %s\n", a.c_str());
-      return 2;
-    }
-  }
+  CLI::App app{"The CPU backend's matmul on the shapes of a training step and of decode", "matmul_bench"};
+  app.add_option("--model", model, "model config (JSON)");
+  app.add_option("--tokens", tokens, "token rows T of the training shapes, comma-separated")
+      ->delimiter(',')
+      ->check(bench::kPositive);
+  app.add_option("--rows", rows, "rows m of the decode shapes, comma-separated")->delimiter(',')->check(bench::kPositive);
+  app.add_option("--reps", reps, "timed calls per figure (median)")->check(bench::kPositive);
+  if (std::optional<int> rc = bench::parse_flags(app, argc, argv)) return *rc;
   set_cpu_backend_threads(1);
   Result<LlamaConfig> config = LlamaConfig::load(model);
   if (!config.ok()) {

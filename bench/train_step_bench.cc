@@ -3,14 +3,12 @@
 // Usage: train_step_bench [--model configs/small.json] [--seq 1024,4096] [--steps 3]
 //                         [--recompute none|block] [--json]
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "app/step_bench.h"
 #include "backend/backend.h"
+#include "bench_cli.h"
 #include "sgemm_rate.h"
 
 using namespace foldpar;
@@ -20,33 +18,16 @@ int main(int argc, char** argv) {
   std::vector<int64_t> seqs = {1024, 4096};
   int steps = 3;
   bool json = false;
-  Recompute rc = Recompute::kNone;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "train_step_bench: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--model") {
-      model = next();
-    } else if (a == "--seq") {
-      seqs.clear();
-      std::stringstream ss(next());
-      for (std::string item; std::getline(ss, item, ',');) seqs.push_back(std::stoll(item));
-    } else if (a == "--steps") {
-      steps = std::stoi(next());
-    } else if (a == "--recompute") {
-      rc = next() == "block" ? Recompute::kBlock : Recompute::kNone;
-    } else if (a == "--json") {
-      json = true;
-    } else {
-      std::fprintf(stderr, "train_step_bench: unknown argument %s\n", a.c_str());
-      return 2;
-    }
-  }
+  CLI::App app{"Single-rank training step of a config at several sequence lengths, one thread", "train_step_bench"};
+  app.add_option("--model", model, "model config (JSON)");
+  app.add_option("--seq", seqs, "sequence lengths S, comma-separated")->delimiter(',')->check(bench::kPositive);
+  app.add_option("--steps", steps, "timed steps per S (median)")->check(bench::kPositive);
+  std::string recompute = "none";
+  app.add_option("--recompute", recompute, "activation recomputation: none|block")
+      ->check(CLI::IsMember({"none", "block"}));
+  app.add_flag("--json", json, "one JSON object per S instead of the table");
+  if (std::optional<int> code = bench::parse_flags(app, argc, argv)) return *code;
+  const Recompute rc = recompute == "block" ? Recompute::kBlock : Recompute::kNone;
   set_cpu_backend_threads(1);
   Result<LlamaConfig> config = LlamaConfig::load(model);
   if (!config.ok()) {

@@ -6,29 +6,20 @@
 // tokens/s of one rank alone, tokens/s per rank under TSP and their ratio, the exposed
 // communication time with and without overlap (how much of the transfer time overlap hid),
 // and the tracked peak memory per rank.
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "app/synthetic.h"
 #include "backend/backend.h"
+#include "bench_cli.h"
 #include "comm/mpi_runtime.h"
+#include "core/timing.h"
 #include "parallel/tsp/tsp_model.h"
 
 using namespace foldpar;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 struct TspRun {
   std::vector<double> seconds, exposed;
@@ -42,27 +33,16 @@ int main(int argc, char** argv) {
   std::vector<int64_t> seqs = {4096, 16384};
   int reps = 3;
   int64_t batch = 1;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i], v = argv[i + 1];
-    if (a == "--model") {
-      model_path = v;
-    } else if (a == "--seq") {
-      seqs.clear();
-      std::stringstream ss(v);
-      for (std::string item; std::getline(ss, item, ',');) seqs.push_back(std::stoll(item));
-    } else if (a == "--reps") {
-      reps = std::stoi(v);
-    } else if (a == "--batch") {
-      batch = std::stoll(v);
-    } else {
-      std::fprintf(stderr, "tsp_step_bench: unknown argument %s\n", a.c_str());
-      return 2;
-    }
-  }
+  CLI::App app{"The TSP training step against one rank, side by side (run under mpirun)", "tsp_step_bench"};
+  app.add_option("--model", model_path, "model config (JSON)");
+  app.add_option("--seq", seqs, "sequence lengths S, comma-separated")->delimiter(',')->check(bench::kPositive);
+  app.add_option("--reps", reps, "interleaved repetitions (medians)")->check(bench::kPositive);
+  app.add_option("--batch", batch, "sequences per step (B)")->check(bench::kPositive);
   Result<CommOptions> comm_options = CommOptions::from_env();
   MpiRuntime mpi(&argc, &argv, comm_options.ok() ? comm_options.value() : CommOptions());
   Communicator& world = mpi.world();
   const int D = world.size(), p = world.rank();
+  if (std::optional<int> rc = bench::parse_flags(app, argc, argv, p == 0)) return *rc;
   set_cpu_backend_threads(1);
   Result<LlamaConfig> config = LlamaConfig::load(model_path);
   if (!config.ok()) {
@@ -91,9 +71,9 @@ int main(int argc, char** argv) {
         init_weights(InitOptions{.seed = 1}, w);
         LlamaWeights g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
         g.zero();
-        const double t0 = now();
+        const double t0 = now_seconds();
         FP_CHECK_OK(model_forward_backward(c, *be, w, global, {}, g).status());
-        single.push_back(now() - t0);
+        single.push_back(now_seconds() - t0);
         single_peak = mt.stats().peak_total - base;
       }
       mt.release_cache();
@@ -114,11 +94,11 @@ int main(int argc, char** argv) {
         ShardedWeights g = ShardedWeights::allocate(c, m->dims(), p, DType::kF32, MemCategory::kGradients);
         g.zero();
         FP_CHECK_OK(world.barrier());
-        const double t0 = now();
+        const double t0 = now_seconds();
         Result<StepResult> r = m->forward_backward(*be, world, w, local, g);
         FP_CHECK_OK(r.status());
         TspRun& run = overlap ? on : off;
-        run.seconds.push_back(now() - t0);
+        run.seconds.push_back(now_seconds() - t0);
         run.exposed.push_back(r->exposed_comm_seconds);
         run.peak = mt.stats().peak_total - base;
         mt.release_cache();

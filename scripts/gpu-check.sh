@@ -26,7 +26,7 @@ for tool in cmake ninja g++ mpirun pkg-config; do
 done
 # The Debian packages scripts/setup.sh lists for building (this machine may not reach a mirror).
 for pkg in libopenblas-dev libopenmpi-dev libcli11-dev nlohmann-json3-dev libfmt-dev libgtest-dev \
-           libgmock-dev libbenchmark-dev; do
+           libgmock-dev; do
   if command -v dpkg-query >/dev/null 2>&1 &&
      ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
     missing+=("Debian package $pkg")

@@ -10,7 +10,7 @@ packages=(
   # libraries
   libopenblas-dev libopenmpi-dev openmpi-bin
   libcli11-dev nlohmann-json3-dev libfmt-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev
   # the independent oracle and the benchmark peer (run with /usr/bin/python3)
   python3 python3-torch python3-numpy
   # training: SentencePiece tokenizers, the default corpus, plots

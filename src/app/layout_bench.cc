@@ -4,7 +4,6 @@
 #include <sys/wait.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -18,6 +17,7 @@
 #include "backend/bf16_storage_backend.h"
 #include "comm/comm_stats.h"
 #include "comm/mesh.h"
+#include "core/timing.h"
 #include "model/flop_count.h"
 #include "parallel/make_layout.h"
 #include "plan/planner.h"
@@ -25,11 +25,6 @@
 namespace foldpar {
 namespace fs = std::filesystem;
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 struct Sample {
   double seconds = 0, exposed = 0;
@@ -58,9 +53,9 @@ Result<Sample> run_once(Communicator& world, const LlamaConfig& c, const Layout&
       if (mesh.has_axis(axis)) comms.push_back(&mesh.comm(axis));
     FP_RETURN_IF_ERROR(world.barrier());
     ScopedCommCounter counter(comms);
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = now_seconds();
     FP_ASSIGN_OR_RETURN(StepResult r, forward_only ? m->forward(*be, local) : m->forward_backward(*be, local, 0));
-    s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    s.seconds = now_seconds() - t0;
     s.exposed = r.exposed_comm_seconds;
     s.sent = counter.delta().total().bytes_sent;
   }
@@ -254,19 +249,6 @@ Result<std::vector<std::string>> write_layout_bench(const std::vector<LayoutBenc
 
 namespace {
 
-// Median wall-clock seconds of `reps` calls of f, after one untimed warm-up call.
-template <class F>
-double median_seconds(int reps, F&& f) {
-  f();
-  std::vector<double> secs;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return median(secs);
-}
-
 // GFLOP/s of the backend's f32 matmul, n x n x n, median of `reps` after one warm-up.
 double matmul_gflops(int64_t n, int reps) {
   auto be = make_cpu_backend();
@@ -275,7 +257,8 @@ double matmul_gflops(int64_t n, int reps) {
   Tensor c = Tensor::empty({n, n}, DType::kF32, MemCategory::kWorkspace);
   be->fill(0.5, a);
   be->fill(0.25, b);
-  return 2.0 * static_cast<double>(n * n * n) / median_seconds(reps, [&] { be->matmul(a, false, b, false, c); }) / 1e9;
+  const double s = median_seconds({.reps = reps}, [&] { be->matmul(a, false, b, false, c); });
+  return 2.0 * static_cast<double>(n * n * n) / s / 1e9;
 }
 
 // Seconds of one causal attention forward + backward (the CPU backend's flash attention,
@@ -298,7 +281,7 @@ double attention_seconds(const LlamaConfig& c, int64_t seq, int reps) {
   Tensor pos = Tensor::empty({seq}, DType::kI32, MemCategory::kWorkspace);
   for (int64_t i = 0; i < seq; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i);
   const AttentionArgs args{&q, &k, &v, &pos, &pos, 1.0 / std::sqrt(static_cast<double>(d))};
-  return median_seconds(reps, [&] {
+  return median_seconds({.reps = reps}, [&] {
     be->attention_forward(args, out, lse);
     be->attention_backward(args, out, lse, d_out, dq, dk, dv);
   });
@@ -313,9 +296,9 @@ Result<double> ring_bandwidth(Communicator& world, size_t bytes, int reps) {
   std::vector<double> secs;
   for (int i = 0; i < reps + 1; ++i) {
     FP_RETURN_IF_ERROR(world.barrier());
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = now_seconds();
     FP_RETURN_IF_ERROR(world.send_recv(send.data(), recv.data(), n, DType::kF32, (p + 1) % N, (p - 1 + N) % N));
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double s = now_seconds() - t0;
     FP_RETURN_IF_ERROR(world.all_reduce(&s, &s, 1, DType::kF64, ReduceOp::kMax));
     if (i > 0) secs.push_back(s);
   }

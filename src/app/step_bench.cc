@@ -3,12 +3,11 @@
 
 #include <sys/resource.h>
 
-#include <algorithm>
-#include <chrono>
 #include <memory>
 
 #include "app/synthetic.h"
 #include "backend/backend.h"
+#include "core/timing.h"
 #include "model/flop_count.h"
 
 namespace foldpar {
@@ -34,16 +33,13 @@ Result<StepBenchReport> run_step_bench(const StepBenchOptions& o) {
   for (int i = 0; i < o.warmup + o.steps; ++i) {
     g.zero();
     if (i == o.warmup) timed.reset();
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = now_seconds();
     FP_ASSIGN_OR_RETURN(StepResult res, model_forward_backward(o.config, be, w, batch, step, g));
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double dt = now_seconds() - t0;
     if (i >= o.warmup) r.step_seconds.push_back(dt);
     r.loss = res.loss;
   }
-  std::vector<double> sorted = r.step_seconds;
-  std::sort(sorted.begin(), sorted.end());
-  const size_t n = sorted.size();
-  r.median_seconds = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  r.median_seconds = median(r.step_seconds);
   r.tokens_per_second = static_cast<double>(o.batch * o.seq) / r.median_seconds;
   r.flops_per_step = train_step_flops(o.config, o.batch, o.seq);
   r.gflops = r.flops_per_step / r.median_seconds / 1e9;

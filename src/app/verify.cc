@@ -2,7 +2,6 @@
 // the PyTorch oracle.
 #include "app/verify.h"
 
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +10,7 @@
 
 #include "app/synthetic.h"
 #include "app/verify_common.h"
+#include "core/timing.h"
 #include "core/tolerance.h"
 #include "io/safetensors.h"
 #include "tensor/compare.h"
@@ -107,9 +107,9 @@ Result<PathRun> run_path(const VerifyOptions& o, Backend& be, const LlamaWeights
   StepOptions step;
   step.recompute = o.recompute;
   step.keep_logits = true;
-  const auto t0 = std::chrono::steady_clock::now();
+  const double t0 = now_seconds();
   FP_ASSIGN_OR_RETURN(run.result, model_forward_backward(o.config, be, w, batch, step, run.grads));
-  run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  run.seconds = now_seconds() - t0;
   return run;
 }
 

@@ -3,7 +3,6 @@
 // its part of the parallel step, and compares its logits rows and the gradients assembled
 // from every rank's shards. Memory peaks and counted traffic are those of the parallel
 // step alone (measured before the reference allocates anything).
-#include <chrono>
 #include <cmath>
 
 #include "app/verify.h"
@@ -11,15 +10,12 @@
 #include "comm/comm_stats.h"
 #include "comm/mesh.h"
 #include "parallel/make_layout.h"
+#include "core/timing.h"
 #include "core/tolerance.h"
 #include "tensor/compare.h"
 
 namespace foldpar {
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // Every rank's value, in world order.
 std::vector<int64_t> gather_i64(Communicator& world, int64_t value) {
@@ -54,9 +50,9 @@ Result<VerifyReport> run_verify_layout(const VerifyOptions& o, Communicator& wor
   const InitOptions init{.seed = o.seed, .std = 0.02, .norm_jitter = 0.1};
   model->init_weights(init);
   ScopedCommCounter counter(mesh.communicators());
-  auto t0 = std::chrono::steady_clock::now();
+  double t0 = now_seconds();
   FP_ASSIGN_OR_RETURN(StepResult got, model->forward_backward(*be, local, 0));
-  r.fast_seconds = seconds_since(t0);
+  r.fast_seconds = now_seconds() - t0;
   const int64_t parallel_peak = mt.stats().peak_total - parallel_base;
   const OpCounters moved = counter.delta().total();
   LlamaWeights assembled = LlamaWeights::allocate(o.config, DType::kF32, MemCategory::kGradients);
@@ -74,9 +70,9 @@ Result<VerifyReport> run_verify_layout(const VerifyOptions& o, Communicator& wor
   StepOptions so;
   so.recompute = o.recompute;
   so.keep_logits = true;
-  t0 = std::chrono::steady_clock::now();
+  t0 = now_seconds();
   FP_ASSIGN_OR_RETURN(StepResult ref, model_forward_backward(o.config, *be, w, global, so, ref_g));
-  r.reference_seconds = seconds_since(t0);
+  r.reference_seconds = now_seconds() - t0;
   r.single_rank_peak_bytes = mt.stats().peak_total - base;
 
   // ---- compare: loss, every rank's logits, every gradient ----

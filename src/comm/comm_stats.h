@@ -1,6 +1,6 @@
 // Traffic accounting: what every operation of a communicator moved, per operation kind, and
 // a scoped counter that reads exactly what a block of code moved. Schedules assert their
-// traffic against the formulas of spec/TSP.md section 7 with these counters, so the counting
+// traffic against the formulas of docs/tsp.md section 7 with these counters, so the counting
 // convention below is a contract: it changes only together with every test that uses it.
 //
 // Convention. The layer counts, for THIS rank, the payload bytes that a standard forward
@@ -16,9 +16,9 @@
 //   reduce(n, root)              n unless p == root              n unless p == root-1 mod N
 //   all_reduce(n)                2n - b[p] - b[next]             2n - b[prev] - b[p]
 //   all_gather(c), result N*c    (N-1) c                         (N-1) c
-//   all_gather_v(c[]), T=sum c   T - c[next]                     T - c[p]
+//   all_gather_v(c[]), C=sum c   C - c[next]                     C - c[p]
 //   reduce_scatter(c), N*c in    (N-1) c                         (N-1) c
-//   reduce_scatter_v(c[])        T - c[p]                        T - c[prev]
+//   reduce_scatter_v(c[])        C - c[p]                        C - c[prev]
 //   all_to_all(c per peer)       (N-1) c                         (N-1) c
 //   send(n, peer)                n unless peer == p              0
 //   recv(n, source)              0                               n unless source == p
@@ -29,7 +29,7 @@
 // runs for large messages): every rank but the root receives n, every rank but the last
 // forwards n. Reduce is its adjoint, the same chain reversed. So D broadcasts (or reduces)
 // with roots 0..D-1 of s elements each cost every rank exactly (D-1) s each way, which is
-// the spec's "(D-1)/D of the weights per rank". All-gather is the forward ring (rank p
+// docs/tsp.md section 7's "(D-1)/D of the weights per rank". All-gather is the forward ring (rank p
 // forwards every block except its successor's); reduce-scatter is its adjoint (block b
 // starts at b+1 and ends at b). All-reduce is a ring reduce-scatter followed by a ring
 // all-gather of the n elements cut into N contiguous blocks b[0..N-1], the first n mod N of

@@ -1,4 +1,4 @@
-// One decode step with stationary weights (spec section 6), shared by the strategies whose
+// One decode step with stationary weights (docs/tsp.md section 6), shared by the strategies whose
 // weights are ShardedWeights (tsp/, tp/). Every rank holds the same B token rows (one new
 // token per sequence, replicated: B*h values) and its own weight shards, which never move:
 //   embedding  this rank's vocabulary rows, summed over the axis     fwd: all_reduce [B, h] (TP's g)

@@ -1,4 +1,4 @@
-// ShardedDecoder: a Llama model under one parallel layout, for generation (spec section 6).
+// ShardedDecoder: a Llama model under one parallel layout, for generation (docs/tsp.md section 6).
 // It owns this rank's weights (the ShardedWeights of tsp=D or tp=D: heads, MLP columns and
 // vocabulary rows; no gradients) and its part of the KV cache. Two phases:
 //   prefill  the layout's forward over the prompts; leaves the KV cache filled and returns

@@ -1,5 +1,5 @@
 // Weights sharded over one axis of D ranks by attention heads, MLP columns and vocabulary
-// rows: TSP's shards (spec section 3), and also exactly the slices Megatron tensor
+// rows: TSP's shards (docs/tsp.md section 3), and also exactly the slices Megatron tensor
 // parallelism gives each rank (column-parallel Q/K/V and gate/up, row-parallel output and
 // down projections, vocabulary-parallel embedding and LM head), so every strategy that
 // shards weights shares this layout. Rank r owns, for every layer, the attention shard of

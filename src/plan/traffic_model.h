@@ -67,9 +67,9 @@ struct StepTraffic {
 Result<StepTraffic> predict_traffic(const LlamaConfig& config, const Layout& layout, int64_t batch, int64_t seq,
                                     PlanMode mode, const RankCoords& coords = {});
 
-// Spec section 7, forward, per layer per rank, in elements: the byte-free formulas the
+// docs/tsp.md section 7, forward, per layer per rank, in elements: the byte-free formulas the
 // crossover is read from. TSP: weights (2 + 2/g) h^2 (D-1)/D + 3 h f (D-1)/D plus K/V
-// 2 B S h/g (D-1)/D; TP: 4 B S h (T-1)/T.
+// 2 B S h/g (D-1)/D; TP: 4 B S h (tp-1)/tp.
 double tsp_forward_layer_elements(const LlamaConfig& c, int64_t tokens, int degree);
 double tp_forward_layer_elements(const LlamaConfig& c, int64_t tokens, int degree);
 // The B*S above which TSP moves fewer forward bytes per layer than TP at the same degree:

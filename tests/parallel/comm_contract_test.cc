@@ -1,7 +1,7 @@
 // The MPI backend's side of the contract: the world matches the launcher, refusals are
 // Statuses that count nothing, every dtype travels exactly, bf16 sums accumulate in f32,
 // large messages (rendezvous protocol) arrive intact, and a TSP layer's forward
-// communication counts exactly the elements of spec/TSP.md section 7. Runs at 1-4 ranks.
+// communication counts exactly the elements of docs/tsp.md section 7. Runs at 1-4 ranks.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -134,10 +134,10 @@ TEST(Contract, LargeMessagesArriveIntact) {
   }
 }
 
-// The forward communication of one TSP layer (spec/TSP.md sections 4 and 7) with small
+// The forward communication of one TSP layer (docs/tsp.md sections 4 and 7) with small
 // dimensions, in bf16: D broadcasts of the packed attention shard (roots 0..D-1), the K and
 // V all-gathers of each shard, and D-1 ring hops of the packed MLP shard. Per rank, the
-// counters must equal the spec's table exactly:
+// counters must equal docs/tsp.md section 7's table exactly:
 //   weights:     ((2 + 2/g) h^2 (D-1)/D + 3 h f (D-1)/D) * beta, sent and received
 //   activations: 2 B S h/g (D-1)/D * beta, received (all-gathers also send as much)
 TEST(Contract, TspLayerForwardTrafficMatchesSpecSection7) {

@@ -1,4 +1,4 @@
-// Generation under tsp=D and tp=D against the single-rank model (spec section 6), at D = the
+// Generation under tsp=D and tp=D against the single-rank model (docs/tsp.md section 6), at D = the
 // world size (1, 2, 3, 4):
 //  - parity: the logits of the prefill and of every decode step equal the logits of one
 //    full forward over the same tokens, for prompts of awkward lengths (some ranks hold none

@@ -6,7 +6,7 @@
 // T, S_ the degrees, N = B*S/S_ the sp shard's token rows, n = N*h, G(x) = x (T-1)/T,
 // KV = 2*B*S*h/(g T) * (S_-1)/S_. Per layer per rank, in elements:
 //   forward   tp: all_reduce 4 G(n) (2 calls) | sequence parallel: all_gather 2 G(n) +
-//             reduce_scatter 2 G(n) (2 calls each) -- spec section 7's 4 B (S/S_) h (T-1)/T
+//             reduce_scatter 2 G(n) (2 calls each) -- docs/tsp.md section 7's 4 B (S/S_) h (T-1)/T
 //             sp: all_gather KV (2B calls) | ring: send_recv KV (S_-1 hops) -- spec's
 //             2 B S h/(g T) (S_-1)/S_
 //   backward  tp: plain all_reduce 4 G(n) (2 calls) | sequence parallel: all_gather 4 G(n)
@@ -301,7 +301,7 @@ Formulas formulas(const std::string& layout, const Policy& pol) {
   F.g = static_cast<uint64_t>(c.group());
   F.N = F.B * F.S / F.P;
   F.n = F.N * F.h;
-  F.KV = 2 * F.B * F.S * F.h / (F.g * F.T) * (F.P - 1) / F.P;  // spec section 7, the TP x SP row
+  F.KV = 2 * F.B * F.S * F.h / (F.g * F.T) * (F.P - 1) / F.P;  // docs/tsp.md section 7, the TP x SP row
   const uint64_t T = F.T, f = c.intermediate_size, kv = c.kv_dim();
   F.layer_shard_elems = (2 * F.h * F.h + 2 * F.h * kv) / T + 3 * F.h * f / T;
   F.vocab_elems = c.vocab_size / T * F.h;

@@ -1,5 +1,5 @@
 // TSP traffic: the bytes each rank counts (comm/comm_stats.h convention) for one layer,
-// forward and backward, equal the formulas of spec section 7 exactly, for every policy;
+// forward and backward, equal the formulas of docs/tsp.md section 7 exactly, for every policy;
 // and the vocabulary rings move V*h*(D-1)/D elements per pass. One layer's traffic is
 // measured as the difference between a 2-layer and a 1-layer model (everything else is
 // identical between the two).
@@ -47,7 +47,7 @@ CommStats run(int layers, Layout opt, bool backward, int64_t B, int64_t S) {
   return counter.delta();
 }
 
-// Elements of one layer, per rank, from the spec: W = ((2 + 2/g) h^2 + 3 h f)(D-1)/D split in
+// Elements of one layer, per rank, from docs/tsp.md section 7: W = ((2 + 2/g) h^2 + 3 h f)(D-1)/D split in
 // its attention and MLP parts, KV = 2 B S h/g (D-1)/D.
 struct LayerFormula {
   uint64_t attn_w, mlp_w, kv, norms;

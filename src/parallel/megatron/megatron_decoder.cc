@@ -2,8 +2,8 @@
 // is the Megatron forward with one sp rank and no sequence parallelism, which leaves the KV cache sharded by heads (each rank: every token, its
 // own KV heads); decode (parallel/decode_block.h) appends the new token's K/V of this rank's
 // heads to its own cache and attends locally, so attention moves nothing.
-// Traffic per decode step per rank, elements, T ranks, when T divides B*h: all_reduce
-// (1 + 2L) x 2 B h (T-1)/T and the logits' all_gather B V (T-1)/T; nothing else.
+// Traffic per decode step per rank, elements, tp ranks, when tp divides B*h: all_reduce
+// (1 + 2L) x 2 B h (tp-1)/tp and the logits' all_gather B V (tp-1)/tp; nothing else.
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // MegatronModel: the Llama model under Megatron tensor parallelism inside each tp group of T
 // ranks and sequence (context) parallelism across S_ groups: the layouts tp=T (S_ = 1),
-// sp=S_ (T = 1) and the 2-D mesh tp=T,sp=S_ (spec/TSP.md sections 7-8, the TP, SP and
+// sp=S_ (T = 1) and the 2-D mesh tp=T,sp=S_ (docs/tsp.md sections 7-8, the TP, SP and
 // TP x SP baselines) are this one strategy. Rank (t, p) holds the tp slices of rank t
 // (ShardedWeights of degree T: its heads, MLP columns and vocabulary rows; norm gains
 // replicated; T = 1: every weight), identical on every sp rank, and the S/S_ positions of sp
@@ -38,7 +38,7 @@
 //   per layer, forward     tp: all_reduce 4 G(n) in 2 calls | sequence parallel: all_gather
 //                          2 G(n) + reduce_scatter 2 G(n) (2 calls each)
 //                          sp: all_gather KV in 2B calls | ring: send_recv KV in S_-1 hops
-//                          (spec section 7's TP x SP row: 4 G(n) + KV)
+//                          (docs/tsp.md section 7's TP x SP row: 4 G(n) + KV)
 //   per layer, backward    tp: plain all_reduce 4 G(n) (dX of both column-parallel GEMMs, 2
 //   (fb minus forward)     calls) | sequence parallel: all_gather 4 G(n) (dY of both sub-blocks,
 //                          the norm outputs gathered again) + reduce_scatter 2 G(n), plus 2h

@@ -8,7 +8,7 @@
 //             gate/up) goes through f^T (all_reduce, or reduce_scatter) while the weight
 //             gradients compute; the norm's backward runs on this rank's rows.
 // With sequence parallelism the weight gradients need every row's norm output: gathered
-// again during the attention / SwiGLU backward (Megatron's choice: activations stay 1/T),
+// again during the attention / SwiGLU backward (Megatron's choice: activations stay 1/tp),
 // unless a recompute rerun kept it.
 #include "parallel/megatron/tp_step_base.h"
 

@@ -107,7 +107,7 @@ StepResult TpStepBase::head_forward(const ShardedWeights& w, const Tensor& x, He
   Tensor xf = act({R, h});
   be_.rmsnorm_forward(x, w.final_norm, c_.rms_norm_eps, xf, hs.rstd);
   // Kept for the head's weight gradient (one [N, h]; the local logits kept beside it are
-  // [N, V/T]), rather than gathered again in backward.
+  // [N, V/tp]), rather than gathered again in backward.
   hs.xf_full = gather_rows(xf);  // fwd: f or f'
   hs.loss = vocab_parallel_cross_entropy(tp_, hs.xf_full, w.lm_head, targets_);
   if (logits != nullptr) {  // verification only: this rank's rows, every column

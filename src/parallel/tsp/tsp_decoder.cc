@@ -1,4 +1,4 @@
-// TSP generation (spec section 6): prefill is the TSP forward, which leaves the KV cache
+// TSP generation (docs/tsp.md section 6): prefill is the TSP forward, which leaves the KV cache
 // sharded by sequence (each rank: its own tokens, every head); decode keeps the weights where
 // they are (parallel/decode_block.h) and attends over the sequence-sharded cache:
 //   q, k, v of this rank's heads  -> all_gather [B, q_rows + 2 kv_rows] per rank: every rank
@@ -10,7 +10,7 @@
 //   exact combine of the D partials in rank order (merge_attention_block), locally
 // Only the combined output of a rank's OWN heads is needed (the output projection is
 // row-parallel over heads), so an all_to_all delivers exactly that, at half the bytes of the
-// all-reduce the spec sketches and without a second collective for the max.
+// all-reduce docs/tsp.md section 6 sketches and without a second collective for the max.
 // Placement: the new token of sequence b goes to the rank holding the fewest of b's tokens,
 // ties to the first such rank counting from b mod D; every rank runs the same rule on the
 // same counts, so no message says where a token went. The cache stays balanced within one

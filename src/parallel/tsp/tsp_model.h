@@ -1,5 +1,5 @@
 // TspModel: the Llama model under Tensor-and-Sequence Parallelism on one axis of D ranks
-// (spec/TSP.md sections 3-5). Every rank holds 1/D of the weights (ShardedWeights) and 1/D of
+// (docs/tsp.md sections 3-5). Every rank holds 1/D of the weights (ShardedWeights) and 1/D of
 // the tokens (SequenceShard); weight shards travel to the tokens: attention shards by one
 // broadcast each (plus an all-gather of K/V), MLP, embedding and LM-head shards around a
 // ring. Outputs accumulate locally; no activation all-reduce. The backward is the adjoint
@@ -42,7 +42,7 @@ class TspModel {
                                       const Batch& local_batch, ShardedWeights& grads,
                                       int64_t loss_normalizer = 0) const;
 
-  // Generation's prefill (spec section 6): the forward of the embedding and every block over
+  // Generation's prefill (docs/tsp.md section 6): the forward of the embedding and every block over
   // this rank's tokens local_ids i32 [B, S/D] (SequenceShard::local_batch), without the head.
   // Each layer's K (after RoPE) and V of this rank's tokens, every KV head, go into `cache`
   // (KvCache::store_prefill; keep_prefill_rows picks the rows it keeps), so the cache ends
