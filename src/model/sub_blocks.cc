@@ -34,12 +34,11 @@ void linear_backward_input(Backend& be, const LinearView& w, const Tensor& dy, T
   be.matmul(dy, false, w.w, w.transposed, dx, 1.0f, beta);
 }
 
-void linear_backward_weight(Backend& be, const LinearView& g, const Tensor& dy, const Tensor& x, float beta) {
-  Tensor gw = g.w;
+void linear_backward_weight(Backend& be, LinearView& g, const Tensor& dy, const Tensor& x, float beta) {
   if (g.transposed) {
-    be.matmul(x, true, dy, false, gw, 1.0f, beta);  // dW^T = x^T dy
+    be.matmul(x, true, dy, false, g.w, 1.0f, beta);  // dW^T = x^T dy
   } else {
-    be.matmul(dy, true, x, false, gw, 1.0f, beta);  // dW = dy^T x
+    be.matmul(dy, true, x, false, g.w, 1.0f, beta);  // dW = dy^T x
   }
 }
 

@@ -38,7 +38,7 @@ void linear_forward(Backend& be, const LinearView& w, const Tensor& x, Tensor& y
 // dx = dy W + beta dx. dy: [T, out], dx: [T, in].
 void linear_backward_input(Backend& be, const LinearView& w, const Tensor& dy, Tensor& dx, float beta);
 // g = dy^T x + beta g, in g's storage (g.transposed: x^T dy). dy: [T, out], x: [T, in].
-void linear_backward_weight(Backend& be, const LinearView& g, const Tensor& dy, const Tensor& x, float beta);
+void linear_backward_weight(Backend& be, LinearView& g, const Tensor& dy, const Tensor& x, float beta);
 
 // ---- pre-norm: a = rmsnorm(x) * gain (before attention, before the MLP, before the head) ----
 struct NormSaved {
