@@ -1,4 +1,5 @@
-// Single-device Llama forward and backward over the blocks of llama_block.cc.
+// Single-device Llama forward and backward: the blocks of llama_block.cc and the head of
+// lm_head.cc in the step order of step_order.cc.
 #include "model/llama_model.h"
 
 #include <numeric>
@@ -7,6 +8,8 @@
 #include "backend/bf16_storage_backend.h"
 #include "backend/rope_table.h"
 #include "model/llama_block.h"
+#include "model/lm_head.h"
+#include "model/step_order.h"
 
 namespace foldpar {
 namespace {
@@ -27,36 +30,72 @@ void make_constants(const LlamaConfig& c, Backend& be, const Batch& batch, DType
   k.ctx = BlockContext{&c, &be, batch.batch(), S, &k.positions, &k.rope_table};
 }
 
-Tensor embed(const LlamaConfig& c, Backend& be, const LlamaWeights& w, const Batch& batch) {
-  Tensor x = Tensor::empty({batch.batch() * batch.seq(), c.hidden_size}, w.embed.dtype(), MemCategory::kActivations);
-  be.embedding_forward(batch.input_ids.reshape({x.dim(0)}), w.embed, 0, x);
-  return x;
-}
+// The single-rank parts of one step over full weights: the reference ModelStep.
+class SingleRankStep final : public ModelStep {
+ public:
+  SingleRankStep(const LlamaConfig& c, Backend& be, const LlamaWeights& w, const Batch& batch,
+                 const StepOptions& options, LlamaWeights* grads)
+      : c_(c), be_(be), w_(w), batch_(batch), options_(options), g_(grads), saved_(w.layers.size()) {
+    make_constants(c, be, batch, w.embed.dtype(), k_);
+  }
 
-// Final norm, LM head and loss. Fills the head's saved tensors when asked.
-struct HeadSaved {
-  Tensor x_last;  // [T, h] last block output
-  Tensor rstd;    // [T]
-  Tensor xf;      // [T, h] normed
-  Tensor logits;  // [T, V]
-  Tensor lse;     // [T]
+  Tensor embed_forward() override {
+    Tensor x = Tensor::empty({rows(), c_.hidden_size}, w_.embed.dtype(), MemCategory::kActivations);  // [T, h]
+    be_.embedding_forward(batch_.input_ids.reshape({rows()}), w_.embed, 0, x);
+    return x;
+  }
+
+  Tensor block_forward(int64_t l, const Tensor& x, bool save) override {
+    return foldpar::block_forward(k_.ctx, w_.layers[l], x, save ? &saved_[l] : nullptr);
+  }
+
+  StepResult head_forward(const Tensor& x, bool save) override {
+    const LossSums sums = foldpar::head_forward(k_.ctx, head(w_), x, targets(), kIgnoreIndex, hs_);
+    StepResult r;
+    r.loss_sum = sums.loss_sum;
+    r.valid_tokens = sums.valid_tokens;
+    r.loss = r.valid_tokens > 0 ? r.loss_sum / static_cast<double>(r.valid_tokens) : 0.0;
+    // The backward overwrites the logits in place: keep a copy then.
+    if (options_.keep_logits)
+      r.logits = (save ? hs_.logits.clone(MemCategory::kActivations) : hs_.logits)
+                     .reshape({batch_.batch(), batch_.seq(), c_.vocab_size});
+    return r;
+  }
+
+  // Backward of loss = loss_sum / valid_tokens.
+  Tensor head_backward(const StepResult& r) override {
+    const double grad_scale = r.valid_tokens > 0 ? 1.0 / static_cast<double>(r.valid_tokens) : 0.0;
+    HeadWeights g = head(*g_);
+    Tensor dx = foldpar::head_backward(k_.ctx, head(w_), hs_, targets(), kIgnoreIndex, grad_scale, g);
+    hs_ = HeadSaved();
+    return dx;
+  }
+
+  Tensor block_backward(int64_t l, Tensor dx) override {
+    Tensor dx_in = foldpar::block_backward(k_.ctx, w_.layers[l], saved_[l], dx, g_->layers[l]);
+    saved_[l] = BlockSaved();
+    return dx_in;
+  }
+
+  void embed_backward(const Tensor& dx) override {
+    be_.embedding_backward(batch_.input_ids.reshape({rows()}), dx, 0, g_->embed);
+  }
+
+ private:
+  static HeadWeights head(const LlamaWeights& w) { return HeadWeights{w.final_norm, w.lm_head}; }
+  int64_t rows() const { return batch_.batch() * batch_.seq(); }
+  Tensor targets() const { return batch_.target_ids.reshape({rows()}); }
+
+  const LlamaConfig& c_;
+  Backend& be_;
+  const LlamaWeights& w_;
+  const Batch& batch_;
+  const StepOptions& options_;
+  LlamaWeights* g_;  // null for a forward only
+  StepConstants k_;
+  std::vector<BlockSaved> saved_;  // per layer
+  HeadSaved hs_;
 };
-
-void head_forward(const LlamaConfig& c, Backend& be, const LlamaWeights& w, const Batch& batch, const Tensor& x,
-                  HeadSaved& hs, StepResult& result) {
-  const int64_t T = x.dim(0);
-  hs.x_last = x;
-  hs.rstd = Tensor::empty({T}, stat_dtype(x.dtype()), MemCategory::kActivations);
-  hs.xf = Tensor::empty({T, c.hidden_size}, x.dtype(), MemCategory::kActivations);
-  be.rmsnorm_forward(x, w.final_norm, c.rms_norm_eps, hs.xf, hs.rstd);
-  hs.logits = Tensor::empty({T, c.vocab_size}, x.dtype(), MemCategory::kActivations);
-  be.matmul(hs.xf, false, w.lm_head, true, hs.logits);
-  hs.lse = Tensor::empty({T}, stat_dtype(x.dtype()), MemCategory::kActivations);
-  const Tensor targets = batch.target_ids.reshape({T});
-  result.loss_sum = be.cross_entropy_forward(hs.logits, targets, kIgnoreIndex, hs.lse);
-  result.valid_tokens = count_valid_targets(targets, kIgnoreIndex);
-  result.loss = result.valid_tokens > 0 ? result.loss_sum / static_cast<double>(result.valid_tokens) : 0.0;
-}
 
 }  // namespace
 
@@ -81,64 +120,15 @@ Status validate_batch(const LlamaConfig& c, const Batch& batch) {
 Result<StepResult> model_forward(const LlamaConfig& c, Backend& be, const LlamaWeights& w, const Batch& batch,
                                  const StepOptions& options) {
   FP_RETURN_IF_ERROR(validate_batch(c, batch));
-  StepConstants k;
-  make_constants(c, be, batch, w.embed.dtype(), k);
-  Tensor x = embed(c, be, w, batch);
-  for (const LayerWeights& lw : w.layers) x = block_forward(k.ctx, lw, x, nullptr);
-  HeadSaved hs;
-  StepResult result;
-  head_forward(c, be, w, batch, x, hs, result);
-  if (options.keep_logits) result.logits = hs.logits.reshape({batch.batch(), batch.seq(), c.vocab_size});
-  return result;
+  SingleRankStep step(c, be, w, batch, options, nullptr);
+  return step_forward(step, static_cast<int64_t>(w.layers.size()));
 }
 
 Result<StepResult> model_forward_backward(const LlamaConfig& c, Backend& be, const LlamaWeights& w,
                                           const Batch& batch, const StepOptions& options, LlamaWeights& g) {
   FP_RETURN_IF_ERROR(validate_batch(c, batch));
-  StepConstants k;
-  make_constants(c, be, batch, w.embed.dtype(), k);
-  const size_t L = w.layers.size();
-  const bool keep = options.recompute == Recompute::kNone;
-
-  // Forward. saved[l].x_in is all that is kept under Recompute::kBlock.
-  std::vector<BlockSaved> saved(L);
-  Tensor x = embed(c, be, w, batch);
-  for (size_t l = 0; l < L; ++l) {
-    if (!keep) saved[l].x_in = x;
-    x = block_forward(k.ctx, w.layers[l], x, keep ? &saved[l] : nullptr);
-  }
-  HeadSaved hs;
-  StepResult result;
-  head_forward(c, be, w, batch, x, hs, result);
-  x = Tensor();
-  if (options.keep_logits) {
-    result.logits = hs.logits.clone(MemCategory::kActivations).reshape({batch.batch(), batch.seq(), c.vocab_size});
-  }
-
-  // Backward of loss = loss_sum / valid_tokens; d_logits overwrites the logits in place.
-  const int64_t T = hs.xf.dim(0);
-  const double grad_scale = result.valid_tokens > 0 ? 1.0 / static_cast<double>(result.valid_tokens) : 0.0;
-  be.cross_entropy_backward(hs.logits, batch.target_ids.reshape({T}), hs.lse, 0, kIgnoreIndex, grad_scale,
-                            hs.logits);
-  Tensor d_xf = Tensor::empty({T, c.hidden_size}, hs.xf.dtype(), MemCategory::kActivations);
-  be.matmul(hs.logits, false, w.lm_head, false, d_xf);                // d_xf = dlogits Whead
-  be.matmul(hs.logits, true, hs.xf, false, g.lm_head, 1.0f, 1.0f);  // dWhead += dlogits^T xf
-  hs.logits = Tensor();
-  Tensor dx = Tensor::empty({T, c.hidden_size}, hs.xf.dtype(), MemCategory::kActivations);
-  be.rmsnorm_backward(hs.x_last, w.final_norm, hs.rstd, d_xf, dx, g.final_norm);
-  hs = HeadSaved();
-  d_xf = Tensor();
-
-  for (size_t l = L; l-- > 0;) {
-    if (!keep) {
-      const Tensor x_in = saved[l].x_in;
-      Tensor out = block_forward(k.ctx, w.layers[l], x_in, &saved[l]);
-    }
-    dx = block_backward(k.ctx, w.layers[l], saved[l], dx, g.layers[l]);
-    saved[l] = BlockSaved();
-  }
-  be.embedding_backward(batch.input_ids.reshape({T}), dx, 0, g.embed);
-  return result;
+  SingleRankStep step(c, be, w, batch, options, &g);
+  return step_forward_backward(step, static_cast<int64_t>(w.layers.size()), options.recompute);
 }
 
 }  // namespace foldpar

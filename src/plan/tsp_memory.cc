@@ -70,12 +70,10 @@ class TspReplay {
       led_.phase(fmt::format("MLP forward, layer {}", layer));
       mlp_forward(keep_ ? &s : nullptr);
       // The block input: kept (as x_in of the saved block, or the recompute's input) in
-      // training, dropped otherwise; the caller of the block loop holds the embedding
-      // output until the loop returns.
+      // training, dropped once the block is done otherwise (model/step_order.cc).
       if (train_) s.put(kA, beta * T * h);
-      else if (layer > 0) led_.sub(kA, beta * T * h);
+      else led_.sub(kA, beta * T * h);
     }
-    if (!train_) led_.sub(kA, beta * T * h);
   }
 
   // The vocabulary-sharded head: returns what it keeps for backward (rstd, xf, lse; x_last,
@@ -199,7 +197,8 @@ class TspReplay {
     led_.add(kA, beta * T * h);
     // Per ring step: the weight shards received (in use, arriving), the gradient ring's
     // buffers (this step's partial, the one leaving, the one arriving) and d_act, d_gate,
-    // d_up while they compute; after the send d_act is gone and a new incoming buffer exists.
+    // d_up while they compute; at the send (after the model's mlp_backward returned) they are
+    // gone and a new incoming buffer exists.
     auto moment = [&](int64_t shards, int64_t grads, int64_t act_tensors) {
       led_.add(kC, shards * beta * mlp_shard + grads * 4 * mlp_shard);
       led_.add(kA, act_tensors * beta * T * fr);
@@ -212,9 +211,10 @@ class TspReplay {
       moment(0, 0, 3);
     } else if (D == 2) {
       moment(1, 1, 3);
-      moment(1, 2, 2);
+      moment(1, 2, 0);
     } else if (D == 3) {
       moment(2, 1, 3);
+      moment(2, 2, 0);
       moment(1, 3, 3);
     } else {
       moment(2, 3, 3);

@@ -24,16 +24,13 @@ struct UnitTensors {
 }  // namespace
 
 Tensor TspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& x, AttnSaved* s) {
-  const int64_t h = dims_.h, d = dims_.d, B = batch_, Sl = local_seq_, T = rows_, S = Sl * D_;
+  const int64_t h = dims_.h, d = dims_.d, B = batch_, Sl = local_seq_, S = Sl * D_;
   const int nb = opt_.head_buckets, units = D_ * nb;
   const size_t shard_elems = static_cast<size_t>(dims_.attn_elems());
-  Tensor rstd = stat({T}), a1 = act({T, h});
-  be_.rmsnorm_forward(x, w.attn_norm[l], c_.rms_norm_eps, a1, rstd);
-  Tensor y = act({T, h});
-  be_.copy(x, y);
-  if (s != nullptr) {
-    *s = AttnSaved{x, rstd, a1, {}, {}, {}, {}, {}, {}, {}, std::vector<Tensor>(static_cast<size_t>(D_))};
-  }
+  const NormSaved norm = norm_forward(ctx_, w.attn_norm[l], x);  // a1 [T, h]
+  const Tensor& a1 = norm.a;
+  Tensor y = residual_forward(ctx_, x);  // [T, h]
+  if (s != nullptr) *s = AttnSaved{norm, {}, {}, {}, {}, {}, {}, {}, std::vector<Tensor>(static_cast<size_t>(D_))};
 
   // ---- weights: shard r lives in the owner's parameter tensor or in a broadcast buffer ----
   std::vector<Tensor> shard(static_cast<size_t>(D_));
@@ -57,16 +54,11 @@ Tensor TspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& 
   auto project = [&](int u) {
     const int r = u / nb, b = u % nb;
     const BucketWeights bw = bucket_weights(shard[r], b);
+    QkvSaved qkv = qkv_forward(ctx_, qkv_view(bw), a1);  // the bucket's heads
     UnitTensors t;
-    t.q = act({B, Sl, heads_b_, d});
-    t.k = act({B, Sl, kvh_b_, d});
-    t.v = act({B, Sl, kvh_b_, d});
-    Tensor q2 = t.q.reshape({T, heads_b_ * d}), k2 = t.k.reshape({T, kvh_b_ * d}), v2 = t.v.reshape({T, kvh_b_ * d});
-    be_.matmul(a1, false, bw.wq, true, q2);
-    be_.matmul(a1, false, bw.wk, true, k2);
-    be_.matmul(a1, false, bw.wv, true, v2);
-    be_.rope_forward(rope_, t.q);
-    be_.rope_forward(rope_, t.k);
+    t.q = std::move(qkv.q);
+    t.k = std::move(qkv.k);
+    t.v = std::move(qkv.v);
     if (kv_cache_ != nullptr) kv_cache_->store_prefill(l, r * dims_.kv_heads + b * kvh_b_, t.k, t.v);
     t.k_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
     t.v_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
@@ -98,8 +90,7 @@ Tensor TspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& 
     const AttentionArgs args{&cur.q, &cur.k_full, &cur.v_full, &q_pos_, &k_pos_, scale};
     be_.attention_forward(args, attn, lse);
     poke(next.gather);
-    const BucketWeights bw = bucket_weights(shard[r], u % nb);
-    be_.matmul(attn.reshape({T, heads_b_ * d}), false, bw.wo_t, false, y, 1.0f, 1.0f);
+    attn_output_forward(ctx_, wo_view(bucket_weights(shard[r], u % nb)), attn, y);
     // Shard r's buffer is free once its last unit is done: prefetch shard r+2 into it.
     if (opt_.overlap && u % nb == nb - 1 && r + 2 < D_) start_bcast(r + 2);
     if (s != nullptr) {
@@ -178,12 +169,8 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
         for (CommRequest& req : gv) gather.push_back(std::move(req));
         wait_all(gather);
       }
-      // y = attn Wo^T  =>  d_attn = dy Wo, dWo^T += attn^T dy
-      const Tensor attn2 = s.attn[u].reshape({T, heads_b_ * d});
-      Tensor d_attn = act({B, Sl, heads_b_, d});
-      Tensor d_attn2 = d_attn.reshape({T, heads_b_ * d});
-      be_.matmul(d_out, false, bw.wo_t, true, d_attn2);
-      be_.matmul(attn2, true, d_out, false, gw.wo_t, 1.0f, g_beta);
+      LinearView g_wo = wo_view(gw);
+      Tensor d_attn = attn_output_backward(ctx_, wo_view(bw), s.attn[u], d_out, g_wo, g_beta);  // [B, S/D, heads_b, d]
       Tensor dq = act({B, Sl, heads_b_, d});
       Tensor dk_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype), dv_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
       const AttentionArgs args{&s.q[u], &k_full, &v_full, &q_pos_, &k_pos_, scale};
@@ -196,19 +183,12 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
       std::vector<CommRequest> rsv = start_reduce_scatter(dv_full, dv);
       for (CommRequest& req : rsv) rs.push_back(std::move(req));
       if (!opt_.overlap) wait_all(rs);
-      // While dK/dV travel: the query side. q = rope(a1 Wq^T)
-      be_.rope_backward(rope_, dq);
-      const Tensor dq2 = dq.reshape({T, heads_b_ * d});
-      be_.matmul(dq2, false, bw.wq, false, d_a1, 1.0f, 1.0f);
-      be_.matmul(dq2, true, s.a1, false, gw.wq, 1.0f, g_beta);
+      // While dK/dV travel: the query side.
+      QkvWeights g_qkv = qkv_view(gw);
+      q_backward(ctx_, qkv_view(bw), s.norm.a, dq, d_a1, g_qkv, g_beta);
       poke(rs);
       wait_all(rs);
-      be_.rope_backward(rope_, dk);
-      const Tensor dk2 = dk.reshape({T, kvh_b_ * d}), dv2 = dv.reshape({T, kvh_b_ * d});
-      be_.matmul(dk2, false, bw.wk, false, d_a1, 1.0f, 1.0f);
-      be_.matmul(dv2, false, bw.wv, false, d_a1, 1.0f, 1.0f);
-      be_.matmul(dk2, true, s.a1, false, gw.wk, 1.0f, g_beta);
-      be_.matmul(dv2, true, s.a1, false, gw.wv, 1.0f, g_beta);
+      kv_backward(ctx_, qkv_view(bw), s.norm.a, dk, dv, d_a1, g_qkv, g_beta);
     }
     // fwd: broadcast from r; bwd: reduce to r (in place at the owner).
     wait(g_req);
@@ -222,10 +202,7 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
   wait(g_req);
   // x_mid = x + ...: dx = d_out + norm^T(d_a1); the norm gain's partial stays local until
   // sum_norm_partials().
-  Tensor dx = act({T, h});
-  be_.rmsnorm_backward(s.x_in, w.attn_norm[l], s.rstd, d_a1, dx, norm_partials_[l]);
-  be_.add_inplace(d_out, dx);
-  return dx;
+  return norm_backward(ctx_, w.attn_norm[l], s.norm, d_a1, &d_out, norm_partials_[l]);
 }
 
 }  // namespace foldpar::tsp_detail

@@ -1,8 +1,9 @@
-// TspModel: validation and the order of one TSP step (embedding ring, L blocks of
-// broadcast attention + ring MLP, the vocabulary-sharded head and loss, then the adjoint in
-// reverse).
+// TspModel: validation and TSP's parts of the model's step order (model/step_order.h):
+// embedding ring, L blocks of broadcast attention + ring MLP, the vocabulary-sharded head and
+// loss, then the adjoint in reverse.
 #include "parallel/tsp/tsp_model.h"
 
+#include "model/step_order.h"
 #include "parallel/tsp/tsp_step.h"
 
 namespace foldpar {
@@ -29,18 +30,60 @@ Status check_local_batch(const TspModel& m, const Batch& b) {
   return Status();
 }
 
-// The forward of every block; `saved` receives per-layer activations (all of them, or
-// only the block inputs under Recompute::kBlock).
-Tensor run_blocks(TspStep& step, const TspModel& m, const ShardedWeights& w, Tensor x, std::vector<LayerSaved>* saved) {
-  const bool keep = m.options().recompute == Recompute::kNone;
-  for (size_t l = 0; l < w.attn.size(); ++l) {
-    LayerSaved* s = saved != nullptr && keep ? &(*saved)[l] : nullptr;
-    if (saved != nullptr && !keep) (*saved)[l].attn.x_in = x;
-    Tensor x_mid = step.attention_forward(static_cast<int>(l), w, x, s != nullptr ? &s->attn : nullptr);
-    x = step.mlp_forward(static_cast<int>(l), w, x_mid, s != nullptr ? &s->mlp : nullptr);
+// One TSP step's parts on this rank, for the model's step order (model/step_order.h).
+struct StepInputs {
+  Tensor ids, targets;             // i32 [T] (targets undefined for a prefill)
+  int64_t batch = 0;               // B
+  ShardedWeights* grads = nullptr;  // null for a forward only
+  int64_t loss_normalizer = 0;     // as in TspModel::forward_backward
+};
+
+class TspModelStep final : public ModelStep {
+ public:
+  TspModelStep(TspStep& step, const TspModel& m, const ShardedWeights& w, StepInputs in)
+      : step_(step), m_(m), w_(w), in_(std::move(in)), saved_(w.attn.size()) {}
+
+  Tensor embed_forward() override { return step_.embed(w_, in_.ids); }
+
+  Tensor block_forward(int64_t l, const Tensor& x, bool save) override {
+    LayerSaved* s = save ? &saved_[l] : nullptr;
+    Tensor x_mid = step_.attention_forward(static_cast<int>(l), w_, x, s != nullptr ? &s->attn : nullptr);
+    return step_.mlp_forward(static_cast<int>(l), w_, x_mid, s != nullptr ? &s->mlp : nullptr);
   }
-  return x;
-}
+
+  StepResult head_forward(const Tensor& x, bool /*save: the head always keeps its state*/) override {
+    const bool keep_logits = m_.options().keep_logits;
+    Tensor logits;
+    StepResult r = step_.head_forward(w_, x, in_.targets, hs_, keep_logits ? &logits : nullptr);
+    if (keep_logits) r.logits = logits.reshape({in_.batch, m_.shard().local_seq(), m_.config().vocab_size});
+    return r;
+  }
+
+  Tensor head_backward(const StepResult& r) override {
+    const int64_t normalizer = in_.loss_normalizer > 0 ? in_.loss_normalizer : r.valid_tokens;
+    Tensor dx = step_.head_backward(w_, hs_, in_.targets, normalizer, *in_.grads);
+    hs_ = HeadSaved();
+    return dx;
+  }
+
+  Tensor block_backward(int64_t l, Tensor dx) override {
+    LayerSaved& s = saved_[l];
+    dx = step_.mlp_backward(static_cast<int>(l), w_, s.mlp, dx, *in_.grads);  // frees d(x_out)
+    dx = step_.attention_backward(static_cast<int>(l), w_, s.attn, dx, *in_.grads);
+    s = LayerSaved();
+    return dx;
+  }
+
+  void embed_backward(const Tensor& dx) override { step_.embed_backward(in_.ids, dx, *in_.grads); }
+
+ private:
+  TspStep& step_;
+  const TspModel& m_;
+  const ShardedWeights& w_;
+  StepInputs in_;
+  std::vector<LayerSaved> saved_;  // per layer
+  HeadSaved hs_;
+};
 
 }  // namespace
 
@@ -48,12 +91,8 @@ Result<StepResult> TspModel::forward(Backend& be, Communicator& tsp, const Shard
   FP_RETURN_IF_ERROR(check_local_batch(*this, batch));
   TspStep step(*this, be, tsp, batch.batch());
   const int64_t T = batch.input_ids.numel();
-  Tensor x = step.embed(w, batch.input_ids.reshape({T}));
-  x = run_blocks(step, *this, w, x, nullptr);
-  HeadSaved hs;
-  Tensor logits;
-  StepResult r = step.head_forward(w, x, batch.target_ids.reshape({T}), hs, options_.keep_logits ? &logits : nullptr);
-  if (options_.keep_logits) r.logits = logits.reshape({batch.batch(), batch.seq(), config_.vocab_size});
+  TspModelStep parts(step, *this, w, {batch.input_ids.reshape({T}), batch.target_ids.reshape({T}), batch.batch()});
+  StepResult r = step_forward(parts, static_cast<int64_t>(w.attn.size()));
   r.exposed_comm_seconds = step.wait_seconds();
   return r;
 }
@@ -65,8 +104,8 @@ Result<Tensor> TspModel::prefill(Backend& be, Communicator& tsp, const ShardedWe
                             shard_.seq(), shard_.degree());
   TspStep step(*this, be, tsp, ids.dim(0));
   step.set_kv_cache(&cache);
-  Tensor x = step.embed(w, ids.reshape({ids.numel()}));
-  x = run_blocks(step, *this, w, x, nullptr);
+  TspModelStep parts(step, *this, w, {ids.reshape({ids.numel()}), Tensor(), ids.dim(0)});
+  Tensor x = forward_blocks(parts, static_cast<int64_t>(w.attn.size()), parts.embed_forward());
   if (exposed_comm_seconds != nullptr) *exposed_comm_seconds += step.wait_seconds();
   return x;
 }
@@ -76,32 +115,9 @@ Result<StepResult> TspModel::forward_backward(Backend& be, Communicator& tsp, co
   FP_RETURN_IF_ERROR(check_local_batch(*this, batch));
   TspStep step(*this, be, tsp, batch.batch());
   const int64_t T = batch.input_ids.numel();
-  const Tensor ids = batch.input_ids.reshape({T}), targets = batch.target_ids.reshape({T});
-  const size_t L = w.attn.size();
-  std::vector<LayerSaved> saved(L);
-
-  Tensor x = step.embed(w, ids);
-  x = run_blocks(step, *this, w, x, &saved);
-  HeadSaved hs;
-  Tensor logits;
-  StepResult r = step.head_forward(w, x, targets, hs, options_.keep_logits ? &logits : nullptr);
-  if (options_.keep_logits) r.logits = logits.reshape({batch.batch(), batch.seq(), config_.vocab_size});
-  x = Tensor();
-
-  Tensor dx = step.head_backward(w, hs, targets, loss_normalizer > 0 ? loss_normalizer : r.valid_tokens, g);
-  hs = HeadSaved();
-  for (size_t l = L; l-- > 0;) {
-    LayerSaved& s = saved[l];
-    if (options_.recompute == Recompute::kBlock) {
-      const Tensor x_in = s.attn.x_in;
-      Tensor x_mid = step.attention_forward(static_cast<int>(l), w, x_in, &s.attn);
-      Tensor out = step.mlp_forward(static_cast<int>(l), w, x_mid, &s.mlp);
-    }
-    dx = step.mlp_backward(static_cast<int>(l), w, s.mlp, dx, g);
-    dx = step.attention_backward(static_cast<int>(l), w, s.attn, dx, g);
-    s = LayerSaved();
-  }
-  step.embed_backward(ids, dx, g);
+  TspModelStep parts(step, *this, w,
+                     {batch.input_ids.reshape({T}), batch.target_ids.reshape({T}), batch.batch(), &g, loss_normalizer});
+  StepResult r = step_forward_backward(parts, static_cast<int64_t>(w.attn.size()), options_.recompute);
   step.sum_norm_partials(g);
   r.exposed_comm_seconds = step.wait_seconds();
   return r;

@@ -31,6 +31,7 @@ TspStep::TspStep(const TspModel& model, Backend& backend, Communicator& comm, in
   std::copy(local.begin(), local.end(), q_pos_.data<int32_t>());
   std::copy(all.begin(), all.end(), k_pos_.data<int32_t>());
   rope_ = build_rope_table(local, dims_.d, c_.rope_theta, DType::kF32);
+  ctx_ = BlockContext{&c_, &be_, batch_, local_seq_, &q_pos_, &rope_};
   for (int64_t i = 0; i < 2 * c_.num_hidden_layers + 1; ++i) {
     norm_partials_.push_back(Tensor::zeros({dims_.h}, DType::kF32, MemCategory::kGradients));
   }
@@ -42,6 +43,11 @@ TspStep::BucketWeights TspStep::bucket_weights(const Tensor& packed, int bucket)
   const int64_t qn = heads_b_ * dims_.d, kvn = kvh_b_ * dims_.d;
   return BucketWeights{a.wq.narrow(q0, q0 + qn), a.wk.narrow(kv0, kv0 + kvn), a.wv.narrow(kv0, kv0 + kvn),
                        a.wo_t.narrow(q0, q0 + qn)};
+}
+
+MlpWeights TspStep::mlp_chunk(const Tensor& packed) const {
+  const MlpPieces m = mlp_pieces(dims_, packed);
+  return MlpWeights{m.w_gate, m.w_up, LinearView{m.w_down_t, true}};
 }
 
 std::vector<CommRequest> TspStep::start_gather(const Tensor& local, Tensor& full) {

@@ -7,6 +7,7 @@
 
 #include "backend/backend.h"
 #include "comm/communicator.h"
+#include "model/sub_blocks.h"
 #include "parallel/step_timer.h"
 #include "parallel/tsp/tsp_model.h"
 
@@ -15,7 +16,7 @@ namespace foldpar::tsp_detail {
 // What attention keeps for backward, per layer. Units are (shard r, bucket b) in visiting
 // order, index r * buckets + b.
 struct AttnSaved {
-  Tensor x_in, rstd, a1;          // [T, h], [T], [T, h]
+  NormSaved norm;                 // x_in [T, h], rstd [T], a1 [T, h]
   std::vector<Tensor> q;          // per unit [B, S/D, heads_b, d], after RoPE
   std::vector<Tensor> k, v;       // per unit [B, S/D, kvh_b, d], local tokens (k after RoPE)
   std::vector<Tensor> attn, lse;  // per unit [B, S/D, heads_b, d], [B, heads_b, S/D]
@@ -24,14 +25,14 @@ struct AttnSaved {
 };
 
 // What the MLP keeps for backward, per layer. Steps j = 0..D-1 visit shard (p - j) mod D.
-struct MlpSaved {
-  Tensor x_mid, rstd, a2;             // [T, h], [T], [T, h]
-  std::vector<Tensor> gate, up, act;  // per step [T, f/D]
+struct RingMlpSaved {
+  NormSaved norm;                        // x_mid [T, h], rstd [T], a2 [T, h]
+  std::vector<foldpar::MlpSaved> chunks;  // per step: gate, up, act [T, f/D]
 };
 
 struct LayerSaved {
   AttnSaved attn;
-  MlpSaved mlp;
+  RingMlpSaved mlp;
 };
 
 // The vocabulary-sharded head: what the backward needs.
@@ -51,8 +52,11 @@ class TspStep {
   Tensor attention_backward(int layer, const ShardedWeights& w, const AttnSaved& s, const Tensor& d_out,
                             ShardedWeights& grads);
 
-  Tensor mlp_forward(int layer, const ShardedWeights& w, const Tensor& x_mid, MlpSaved* saved);
-  Tensor mlp_backward(int layer, const ShardedWeights& w, const MlpSaved& s, const Tensor& d_out, ShardedWeights& grads);
+  // MLP sub-block: returns x_out = x_mid + mlp(norm(x_mid)), the model's MLP over the D
+  // column chunks of the ring. Fills `saved` when given.
+  Tensor mlp_forward(int layer, const ShardedWeights& w, const Tensor& x_mid, RingMlpSaved* saved);
+  Tensor mlp_backward(int layer, const ShardedWeights& w, const RingMlpSaved& s, const Tensor& d_out,
+                      ShardedWeights& grads);
 
   // Embedding by the vocabulary ring: x [T, h].
   Tensor embed(const ShardedWeights& w, const Tensor& ids);
@@ -84,6 +88,10 @@ class TspStep {
     Tensor wq, wk, wv, wo_t;
   };
   BucketWeights bucket_weights(const Tensor& packed, int bucket) const;
+  static QkvWeights qkv_view(const BucketWeights& b) { return QkvWeights{b.wq, b.wk, b.wv}; }
+  static LinearView wo_view(const BucketWeights& b) { return LinearView{b.wo_t, true}; }
+  // A packed MLP shard [mlp_rows, h] as the model's column chunk of f/D columns.
+  MlpWeights mlp_chunk(const Tensor& packed) const;
   // Activations in the storage dtype; per-row statistics (rstd, lse) always f32.
   Tensor act(const Shape& shape) const { return Tensor::empty(shape, opt_.dtype, MemCategory::kActivations); }
   Tensor stat(const Shape& shape) const { return Tensor::empty(shape, DType::kF32, MemCategory::kActivations); }
@@ -145,6 +153,7 @@ class TspStep {
   Tensor q_pos_;         // i32 [S/D]
   Tensor k_pos_;         // i32 [S], rank order
   Tensor rope_;          // [S/D, 2, d/2] at the local positions
+  BlockContext ctx_;     // the local rows (B, S/D), q_pos_ and rope_ for the model's sub-blocks
   std::vector<Tensor> norm_partials_;  // attn_norm[L], mlp_norm[L], final_norm: partial gradients
   KvCache* kv_cache_ = nullptr;        // prefill only
   StepTimer timer_;

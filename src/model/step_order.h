@@ -1,0 +1,40 @@
+// The order of one training step, written once: embed, every block, head and loss; then the
+// head's backward, every block in reverse (rerunning a block's forward first under
+// Recompute::kBlock) and the embedding's backward. A strategy implements ModelStep for the
+// parts that differ (its sharding and communication); the single-rank model is one
+// implementation (llama_model.cc), TSP another (parallel/tsp/tsp_model.cc).
+#pragma once
+
+#include <cstdint>
+
+#include "model/llama_model.h"
+
+namespace foldpar {
+
+// One step's parts on this rank. Each holds its own saved state between forward and backward.
+class ModelStep {
+ public:
+  virtual ~ModelStep() = default;
+  // x [T, h], the embedded rows of this rank.
+  virtual Tensor embed_forward() = 0;
+  // x_out [T, h] from x [T, h]; with `save`, keeps what block_backward(layer) needs.
+  virtual Tensor block_forward(int64_t layer, const Tensor& x, bool save) = 0;
+  // The loss of the last block's output x [T, h]; with `save`, keeps what head_backward needs.
+  virtual StepResult head_forward(const Tensor& x, bool save) = 0;
+  // d x_last [T, h] from the loss of `result`; releases the head's saved state.
+  virtual Tensor head_backward(const StepResult& result) = 0;
+  // dx_in [T, h] from dx_out [T, h], handed over so that it can be freed inside once used;
+  // releases the layer's saved state.
+  virtual Tensor block_backward(int64_t layer, Tensor dx) = 0;
+  virtual void embed_backward(const Tensor& dx) = 0;
+};
+
+// The forward of blocks 0..layers-1 from x, keeping nothing.
+Tensor forward_blocks(ModelStep& step, int64_t layers, Tensor x);
+// Embed, blocks, head: the loss only.
+StepResult step_forward(ModelStep& step, int64_t layers);
+// The forward and the backward in reverse; under Recompute::kBlock only each block's input
+// is kept and the block's forward runs again just before its backward.
+StepResult step_forward_backward(ModelStep& step, int64_t layers, Recompute recompute);
+
+}  // namespace foldpar

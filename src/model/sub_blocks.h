@@ -1,0 +1,105 @@
+// The sub-blocks of a Llama decoder block, each a forward, a backward and a saved-state
+// struct over weight views and the rows of a BlockContext, with no communication. The
+// single-rank block (llama_block.cc) is their composition; a parallel strategy calls them on
+// its shard (a slice of heads, a column chunk of the MLP) and adds the communication around.
+// The pre-norm is its own sub-block: TSP normalizes its rows once and then projects D x
+// buckets head slices, and runs D MLP column chunks, over the one normed activation.
+// Backward writes: a d_input passed undefined is allocated and written, a defined one is
+// accumulated (+=); weight gradients are scaled by `g_beta` before the add (1: accumulate
+// into the gradient, 0: write a fresh partial, as a TSP ring step does).
+#pragma once
+
+#include <functional>
+
+#include "backend/backend.h"
+#include "model/llama_config.h"
+
+namespace foldpar {
+
+// The per-step constants every block of a forward shares. T = batch * seq rows, batch-major.
+struct BlockContext {
+  const LlamaConfig* config = nullptr;
+  Backend* backend = nullptr;
+  int64_t batch = 0;                   // B
+  int64_t seq = 0;                     // S (rows per batch entry; S/D under TSP)
+  const Tensor* positions = nullptr;   // i32 [S], global positions of the rows
+  const Tensor* rope_table = nullptr;  // [S, 2, d/2] from build_rope_table(positions)
+  int64_t rows() const { return batch * seq; }
+};
+
+// A linear layer y = x W^T over a weight view: W as Hugging Face stores it [out, in], or its
+// transpose [in, out] (TSP packs o_proj and down_proj so that a shard's columns are rows).
+struct LinearView {
+  Tensor w;                 // [out, in], or [in, out] when transposed
+  bool transposed = false;
+};
+// y = x W^T + beta y. x: [T, in], y: [T, out].
+void linear_forward(Backend& be, const LinearView& w, const Tensor& x, Tensor& y, float beta);
+// dx = dy W + beta dx. dy: [T, out], dx: [T, in].
+void linear_backward_input(Backend& be, const LinearView& w, const Tensor& dy, Tensor& dx, float beta);
+// g = dy^T x + beta g, in g's storage (g.transposed: x^T dy). dy: [T, out], x: [T, in].
+void linear_backward_weight(Backend& be, LinearView& g, const Tensor& dy, const Tensor& x, float beta);
+
+// ---- pre-norm: a = rmsnorm(x) * gain (before attention, before the MLP, before the head) ----
+struct NormSaved {
+  Tensor x;     // [T, h] input (the residual stream)
+  Tensor rstd;  // [T]
+  Tensor a;     // [T, h] normed
+};
+NormSaved norm_forward(const BlockContext& ctx, const Tensor& gain, const Tensor& x);
+// d_a: [T, h]. Returns dx [T, h] = norm^T(d_a) (+ *d_residual when given, the gradient that
+// reaches x around the sub-block); g_gain += the gain's gradient of these rows.
+Tensor norm_backward(const BlockContext& ctx, const Tensor& gain, const NormSaved& s, const Tensor& d_a,
+                     const Tensor* d_residual, Tensor& g_gain);
+
+// ---- attention input: q, k, v of a slice of heads (n_q query, n_k KV heads), RoPE on q, k ----
+struct QkvWeights {
+  Tensor wq;  // [n_q*d, h]
+  Tensor wk;  // [n_k*d, h]
+  Tensor wv;  // [n_k*d, h]
+};
+struct QkvSaved {
+  Tensor q;  // [B, S, n_q, d] after RoPE
+  Tensor k;  // [B, S, n_k, d] after RoPE
+  Tensor v;  // [B, S, n_k, d]
+};
+// a: [T, h] the normed input.
+QkvSaved qkv_forward(const BlockContext& ctx, const QkvWeights& w, const Tensor& a);
+// The query side: dq [B, S, n_q, d] (rotated back in place); d_a (+)= dq Wq, g.wq.
+void q_backward(const BlockContext& ctx, const QkvWeights& w, const Tensor& a, Tensor& dq, Tensor& d_a,
+                QkvWeights& g, float g_beta);
+// The key/value side: dk (rotated back in place), dv [B, S, n_k, d]; d_a += dk Wk + dv Wv.
+void kv_backward(const BlockContext& ctx, const QkvWeights& w, const Tensor& a, Tensor& dk, const Tensor& dv,
+                 Tensor& d_a, QkvWeights& g, float g_beta);
+
+// ---- attention output: y += attn Wo^T (y starts as the residual, a copy of the input) ----
+// attn: [B, S, n_q, d]; wo: [h, n_q*d] (or transposed); y: [T, h].
+void attn_output_forward(const BlockContext& ctx, const LinearView& wo, const Tensor& attn, Tensor& y);
+// dy: [T, h]. Returns d_attn [B, S, n_q, d]; g_wo = dy^T attn + g_beta g_wo.
+Tensor attn_output_backward(const BlockContext& ctx, const LinearView& wo, const Tensor& attn, const Tensor& dy,
+                            LinearView& g_wo, float g_beta);
+
+// y = copy of x: [T, h], the residual a sub-block's output accumulates onto.
+Tensor residual_forward(const BlockContext& ctx, const Tensor& x);
+
+// ---- gated MLP on a column chunk: y += (silu(a Wg^T) * (a Wu^T)) Wd^T over f_c columns ----
+// The whole MLP is the chunk f_c = f; TSP's ring runs D chunks of f/D into one y.
+struct MlpWeights {
+  Tensor w_gate;    // [f_c, h]  rows of gate_proj
+  Tensor w_up;      // [f_c, h]  rows of up_proj
+  LinearView down;  // [h, f_c] columns of down_proj (or transposed [f_c, h])
+};
+struct MlpSaved {
+  Tensor gate;  // [T, f_c]
+  Tensor up;    // [T, f_c]
+  Tensor act;   // [T, f_c] silu(gate) * up
+};
+// a: [T, h] normed input; y: [T, h] accumulated. `between_gemms`, when set, runs between the
+// gate and up projections (a strategy advances its in-flight transfers there).
+void mlp_forward(const BlockContext& ctx, const MlpWeights& w, const Tensor& a, Tensor& y, MlpSaved* saved,
+                 const std::function<void()>& between_gemms = {});
+// dy: [T, h]. d_a (+)= the input gradient [T, h]; g (views like w) = ... + g_beta g.
+void mlp_backward(const BlockContext& ctx, const MlpWeights& w, const MlpSaved& s, const Tensor& a,
+                  const Tensor& dy, Tensor& d_a, MlpWeights& g, float g_beta);
+
+}  // namespace foldpar
