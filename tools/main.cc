@@ -19,6 +19,7 @@
 #include "app/step_bench.h"
 #include "app/verify.h"
 #include "backend/backend.h"
+#include "backend/cpu/gemm_engine.h"
 #include "comm/mpi_runtime.h"
 #include "core/status.h"
 #include "data/corpus.h"
@@ -182,6 +183,13 @@ void add_bench(CLI::App& app, BenchArgs& a) {
   cmd->add_option("--device", a.device, "cpu or cuda (GPU 0; built with -DFOLDPAR_WITH_CUDA=ON); not with --layouts");
 }
 
+// The CPU GEMM engine the steps run on (backend/cpu/gemm_engine.h), and its warning if any.
+void print_gemm_engine() {
+  const GemmEngineReport& g = gemm_engine_report();
+  std::printf("%s\n", g.summary().c_str());
+  if (!g.warning.empty()) std::fprintf(stderr, "warning: %s\n", g.warning.c_str());
+}
+
 void print_profile(const StepBenchReport& r) {
   double total = 0;
   for (const auto& [op, t] : r.op_times) total += t.seconds;
@@ -203,6 +211,7 @@ int run_bench_command(const BenchArgs& a) {
   Result<cli::Device> device = cli::open_device(*kind, 0);
   if (!device.ok()) return fail(device.status());
   set_cpu_backend_threads(a.threads);
+  if (device->backend == nullptr) print_gemm_engine();
   std::printf("%-8s %-6s %12s %12s %10s %14s\n", "seq", "batch", "step s", "tokens/s", "GFLOP/s", "peak MiB");
   for (int64_t seq : a.seqs) {
     StepBenchOptions o;

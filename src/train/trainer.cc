@@ -9,6 +9,7 @@
 
 #include "comm/comm_stats.h"
 #include "backend/bf16_storage_backend.h"
+#include "backend/cpu/gemm_engine.h"
 #include "comm/mesh.h"
 #include "core/check.h"
 #include "data/corpus.h"
@@ -236,6 +237,7 @@ Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
     line["tokens_per_s"] = tps;
     line["step_s"] = dt;
     line["tokens"] = step * o.batch * o.seq;
+    if (cpu) line["gemm_engine"] = gemm_engine_report().summary();
     line["ranks"] = per_rank_counters(world, MemoryTracker::process().stats(),
                                       static_cast<int64_t>(counter.delta().total().bytes_sent));
     const bool eval_now = (o.eval_every > 0 && step % o.eval_every == 0) || step == last;
