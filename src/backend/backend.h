@@ -1,9 +1,10 @@
 // Backend: the one interface through which model math touches tensor data. Two CPU
 // implementations sit behind it (backend/cpu/): the reference backend (plain loops, fp64
-// accumulation, f32 and f64 tensors; the ground truth) and the BLAS backend (OpenBLAS sgemm,
-// blocked flash attention, vectorized elementwise kernels; f32). The CUDA backend
-// (backend/cuda/cuda_backend.h, built with FOLDPAR_WITH_CUDA) implements the same ops on one
-// GPU, f32 or bf16 storage with f32 arithmetic. Backends know nothing about parallelism.
+// accumulation, f32 and f64 tensors; the ground truth) and the fast backend (oneDNN or
+// OpenBLAS GEMMs chosen per shape by cpu/gemm_engine.h, blocked flash attention, vectorized
+// elementwise kernels; f32, and bf16 matmul operands where the CPU multiplies bf16). The
+// CUDA backend (backend/cuda/cuda_backend.h, built with FOLDPAR_WITH_CUDA) implements the
+// same ops on one GPU, f32 or bf16 storage with f32 arithmetic. Backends know nothing about parallelism.
 //
 // Conventions for every op:
 //  - Tensors are contiguous row-major. "T" is a count of token rows (B*S, or a rank's local
