@@ -6,6 +6,7 @@
 // rounds and ratios to OpenBLAS are printed, with the oneDNN implementation each used.
 //
 //   gemm_engine_bench [--model configs/small.json] [--tokens 1024] [--rounds 7] [--threads 1]
+//                     [--seconds 0.05 per measurement] [--beta 0]
 //
 // Figures: docs/PERFORMANCE.md, "GEMM engines". Prints; asserts nothing.
 #include <algorithm>
@@ -15,6 +16,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "backend/cpu/gemm_engine.h"
 #include "model/llama_config.h"
@@ -75,17 +78,19 @@ Operands make_operands(const Shape& s) {
   return o;
 }
 
+float g_beta = 0;  // --beta: 1 is the accumulation of the step's gradients and residuals
+
 void run_once(Variant v, const Shape& s, Operands& o) {
   const MatmulDims d = dims_of(s);
   switch (v) {
     case Variant::kOpenBlas:
-      return foldpar::gemm_f32(GemmEngine::kOpenBlas, d, s.ta, s.tb, o.a.data(), o.b.data(), o.c.data(), 1, 0);
+      return foldpar::gemm_f32(GemmEngine::kOpenBlas, d, s.ta, s.tb, o.a.data(), o.b.data(), o.c.data(), 1, g_beta);
     case Variant::kOneDnnF32:
-      return foldpar::gemm_f32(GemmEngine::kOneDnn, d, s.ta, s.tb, o.a.data(), o.b.data(), o.c.data(), 1, 0);
+      return foldpar::gemm_f32(GemmEngine::kOneDnn, d, s.ta, s.tb, o.a.data(), o.b.data(), o.c.data(), 1, g_beta);
     case Variant::kSkinny:
-      return foldpar::gemm_f32(GemmEngine::kSkinny, d, s.ta, s.tb, o.a.data(), o.b.data(), o.c.data(), 1, 0);
+      return foldpar::gemm_f32(GemmEngine::kSkinny, d, s.ta, s.tb, o.a.data(), o.b.data(), o.c.data(), 1, g_beta);
     case Variant::kOneDnnBf16:
-      return foldpar::gemm_bf16(d, s.ta, s.tb, o.a16.data(), o.b16.data(), foldpar::DType::kF32, o.c.data(), 1, 0);
+      return foldpar::gemm_bf16(d, s.ta, s.tb, o.a16.data(), o.b16.data(), foldpar::DType::kF32, o.c.data(), 1, g_beta);
   }
 }
 
@@ -123,6 +128,7 @@ int main(int argc, char** argv) {
   const int rounds = std::atoi(arg(argc, argv, "--rounds", "7"));
   const int threads = std::atoi(arg(argc, argv, "--threads", "1"));
   const double budget = std::atof(arg(argc, argv, "--seconds", "0.05"));
+  g_beta = static_cast<float>(std::atof(arg(argc, argv, "--beta", "0")));
   foldpar::Result<foldpar::LlamaConfig> config = foldpar::LlamaConfig::load(model);
   if (!config.ok() || tokens <= 0 || rounds <= 0 || threads <= 0) {
     std::fprintf(stderr, "gemm_engine_bench: %s\n",
@@ -133,8 +139,8 @@ int main(int argc, char** argv) {
   const foldpar::GemmEngineReport& rep = foldpar::gemm_engine_report();
   std::printf("%s\n", rep.summary().c_str());
   if (!rep.warning.empty()) std::printf("warning: %s\n", rep.warning.c_str());
-  std::printf("model %s, T = %lld tokens, %d threads, %d interleaved rounds, medians in GFLOP/s\n", model.c_str(),
-              static_cast<long long>(tokens), threads, rounds);
+  std::printf("model %s, T = %lld tokens, %d threads, %d interleaved rounds, beta %g, medians in GFLOP/s\n",
+              model.c_str(), static_cast<long long>(tokens), threads, rounds, g_beta);
 
   const std::vector<Shape> shapes = shapes_of(*config, tokens);
   std::vector<Operands> ops;
@@ -160,11 +166,11 @@ int main(int argc, char** argv) {
     auto med = [&](Variant v) { return rates[i][static_cast<int>(v)].empty() ? 0.0 : median(rates[i][static_cast<int>(v)]); };
     const double ob = med(Variant::kOpenBlas), dn = med(Variant::kOneDnnF32), sk = med(Variant::kSkinny),
                  bf = med(Variant::kOneDnnBf16);
-    const std::string impl_f32 = foldpar::onednn_impl_name(d, s.ta, s.tb, foldpar::DType::kF32, foldpar::DType::kF32);
-    const std::string impl_bf16 = foldpar::onednn_impl_name(d, s.ta, s.tb, foldpar::DType::kBF16, foldpar::DType::kF32);
+    const std::string impl_f32 = foldpar::onednn_impl_name(d, s.ta, s.tb, foldpar::DType::kF32, foldpar::DType::kF32, g_beta);
+    const std::string impl_bf16 = foldpar::onednn_impl_name(d, s.ta, s.tb, foldpar::DType::kBF16, foldpar::DType::kF32, g_beta);
     std::printf("%-22s %5lld %5lld %5lld | %9.1f %10.1f %8s %11.1f | %7.2f %7.2f | %-10s %s / %s\n", s.name.c_str(),
                 static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k), ob, dn,
-                sk > 0 ? std::to_string(static_cast<int>(sk + 0.5)).c_str() : "-", bf, dn / ob, bf / ob,
+                sk > 0 ? fmt::format("{:.1f}", sk).c_str() : "-", bf, dn / ob, bf / ob,
                 foldpar::gemm_engine_name(foldpar::choose_f32_engine(d, s.ta, s.tb)), impl_f32.c_str(),
                 impl_bf16.c_str());
   }

@@ -176,9 +176,10 @@ class OneDnnMatmuls {
     stream_.wait();
   }
 
-  std::string impl_name(const MatmulDims& d, bool ta, bool tb, dnnl::memory::data_type ab, dnnl::memory::data_type ct) {
+  std::string impl_name(const MatmulDims& d, bool ta, bool tb, dnnl::memory::data_type ab, dnnl::memory::data_type ct,
+                        float beta) {
     std::lock_guard<std::mutex> lock(mu_);
-    return entry(d, ta, tb, ab, ct, 1.0f, 0.0f).impl;
+    return entry(d, ta, tb, ab, ct, 1.0f, beta).impl;
   }
 
  private:
@@ -356,8 +357,14 @@ std::string GemmEngineReport::summary() const {
 
 const GemmEngineReport& gemm_engine_report() { return engine_state().report; }
 
+// From bench/gemm_engine_bench on this machine (docs/PERFORMANCE.md, "GEMM engines"): the
+// skinny kernel beats both libraries at decode's 1-4 rows; with its own kernels OpenBLAS
+// beats oneDNN f32 only on the weight gradient of a widening projection (dy^T x with n >= 2m,
+// 0.68-0.82x of OpenBLAS) and is within 10% of it elsewhere, so oneDNN takes the rest, and
+// everything while OpenBLAS runs kernels below the CPU's ISA.
 GemmEngine choose_f32_engine(const MatmulDims& d, bool trans_a, bool trans_b) {
   if (!trans_a && d.m <= kSkinnyRows) return GemmEngine::kSkinny;
+  if (engine_state().openblas_ok && trans_a && !trans_b && d.n >= 2 * d.m) return GemmEngine::kOpenBlas;
   return GemmEngine::kOneDnn;
 }
 
@@ -394,9 +401,9 @@ void set_gemm_threads(int threads) {
   omp_set_num_threads(threads);
 }
 
-std::string onednn_impl_name(const MatmulDims& d, bool ta, bool tb, DType ab_dtype, DType c_dtype) {
+std::string onednn_impl_name(const MatmulDims& d, bool ta, bool tb, DType ab_dtype, DType c_dtype, float beta) {
   const auto dt = [](DType t) { return t == DType::kBF16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32; };
-  return onednn().impl_name(d, ta, tb, dt(ab_dtype), dt(c_dtype));
+  return onednn().impl_name(d, ta, tb, dt(ab_dtype), dt(c_dtype), beta);
 }
 
 }  // namespace foldpar

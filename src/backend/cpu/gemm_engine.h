@@ -65,6 +65,7 @@ void set_gemm_threads(int threads);
 
 // The oneDNN implementation chosen for a product ("brg:avx512_core_amx", "gemm:jit", ...),
 // for benchmarks that want to show it.
-std::string onednn_impl_name(const MatmulDims& d, bool trans_a, bool trans_b, DType ab_dtype, DType c_dtype);
+std::string onednn_impl_name(const MatmulDims& d, bool trans_a, bool trans_b, DType ab_dtype, DType c_dtype,
+                             float beta = 0.0f);
 
 }  // namespace foldpar
