@@ -28,8 +28,13 @@ struct Dims {
 };
 
 Tensor ws(const Shape& s, DType t) { return Tensor::empty(s, t, MemCategory::kWorkspace); }
-Tensor operand_a(Dims c, bool ta, uint64_t seed) { return random_tensor(ta ? Shape{c.k, c.m} : Shape{c.m, c.k}, DType::kF32, seed); }
-Tensor operand_b(Dims c, bool tb, uint64_t seed) { return random_tensor(tb ? Shape{c.n, c.k} : Shape{c.k, c.n}, DType::kF32, seed); }
+// a as stored: [k, m] when transposed, else [m, k]; b: [n, k] when transposed, else [k, n].
+Tensor operand_a(Dims c, bool ta, uint64_t seed) {
+  return random_tensor(ta ? Shape{c.k, c.m} : Shape{c.m, c.k}, DType::kF32, seed);
+}
+Tensor operand_b(Dims c, bool tb, uint64_t seed) {
+  return random_tensor(tb ? Shape{c.n, c.k} : Shape{c.k, c.n}, DType::kF32, seed);
+}
 
 // Awkward sizes: 1 (a vector), 3 (below every vector width), 17 (one past 16 floats), 257
 // (one past a 256 block), each in every role: all triples of {1, 3, 17}, and 257 as m, n or
