@@ -144,7 +144,7 @@ EngineState make_engine_state() {
   const unsigned bf16_bits = dnnl_cpu_isa_avx512_core_bf16;
   r.bf16_native = (static_cast<unsigned>(isa) & bf16_bits) == bf16_bits;
   s.openblas_ok = r.openblas_matches_cpu;
-  r.f32_engine = s.openblas_ok ? "onednn+openblas" : "onednn";
+  r.f32_engine = s.openblas_ok ? "openblas" : "onednn";
   if (onednn_isa_level(isa) < cpu.level)
     r.warning = fmt::format(
         "oneDNN runs its {} kernels on a CPU with {} (is DNNL_MAX_CPU_ISA set?): GEMMs run below this "
@@ -357,15 +357,16 @@ std::string GemmEngineReport::summary() const {
 
 const GemmEngineReport& gemm_engine_report() { return engine_state().report; }
 
-// From bench/gemm_engine_bench on this machine (docs/PERFORMANCE.md, "GEMM engines"): the
-// skinny kernel beats both libraries at decode's 1-4 rows; with its own kernels OpenBLAS
-// beats oneDNN f32 only on the weight gradient of a widening projection (dy^T x with n >= 2m,
-// 0.68-0.82x of OpenBLAS) and is within 10% of it elsewhere, so oneDNN takes the rest, and
-// everything while OpenBLAS runs kernels below the CPU's ISA.
+// From bench/gemm_engine_bench and `foldpar bench` on this machine (docs/PERFORMANCE.md,
+// "GEMM engines"): the skinny kernel beats both libraries at decode's 1-4 rows. Per product,
+// oneDNN f32 and OpenBLAS on its right core are within 10% of each other (OpenBLAS ahead by
+// 0.68-0.82x on one class), but the training step runs 1.3x faster with every product on
+// such an OpenBLAS (the flash attention kernel runs 3-4x slower in a process whose GEMMs ran
+// elsewhere; cause not yet found). So: OpenBLAS where its core uses the CPU's widest
+// vectors, oneDNN (4-6x faster) where it does not.
 GemmEngine choose_f32_engine(const MatmulDims& d, bool trans_a, bool trans_b) {
   if (!trans_a && d.m <= kSkinnyRows) return GemmEngine::kSkinny;
-  if (engine_state().openblas_ok && trans_a && !trans_b && d.n >= 2 * d.m) return GemmEngine::kOpenBlas;
-  return GemmEngine::kOneDnn;
+  return engine_state().openblas_ok ? GemmEngine::kOpenBlas : GemmEngine::kOneDnn;
 }
 
 void gemm_f32(GemmEngine engine, const MatmulDims& d, bool ta, bool tb, const float* a, const float* b, float* c,

@@ -31,7 +31,7 @@ struct GemmEngineReport {
   std::string openblas_core;  // openblas_get_corename(): "Cooperlake", "Prescott", ...
   bool openblas_matches_cpu = false;  // OpenBLAS's kernels use the CPU's widest vectors
   bool bf16_native = false;   // oneDNN multiplies bf16 with bf16 instructions (AVX512_BF16/AMX)
-  std::string f32_engine;     // what f32 products run on: "onednn" or "onednn+openblas"
+  std::string f32_engine;     // what f32 products of 5+ rows run on: "openblas" or "onednn"
   // Where OpenBLAS's core is slower than the CPU allows: the setting that fixes it
   // ("OPENBLAS_CORETYPE=Cooperlake"). Not needed for speed: such an OpenBLAS gets no GEMMs.
   std::string openblas_fix;
