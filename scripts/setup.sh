@@ -9,6 +9,7 @@ packages=(
   g++ cmake ninja-build pkg-config git
   # libraries
   libopenblas-dev libopenmpi-dev openmpi-bin
+  libdnnl-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libgtest-dev libgmock-dev
   # the independent oracle and the benchmark peer (run with /usr/bin/python3)

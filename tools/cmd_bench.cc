@@ -42,6 +42,10 @@ int run_step_bench_command(const BenchArgs& a) {
   Result<Device> device = open_device(*kind, 0);
   if (!device.ok()) return fail(device.status());
   set_cpu_backend_threads(a.threads);
+  if (device->backend == nullptr) {  // the CPU: which GEMM engine the steps run on
+    std::printf("%s\n", cpu_gemm_engine_summary().c_str());
+    if (const std::string w = cpu_gemm_engine_warning(); !w.empty()) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  }
   std::printf("%-8s %-6s %12s %12s %10s %14s\n", "seq", "batch", "step s", "tokens/s", "GFLOP/s", "peak MiB");
   for (int64_t seq : a.seqs) {
     StepBenchOptions o = a.options;

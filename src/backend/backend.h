@@ -1,9 +1,10 @@
 // Backend: the one interface through which model math touches tensor data. Two CPU
 // implementations sit behind it (backend/cpu/): the reference backend (plain loops, fp64
-// accumulation, f32 and f64 tensors; the ground truth) and the BLAS backend (OpenBLAS sgemm,
-// blocked flash attention, vectorized elementwise kernels; f32). The CUDA backend
-// (backend/cuda/cuda_backend.h, built with FOLDPAR_WITH_CUDA) implements the same ops on one
-// GPU, f32 or bf16 storage with f32 arithmetic. Backends know nothing about parallelism.
+// accumulation, f32 and f64 tensors; the ground truth) and the fast backend (oneDNN or
+// OpenBLAS GEMMs chosen per shape by cpu/gemm_engine.h, blocked flash attention, vectorized
+// elementwise kernels; f32, and bf16 matmul operands where the CPU multiplies bf16). The
+// CUDA backend (backend/cuda/cuda_backend.h, built with FOLDPAR_WITH_CUDA) implements the
+// same ops on one GPU, f32 or bf16 storage with f32 arithmetic. Backends know nothing about parallelism.
 //
 // Conventions for every op:
 //  - Tensors are contiguous row-major. "T" is a count of token rows (B*S, or a rank's local
@@ -15,6 +16,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "tensor/tensor.h"
@@ -45,6 +47,10 @@ class Backend {
   // c is written (its old contents, even NaN, are ignored).
   virtual void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
                       float alpha = 1.0f, float beta = 0.0f) = 0;
+  // Whether matmul also takes bf16 a and b (c bf16 or f32), multiplying bf16 x bf16 with f32
+  // accumulation at bf16 speed. Where false, bf16 operands must be widened first; the bf16
+  // storage decorator asks before it widens.
+  virtual bool matmul_takes_bf16() const { return false; }
 
   // ---- elementwise ----
   virtual void copy(const Tensor& src, Tensor& dst) = 0;             // dst written
@@ -130,11 +136,18 @@ class Backend {
 
 // The reference CPU backend: plain loops with fp64 accumulation; f32 and f64 tensors.
 std::unique_ptr<Backend> make_reference_backend();
-// The fast CPU backend: OpenBLAS, blocked flash attention, vectorized kernels; f32 tensors.
+// The fast CPU backend: oneDNN/OpenBLAS GEMMs (backend/cpu/gemm_engine.h), blocked flash
+// attention, vectorized kernels; f32 tensors (and bf16 matmul operands: matmul_takes_bf16).
 std::unique_ptr<Backend> make_cpu_backend();
 
-// Threads the CPU backend's BLAS may use (1 when ranks share cores). Process-wide, as
-// OpenBLAS's own setting is.
+// The fast CPU backend's GEMM engine in one line (gemm_engine_report().summary()) and its
+// warning, empty unless something runs below the machine's rate: what `foldpar bench`
+// prints and metrics.jsonl records.
+std::string cpu_gemm_engine_summary();
+std::string cpu_gemm_engine_warning();
+
+// Threads the CPU backend's GEMM libraries (OpenBLAS and oneDNN) may use (1 when ranks share
+// cores). Process-wide, as the libraries' own settings are.
 void set_cpu_backend_threads(int threads);
 
 // Number of valid (not ignore_index) targets.

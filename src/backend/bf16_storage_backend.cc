@@ -40,8 +40,12 @@ class Bf16StorageBackend final : public Backend {
  public:
   explicit Bf16StorageBackend(Backend& inner) : in_(inner) {}
   std::string_view name() const override { return in_.name(); }
+  bool matmul_takes_bf16() const override { return in_.matmul_takes_bf16(); }
 
+  // bf16 x bf16 straight to an inner backend that multiplies bf16 natively (f32 accumulation,
+  // c rounded once as below); elsewhere widened like every other op.
   void matmul(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta) override {
+    if (is_bf16(a) && is_bf16(b) && in_.matmul_takes_bf16()) return in_.matmul(a, ta, b, tb, c, alpha, beta);
     Out o(c, beta != 0.0f);
     in_.matmul(widen(a), ta, widen(b), tb, o.f32(), alpha, beta);
     o.finish();

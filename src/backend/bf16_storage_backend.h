@@ -1,7 +1,9 @@
 // Bf16StorageBackend: bf16 as a storage type for any backend that computes in f32. A
 // decorator: every bf16 input is widened to an f32 workspace copy, every bf16 output is
 // computed in f32 and rounded to bf16 once (accumulated outputs are widened first), and
-// f32 tensors pass through untouched, so an all-f32 call costs nothing extra. This is how
+// f32 tensors pass through untouched, so an all-f32 call costs nothing extra. matmul is the
+// exception where the inner backend multiplies bf16 natively (Backend::matmul_takes_bf16):
+// bf16 operands go to it as they are, products accumulate in f32 there. This is how
 // `train --bf16` halves the bytes of stored weights, activations and the shards that
 // travel, while arithmetic (and the parity tests' references) stay f32.
 #pragma once

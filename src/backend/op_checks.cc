@@ -23,9 +23,8 @@ void check_i32_vector(const Tensor& t, int64_t n, const char* what) {
            n);
 }
 
-MatmulDims check_matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c) {
-  FP_CHECK(a.dtype() == b.dtype() && b.dtype() == c.dtype(), "matmul dtypes {} {} {}", a.describe(),
-           b.describe(), c.describe());
+namespace {
+MatmulDims matmul_dims(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c) {
   const int64_t a_rows = rows_of(a), a_cols = a.dim(-1);
   const int64_t b_rows = rows_of(b), b_cols = b.dim(-1);
   MatmulDims d{};
@@ -38,6 +37,20 @@ MatmulDims check_matmul(const Tensor& a, bool trans_a, const Tensor& b, bool tra
   d.lda = a_cols;
   d.ldb = b_cols;
   return d;
+}
+}  // namespace
+
+MatmulDims check_matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c) {
+  FP_CHECK(a.dtype() == b.dtype() && b.dtype() == c.dtype(), "matmul dtypes {} {} {}", a.describe(),
+           b.describe(), c.describe());
+  return matmul_dims(a, trans_a, b, trans_b, c);
+}
+
+MatmulDims check_matmul_bf16(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c) {
+  FP_CHECK(a.dtype() == DType::kBF16 && b.dtype() == DType::kBF16 &&
+               (c.dtype() == DType::kBF16 || c.dtype() == DType::kF32),
+           "bf16 matmul dtypes {} {} {}", a.describe(), b.describe(), c.describe());
+  return matmul_dims(a, trans_a, b, trans_b, c);
 }
 
 AttentionDims check_attention(const AttentionArgs& args, const Tensor& out, const Tensor& lse) {

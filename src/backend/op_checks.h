@@ -14,6 +14,8 @@ struct MatmulDims {
   int64_t lda, ldb;  // leading dimensions of a and b as stored (row-major)
 };
 MatmulDims check_matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c);
+// The mixed-precision product (Backend::matmul_takes_bf16): a and b bf16, c bf16 or f32.
+MatmulDims check_matmul_bf16(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c);
 
 struct AttentionDims {
   int64_t batch, sq, sk, n_h, n_kv, d;

@@ -254,6 +254,7 @@ nlohmann::ordered_json metrics_line(const TrainOptions& o, int64_t step, const S
   line["step_s"] = st.seconds;
   line["tokens"] = step * o.batch * o.seq;
   line["ranks"] = per_rank_counters(world, MemoryTracker::process().stats(), static_cast<int64_t>(bytes_sent));
+  if (o.backend == nullptr) line["gemm_engine"] = cpu_gemm_engine_summary();
   return line;
 }
 

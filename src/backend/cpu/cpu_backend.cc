@@ -1,8 +1,7 @@
-// The fast CPU backend (f32): OpenBLAS sgemm for matmul, the blocked flash attention kernel,
-// and single-pass vectorizable loops for the token-wise ops. Every op here has a reference
+// The fast CPU backend (f32; bf16 operands for matmul where the CPU has bf16 instructions):
+// GEMMs on oneDNN, OpenBLAS or the skinny kernel (gemm_engine.h), the blocked flash attention
+// kernel, and single-pass vectorizable loops for the token-wise ops. Every op here has a reference
 // in reference_backend.cc and a parity test in tests/unit/backend_parity_test.cc.
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -11,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/flash_attention.h"
+#include "backend/cpu/gemm_engine.h"
 #include "backend/cpu/vec_math.h"
 #include "backend/op_checks.h"
 
@@ -21,121 +21,30 @@ void check_f32(const Tensor& t, const char* what) {
   FP_CHECK(t.dtype() == DType::kF32, "cpu backend {}: {} is not f32", what, t.describe());
 }
 
-// Few rows of a (decode: one token per sequence). sgemm packs the whole of b for them, which
-// costs more than the product once b outgrows the cache; streaming b once instead, as dot
-// products with its rows (b transposed: 4 rows of b by 2 rows of a per pass, 8-float
-// vectors) or as row updates (b as stored), runs up to 3x faster at 2-4 rows, and loses to
-// sgemm only on weights small enough to stay in cache (bench/matmul_bench: docs/
-// PERFORMANCE.md, generation). a is not transposed; c [m, n] row-major.
-constexpr int64_t kSkinnyRows = 4;
-constexpr int kDotLanes = 8;  // partial sums per output: one 256-bit vector
-constexpr int kDotCols = 4;   // outputs computed together: each x load feeds 4 weight rows
-
-// GCC/Clang vector extension: 8 floats, element-wise arithmetic; unaligned loads by memcpy.
-typedef float Lanes __attribute__((vector_size(kDotLanes * sizeof(float))));
-inline Lanes load_lanes(const float* p) {
-  Lanes v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline float lane_sum(Lanes v) {
-  float s = 0;
-  for (int l = 0; l < kDotLanes; ++l) s += v[l];
-  return s;
-}
-
-void skinny_matmul(const MatmulDims& d, const float* a, const float* b, bool trans_b, float* c, float alpha,
-                   float beta) {
-  if (trans_b) {  // c[i, j] = alpha <a[i, :], b[j, :]> + beta c[i, j]
-    const int64_t k_vec = d.k / kDotLanes * kDotLanes;
-    for (int64_t j0 = 0; j0 < d.n; j0 += kDotCols) {
-      const int64_t cols = std::min<int64_t>(kDotCols, d.n - j0);
-      // Past the last column the block repeats row j0 (valid memory; results dropped).
-      const float* w0 = b + j0 * d.ldb;
-      const float* w1 = cols > 1 ? w0 + d.ldb : w0;
-      const float* w2 = cols > 2 ? w0 + 2 * d.ldb : w0;
-      const float* w3 = cols > 3 ? w0 + 3 * d.ldb : w0;
-      const float* w[kDotCols] = {w0, w1, w2, w3};
-      // Two rows of a at a time: 8 running sums, each weight load feeding two of them.
-      for (int64_t i = 0; i < d.m; i += 2) {
-        const bool pair = i + 1 < d.m;
-        const float* x = a + i * d.lda;
-        const float* x2 = pair ? x + d.lda : x;  // unused for a lone row
-        Lanes s0 = {}, s1 = {}, s2 = {}, s3 = {}, t0 = {}, t1 = {}, t2 = {}, t3 = {};
-        for (int64_t k = 0; !pair && k < k_vec; k += kDotLanes) {  // a lone last row
-          const Lanes xv = load_lanes(x + k);
-          s0 += xv * load_lanes(w0 + k);
-          s1 += xv * load_lanes(w1 + k);
-          s2 += xv * load_lanes(w2 + k);
-          s3 += xv * load_lanes(w3 + k);
-        }
-        for (int64_t k = 0; pair && k < k_vec; k += kDotLanes) {
-          const Lanes xv = load_lanes(x + k), yv = load_lanes(x2 + k);
-          const Lanes v0 = load_lanes(w0 + k), v1 = load_lanes(w1 + k), v2 = load_lanes(w2 + k),
-                      v3 = load_lanes(w3 + k);
-          s0 += xv * v0;
-          s1 += xv * v1;
-          s2 += xv * v2;
-          s3 += xv * v3;
-          t0 += yv * v0;
-          t1 += yv * v1;
-          t2 += yv * v2;
-          t3 += yv * v3;
-        }
-        const float sums[2][kDotCols] = {{lane_sum(s0), lane_sum(s1), lane_sum(s2), lane_sum(s3)},
-                                         {lane_sum(t0), lane_sum(t1), lane_sum(t2), lane_sum(t3)}};
-        for (int r = 0; r < (pair ? 2 : 1); ++r) {
-          const float* xr = r == 0 ? x : x2;
-          for (int64_t jj = 0; jj < cols; ++jj) {
-            float sum = sums[r][jj];
-            for (int64_t k = k_vec; k < d.k; ++k) sum += xr[k] * w[jj][k];
-            float& y = c[(i + r) * d.n + j0 + jj];
-            y = beta == 0 ? alpha * sum : alpha * sum + beta * y;  // beta 0 ignores the old value (NaN too)
-          }
-        }
-      }
-    }
-    return;
-  }
-  for (int64_t i = 0; i < d.m; ++i) {  // c[i, :] = beta c[i, :] + sum_k alpha a[i, k] b[k, :]
-    float* y = c + i * d.n;
-    if (beta == 0) {
-      std::fill_n(y, d.n, 0.0f);
-    } else if (beta != 1) {
-      for (int64_t j = 0; j < d.n; ++j) y[j] *= beta;
-    }
-  }
-  for (int64_t k = 0; k < d.k; ++k) {
-    const float* w = b + k * d.ldb;
-    for (int64_t i = 0; i < d.m; ++i) {
-      const float s = alpha * a[i * d.lda + k];
-      float* y = c + i * d.n;
-      for (int64_t j = 0; j < d.n; ++j) y[j] += s * w[j];
-    }
-  }
-}
-
 class CpuBackend final : public Backend {
  public:
   std::string_view name() const override { return "cpu"; }
 
+  // f32 products, and bf16 x bf16 ones (f32 accumulation, c bf16 or f32) where the CPU
+  // multiplies bf16 natively (matmul_takes_bf16); the engine per shape: gemm_engine.h.
   void matmul(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta) override {
-    const MatmulDims d = check_matmul(a, ta, b, tb, c);
-    check_f32(a, "matmul");
+    const bool mixed = a.dtype() == DType::kBF16;
+    const MatmulDims d = mixed ? check_matmul_bf16(a, ta, b, tb, c) : check_matmul(a, ta, b, tb, c);
+    if (!mixed) check_f32(a, "matmul");
+    FP_CHECK(!mixed || matmul_takes_bf16(), "cpu backend matmul: bf16 operands on a CPU without bf16 compute ({})",
+             gemm_engine_report().onednn_isa);
     if (d.m == 0 || d.n == 0) return;
-    if (d.k == 0) {  // sgemm with k = 0 still scales c by beta
+    if (d.k == 0) {  // a GEMM with k = 0 still scales c by beta
       scale_or_zero(beta, c);
       return;
     }
-    if (!ta && d.m <= kSkinnyRows) {
-      skinny_matmul(d, a.data<float>(), b.data<float>(), tb, c.data<float>(), alpha, beta);
-      return;
+    if (mixed) {
+      gemm_bf16(d, ta, tb, a.data<bf16>(), b.data<bf16>(), c.dtype(), c.raw_data(), alpha, beta);
+    } else {
+      gemm_f32(GemmEngine::kAuto, d, ta, tb, a.data<float>(), b.data<float>(), c.data<float>(), alpha, beta);
     }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                static_cast<int>(d.m), static_cast<int>(d.n), static_cast<int>(d.k), alpha, a.data<float>(),
-                static_cast<int>(d.lda), b.data<float>(), static_cast<int>(d.ldb), beta, c.data<float>(),
-                static_cast<int>(d.n));
   }
+  bool matmul_takes_bf16() const override { return gemm_engine_report().bf16_native; }
 
   void copy(const Tensor& src, Tensor& dst) override {
     FP_CHECK(src.numel() == dst.numel() && src.dtype() == dst.dtype(), "copy {} -> {}", src.describe(),
@@ -393,6 +302,11 @@ class CpuBackend final : public Backend {
 
  private:
   static void scale_or_zero(float beta, Tensor& c) {
+    if (c.dtype() == DType::kBF16) {
+      bf16* C = c.data<bf16>();
+      for (int64_t i = 0; i < c.numel(); ++i) C[i] = f32_to_bf16(beta == 0 ? 0.0f : beta * bf16_to_f32(C[i]));
+      return;
+    }
     float* C = c.data<float>();
     for (int64_t i = 0; i < c.numel(); ++i) C[i] = beta == 0 ? 0.0f : beta * C[i];
   }
@@ -426,6 +340,6 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
 
-void set_cpu_backend_threads(int threads) { openblas_set_num_threads(threads); }
+void set_cpu_backend_threads(int threads) { set_gemm_threads(threads); }
 
 }  // namespace foldpar
