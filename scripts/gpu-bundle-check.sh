@@ -7,18 +7,22 @@
 #    to the bundle's prefix (and /usr/local/cuda, the toolkit) with CMAKE_FIND_ROOT_PATH_MODE_{LIBRARY,INCLUDE,PACKAGE}=ONLY
 #    (NCCL and the CUDA toolkit are the machine's own, searched outside it on purpose), and
 #    PKG_CONFIG_LIBDIR holds only the bundle's .pc files;
-#  - headers: every header the compiler read (ninja's dependency records) that belongs to a
-#    bundled Debian package comes from the bundle, never from /usr/include;
+#  - headers: no header the compiler read (ninja's dependency records) is the system's copy
+#    of a header the bundle has (a bundled package's header), i.e. none came from /usr;
 #  - libraries: every library on the link lines and every library `ldd` resolves for the
 #    built programs is in the bundle, in /usr/local/cuda, or a base system library
 #    (glibc, libstdc++, libgcc_s, zlib, libudev, libgomp, libatomic).
 # Runs scripts/gpu-bundle.sh first when gpu-bundle/ is missing; exits 77 (skipped, with a
 # message) when that cannot reach the registry or there is no nvcc. ctest: bundle.gpu_build
 # (label bundle, outside the default suite's quick labels; CI runs it). A few minutes here.
-# Usage: scripts/gpu-bundle-check.sh [build-dir]   (default build-bundle-check; JOBS=2)
+# Usage: scripts/gpu-bundle-check.sh [--checks-only] [build-dir]   (default build-bundle-check;
+# JOBS=2; --checks-only: only the checks, on a build made before, e.g. one made with the
+# system's packages, which they must reject)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
+checks_only=0
+if [ "${1:-}" = "--checks-only" ]; then checks_only=1; shift; fi
 build=${1:-build-bundle-check}
 jobs=${JOBS:-2}
 t0=$(date +%s)
@@ -49,6 +53,7 @@ EOF
 export PKG_CONFIG_LIBDIR="$lib/pkgconfig:$bundle_prefix/share/pkgconfig"
 unset PKG_CONFIG_PATH
 
+if [ "$checks_only" = 0 ]; then
 say "configure ($build, toolchain $build/bundle-only.cmake)"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFOLDPAR_WITH_CUDA=ON -DFOLDPAR_BUILD_BENCH=OFF \
   -DCMAKE_TOOLCHAIN_FILE="$build/bundle-only.cmake" -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
@@ -58,6 +63,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFOLDPAR_WITH_CUDA=O
 say "build foldpar cuda_attention_test (-j$jobs)"
 ninja -C "$build" -j"$jobs" foldpar cuda_attention_test >"$build/build.log" 2>&1 ||
   { tail -30 "$build/build.log"; say "FAIL: build against the bundle"; exit 1; }
+fi
 
 fail=0
 # Where CMake found each dependency.
@@ -72,8 +78,9 @@ done < <(grep -E '^(fmt_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|MPI_C_HEADER_D
            "$build/CMakeCache.txt" | sed 's/:[A-Z]*=/=/')
 
 # Headers: none of a bundled package's headers may come from the system.
-for deb in build-bundle/debs/*.deb; do dpkg-deb -c "$deb"; done 2>/dev/null | awk '{print $6}' | sed 's|^\./|/|' |
-  grep '^/usr/.*include/' | sort -u >"$build/bundled-headers.txt" || true
+# (the bundle's own files, as /usr/... paths: what the system would have from the same packages)
+(cd "$root" && find usr -path '*include*' \( -type f -o -type l \)) | sed 's|^|/|' | sort -u >"$build/bundled-headers.txt"
+[ -s "$build/bundled-headers.txt" ] || { say "FAIL: no headers in the bundle"; fail=1; }
 ninja -C "$build" -t deps | awk '/^ +\// {print $1}' | sort -u >"$build/headers-read.txt"
 grep -xF -f "$build/bundled-headers.txt" "$build/headers-read.txt" >"$build/system-headers-of-bundled.txt" || true
 n_bundle=$(grep -c "^$root/" "$build/headers-read.txt" || true)
@@ -95,7 +102,7 @@ for exe in "$build/tools/foldpar" "$build/tests/gpu/cuda_attention_test"; do
   bad=$(awk '$2 == "=>" {print $3}' "$build/ldd-$(basename "$exe").txt" | grep -vE "^$root/|^/usr/local/cuda" | grep -vE "$base" || true)
   if [ -n "$bad" ]; then say "FAIL: $exe loads system libraries: $(echo "$bad" | paste -sd' ')"; fail=1
   else say "$(basename "$exe"): $(awk '$2 == "=>"' "$build/ldd-$(basename "$exe").txt" | grep -c "$root/") libraries from the bundle, the rest CUDA or base system:" \
-           "$(awk '$2 == "=>" {print $1}' "$build/ldd-$(basename "$exe").txt" | grep -vE 'bundle' | paste -sd' ')"; fi
+           "$(awk -v r="$root/" '$2 == "=>" && index($3, r) != 1 {print $1}' "$build/ldd-$(basename "$exe").txt" | paste -sd' ')"; fi
 done
 
 # mpirun and libmpi from the bundle (OPAL_PREFIX): two ranks all-reduce their ranks; the
@@ -115,11 +122,23 @@ int main(int argc, char** argv) {
 }
 EOF
 gcc -o "$build/mpi_probe" "$build/mpi_probe.c" -I"$lib/openmpi/include" -L"$lib/openmpi/lib" -lmpi
-if out=$(timeout 60 mpirun --allow-run-as-root --oversubscribe -np 2 "$build/mpi_probe" 2>&1) && [ "$out" = "ranks 2, sum of ranks 1" ]; then
-  say "bundled mpirun ($(command -v mpirun), OPAL_PREFIX=$OPAL_PREFIX): $out"
+# Where root may make a mount namespace, the system's OpenMPI, PMIx and hwloc folders are
+# hidden (empty tmpfs over them) while it runs: the GPU machine has none of them.
+probe_cmd="timeout 60 mpirun --allow-run-as-root --oversubscribe -np 2 $build/mpi_probe"
+hidden=""
+if unshare -m true 2>/dev/null; then
+  hide=""
+  for d in /usr/lib/x86_64-linux-gnu/{openmpi,pmix2,hwloc} /usr/share/openmpi /etc/openmpi; do
+    [ -d "$d" ] && hide+="mount -t tmpfs none $d && "
+  done
+  probe_cmd="unshare -m bash -c '$hide $probe_cmd'"
+  hidden=" with the system's OpenMPI/PMIx/hwloc folders hidden"
+fi
+if out=$(eval "$probe_cmd" 2>"$build/mpi_probe.err") && [ "$out" = "ranks 2, sum of ranks 1" ]; then
+  say "bundled mpirun ($(command -v mpirun), OPAL_PREFIX=$OPAL_PREFIX$hidden): $out"
   ldd "$build/mpi_probe" | grep -q "$root/.*libmpi.so" || { say "FAIL: mpi_probe does not load the bundle's libmpi"; fail=1; }
 else
-  say "FAIL: bundled mpirun -np 2 failed: $(echo "$out" | tail -3 | paste -sd' ')"; fail=1
+  say "FAIL: bundled mpirun -np 2 failed: $(echo "$out" | tail -3 | paste -sd' ') $(tail -3 "$build/mpi_probe.err" | paste -sd' ')"; fail=1
 fi
 say "done in $(( $(date +%s) - t0 )) s: $([ $fail = 0 ] && echo PASS || echo FAIL)"
 exit $fail

@@ -35,7 +35,7 @@ out=gpu-bundle
 arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
 [ "${1:-}" = "--force" ] && rm -rf "$stage" "$out"
 
-for tool in apt-get dpkg-deb readelf xz tar; do
+for tool in apt-get dpkg-deb readelf objdump xz tar; do
   command -v "$tool" >/dev/null 2>&1 || { echo "gpu-bundle: $tool not found (a Debian machine is needed)" >&2; exit 2; }
 done
 
@@ -133,7 +133,12 @@ mkdir -p "$out"
 {
   echo "# gpu-bundle: made by scripts/gpu-bundle.sh on $(date -u +%Y-%m-%dT%H:%MZ) ($(. /etc/os-release; echo "$PRETTY_NAME"), $arch)"
   echo "# unpacked size $(du -sh "$root" | cut -f1); packed size: see prefix.tar.xz"
-  echo "# system libraries assumed on the GPU machine: $SYSTEM_LIBS (and glibc >= $(ldd --version | head -1 | awk '{print $NF}'))"
+  syms=$(find "$root" -type f \( -name '*.so*' -o -path '*/bin/*' \) -exec objdump -T {} + 2>/dev/null |
+         grep -oE 'GLIBC(XX)?_[0-9.]+' | sort -u)
+  echo "# system libraries assumed on the GPU machine: $SYSTEM_LIBS"
+  echo "# needs glibc >= $(echo "$syms" | sed -n 's/^GLIBC_//p' | sort -V | tail -1)" \
+       "libstdc++ >= GLIBCXX_$(echo "$syms" | sed -n 's/^GLIBCXX_//p' | sort -V | tail -1)" \
+       "(the newest symbol versions its files use)"
   echo "# packages:"
   for deb in "$stage"/debs/*.deb; do dpkg-deb -f "$deb" Package Version | paste -sd' '; done | sed 's/^/  /'
   [ ${#dropped[@]} -eq 0 ] || { echo "# plugins dropped (their libraries are not bundled):"; printf '  %s\n' "${dropped[@]}"; }

@@ -153,6 +153,11 @@ probe() {
     if [ -n "$need" ] && [ -n "$have" ] && [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)" != "$need" ]; then
       say bundle "FAIL: the bundle's libraries need glibc >= $need, this machine has $have"; ok=1
     fi
+    local cxx; cxx=$(sed -n 's/.*libstdc++ >= \(GLIBCXX_[0-9.]*\).*/\1/p' gpu-bundle/MANIFEST.txt 2>/dev/null)
+    local so; so=$(g++ -print-file-name=libstdc++.so.6 2>/dev/null)
+    if [ -n "$cxx" ] && [ -f "$so" ] && ! grep -qaF "$cxx" "$so"; then
+      say bundle "FAIL: the bundle's libraries need $cxx, which $so (g++ $(g++ -dumpversion)) lacks"; ok=1
+    fi
   else say bundle "FAIL: gpu-bundle/prefix.tar.xz missing: run scripts/gpu-bundle.sh where the Debian registry is reachable, and bring gpu-bundle/ along"; ok=1; fi
   return $ok
 }
