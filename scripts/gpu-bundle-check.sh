@@ -3,6 +3,8 @@
 # bundle (gpu-bundle/, made by scripts/gpu-bundle.sh) and /usr/local/cuda ONLY, builds the
 # foldpar program and one GPU test (cuda_attention_test), and shows that nothing of the
 # system's Debian dev packages was used:
+#  - as root, it runs in a private mount namespace where the system's copy of every file the
+#    bundle holds (headers, CMake files, libraries, mpirun) reads as empty;
 #  - CMake's searches are confined to the bundle: a toolchain file sets CMAKE_FIND_ROOT_PATH
 #    to the bundle's prefix (and /usr/local/cuda, the toolkit) with CMAKE_FIND_ROOT_PATH_MODE_{LIBRARY,INCLUDE,PACKAGE}=ONLY
 #    (NCCL and the CUDA toolkit are the machine's own, searched outside it on purpose), and
@@ -21,12 +23,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
+args=("$@")
 checks_only=0
 if [ "${1:-}" = "--checks-only" ]; then checks_only=1; shift; fi
 build=${1:-build-bundle-check}
 jobs=${JOBS:-2}
 t0=$(date +%s)
 say() { echo "gpu-bundle-check: $*"; }
+# As root, everything below runs in a private mount namespace (unshare -m) where the system's
+# copy of every file the bundle holds is hidden (/dev/null bound over it): an environment
+# without the system's dev packages, for this process tree only.
+if [ -z "${GPU_BUNDLE_NS:-}" ] && [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
+  exec env GPU_BUNDLE_NS=1 unshare -m bash "$0" "${args[@]}"
+fi
 nvcc=/usr/local/cuda/bin/nvcc
 [ -x "$nvcc" ] || { say "SKIP: no CUDA toolkit at /usr/local/cuda (nvcc); the CUDA build cannot be proven here"; exit 77; }
 if [ ! -f gpu-bundle/prefix.tar.xz ]; then
@@ -39,6 +48,17 @@ fi
 bundle_setup "$repo"
 root=$repo/gpu-bundle/prefix
 lib=$bundle_prefix/lib/x86_64-linux-gnu
+
+if [ "${GPU_BUNDLE_NS:-}" = 1 ]; then
+  hidden=0
+  while IFS= read -r -d '' f; do
+    p=/$f
+    if [ -f "$p" ] && mount --bind /dev/null "$p" 2>/dev/null; then hidden=$((hidden + 1)); fi
+  done < <(cd "$root" && find usr -type f -print0)
+  say "hid $hidden system copies of the bundle's files (e.g. /usr/include/fmt/core.h reads empty now)"
+else
+  say "not root or no unshare: the system's copies stay visible (the checks below still apply)"
+fi
 
 mkdir -p "$build"
 cat >"$build/bundle-only.cmake" <<EOF
@@ -81,7 +101,7 @@ done < <(grep -E '^(fmt_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|MPI_C_HEADER_D
 # (the bundle's own files, as /usr/... paths: what the system would have from the same packages)
 (cd "$root" && find usr -path '*include*' \( -type f -o -type l \)) | sed 's|^|/|' | sort -u >"$build/bundled-headers.txt"
 [ -s "$build/bundled-headers.txt" ] || { say "FAIL: no headers in the bundle"; fail=1; }
-ninja -C "$build" -t deps | awk '/^ +\// {print $1}' | sort -u >"$build/headers-read.txt"
+ninja -C "$build" -t deps 2>/dev/null | awk '/^ +\// {print $1}' | sort -u >"$build/headers-read.txt"
 grep -xF -f "$build/bundled-headers.txt" "$build/headers-read.txt" >"$build/system-headers-of-bundled.txt" || true
 n_bundle=$(grep -c "^$root/" "$build/headers-read.txt" || true)
 if [ -s "$build/system-headers-of-bundled.txt" ]; then
