@@ -145,6 +145,10 @@ probe() {
   for tool in cmake ninja g++ xz tar; do
     command -v "$tool" >/dev/null 2>&1 || { say tools "FAIL: $tool not found"; ok=1; }
   done
+  local cmv; cmv=$(cmake --version 2>/dev/null | head -1 | awk '{print $3}')
+  if [ -n "$cmv" ] && [ "$(printf '3.25\n%s\n' "$cmv" | sort -V | head -1)" != 3.25 ]; then
+    say tools "FAIL: cmake $cmv is older than 3.25 (CMakeLists.txt's minimum)"; ok=1
+  fi
   say tools "cmake $(cmake --version 2>/dev/null | head -1 | awk '{print $3}'), ninja $(ninja --version 2>/dev/null), g++ $(g++ -dumpversion 2>/dev/null), glibc $(ldd --version 2>/dev/null | head -1 | awk '{print $NF}')"
   if [ -f gpu-bundle/prefix.tar.xz ]; then
     say bundle "ok: gpu-bundle/prefix.tar.xz $(du -h gpu-bundle/prefix.tar.xz | cut -f1), $(sed -n 1p gpu-bundle/MANIFEST.txt 2>/dev/null | sed 's/^# gpu-bundle: //')"
