@@ -145,7 +145,6 @@ mkdir -p "$out"
   echo "# largest files:"
   find "$root" -type f -printf '%s %P\n' | sort -rn | awk 'NR <= 12' | awk '{printf "  %6.1f MiB  %s\n", $1/1048576, $2}'
 } >"$out/MANIFEST.txt"
-rm -rf "$out/prefix"
 tar -C "$root" -cf - . | xz -T2 -6 >"$out/prefix.tar.xz.tmp"
 mv "$out/prefix.tar.xz.tmp" "$out/prefix.tar.xz"
 sha256sum "$out/prefix.tar.xz" | cut -d' ' -f1 >"$out/prefix.sha256"
