@@ -101,7 +101,9 @@ done < <(grep -E '^(fmt_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|MPI_C_HEADER_D
 # (the bundle's own files, as /usr/... paths: what the system would have from the same packages)
 (cd "$root" && find usr -path '*include*' \( -type f -o -type l \)) | sed 's|^|/|' | sort -u >"$build/bundled-headers.txt"
 [ -s "$build/bundled-headers.txt" ] || { say "FAIL: no headers in the bundle"; fail=1; }
-ninja -C "$build" -t deps 2>/dev/null | awk '/^ +\// {print $1}' | sort -u >"$build/headers-read.txt"
+# (ninja records paths relative to the build folder: made absolute)
+(cd "$build" && ninja -t deps 2>/dev/null | awk '/^ +[^ ]/ {print $1}' | sort -u | xargs -r -d '\n' realpath -m) |
+  sort -u >"$build/headers-read.txt"
 grep -xF -f "$build/bundled-headers.txt" "$build/headers-read.txt" >"$build/system-headers-of-bundled.txt" || true
 n_bundle=$(grep -c "^$root/" "$build/headers-read.txt" || true)
 if [ -s "$build/system-headers-of-bundled.txt" ]; then
@@ -112,7 +114,7 @@ fi
 
 # Libraries: link lines, then what the loader resolves.
 base='/(libc|libm|libdl|librt|libpthread|libutil|ld-linux-x86-64|libstdc\+\+|libgcc_s|libz|libudev|libatomic|libgomp|libcap|libnccl|libcuda)\.so'
-bad_link=$(grep -oE '/usr/lib/x86_64-linux-gnu/lib[^ ]+\.(so|a)[^ ]*' "$build/build.ninja" | grep -vE "$base" | sort -u || true)
+bad_link=$(grep -oE '(^| |-L)/usr/lib/x86_64-linux-gnu/lib[^ ]+\.(so|a)[^ ]*' "$build/build.ninja" | grep -vE "$base" | sort -u || true)
 if [ -n "$bad_link" ]; then say "FAIL: system libraries on the link lines:"; echo "$bad_link" | head; fail=1; fi
 for exe in "$build/tools/foldpar" "$build/tests/gpu/cuda_attention_test"; do
   ldd "$exe" >"$build/ldd-$(basename "$exe").txt"

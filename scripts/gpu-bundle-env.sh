@@ -35,8 +35,8 @@ bundle_setup() {
   export PATH="$bundle_prefix/bin:$PATH"
   export LD_LIBRARY_PATH="$lib:$lib/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export OPAL_PREFIX=$bundle_prefix
-  # Libraries linked by bare name (-lsentencepiece) and their headers: the compiler driver
-  # searches LIBRARY_PATH and CPATH before its default folders.
+  # Headers of libraries linked by bare name (sentencepiece): the compiler searches CPATH
+  # after -I/-isystem and before /usr/include. (LIBRARY_PATH: for links outside CMake.)
   export LIBRARY_PATH="$lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
   export CPATH="$bundle_prefix/include${CPATH:+:$CPATH}"
   export PKG_CONFIG_PATH="$lib/pkgconfig:$bundle_prefix/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
@@ -47,5 +47,9 @@ bundle_setup() {
     -DMPI_C_LIB_NAMES=mpi
     -DMPI_mpi_LIBRARY="$lib/openmpi/lib/libmpi.so"
     -DMPIEXEC_EXECUTABLE="$bundle_prefix/bin/mpirun"
+    # -lsentencepiece (linked by bare name): -L on the link line precedes the compiler's
+    # own folders (LIBRARY_PATH does not: a system copy in /usr/lib would win).
+    -DCMAKE_EXE_LINKER_FLAGS="-L$lib"
+    -DCMAKE_SHARED_LINKER_FLAGS="-L$lib"
   )
 }
