@@ -134,7 +134,7 @@ mkdir -p "$out"
   echo "# gpu-bundle: made by scripts/gpu-bundle.sh on $(date -u +%Y-%m-%dT%H:%MZ) ($(. /etc/os-release; echo "$PRETTY_NAME"), $arch)"
   echo "# unpacked size $(du -sh "$root" | cut -f1); packed size: see prefix.tar.xz"
   syms=$(find "$root" -type f \( -name '*.so*' -o -path '*/bin/*' \) -exec objdump -T {} + 2>/dev/null |
-         grep -oE 'GLIBC(XX)?_[0-9.]+' | sort -u)
+         grep -oE 'GLIBC(XX)?_[0-9.]+' | sort -u || true)  # (objdump fails on the non-ELF files)
   echo "# system libraries assumed on the GPU machine: $SYSTEM_LIBS"
   echo "# needs glibc >= $(echo "$syms" | sed -n 's/^GLIBC_//p' | sort -V | tail -1)" \
        "libstdc++ >= GLIBCXX_$(echo "$syms" | sed -n 's/^GLIBCXX_//p' | sort -V | tail -1)" \
