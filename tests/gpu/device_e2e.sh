@@ -6,7 +6,9 @@
 #    within bf16's precision;
 #  - bench --device cuda and generate --device cuda (tsp=2, from the CPU run's checkpoint)
 #    run and report (smoke: greedy tokens are not compared, see below).
-# Skipped (exit 77) where no GPU is usable: foldpar's own check, with the driver's reason.
+# Skipped (exit 77) where no GPU is usable (foldpar's own check, with the driver's reason) or
+# where mpirun is missing; with FOLDPAR_REQUIRE_GPU=1 (scripts/gpu-check.sh) either is a
+# failure (exit 1) instead.
 #
 # Tolerances (relative, per step's loss):
 #  - step 1: same weights, one forward: tests/gpu/gpu_test_util.h's kCudaF32Model (2e-4).
@@ -21,6 +23,13 @@
 # forward in tests/parallel/decode_test.cc, on the CPU only).
 set -uo pipefail
 mpirun=$1 bin=$2 src=$3
+skip() {  # skip MESSAGE: exit 77, or 1 when FOLDPAR_REQUIRE_GPU=1
+  if [ "${FOLDPAR_REQUIRE_GPU:-0}" = 1 ]; then echo "FAIL (FOLDPAR_REQUIRE_GPU=1, may not skip): $1" >&2; exit 1; fi
+  echo "SKIP: $1"
+  exit 77
+}
+[ -x "$mpirun" ] || command -v "$mpirun" >/dev/null 2>&1 ||
+  skip "mpirun '$mpirun' not found (the tsp=2 runs need OpenMPI: scripts/gpu-bundle.sh bundles it)"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 run() {  # run NP LAYOUT OUT [flags]
@@ -34,8 +43,7 @@ run() {  # run NP LAYOUT OUT [flags]
 # The first GPU run decides: no usable GPU -> skipped, with foldpar's one line.
 if ! run 1 tsp=1 "$tmp/cuda1" --device cuda 2>"$tmp/err"; then
   if grep -q "no usable GPU" "$tmp/err"; then
-    echo "SKIP: $(grep '^foldpar: error' "$tmp/err")"
-    exit 77
+    skip "$(grep '^foldpar: error' "$tmp/err")"
   fi
   echo "FAIL: train --device cuda on one rank:" >&2
   cat "$tmp/err" >&2

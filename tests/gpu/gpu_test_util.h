@@ -1,7 +1,11 @@
 // Helpers of the GPU tests: skipping where no GPU is visible, unified memory for every
 // tensor, bf16 copies, and the GPU tolerance policy. Every GPU test starts with
 // FP_REQUIRE_GPU(): it skips with the driver's reason when cudaGetDeviceCount fails or finds
-// no device, and otherwise the test asserts.
+// no device (or FAILS, when FOLDPAR_REQUIRE_GPU=1 is set, as scripts/gpu-check.sh does: on
+// the GPU machine a skip would hide a broken driver), and otherwise the test asserts.
+// A program that links this file and skipped a test without failing one prints
+// kSkippedMarker last (a listener registered at start-up), and tests/gpu/CMakeLists.txt
+// makes ctest report it Skipped, never Passed.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -32,6 +36,14 @@ constexpr double kCudaF32Model = 2e-4;
 // True when a CUDA device is visible; otherwise *why says why.
 bool gpu_available(std::string* why);
 
+// True when FOLDPAR_REQUIRE_GPU=1 is set in the environment: a GPU test fails instead of
+// skipping. Any other value than unset, "" or "0" and "1" is itself a failure (named).
+bool gpu_required();
+
+// Printed (one line, with the counts) at the end of a program that skipped tests and failed
+// none; the SKIP_REGULAR_EXPRESSION of tests/gpu/CMakeLists.txt matches it.
+inline constexpr const char* kSkippedMarker = "foldpar-gpu-tests: skipped";
+
 // Installs unified memory under MemoryTracker::process() once per process (before the
 // first tensor: call it first thing in a test).
 void use_unified_memory_once();
@@ -45,7 +57,10 @@ Tensor bf16_values_as_f32(const Tensor& f32);
 #define FP_REQUIRE_GPU()                                                                      \
   do {                                                                                        \
     std::string fp_gpu_why_;                                                                  \
-    if (!::foldpar::gpu_test::gpu_available(&fp_gpu_why_))                                    \
+    if (!::foldpar::gpu_test::gpu_available(&fp_gpu_why_)) {                                  \
+      if (::foldpar::gpu_test::gpu_required())                                                \
+        FAIL() << "no GPU: " << fp_gpu_why_ << " (FOLDPAR_REQUIRE_GPU=1: this test may not skip)"; \
       GTEST_SKIP() << "no GPU: " << fp_gpu_why_ << " (GPU tests run only where a GPU exists)"; \
+    }                                                                                         \
     ::foldpar::gpu_test::use_unified_memory_once();                                           \
   } while (0)
