@@ -11,7 +11,8 @@ namespace foldpar {
 namespace {
 
 constexpr size_t kMaxCachedWordBytes = 64;  // longer words are rare and not worth a slot
-constexpr size_t kCacheEntries = 1 << 16;   // cleared when full: bounded memory
+constexpr size_t kCacheEntries = 1 << 18;   // cleared when full: bounded memory
+constexpr int32_t kShortWordSymbols = 24;    // up to this many symbols: the quadratic loop
 
 uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t{static_cast<uint32_t>(a)} << 32) | static_cast<uint32_t>(b); }
 
@@ -81,6 +82,10 @@ Result<BpeModel> BpeModel::build(TokenMap vocab, const std::vector<std::pair<std
     const std::string key = options.byte_level ? std::string(1, static_cast<char>(c)) : fmt::format("<0x{:02X}>", c);
     const auto it = vocab.find(key);
     m.byte_id_[c] = it == vocab.end() ? -1 : it->second;
+    if (c < 0x80) {
+      const auto ascii = vocab.find(std::string(1, static_cast<char>(c)));
+      m.ascii_id_[c] = ascii == vocab.end() ? -1 : ascii->second;
+    }
   }
   m.vocab_ = std::move(vocab);
   m.merges_ = std::move(table);
@@ -96,7 +101,14 @@ void BpeModel::initial_symbols(std::string_view word, std::vector<int32_t>& ids)
   }
   bool last_unk = false;
   for (size_t i = 0; i < word.size();) {
-    const size_t n = std::min(utf8_length(static_cast<unsigned char>(word[i])), word.size() - i);
+    const auto c0 = static_cast<unsigned char>(word[i]);
+    if (c0 < 0x80 && ascii_id_[c0] >= 0) {  // the common case, without hashing
+      ids.push_back(ascii_id_[c0]);
+      last_unk = false;
+      ++i;
+      continue;
+    }
+    const size_t n = std::min(utf8_length(c0), word.size() - i);
     const std::string_view ch = word.substr(i, n);
     i += n;
     if (const auto it = vocab_.find(ch); it != vocab_.end()) {
@@ -116,6 +128,26 @@ void BpeModel::initial_symbols(std::string_view word, std::vector<int32_t>& ids)
   }
 }
 
+// The plain form of the loop below: merge the lowest-rank adjacent pair (the leftmost of
+// equal ranks) until none is left. Quadratic in the symbols, faster than the heap for the
+// short words most text is made of.
+void BpeModel::merge_short_word(std::vector<int32_t>& ids) const {
+  while (ids.size() > 1) {
+    uint32_t best_rank = UINT32_MAX;
+    size_t best = 0;
+    int32_t merged = -1;
+    for (size_t i = 0; i + 1 < ids.size(); ++i)
+      if (const MergeTable::Slot* s = merges_->find(pair_key(ids[i], ids[i + 1])); s != nullptr && s->rank < best_rank) {
+        best_rank = s->rank;
+        best = i;
+        merged = s->merged;
+      }
+    if (merged < 0) return;
+    ids[best] = merged;
+    ids.erase(ids.begin() + static_cast<ptrdiff_t>(best) + 1);
+  }
+}
+
 void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) const {
   struct Symbol {
     int32_t id, prev, next;
@@ -130,6 +162,12 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) cons
   thread_local std::vector<Candidate> heap;  // a min-heap on (rank, pos)
   initial_symbols(word, ids);
   const int32_t n = static_cast<int32_t>(ids.size());
+  if (n <= kShortWordSymbols) {
+    merge_short_word(ids);
+    for (int32_t id : ids)
+      if (id >= 0) out.push_back(id);
+    return;
+  }
   sym.resize(n);
   for (int32_t i = 0; i < n; ++i) sym[i] = {ids[i], i - 1, i + 1 < n ? i + 1 : -1};
   heap.clear();

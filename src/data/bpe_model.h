@@ -51,13 +51,15 @@ class BpeModel {
   struct MergeTable;
   struct Cache;
   void merge_word(std::string_view word, std::vector<int32_t>& out) const;
+  void merge_short_word(std::vector<int32_t>& ids) const;
   void initial_symbols(std::string_view word, std::vector<int32_t>& ids) const;
 
   TokenMap vocab_;
   BpeOptions options_;
   std::shared_ptr<const MergeTable> merges_;
   std::shared_ptr<Cache> cache_;
-  int32_t byte_id_[256];  // byte_level: the id of each single byte (-1: none); else <0xNN>
+  int32_t byte_id_[256];   // byte_level: the id of each single byte (-1: none); else <0xNN>
+  int32_t ascii_id_[128];  // the id of each one-character ASCII token (-1: none)
 };
 
 }  // namespace foldpar

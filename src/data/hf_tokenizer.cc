@@ -114,10 +114,20 @@ std::optional<std::string> byte_level_to_raw(std::string_view token, const std::
   return raw;
 }
 
+// Every occurrence of from replaced by to, in one pass (linear in the text).
 void replace_all(std::string& s, std::string_view from, std::string_view to) {
   if (from.empty()) return;
-  for (size_t pos = s.find(from); pos != std::string::npos; pos = s.find(from, pos + to.size()))
-    s.replace(pos, from.size(), to);
+  size_t pos = s.find(from);
+  if (pos == std::string::npos) return;
+  std::string out;
+  out.reserve(s.size() + s.size() / 4);
+  size_t begin = 0;
+  for (; pos != std::string::npos; pos = s.find(from, begin)) {
+    out.append(s, begin, pos - begin).append(to);
+    begin = pos + from.size();
+  }
+  out.append(s, begin);
+  s = std::move(out);
 }
 
 enum class PrependScheme { kAlways, kFirst, kNever };
@@ -306,6 +316,10 @@ class HfTokenizer final : public Tokenizer {
     std::vector<std::string> id_to_token;  // the vocabulary (raw bytes when byte_level)
     std::vector<AddedToken> added;
     std::optional<int32_t> bos, eos;
+    // Non-byte-level models whose vocabulary has no token with U+2581 after another
+    // character: no merge can cross the start of a U+2581 run, so pieces are cut there
+    // before BPE (same ids; words stay short and cacheable instead of a whole text).
+    bool cut_at_space_pieces = false;
   };
 
   explicit HfTokenizer(Parts p) : p_(std::move(p)) {
@@ -450,8 +464,21 @@ class HfTokenizer final : public Tokenizer {
       pieces.push_back(s);
     }
     for (const PreTokenizerStep& step : p_.pre_tokenizers) pre_tokenize(step, at_start, pieces, arena);
-    for (std::string_view piece : pieces)
-      if (!piece.empty()) p_.bpe->encode_word(piece, ids);
+    for (std::string_view piece : pieces) {
+      if (piece.empty()) continue;
+      if (!p_.cut_at_space_pieces) {
+        p_.bpe->encode_word(piece, ids);
+        continue;
+      }
+      const std::string_view mark = kSpacePiece;
+      size_t begin = 0;
+      for (size_t pos = piece.find(mark, 1); pos != std::string_view::npos; pos = piece.find(mark, pos + 1)) {
+        if (piece.substr(0, pos).ends_with(mark)) continue;  // inside a run
+        p_.bpe->encode_word(piece.substr(begin, pos - begin), ids);
+        begin = pos;
+      }
+      p_.bpe->encode_word(piece.substr(begin), ids);
+    }
   }
 
   static void apply_decoder(const DecoderStep& d, std::vector<std::string>& tokens) {
@@ -603,6 +630,12 @@ Result<std::unique_ptr<Tokenizer>> build(const json& j, const std::string& path)
     p.id_to_token[id] = t;
     vocab.emplace(t, static_cast<int32_t>(id));
   }
+  p.cut_at_space_pieces = !p.byte_level && std::none_of(p.id_to_token.begin(), p.id_to_token.end(), [](const std::string& t) {
+    const std::string_view mark = kSpacePiece;
+    for (size_t pos = t.find(mark, 1); pos != std::string::npos; pos = t.find(mark, pos + 1))
+      if (!std::string_view(t).substr(0, pos).ends_with(mark)) return true;
+    return false;
+  });
   FP_ASSIGN_OR_RETURN(auto merges, read_merges(model.value("merges", json::array()), path));
   for (auto& [a, b] : merges) {
     a = to_model(a);
