@@ -148,6 +148,14 @@ void BpeModel::merge_short_word(std::vector<int32_t>& ids) const {
   }
 }
 
+void BpeModel::encode_word_reference(std::string_view word, std::vector<int32_t>& out) const {
+  std::vector<int32_t> ids;
+  initial_symbols(word, ids);
+  merge_short_word(ids);
+  for (int32_t id : ids)
+    if (id >= 0) out.push_back(id);
+}
+
 void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) const {
   struct Symbol {
     int32_t id, prev, next;

@@ -45,6 +45,10 @@ class BpeModel {
   // Thread-safe (the cache is locked).
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
 
+  // The plain form, for tests: the quadratic merge loop on any word, no cache, no
+  // ignore_merges. encode_word must give the same ids (tests/unit/bpe_model_test.cc).
+  void encode_word_reference(std::string_view word, std::vector<int32_t>& out) const;
+
   const TokenMap& vocab() const { return vocab_; }
 
  private:
