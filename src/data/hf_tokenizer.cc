@@ -9,8 +9,6 @@
 #include <unicode/bytestream.h>
 
 #include <algorithm>
-#include <cctype>
-#include <cstdio>
 #include <array>
 #include <deque>
 #include <filesystem>
@@ -512,6 +510,13 @@ class HfTokenizer final : public Tokenizer {
     }
   }
 
+    static int hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  }
+
   // Runs of <0xNN> tokens become their bytes when those are valid UTF-8, else one U+FFFD
   // per byte (Hugging Face's ByteFallback decoder).
   static void decode_byte_fallback(std::vector<std::string>& tokens) {
@@ -531,9 +536,10 @@ class HfTokenizer final : public Tokenizer {
       count = 0;
     };
     for (std::string& t : tokens) {
-      unsigned value = 0;
-      const bool is_byte = t.size() == 6 && t.starts_with("<0x") && t.back() == '>' &&
-                           std::sscanf(t.c_str() + 3, "%2x", &value) == 1 && std::isxdigit(t[3]) && std::isxdigit(t[4]);
+      const int hi = t.size() == 6 && t.starts_with("<0x") && t.back() == '>' ? hex_digit(t[3]) : -1;
+      const int lo = hi >= 0 ? hex_digit(t[4]) : -1;
+      const bool is_byte = lo >= 0;
+      const unsigned value = is_byte ? static_cast<unsigned>(hi * 16 + lo) : 0;
       if (is_byte) {
         bytes.push_back(static_cast<char>(value));
         ++count;
