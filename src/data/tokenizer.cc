@@ -1,9 +1,11 @@
-// Byte and SentencePiece tokenizers.
+// Byte and SentencePiece tokenizers, and the choice between them and tokenizer.json.
 #include "data/tokenizer.h"
 
 #include <sentencepiece_processor.h>
 
 #include <filesystem>
+
+#include "data/hf_tokenizer.h"
 
 namespace foldpar {
 namespace {
@@ -62,7 +64,16 @@ Result<std::unique_ptr<Tokenizer>> load_sentencepiece_tokenizer(const std::strin
 Result<std::unique_ptr<Tokenizer>> make_tokenizer(const std::string& spec) {
   if (spec.empty() || spec == "bytes") return make_byte_tokenizer();
   if (spec.starts_with("sentencepiece:")) return load_sentencepiece_tokenizer(spec.substr(14));
+  if (spec.starts_with("hf:")) return load_hf_tokenizer(spec.substr(3));
+  if (spec.ends_with(".json")) return load_hf_tokenizer(spec);
+  if (std::filesystem::is_directory(spec)) return load_hf_tokenizer((std::filesystem::path(spec) / "tokenizer.json").string());
   return load_sentencepiece_tokenizer(spec);
+}
+
+std::string default_tokenizer_spec(const std::string& spec, const std::string& model_dir) {
+  if (!spec.empty() || model_dir.empty()) return spec;
+  const std::filesystem::path json = std::filesystem::path(model_dir) / "tokenizer.json";
+  return std::filesystem::is_regular_file(json) ? json.string() : "";
 }
 
 }  // namespace foldpar
