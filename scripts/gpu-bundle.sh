@@ -43,19 +43,32 @@ done
 mapfile -t dev < <(sed -n '/^packages=(/,/^)/p' scripts/setup.sh | sed 's/#.*//' | tr ' ' '\n' |
                    grep -E -- '-dev$|^openmpi-bin$' | grep -v '^libclang-rt' || true)
 [ ${#dev[@]} -gt 0 ] || { echo "gpu-bundle: no library packages found in scripts/setup.sh" >&2; exit 2; }
+# The runtime libraries: those OpenBLAS and OpenMPI pull in through alternatives, then every
+# library package a -dev package depends on directly (libdnnl2, libicu72, libpcre2-8-0, ...),
+# so that a dependency added to setup.sh comes with its runtime without an edit here.
 runtime=(googletest libopenblas-pthread-dev libopenblas0-pthread libgfortran5 libquadmath0
-         libopenmpi3 openmpi-common libpmix2 libmunge2 libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7
-         libfmt9 libbenchmark1debian libsentencepiece0)
+         libopenmpi3 openmpi-common libpmix2 libmunge2 libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7)
 for p in "${dev[@]}"; do
-  case $p in libdnnl-dev) runtime+=(libdnnl2.6) ;; esac
+  while read -r dep; do runtime+=("$dep"); done < <(apt-cache depends "$p" 2>/dev/null |
+    sed -n 's/^  Depends: \(lib[^<> ]*\)$/\1/p' | grep -vE -- '-dev$|^libc6$|^libgcc-s1$|^libstdc\+\+6$' || true)
 done
-packages=("${dev[@]}" "${runtime[@]}")
+# oneDNN's own runtime: OpenMP, and the OpenCL loader it links (a virtual package in its
+# Depends, which the loop above cannot name).
+case " ${dev[*]} " in *" libdnnl-dev "*) runtime+=(libgomp1 ocl-icd-libopencl1) ;; esac
+mapfile -t packages < <(printf '%s\n' "${dev[@]}" "${runtime[@]}" | awk '!seen[$0]++')
 
 # 2. Download (cached) and unpack.
 mkdir -p "$stage/debs"
 for p in "${packages[@]}"; do
   if ! ls "$stage/debs/${p}_"*.deb >/dev/null 2>&1; then
     if ! (cd "$stage/debs" && apt-get download -q "$p" >/dev/null 2>"../download-$p.err"); then
+      # A package the registry does not know is this script's mistake (exit 1, a failure);
+      # a registry that cannot be reached is the machine's (exit 2: the check skips).
+      if grep -q "Unable to locate package\|Couldn't find any package" "$stage/download-$p.err"; then
+        echo "gpu-bundle: no package $p in the registry (fix the list in scripts/gpu-bundle.sh):" >&2
+        tail -3 "$stage/download-$p.err" >&2
+        exit 1
+      fi
       echo "gpu-bundle: apt-get download $p failed (is the package registry reachable?):" >&2
       tail -3 "$stage/download-$p.err" >&2
       exit 2

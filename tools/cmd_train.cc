@@ -10,6 +10,7 @@
 #include "data/corpus.h"
 #include "fault_injection.h"
 #include "job.h"
+#include "parallel/failed_ranks.h"
 #include "train/progress.h"
 #include "train/trainer.h"
 
@@ -35,10 +36,9 @@ Result<std::string> default_corpus(const std::string& out, Communicator& world) 
     p.out_dir = dir;
     s = prepare_corpus(p).status();
   }
-  int32_t failed = s.ok() ? 0 : 1;
-  FP_CHECK_OK(world.all_reduce(&failed, &failed, 1, DType::kI32, ReduceOp::kMax));
+  const PhaseVerdict v = agree_on_phase(world, s);
   if (!s.ok()) return s;
-  if (failed) return io_error("rank 0 could not prepare the default corpus");
+  if (!v.ok()) return Status(v.first_code, "rank 0 could not prepare the default corpus");
   return dir;
 }
 

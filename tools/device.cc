@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "parallel/failed_ranks.h"
 
 namespace foldpar::cli {
 
@@ -37,15 +38,9 @@ Result<Device> open_job_device(DeviceKind kind, MpiRuntime& mpi) {
   if (kind == DeviceKind::kCpu) return Device{};  // nothing can fail: no collective
   Result<Device> device = open_device(kind, mpi.local_rank());
   Communicator& world = mpi.world();
-  const int32_t mine = device.ok() ? 0 : 1;
-  std::vector<int32_t> all(static_cast<size_t>(world.size()));
-  FP_CHECK_OK(world.all_gather(&mine, all.data(), 1, DType::kI32));
+  const PhaseVerdict v = agree_on_phase(world, device.status());
   if (!device.ok()) return device.status();
-  std::vector<int> failed;
-  for (int r = 0; r < world.size(); ++r)
-    if (all[static_cast<size_t>(r)] != 0) failed.push_back(r);
-  if (!failed.empty())
-    return not_found("--device cuda: no usable GPU on rank(s) {} of the job", fmt::join(failed, ", "));
+  if (!v.ok()) return not_found("--device cuda: no usable GPU on rank(s) {} of the job", fmt::join(v.failed, ", "));
   return device;
 }
 

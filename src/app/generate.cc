@@ -9,6 +9,7 @@
 #include "checkpoint/hf_directory.h"
 #include "comm/mesh.h"
 #include "data/tokenizer.h"
+#include "parallel/failed_ranks.h"
 #include "parallel/make_layout.h"
 
 namespace foldpar {
@@ -82,12 +83,11 @@ Result<GenerateResult> run_generate(const GenerateOptions& o, Communicator& worl
   Status loaded = src.hf ? load_hf_weights(src.source, src.config, refs)
                          : load_checkpoint(src.source, src.config, refs, nullptr, nullptr);
   // The other ranks report the failing one's error class, so the job's exit code is one.
-  int32_t failed = loaded.ok() ? 0 : static_cast<int32_t>(loaded.code());
-  FP_CHECK_OK(world.all_reduce(&failed, &failed, 1, DType::kI32, ReduceOp::kMax));
+  const PhaseVerdict v = agree_on_phase(world, loaded);
   if (!loaded.ok()) return loaded;
-  if (failed)
-    return Status(static_cast<StatusCode>(failed),
-                  fmt::format("another rank could not load the weights from '{}'", src.source));
+  if (!v.ok())
+    return Status(v.first_code, fmt::format("rank(s) {} could not load the weights from '{}'", fmt::join(v.failed, ", "),
+                                            src.source));
   std::unique_ptr<Backend> cpu = o.backend != nullptr ? nullptr : make_cpu_backend();
   Backend& be = o.backend != nullptr ? *o.backend : *cpu;
   FP_ASSIGN_OR_RETURN(GenerationReport report, generate(*decoder, be, *tokenizer, o.prompts, o.generation, world, cb));

@@ -12,6 +12,7 @@
 #include "checkpoint/slice_fill.h"
 #include "io/atomic_file.h"
 #include "io/posix_file.h"
+#include "parallel/failed_ranks.h"
 #include "io/safetensors.h"
 
 namespace foldpar {
@@ -39,17 +40,11 @@ Tensor extract_block(const Tensor& local, const GlobalSlice& s) {
 // Every rank's verdict on a phase; the failing ranks named when any failed, with the first
 // one's error class (so every rank of the job exits with the same code).
 Status agree(Communicator& world, const Status& mine, const char* phase) {
-  const int32_t flag = static_cast<int32_t>(mine.code());
-  std::vector<int32_t> flags(static_cast<size_t>(world.size()));
-  FP_CHECK_OK(world.all_gather(&flag, flags.data(), 1, DType::kI32));
+  const PhaseVerdict v = agree_on_phase(world, mine);
   if (!mine.ok()) return mine.with_context(fmt::format("checkpoint {}", phase));
-  std::vector<int> failed;
-  for (int r = 0; r < world.size(); ++r)
-    if (flags[r]) failed.push_back(r);
-  if (failed.empty()) return Status();
-  return Status(static_cast<StatusCode>(flags[static_cast<size_t>(failed.front())]),
-                fmt::format("checkpoint {}: rank(s) {} failed (their own messages say why)", phase,
-                            fmt::join(failed, ", ")));
+  if (v.ok()) return Status();
+  return Status(v.first_code, fmt::format("checkpoint {}: rank(s) {} failed (their own messages say why)", phase,
+                                          fmt::join(v.failed, ", ")));
 }
 
 Status write_rank_file(const std::string& path, const CheckpointWrite& w) {
