@@ -124,4 +124,16 @@ Tensor decode_logits(const DecodeContext& ctx, const ShardedWeights& w, const Te
   return logits;
 }
 
+Tensor WeightShardedDecoder::finish_decode(Backend& be, TpComm& comm, std::span<const int32_t> tokens,
+                                           const std::vector<int32_t>& positions, DecodeAttention& attention,
+                                           std::chrono::steady_clock::time_point t0) {
+  const DecodeContext ctx{&config_, &dims_, &be, &comm};
+  Tensor logits = decode_step(ctx, weights_, tokens, positions, attention);
+  for (int64_t& n : lengths_) ++n;
+  ++decoded_;
+  times_.decode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  times_.decode_comm_seconds += comm.blocked_seconds();
+  return logits;
+}
+
 }  // namespace foldpar

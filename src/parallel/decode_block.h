@@ -17,6 +17,7 @@
 // B V (D-1)/D each way. No broadcast, reduce or point-to-point: no weight byte moves.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -36,6 +37,8 @@ namespace foldpar {
 // and shard dims, this rank's weights (f32 parameters, no gradients), its KV cache, each
 // sequence's length, the decode budget and the phase times; and the ShardedDecoder
 // accessors over them. The strategies add prefill, decode and their placement state.
+class DecodeAttention;
+
 class WeightShardedDecoder : public ShardedDecoder {
  public:
   WeightShardedDecoder(const LlamaConfig& config, ShardDims dims, Communicator& comm, std::string layout)
@@ -53,6 +56,13 @@ class WeightShardedDecoder : public ShardedDecoder {
   DecoderTimes times() const override { return times_; }
 
  protected:
+  // What every decode step ends with, whatever the attention: decode_step over this rank's
+  // weights, every sequence one token longer, the step counted and its time (from t0) and
+  // blocked communication added to the phase times. Collective over comm's communicator.
+  Tensor finish_decode(Backend& be, TpComm& comm, std::span<const int32_t> tokens,
+                       const std::vector<int32_t>& positions, DecodeAttention& attention,
+                       std::chrono::steady_clock::time_point t0);
+
   LlamaConfig config_;
   ShardDims dims_;
   Communicator& comm_;

@@ -238,13 +238,7 @@ Result<Tensor> TspDecoder::decode(Backend& be, std::span<const int32_t> tokens) 
   }
   TpComm comm(comm_, be, options_.overlap);
   TspDecodeAttention attention(dims_, be, comm, cache_, slots, positions);
-  const DecodeContext ctx{&config_, &dims_, &be, &comm};
-  Tensor logits = decode_step(ctx, weights_, tokens, positions, attention);
-  for (int64_t& n : lengths_) ++n;
-  ++decoded_;
-  times_.decode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  times_.decode_comm_seconds += comm.blocked_seconds();
-  return logits;
+  return finish_decode(be, comm, tokens, positions, attention, t0);
 }
 
 }  // namespace
