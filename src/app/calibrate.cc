@@ -163,9 +163,9 @@ struct LinkFigures {
   double small_s = 0, large_s = 0;  // the send_recv times they come from
 };
 
-constexpr size_t kSmallBytes = 4, kLargeBytes = size_t{64} << 20;
+constexpr size_t kSmallBytes = 4, kLargeBytes = size_t{16} << 20;
 
-// A ring step (every rank sends to p+1 while receiving from p-1) of 4 bytes and of 64 MiB:
+// A ring step (every rank sends to p+1 while receiving from p-1) of 4 bytes and of 16 MiB:
 // time = latency + bytes / bandwidth, solved from the two.
 Result<LinkFigures> measure_link(Communicator& world) {
   const int p = world.rank(), N = world.size();
@@ -181,39 +181,47 @@ Result<LinkFigures> measure_link(Communicator& world) {
   return f;
 }
 
-// all_reduce and all_gather, a few bytes and 16 MiB, measured beside the ring model's
-// prediction from `hw`'s link figures (bytes by comm_stats.h's convention; N divides the
-// counts, so all_reduce moves 2 (N-1)/N n and all_gather (N-1) c per rank each way).
+// all_reduce, all_gather and reduce_scatter of a few bytes and of 16 MiB (the full tensor),
+// each measured beside the ring model's prediction from `hw`'s link figures with efficiency
+// 1 (bytes by comm_stats.h's convention; N divides the counts, so all_reduce of n moves
+// 2 (N-1)/N n, all_gather and reduce_scatter of N c move (N-1) c per rank each way). The
+// 16 MiB ones set collective_efficiency: the ring's bandwidth time over the measured time
+// less the ring's latency, at most 1.
 Status measure_collectives(Communicator& world, Hardware& hw) {
-  const int N = world.size();
-  const size_t large = (size_t{16} << 20) / 4 / static_cast<size_t>(N) * static_cast<size_t>(N);  // floats
-  std::vector<float> a(large, 1.0f), b(large * static_cast<size_t>(N));
+  const size_t N = static_cast<size_t>(world.size());
+  const size_t large = (size_t{16} << 20) / 4 / N * N;  // floats of the full tensor
+  std::vector<float> a(large, 1.0f), b(large);
   struct Case {
-    const char* name;
     CommKind kind;
-    size_t count;  // all_reduce: n; all_gather: c per rank
+    size_t full;  // floats of the full tensor (all_reduce's n, all_gather's result, reduce_scatter's input)
     int inner;
   };
-  const Case cases[] = {{"all_reduce", CommKind::kAllReduce, static_cast<size_t>(N), 200},
-                        {"all_reduce", CommKind::kAllReduce, large, 1},
-                        {"all_gather", CommKind::kAllGather, 1, 200},
-                        {"all_gather", CommKind::kAllGather, large / static_cast<size_t>(N), 1}};
+  const Case cases[] = {{CommKind::kAllReduce, N, 200},     {CommKind::kAllReduce, large, 1},
+                        {CommKind::kAllGather, N, 200},     {CommKind::kAllGather, large, 1},
+                        {CommKind::kReduceScatter, N, 200}, {CommKind::kReduceScatter, large, 1}};
   for (const Case& c : cases) {
-    FP_ASSIGN_OR_RETURN(const double s, collective_seconds(world, c.inner, [&] {
-                          return c.kind == CommKind::kAllReduce
-                                     ? world.all_reduce(a.data(), b.data(), c.count, DType::kF32, ReduceOp::kSum)
-                                     : world.all_gather(a.data(), b.data(), c.count, DType::kF32);
+    FP_ASSIGN_OR_RETURN(const double s, collective_seconds(world, c.inner, [&]() -> Status {
+                          switch (c.kind) {
+                            case CommKind::kAllReduce: return world.all_reduce(a.data(), b.data(), c.full, DType::kF32, ReduceOp::kSum);
+                            case CommKind::kAllGather: return world.all_gather(a.data(), b.data(), c.full / N, DType::kF32);
+                            default: return world.reduce_scatter(a.data(), b.data(), c.full / N, DType::kF32, ReduceOp::kSum);
+                          }
                         }));
     CommStart model;
     model.kind = c.kind;
-    model.comm_size = N;
+    model.comm_size = static_cast<int>(N);
     model.link = LinkClass::kIntraNode;
-    const uint64_t bytes = 4 * c.count;
-    model.bytes_sent = model.bytes_received =
-        c.kind == CommKind::kAllReduce ? 2 * (N - 1) * bytes / N : static_cast<uint64_t>(N - 1) * bytes;
-    const std::string key = fmt::format("{}_{}B", c.name, c.kind == CommKind::kAllReduce ? bytes : bytes * N);
+    const uint64_t bytes = 4 * c.full;
+    model.bytes_sent = model.bytes_received = (c.kind == CommKind::kAllReduce ? 2 : 1) * (N - 1) * bytes / N;
+    const double ring_s = transfer_seconds(model, hw);
+    const std::string key = fmt::format("{}_{}B", comm_kind_name(c.kind), bytes);
     hw.measured.emplace_back(key + "_s", s);
-    hw.measured.emplace_back(key + "_ring_model_s", transfer_seconds(model, hw));
+    hw.measured.emplace_back(key + "_ring_model_s", ring_s);
+    if (c.full == large) {
+      const double latency_s = latency_steps(c.kind, model.comm_size) * hw.intra_node_latency_s;
+      const double eff = (ring_s - latency_s) / std::max(s - latency_s, 1e-12);
+      hw.collective_efficiency.emplace_back(comm_kind_name(c.kind), std::clamp(eff, 1e-3, 1.0));
+    }
   }
   return Status();
 }
@@ -252,17 +260,17 @@ Result<Hardware> calibrate_hardware(Communicator& world) {
   h.measured.emplace_back("add_inplace_gb_per_s", cf.memory_gb_per_s);
   h.measured.emplace_back("training_step_without_attention_gflops", cf.step_rest_gflops);
   h.measured.emplace_back("send_recv_4B_s", link.small_s);
-  h.measured.emplace_back("send_recv_64MiB_s", link.large_s);
+  h.measured.emplace_back("send_recv_16MiB_s", link.large_s);
   FP_RETURN_IF_ERROR(measure_collectives(world, h));
   h.notes = fmt::format(
       "Measured by `foldpar calibrate` with {} MPI ranks on one node ({} hardware threads), each rank a device, all "
       "measuring at once on the CPU backend with one thread, the slowest rank's figures: f32 GEMM [M x 1024] x "
       "[1024 x 1024] for M = 32..1024, best {:.2f} GFLOP/s (peak_tflops_f32; the table is each M over it); causal "
       "flash attention S={}, 8 heads of 64, forward {:.2f} and backward {:.2f} GFLOP/s; add_inplace over 64 MiB, "
-      "{:.2f} GB/s (memory_gb_per_s); a ring send_recv of 4 B ({:.3g} s) and 64 MiB ({:.3g} s) solved for latency "
+      "{:.2f} GB/s (memory_gb_per_s); a ring send_recv of 4 B ({:.3g} s) and 16 MiB ({:.3g} s) solved for latency "
       "{:.3g} s and {:.3f} GB/s one way (inter-node set equal: one node); matmul_efficiency = the rest of a "
       "single-rank training step (h=512, L=2, S={}; its attention time taken out) at {:.2f} GFLOP/s over the best "
-      "GEMM; `measured` has the raw figures and all_reduce / all_gather times beside the ring model's. Stated, not "
+      "GEMM; collective_efficiency = the ring model's bandwidth time over the measured one for all_reduce, all_gather and reduce_scatter of 16 MiB; `measured` has the raw figures and those collectives (also of a few bytes) beside the ring model's at efficiency 1. Stated, not "
       "measured: overlap_efficiency 0.5 (MPI progresses transfers only inside MPI calls) and one transfer at a time "
       "per link.",
       world.size(), std::thread::hardware_concurrency(), best, kSeq, cf.attention_fwd_gflops, cf.attention_bwd_gflops,

@@ -9,11 +9,12 @@
 //  - causal flash attention forward and backward (S = 1024, 8 heads of 64):
 //    attention_fwd_efficiency, attention_bwd_efficiency and attention_efficiency (both);
 //  - add_inplace over 64 MiB tensors (3 x 64 MiB moved): memory_gb_per_s;
-//  - a ring send_recv between ranks of 4 bytes (latency) and 64 MiB (bandwidth):
+//  - a ring send_recv between ranks of 4 bytes (latency) and 16 MiB (bandwidth):
 //    intra_node_latency_s and intra_node_gb_per_s, inter-node set equal (one node);
-//  - all_reduce and all_gather of a few bytes and of 16 MiB, each beside what the timeline's
-//    ring model (plan/timeline.h transfer_seconds) predicts from the figures above, in
-//    `measured` (they check the model; nothing is fitted to them);
+//  - all_reduce, all_gather and reduce_scatter of a few bytes and of 16 MiB: in `measured`,
+//    each beside what the timeline's ring model (plan/timeline.h transfer_seconds) predicts
+//    from the link figures; the 16 MiB ones give collective_efficiency (what the MPI
+//    library's algorithm costs beyond the ring's counted bytes);
 //  - the rest of a single-rank training step (h = 512, L = 2, S = 1024, attention taken out):
 //    matmul_efficiency, which the planner's coarse estimate uses.
 // overlap_efficiency and the link concurrency (1) are stated, not measured.

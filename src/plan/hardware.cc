@@ -19,7 +19,16 @@ double Hardware::gemm_efficiency(double min_dim) const {
   return t[i - 1].second + w * (t[i].second - t[i - 1].second);
 }
 
+double Hardware::collective_efficiency_of(const std::string& kind) const {
+  for (const auto& [k, e] : collective_efficiency)
+    if (k == kind) return e;
+  return 1.0;
+}
+
 namespace {
+
+constexpr const char* kCollectiveKinds[] = {"broadcast", "reduce",     "all_reduce", "all_gather", "reduce_scatter",
+                                            "all_to_all", "send",      "recv",       "send_recv",  "barrier"};
 
 // The finer fields (hardware.h): the GEMM table, attention and link figures.
 Status validate_fine_fields(const Hardware& h) {
@@ -47,6 +56,12 @@ Status validate_fine_fields(const Hardware& h) {
                                                {"inter_node_concurrency", h.inter_node_concurrency}};
   for (const auto& [field, v] : slots)
     if (v < 1) return invalid_argument("hardware '{}': {} ({}) must be at least 1", h.name, field, v);
+  for (const auto& [kind, e] : h.collective_efficiency) {
+    bool known = false;
+    for (const char* k : kCollectiveKinds) known = known || kind == k;
+    if (!known) return invalid_argument("hardware '{}': collective_efficiency names an unknown kind '{}'", h.name, kind);
+    if (!(e > 0 && e <= 1)) return invalid_argument("hardware '{}': collective_efficiency '{}' ({}) must lie in (0, 1]", h.name, kind, e);
+  }
   return Status();
 }
 
@@ -63,12 +78,14 @@ Status parse_gemm_table(const nlohmann::json& j, Hardware& h) {
   return Status();
 }
 
-Status parse_measured(const nlohmann::json& j, Hardware& h) {
-  if (!j.contains("measured")) return Status();
-  if (!j["measured"].is_object()) return invalid_argument("hardware '{}': field 'measured' must be an object of numbers", h.name);
-  for (const auto& [key, value] : j["measured"].items()) {
-    if (!value.is_number()) return invalid_argument("hardware '{}': measured '{}' must be a number", h.name, key);
-    h.measured.emplace_back(key, value.get<double>());
+// An object of numbers, e.g. "measured" or "collective_efficiency" (read in key order).
+Status parse_number_map(const nlohmann::json& j, const char* field, const std::string& name,
+                        std::vector<std::pair<std::string, double>>& out) {
+  if (!j.contains(field)) return Status();
+  if (!j[field].is_object()) return invalid_argument("hardware '{}': field '{}' must be an object of numbers", name, field);
+  for (const auto& [key, value] : j[field].items()) {
+    if (!value.is_number()) return invalid_argument("hardware '{}': {} '{}' must be a number", name, field, key);
+    out.emplace_back(key, value.get<double>());
   }
   return Status();
 }
@@ -104,7 +121,7 @@ Result<Hardware> Hardware::from_json(const std::string& text) {
                                        "memory_gb_per_s", "matmul_efficiency", "attention_efficiency", "overlap_efficiency", "notes",
                                        "measured", "gemm_efficiency_by_min_dim", "attention_fwd_efficiency",
                                        "attention_bwd_efficiency", "intra_node_latency_s", "inter_node_latency_s",
-                                       "intra_node_concurrency", "inter_node_concurrency"};
+                                       "intra_node_concurrency", "inter_node_concurrency", "collective_efficiency"};
   for (const auto& [key, value] : j.items()) {
     bool known = false;
     for (const char* k : kKnown) known = known || key == k;
@@ -149,7 +166,8 @@ Result<Hardware> Hardware::from_json(const std::string& text) {
   FP_RETURN_IF_ERROR(integer("intra_node_concurrency", h.intra_node_concurrency));
   FP_RETURN_IF_ERROR(integer("inter_node_concurrency", h.inter_node_concurrency));
   FP_RETURN_IF_ERROR(parse_gemm_table(j, h));
-  FP_RETURN_IF_ERROR(parse_measured(j, h));
+  FP_RETURN_IF_ERROR(parse_number_map(j, "measured", h.name, h.measured));
+  FP_RETURN_IF_ERROR(parse_number_map(j, "collective_efficiency", h.name, h.collective_efficiency));
   if (j.contains("notes")) {
     if (!j["notes"].is_string()) return invalid_argument("hardware '{}': field 'notes' must be a string", h.name);
     h.notes = j["notes"].get<std::string>();
@@ -191,6 +209,10 @@ std::string Hardware::to_json() const {
   j["inter_node_latency_s"] = inter_node_latency_s;
   j["intra_node_concurrency"] = intra_node_concurrency;
   j["inter_node_concurrency"] = inter_node_concurrency;
+  if (!collective_efficiency.empty()) {
+    j["collective_efficiency"] = nlohmann::ordered_json::object();
+    for (const auto& [kind, e] : collective_efficiency) j["collective_efficiency"][kind] = e;
+  }
   j["notes"] = notes;
   if (!measured.empty()) {
     j["measured"] = nlohmann::ordered_json::object();

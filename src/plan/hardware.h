@@ -45,6 +45,11 @@ struct Hardware {
   double inter_node_latency_s = 0;
   int intra_node_concurrency = 1;
   int inter_node_concurrency = 1;
+  // Per collective kind (plan/timeline.h's names: "all_reduce", "all_gather", ...): achieved
+  // / link bandwidth on the ring's counted bytes, (0, 1]; a kind not listed: 1. It is what the
+  // library's algorithm costs beyond the ring (extra copies, the reduction's arithmetic).
+  // JSON: "collective_efficiency": {"all_reduce": 0.4}.
+  std::vector<std::pair<std::string, double>> collective_efficiency;
   std::string notes;                   // sources and assumptions
   // Figures a calibration measured beside the fields (name, value; the name says the unit),
   // e.g. a collective's measured and modelled seconds. Informative: nothing prices from it.
@@ -55,6 +60,7 @@ struct Hardware {
   double peak_flops(bool bf16) const { return 1e12 * (bf16 && peak_tflops_bf16 > 0 ? peak_tflops_bf16 : peak_tflops_f32); }
   // The table above at min(M, N, K) = min_dim (interpolated), or matmul_efficiency without one.
   double gemm_efficiency(double min_dim) const;
+  double collective_efficiency_of(const std::string& kind) const;
   double attention_fwd_rate() const { return attention_fwd_efficiency > 0 ? attention_fwd_efficiency : attention_rate(); }
   double attention_bwd_rate() const { return attention_bwd_efficiency > 0 ? attention_bwd_efficiency : attention_rate(); }
 

@@ -102,7 +102,7 @@ double transfer_seconds(const CommStart& s, const Hardware& hw) {
   const double latency = intra ? hw.intra_node_latency_s : hw.inter_node_latency_s;
   const double bw = 1e9 * (intra ? hw.intra_node_gb_per_s : hw.inter_node_gb_per_s);
   const double bytes = static_cast<double>(std::max(s.bytes_sent, s.bytes_received));
-  return latency_steps(s.kind, s.comm_size) * latency + bytes / bw;
+  return latency_steps(s.kind, s.comm_size) * latency + bytes / (bw * hw.collective_efficiency_of(comm_kind_name(s.kind)));
 }
 
 namespace {

@@ -103,8 +103,9 @@ bool memory_bound(const ComputeEvent& e, const Hardware& hw);
 //   barrier                                  ceil(log2 N)  (dissemination)
 int latency_steps(CommKind kind, int comm_size);
 // Seconds of one transfer: latency_steps x the link's latency + max(bytes_sent,
-// bytes_received) / the link's per-direction bandwidth (links are full duplex, and the counted
-// bytes are the ring's per-rank bytes, so this is the ring's time). 0 when N == 1.
+// bytes_received) / (the link's per-direction bandwidth x Hardware::collective_efficiency_of
+// the kind). Links are full duplex, and the counted bytes are the ring's per-rank bytes, so
+// with efficiency 1 this is the ring's time. 0 when N == 1.
 double transfer_seconds(const CommStart& s, const Hardware& hw);
 
 // ---- simulation -------------------------------------------------------------------------

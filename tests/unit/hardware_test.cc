@@ -33,7 +33,8 @@ TEST(HardwareFile, OldFilesGetTheFallbacks) {
 TEST(HardwareFile, TimelineFieldsRoundTrip) {
   Result<Hardware> h = parse(R"("gemm_efficiency_by_min_dim": [[64, 0.25], [512, 0.75]], "attention_fwd_efficiency": 0.4,
     "attention_bwd_efficiency": 0.3, "intra_node_latency_s": 2e-6, "inter_node_latency_s": 8e-6,
-    "intra_node_concurrency": 2, "inter_node_concurrency": 3, "measured": {"all_reduce_1MiB_s": 0.001})");
+    "intra_node_concurrency": 2, "inter_node_concurrency": 3, "collective_efficiency": {"all_reduce": 0.5},
+    "measured": {"all_reduce_1MiB_s": 0.001})");
   ASSERT_TRUE(h.ok()) << h.status().to_string();
   ASSERT_EQ(h->gemm_efficiency_by_min_dim.size(), 2u);
   EXPECT_DOUBLE_EQ(h->gemm_efficiency_by_min_dim[1].first, 512);
@@ -44,6 +45,8 @@ TEST(HardwareFile, TimelineFieldsRoundTrip) {
   EXPECT_DOUBLE_EQ(h->inter_node_latency_s, 8e-6);
   EXPECT_EQ(h->intra_node_concurrency, 2);
   EXPECT_EQ(h->inter_node_concurrency, 3);
+  EXPECT_DOUBLE_EQ(h->collective_efficiency_of("all_reduce"), 0.5);
+  EXPECT_DOUBLE_EQ(h->collective_efficiency_of("all_gather"), 1.0);
   ASSERT_EQ(h->measured.size(), 1u);
   EXPECT_EQ(h->measured[0].first, "all_reduce_1MiB_s");
   Result<Hardware> again = Hardware::from_json(h->to_json());
@@ -52,6 +55,7 @@ TEST(HardwareFile, TimelineFieldsRoundTrip) {
   EXPECT_EQ(again->gemm_efficiency_by_min_dim, h->gemm_efficiency_by_min_dim);
   EXPECT_EQ(again->measured, h->measured);
   EXPECT_EQ(again->inter_node_concurrency, 3);
+  EXPECT_EQ(again->collective_efficiency, h->collective_efficiency);
 }
 
 TEST(HardwareFile, BadTimelineFieldsNameTheField) {
@@ -69,6 +73,9 @@ TEST(HardwareFile, BadTimelineFieldsNameTheField) {
       {R"("inter_node_concurrency": 1.5)", "inter_node_concurrency (1.5) must be an integer"},
       {R"("inter_node_concurrency": "two")", "'inter_node_concurrency' must be a number"},
       {R"("measured": [1])", "'measured' must be an object"},
+      {R"("collective_efficiency": {"allreduce": 0.5})", "unknown kind 'allreduce'"},
+      {R"("collective_efficiency": {"all_gather": 0})", "collective_efficiency 'all_gather' (0)"},
+      {R"("collective_efficiency": {"all_gather": "slow"})", "collective_efficiency 'all_gather' must be a number"},
       {R"("measured": {"x_s": "fast"})", "measured 'x_s' must be a number"}};
   for (const auto& [extra, needle] : bad) {
     Result<Hardware> h = parse(extra);

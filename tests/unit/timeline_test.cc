@@ -162,6 +162,25 @@ TEST(TimelinePricing, RingTransferSeconds) {
   EXPECT_EQ(transfer_seconds(start(1, CommKind::kAllReduce, "dp", 1, LinkClass::kInterNode, 1000), hw), 0.0);
 }
 
+TEST(TimelinePricing, CollectiveEfficiencySlowsOnlyTheBandwidthTerm) {
+  Hardware hw = test_hardware();
+  hw.collective_efficiency = {{"all_reduce", 0.25}};
+  // 2 x 100 us + 1e9 B / (1 GB/s x 0.25) = 4.0002 s; all_gather (not listed) keeps 1.
+  EXPECT_NEAR(transfer_seconds(start(1, CommKind::kAllReduce, "dp", 2, LinkClass::kInterNode, 1'000'000'000), hw), 4.0002,
+              kTol);
+  EXPECT_NEAR(transfer_seconds(start(1, CommKind::kAllGather, "tsp", 4, LinkClass::kIntraNode, 300'000'000), hw), 0.03003,
+              kTol);
+}
+
+// The hardware file accepts an efficiency for every kind the timeline names.
+TEST(TimelinePricing, EveryKindNameIsAHardwareKind) {
+  for (int k = 0; k <= static_cast<int>(CommKind::kBarrier); ++k) {
+    Hardware hw = test_hardware();
+    hw.collective_efficiency = {{comm_kind_name(static_cast<CommKind>(k)), 0.5}};
+    EXPECT_TRUE(hw.validate().ok()) << comm_kind_name(static_cast<CommKind>(k));
+  }
+}
+
 TEST(TimelineSimulation, ComputeOnly) {
   ComputeEvent attn;
   attn.op = "attention_forward";
