@@ -302,4 +302,14 @@ Result<RankTimeline> simulate_rank(const RankTrace& trace, const Hardware& hw) {
   return sim.result(trace.rank);
 }
 
+Result<std::vector<RankTimeline>> simulate_ranks(const std::vector<RankTrace>& traces, const Hardware& hw) {
+  std::vector<RankTimeline> out;
+  out.reserve(traces.size());
+  for (const RankTrace& t : traces) {
+    FP_ASSIGN_OR_RETURN(RankTimeline r, simulate_rank(t, hw));
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 }  // namespace foldpar

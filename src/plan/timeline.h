@@ -153,6 +153,8 @@ struct RankTimeline {
 // invalid_argument for a duplicate request id, a wait on an unknown or already waited
 // request, a wait after a blocking start, a request never waited, or a negative figure.
 Result<RankTimeline> simulate_rank(const RankTrace& trace, const Hardware& hw);
+// simulate_rank of each trace (the distinct ranks of a mesh); the first error, naming its rank.
+Result<std::vector<RankTimeline>> simulate_ranks(const std::vector<RankTrace>& traces, const Hardware& hw);
 
 // The Chrome trace format (JSON object with traceEvents; open in Perfetto or
 // chrome://tracing): one "X" event per op, pid = rank, tid = 0 compute, 1 + slot comm

@@ -260,6 +260,23 @@ TEST(TimelineSimulation, LinkConcurrencyTwoOverlaps) {
   EXPECT_NEAR(r.ops.back().start, 0.0, kTol);
 }
 
+TEST(TimelineSimulation, CriticalPathFollowsTheQueue) {
+  // T1 (0.10001 s) posted at 0; 0.05 s of GEMM; T2 posted at 0.05 waits for the slot until
+  // 0.10001 and ends at 0.20002; the wait on T2 stalls compute from 0.05. The path is T1, T2
+  // (the GEMM ran beside T1), and the GEMM after the wait.
+  const RankTimeline r = simulate({start(1, CommKind::kSendRecv, "tsp", 2, LinkClass::kIntraNode, 1'000'000'000), gemm(2.5e10),
+                                   start(2, CommKind::kSendRecv, "tsp", 2, LinkClass::kIntraNode, 1'000'000'000), CommWait{2},
+                                   CommWait{1}, gemm(5e10)});
+  EXPECT_NEAR(r.step_s, 0.30002, kTol);
+  EXPECT_NEAR(r.exposed_comm_s, 0.15002, kTol);
+  EXPECT_EQ(path_names(r), (std::vector<std::string>{"send_recv", "send_recv", "matmul"}));
+  EXPECT_EQ(r.critical_path[0].request, 1);
+  EXPECT_NEAR(path_seconds(r), r.step_s, kTol);
+  ASSERT_NE(totals(r, "send_recv", "tsp"), nullptr);
+  EXPECT_EQ(totals(r, "send_recv", "tsp")->count, 2);
+  EXPECT_NEAR(totals(r, "send_recv", "tsp")->exposed_s, 0.15002, kTol);  // all on T2's wait; T1 was done by then
+}
+
 TEST(TimelineSimulation, LinkClassesRunSideBySide) {
   // One intra (0.10001 s) and one inter (1 x 100 us + 1e8 B / 1 GB/s = 0.1001 s) transfer,
   // concurrency 1 each: separate streams, so the step is the longer of the two.
@@ -295,6 +312,20 @@ TEST(TimelineSimulation, BadTracesNameTheRequest) {
   EXPECT_NE(error({blocking, CommWait{5}}).find("already waited"), std::string::npos);
   ComputeEvent bad = gemm(-1);
   EXPECT_NE(error({bad}).find("flops (-1)"), std::string::npos);
+}
+
+TEST(TimelineSimulation, SimulatesEachRank) {
+  // Rank 1 has an extra 1 s GEMM (a pipeline's last stage, say); the error names its rank.
+  const Hardware hw = test_hardware();
+  Result<std::vector<RankTimeline>> r = simulate_ranks({RankTrace{0, {gemm(5e11)}}, RankTrace{1, {gemm(5e11), gemm(5e11)}}}, hw);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->size(), 2u);
+  EXPECT_NEAR((*r)[0].step_s, 1.0, kTol);
+  EXPECT_NEAR((*r)[1].step_s, 2.0, kTol);
+  EXPECT_EQ((*r)[1].rank, 1);
+  Result<std::vector<RankTimeline>> bad = simulate_ranks({RankTrace{0, {}}, RankTrace{4, {CommWait{2}}}}, hw);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().to_string().find("rank 4 event 0"), std::string::npos) << bad.status().to_string();
 }
 
 TEST(TimelineLinkClass, FromWorldRanks) {
