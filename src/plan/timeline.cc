@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 
 namespace foldpar {
 
@@ -160,7 +161,7 @@ class RankSimulator {
   Status handle(const CommStart& s) {
     if (seen_.count(s.request)) return invalid_argument("request {} is started twice", s.request);
     if (s.comm_size < 1) return invalid_argument("request {}: comm_size ({}) must be at least 1", s.request, s.comm_size);
-    seen_[s.request] = true;
+    seen_.insert(s.request);
     const int link = s.link == LinkClass::kIntraNode ? 0 : 1;
     std::vector<double>& free = slots_free_[link];
     const size_t slot = static_cast<size_t>(std::min_element(free.begin(), free.end()) - free.begin());
@@ -220,7 +221,7 @@ class RankSimulator {
   std::vector<TimelineOp> items_;
   std::vector<Transfer> transfers_;
   std::map<int64_t, size_t> pending_;          // request -> transfers_ index, not yet waited
-  std::map<int64_t, bool> seen_;
+  std::set<int64_t> seen_;           // every request started
   std::map<size_t, size_t> stall_transfer_;    // items_ index of a stall -> the transfer it waited on
 };
 

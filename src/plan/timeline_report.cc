@@ -110,6 +110,17 @@ std::string explain_timeline(const std::vector<RankTimeline>& ranks) {
   else
     out += fmt::format("compute-bound: compute at its FLOP rate takes {:.4g} s ({:.0f}% of the step)\n", rate_bound,
                        pct(rate_bound));
+  double path_compute = 0, path_comm = 0;
+  int path_transfers = 0;
+  for (const TimelineOp& op : r.critical_path) {
+    if (op.kind == TimelineOp::Kind::kTransfer) {
+      path_comm += op.end - op.start;
+      ++path_transfers;
+    } else {
+      path_compute += op.end - op.start;
+    }
+  }
+  out += fmt::format("critical path: {:.4g} s of compute, {:.4g} s in {} transfers\n", path_compute, path_comm, path_transfers);
   for (size_t i = 0; i < exposed.size() && i < 3; ++i)
     out += fmt::format("  exposed: {} on {}: {:.4g} s ({:.0f}%) of {:.4g} s busy\n", exposed[i]->kind,
                        exposed[i]->communicator, exposed[i]->exposed_s, pct(exposed[i]->exposed_s), exposed[i]->busy_s);

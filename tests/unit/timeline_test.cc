@@ -382,6 +382,7 @@ TEST(TimelineExplain, NamesWhatBounds) {
   const std::string a = explain_timeline({comm_bound});
   EXPECT_NE(a.find("bound by all_reduce on dp"), std::string::npos) << a;
   EXPECT_NE(a.find("0.9502 s exposed"), std::string::npos) << a;
+  EXPECT_NE(a.find("critical path: 0.2 s of compute, 1 s in 1 transfers"), std::string::npos) << a;
   const RankTimeline compute_bound = simulate({gemm(1e12), start(1, CommKind::kAllReduce, "dp", 2, LinkClass::kInterNode, 1'000'000'000),
                                                CommWait{1}});
   const std::string b = explain_timeline({compute_bound});
