@@ -220,9 +220,9 @@ class RankSimulator {
   std::vector<int64_t> slot_last_[2];
   std::vector<TimelineOp> items_;
   std::vector<Transfer> transfers_;
-  std::map<int64_t, size_t> pending_;          // request -> transfers_ index, not yet waited
-  std::set<int64_t> seen_;           // every request started
-  std::map<size_t, size_t> stall_transfer_;    // items_ index of a stall -> the transfer it waited on
+  std::map<int64_t, size_t> pending_;        // request -> transfers_ index, not yet waited
+  std::set<int64_t> seen_;                   // every request started
+  std::map<size_t, size_t> stall_transfer_;  // items_ index of a stall -> the transfer it waited on
 };
 
 // Walks back from the compute stream's end: a compute op leads to the item before it; a
