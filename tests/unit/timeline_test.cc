@@ -258,6 +258,12 @@ TEST(TimelineSimulation, LinkConcurrencyTwoOverlaps) {
   // The second ran on the other slot at the same time.
   EXPECT_EQ(r.ops.back().slot, 1);
   EXPECT_NEAR(r.ops.back().start, 0.0, kTol);
+  // In the Chrome trace each slot is its own thread (overlapping events on one tid would nest).
+  std::vector<int> tids;
+  const nlohmann::json trace = nlohmann::json::parse(chrome_trace_json({r}));
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "X" && e["cat"] == "comm") tids.push_back(e["tid"].get<int>());
+  EXPECT_EQ(tids, (std::vector<int>{1, 2}));
 }
 
 TEST(TimelineSimulation, CriticalPathFollowsTheQueue) {
