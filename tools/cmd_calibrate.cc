@@ -1,10 +1,11 @@
 // `foldpar calibrate`: measure this machine's hardware description (GEMM and attention
-// rates, link bandwidth and latency) under mpirun -np 2; src/app/layout_bench.h measures.
+// rates, memory bandwidth, link latency and bandwidth) under mpirun -np 2; src/app/calibrate.h
+// measures.
 #include <cstdio>
 #include <fstream>
 #include <memory>
 
-#include "app/layout_bench.h"
+#include "app/calibrate.h"
 #include "cmd_bench_layouts.h"
 #include "commands.h"
 #include "job.h"
@@ -19,6 +20,13 @@ int run_calibrate(const std::string& out) {
   if (!h.ok()) return fail(h.status());
   if (!job->root()) return kExitOk;
   std::fputs(h->to_json().c_str(), stdout);
+  // The collectives against the ring model the timeline prices them with.
+  for (size_t i = 0; i + 1 < h->measured.size(); ++i) {
+    const auto& [key, s] = h->measured[i];
+    if (h->measured[i + 1].first != key.substr(0, key.size() - 2) + "_ring_model_s") continue;
+    std::fprintf(stderr, "%-28s measured %.3g s, ring model %.3g s\n", key.substr(0, key.size() - 2).c_str(), s,
+                 h->measured[i + 1].second);
+  }
   if (!out.empty()) {
     std::ofstream f(out);
     f << h->to_json();

@@ -1,4 +1,4 @@
-// The layout benchmark and the calibration (app/layout_bench.h).
+// The layout benchmark (app/layout_bench.h).
 #include "app/layout_bench.h"
 
 #include <sys/wait.h>
@@ -10,7 +10,6 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "app/step_bench.h"
 #include "app/synthetic.h"
@@ -245,135 +244,6 @@ Result<std::vector<std::string>> write_layout_bench(const std::vector<LayoutBenc
   }
   for (const char* png : {"memory.png", "throughput.png", "predicted.png"}) written.push_back((dir / png).string());
   return written;
-}
-
-namespace {
-
-// GFLOP/s of the backend's f32 matmul, n x n x n, median of `reps` after one warm-up.
-double matmul_gflops(int64_t n, int reps) {
-  auto be = make_cpu_backend();
-  Tensor a = Tensor::empty({n, n}, DType::kF32, MemCategory::kWorkspace);
-  Tensor b = Tensor::empty({n, n}, DType::kF32, MemCategory::kWorkspace);
-  Tensor c = Tensor::empty({n, n}, DType::kF32, MemCategory::kWorkspace);
-  be->fill(0.5, a);
-  be->fill(0.25, b);
-  const double s = median_seconds({.reps = reps}, [&] { be->matmul(a, false, b, false, c); });
-  return 2.0 * static_cast<double>(n * n * n) / s / 1e9;
-}
-
-// Seconds of one causal attention forward + backward (the CPU backend's flash attention,
-// 1 thread) of one sequence of `seq` tokens with the config's heads, median of `reps`.
-double attention_seconds(const LlamaConfig& c, int64_t seq, int reps) {
-  auto be = make_cpu_backend();
-  const int64_t n_h = c.num_attention_heads, n_kv = c.num_key_value_heads, d = c.head_dim();
-  auto filled = [&](const Shape& shape, double v) {
-    Tensor t = Tensor::empty(shape, DType::kF32, MemCategory::kWorkspace);
-    be->fill(v, t);
-    return t;
-  };
-  Tensor q = filled({1, seq, n_h, d}, 0.01), k = filled({1, seq, n_kv, d}, 0.02), v = filled({1, seq, n_kv, d}, 0.5);
-  Tensor d_out = filled({1, seq, n_h, d}, 0.1);
-  Tensor out = Tensor::empty(q.shape(), DType::kF32, MemCategory::kWorkspace);
-  Tensor lse = Tensor::empty({1, n_h, seq}, DType::kF32, MemCategory::kWorkspace);
-  Tensor dq = Tensor::empty(q.shape(), DType::kF32, MemCategory::kWorkspace);
-  Tensor dk = Tensor::empty(k.shape(), DType::kF32, MemCategory::kWorkspace);
-  Tensor dv = Tensor::empty(v.shape(), DType::kF32, MemCategory::kWorkspace);
-  Tensor pos = Tensor::empty({seq}, DType::kI32, MemCategory::kWorkspace);
-  for (int64_t i = 0; i < seq; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i);
-  const AttentionArgs args{&q, &k, &v, &pos, &pos, 1.0 / std::sqrt(static_cast<double>(d))};
-  return median_seconds({.reps = reps}, [&] {
-    be->attention_forward(args, out, lse);
-    be->attention_backward(args, out, lse, d_out, dq, dk, dv);
-  });
-}
-
-// GB/s one way of a ring step between neighbours: every rank sends `bytes` to p+1 while
-// receiving as much from p-1.
-Result<double> ring_bandwidth(Communicator& world, size_t bytes, int reps) {
-  const size_t n = bytes / 4;
-  std::vector<float> send(n, 1.0f), recv(n);
-  const int p = world.rank(), N = world.size();
-  std::vector<double> secs;
-  for (int i = 0; i < reps + 1; ++i) {
-    FP_RETURN_IF_ERROR(world.barrier());
-    const double t0 = now_seconds();
-    FP_RETURN_IF_ERROR(world.send_recv(send.data(), recv.data(), n, DType::kF32, (p + 1) % N, (p - 1 + N) % N));
-    double s = now_seconds() - t0;
-    FP_RETURN_IF_ERROR(world.all_reduce(&s, &s, 1, DType::kF64, ReduceOp::kMax));
-    if (i > 0) secs.push_back(s);
-  }
-  return static_cast<double>(n * 4) / median(secs) / 1e9;
-}
-
-int64_t node_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  while (in >> key >> kb) {
-    if (key == "MemTotal:") return kb * 1024;
-    in.ignore(1 << 10, '\n');
-  }
-  return 0;
-}
-
-}  // namespace
-
-Result<Hardware> calibrate_hardware(Communicator& world) {
-  if (world.size() < 2)
-    return invalid_argument("bench --calibrate measures the bandwidth between ranks: run it under mpirun -np 2 (got {} rank)",
-                            world.size());
-  set_cpu_backend_threads(1);
-  // GEMM rate on every rank at once (the cores are shared as in a real step); the slowest.
-  double gemm = matmul_gflops(1024, 5);
-  gemm = -gemm;  // the slowest rank: max of the negatives
-  FP_RETURN_IF_ERROR(world.all_reduce(&gemm, &gemm, 1, DType::kF64, ReduceOp::kMax));
-  gemm = -gemm;
-  FP_ASSIGN_OR_RETURN(const double bw, ring_bandwidth(world, size_t{64} << 20, 5));
-  // A single-rank training step (every rank at once, as in a layout step): useful FLOP/s.
-  StepBenchOptions sb;
-  sb.config.hidden_size = 512;
-  sb.config.num_attention_heads = 8;
-  sb.config.num_key_value_heads = 8;
-  sb.config.intermediate_size = 1376;
-  sb.config.vocab_size = 256;
-  sb.config.num_hidden_layers = 2;
-  sb.config.max_position_embeddings = 4096;
-  sb.seq = 2048;
-  sb.steps = 3;
-  FP_ASSIGN_OR_RETURN(StepBenchReport step, run_step_bench(sb));
-  // Attention alone (every rank at once): its FLOP rate, and its share of the step, so that
-  // the GEMMs' efficiency is the rest of the step's.
-  const double attn_s = attention_seconds(sb.config, sb.seq, 5);
-  const double attn_flops = 3.0 * forward_attention_flops(sb.config, 1, sb.seq);  // every layer, fwd + bwd
-  double rates[2] = {attn_flops / sb.config.num_hidden_layers / attn_s / 1e9,
-                     (step.flops_per_step - attn_flops) /
-                         std::max(step.median_seconds - attn_s * sb.config.num_hidden_layers, 0.5 * step.median_seconds) /
-                         1e9};
-  FP_RETURN_IF_ERROR(world.all_reduce(rates, rates, 2, DType::kF64, ReduceOp::kSum));
-  const double attn_gflops = rates[0] / world.size(), rest_gflops = rates[1] / world.size();
-  Hardware h;
-  h.name = "this-machine";
-  h.devices_per_node = world.size();
-  h.memory_per_device_gb = static_cast<double>(node_memory_bytes()) / world.size() / 1e9;
-  h.peak_tflops_f32 = gemm / 1e3;
-  h.peak_tflops_bf16 = 0;  // bf16 is a storage type here: the math is f32
-  h.intra_node_gb_per_s = bw;
-  h.inter_node_gb_per_s = bw;
-  h.memory_gb_per_s = 0;
-  h.matmul_efficiency = std::min(1.0, rest_gflops / gemm);
-  h.attention_efficiency = std::min(1.0, attn_gflops / gemm);
-  h.overlap_efficiency = 0.5;
-  h.notes = fmt::format(
-      "Measured by `foldpar calibrate` with {} MPI ranks on one node ({} hardware threads), each rank a "
-      "device: f32 GEMM 1024^3 with the CPU backend on one thread, {:.2f} GFLOP/s (median of 5, all ranks at once); "
-      "a ring send_recv of 64 MiB between ranks, {:.2f} GB/s one way (median of 5; inter-node set equal: one node); "
-      "memory per device = MemTotal / ranks; attention_efficiency = causal flash attention forward + backward "
-      "(S=2048, 8 heads of 64) at {:.2f} GFLOP/s over the GEMM rate; matmul_efficiency = the rest of a "
-      "single-rank training step (h=512, L=2, S=2048; its attention time taken out) at {:.2f} GFLOP/s over the GEMM "
-      "rate. overlap_efficiency 0.5 is an assumption: MPI progresses transfers only inside MPI calls.",
-      world.size(), std::thread::hardware_concurrency(), gemm, bw, attn_gflops, rest_gflops);
-  FP_RETURN_IF_ERROR(h.validate());
-  return h;
 }
 
 }  // namespace foldpar

@@ -3,8 +3,8 @@
 // training step each, forward + backward, from before the model exists); each row gives the
 // medians of the step time (slowest rank) and tokens/s, the exposed communication time
 // (rank 0), the tracked peak per rank (worst rank) and the bytes rank 0 sent on the model
-// axes, beside what src/plan predicts for the same layout. Also `foldpar calibrate`:
-// the numbers of a hardware description measured on this machine.
+// axes, beside what src/plan predicts for the same layout. (`foldpar calibrate` is
+// app/calibrate.h.)
 //
 // Every function taking a Communicator is collective over it: all ranks call it with the
 // same options.
@@ -57,14 +57,5 @@ std::string layout_bench_text(const std::vector<LayoutBenchRow>& rows);
 // and step time) into out_dir. Returns the paths written; not_found when gnuplot is missing
 // (the tables are written first).
 Result<std::vector<std::string>> write_layout_bench(const std::vector<LayoutBenchRow>& rows, const std::string& out_dir);
-
-// What a hardware description needs, measured here with `world`'s ranks as the devices of
-// one node: f32 GEMM rate of one core (the backend's matmul, 1 thread), the ring bandwidth
-// between ranks (send_recv of 64 MiB, needs 2 ranks or more), memory per rank (the node's
-// memory / ranks), attention_efficiency = causal flash attention's forward + backward
-// FLOP/s over the GEMM rate, and matmul_efficiency = the rest of a single-rank training
-// step's useful FLOP/s (its attention time taken out) over the GEMM rate.
-// overlap_efficiency is stated, not measured.
-Result<Hardware> calibrate_hardware(Communicator& world);
 
 }  // namespace foldpar

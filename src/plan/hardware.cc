@@ -1,11 +1,96 @@
 // Hardware descriptions: JSON in and out, with the ranges checked.
 #include "plan/hardware.h"
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 namespace foldpar {
+
+double Hardware::gemm_efficiency(double min_dim) const {
+  const auto& t = gemm_efficiency_by_min_dim;
+  if (t.empty()) return matmul_efficiency;
+  if (min_dim <= t.front().first) return t.front().second;
+  if (min_dim >= t.back().first) return t.back().second;
+  size_t i = 1;
+  while (t[i].first < min_dim) ++i;
+  const double w = std::log(min_dim / t[i - 1].first) / std::log(t[i].first / t[i - 1].first);
+  return t[i - 1].second + w * (t[i].second - t[i - 1].second);
+}
+
+double Hardware::collective_efficiency_of(const std::string& kind) const {
+  for (const auto& [k, e] : collective_efficiency)
+    if (k == kind) return e;
+  return 1.0;
+}
+
+namespace {
+
+constexpr const char* kCollectiveKinds[] = {"broadcast", "reduce",     "all_reduce", "all_gather", "reduce_scatter",
+                                            "all_to_all", "send",      "recv",       "send_recv",  "barrier"};
+
+// The finer fields (hardware.h): the GEMM table, attention and link figures.
+Status validate_fine_fields(const Hardware& h) {
+  const auto& t = h.gemm_efficiency_by_min_dim;
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (!(t[i].first >= 1))
+      return invalid_argument("hardware '{}': gemm_efficiency_by_min_dim[{}] min_dim ({}) must be at least 1", h.name, i,
+                              t[i].first);
+    if (!(t[i].second > 0 && t[i].second <= 1))
+      return invalid_argument("hardware '{}': gemm_efficiency_by_min_dim[{}] efficiency ({}) must lie in (0, 1]", h.name, i,
+                              t[i].second);
+    if (i > 0 && !(t[i].first > t[i - 1].first))
+      return invalid_argument("hardware '{}': gemm_efficiency_by_min_dim min_dim must increase ({} after {})", h.name,
+                              t[i].first, t[i - 1].first);
+  }
+  const std::pair<const char*, double> fractions[] = {{"attention_fwd_efficiency", h.attention_fwd_efficiency},
+                                                      {"attention_bwd_efficiency", h.attention_bwd_efficiency}};
+  for (const auto& [field, v] : fractions)
+    if (!(v >= 0 && v <= 1)) return invalid_argument("hardware '{}': {} ({}) must lie in (0, 1], or be 0 (unknown)", h.name, field, v);
+  const std::pair<const char*, double> latencies[] = {{"intra_node_latency_s", h.intra_node_latency_s},
+                                                      {"inter_node_latency_s", h.inter_node_latency_s}};
+  for (const auto& [field, v] : latencies)
+    if (!(v >= 0 && v < 1)) return invalid_argument("hardware '{}': {} ({}) must lie in [0, 1) seconds", h.name, field, v);
+  const std::pair<const char*, int> slots[] = {{"intra_node_concurrency", h.intra_node_concurrency},
+                                               {"inter_node_concurrency", h.inter_node_concurrency}};
+  for (const auto& [field, v] : slots)
+    if (v < 1) return invalid_argument("hardware '{}': {} ({}) must be at least 1", h.name, field, v);
+  for (const auto& [kind, e] : h.collective_efficiency) {
+    bool known = false;
+    for (const char* k : kCollectiveKinds) known = known || kind == k;
+    if (!known) return invalid_argument("hardware '{}': collective_efficiency names an unknown kind '{}'", h.name, kind);
+    if (!(e > 0 && e <= 1)) return invalid_argument("hardware '{}': collective_efficiency '{}' ({}) must lie in (0, 1]", h.name, kind, e);
+  }
+  return Status();
+}
+
+Status parse_gemm_table(const nlohmann::json& j, Hardware& h) {
+  const char* const key = "gemm_efficiency_by_min_dim";
+  if (!j.contains(key)) return Status();
+  if (!j[key].is_array()) return invalid_argument("hardware '{}': field '{}' must be an array of [min_dim, efficiency]", h.name, key);
+  for (size_t i = 0; i < j[key].size(); ++i) {
+    const nlohmann::json& p = j[key][i];
+    if (!p.is_array() || p.size() != 2 || !p[0].is_number() || !p[1].is_number())
+      return invalid_argument("hardware '{}': {}[{}] must be [min_dim, efficiency], got {}", h.name, key, i, p.dump());
+    h.gemm_efficiency_by_min_dim.emplace_back(p[0].get<double>(), p[1].get<double>());
+  }
+  return Status();
+}
+
+// An object of numbers, e.g. "measured" or "collective_efficiency" (read in key order).
+Status parse_number_map(const nlohmann::json& j, const char* field, const std::string& name,
+                        std::vector<std::pair<std::string, double>>& out) {
+  if (!j.contains(field)) return Status();
+  if (!j[field].is_object()) return invalid_argument("hardware '{}': field '{}' must be an object of numbers", name, field);
+  for (const auto& [key, value] : j[field].items()) {
+    if (!value.is_number()) return invalid_argument("hardware '{}': {} '{}' must be a number", name, field, key);
+    out.emplace_back(key, value.get<double>());
+  }
+  return Status();
+}
+
+}  // namespace
 
 Status Hardware::validate() const {
   if (devices_per_node < 1) return invalid_argument("hardware '{}': devices_per_node ({}) must be at least 1", name, devices_per_node);
@@ -25,7 +110,7 @@ Status Hardware::validate() const {
                             name, attention_efficiency);
   if (!(overlap_efficiency >= 0 && overlap_efficiency <= 1))
     return invalid_argument("hardware '{}': overlap_efficiency ({}) must lie in [0, 1]", name, overlap_efficiency);
-  return Status();
+  return validate_fine_fields(*this);
 }
 
 Result<Hardware> Hardware::from_json(const std::string& text) {
@@ -34,7 +119,9 @@ Result<Hardware> Hardware::from_json(const std::string& text) {
   static const char* const kKnown[] = {"name", "devices_per_node", "memory_per_device_gb", "peak_tflops_bf16",
                                        "peak_tflops_f32", "intra_node_gb_per_s", "inter_node_gb_per_s",
                                        "memory_gb_per_s", "matmul_efficiency", "attention_efficiency", "overlap_efficiency", "notes",
-                                       "measured"};
+                                       "measured", "gemm_efficiency_by_min_dim", "attention_fwd_efficiency",
+                                       "attention_bwd_efficiency", "intra_node_latency_s", "inter_node_latency_s",
+                                       "intra_node_concurrency", "inter_node_concurrency", "collective_efficiency"};
   for (const auto& [key, value] : j.items()) {
     bool known = false;
     for (const char* k : kKnown) known = known || key == k;
@@ -65,6 +152,22 @@ Result<Hardware> Hardware::from_json(const std::string& text) {
   FP_RETURN_IF_ERROR(number("matmul_efficiency", h.matmul_efficiency, false));
   FP_RETURN_IF_ERROR(number("attention_efficiency", h.attention_efficiency, false));
   FP_RETURN_IF_ERROR(number("overlap_efficiency", h.overlap_efficiency, false));
+  FP_RETURN_IF_ERROR(number("attention_fwd_efficiency", h.attention_fwd_efficiency, false));
+  FP_RETURN_IF_ERROR(number("attention_bwd_efficiency", h.attention_bwd_efficiency, false));
+  FP_RETURN_IF_ERROR(number("intra_node_latency_s", h.intra_node_latency_s, false));
+  FP_RETURN_IF_ERROR(number("inter_node_latency_s", h.inter_node_latency_s, false));
+  auto integer = [&](const char* key, int& out) -> Status {
+    double v = out;
+    FP_RETURN_IF_ERROR(number(key, v, false));
+    if (v != std::floor(v) || std::abs(v) > 1e6) return invalid_argument("hardware '{}': {} ({}) must be an integer", h.name, key, v);
+    out = static_cast<int>(v);
+    return Status();
+  };
+  FP_RETURN_IF_ERROR(integer("intra_node_concurrency", h.intra_node_concurrency));
+  FP_RETURN_IF_ERROR(integer("inter_node_concurrency", h.inter_node_concurrency));
+  FP_RETURN_IF_ERROR(parse_gemm_table(j, h));
+  FP_RETURN_IF_ERROR(parse_number_map(j, "measured", h.name, h.measured));
+  FP_RETURN_IF_ERROR(parse_number_map(j, "collective_efficiency", h.name, h.collective_efficiency));
   if (j.contains("notes")) {
     if (!j["notes"].is_string()) return invalid_argument("hardware '{}': field 'notes' must be a string", h.name);
     h.notes = j["notes"].get<std::string>();
@@ -96,7 +199,25 @@ std::string Hardware::to_json() const {
   j["matmul_efficiency"] = matmul_efficiency;
   if (attention_efficiency > 0) j["attention_efficiency"] = attention_efficiency;
   j["overlap_efficiency"] = overlap_efficiency;
+  if (!gemm_efficiency_by_min_dim.empty()) {
+    j["gemm_efficiency_by_min_dim"] = nlohmann::ordered_json::array();
+    for (const auto& [dim, eff] : gemm_efficiency_by_min_dim) j["gemm_efficiency_by_min_dim"].push_back({dim, eff});
+  }
+  if (attention_fwd_efficiency > 0) j["attention_fwd_efficiency"] = attention_fwd_efficiency;
+  if (attention_bwd_efficiency > 0) j["attention_bwd_efficiency"] = attention_bwd_efficiency;
+  j["intra_node_latency_s"] = intra_node_latency_s;
+  j["inter_node_latency_s"] = inter_node_latency_s;
+  j["intra_node_concurrency"] = intra_node_concurrency;
+  j["inter_node_concurrency"] = inter_node_concurrency;
+  if (!collective_efficiency.empty()) {
+    j["collective_efficiency"] = nlohmann::ordered_json::object();
+    for (const auto& [kind, e] : collective_efficiency) j["collective_efficiency"][kind] = e;
+  }
   j["notes"] = notes;
+  if (!measured.empty()) {
+    j["measured"] = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : measured) j["measured"][key] = value;
+  }
   return j.dump(2) + "\n";
 }
 

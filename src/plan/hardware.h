@@ -2,10 +2,17 @@
 // (hardware/*.json): devices per node, memory per device, peak FLOP/s, bandwidth per device
 // inside a node and between nodes, and the efficiencies a step-time estimate rests on.
 // Every field says its unit; `notes` says where the numbers come from.
+//
+// The timeline (plan/timeline.h) prices from the finer fields below: GEMM efficiency by shape
+// class, attention forward and backward efficiencies, memory bandwidth for token-wise ops, and
+// per link class a latency, a bandwidth and a number of concurrent transfers. Every finer field
+// is optional and falls back to the coarse one (stated per field), so older files still load.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/status.h"
 
@@ -24,11 +31,38 @@ struct Hardware {
   double attention_efficiency = 0;     // achieved / peak FLOP/s of causal attention (forward and backward,
                                        // model/flop_count.h's count), (0, 1]; 0: as matmul_efficiency
   double overlap_efficiency = 0.8;     // share of overlappable traffic hidden behind compute, [0, 1]
+  // GEMM efficiency (achieved / peak of the GEMM's dtype) by shape class: points
+  // (min(M, N, K), efficiency), min_dim strictly increasing, efficiency in (0, 1]. Between
+  // points linear in log(min_dim); outside them the nearest point. Empty: matmul_efficiency.
+  // JSON: "gemm_efficiency_by_min_dim": [[64, 0.3], [1024, 0.9]].
+  std::vector<std::pair<double, double>> gemm_efficiency_by_min_dim;
+  double attention_fwd_efficiency = 0;  // causal attention forward, achieved / peak, (0, 1]; 0: attention_rate()
+  double attention_bwd_efficiency = 0;  // its backward; 0: attention_rate()
+  // Per link class: latency of one message step (s), and how many transfers the link carries
+  // at once, each at the full per-direction bandwidth above (intra/inter_node_gb_per_s).
+  // Latency 0 means unknown (priced as 0); concurrency at least 1.
+  double intra_node_latency_s = 0;
+  double inter_node_latency_s = 0;
+  int intra_node_concurrency = 1;
+  int inter_node_concurrency = 1;
+  // Per collective kind (plan/timeline.h's names: "all_reduce", "all_gather", ...): achieved
+  // / link bandwidth on the ring's counted bytes, (0, 1]; a kind not listed: 1. It is what the
+  // library's algorithm costs beyond the ring (extra copies, the reduction's arithmetic).
+  // JSON: "collective_efficiency": {"all_reduce": 0.4}.
+  std::vector<std::pair<std::string, double>> collective_efficiency;
   std::string notes;                   // sources and assumptions
+  // Figures a calibration measured beside the fields (name, value; the name says the unit),
+  // e.g. a collective's measured and modelled seconds. Informative: nothing prices from it.
+  std::vector<std::pair<std::string, double>> measured;
 
   int64_t memory_bytes() const { return static_cast<int64_t>(memory_per_device_gb * 1e9); }
   double attention_rate() const { return attention_efficiency > 0 ? attention_efficiency : matmul_efficiency; }
   double peak_flops(bool bf16) const { return 1e12 * (bf16 && peak_tflops_bf16 > 0 ? peak_tflops_bf16 : peak_tflops_f32); }
+  // The table above at min(M, N, K) = min_dim (interpolated), or matmul_efficiency without one.
+  double gemm_efficiency(double min_dim) const;
+  double collective_efficiency_of(const std::string& kind) const;
+  double attention_fwd_rate() const { return attention_fwd_efficiency > 0 ? attention_fwd_efficiency : attention_rate(); }
+  double attention_bwd_rate() const { return attention_bwd_efficiency > 0 ? attention_bwd_efficiency : attention_rate(); }
 
   // invalid_argument naming the field and value for a missing or out-of-range field.
   Status validate() const;

@@ -1,0 +1,282 @@
+// The calibration (app/calibrate.h): each measurement is a small function; calibrate_hardware
+// runs them in order on every rank and fills the description.
+#include "app/calibrate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <thread>
+
+#include "app/step_bench.h"
+#include "backend/backend.h"
+#include "core/timing.h"
+#include "model/flop_count.h"
+#include "plan/timeline.h"
+
+namespace foldpar {
+namespace {
+
+// Seconds per call of fn, median of 5 batches after a warm-up; a batch repeats fn so that it
+// lasts about 20 ms (short ops are below the clock's resolution otherwise). Not collective.
+double seconds_per_call(const std::function<void()>& fn) {
+  fn();
+  const double t0 = now_seconds();
+  fn();
+  const double once = std::max(now_seconds() - t0, 1e-7);
+  const int inner = static_cast<int>(std::clamp(0.02 / once, 1.0, 4096.0));
+  return median_seconds({.reps = 5}, [&] {
+           for (int i = 0; i < inner; ++i) fn();
+         }) /
+         inner;
+}
+
+Tensor filled(Backend& be, const Shape& shape, double v) {
+  Tensor t = Tensor::empty(shape, DType::kF32, MemCategory::kWorkspace);
+  be.fill(v, t);
+  return t;
+}
+
+// GFLOP/s of the backend's f32 matmul [m x 1024] x [1024 x 1024].
+double matmul_gflops(Backend& be, int64_t m) {
+  const int64_t n = 1024;
+  Tensor a = filled(be, {m, n}, 0.5), b = filled(be, {n, n}, 0.25);
+  Tensor c = Tensor::empty({m, n}, DType::kF32, MemCategory::kWorkspace);
+  const double s = seconds_per_call([&] { be.matmul(a, false, b, false, c); });
+  return 2.0 * static_cast<double>(m * n * n) / s / 1e9;
+}
+
+struct AttentionSeconds {
+  double forward = 0, backward = 0;
+};
+
+// One causal flash attention forward, and its backward, of one sequence of `seq` tokens with
+// the config's heads.
+AttentionSeconds attention_seconds(Backend& be, const LlamaConfig& c, int64_t seq) {
+  const int64_t n_h = c.num_attention_heads, n_kv = c.num_key_value_heads, d = c.head_dim();
+  Tensor q = filled(be, {1, seq, n_h, d}, 0.01), k = filled(be, {1, seq, n_kv, d}, 0.02);
+  Tensor v = filled(be, {1, seq, n_kv, d}, 0.5), d_out = filled(be, {1, seq, n_h, d}, 0.1);
+  Tensor out = Tensor::empty(q.shape(), DType::kF32, MemCategory::kWorkspace);
+  Tensor lse = Tensor::empty({1, n_h, seq}, DType::kF32, MemCategory::kWorkspace);
+  Tensor dq = Tensor::empty(q.shape(), DType::kF32, MemCategory::kWorkspace);
+  Tensor dk = Tensor::empty(k.shape(), DType::kF32, MemCategory::kWorkspace);
+  Tensor dv = Tensor::empty(v.shape(), DType::kF32, MemCategory::kWorkspace);
+  Tensor pos = Tensor::empty({seq}, DType::kI32, MemCategory::kWorkspace);
+  for (int64_t i = 0; i < seq; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i);
+  const AttentionArgs args{&q, &k, &v, &pos, &pos, 1.0 / std::sqrt(static_cast<double>(d))};
+  AttentionSeconds s;
+  s.forward = seconds_per_call([&] { be.attention_forward(args, out, lse); });
+  s.backward = seconds_per_call([&] { be.attention_backward(args, out, lse, d_out, dq, dk, dv); });
+  return s;
+}
+
+// GB/s of y += x over `bytes`-sized f32 tensors: reads x and y, writes y.
+double add_inplace_gb_per_s(Backend& be, int64_t bytes) {
+  const int64_t n = bytes / 4;
+  Tensor x = filled(be, {n}, 1e-6), y = filled(be, {n}, 0.0);
+  const double s = seconds_per_call([&] { be.add_inplace(x, y); });
+  return 3.0 * static_cast<double>(n * 4) / s / 1e9;
+}
+
+// The slowest rank's value: the smallest rate, or the largest time.
+Result<double> slowest_rate(Communicator& world, double rate) {
+  double neg = -rate;
+  FP_RETURN_IF_ERROR(world.all_reduce(&neg, &neg, 1, DType::kF64, ReduceOp::kMax));
+  return -neg;
+}
+
+// Seconds per call of a communication op, the slowest rank, median of 5 batches of `inner`
+// calls (the same on every rank), each batch started together after a barrier.
+Result<double> collective_seconds(Communicator& world, int inner, const std::function<Status()>& op) {
+  FP_RETURN_IF_ERROR(op());  // warm-up: connections, buffers
+  std::vector<double> secs;
+  for (int rep = 0; rep < 5; ++rep) {
+    FP_RETURN_IF_ERROR(world.barrier());
+    const double t0 = now_seconds();
+    for (int i = 0; i < inner; ++i) FP_RETURN_IF_ERROR(op());
+    double s = (now_seconds() - t0) / inner;
+    FP_RETURN_IF_ERROR(world.all_reduce(&s, &s, 1, DType::kF64, ReduceOp::kMax));
+    secs.push_back(s);
+  }
+  return median(secs);
+}
+
+int64_t node_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  while (in >> key >> kb) {
+    if (key == "MemTotal:") return kb * 1024;
+    in.ignore(1 << 10, '\n');
+  }
+  return 0;
+}
+
+struct ComputeFigures {
+  std::vector<std::pair<int64_t, double>> gemm_gflops;  // (M, GFLOP/s)
+  double attention_fwd_gflops = 0, attention_bwd_gflops = 0, memory_gb_per_s = 0;
+  double step_rest_gflops = 0;  // a training step without its attention
+};
+
+LlamaConfig step_config() {
+  LlamaConfig c;
+  c.hidden_size = 512;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 8;
+  c.intermediate_size = 1376;
+  c.vocab_size = 256;
+  c.num_hidden_layers = 2;
+  c.max_position_embeddings = 4096;
+  return c;
+}
+
+constexpr int64_t kSeq = 1024;
+
+Result<ComputeFigures> measure_compute(Communicator& world) {
+  auto be = make_cpu_backend();
+  ComputeFigures f;
+  for (int64_t m = 32; m <= 1024; m *= 2) {
+    FP_ASSIGN_OR_RETURN(const double g, slowest_rate(world, matmul_gflops(*be, m)));
+    f.gemm_gflops.emplace_back(m, g);
+  }
+  const LlamaConfig c = step_config();
+  const AttentionSeconds attn = attention_seconds(*be, c, kSeq);
+  const double fwd_flops = forward_attention_flops(c, 1, kSeq) / static_cast<double>(c.num_hidden_layers);
+  FP_ASSIGN_OR_RETURN(f.attention_fwd_gflops, slowest_rate(world, fwd_flops / attn.forward / 1e9));
+  FP_ASSIGN_OR_RETURN(f.attention_bwd_gflops, slowest_rate(world, 2.0 * fwd_flops / attn.backward / 1e9));
+  FP_ASSIGN_OR_RETURN(f.memory_gb_per_s, slowest_rate(world, add_inplace_gb_per_s(*be, int64_t{64} << 20)));
+  StepBenchOptions sb;
+  sb.config = c;
+  sb.seq = kSeq;
+  sb.steps = 2;
+  FP_ASSIGN_OR_RETURN(StepBenchReport step, run_step_bench(sb));
+  // Attention's share of the step taken out: forward and backward once per layer.
+  const double attn_s = (attn.forward + attn.backward) * static_cast<double>(c.num_hidden_layers);
+  const double rest = (step.flops_per_step - 3.0 * fwd_flops * c.num_hidden_layers) /
+                      std::max(step.median_seconds - attn_s, 0.5 * step.median_seconds) / 1e9;
+  FP_ASSIGN_OR_RETURN(f.step_rest_gflops, slowest_rate(world, rest));
+  return f;
+}
+
+struct LinkFigures {
+  double latency_s = 0, gb_per_s = 0;
+  double small_s = 0, large_s = 0;  // the send_recv times they come from
+};
+
+constexpr size_t kSmallBytes = 4, kLargeBytes = size_t{16} << 20;
+
+// A ring step (every rank sends to p+1 while receiving from p-1) of 4 bytes and of 16 MiB:
+// time = latency + bytes / bandwidth, solved from the two.
+Result<LinkFigures> measure_link(Communicator& world) {
+  const int p = world.rank(), N = world.size();
+  std::vector<float> send(kLargeBytes / 4, 1.0f), recv(kLargeBytes / 4);
+  auto ring = [&](size_t bytes) {
+    return [&, bytes] { return world.send_recv(send.data(), recv.data(), bytes / 4, DType::kF32, (p + 1) % N, (p - 1 + N) % N); };
+  };
+  LinkFigures f;
+  FP_ASSIGN_OR_RETURN(f.small_s, collective_seconds(world, 200, ring(kSmallBytes)));
+  FP_ASSIGN_OR_RETURN(f.large_s, collective_seconds(world, 1, ring(kLargeBytes)));
+  f.gb_per_s = static_cast<double>(kLargeBytes - kSmallBytes) / std::max(f.large_s - f.small_s, 1e-9) / 1e9;
+  f.latency_s = std::max(0.0, f.small_s - static_cast<double>(kSmallBytes) / (f.gb_per_s * 1e9));
+  return f;
+}
+
+// all_reduce, all_gather and reduce_scatter of a few bytes and of 16 MiB (the full tensor),
+// each measured beside the ring model's prediction from `hw`'s link figures with efficiency
+// 1 (bytes by comm_stats.h's convention; N divides the counts, so all_reduce of n moves
+// 2 (N-1)/N n, all_gather and reduce_scatter of N c move (N-1) c per rank each way). The
+// 16 MiB ones set collective_efficiency: the ring's bandwidth time over the measured time
+// less the ring's latency, at most 1.
+Status measure_collectives(Communicator& world, Hardware& hw) {
+  const size_t N = static_cast<size_t>(world.size());
+  const size_t large = (size_t{16} << 20) / 4 / N * N;  // floats of the full tensor
+  std::vector<float> a(large, 1.0f), b(large);
+  struct Case {
+    CommKind kind;
+    size_t full;  // floats of the full tensor (all_reduce's n, all_gather's result, reduce_scatter's input)
+    int inner;
+  };
+  const Case cases[] = {{CommKind::kAllReduce, N, 200},     {CommKind::kAllReduce, large, 1},
+                        {CommKind::kAllGather, N, 200},     {CommKind::kAllGather, large, 1},
+                        {CommKind::kReduceScatter, N, 200}, {CommKind::kReduceScatter, large, 1}};
+  for (const Case& c : cases) {
+    FP_ASSIGN_OR_RETURN(const double s, collective_seconds(world, c.inner, [&]() -> Status {
+                          switch (c.kind) {
+                            case CommKind::kAllReduce: return world.all_reduce(a.data(), b.data(), c.full, DType::kF32, ReduceOp::kSum);
+                            case CommKind::kAllGather: return world.all_gather(a.data(), b.data(), c.full / N, DType::kF32);
+                            default: return world.reduce_scatter(a.data(), b.data(), c.full / N, DType::kF32, ReduceOp::kSum);
+                          }
+                        }));
+    CommStart model;
+    model.kind = c.kind;
+    model.comm_size = static_cast<int>(N);
+    model.link = LinkClass::kIntraNode;
+    const uint64_t bytes = 4 * c.full;
+    model.bytes_sent = model.bytes_received = (c.kind == CommKind::kAllReduce ? 2 : 1) * (N - 1) * bytes / N;
+    const double ring_s = transfer_seconds(model, hw);
+    const std::string key = fmt::format("{}_{}B", comm_kind_name(c.kind), bytes);
+    hw.measured.emplace_back(key + "_s", s);
+    hw.measured.emplace_back(key + "_ring_model_s", ring_s);
+    if (c.full == large) {
+      const double latency_s = latency_steps(c.kind, model.comm_size) * hw.intra_node_latency_s;
+      const double eff = (ring_s - latency_s) / std::max(s - latency_s, 1e-12);
+      hw.collective_efficiency.emplace_back(comm_kind_name(c.kind), std::clamp(eff, 1e-3, 1.0));
+    }
+  }
+  return Status();
+}
+
+}  // namespace
+
+Result<Hardware> calibrate_hardware(Communicator& world) {
+  if (world.size() < 2)
+    return invalid_argument("calibrate measures the links between ranks: run it under mpirun -np 2 (got {} rank)", world.size());
+  set_cpu_backend_threads(1);
+  FP_ASSIGN_OR_RETURN(const ComputeFigures cf, measure_compute(world));
+  FP_ASSIGN_OR_RETURN(const LinkFigures link, measure_link(world));
+  Hardware h;
+  h.name = "this-machine";
+  h.devices_per_node = world.size();
+  h.memory_per_device_gb = static_cast<double>(node_memory_bytes()) / world.size() / 1e9;
+  double best = 0;
+  for (const auto& [m, g] : cf.gemm_gflops) best = std::max(best, g);
+  h.peak_tflops_f32 = best / 1e3;
+  h.peak_tflops_bf16 = 0;  // bf16 is a storage type here: the math is f32
+  for (const auto& [m, g] : cf.gemm_gflops) {
+    h.gemm_efficiency_by_min_dim.emplace_back(static_cast<double>(m), g / best);
+    h.measured.emplace_back(fmt::format("gemm_f32_{}x1024x1024_gflops", m), g);
+  }
+  h.attention_fwd_efficiency = std::min(1.0, cf.attention_fwd_gflops / best);
+  h.attention_bwd_efficiency = std::min(1.0, cf.attention_bwd_gflops / best);
+  // Forward and backward together (3 forward FLOPs): the harmonic mix of the two rates.
+  h.attention_efficiency = std::min(1.0, 3.0 / (1.0 / cf.attention_fwd_gflops + 2.0 / cf.attention_bwd_gflops) / best);
+  h.matmul_efficiency = std::min(1.0, cf.step_rest_gflops / best);
+  h.memory_gb_per_s = cf.memory_gb_per_s;
+  h.intra_node_gb_per_s = h.inter_node_gb_per_s = link.gb_per_s;
+  h.intra_node_latency_s = h.inter_node_latency_s = link.latency_s;
+  h.overlap_efficiency = 0.5;
+  h.measured.emplace_back("attention_fwd_gflops", cf.attention_fwd_gflops);
+  h.measured.emplace_back("attention_bwd_gflops", cf.attention_bwd_gflops);
+  h.measured.emplace_back("add_inplace_gb_per_s", cf.memory_gb_per_s);
+  h.measured.emplace_back("training_step_without_attention_gflops", cf.step_rest_gflops);
+  h.measured.emplace_back("send_recv_4B_s", link.small_s);
+  h.measured.emplace_back("send_recv_16MiB_s", link.large_s);
+  FP_RETURN_IF_ERROR(measure_collectives(world, h));
+  h.notes = fmt::format(
+      "Measured by `foldpar calibrate` with {} MPI ranks on one node ({} hardware threads), each rank a device, all "
+      "measuring at once on the CPU backend with one thread, the slowest rank's figures: f32 GEMM [M x 1024] x "
+      "[1024 x 1024] for M = 32..1024, best {:.2f} GFLOP/s (peak_tflops_f32; the table is each M over it); causal "
+      "flash attention S={}, 8 heads of 64, forward {:.2f} and backward {:.2f} GFLOP/s; add_inplace over 64 MiB, "
+      "{:.2f} GB/s (memory_gb_per_s); a ring send_recv of 4 B ({:.3g} s) and 16 MiB ({:.3g} s) solved for latency "
+      "{:.3g} s and {:.3f} GB/s one way (inter-node set equal: one node); matmul_efficiency = the rest of a "
+      "single-rank training step (h=512, L=2, S={}; its attention time taken out) at {:.2f} GFLOP/s over the best "
+      "GEMM; collective_efficiency = the ring model's bandwidth time over the measured one for all_reduce, all_gather and reduce_scatter of 16 MiB; `measured` has the raw figures and those collectives (also of a few bytes) beside the ring model's at efficiency 1. Stated, not "
+      "measured: overlap_efficiency 0.5 (MPI progresses transfers only inside MPI calls) and one transfer at a time "
+      "per link.",
+      world.size(), std::thread::hardware_concurrency(), best, kSeq, cf.attention_fwd_gflops, cf.attention_bwd_gflops,
+      cf.memory_gb_per_s, link.small_s, link.large_s, link.latency_s, link.gb_per_s, kSeq, cf.step_rest_gflops);
+  FP_RETURN_IF_ERROR(h.validate());
+  return h;
+}
+
+}  // namespace foldpar

@@ -1,0 +1,316 @@
+// The timeline's pricing and simulation (plan/timeline.h); the Chrome trace and the
+// explanation are timeline_report.cc.
+#include "plan/timeline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+namespace foldpar {
+
+const char* compute_class_name(ComputeClass c) {
+  switch (c) {
+    case ComputeClass::kGemm: return "gemm";
+    case ComputeClass::kAttentionFwd: return "attention_fwd";
+    case ComputeClass::kAttentionBwd: return "attention_bwd";
+    case ComputeClass::kTokenwise: return "tokenwise";
+    case ComputeClass::kOptimizer: return "optimizer";
+    case ComputeClass::kOther: return "other";
+  }
+  return "?";
+}
+
+const char* comm_kind_name(CommKind k) {
+  switch (k) {
+    case CommKind::kBroadcast: return "broadcast";
+    case CommKind::kReduce: return "reduce";
+    case CommKind::kAllReduce: return "all_reduce";
+    case CommKind::kAllGather: return "all_gather";
+    case CommKind::kReduceScatter: return "reduce_scatter";
+    case CommKind::kAllToAll: return "all_to_all";
+    case CommKind::kSend: return "send";
+    case CommKind::kRecv: return "recv";
+    case CommKind::kSendRecv: return "send_recv";
+    case CommKind::kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+const char* link_class_name(LinkClass l) { return l == LinkClass::kIntraNode ? "intra_node" : "inter_node"; }
+
+Result<LinkClass> link_class(const std::vector<int>& world_ranks, int devices_per_node) {
+  if (world_ranks.empty()) return invalid_argument("link_class: a communicator has at least one rank (got none)");
+  if (devices_per_node < 1) return invalid_argument("link_class: devices_per_node ({}) must be at least 1", devices_per_node);
+  for (int r : world_ranks)
+    if (r < 0) return invalid_argument("link_class: world rank ({}) must not be negative", r);
+  const int node = world_ranks.front() / devices_per_node;
+  for (int r : world_ranks)
+    if (r / devices_per_node != node) return LinkClass::kInterNode;
+  return LinkClass::kIntraNode;
+}
+
+namespace {
+
+double compute_rate(const ComputeEvent& e, const Hardware& hw) {
+  const double peak = hw.peak_flops(e.dtype == MathDType::kBF16);
+  switch (e.op_class) {
+    case ComputeClass::kGemm: {
+      const int64_t min_dim = std::min({e.gemm.m, e.gemm.n, e.gemm.k});
+      return peak * hw.gemm_efficiency(static_cast<double>(std::max<int64_t>(min_dim, 1)));
+    }
+    case ComputeClass::kAttentionFwd: return peak * hw.attention_fwd_rate();
+    case ComputeClass::kAttentionBwd: return peak * hw.attention_bwd_rate();
+    default: return peak * hw.matmul_efficiency;
+  }
+}
+
+double memory_seconds(const ComputeEvent& e, const Hardware& hw) {
+  return hw.memory_gb_per_s > 0 ? e.bytes / (hw.memory_gb_per_s * 1e9) : 0.0;
+}
+
+}  // namespace
+
+double compute_seconds(const ComputeEvent& e, const Hardware& hw) {
+  return std::max(e.flops / compute_rate(e, hw), memory_seconds(e, hw));
+}
+
+bool memory_bound(const ComputeEvent& e, const Hardware& hw) {
+  return memory_seconds(e, hw) > e.flops / compute_rate(e, hw);
+}
+
+int latency_steps(CommKind kind, int comm_size) {
+  const int n = comm_size;
+  if (n <= 1) return 0;
+  switch (kind) {
+    case CommKind::kAllGather:
+    case CommKind::kReduceScatter:
+    case CommKind::kAllToAll:
+    case CommKind::kBroadcast:
+    case CommKind::kReduce: return n - 1;
+    case CommKind::kAllReduce: return 2 * (n - 1);
+    case CommKind::kSend:
+    case CommKind::kRecv:
+    case CommKind::kSendRecv: return 1;
+    case CommKind::kBarrier: return static_cast<int>(std::ceil(std::log2(static_cast<double>(n))));
+  }
+  return 0;
+}
+
+double transfer_seconds(const CommStart& s, const Hardware& hw) {
+  if (s.comm_size <= 1) return 0;
+  const bool intra = s.link == LinkClass::kIntraNode;
+  const double latency = intra ? hw.intra_node_latency_s : hw.inter_node_latency_s;
+  const double bw = 1e9 * (intra ? hw.intra_node_gb_per_s : hw.inter_node_gb_per_s);
+  const double bytes = static_cast<double>(std::max(s.bytes_sent, s.bytes_received));
+  return latency_steps(s.kind, s.comm_size) * latency + bytes / (bw * hw.collective_efficiency_of(comm_kind_name(s.kind)));
+}
+
+namespace {
+
+// The simulation's state for one rank. Compute-stream items (compute ops and stalls) are
+// kept in program order; transfers in posting order, with what each waited for, so the
+// critical path can be walked back from the step's end.
+class RankSimulator {
+ public:
+  explicit RankSimulator(const Hardware& hw) : hw_(hw) {
+    slots_free_[0].assign(static_cast<size_t>(hw.intra_node_concurrency), 0.0);
+    slots_free_[1].assign(static_cast<size_t>(hw.inter_node_concurrency), 0.0);
+    slot_last_[0].assign(slots_free_[0].size(), -1);
+    slot_last_[1].assign(slots_free_[1].size(), -1);
+  }
+
+  Status run(const RankTrace& trace) {
+    for (size_t i = 0; i < trace.events.size(); ++i) {
+      Status st = std::visit([&](const auto& e) { return handle(e); }, trace.events[i]);
+      if (!st.ok()) return st.with_context(fmt::format("rank {} event {}", trace.rank, i));
+    }
+    for (const auto& [request, index] : pending_)
+      return invalid_argument("rank {}: request {} ({} on {}) is never waited", trace.rank, request,
+                              transfers_[index].op.name, transfers_[index].op.communicator);
+    return Status();
+  }
+
+  RankTimeline result(int rank) const;
+
+ private:
+  struct Transfer {
+    TimelineOp op;
+    double posted = 0;
+    size_t posted_after = 0;  // compute-stream items before it was posted
+    int64_t slot_prev = -1;   // the transfer it queued behind on its slot, or -1 (started when posted)
+  };
+
+  Status handle(const ComputeEvent& e) {
+    if (!(e.flops >= 0 && e.bytes >= 0))
+      return invalid_argument("compute op '{}': flops ({}) and bytes ({}) must not be negative", e.op, e.flops, e.bytes);
+    TimelineOp op;
+    op.kind = TimelineOp::Kind::kCompute;
+    op.name = e.op;
+    op.op_class = compute_class_name(e.op_class);
+    op.start = now_;
+    op.end = now_ + compute_seconds(e, hw_);
+    op.flops = e.flops;
+    op.bytes = e.bytes;
+    op.memory_bound = memory_bound(e, hw_);
+    now_ = op.end;
+    items_.push_back(op);
+    return Status();
+  }
+
+  Status handle(const CommStart& s) {
+    if (seen_.count(s.request)) return invalid_argument("request {} is started twice", s.request);
+    if (s.comm_size < 1) return invalid_argument("request {}: comm_size ({}) must be at least 1", s.request, s.comm_size);
+    seen_.insert(s.request);
+    const int link = s.link == LinkClass::kIntraNode ? 0 : 1;
+    std::vector<double>& free = slots_free_[link];
+    const size_t slot = static_cast<size_t>(std::min_element(free.begin(), free.end()) - free.begin());
+    Transfer t;
+    t.posted = now_;
+    t.posted_after = items_.size();
+    t.op.kind = TimelineOp::Kind::kTransfer;
+    t.op.name = comm_kind_name(s.kind);
+    t.op.op_class = t.op.name;
+    t.op.communicator = s.communicator;
+    t.op.stream = link == 0 ? Stream::kCommIntra : Stream::kCommInter;
+    t.op.slot = static_cast<int>(slot);
+    t.op.start = std::max(now_, free[slot]);
+    if (free[slot] > now_) t.slot_prev = slot_last_[link][slot];
+    t.op.end = t.op.start + transfer_seconds(s, hw_);
+    t.op.bytes = static_cast<double>(std::max(s.bytes_sent, s.bytes_received));
+    t.op.bytes_sent = s.bytes_sent;
+    t.op.bytes_received = s.bytes_received;
+    t.op.request = s.request;
+    free[slot] = t.op.end;
+    slot_last_[link][slot] = static_cast<int64_t>(transfers_.size());
+    pending_[s.request] = transfers_.size();
+    transfers_.push_back(t);
+    if (s.blocking) return handle(CommWait{s.request});
+    return Status();
+  }
+
+  Status handle(const CommWait& w) {
+    auto it = pending_.find(w.request);
+    if (it == pending_.end())
+      return invalid_argument("wait on request {}, which is {}", w.request,
+                              seen_.count(w.request) ? "already waited (or blocking)" : "never started");
+    const Transfer& t = transfers_[it->second];
+    if (t.op.end > now_) {
+      TimelineOp stall;
+      stall.kind = TimelineOp::Kind::kStall;
+      stall.name = "wait " + t.op.name;
+      stall.op_class = t.op.name;
+      stall.communicator = t.op.communicator;
+      stall.start = now_;
+      stall.end = t.op.end;
+      stall.request = w.request;
+      now_ = t.op.end;
+      stall_transfer_[items_.size()] = it->second;
+      items_.push_back(stall);
+    }
+    pending_.erase(it);
+    return Status();
+  }
+
+  std::vector<TimelineOp> critical_path() const;
+
+  const Hardware& hw_;
+  double now_ = 0;  // the compute stream's clock
+  std::vector<double> slots_free_[2];
+  std::vector<int64_t> slot_last_[2];
+  std::vector<TimelineOp> items_;
+  std::vector<Transfer> transfers_;
+  std::map<int64_t, size_t> pending_;        // request -> transfers_ index, not yet waited
+  std::set<int64_t> seen_;                   // every request started
+  std::map<size_t, size_t> stall_transfer_;  // items_ index of a stall -> the transfer it waited on
+};
+
+// Walks back from the compute stream's end: a compute op leads to the item before it; a
+// stall leads to the transfer that ended it; a transfer leads to the transfer it queued
+// behind on its slot, or else to the compute item before its posting.
+std::vector<TimelineOp> RankSimulator::critical_path() const {
+  std::vector<TimelineOp> path;
+  int64_t item = static_cast<int64_t>(items_.size()) - 1;
+  while (item >= 0) {
+    const auto stall = stall_transfer_.find(static_cast<size_t>(item));
+    if (stall == stall_transfer_.end()) {
+      path.push_back(items_[static_cast<size_t>(item)]);
+      --item;
+      continue;
+    }
+    int64_t tr = static_cast<int64_t>(stall->second);
+    while (true) {
+      const Transfer& t = transfers_[static_cast<size_t>(tr)];
+      path.push_back(t.op);
+      if (t.slot_prev < 0) {
+        item = static_cast<int64_t>(t.posted_after) - 1;
+        break;
+      }
+      tr = t.slot_prev;
+    }
+  }
+  std::reverse(path.begin(), path.end());
+  return path;
+}
+
+KindTotals& totals_for(std::vector<KindTotals>& v, const TimelineOp& op) {
+  const bool transfer = op.kind != TimelineOp::Kind::kCompute;
+  for (KindTotals& t : v)
+    if (t.kind == op.op_class && t.communicator == op.communicator && t.transfer == transfer) return t;
+  v.push_back(KindTotals{op.op_class, op.communicator, transfer});
+  return v.back();
+}
+
+RankTimeline RankSimulator::result(int rank) const {
+  RankTimeline r;
+  r.rank = rank;
+  r.step_s = now_;
+  for (const TimelineOp& op : items_) {
+    KindTotals& k = totals_for(r.by_kind, op);
+    if (op.kind == TimelineOp::Kind::kCompute) {
+      r.compute_s += op.end - op.start;
+      if (op.memory_bound) r.memory_bound_s += op.end - op.start;
+      k.count += 1;
+      k.busy_s += op.end - op.start;
+      k.flops += op.flops;
+      k.bytes += op.bytes;
+    } else {
+      r.exposed_comm_s += op.end - op.start;
+      k.exposed_s += op.end - op.start;
+    }
+    r.ops.push_back(op);
+  }
+  for (const Transfer& t : transfers_) {
+    KindTotals& k = totals_for(r.by_kind, t.op);
+    k.count += 1;
+    k.busy_s += t.op.end - t.op.start;
+    k.bytes += t.op.bytes;
+    r.comm_busy_s += t.op.end - t.op.start;
+    r.ops.push_back(t.op);
+  }
+  // Compute kinds first, then transfers, each in first-seen order.
+  std::stable_partition(r.by_kind.begin(), r.by_kind.end(), [](const KindTotals& k) { return !k.transfer; });
+  r.critical_path = critical_path();
+  return r;
+}
+
+}  // namespace
+
+Result<RankTimeline> simulate_rank(const RankTrace& trace, const Hardware& hw) {
+  FP_RETURN_IF_ERROR(hw.validate());
+  RankSimulator sim(hw);
+  FP_RETURN_IF_ERROR(sim.run(trace));
+  return sim.result(trace.rank);
+}
+
+Result<std::vector<RankTimeline>> simulate_ranks(const std::vector<RankTrace>& traces, const Hardware& hw) {
+  std::vector<RankTimeline> out;
+  out.reserve(traces.size());
+  for (const RankTrace& t : traces) {
+    FP_ASSIGN_OR_RETURN(RankTimeline r, simulate_rank(t, hw));
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace foldpar

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# foldpar calibrate, end to end at 2 ranks: it writes a hardware description that loads
+# (foldpar plan reads it), with every timeline field measured and in range, the collectives
+# beside the ring model; at 1 rank it exits 2 naming the rank count. Checks what was
+# written, never how fast this machine is.
+set -u
+mpirun=$1 bin=$2 src=$3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+export OPENBLAS_NUM_THREADS=1
+
+"$mpirun" --allow-run-as-root -np 2 "$bin" calibrate --out "$tmp/hw.json" >"$tmp/stdout" 2>"$tmp/stderr" ||
+  fail "calibrate at 2 ranks exited $?: $(cat "$tmp/stderr")"
+cmp -s "$tmp/stdout" "$tmp/hw.json" || fail "stdout and --out differ"
+grep -q '^all_reduce_16777216B .*measured .* s, ring model .* s$' "$tmp/stderr" ||
+  fail "no all_reduce line against the ring model: $(cat "$tmp/stderr")"
+/usr/bin/python3 - "$tmp/hw.json" <<'PY' || fail "calibrate's JSON content"
+import json, sys
+h = json.load(open(sys.argv[1]))
+assert h["devices_per_node"] == 2, h["devices_per_node"]
+table = h["gemm_efficiency_by_min_dim"]
+assert [m for m, _ in table] == [32, 64, 128, 256, 512, 1024], table
+assert max(e for _, e in table) == 1.0 and all(0 < e <= 1 for _, e in table), table
+for f in ["attention_fwd_efficiency", "attention_bwd_efficiency", "attention_efficiency", "matmul_efficiency"]:
+    assert 0 < h[f] <= 1, (f, h[f])
+for f in ["peak_tflops_f32", "memory_gb_per_s", "intra_node_gb_per_s", "intra_node_latency_s"]:
+    assert h[f] > 0, (f, h[f])
+assert h["intra_node_latency_s"] < 1e-2, h["intra_node_latency_s"]
+assert set(h["collective_efficiency"]) == {"all_reduce", "all_gather", "reduce_scatter"}, h["collective_efficiency"]
+m = h["measured"]
+for k in ["all_reduce", "all_gather", "reduce_scatter"]:
+    assert m[k + "_16777216B_s"] > 0 and m[k + "_16777216B_ring_model_s"] > 0, k
+PY
+"$bin" plan --model "$src/configs/tiny.json" --seq 256 --devices 2 --hardware "$tmp/hw.json" >/dev/null ||
+  fail "plan does not take calibrate's file (exit $?)"
+
+err=$("$mpirun" --allow-run-as-root -np 1 "$bin" calibrate 2>&1 >/dev/null)
+rc=$?
+[ "$rc" -eq 2 ] || fail "calibrate at 1 rank exited $rc, want 2"
+grep -q "got 1 rank" <<<"$err" || fail "the 1-rank error does not name the count: $err"
+
+[ "$failures" -eq 0 ] && echo "calibrate: all checks passed"
+exit "$failures"
