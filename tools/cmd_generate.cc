@@ -60,7 +60,7 @@ GenerationCallbacks print_callbacks(bool json, size_t prompts) {
   if (json) {
     cb.on_done = [](int64_t i, const Completion& c) {
       const nlohmann::json j{{"index", i}, {"prompt", c.prompt}, {"completion", c.text},
-                             {"tokens", c.tokens.size()}, {"stop_reason", c.stop_reason}};
+                             {"tokens", c.tokens.size()}, {"token_ids", c.tokens}, {"stop_reason", c.stop_reason}};
       std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       std::fflush(stdout);
     };
