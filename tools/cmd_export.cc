@@ -12,6 +12,7 @@
 #include "checkpoint/gguf_export.h"
 #include "checkpoint/hf_directory.h"
 #include "data/tokenizer.h"
+#include "data/tokenizer_vocab.h"
 
 namespace foldpar::cli {
 namespace {
@@ -53,12 +54,37 @@ Result<LoadedModel> load_model(const ExportArgs& a) {
   return m;
 }
 
-// The vocabulary llama.cpp gets: foldpar's byte tokenizer only, for now.
+// A byte-level BPE tokenizer.json as llama.cpp's "gpt2" vocabulary: added special tokens are
+// control tokens, other added ones user-defined, ids up to the model's vocab_size that the
+// file does not name unused. bos/eos from tokenizer_config.json; no BOS is added, as foldpar
+// adds none when it prepares data or generates.
+Result<GgufVocab> byte_level_bpe_gguf_vocab(const std::string& path, const Tokenizer& tok, int64_t vocab_size) {
+  FP_ASSIGN_OR_RETURN(ByteLevelBpeVocab bpe, read_byte_level_bpe_vocab(path));
+  if (static_cast<int64_t>(bpe.tokens.size()) > vocab_size)
+    return invalid_argument("{} has {} tokens, more than the model's vocabulary ({})", path, bpe.tokens.size(), vocab_size);
+  GgufVocab v;
+  v.model = "gpt2";
+  FP_ASSIGN_OR_RETURN(v.pre, llama_cpp_pre_tokenizer(bpe.split_regex));
+  for (int64_t id = 0; id < vocab_size; ++id) {
+    using Kind = ByteLevelBpeVocab::Kind;
+    const Kind k = id < static_cast<int64_t>(bpe.tokens.size()) ? bpe.kinds[id] : Kind::kMissing;
+    v.tokens.push_back(k == Kind::kMissing ? fmt::format("<|unused_{}|>", id) : bpe.tokens[id]);
+    v.token_types.push_back(k == Kind::kNormal ? 1 : k == Kind::kSpecial ? 3 : k == Kind::kAdded ? 4 : 5);
+  }
+  v.merges = std::move(bpe.merges);
+  v.bos_id = tok.bos_id().value_or(-1);
+  v.eos_id = tok.eos_id().value_or(-1);
+  return v;
+}
+
+// The vocabulary llama.cpp gets: foldpar's byte tokenizer, or a byte-level BPE tokenizer.json.
 Result<GgufVocab> gguf_vocab(const ExportArgs& a, const LlamaConfig& config) {
   FP_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, make_tokenizer(default_tokenizer_spec(a.tokenizer, a.hf)));
-  if (tok->describe() != "bytes")
-    return invalid_argument("GGUF export of the tokenizer {} is not implemented (only bytes)", tok->describe());
-  return byte_tokenizer_vocab(config.vocab_size);
+  const std::string what = tok->describe();
+  if (what == "bytes") return byte_tokenizer_vocab(config.vocab_size);
+  if (what.starts_with("hf:")) return byte_level_bpe_gguf_vocab(what.substr(3), *tok, config.vocab_size);
+  return invalid_argument("GGUF export of the tokenizer {} is not implemented (bytes or a byte-level BPE tokenizer.json)",
+                          what);
 }
 
 Status export_model(const ExportArgs& a) {
@@ -86,7 +112,7 @@ Command add_export_command(CLI::App& app) {
   cmd->add_option("-o,--out", a->out, "output directory (hf), or file (gguf)")->required();
   cmd->add_option("--format", a->format, "hf (config.json + model.safetensors) or gguf (one file for llama.cpp)");
   cmd->add_option("--dtype", a->dtype, "gguf matrices: f32, f16 or bf16 (norm gains stay f32)");
-  cmd->add_option("--tokenizer", a->tokenizer, "gguf: the model's tokenizer (bytes; the default)");
+  cmd->add_option("--tokenizer", a->tokenizer, "gguf: bytes (the default; --hf: its tokenizer.json) or a byte-level BPE tokenizer.json");
   return {cmd, [a] {
             if (Status s = export_model(*a); !s.ok()) return fail(s);
             return kExitOk;

@@ -90,6 +90,18 @@ Result<GgufVocab> byte_tokenizer_vocab(int64_t vocab_size) {
   return v;
 }
 
+Result<std::string> llama_cpp_pre_tokenizer(const std::string& split_regex) {
+  // The two regexes differ in digits: Llama 3 groups up to three, Qwen splits each one.
+  static const std::string kLlama3 =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  static const std::string kQwen2 =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  if (split_regex == kLlama3) return std::string("llama-bpe");
+  if (split_regex == kQwen2) return std::string("qwen2");
+  return invalid_argument("GGUF export: the Split regex {} is not one llama.cpp names (Llama 3's or Qwen2's)",
+                          split_regex.substr(0, 80));
+}
+
 Result<GgufDType> gguf_dtype_from_name(const std::string& name) {
   if (name == "f32") return GgufDType::kF32;
   if (name == "f16") return GgufDType::kF16;

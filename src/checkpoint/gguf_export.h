@@ -41,6 +41,11 @@ struct GgufVocab {
 // invalid_argument when vocab_size < 256.
 Result<GgufVocab> byte_tokenizer_vocab(int64_t vocab_size);
 
+// llama.cpp's name (tokenizer.ggml.pre) for the Split regex of a byte-level BPE tokenizer:
+// "llama-bpe" for Llama 3's, "qwen2" for Qwen2's and Qwen3's; invalid_argument for others
+// (llama.cpp would split them with its default regex and tokenize differently).
+Result<std::string> llama_cpp_pre_tokenizer(const std::string& split_regex);
+
 // GPT-2's map of a byte to the printable code point that stands for it, as UTF-8.
 std::string byte_level_char(uint8_t byte);
 

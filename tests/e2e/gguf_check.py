@@ -4,14 +4,20 @@ published description, independent of foldpar's writer).
 
   gguf_check.py tensors FILE HF_DIR DTYPE   every tensor and hyper-parameter of FILE against the
                                             Hugging Face directory it was exported from
-  gguf_check.py compare FOLDPAR_JSONL LLAMA_OUT PROMPT...
-                                            foldpar generate --json against gguf_llama_cpp.js
+  gguf_check.py compare bytes|TOKENIZER FOLDPAR_JSONL FOLDPAR_STDERR LLAMA_OUT PROMPT...
+                                            foldpar generate --json against gguf_llama_cpp.js:
+                                            the same generated ids, as many prompt tokens as
+                                            foldpar prefilled (bytes: the prompts' bytes)
+  gguf_check.py random CONFIG HF_DIR SEED     a Hugging Face directory with random weights
+                                            (std 0.02, q/k 0.12: attention far from uniform)
+                                            for vocabularies too large for verify --dump's pace
   gguf_check.py sharpen HF_DIR FACTOR       multiplies q_proj and k_proj by FACTOR in place, so
                                             that a random model's attention is far from uniform
                                             (at init it barely depends on positions, and a wrong
                                             RoPE row order would go unseen)
 Exits 1 naming the first difference."""
 import json
+import re
 import struct
 import sys
 
@@ -121,6 +127,7 @@ def check_tensors(gguf, hf_dir, dtype):
         "llama.feed_forward_length": cfg["intermediate_size"], "llama.attention.head_count": n_h,
         "llama.attention.head_count_kv": n_kv, "llama.rope.dimension_count": h // n_h,
         "llama.vocab_size": cfg["vocab_size"], "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.add_bos_token": False,
         "llama.rope.freq_base": np.float32(cfg["rope_theta"]),
         "llama.attention.layer_norm_rms_epsilon": np.float32(cfg["rms_norm_eps"]),
     }
@@ -161,7 +168,7 @@ def check_tensors(gguf, hf_dir, dtype):
     print(f"{gguf}: {len(tensors)} tensors ({dtype}) and the hyper-parameters match {hf_dir}")
 
 
-def compare(foldpar_jsonl, llama_out, prompts):
+def compare(tokenizer, foldpar_jsonl, foldpar_stderr, llama_out, prompts):
     ours = {}
     for line in open(foldpar_jsonl):
         j = json.loads(line)
@@ -169,8 +176,12 @@ def compare(foldpar_jsonl, llama_out, prompts):
     theirs = [json.loads(l[len("RESULT "):]) for l in open(llama_out) if l.startswith("RESULT ")]
     if len(theirs) != len(prompts) or len(ours) != len(prompts):
         fail(f"{len(ours)} foldpar and {len(theirs)} llama.cpp completions for {len(prompts)} prompts")
+    m = re.search(r"prefill (\d+) tokens", open(foldpar_stderr).read())
+    prefilled = sum(len(t["prompt_ids"]) for t in theirs)
+    if not m or int(m.group(1)) != prefilled:
+        fail(f"foldpar prefilled {m and m.group(1)} prompt tokens, llama.cpp tokenized the prompts into {prefilled}")
     for i, p in enumerate(prompts):
-        if theirs[i]["prompt_ids"] != list(p.encode("utf-8")):
+        if tokenizer == "bytes" and theirs[i]["prompt_ids"] != list(p.encode("utf-8")):
             fail(f"llama.cpp tokenized {p!r} as {theirs[i]['prompt_ids']}, not its bytes")
         a, b = ours[i], theirs[i]["ids"]
         if a != b:
@@ -178,6 +189,43 @@ def compare(foldpar_jsonl, llama_out, prompts):
             fail(f"prompt {p!r}: foldpar and llama.cpp differ at generated token {k}: {a[k:k+4]} vs {b[k:k+4]} "
                  f"(foldpar {a}, llama.cpp {b})")
     print(f"{llama_out}: llama.cpp's greedy tokens equal foldpar's for {len(prompts)} prompts ({len(ours[0])} each)")
+
+
+def write_safetensors(path, tensors):
+    header, offset = {}, 0
+    for k, a in tensors.items():
+        header[k] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        for a in tensors.values():
+            f.write(np.ascontiguousarray(a, dtype="<f4").tobytes())
+
+
+def random_model(config, hf_dir, seed):
+    import os
+    cfg = json.load(open(config))
+    os.makedirs(hf_dir, exist_ok=True)
+    json.dump(cfg, open(f"{hf_dir}/config.json", "w"))
+    rng = np.random.default_rng(seed)
+    h, f, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    d = h // cfg["num_attention_heads"]
+    kv = cfg["num_key_value_heads"] * d
+    w = lambda *shape, std=0.02: (rng.standard_normal(shape, dtype=np.float32) * np.float32(std))
+    gain = lambda: 1 + w(h, std=0.1)
+    t = {"model.embed_tokens.weight": w(V, h)}
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        t.update({p + "input_layernorm.weight": gain(), p + "self_attn.q_proj.weight": w(h, h, std=0.12),
+                  p + "self_attn.k_proj.weight": w(kv, h, std=0.12), p + "self_attn.v_proj.weight": w(kv, h),
+                  p + "self_attn.o_proj.weight": w(h, h), p + "post_attention_layernorm.weight": gain(),
+                  p + "mlp.gate_proj.weight": w(f, h), p + "mlp.up_proj.weight": w(f, h), p + "mlp.down_proj.weight": w(h, f)})
+    t["model.norm.weight"] = gain()
+    if not cfg.get("tie_word_embeddings", False):
+        t["lm_head.weight"] = w(V, h)
+    write_safetensors(f"{hf_dir}/model.safetensors", t)
 
 
 def sharpen(hf_dir, factor):
@@ -196,7 +244,9 @@ if __name__ == "__main__":
     if sys.argv[1] == "tensors":
         check_tensors(sys.argv[2], sys.argv[3], sys.argv[4])
     elif sys.argv[1] == "compare":
-        compare(sys.argv[2], sys.argv[3], sys.argv[4:])
+        compare(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:])
+    elif sys.argv[1] == "random":
+        random_model(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif sys.argv[1] == "sharpen":
         sharpen(sys.argv[2], float(sys.argv[3]))
     else:
