@@ -13,6 +13,14 @@ uint64_t load_le(const char* p, int bytes) {
   return v;
 }
 
+// A header value quoted into a message: printable ASCII, at most 40 bytes (the header is
+// untrusted; an error stays one short line).
+std::string quoted(std::string_view v) {
+  std::string out;
+  for (char c : v.substr(0, 40)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  return v.size() > 40 ? out + "..." : out;
+}
+
 // The value of `key` in a Python dict literal as NumPy writes it: "'key': value" up to the
 // next top-level ',' or '}' (a shape tuple keeps its commas). Empty when absent.
 std::string dict_value(std::string_view dict, std::string_view key) {
@@ -39,7 +47,7 @@ std::string dict_value(std::string_view dict, std::string_view key) {
 // "(3, 4)", "(5,)" or "()" -> the product of the dimensions.
 Result<uint64_t> shape_count(const std::string& shape, const std::string& name) {
   if (shape.size() < 2 || shape.front() != '(' || shape.back() != ')')
-    return corrupt("{}: the .npy shape '{}' is not a tuple", name, shape);
+    return corrupt("{}: the .npy shape '{}' is not a tuple", name, quoted(shape));
   uint64_t count = 1;
   std::istringstream in(shape.substr(1, shape.size() - 2));
   for (std::string dim; std::getline(in, dim, ',');) {
@@ -47,8 +55,10 @@ Result<uint64_t> shape_count(const std::string& shape, const std::string& name) 
     if (a == std::string::npos) continue;  // the empty part after "(5,"
     dim = dim.substr(a, b - a + 1);
     if (dim.find_first_not_of("0123456789") != std::string::npos || dim.size() > 18)
-      return corrupt("{}: the .npy shape '{}' has a dimension '{}' that is not a count", name, shape, dim);
-    count *= std::stoull(dim);
+      return corrupt("{}: the .npy shape '{}' has a dimension '{}' that is not a count", name, quoted(shape),
+                     quoted(dim));
+    if (__builtin_mul_overflow(count, std::stoull(dim), &count))
+      return corrupt("{}: the .npy shape '{}' has more elements than 2^64", name, quoted(shape));
   }
   return count;
 }
@@ -63,9 +73,10 @@ Status check_descr(const std::string& descr, const std::string& name, NpyHeader&
     }
     if (d[0] == '>')
       return invalid_argument("{}: the .npy array is big-endian (descr {}); save it little-endian (astype('<{}'))", name,
-                              descr, d.substr(1));
+                              quoted(descr), quoted(d.substr(1)));
   }
-  return invalid_argument("{}: .npy descr {} is not a token type ('<u2', '<u4', '<i4', '<i8' or '<u8')", name, descr);
+  return invalid_argument("{}: .npy descr {} is not a token type ('<u2', '<u4', '<i4', '<i8' or '<u8')", name,
+                          quoted(descr));
 }
 
 template <typename Emit>
@@ -128,7 +139,7 @@ Result<NpyHeader> parse_npy_header(std::string_view b, const std::string& name) 
   FP_RETURN_IF_ERROR(check_descr(descr, name, h));
   if (fortran != "False")
     return invalid_argument("{}: the .npy array has fortran_order {}; save it in C order (np.ascontiguousarray)", name,
-                            fortran);
+                            quoted(fortran));
   FP_ASSIGN_OR_RETURN(h.count, shape_count(shape, name));
   return h;
 }
