@@ -97,10 +97,25 @@ void GgufMetadata::begin(std::string_view key, uint32_t value_type) {
   put<uint32_t>(bytes_, value_type);
 }
 
-void GgufMetadata::add_u32(std::string_view key, uint32_t v) { begin(key, kU32), put(bytes_, v); }
-void GgufMetadata::add_f32(std::string_view key, float v) { begin(key, kF32), put(bytes_, v); }
-void GgufMetadata::add_bool(std::string_view key, bool v) { begin(key, kBool), put<uint8_t>(bytes_, v ? 1 : 0); }
-void GgufMetadata::add_string(std::string_view key, std::string_view v) { begin(key, kString), put_string(bytes_, v); }
+void GgufMetadata::add_u32(std::string_view key, uint32_t v) {
+  begin(key, kU32);
+  put(bytes_, v);
+}
+
+void GgufMetadata::add_f32(std::string_view key, float v) {
+  begin(key, kF32);
+  put(bytes_, v);
+}
+
+void GgufMetadata::add_bool(std::string_view key, bool v) {
+  begin(key, kBool);
+  put<uint8_t>(bytes_, v ? 1 : 0);
+}
+
+void GgufMetadata::add_string(std::string_view key, std::string_view v) {
+  begin(key, kString);
+  put_string(bytes_, v);
+}
 
 void GgufMetadata::add_string_array(std::string_view key, const std::vector<std::string>& v) {
   begin(key, kArray);

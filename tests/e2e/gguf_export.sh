@@ -83,7 +83,8 @@ greedy() {  # greedy NAME bytes|TOKENIZER GGUF SOURCE-FLAGS...: foldpar and llam
   local name=$1 tok=$2 gguf=$3; shift 3
   local args=()
   for p in "${prompts[@]}"; do args+=(--prompt "$p"); done
-  "$bin" generate "$@" --tokenizer "$tok" "${args[@]}" --max-new-tokens $n --temperature 0 --json --layout tsp=1 >"$tmp/$name.foldpar" 2>"$tmp/$name.err" ||
+  [ "$tok" = bytes ] && args+=(--tokenizer bytes)  # else --hf DIR's tokenizer.json, as export takes it
+  "$bin" generate "$@" "${args[@]}" --max-new-tokens $n --temperature 0 --json --layout tsp=1 >"$tmp/$name.foldpar" 2>"$tmp/$name.err" ||
     { fail "foldpar generate for $name:"; cat "$tmp/$name.err" >&2; return; }
   node "$src/tests/e2e/gguf_llama_cpp.js" "$llama_node" "$gguf" $n "${prompts[@]}" >"$tmp/$name.llama" 2>"$tmp/$name.llama.err" ||
     { fail "llama.cpp on $gguf:"; grep -v '^\[' "$tmp/$name.llama.err" | tail -5 >&2; return; }
