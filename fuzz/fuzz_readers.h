@@ -21,6 +21,7 @@
 #include "core/check.h"
 #include "core/status.h"
 #include "io/safetensors.h"
+#include "data/token_stream.h"
 #include "io/token_file.h"
 #include "model/llama_config.h"
 
@@ -122,6 +123,24 @@ inline bool run_token_file(std::string_view bytes) {
   const uint64_t width = static_cast<unsigned char>(bytes[16]);  // bytes 16-19, u32 LE, validated as 1, 2 or 4
   FP_CHECK(payload == t->ids.size() * width, "{} ids of {} bytes in {} bytes", t->ids.size(), width, payload);
   for (int32_t id : t->ids) FP_CHECK(id >= 0 && static_cast<uint32_t>(id) < t->vocab_size, "id {}", id);
+  return true;
+}
+
+// NumPy .npy token arrays (prepare-data --input-format npy), checked against a vocabulary of
+// 65536. Accepted: the header's element count times its width fills the rest of the file
+// exactly, and every id is in [0, 65536).
+inline bool run_npy(std::string_view bytes) {
+  constexpr uint32_t kVocab = 65536;
+  Result<std::vector<int32_t>> ids = decode_token_stream(bytes, TokenInputFormat::kNpy, kVocab, "fuzz.npy");
+  if (!ids.ok()) {
+    check_rejection(ids.status(), "decode_token_stream");
+    return false;
+  }
+  Result<NpyHeader> h = parse_npy_header(bytes, "fuzz.npy");
+  FP_CHECK(h.ok(), "an accepted array whose header is refused: {}", h.status().to_string());
+  FP_CHECK(h->data_offset + ids->size() * h->width == bytes.size(), "{} ids of {} bytes from {} in {} bytes",
+           ids->size(), h->width, h->data_offset, bytes.size());
+  for (int32_t id : *ids) FP_CHECK(id >= 0 && static_cast<uint32_t>(id) < kVocab, "id {}", id);
   return true;
 }
 

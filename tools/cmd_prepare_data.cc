@@ -1,14 +1,27 @@
-// `foldpar prepare-data`: text files into token files (src/data/corpus.h).
+// `foldpar prepare-data`: text files, or token streams others wrote (.bin, .npy), into token
+// files (src/data/corpus.h).
 #include <cstdio>
 #include <memory>
 
 #include "commands.h"
 #include "data/corpus.h"
+#include "model/llama_config.h"
 
 namespace foldpar::cli {
 namespace {
 
-int run_prepare_command(const PrepareOptions& o) {
+struct PrepareArgs {
+  PrepareOptions options;
+  std::string model;  // the config whose vocabulary token streams are checked against
+};
+
+int run_prepare_command(PrepareArgs a) {
+  PrepareOptions& o = a.options;
+  if (!a.model.empty()) {
+    Result<LlamaConfig> config = LlamaConfig::load(a.model);
+    if (!config.ok()) return fail(config.status());
+    o.vocab_size = static_cast<uint32_t>(config->vocab_size);
+  }
   Result<PrepareReport> r = prepare_corpus(o);
   if (!r.ok()) return fail(r.status());
   std::printf("%lld files, %lld documents, %lld bytes -> %lld training and %lld validation tokens (%s, vocabulary %u) in %s\n",
@@ -21,12 +34,18 @@ int run_prepare_command(const PrepareOptions& o) {
 }  // namespace
 
 Command add_prepare_data_command(CLI::App& app) {
-  auto o = std::make_shared<PrepareOptions>();
+  auto a = std::make_shared<PrepareArgs>();
+  PrepareOptions& o = a->options;
   CLI::App* cmd = app.add_subcommand("prepare-data", "turn text files into token files (train.tokens, val.tokens)");
-  cmd->add_option("--input", o->inputs, "text files or directories (default: Debian's fortunes)")->check(CLI::ExistingPath);
-  cmd->add_option("--out", o->out_dir, "output directory")->required();
-  cmd->add_option("--tokenizer", o->tokenizer, "a SentencePiece model (default: bytes)");
-  return {cmd, [o] { return run_prepare_command(*o); }};
+  cmd->add_option("--input", o.inputs, "text files or directories (default: Debian's fortunes)")->check(CLI::ExistingPath);
+  cmd->add_option("--out", o.out_dir, "output directory")->required();
+  cmd->add_option("--tokenizer", o.tokenizer, "a SentencePiece model (default: bytes)");
+  cmd->add_option("--input-format", o.input_format,
+                  "text, or token ids others wrote: bin-u16 / bin-u32 (raw little-endian), npy (NumPy '<u2', '<u4', '<i4', '<i8', '<u8')");
+  cmd->add_option("--separator-token", o.separator_token, "token streams: the id that ends each document (kept)");
+  cmd->add_option("--model", a->model, "token streams: the model config whose vocab_size every id must be below")
+      ->check(CLI::ExistingFile);
+  return {cmd, [a] { return run_prepare_command(*a); }};
 }
 
 }  // namespace foldpar::cli

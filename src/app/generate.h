@@ -22,7 +22,7 @@ struct GenerateOptions {
   // tsp=N or tp=N with the knobs prefill reads (split, overlap, head buckets); none:
   // tsp=<world size>.
   std::optional<Layout> layout;
-  std::string tokenizer = "bytes"; // bytes, or a SentencePiece model (data/tokenizer.h)
+  std::string tokenizer;          // "" (bytes; --hf: its tokenizer.json when present), bytes, a SentencePiece model or a tokenizer.json (data/tokenizer.h)
   std::vector<std::string> prompts;
   GenerationOptions generation;
   // Where the decoder runs (as TrainOptions::backend and ::axis_comm): borrowed, null for

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "data/token_stream.h"
 #include "data/tokenizer.h"
 #include "io/atomic_file.h"
 #include "io/posix_file.h"
@@ -70,33 +71,9 @@ Status write_json(const fs::path& path, const nlohmann::ordered_json& j) {
   });
 }
 
-}  // namespace
-
-Result<PrepareReport> prepare_corpus(const PrepareOptions& o) {
-  if (o.out_dir.empty()) return invalid_argument("an output directory is required");
-  if (o.validation_every < 2) return invalid_argument("validation_every ({}) must be at least 2", o.validation_every);
-  FP_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, make_tokenizer(o.tokenizer));
-  const std::vector<std::string> inputs = o.inputs.empty() ? std::vector<std::string>{kDefaultCorpusDir} : o.inputs;
-  FP_ASSIGN_OR_RETURN(std::vector<fs::path> files, list_files(inputs));
-  PrepareReport r;
-  r.vocab_size = tok->vocab_size();
-  r.tokenizer = tok->describe();
-  std::vector<int32_t> train, val;
-  for (const fs::path& f : files) {
-    std::ifstream in(f, std::ios::binary);
-    if (!in) return io_error("cannot read '{}'", f.string());
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string text = ss.str();
-    ++r.files;
-    r.bytes += static_cast<int64_t>(text.size());
-    for (const std::string& doc : split_documents(text)) {
-      const std::vector<int32_t> ids = tok->encode(doc);
-      std::vector<int32_t>& dst = (r.documents % o.validation_every == o.validation_every - 1) ? val : train;
-      dst.insert(dst.end(), ids.begin(), ids.end());
-      ++r.documents;
-    }
-  }
+// Writes train.tokens, val.tokens and data.json into o.out_dir.
+Result<PrepareReport> write_corpus(const PrepareOptions& o, const std::vector<std::string>& inputs, PrepareReport r,
+                                   const std::vector<int32_t>& train, const std::vector<int32_t>& val) {
   if (train.empty() || val.empty())
     return invalid_argument("the corpus has {} documents: too few to hold out every {}th for validation", r.documents,
                             o.validation_every);
@@ -119,6 +96,72 @@ Result<PrepareReport> prepare_corpus(const PrepareOptions& o) {
   j["sources"] = inputs;
   FP_RETURN_IF_ERROR(write_json(dir / "data.json", j));
   return r;
+}
+
+// Token streams: documents end after each separator and at each file's end.
+Result<PrepareReport> prepare_token_corpus(const PrepareOptions& o, TokenInputFormat format) {
+  if (o.vocab_size == 0) return invalid_argument("--input-format {} needs the model's vocabulary (--model)", o.input_format);
+  if (o.separator_token < 0 || o.separator_token >= o.vocab_size)
+    return invalid_argument("--separator-token ({}) must be given and below the vocabulary size {}", o.separator_token,
+                            o.vocab_size);
+  if (o.inputs.empty()) return invalid_argument("--input-format {} needs --input files", o.input_format);
+  FP_ASSIGN_OR_RETURN(std::vector<fs::path> files, list_files(o.inputs));
+  PrepareReport r;
+  r.vocab_size = o.vocab_size;
+  r.tokenizer = fmt::format("pretokenized:{} (separator {})", o.input_format, o.separator_token);
+  std::vector<int32_t> train, val;
+  for (const fs::path& f : files) {
+    FP_ASSIGN_OR_RETURN(std::vector<int32_t> ids, read_token_stream(f.string(), format, o.vocab_size));
+    ++r.files;
+    r.bytes += static_cast<int64_t>(fs::file_size(f));
+    for (size_t begin = 0; begin < ids.size();) {
+      size_t end = begin;
+      while (end < ids.size() && ids[end] != o.separator_token) ++end;
+      end = std::min(end + 1, ids.size());  // the separator ends its document
+      std::vector<int32_t>& dst = (r.documents % o.validation_every == o.validation_every - 1) ? val : train;
+      dst.insert(dst.end(), ids.begin() + static_cast<ptrdiff_t>(begin), ids.begin() + static_cast<ptrdiff_t>(end));
+      ++r.documents;
+      begin = end;
+    }
+  }
+  return write_corpus(o, o.inputs, std::move(r), train, val);
+}
+
+}  // namespace
+
+Result<PrepareReport> prepare_corpus(const PrepareOptions& o) {
+  if (o.out_dir.empty()) return invalid_argument("an output directory is required");
+  if (o.validation_every < 2) return invalid_argument("validation_every ({}) must be at least 2", o.validation_every);
+  FP_ASSIGN_OR_RETURN(TokenInputFormat format, token_input_format_from_name(o.input_format));
+  if (format != TokenInputFormat::kText) {
+    if (!o.tokenizer.empty() && o.tokenizer != "bytes")
+      return invalid_argument("--tokenizer {} is for text; --input-format {} holds token ids already", o.tokenizer,
+                              o.input_format);
+    return prepare_token_corpus(o, format);
+  }
+  FP_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, make_tokenizer(o.tokenizer));
+  const std::vector<std::string> inputs = o.inputs.empty() ? std::vector<std::string>{kDefaultCorpusDir} : o.inputs;
+  FP_ASSIGN_OR_RETURN(std::vector<fs::path> files, list_files(inputs));
+  PrepareReport r;
+  r.vocab_size = tok->vocab_size();
+  r.tokenizer = tok->describe();
+  std::vector<int32_t> train, val;
+  for (const fs::path& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    if (!in) return io_error("cannot read '{}'", f.string());
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string text = ss.str();
+    ++r.files;
+    r.bytes += static_cast<int64_t>(text.size());
+    for (const std::string& doc : split_documents(text)) {
+      const std::vector<int32_t> ids = tok->encode(doc);
+      std::vector<int32_t>& dst = (r.documents % o.validation_every == o.validation_every - 1) ? val : train;
+      dst.insert(dst.end(), ids.begin(), ids.end());
+      ++r.documents;
+    }
+  }
+  return write_corpus(o, inputs, std::move(r), train, val);
 }
 
 Result<CorpusInfo> read_corpus_info(const std::string& dir) {

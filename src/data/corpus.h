@@ -1,7 +1,8 @@
 // Preparing a corpus: text files -> train.tokens and val.tokens (io/token_file.h) plus
 // data.json (tokenizer, vocabulary, counts, sources). Documents are split off by lines that
 // hold only "%" (the fortune format) or are whole files otherwise; every 50th document goes
-// to validation (2%), so both sets see every source.
+// to validation (2%), so both sets see every source. Token streams others wrote (.bin, .npy:
+// data/token_stream.h) take the same path with documents ended by a separator token.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,13 @@ struct PrepareOptions {
   std::string out_dir;              // created if missing
   std::string tokenizer;            // "" or "bytes", or a SentencePiece model path
   int validation_every = 50;        // every n-th document is held out (2%)
+  // Token streams instead of text (data/token_stream.h): "text" (the default), "bin-u16",
+  // "bin-u32" or "npy". The ids are kept as they are; a document ends after each
+  // separator_token (which stays in the stream, so training sees the boundaries) and at the
+  // end of each file. Every id must be below vocab_size (the model's).
+  std::string input_format = "text";
+  int64_t separator_token = -1;     // required for token streams, below vocab_size
+  uint32_t vocab_size = 0;          // required for token streams
 };
 
 struct PrepareReport {

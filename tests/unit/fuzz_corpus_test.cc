@@ -165,9 +165,13 @@ TEST(FuzzCorpus, TokenFileInputsEndInTokensOrAClearError) {
   EXPECT_GT(replay_dirs(fuzz::run_token_file, {corpus("token_file")}), 10u);
 }
 
+TEST(FuzzCorpus, NpyInputsEndInTokensOrAClearError) {
+  EXPECT_GT(replay_dirs(fuzz::run_npy, {corpus("npy")}), 10u);
+}
+
 // Checked-in inputs stay small: the corpus is for replaying, not for storing data.
 TEST(FuzzCorpus, CorpusFilesAreSmall) {
-  for (const char* reader : {"safetensors", "checkpoint_manifest", "llama_config", "token_file"}) {
+  for (const char* reader : {"safetensors", "checkpoint_manifest", "llama_config", "token_file", "npy"}) {
     for (const auto& entry : fs::directory_iterator(corpus(reader))) {
       EXPECT_LE(fs::file_size(entry.path()), 16u * 1024) << entry.path();
     }
