@@ -23,6 +23,17 @@ struct AttentionDims {
 };
 AttentionDims check_attention(const AttentionArgs& args, const Tensor& out, const Tensor& lse);
 
+// The scratch the CPU flash attention (backend/cpu/flash_attention.cc) takes from the
+// tracked allocator once per call, in allocation order: f32 [floats], then i32 [range_ints],
+// both MemCategory::kWorkspace and both live to the end of the call. Here so that the dry
+// run's meta backend allocates the same bytes (the two cannot drift: the kernel sizes its
+// scratch with this function).
+struct AttentionScratch {
+  int64_t floats = 0;
+  int64_t range_ints = 0;
+};
+AttentionScratch cpu_flash_attention_scratch(const AttentionDims& dims, bool backward);
+
 // Rows and width of x viewed as [T, w]; checks every other tensor has the same rows/width
 // as stated by the op.
 int64_t rows_of(const Tensor& x);

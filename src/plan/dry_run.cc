@@ -44,6 +44,8 @@ Result<DryRunResult> dry_run(const DryRunOptions& o) {
     FP_ASSIGN_OR_RETURN(Batch local, storageless_local_batch(*model, rows, o.seq, *meta));
     out.after_build = meta->stats();
     meta->reset_peaks();
+    std::vector<CommStats> before;
+    for (const Communicator* c : cm.mesh->communicators()) before.push_back(c->stats());
     if (o.mode == DryRunMode::kForwardBackward) {
       // The trainer's normalizer: the valid tokens of the global batch (every token here).
       FP_ASSIGN_OR_RETURN(out.result, model->forward_backward(backend, local, o.batch * o.seq));
@@ -52,8 +54,9 @@ Result<DryRunResult> dry_run(const DryRunOptions& o) {
     }
     out.step = meta->stats();
     out.result.logits = Tensor();
+    const std::vector<const Communicator*> comms = cm.mesh->communicators();
+    for (size_t i = 0; i < comms.size(); ++i) out.comm.emplace_back(comms[i]->name(), comms[i]->stats() - before[i]);
   }
-  for (const Communicator* c : cm.mesh->communicators()) out.comm.emplace_back(c->name(), c->stats());
   out.ops = backend.records();
   return out;
 }

@@ -38,9 +38,9 @@ struct DryRunOptions {
 };
 
 struct DryRunResult {
-  MemoryStats after_build;  // the tracker once the model exists (weights, gradients)
+  MemoryStats after_build;  // the tracker once the model and the local batch exist
   MemoryStats step;         // peaks of the step alone (reset after the build), currents after it
-  std::vector<std::pair<std::string, CommStats>> comm;  // per axis communicator, layout order
+  std::vector<std::pair<std::string, CommStats>> comm;  // what each axis moved in the step, layout order
   std::vector<OpRecord> ops;  // the meta backend's records
   CommTrace comm_trace;       // starts and completions; seq numbers merge with ops'
   StepResult result;          // loss fields are 0: nothing is computed

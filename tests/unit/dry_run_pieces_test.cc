@@ -171,6 +171,39 @@ TEST(MetaBackendTest, AttentionFlopsAreFlopCountsForCausalPositions) {
   EXPECT_DOUBLE_EQ(be.records()[2].flops, 4.0 * d * 4 * S * S * B);
 }
 
+// The meta backend takes the CPU flash attention's scratch for the call: same workspace peak.
+TEST(MetaBackendTest, AttentionScratchPeaksAsTheCpuKernels) {
+  const int64_t B = 1, Sq = 40, Sk = 300, d = 16;
+  for (bool gqa : {false, true}) {
+    const int64_t n_kv = gqa ? 2 : 4;
+    auto peak_of = [&](Backend& be, MemoryTracker& mt) {
+      ScopedDefaultTracker scope(mt);
+      auto make = [&](const Shape& s) { return Tensor::zeros(s, DType::kF32, MemCategory::kActivations); };
+      Tensor q = make({B, Sq, 4, d}), k = make({B, Sk, n_kv, d}), v = make({B, Sk, n_kv, d});
+      Tensor out = make({B, Sq, 4, d}), lse = make({B, 4, Sq}), dq = make({B, Sq, 4, d});
+      Tensor dk = make({B, Sk, n_kv, d}), dv = make({B, Sk, n_kv, d});
+      Tensor qp = Tensor::empty({Sq}, DType::kI32, MemCategory::kActivations, MemoryTracker::process());
+      Tensor kp = Tensor::empty({Sk}, DType::kI32, MemCategory::kActivations, MemoryTracker::process());
+      std::iota(qp.data<int32_t>(), qp.data<int32_t>() + Sq, int32_t{Sk - Sq});
+      std::iota(kp.data<int32_t>(), kp.data<int32_t>() + Sk, 0);
+      const AttentionArgs args{&q, &k, &v, &qp, &kp, 0.25};
+      mt.reset_peaks();
+      be.attention_forward(args, out, lse);
+      const int64_t fwd = mt.stats().peak_of(MemCategory::kWorkspace);
+      mt.reset_peaks();
+      be.attention_backward(args, out, lse, out, dq, dk, dv);
+      return std::pair{fwd, mt.stats().peak_of(MemCategory::kWorkspace)};
+    };
+    MemoryTracker real;
+    std::unique_ptr<MemoryTracker> meta_mt = MemoryTracker::make_storageless();
+    std::unique_ptr<Backend> cpu = make_cpu_backend();
+    MetaBackend meta;
+    const auto expected = peak_of(*cpu, real);
+    EXPECT_GT(expected.first, 0);
+    EXPECT_EQ(peak_of(meta, *meta_mt), expected) << "gqa " << gqa;
+  }
+}
+
 TEST(MetaBackendTest, ScalarOpsReturnZeroAndTokenwiseOpsRecordRows) {
   std::unique_ptr<MemoryTracker> mt = MemoryTracker::make_storageless();
   MetaBackend be(MetaBackendOptions{.matmul_takes_bf16 = true});

@@ -188,6 +188,12 @@ void MetaBackend::attention(std::string_view op, const AttentionArgs& a, const T
   s.n_h = d.n_h;
   s.n_kv = d.n_kv;
   s.d = d.d;
+  if (options_.cpu_attention_scratch && d.batch > 0 && d.sq > 0 && d.n_h > 0 && d.sk > 0) {
+    // Live for the call, as the kernel's: allocated and released in its order.
+    const AttentionScratch sc = cpu_flash_attention_scratch(d, op == "attention_backward");
+    Tensor work = Tensor::empty({sc.floats}, DType::kF32, MemCategory::kWorkspace);
+    Tensor ranges = Tensor::empty({sc.range_ints}, DType::kI32, MemCategory::kWorkspace);
+  }
   const bool exact = a.q_pos->has_storage() && a.k_pos->has_storage();
   const int64_t pairs = exact ? visible_pairs(*a.q_pos, *a.k_pos) : d.sq * d.sk;
   const double flops = flops_per_pair_and_head * static_cast<double>(d.d) * static_cast<double>(d.n_h) *

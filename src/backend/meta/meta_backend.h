@@ -44,6 +44,10 @@ struct OpRecord {
 struct MetaBackendOptions {
   EventOrder* order = nullptr;      // shared program order; null: a private counter
   bool matmul_takes_bf16 = false;   // what Backend::matmul_takes_bf16 answers
+  // Allocate, for the duration of each attention call, the scratch the CPU flash attention
+  // takes (cpu_flash_attention_scratch, backend/op_checks.h), so that tracked peaks equal a
+  // CPU run's. Off: ops allocate nothing (a backend whose scratch is not tracked).
+  bool cpu_attention_scratch = true;
 };
 
 class MetaBackend final : public Backend {
