@@ -25,6 +25,8 @@ namespace foldpar {
 enum class DryRunMode {
   kForwardBackward,  // one training micro-batch: ShardedModel::forward_backward
   kForward,          // forward only (the loss): ShardedModel::forward
+  kPrefill,          // generation: ShardedDecoder::prefill of B prompts of S tokens
+  kDecode,           // generation: one decode step after that prefill (the step's figures)
 };
 
 struct DryRunOptions {
@@ -35,6 +37,7 @@ struct DryRunOptions {
   int64_t seq = 0;                // S
   DryRunMode mode = DryRunMode::kForwardBackward;
   bool matmul_takes_bf16 = false; // what the meta backend answers (bf16 layouts on a bf16 GEMM)
+  int64_t max_new_tokens = 1;     // kPrefill, kDecode: the KV cache's room past the prompt
 };
 
 struct DryRunResult {
@@ -43,11 +46,12 @@ struct DryRunResult {
   std::vector<std::pair<std::string, CommStats>> comm;  // what each axis moved in the step, layout order
   std::vector<OpRecord> ops;  // the meta backend's records
   CommTrace comm_trace;       // starts and completions; seq numbers merge with ops'
-  StepResult result;          // loss fields are 0: nothing is computed
+  StepResult result;          // loss fields are 0: nothing is computed (training modes)
 };
 
 // Runs one step of `options.layout` as world rank `options.rank`. Errors: the layout's
-// verdict (validate_layout) or a rank outside the mesh. Not collective; no MPI.
+// verdict (validate_layout, or make_sharded_decoder's for the generation modes) or a rank
+// outside the mesh. Not collective; no MPI.
 Result<DryRunResult> dry_run(const DryRunOptions& options);
 
 }  // namespace foldpar

@@ -52,6 +52,13 @@ void run_or_exit(const DryRunOptions& o) {
 constexpr const char* kZeroGrads =
     "ShardedWeights::zero() (Tensor::zero, a host memset) zeroes the gradients in make_*_sharded_model";
 
+// The first host access of each decoder's prefill (the dry run stops there; decode_block.cc
+// also writes the decode step's ids and query position on the host, lines 70 and 94).
+constexpr const char* kTspPrefill =
+    "TspDecoder::prefill -> KvCache::keep_prefill_rows writes the cache's i32 [B, capacity] positions on the host";
+constexpr const char* kTpPrefill =
+    "TpDecoder::prefill (megatron_decoder.cc:79) copies the prompt ids into an i32 [B, S] tensor on the host";
+
 struct Case {
   const char* layout;
   int rank;
@@ -70,15 +77,18 @@ TEST_P(DryRunLayouts, CompletesWithoutHostAccess) {
 }
 
 constexpr DryRunMode kFB = DryRunMode::kForwardBackward, kF = DryRunMode::kForward;
+constexpr DryRunMode kPre = DryRunMode::kPrefill, kDec = DryRunMode::kDecode;
 INSTANTIATE_TEST_SUITE_P(
     Layouts, DryRunLayouts,
     testing::Values(Case{"tsp=1", 0, kFB}, Case{"tsp=2", 1, kFB}, Case{"tsp=4", 2, kFB}, Case{"tsp=4", 2, kF},
                     Case{"tsp=2:nooverlap", 0, kFB}, Case{"tp=2", 1, kFB}, Case{"tp=4", 3, kF},
                     Case{"sp=2", 1, kFB}, Case{"sp=4:ring", 2, kFB}, Case{"tp=2,sp=2", 3, kFB},
-                    Case{"tp=2,sp=2:seqpar", 1, kFB}, Case{"dp=2,tsp=2", 3, kFB}),
+                    Case{"tp=2,sp=2:seqpar", 1, kFB}, Case{"dp=2,tsp=2", 3, kFB}, Case{"tsp=2", 1, kPre, kTspPrefill},
+                    Case{"tsp=2", 0, kDec, kTspPrefill}, Case{"tp=2", 1, kPre, kTpPrefill},
+                    Case{"tp=2", 0, kDec, kTpPrefill}),
     [](const testing::TestParamInfo<Case>& i) {
       std::string n = std::string(i.param.layout) + "_r" + std::to_string(i.param.rank) +
-                      (i.param.mode == kF ? "_fwd" : "_train");
+                      (i.param.mode == kF ? "_fwd" : i.param.mode == kPre ? "_prefill" : i.param.mode == kDec ? "_decode" : "_train");
       for (char& ch : n)
         if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;
