@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "app/synthetic.h"
+#include "comm/counting_communicator.h"
 #include "comm/mesh.h"
 #include "mpi_test_main.h"
 #include "parallel/make_layout.h"
@@ -82,6 +83,70 @@ struct Case {
 
 constexpr const char* kZeroGrads =
     "ShardedWeights::zero() / MegatronGrads::zero() (Tensor::zero) zero the gradients on the host at construction";
+
+// One op sequence on the MPI world and on a counting communicator playing this rank: the
+// same counters, kind by kind, and the trace's bytes are ring_traffic's.
+TEST(CountingCommunicatorVsMpi, SameCountersForTheSameOperations) {
+  Communicator& world = test::mpi().world();
+  EventOrder order;
+  CommTrace trace;
+  CountingCommunicator counting(world.rank(), world.size(), "world", world.world_ranks(), order, trace);
+  const int n = world.size(), p = world.rank();
+  std::vector<float> a(64 * n, 1.0f), b(64 * n, 0.0f);
+  std::vector<size_t> counts(n);
+  for (int r = 0; r < n; ++r) counts[r] = 3 + r;
+  std::vector<CommStats> moved;
+  for (Communicator* c : {&world, static_cast<Communicator*>(&counting)}) {
+    const CommStats before = c->stats();
+    ASSERT_TRUE(c->broadcast(a.data(), 17, DType::kF32, n - 1).ok());
+    ASSERT_TRUE(c->all_reduce(a.data(), b.data(), 37, DType::kF32, ReduceOp::kSum).ok());
+    ASSERT_TRUE(c->reduce(a.data(), b.data(), 5, DType::kF32, ReduceOp::kSum, 0).ok());
+    ASSERT_TRUE(c->all_gather(a.data(), b.data(), 9, DType::kF32).ok());
+    ASSERT_TRUE(c->all_gather_v(a.data(), b.data(), counts, DType::kF32).ok());
+    ASSERT_TRUE(c->reduce_scatter(a.data(), b.data(), 6, DType::kF32, ReduceOp::kSum).ok());
+    ASSERT_TRUE(c->reduce_scatter_v(a.data(), b.data(), counts, DType::kF32, ReduceOp::kSum).ok());
+    ASSERT_TRUE(c->all_to_all(a.data(), b.data(), 4, DType::kF32).ok());
+    CommRequest r = c->isend_recv(a.data(), b.data(), 11, DType::kF32, (p + 1) % n, (p + n - 1) % n);
+    ASSERT_TRUE(r.wait().ok());
+    ASSERT_TRUE(c->barrier().ok());
+    moved.push_back(c->stats() - before);
+  }
+  EXPECT_EQ(moved[1], moved[0]) << "counting:\n" << moved[1].to_string() << "mpi:\n" << moved[0].to_string();
+  EXPECT_EQ(moved[1], counting.stats());
+  uint64_t sent = 0, received = 0;
+  for (const CommEvent& e : trace.events) {
+    if (e.type != CommEvent::Type::kStart) continue;
+    sent += e.bytes_sent;
+    received += e.bytes_received;
+  }
+  EXPECT_EQ(sent, counting.stats().total().bytes_sent);
+  EXPECT_EQ(received, counting.stats().total().bytes_received);
+  EXPECT_EQ(trace.events.size(), 11u);  // 10 starts, 1 completion
+}
+
+// The counting mesh of every rank has the coordinates and axis world ranks of the real Mesh.
+TEST(CountingMeshVsMpi, SameRanksAsTheSplitMesh) {
+  Communicator& world = test::mpi().world();
+  int compared = 0;
+  for (const char* text : {"tsp=2", "dp=2", "tsp=3", "tsp=4", "tp=2,sp=2", "dp=2,tsp=2", "dp=2,tp=2", "tp=4", "dp=4"}) {
+    const MeshLayout layout = MeshLayout::parse(text).value();
+    if (layout.num_ranks() != world.size()) continue;
+    Result<Mesh> real = Mesh::create(world, layout);
+    ASSERT_TRUE(real.ok()) << real.status().to_string();
+    EventOrder order;
+    CommTrace trace;
+    Result<CountingMesh> counting = make_counting_mesh(layout, world.rank(), order, trace);
+    ASSERT_TRUE(counting.ok()) << counting.status().to_string();
+    for (const MeshAxis& a : layout.axes) {
+      EXPECT_EQ(counting->mesh->coord(a.name), real->coord(a.name)) << text << " " << a.name;
+      EXPECT_EQ(counting->mesh->comm(a.name).rank(), real->comm(a.name).rank()) << text << " " << a.name;
+      EXPECT_EQ(counting->mesh->comm(a.name).size(), real->comm(a.name).size()) << text << " " << a.name;
+      EXPECT_EQ(counting->mesh->comm(a.name).world_ranks(), real->comm(a.name).world_ranks()) << text << " " << a.name;
+    }
+    ++compared;
+  }
+  EXPECT_GT(compared, 0) << "no layout of " << world.size() << " ranks compared";
+}
 
 class DryRunValidation : public testing::TestWithParam<Case> {};
 
