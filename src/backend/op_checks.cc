@@ -73,6 +73,96 @@ AttentionDims check_attention(const AttentionArgs& args, const Tensor& out, cons
   return d;
 }
 
+void check_copy(const Tensor& src, const Tensor& dst) {
+  FP_CHECK(src.numel() == dst.numel() && src.dtype() == dst.dtype(), "copy {} -> {}", src.describe(), dst.describe());
+}
+
+void check_add_inplace(const Tensor& x, const Tensor& y) {
+  FP_CHECK(x.numel() == y.numel() && x.dtype() == y.dtype(), "add_inplace {} into {}", x.describe(), y.describe());
+}
+
+void check_adamw(const Tensor& grad, const Tensor& param, const Tensor& m, const Tensor& v) {
+  FP_CHECK(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel(),
+           "adamw shapes {} {} {} {}", grad.describe(), param.describe(), m.describe(), v.describe());
+}
+
+void check_embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out) {
+  check_i32_vector(ids, rows_of(out), "embedding ids");
+  FP_CHECK(table.rank() == 2 && out.dim(-1) == table.dim(1) && out.dtype() == table.dtype(), "embedding out {} table {}",
+           out.describe(), table.describe());
+}
+
+void check_embedding_backward(const Tensor& ids, const Tensor& d_out, const Tensor& d_table) {
+  check_i32_vector(ids, rows_of(d_out), "embedding ids");
+  FP_CHECK(d_table.rank() == 2 && d_out.dim(-1) == d_table.dim(1) && d_out.dtype() == d_table.dtype(),
+           "embedding_backward {} into {}", d_out.describe(), d_table.describe());
+}
+
+void check_rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd) {
+  check_same(x, y, "rmsnorm y");
+  FP_CHECK(w.numel() == x.dim(-1) && rstd.numel() == rows_of(x), "rmsnorm w {} rstd {} x {}", w.describe(),
+           rstd.describe(), x.describe());
+}
+
+void check_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                            const Tensor& dw) {
+  check_same(x, dy, "rmsnorm dy");
+  check_same(x, dx, "rmsnorm dx");
+  FP_CHECK(w.numel() == x.dim(-1) && rstd.numel() == rows_of(x) && dw.numel() == x.dim(-1),
+           "rmsnorm w {} rstd {} dw {} x {}", w.describe(), rstd.describe(), dw.describe(), x.describe());
+}
+
+void check_rope(const Tensor& table, const Tensor& x) {
+  FP_CHECK(x.rank() == 4 && table.rank() == 3 && table.dim(0) == x.dim(1) && table.dim(1) == 2 &&
+               table.dim(2) * 2 == x.dim(3),
+           "rope: x {} table {}", x.describe(), table.describe());
+}
+
+AttentionDims check_attention_backward(const AttentionArgs& args, const Tensor& out, const Tensor& lse,
+                                       const Tensor& d_out, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  const AttentionDims d = check_attention(args, out, lse);
+  FP_CHECK(d_out.shape() == out.shape() && dq.shape() == args.q->shape() && dk.shape() == args.k->shape() &&
+               dv.shape() == args.v->shape(),
+           "attention backward shapes");
+  return d;
+}
+
+void check_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  check_same(gate, up, "swiglu up");
+  check_same(gate, out, "swiglu out");
+}
+
+void check_swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& d_out, const Tensor& d_gate,
+                           const Tensor& d_up) {
+  check_same(gate, up, "swiglu up");
+  check_same(gate, d_out, "swiglu d_out");
+  check_same(gate, d_gate, "swiglu d_gate");
+  check_same(gate, d_up, "swiglu d_up");
+}
+
+int64_t check_cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& lse) {
+  const int64_t rows = rows_of(logits);
+  check_i32_vector(targets, rows, "cross_entropy targets");
+  FP_CHECK(lse.numel() == rows, "cross_entropy lse {}", lse.describe());
+  return rows;
+}
+
+int64_t check_cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& d_logits) {
+  check_same(logits, d_logits, "cross_entropy d_logits");
+  const int64_t rows = rows_of(logits);
+  check_i32_vector(targets, rows, "cross_entropy targets");
+  return rows;
+}
+
+int64_t check_softmax_chunk_update(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
+                                   const Tensor& row_sum, const Tensor& target_logit) {
+  const int64_t rows = rows_of(logits);
+  check_i32_vector(targets, rows, "softmax_chunk_update targets");
+  FP_CHECK(row_max.numel() == rows && row_sum.numel() == rows && target_logit.numel() == rows,
+           "softmax_chunk_update rows {}", rows);
+  return rows;
+}
+
 int64_t count_valid_targets(const Tensor& targets, int32_t ignore_index) {
   const int32_t* t = targets.data<int32_t>();
   int64_t n = 0;

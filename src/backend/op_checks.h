@@ -23,6 +23,39 @@ struct AttentionDims {
 };
 AttentionDims check_attention(const AttentionArgs& args, const Tensor& out, const Tensor& lse);
 
+// The scratch the CPU flash attention (backend/cpu/flash_attention.cc) takes from the
+// tracked allocator once per call, in allocation order: f32 [floats], then i32 [range_ints],
+// both MemCategory::kWorkspace and both live to the end of the call. Here so that the dry
+// run's meta backend allocates the same bytes (the two cannot drift: the kernel sizes its
+// scratch with this function).
+struct AttentionScratch {
+  int64_t floats = 0;
+  int64_t range_ints = 0;
+};
+AttentionScratch cpu_flash_attention_scratch(const AttentionDims& dims, bool backward);
+
+// The shape rules of the other ops, one per op (dtype policy, f32 only or f32/f64, stays
+// with each backend). Each FP_CHECKs what Backend's comment for the op states.
+void check_copy(const Tensor& src, const Tensor& dst);
+void check_add_inplace(const Tensor& x, const Tensor& y);
+void check_adamw(const Tensor& grad, const Tensor& param, const Tensor& m, const Tensor& v);
+void check_embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out);
+void check_embedding_backward(const Tensor& ids, const Tensor& d_out, const Tensor& d_table);
+void check_rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd);
+void check_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                            const Tensor& dw);
+void check_rope(const Tensor& table, const Tensor& x);  // shapes only: the table's dtype is the backend's
+AttentionDims check_attention_backward(const AttentionArgs& args, const Tensor& out, const Tensor& lse,
+                                       const Tensor& d_out, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+void check_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& out);
+void check_swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& d_out, const Tensor& d_gate,
+                           const Tensor& d_up);
+// The three return the rows T of logits [T, V].
+int64_t check_cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& lse);
+int64_t check_cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& d_logits);
+int64_t check_softmax_chunk_update(const Tensor& logits, const Tensor& targets, const Tensor& row_max,
+                                   const Tensor& row_sum, const Tensor& target_logit);
+
 // Rows and width of x viewed as [T, w]; checks every other tensor has the same rows/width
 // as stated by the op.
 int64_t rows_of(const Tensor& x);

@@ -2,6 +2,7 @@
 #include "comm/mesh.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <array>
@@ -120,6 +121,59 @@ Mesh::Mesh(Communicator& world, MeshLayout layout, const AxisCommFactory& axis_c
              "axis {}: rank {} of {}, expected {} of {}", layout_.axes[i].name, comms_.back()->rank(),
              comms_.back()->size(), coords_[i], layout_.axes[i].degree);
   }
+}
+
+std::vector<int> Mesh::coords_of(const MeshLayout& layout, int world_rank) {
+  std::vector<int> coords(layout.axes.size());
+  for (int i = static_cast<int>(layout.axes.size()) - 1; i >= 0; --i) {
+    coords[i] = world_rank % layout.axes[i].degree;
+    world_rank /= layout.axes[i].degree;
+  }
+  return coords;
+}
+
+std::vector<int> Mesh::axis_world_ranks(const MeshLayout& layout, const std::vector<int>& coords, int axis) {
+  std::vector<int> ranks;
+  std::vector<int> at = coords;
+  for (int c = 0; c < layout.axes[axis].degree; ++c) {
+    at[axis] = c;
+    int rank = 0;
+    for (size_t i = 0; i < at.size(); ++i) rank = rank * layout.axes[i].degree + at[i];
+    ranks.push_back(rank);
+  }
+  return ranks;
+}
+
+Result<Mesh> Mesh::from_communicators(Communicator& world, const MeshLayout& layout,
+                                      std::vector<std::unique_ptr<Communicator>> comms) {
+  FP_RETURN_IF_ERROR(MeshLayout::parse(layout.to_string()).status());
+  if (layout.num_ranks() != world.size()) {
+    return invalid_argument("layout {} needs {} ranks, but communicator {} has {}", layout.to_string(),
+                            layout.num_ranks(), world.name(), world.size());
+  }
+  if (comms.size() != layout.axes.size()) {
+    return invalid_argument("layout {} has {} axes, but {} communicators were given", layout.to_string(),
+                            layout.axes.size(), comms.size());
+  }
+  const std::vector<int> coords = coords_of(layout, world.rank());
+  for (size_t i = 0; i < comms.size(); ++i) {
+    const MeshAxis& a = layout.axes[i];
+    const std::vector<int> expected = axis_world_ranks(layout, coords, static_cast<int>(i));
+    if (comms[i] == nullptr || comms[i]->rank() != coords[i] || comms[i]->size() != a.degree ||
+        comms[i]->world_ranks() != expected) {
+      return invalid_argument("axis {} of layout {} at world rank {}: the communicator given is {}, expected rank {} "
+                              "of {} over world ranks {}",
+                              a.name, layout.to_string(), world.rank(),
+                              comms[i] ? comms[i]->describe() : std::string("null"), coords[i], a.degree,
+                              fmt::join(expected, ","));
+    }
+  }
+  return Mesh(world, layout, std::move(comms));
+}
+
+Mesh::Mesh(Communicator& world, MeshLayout layout, std::vector<std::unique_ptr<Communicator>> comms)
+    : world_(&world), layout_(std::move(layout)), comms_(std::move(comms)) {
+  coords_ = coords_of(layout_, world.rank());
 }
 
 // Not member by member in declaration order: assigning host_comms_ first would destroy the

@@ -57,6 +57,18 @@ class Mesh {
   static Result<Mesh> create(Communicator& world, std::string_view layout, const AxisCommFactory& axis_comm = {});
   static Result<Mesh> create(Communicator& world, const MeshLayout& layout, const AxisCommFactory& axis_comm = {});
 
+  // A mesh over communicators made already, one per axis in layout order (a dry run's
+  // counting communicators: comm/counting_communicator.h). Not collective. Each must have
+  // the rank, size and world ranks that Mesh's rank order gives world.rank() on its axis;
+  // invalid_argument naming the axis otherwise, or when the layout does not fit world.
+  static Result<Mesh> from_communicators(Communicator& world, const MeshLayout& layout,
+                                         std::vector<std::unique_ptr<Communicator>> comms);
+  // The world ranks of the axis-`axis` group of the rank at `coords` (its communicator's
+  // world_ranks()), by the rank order above.
+  static std::vector<int> axis_world_ranks(const MeshLayout& layout, const std::vector<int>& coords, int axis);
+  // The coordinates of `world_rank` in `layout`, one per axis.
+  static std::vector<int> coords_of(const MeshLayout& layout, int world_rank);
+
   Mesh(Mesh&&) noexcept = default;
   Mesh& operator=(Mesh&& other) noexcept;
   ~Mesh() = default;  // comms_ before host_comms_ (declaration order), which they may borrow
@@ -79,6 +91,7 @@ class Mesh {
 
  private:
   Mesh(Communicator& world, MeshLayout layout, const AxisCommFactory& axis_comm);
+  Mesh(Communicator& world, MeshLayout layout, std::vector<std::unique_ptr<Communicator>> comms);
   int axis_index(std::string_view axis) const;  // -1 when absent
 
   Communicator* world_;

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "core/check.h"
+#include "tensor/storageless_allocator.h"
 
 namespace foldpar {
 
@@ -32,6 +33,33 @@ MemoryTracker::~MemoryTracker() { release_cache(); }
 MemoryTracker& MemoryTracker::process() {
   static MemoryTracker tracker;
   return tracker;
+}
+
+namespace {
+thread_local MemoryTracker* t_default_tracker = nullptr;
+}  // namespace
+
+MemoryTracker& MemoryTracker::current() {
+  return t_default_tracker != nullptr ? *t_default_tracker : process();
+}
+
+std::unique_ptr<MemoryTracker> MemoryTracker::make_storageless(size_t reserve_bytes) {
+  auto tracker = std::make_unique<MemoryTracker>();
+  tracker->owned_allocator_ = std::make_unique<StoragelessAllocator>(
+      reserve_bytes == 0 ? StoragelessAllocator::kDefaultReserveBytes : reserve_bytes);
+  tracker->set_block_allocator(tracker->owned_allocator_.get());
+  tracker->storageless_ = true;
+  return tracker;
+}
+
+ScopedDefaultTracker::ScopedDefaultTracker(MemoryTracker& tracker)
+    : tracker_(&tracker), previous_(t_default_tracker) {
+  t_default_tracker = &tracker;
+}
+
+ScopedDefaultTracker::~ScopedDefaultTracker() {
+  FP_CHECK(t_default_tracker == tracker_, "ScopedDefaultTracker destroyed out of order");
+  t_default_tracker = previous_;
 }
 
 size_t MemoryTracker::block_size(size_t bytes) const {

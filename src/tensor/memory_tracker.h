@@ -5,6 +5,9 @@
 //
 // MemoryTracker::process() is the one process-wide instance (it mirrors the process heap,
 // as cudaMalloc mirrors a device); tests may build private instances. Thread-safe.
+// MemoryTracker::current() is where tensors go by default: process(), unless a
+// ScopedDefaultTracker on this thread names another (a dry run's storage-less tracker,
+// made by make_storageless(): same counts, no storage; tensor/storageless_allocator.h).
 //
 // Blocks of kCacheMinBytes or more are kept after release and handed out again for a
 // request of the same rounded size (training steps allocate the same shapes every step;
@@ -21,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string_view>
 
@@ -75,6 +79,15 @@ class MemoryTracker {
   MemoryTracker& operator=(const MemoryTracker&) = delete;
 
   static MemoryTracker& process();
+  // This thread's default tracker: the innermost ScopedDefaultTracker's, else process().
+  static MemoryTracker& current();
+  // A tracker in "meta" mode: it counts exactly as any tracker does, but its blocks are
+  // addresses without storage (StoragelessAllocator, reserving `reserve_bytes` of address
+  // space; 0: its default), so tensors made from it fail on host access. The reservation
+  // goes with the tracker.
+  static std::unique_ptr<MemoryTracker> make_storageless(size_t reserve_bytes = 0);
+  // Whether this tracker's blocks have no storage (made by make_storageless).
+  bool storageless() const { return storageless_; }
 
   // Returns kAlignment-aligned memory of at least max(bytes, 1) bytes, counted as `bytes`;
   // nullptr when the system is out of memory (the caller turns that into a Status).
@@ -105,6 +118,22 @@ class MemoryTracker {
   bool caching_ = true;
   std::multimap<size_t, void*> cache_;  // block size -> free block
   BlockAllocator* block_allocator_ = nullptr;  // null: aligned_alloc / free
+  std::unique_ptr<BlockAllocator> owned_allocator_;  // make_storageless: the reservation
+  bool storageless_ = false;
+};
+
+// Makes `tracker` this thread's MemoryTracker::current() until destroyed (then the previous
+// one again). Scopes nest; destroy them in reverse order (FP_CHECK).
+class ScopedDefaultTracker {
+ public:
+  explicit ScopedDefaultTracker(MemoryTracker& tracker);
+  ~ScopedDefaultTracker();
+  ScopedDefaultTracker(const ScopedDefaultTracker&) = delete;
+  ScopedDefaultTracker& operator=(const ScopedDefaultTracker&) = delete;
+
+ private:
+  MemoryTracker* tracker_;
+  MemoryTracker* previous_;
 };
 
 }  // namespace foldpar

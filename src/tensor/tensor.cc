@@ -1,6 +1,7 @@
 // Tensor storage, views and conversions.
 #include "tensor/tensor.h"
 
+#include <cstdlib>
 #include <cstring>
 
 namespace foldpar {
@@ -16,6 +17,11 @@ struct Tensor::Storage {
 void* Tensor::base() const {
   FP_CHECK(storage_ != nullptr, "access to an undefined tensor");
   return storage_->ptr;
+}
+
+void Tensor::fail_host_access() const {
+  FP_CHECK(false, "host access to {}, which has no storage (dry run)", describe());
+  std::abort();
 }
 
 MemCategory Tensor::category() const {
@@ -48,6 +54,7 @@ Result<Tensor> Tensor::try_empty(const Shape& shape, DType dtype, MemCategory ca
   t.storage_->bytes = bytes;
   t.storage_->category = category;
   t.storage_->tracker = &tracker;
+  t.has_storage_ = !tracker.storageless();
   t.shape_ = shape;
   t.dtype_ = dtype;
   return t;
@@ -61,7 +68,9 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, MemCategory category, Memo
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, MemCategory category, MemoryTracker& tracker) {
   Tensor t = empty(shape, dtype, category, tracker);
-  t.zero();
+  // Zeroed at allocation (as calloc or a device's memset-at-allocation): a property of the
+  // block, not a host write to the tensor, so a storage-less block (no contents) skips it.
+  if (t.has_storage_) t.zero();
   return t;
 }
 
@@ -82,17 +91,21 @@ Tensor Tensor::narrow(int64_t begin, int64_t end) const {
 }
 
 Tensor Tensor::clone(MemCategory category) const {
+  if (!has_storage_) fail_host_access();
   Tensor t = empty(shape_, dtype_, category, *storage_->tracker);
   std::memcpy(t.raw_data(), raw_data(), nbytes());
   return t;
 }
 
 void Tensor::zero() {
+  if (!has_storage_) fail_host_access();
   if (numel() > 0) std::memset(raw_data(), 0, nbytes());
 }
 
 void Tensor::copy_from(const Tensor& src) {
   FP_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_, "copy of {} into {}", src.describe(), describe());
+  if (!has_storage_) fail_host_access();
+  if (!src.has_storage_) src.fail_host_access();
   if (numel() > 0 && raw_data() != src.raw_data()) std::memmove(raw_data(), src.raw_data(), nbytes());
 }
 
@@ -118,6 +131,7 @@ void store_from_f64(DType t, void* p, int64_t i, double v) {
 
 Tensor Tensor::to(DType dtype, MemCategory category) const {
   if (dtype == dtype_) return clone(category);
+  if (!has_storage_) fail_host_access();
   Tensor t = empty(shape_, dtype, category, *storage_->tracker);
   const int64_t n = numel();
   // f64 -> bf16 goes through f32 first, as a bf16 store of an f32 value would.

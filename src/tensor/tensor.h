@@ -3,7 +3,10 @@
 // copies the bytes. A view (reshape, narrow) shares the storage and counts no new bytes.
 // Storage is host memory, or CUDA unified memory when a CUDA program installs it under the
 // tracker (MemoryTracker::set_block_allocator; docs/GPU.md): the same pointers then serve
-// host code and kernels.
+// host code and kernels. A tensor from a storage-less tracker (MemoryTracker::
+// make_storageless, a dry run) has an address but no storage: raw_data() gives the address
+// (communicators and views need it), while data<T>() and every host copy fail an FP_CHECK
+// naming the tensor, and a raw dereference faults.
 #pragma once
 
 #include <cstdint>
@@ -25,11 +28,12 @@ class Tensor {
   // Uninitialized storage, counted under `category`. Aborts when the system refuses the
   // memory; use try_empty where the size comes from outside (a file, a flag).
   static Tensor empty(const Shape& shape, DType dtype, MemCategory category,
-                      MemoryTracker& tracker = MemoryTracker::process());
+                      MemoryTracker& tracker = MemoryTracker::current());
   static Result<Tensor> try_empty(const Shape& shape, DType dtype, MemCategory category,
-                                  MemoryTracker& tracker = MemoryTracker::process());
+                                  MemoryTracker& tracker = MemoryTracker::current());
+  // Zero-filled storage; from a storage-less tracker, a tensor like empty's (no contents).
   static Tensor zeros(const Shape& shape, DType dtype, MemCategory category,
-                      MemoryTracker& tracker = MemoryTracker::process());
+                      MemoryTracker& tracker = MemoryTracker::current());
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -43,16 +47,20 @@ class Tensor {
 
   void* raw_data() { return static_cast<char*>(base()) + offset_bytes_; }
   const void* raw_data() const { return static_cast<const char*>(base()) + offset_bytes_; }
+  // False for a tensor of a storage-less tracker (a dry run).
+  bool has_storage() const { return has_storage_; }
   template <typename T>
   T* data() {
     FP_CHECK(dtype_ == DTypeOf<T>::value, "tensor is {}, accessed as {}", dtype_name(dtype_),
              dtype_name(DTypeOf<T>::value));
+    if (!has_storage_) fail_host_access();
     return static_cast<T*>(raw_data());
   }
   template <typename T>
   const T* data() const {
     FP_CHECK(dtype_ == DTypeOf<T>::value, "tensor is {}, accessed as {}", dtype_name(dtype_),
              dtype_name(DTypeOf<T>::value));
+    if (!has_storage_) fail_host_access();
     return static_cast<const T*>(raw_data());
   }
 
@@ -74,11 +82,13 @@ class Tensor {
  private:
   struct Storage;
   void* base() const;
+  [[noreturn]] void fail_host_access() const;
 
   std::shared_ptr<Storage> storage_;
   size_t offset_bytes_ = 0;
   Shape shape_;
   DType dtype_ = DType::kF32;
+  bool has_storage_ = true;
 };
 
 }  // namespace foldpar

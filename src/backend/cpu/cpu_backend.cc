@@ -47,12 +47,11 @@ class CpuBackend final : public Backend {
   bool matmul_takes_bf16() const override { return gemm_engine_report().bf16_native; }
 
   void copy(const Tensor& src, Tensor& dst) override {
-    FP_CHECK(src.numel() == dst.numel() && src.dtype() == dst.dtype(), "copy {} -> {}", src.describe(),
-             dst.describe());
+    check_copy(src, dst);
     dst.copy_from(src.reshape(dst.shape()));
   }
   void add_inplace(const Tensor& x, Tensor& y) override {
-    FP_CHECK(x.numel() == y.numel() && x.dtype() == y.dtype(), "add_inplace {} into {}", x.describe(), y.describe());
+    check_add_inplace(x, y);
     check_f32(x, "add_inplace");
     const float* X = x.data<float>();
     float* Y = y.data<float>();
@@ -72,8 +71,7 @@ class CpuBackend final : public Backend {
   }
   void adamw_update(const AdamWStep& s, const Tensor& grad, Tensor& param, Tensor& m, Tensor& v) override {
     check_f32(param, "adamw_update");
-    FP_CHECK(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel(),
-             "adamw shapes {} {} {} {}", grad.describe(), param.describe(), m.describe(), v.describe());
+    check_adamw(grad, param, m, v);
     const float c1 = static_cast<float>(1.0 - std::pow(s.beta1, static_cast<double>(s.step)));
     const float c2 = static_cast<float>(1.0 - std::pow(s.beta2, static_cast<double>(s.step)));
     const float b1 = static_cast<float>(s.beta1), b2 = static_cast<float>(s.beta2), eps = static_cast<float>(s.eps);
@@ -107,9 +105,8 @@ class CpuBackend final : public Backend {
 
   void embedding_forward(const Tensor& ids, const Tensor& table, int64_t vocab_offset, Tensor& out) override {
     const int64_t rows = table.dim(0), h = table.dim(1);
-    check_i32_vector(ids, rows_of(out), "embedding ids");
+    check_embedding_forward(ids, table, out);
     check_f32(table, "embedding");
-    FP_CHECK(out.dim(-1) == h && out.dtype() == table.dtype(), "embedding out {}", out.describe());
     const int32_t* I = ids.data<int32_t>();
     const float* W = table.data<float>();
     float* O = out.data<float>();
@@ -120,7 +117,7 @@ class CpuBackend final : public Backend {
   }
   void embedding_backward(const Tensor& ids, const Tensor& d_out, int64_t vocab_offset, Tensor& d_table) override {
     const int64_t rows = d_table.dim(0), h = d_table.dim(1);
-    check_i32_vector(ids, rows_of(d_out), "embedding ids");
+    check_embedding_backward(ids, d_out, d_table);
     check_f32(d_out, "embedding_backward");
     const int32_t* I = ids.data<int32_t>();
     const float* G = d_out.data<float>();
@@ -133,10 +130,9 @@ class CpuBackend final : public Backend {
   }
 
   void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) override {
-    check_same(x, y, "rmsnorm y");
+    check_rmsnorm_forward(x, w, y, rstd);
     check_f32(x, "rmsnorm");
     const int64_t rows = rows_of(x), h = x.dim(-1);
-    FP_CHECK(w.numel() == h && rstd.numel() == rows, "rmsnorm w {} rstd {}", w.describe(), rstd.describe());
     const float *X = x.data<float>(), *W = w.data<float>();
     float *Y = y.data<float>(), *R = rstd.data<float>();
     for (int64_t r = 0; r < rows; ++r) {
@@ -151,11 +147,9 @@ class CpuBackend final : public Backend {
   }
   void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
                         Tensor& dw) override {
-    check_same(x, dy, "rmsnorm dy");
-    check_same(x, dx, "rmsnorm dx");
+    check_rmsnorm_backward(x, w, rstd, dy, dx, dw);
     check_f32(x, "rmsnorm_backward");
     const int64_t rows = rows_of(x), h = x.dim(-1);
-    FP_CHECK(dw.numel() == h, "rmsnorm dw {}", dw.describe());
     const float *X = x.data<float>(), *W = w.data<float>(), *R = rstd.data<float>(), *DY = dy.data<float>();
     float *DX = dx.data<float>(), *DW = dw.data<float>();
     std::vector<double> dw_acc(static_cast<size_t>(h), 0.0);
@@ -186,11 +180,8 @@ class CpuBackend final : public Backend {
   }
   void attention_backward(const AttentionArgs& a, const Tensor& out, const Tensor& lse, const Tensor& d_out,
                           Tensor& dq, Tensor& dk, Tensor& dv) override {
-    const AttentionDims d = check_attention(a, out, lse);
+    const AttentionDims d = check_attention_backward(a, out, lse, d_out, dq, dk, dv);
     check_f32(out, "attention_backward");
-    FP_CHECK(d_out.shape() == out.shape() && dq.shape() == a.q->shape() && dk.shape() == a.k->shape() &&
-                 dv.shape() == a.v->shape(),
-             "attention backward shapes");
     flash_attention_backward(d, a.q->data<float>(), a.k->data<float>(), a.v->data<float>(), out.data<float>(),
                              lse.data<float>(), d_out.data<float>(), a.q_pos->data<int32_t>(),
                              a.k_pos->data<int32_t>(), static_cast<float>(a.scale), dq.data<float>(),
@@ -198,8 +189,7 @@ class CpuBackend final : public Backend {
   }
 
   void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) override {
-    check_same(gate, up, "swiglu up");
-    check_same(gate, out, "swiglu out");
+    check_swiglu_forward(gate, up, out);
     check_f32(gate, "swiglu");
     const float *G = gate.data<float>(), *U = up.data<float>();
     float* O = out.data<float>();
@@ -208,10 +198,7 @@ class CpuBackend final : public Backend {
   }
   void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& d_out, Tensor& d_gate,
                        Tensor& d_up) override {
-    check_same(gate, up, "swiglu up");
-    check_same(gate, d_out, "swiglu d_out");
-    check_same(gate, d_gate, "swiglu d_gate");
-    check_same(gate, d_up, "swiglu d_up");
+    check_swiglu_backward(gate, up, d_out, d_gate, d_up);
     check_f32(gate, "swiglu_backward");
     const float *G = gate.data<float>(), *U = up.data<float>(), *DO = d_out.data<float>();
     float *DG = d_gate.data<float>(), *DU = d_up.data<float>();
@@ -227,9 +214,8 @@ class CpuBackend final : public Backend {
   double cross_entropy_forward(const Tensor& logits, const Tensor& targets, int32_t ignore_index,
                                Tensor& lse) override {
     check_f32(logits, "cross_entropy");
-    const int64_t rows = rows_of(logits), V = logits.dim(-1);
-    check_i32_vector(targets, rows, "cross_entropy targets");
-    FP_CHECK(lse.numel() == rows && lse.dtype() == DType::kF32, "cross_entropy lse {}", lse.describe());
+    const int64_t rows = check_cross_entropy_forward(logits, targets, lse), V = logits.dim(-1);
+    check_f32(lse, "cross_entropy lse");
     const float* X = logits.data<float>();
     const int32_t* tg = targets.data<int32_t>();
     float* L = lse.data<float>();
@@ -253,10 +239,8 @@ class CpuBackend final : public Backend {
   }
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int64_t vocab_offset,
                               int32_t ignore_index, double grad_scale, Tensor& d_logits) override {
-    check_same(logits, d_logits, "cross_entropy d_logits");
     check_f32(logits, "cross_entropy_backward");
-    const int64_t rows = rows_of(logits), V = logits.dim(-1);
-    check_i32_vector(targets, rows, "cross_entropy targets");
+    const int64_t rows = check_cross_entropy_backward(logits, targets, d_logits), V = logits.dim(-1);
     const float *X = logits.data<float>(), *L = lse.data<float>();
     const int32_t* tg = targets.data<int32_t>();
     float* DX = d_logits.data<float>();
@@ -278,10 +262,7 @@ class CpuBackend final : public Backend {
   void softmax_chunk_update(const Tensor& logits, const Tensor& targets, int64_t vocab_offset, int32_t ignore_index,
                             Tensor& row_max, Tensor& row_sum, Tensor& target_logit) override {
     check_f32(logits, "softmax_chunk_update");
-    const int64_t rows = rows_of(logits), V = logits.dim(-1);
-    check_i32_vector(targets, rows, "softmax_chunk_update targets");
-    FP_CHECK(row_max.numel() == rows && row_sum.numel() == rows && target_logit.numel() == rows,
-             "softmax_chunk_update rows {}", rows);
+    const int64_t rows = check_softmax_chunk_update(logits, targets, row_max, row_sum, target_logit), V = logits.dim(-1);
     const float* X = logits.data<float>();
     const int32_t* tg = targets.data<int32_t>();
     float *M = row_max.data<float>(), *Ssum = row_sum.data<float>(), *TL = target_logit.data<float>();
@@ -313,9 +294,8 @@ class CpuBackend final : public Backend {
 
   static void rope(const Tensor& table, Tensor& x, float sign) {
     check_f32(x, "rope");
-    FP_CHECK(x.rank() == 4 && table.rank() == 3 && table.dim(0) == x.dim(1) && table.dim(1) == 2 && table.dim(2) * 2 == x.dim(3) &&
-                 table.dtype() == DType::kF32,
-             "rope: x {} table {}", x.describe(), table.describe());
+    check_rope(table, x);
+    check_f32(table, "rope table");
     const int64_t B = x.dim(0), S = x.dim(1), n = x.dim(2), d = x.dim(3), half = d / 2;
     const float* tab = table.data<float>();
     float* X = x.data<float>();

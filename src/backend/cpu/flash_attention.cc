@@ -89,6 +89,20 @@ struct Plan {
   int64_t rows_max() const { return tokens_per_q_block * dims.group(); }
 };
 
+int64_t tokens_per_q_block(const AttentionDims& d) { return std::max<int64_t>(1, std::min(kStackedRows / d.group(), d.sq)); }
+int64_t keys_per_block(const AttentionDims& d) { return std::max<int64_t>(1, std::min(kKeyBlock, d.sk)); }
+
+// Each buffer starts on a 64-byte line: sizes rounded up to whole lines of 16 floats.
+struct BufferSizes {
+  int64_t mat, sc, vec, head;
+};
+BufferSizes buffer_sizes(const AttentionDims& d) {
+  auto line = [](int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; };
+  const int64_t rows_max = tokens_per_q_block(d) * d.group();
+  return {line(rows_max * d.d), line(rows_max * keys_per_block(d)), line(rows_max),
+          d.n_kv * d.d == d.d ? 0 : line(d.sk * d.d)};
+}
+
 Plan make_plan(const AttentionDims& d, const int32_t* q_pos, const int32_t* k_pos, float scale, bool backward) {
   FP_CHECK(d.d > 0, "flash attention: head dim {} must be positive", d.d);
   Plan p;
@@ -96,16 +110,14 @@ Plan make_plan(const AttentionDims& d, const int32_t* q_pos, const int32_t* k_po
   p.scale = scale;
   p.q_pos = q_pos;
   p.k_pos = k_pos;
-  p.tokens_per_q_block = std::max<int64_t>(1, std::min(kStackedRows / d.group(), d.sq));
-  p.keys_per_block = std::max<int64_t>(1, std::min(kKeyBlock, d.sk));
+  p.tokens_per_q_block = tokens_per_q_block(d);
+  p.keys_per_block = keys_per_block(d);
   p.q_stride = d.n_h * d.d;
   p.kv_stride = d.n_kv * d.d;
-  // Each buffer starts on a 64-byte line: sizes rounded up to whole lines of 16 floats.
-  auto line = [](int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; };
-  const int64_t mat = line(p.rows_max() * d.d), sc = line(p.rows_max() * p.keys_per_block);
-  const int64_t vec = line(p.rows_max()), head = p.kv_stride == d.d ? 0 : line(d.sk * d.d);
-  const int64_t floats = (backward ? 3 : 2) * mat + (backward ? 2 : 1) * sc + 2 * vec + (backward ? 4 : 2) * head;
-  p.workspace = Tensor::empty({floats}, DType::kF32, MemCategory::kWorkspace);
+  const BufferSizes b = buffer_sizes(d);
+  const int64_t mat = b.mat, sc = b.sc, vec = b.vec, head = b.head;
+  const AttentionScratch scratch = cpu_flash_attention_scratch(d, backward);
+  p.workspace = Tensor::empty({scratch.floats}, DType::kF32, MemCategory::kWorkspace);
   float* w = p.workspace.data<float>();
   auto take = [&w](int64_t n) { return std::exchange(w, w + n); };
   p.q_rows = take(mat);
@@ -126,7 +138,7 @@ Plan make_plan(const AttentionDims& d, const int32_t* q_pos, const int32_t* k_po
     }
   }
   const int64_t k_blocks = (d.sk + p.keys_per_block - 1) / p.keys_per_block;
-  p.k_range_storage = Tensor::empty({2 * k_blocks}, DType::kI32, MemCategory::kWorkspace);
+  p.k_range_storage = Tensor::empty({scratch.range_ints}, DType::kI32, MemCategory::kWorkspace);
   int32_t* ranges = p.k_range_storage.data<int32_t>();
   for (int64_t kb = 0; kb < k_blocks; ++kb) {
     const int64_t j0 = kb * p.keys_per_block;
@@ -457,6 +469,14 @@ void backward_q_block(const Plan& p, const float* q, const Grads& gr, const KvHe
 }
 
 }  // namespace
+
+AttentionScratch cpu_flash_attention_scratch(const AttentionDims& d, bool backward) {
+  const BufferSizes b = buffer_sizes(d);
+  AttentionScratch s;
+  s.floats = (backward ? 3 : 2) * b.mat + (backward ? 2 : 1) * b.sc + 2 * b.vec + (backward ? 4 : 2) * b.head;
+  s.range_ints = 2 * ((d.sk + keys_per_block(d) - 1) / keys_per_block(d));
+  return s;
+}
 
 void flash_attention_forward(const AttentionDims& dims, const float* q, const float* k, const float* v,
                              const int32_t* q_pos, const int32_t* k_pos, float scale, float* out, float* lse) {

@@ -89,9 +89,8 @@ void ref_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, 
 // sign = +1 rotates forward, -1 applies the transpose (backward).
 template <typename T>
 void ref_rope(const Tensor& table, Tensor& x, double sign) {
-  FP_CHECK(x.rank() == 4 && table.rank() == 3 && table.dim(0) == x.dim(1) && table.dim(1) == 2 && table.dim(2) * 2 == x.dim(3) &&
-               table.dtype() == x.dtype(),
-           "rope: x {} table {}", x.describe(), table.describe());
+  check_rope(table, x);
+  FP_CHECK(table.dtype() == x.dtype(), "rope: x {} table {}", x.describe(), table.describe());
   const int64_t B = x.dim(0), S = x.dim(1), n = x.dim(2), d = x.dim(3), half = d / 2;
   const T* tab = table.data<T>();
   T* X = x.data<T>();
@@ -164,10 +163,7 @@ void ref_attention_forward(const AttentionArgs& a, Tensor& out, Tensor& lse) {
 template <typename T>
 void ref_attention_backward(const AttentionArgs& a, const Tensor& out, const Tensor& lse, const Tensor& d_out,
                             Tensor& dq, Tensor& dk, Tensor& dv) {
-  const AttentionDims d = check_attention(a, out, lse);
-  FP_CHECK(d_out.shape() == out.shape() && dq.shape() == a.q->shape() && dk.shape() == a.k->shape() &&
-               dv.shape() == a.v->shape(),
-           "attention backward shapes");
+  const AttentionDims d = check_attention_backward(a, out, lse, d_out, dq, dk, dv);
   const T *K = a.k->data<T>(), *V = a.v->data<T>(), *O = out.data<T>(), *L = lse.data<T>(),
           *DO = d_out.data<T>();
   // dk, dv accumulate over query rows and GQA groups: sum in f64 buffers.
@@ -228,12 +224,11 @@ class ReferenceBackend final : public Backend {
   }
 
   void copy(const Tensor& src, Tensor& dst) override {
-    FP_CHECK(src.numel() == dst.numel() && src.dtype() == dst.dtype(), "copy {} -> {}", src.describe(),
-             dst.describe());
+    check_copy(src, dst);
     dst.copy_from(src.reshape(dst.shape()));
   }
   void add_inplace(const Tensor& x, Tensor& y) override {
-    FP_CHECK(x.numel() == y.numel() && x.dtype() == y.dtype(), "add_inplace {} into {}", x.describe(), y.describe());
+    check_add_inplace(x, y);
     dispatch_float(x, [&]<typename T>() {
       const T* X = x.data<T>();
       T* Y = y.data<T>();
@@ -253,8 +248,7 @@ class ReferenceBackend final : public Backend {
     });
   }
   void adamw_update(const AdamWStep& s, const Tensor& grad, Tensor& param, Tensor& m, Tensor& v) override {
-    FP_CHECK(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel(),
-             "adamw shapes {} {} {} {}", grad.describe(), param.describe(), m.describe(), v.describe());
+    check_adamw(grad, param, m, v);
     const double c1 = 1.0 - std::pow(s.beta1, static_cast<double>(s.step));
     const double c2 = 1.0 - std::pow(s.beta2, static_cast<double>(s.step));
     dispatch_float(param, [&]<typename T>() {
@@ -281,9 +275,7 @@ class ReferenceBackend final : public Backend {
 
   void embedding_forward(const Tensor& ids, const Tensor& table, int64_t vocab_offset, Tensor& out) override {
     const int64_t rows = table.dim(0), h = table.dim(1);
-    check_i32_vector(ids, rows_of(out), "embedding ids");
-    FP_CHECK(out.dim(-1) == h && out.dtype() == table.dtype(), "embedding out {} table {}", out.describe(),
-             table.describe());
+    check_embedding_forward(ids, table, out);
     const int32_t* I = ids.data<int32_t>();
     const auto* src = static_cast<const char*>(table.raw_data());
     auto* dst = static_cast<char*>(out.raw_data());
@@ -295,7 +287,7 @@ class ReferenceBackend final : public Backend {
   }
   void embedding_backward(const Tensor& ids, const Tensor& d_out, int64_t vocab_offset, Tensor& d_table) override {
     const int64_t rows = d_table.dim(0), h = d_table.dim(1);
-    check_i32_vector(ids, rows_of(d_out), "embedding ids");
+    check_embedding_backward(ids, d_out, d_table);
     dispatch_float(d_out, [&]<typename T>() {
       const int32_t* I = ids.data<int32_t>();
       const T* G = d_out.data<T>();
@@ -312,16 +304,12 @@ class ReferenceBackend final : public Backend {
   }
 
   void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) override {
-    check_same(x, y, "rmsnorm y");
-    FP_CHECK(w.numel() == x.dim(-1) && rstd.numel() == rows_of(x), "rmsnorm w {} rstd {} x {}", w.describe(),
-             rstd.describe(), x.describe());
+    check_rmsnorm_forward(x, w, y, rstd);
     dispatch_float(x, [&]<typename T>() { ref_rmsnorm_forward<T>(x, w, eps, y, rstd); });
   }
   void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
                         Tensor& dw) override {
-    check_same(x, dy, "rmsnorm dy");
-    check_same(x, dx, "rmsnorm dx");
-    FP_CHECK(dw.numel() == x.dim(-1), "rmsnorm dw {}", dw.describe());
+    check_rmsnorm_backward(x, w, rstd, dy, dx, dw);
     dispatch_float(x, [&]<typename T>() { ref_rmsnorm_backward<T>(x, w, rstd, dy, dx, dw); });
   }
 
@@ -341,8 +329,7 @@ class ReferenceBackend final : public Backend {
   }
 
   void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) override {
-    check_same(gate, up, "swiglu up");
-    check_same(gate, out, "swiglu out");
+    check_swiglu_forward(gate, up, out);
     dispatch_float(gate, [&]<typename T>() {
       const T *G = gate.data<T>(), *U = up.data<T>();
       T* O = out.data<T>();
@@ -351,10 +338,7 @@ class ReferenceBackend final : public Backend {
   }
   void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& d_out, Tensor& d_gate,
                        Tensor& d_up) override {
-    check_same(gate, up, "swiglu up");
-    check_same(gate, d_out, "swiglu d_out");
-    check_same(gate, d_gate, "swiglu d_gate");
-    check_same(gate, d_up, "swiglu d_up");
+    check_swiglu_backward(gate, up, d_out, d_gate, d_up);
     dispatch_float(gate, [&]<typename T>() {
       const T *G = gate.data<T>(), *U = up.data<T>(), *DO = d_out.data<T>();
       T *DG = d_gate.data<T>(), *DU = d_up.data<T>();
@@ -370,9 +354,8 @@ class ReferenceBackend final : public Backend {
 
   double cross_entropy_forward(const Tensor& logits, const Tensor& targets, int32_t ignore_index,
                                Tensor& lse) override {
-    const int64_t rows = rows_of(logits), V = logits.dim(-1);
-    check_i32_vector(targets, rows, "cross_entropy targets");
-    FP_CHECK(lse.numel() == rows && lse.dtype() == logits.dtype(), "cross_entropy lse {}", lse.describe());
+    const int64_t rows = check_cross_entropy_forward(logits, targets, lse), V = logits.dim(-1);
+    FP_CHECK(lse.dtype() == logits.dtype(), "cross_entropy lse {}", lse.describe());
     double loss = 0;
     dispatch_float(logits, [&]<typename T>() {
       const T* X = logits.data<T>();
@@ -397,8 +380,7 @@ class ReferenceBackend final : public Backend {
   }
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int64_t vocab_offset,
                               int32_t ignore_index, double grad_scale, Tensor& d_logits) override {
-    const int64_t rows = rows_of(logits), V = logits.dim(-1);
-    check_same(logits, d_logits, "cross_entropy d_logits");
+    const int64_t rows = check_cross_entropy_backward(logits, targets, d_logits), V = logits.dim(-1);
     dispatch_float(logits, [&]<typename T>() {
       const T *X = logits.data<T>(), *L = lse.data<T>();
       const int32_t* tg = targets.data<int32_t>();
@@ -416,10 +398,8 @@ class ReferenceBackend final : public Backend {
 
   void softmax_chunk_update(const Tensor& logits, const Tensor& targets, int64_t vocab_offset, int32_t ignore_index,
                             Tensor& row_max, Tensor& row_sum, Tensor& target_logit) override {
-    const int64_t rows = rows_of(logits), V = logits.dim(-1);
-    check_i32_vector(targets, rows, "softmax_chunk_update targets");
-    FP_CHECK(row_max.numel() == rows && row_sum.numel() == rows && target_logit.numel() == rows,
-             "softmax_chunk_update rows {}", rows);
+    const int64_t rows = check_softmax_chunk_update(logits, targets, row_max, row_sum, target_logit),
+                  V = logits.dim(-1);
     dispatch_float(logits, [&]<typename T>() {
       const T* X = logits.data<T>();
       const int32_t* tg = targets.data<int32_t>();

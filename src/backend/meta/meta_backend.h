@@ -1,0 +1,106 @@
+// MetaBackend: the Backend of a dry run (docs/design.md, Planning / dry run). Every op
+// validates its arguments as the real backends do (backend/op_checks.h and the same
+// per-op rules), touches no tensor data (inputs and outputs are normally storage-less
+// tensors: MemoryTracker::make_storageless) and appends one OpRecord: the op, its place in
+// program order (an EventOrder shared with the counting communicators), FLOPs in
+// model/flop_count.h's conventions, bytes read and written, dtype and shape class.
+// Scalar-returning ops (sum_squares, cross_entropy_forward) return 0.
+//
+// Adding a Backend op here: one override that runs the op's check and calls record() with
+// its name, shape class, FLOPs and bytes.
+#pragma once
+
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/event_order.h"
+
+namespace foldpar {
+
+// The shape class an op is priced by; fields not used by its kind stay 0.
+struct OpShape {
+  enum class Kind : uint8_t { kMatmul, kAttention, kTokenwise };
+  Kind kind = Kind::kTokenwise;
+  int64_t m = 0, n = 0, k = 0;                                  // matmul: op(a) [M, K], op(b) [K, N]
+  int64_t batch = 0, sq = 0, sk = 0, n_h = 0, n_kv = 0, d = 0;  // attention
+  int64_t rows = 0, width = 0;                                  // token-wise: x viewed as [rows, width]
+};
+
+struct OpRecord {
+  uint64_t seq = 0;        // EventOrder number: merges with the communicators' records
+  std::string_view op;     // the Backend method's name: "matmul", "attention_forward", ...
+  DType dtype = DType::kF32;  // of the op's main operand
+  OpShape shape;
+  double flops = 0;        // matmul 2*M*N*K; attention 4*d (fwd) or 8*d (bwd) per visible pair and head
+  int64_t bytes_read = 0;  // every input tensor once, accumulated outputs included
+  int64_t bytes_written = 0;
+  // Attention: whether the visible pairs were counted from the positions (they had
+  // storage) or, positions being storage-less, taken as every (query, key) pair.
+  bool pairs_exact = true;
+};
+
+struct MetaBackendOptions {
+  EventOrder* order = nullptr;      // shared program order; null: a private counter
+  bool matmul_takes_bf16 = false;   // what Backend::matmul_takes_bf16 answers
+  // Allocate, for the duration of each attention call, the scratch the CPU flash attention
+  // takes (cpu_flash_attention_scratch, backend/op_checks.h), so that tracked peaks equal a
+  // CPU run's. Off: ops allocate nothing (a backend whose scratch is not tracked).
+  bool cpu_attention_scratch = true;
+};
+
+class MetaBackend final : public Backend {
+ public:
+  explicit MetaBackend(MetaBackendOptions options = {});
+  std::string_view name() const override { return "meta"; }
+  const std::vector<OpRecord>& records() const { return records_; }
+  double total_flops() const;
+
+  void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha = 1.0f,
+              float beta = 0.0f) override;
+  bool matmul_takes_bf16() const override { return options_.matmul_takes_bf16; }
+  void copy(const Tensor& src, Tensor& dst) override;
+  void add_inplace(const Tensor& x, Tensor& y) override;
+  void scale_inplace(double alpha, Tensor& y) override;
+  void fill(double value, Tensor& y) override;
+  double sum_squares(const Tensor& x) override;
+  void adamw_update(const AdamWStep& s, const Tensor& grad, Tensor& param, Tensor& m, Tensor& v) override;
+  void embedding_forward(const Tensor& ids, const Tensor& table, int64_t vocab_offset, Tensor& out) override;
+  void embedding_backward(const Tensor& ids, const Tensor& d_out, int64_t vocab_offset, Tensor& d_table) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) override;
+  void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                        Tensor& dw) override;
+  void rope_forward(const Tensor& table, Tensor& x) override;
+  void rope_backward(const Tensor& table, Tensor& dx) override;
+  void attention_forward(const AttentionArgs& args, Tensor& out, Tensor& lse) override;
+  void attention_backward(const AttentionArgs& args, const Tensor& out, const Tensor& lse, const Tensor& d_out,
+                          Tensor& dq, Tensor& dk, Tensor& dv) override;
+  void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) override;
+  void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& d_out, Tensor& d_gate,
+                       Tensor& d_up) override;
+  double cross_entropy_forward(const Tensor& logits, const Tensor& targets, int32_t ignore_index,
+                               Tensor& lse) override;
+  void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int64_t vocab_offset,
+                              int32_t ignore_index, double grad_scale, Tensor& d_logits) override;
+  void softmax_chunk_update(const Tensor& logits, const Tensor& targets, int64_t vocab_offset, int32_t ignore_index,
+                            Tensor& row_max, Tensor& row_sum, Tensor& target_logit) override;
+
+ private:
+  // Appends a record; reads and writes are the tensors' byte sizes summed.
+  OpRecord& record(std::string_view op, DType dtype, OpShape shape, double flops,
+                   std::initializer_list<const Tensor*> read, std::initializer_list<const Tensor*> written);
+  OpRecord& record_tokenwise(std::string_view op, const Tensor& x, double flops,
+                             std::initializer_list<const Tensor*> read, std::initializer_list<const Tensor*> written);
+  void attention(std::string_view op, const AttentionArgs& args, const Tensor& out, const Tensor& lse,
+                 double flops_per_pair_and_head, std::initializer_list<const Tensor*> read,
+                 std::initializer_list<const Tensor*> written);
+
+  MetaBackendOptions options_;
+  EventOrder own_order_;
+  std::vector<OpRecord> records_;
+};
+
+std::unique_ptr<MetaBackend> make_meta_backend(MetaBackendOptions options = {});
+
+}  // namespace foldpar

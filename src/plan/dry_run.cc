@@ -1,0 +1,98 @@
+// Dry run: the counting mesh, the storage-less tracker and the meta backend around one step
+// of the real strategy.
+#include "plan/dry_run.h"
+
+#include "parallel/make_layout.h"
+#include "tensor/storageless_allocator.h"
+
+namespace foldpar {
+namespace {
+
+// The rows [B_local, S_local] this rank feeds the model: the strategy's local_batch of a
+// host batch (made on the process tracker: preparing input is the loader's work, not the
+// step's), re-made storage-less with the same shapes and categories.
+Result<Batch> storageless_local_batch(const ShardedModel& model, int64_t rows, int64_t seq, MemoryTracker& meta) {
+  Batch host;
+  {
+    ScopedDefaultTracker on_host(MemoryTracker::process());
+    host.input_ids = Tensor::zeros({rows, seq}, DType::kI32, MemCategory::kActivations);
+    host.target_ids = Tensor::zeros({rows, seq}, DType::kI32, MemCategory::kActivations);
+    host = model.local_batch(host);
+  }
+  Batch local;
+  local.input_ids = Tensor::empty(host.input_ids.shape(), DType::kI32, host.input_ids.category(), meta);
+  local.target_ids = Tensor::empty(host.target_ids.shape(), DType::kI32, host.target_ids.category(), meta);
+  return local;
+}
+
+// The step of a training-side mode on `model`, between the snapshots `measure` takes.
+Status run_model_step(const DryRunOptions& o, ShardedModel& model, const Batch& local, MetaBackend& backend,
+                      DryRunResult& out) {
+  if (o.mode == DryRunMode::kForwardBackward) {
+    // The trainer's normalizer: the valid tokens of the global batch (every token here).
+    FP_ASSIGN_OR_RETURN(out.result, model.forward_backward(backend, local, o.batch * o.seq));
+  } else {
+    FP_ASSIGN_OR_RETURN(out.result, model.forward(backend, local));
+  }
+  out.result.logits = Tensor();
+  return Status();
+}
+
+// Snapshots the tracker and the axis counters around `step`: after_build before it, the
+// step's peaks and traffic after it.
+template <typename Step>
+Status measure(MemoryTracker& meta, const Mesh& mesh, DryRunResult& out, Step&& step) {
+  out.after_build = meta.stats();
+  meta.reset_peaks();
+  const std::vector<const Communicator*> comms = mesh.communicators();
+  std::vector<CommStats> before;
+  for (const Communicator* c : comms) before.push_back(c->stats());
+  FP_RETURN_IF_ERROR(step());
+  out.step = meta.stats();
+  for (size_t i = 0; i < comms.size(); ++i) out.comm.emplace_back(comms[i]->name(), comms[i]->stats() - before[i]);
+  return Status();
+}
+
+// Prefill (and for kDecode one decode step) of B prompts of S zero tokens.
+Status run_generation(const DryRunOptions& o, Mesh& mesh, MemoryTracker& meta, MetaBackend& backend,
+                      DryRunResult& out) {
+  FP_ASSIGN_OR_RETURN(std::unique_ptr<ShardedDecoder> decoder, make_sharded_decoder(o.config, mesh, o.layout));
+  const std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(o.batch),
+                                                  std::vector<int32_t>(static_cast<size_t>(o.seq), 0));
+  auto prefill = [&]() -> Status { return decoder->prefill(backend, prompts, o.max_new_tokens).status(); };
+  if (o.mode == DryRunMode::kPrefill) return measure(meta, mesh, out, prefill);
+  FP_RETURN_IF_ERROR(prefill());
+  const std::vector<int32_t> tokens(static_cast<size_t>(o.batch), 0);
+  return measure(meta, mesh, out, [&]() -> Status { return decoder->decode(backend, tokens).status(); });
+}
+
+}  // namespace
+
+Result<DryRunResult> dry_run(const DryRunOptions& o) {
+  if (o.mode == DryRunMode::kForwardBackward || o.mode == DryRunMode::kForward) {
+    FP_RETURN_IF_ERROR(validate_layout(o.config, o.layout, o.batch, o.seq));
+  }
+  FP_ASSIGN_OR_RETURN(MeshLayout mesh_layout, MeshLayout::parse(o.layout.mesh()));
+  install_storageless_fault_handler();
+  DryRunResult out;
+  EventOrder order;
+  FP_ASSIGN_OR_RETURN(CountingMesh cm, make_counting_mesh(mesh_layout, o.rank, order, out.comm_trace));
+  std::unique_ptr<MemoryTracker> meta = MemoryTracker::make_storageless();
+  MetaBackend backend(MetaBackendOptions{.order = &order, .matmul_takes_bf16 = o.matmul_takes_bf16});
+  {
+    ScopedDefaultTracker scope(*meta);
+    if (o.mode == DryRunMode::kPrefill || o.mode == DryRunMode::kDecode) {
+      FP_RETURN_IF_ERROR(run_generation(o, *cm.mesh, *meta, backend, out));
+    } else {
+      FP_ASSIGN_OR_RETURN(std::unique_ptr<ShardedModel> model,
+                          make_sharded_model(o.config, *cm.mesh, o.seq, o.layout));
+      const int64_t rows = o.batch / cm.mesh->degree("dp");
+      FP_ASSIGN_OR_RETURN(Batch local, storageless_local_batch(*model, rows, o.seq, *meta));
+      FP_RETURN_IF_ERROR(measure(*meta, *cm.mesh, out, [&] { return run_model_step(o, *model, local, backend, out); }));
+    }
+  }
+  out.ops = backend.records();
+  return out;
+}
+
+}  // namespace foldpar

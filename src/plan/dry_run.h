@@ -1,0 +1,57 @@
+// Dry run: one rank of a layout executes the real strategy code (make_sharded_model) on the
+// meta backend (backend/meta/meta_backend.h), a counting mesh (comm/counting_communicator.h)
+// and storage-less tensors (MemoryTracker::make_storageless), so the plan reads memory,
+// traffic and the op sequence off the code itself instead of a hand-written replay
+// (docs/design.md, Planning / dry run). Nothing is computed: a host access to tensor data
+// fails loudly (Tensor::data<T>() FP_CHECK, or a fault named by the handler installed here),
+// which is a bug in the strategy (every touch of tensor contents belongs in a Backend op).
+// Many dry runs may run in one process, one at a time per thread; tensors made before are
+// not affected.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/meta/meta_backend.h"
+#include "comm/counting_communicator.h"
+#include "layout/layout.h"
+#include "model/llama_config.h"
+#include "tensor/memory_tracker.h"
+
+namespace foldpar {
+
+enum class DryRunMode {
+  kForwardBackward,  // one training micro-batch: ShardedModel::forward_backward
+  kForward,          // forward only (the loss): ShardedModel::forward
+  kPrefill,          // generation: ShardedDecoder::prefill of B prompts of S tokens
+  kDecode,           // generation: one decode step after that prefill (the step's figures)
+};
+
+struct DryRunOptions {
+  LlamaConfig config;
+  Layout layout;                  // validated by validate_layout inside
+  int rank = 0;                   // world rank in layout.mesh(), 0 <= rank < its rank count
+  int64_t batch = 1;              // B, global rows (a dp axis divides it as the trainer does)
+  int64_t seq = 0;                // S
+  DryRunMode mode = DryRunMode::kForwardBackward;
+  bool matmul_takes_bf16 = false; // what the meta backend answers (bf16 layouts on a bf16 GEMM)
+  int64_t max_new_tokens = 1;     // kPrefill, kDecode: the KV cache's room past the prompt
+};
+
+struct DryRunResult {
+  MemoryStats after_build;  // the tracker once the model and the local batch exist
+  MemoryStats step;         // peaks of the step alone (reset after the build), currents after it
+  std::vector<std::pair<std::string, CommStats>> comm;  // what each axis moved in the step, layout order
+  std::vector<OpRecord> ops;  // the meta backend's records
+  CommTrace comm_trace;       // starts and completions; seq numbers merge with ops'
+  StepResult result;          // loss fields are 0: nothing is computed (training modes)
+};
+
+// Runs one step of `options.layout` as world rank `options.rank`. Errors: the layout's
+// verdict (validate_layout, or make_sharded_decoder's for the generation modes) or a rank
+// outside the mesh. Not collective; no MPI.
+Result<DryRunResult> dry_run(const DryRunOptions& options);
+
+}  // namespace foldpar
