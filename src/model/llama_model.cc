@@ -23,10 +23,11 @@ struct StepConstants {
 
 void make_constants(const LlamaConfig& c, Backend& be, const Batch& batch, DType dtype, StepConstants& k) {
   const int64_t S = batch.seq();
+  std::vector<int32_t> positions(static_cast<size_t>(S));
+  std::iota(positions.begin(), positions.end(), 0);
   k.positions = Tensor::empty({S}, DType::kI32, MemCategory::kActivations);
-  std::iota(k.positions.data<int32_t>(), k.positions.data<int32_t>() + S, 0);
-  k.rope_table = build_rope_table({k.positions.data<int32_t>(), static_cast<size_t>(S)}, c.head_dim(), c.rope_theta,
-                                  stat_dtype(dtype));
+  be.copy_from_host(std::as_bytes(std::span<const int32_t>(positions)), k.positions);
+  k.rope_table = build_rope_table(be, positions, c.head_dim(), c.rope_theta, stat_dtype(dtype));
   k.ctx = BlockContext{&c, &be, batch.batch(), S, &k.positions, &k.rope_table};
 }
 

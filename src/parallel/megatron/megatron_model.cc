@@ -126,7 +126,7 @@ Result<StepResult> MegatronModel::forward_backward(Backend& be, const MegatronAx
   MegatronGrads scratch;
   if (!in_place) {
     scratch = MegatronGrads::allocate(config_, dims_, tp_rank_, MemCategory::kGradients);
-    scratch.zero();
+    be.fill(0.0, scratch.flat());
   }
   MegatronGrads& partial = in_place ? grads : scratch;
 
