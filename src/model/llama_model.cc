@@ -100,6 +100,8 @@ class SingleRankStep final : public ModelStep {
 
 }  // namespace
 
+// Reads the ids on the host: user input is checked where the batch is made (the loader's
+// host tensors); issue 16: a storage-less dry run must skip it or validate a host copy.
 Status validate_batch(const LlamaConfig& c, const Batch& batch) {
   const Tensor &ids = batch.input_ids, &tg = batch.target_ids;
   if (ids.rank() != 2 || ids.dtype() != DType::kI32 || tg.shape() != ids.shape() || tg.dtype() != DType::kI32)

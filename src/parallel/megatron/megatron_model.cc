@@ -45,6 +45,7 @@ MegatronGrads MegatronGrads::allocate(const LlamaConfig& c, const ShardDims& dim
   return g;
 }
 
+// Host zeroing, as ShardedWeights::zero (zero_grads takes no Backend yet).
 void MegatronGrads::zero() {
   flat_.zero();
   known_zero_ = true;
