@@ -15,7 +15,9 @@
 //  - Shape or dtype mismatches are bugs in the caller: they fail an FP_CHECK.
 #pragma once
 
+#include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -33,6 +35,23 @@ struct AttentionArgs {
   const Tensor* q_pos = nullptr;  // i32 [Sq]: global position of each query row (same for every batch)
   const Tensor* k_pos = nullptr;  // i32 [Sk]
   double scale = 0;               // softmax scale, usually 1/sqrt(d)
+};
+
+// A block of a row-major matrix: `rows` rows of `cols` elements, element (i, j) at
+// offset + i * row_stride + j of a tensor's flat storage (in elements of its dtype).
+struct StridedBlock {
+  int64_t offset = 0;
+  int64_t row_stride = 0;
+};
+struct StridedCopy {
+  int64_t rows = 0, cols = 0;
+  StridedBlock src, dst;
+};
+
+// The cross-entropy of rows whose softmax statistics are complete (Backend::cross_entropy_finish).
+struct LossSums {
+  double loss_sum = 0;       // sum over valid rows of lse - target_logit, in f64, in row order
+  int64_t valid_tokens = 0;  // rows whose target is not ignore_index
 };
 
 class Backend {
@@ -59,6 +78,18 @@ class Backend {
   virtual void fill(double value, Tensor& y) = 0;
   // Sum of squares of all elements, accumulated in f64.
   virtual double sum_squares(const Tensor& x) = 0;
+  // Block copy within or between tensors of one dtype (any dtype, f32 to i32: bytes move
+  // unchanged): dst[c.dst.offset + i * c.dst.row_stride + j] = src[c.src.offset + i *
+  // c.src.row_stride + j] for i < rows, j < cols; the rest of dst untouched. Every addressed
+  // element must lie inside its tensor; the two blocks must not overlap. Row copies,
+  // gathers of row ranges, column blocks of a matrix and KV cache slots are all this op.
+  virtual void copy_strided(const Tensor& src, Tensor& dst, const StridedCopy& c) = 0;
+  // The host boundary: the bytes of `src` (exactly dst.nbytes()) into dst (written), and
+  // the bytes of `src` into host memory `dst` (exactly src.nbytes()). Token ids, positions
+  // and RoPE tables made on the host go in; the logits sampled on the host and scalars
+  // come out. Ordered with the ops before and after, as a copy is.
+  virtual void copy_from_host(std::span<const std::byte> src, Tensor& dst) = 0;
+  virtual void copy_to_host(const Tensor& src, std::span<std::byte> dst) = 0;
 
   // ---- optimizer ----
   // One AdamW step on a parameter (decoupled weight decay, bias-corrected moments):
@@ -103,6 +134,13 @@ class Backend {
   // From the forward's out and lse: dq [B, Sq, n_h, d], dk and dv [B, Sk, n_kv, d], all written.
   virtual void attention_backward(const AttentionArgs& args, const Tensor& out, const Tensor& lse,
                                   const Tensor& d_out, Tensor& dq, Tensor& dk, Tensor& dv) = 0;
+  // The online-softmax merge of a partial result over another set of keys into (out, lse),
+  // both accumulated: per query row and head, with a = lse, c = block_lse:
+  //   c == -inf: unchanged;  a == -inf: out = block_out, lse = c;
+  //   else, m = max(a, c) (f64): out = wa out + wc block_out, lse = m + log(e^(a-m) + e^(c-m)),
+  //   wa, wc = e^(a-m), e^(c-m) over their sum, rounded to the tensors' dtype.
+  // out, block_out: [B, Sq, n_h, d]; lse, block_lse: [B, n_h, Sq] (attention_forward's layout).
+  virtual void attention_merge(const Tensor& block_out, const Tensor& block_lse, Tensor& out, Tensor& lse) = 0;
 
   // ---- SiLU-gated MLP pieces ----
   // out = silu(gate) * up; all [T, f].
@@ -132,6 +170,17 @@ class Backend {
   virtual void softmax_chunk_update(const Tensor& logits, const Tensor& targets, int64_t vocab_offset,
                                     int32_t ignore_index, Tensor& row_max, Tensor& row_sum,
                                     Tensor& target_logit) = 0;
+  // Moves softmax_chunk_update's sums from a local to a global row maximum before they are
+  // summed over shards: row_sum[t] *= exp(local_max[t] - global_max[t]), in the tensors'
+  // dtype. All [T]; row_sum accumulated in place.
+  virtual void softmax_rescale(const Tensor& local_max, const Tensor& global_max, Tensor& row_sum) = 0;
+  // The loss from complete statistics: lse[t] = row_max[t] + log(row_sum[t]) (written, [T],
+  // in the tensors' dtype, every row), and the LossSums over the valid rows (the f64 sum of
+  // lse - target_logit taken in row order). row_max, row_sum, target_logit: [T]; targets i32 [T].
+  virtual LossSums cross_entropy_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit,
+                                        const Tensor& targets, int32_t ignore_index, Tensor& lse) = 0;
+  // Number of targets (i32, any shape) that are not ignore_index.
+  virtual int64_t count_valid_targets(const Tensor& targets, int32_t ignore_index) = 0;
 };
 
 // The reference CPU backend: plain loops with fp64 accumulation; f32 and f64 tensors.
@@ -149,8 +198,5 @@ std::string cpu_gemm_engine_warning();
 // Threads the CPU backend's GEMM libraries (OpenBLAS and oneDNN) may use (1 when ranks share
 // cores). Process-wide, as the libraries' own settings are.
 void set_cpu_backend_threads(int threads);
-
-// Number of valid (not ignore_index) targets.
-int64_t count_valid_targets(const Tensor& targets, int32_t ignore_index);
 
 }  // namespace foldpar

@@ -56,6 +56,10 @@ class Bf16StorageBackend final : public Backend {
     in_.copy(widen(src), o.f32());
     o.finish();
   }
+  // Bytes move unchanged: no widening.
+  void copy_strided(const Tensor& src, Tensor& dst, const StridedCopy& c) override { in_.copy_strided(src, dst, c); }
+  void copy_from_host(std::span<const std::byte> src, Tensor& dst) override { in_.copy_from_host(src, dst); }
+  void copy_to_host(const Tensor& src, std::span<std::byte> dst) override { in_.copy_to_host(src, dst); }
   void add_inplace(const Tensor& x, Tensor& y) override {
     Out o(y, true);
     in_.add_inplace(widen(x), o.f32());
@@ -130,6 +134,12 @@ class Bf16StorageBackend final : public Backend {
     ok.finish();
     ov.finish();
   }
+  void attention_merge(const Tensor& block_out, const Tensor& block_lse, Tensor& out, Tensor& lse) override {
+    Out oo(out, true), ol(lse, true);
+    in_.attention_merge(widen(block_out), widen(block_lse), oo.f32(), ol.f32());
+    oo.finish();
+    ol.finish();
+  }
   void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) override {
     Out o(out, false);
     in_.swiglu_forward(widen(gate), widen(up), o.f32());
@@ -163,6 +173,22 @@ class Bf16StorageBackend final : public Backend {
     om.finish();
     os.finish();
     ot.finish();
+  }
+  void softmax_rescale(const Tensor& local_max, const Tensor& global_max, Tensor& row_sum) override {
+    Out o(row_sum, true);
+    in_.softmax_rescale(widen(local_max), widen(global_max), o.f32());
+    o.finish();
+  }
+  LossSums cross_entropy_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit,
+                                const Tensor& targets, int32_t ignore, Tensor& lse) override {
+    Out o(lse, false);
+    const LossSums sums =
+        in_.cross_entropy_finish(widen(row_max), widen(row_sum), widen(target_logit), targets, ignore, o.f32());
+    o.finish();
+    return sums;
+  }
+  int64_t count_valid_targets(const Tensor& targets, int32_t ignore) override {
+    return in_.count_valid_targets(targets, ignore);
   }
 
  private:

@@ -163,11 +163,64 @@ int64_t check_softmax_chunk_update(const Tensor& logits, const Tensor& targets, 
   return rows;
 }
 
-int64_t count_valid_targets(const Tensor& targets, int32_t ignore_index) {
-  const int32_t* t = targets.data<int32_t>();
-  int64_t n = 0;
-  for (int64_t i = 0; i < targets.numel(); ++i) n += (t[i] != ignore_index);
+namespace {
+void check_block(const Tensor& t, const StridedBlock& b, int64_t rows, int64_t cols, const char* what) {
+  FP_CHECK(b.offset >= 0 && b.row_stride >= 0, "copy_strided {}: offset {} and row stride {} of {}", what, b.offset,
+           b.row_stride, t.describe());
+  const int64_t last = b.offset + (rows - 1) * b.row_stride + cols;
+  FP_CHECK(last <= t.numel(), "copy_strided {}: {} rows of {} at offset {}, row stride {}, reach element {} of {}",
+           what, rows, cols, b.offset, b.row_stride, last, t.describe());
+}
+}  // namespace
+
+bool check_copy_strided(const Tensor& src, const Tensor& dst, const StridedCopy& c) {
+  FP_CHECK(src.dtype() == dst.dtype(), "copy_strided {} -> {}: dtypes differ", src.describe(), dst.describe());
+  FP_CHECK(c.rows >= 0 && c.cols >= 0, "copy_strided of {} rows of {}", c.rows, c.cols);
+  if (c.rows == 0 || c.cols == 0) return false;
+  FP_CHECK(c.rows == 1 || c.dst.row_stride >= c.cols, "copy_strided: destination rows of {} overlap at stride {}",
+           c.cols, c.dst.row_stride);
+  check_block(src, c.src, c.rows, c.cols, "source");
+  check_block(dst, c.dst, c.rows, c.cols, "destination");
+  return true;
+}
+
+void check_host_copy(const Tensor& t, size_t host_bytes, const char* what) {
+  FP_CHECK(t.nbytes() == host_bytes, "{}: {} host bytes for {} ({} bytes)", what, host_bytes, t.describe(),
+           t.nbytes());
+}
+
+AttentionMergeDims check_attention_merge(const Tensor& block_out, const Tensor& block_lse, const Tensor& out,
+                                         const Tensor& lse) {
+  FP_CHECK(out.rank() == 4 && block_out.shape() == out.shape() && block_lse.shape() == lse.shape() &&
+               lse.numel() == out.dim(0) * out.dim(2) * out.dim(1) && out.dtype() == block_out.dtype() &&
+               lse.dtype() == block_lse.dtype(),
+           "attention_merge of block {} / {} into {} / {}", block_out.describe(), block_lse.describe(),
+           out.describe(), lse.describe());
+  return {out.dim(0), out.dim(1), out.dim(2), out.dim(3)};
+}
+
+int64_t check_softmax_rescale(const Tensor& local_max, const Tensor& global_max, const Tensor& row_sum) {
+  const int64_t n = row_sum.numel();
+  FP_CHECK(local_max.numel() == n && global_max.numel() == n && local_max.dtype() == row_sum.dtype() &&
+               global_max.dtype() == row_sum.dtype(),
+           "softmax_rescale of {} by {} / {}", row_sum.describe(), local_max.describe(), global_max.describe());
   return n;
+}
+
+int64_t check_cross_entropy_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit,
+                                   const Tensor& targets, const Tensor& lse) {
+  const int64_t n = lse.numel();
+  FP_CHECK(row_max.numel() == n && row_sum.numel() == n && target_logit.numel() == n &&
+               row_max.dtype() == lse.dtype() && row_sum.dtype() == lse.dtype() &&
+               target_logit.dtype() == lse.dtype(),
+           "cross_entropy_finish of {} / {} / {} into {}", row_max.describe(), row_sum.describe(),
+           target_logit.describe(), lse.describe());
+  check_i32_vector(targets, n, "cross_entropy_finish targets");
+  return n;
+}
+
+void check_targets(const Tensor& targets) {
+  FP_CHECK(targets.dtype() == DType::kI32, "targets {} are not i32", targets.describe());
 }
 
 }  // namespace foldpar

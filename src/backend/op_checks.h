@@ -63,4 +63,22 @@ void check_same(const Tensor& a, const Tensor& b, const char* what);
 void check_float(const Tensor& t, const char* what);  // f32 or f64
 void check_i32_vector(const Tensor& t, int64_t n, const char* what);
 
+// copy_strided: same dtype, non-negative extents, both blocks inside their tensors, the
+// destination's rows disjoint. Returns false when there is nothing to copy.
+bool check_copy_strided(const Tensor& src, const Tensor& dst, const StridedCopy& c);
+// copy_from_host / copy_to_host: the host span holds exactly the tensor's bytes.
+void check_host_copy(const Tensor& t, size_t host_bytes, const char* what);
+
+struct AttentionMergeDims {
+  int64_t batch, sq, n_h, d;
+};
+AttentionMergeDims check_attention_merge(const Tensor& block_out, const Tensor& block_lse, const Tensor& out,
+                                         const Tensor& lse);
+// Row counts T of the loss pieces.
+int64_t check_softmax_rescale(const Tensor& local_max, const Tensor& global_max, const Tensor& row_sum);
+int64_t check_cross_entropy_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit,
+                                   const Tensor& targets, const Tensor& lse);
+// count_valid_targets: i32 of any shape.
+void check_targets(const Tensor& targets);
+
 }  // namespace foldpar

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <span>
 
-#include "tensor/tensor.h"
+#include "backend/backend.h"
 
 namespace foldpar {
 
@@ -13,7 +13,8 @@ namespace foldpar {
 // angle is formed in f32 exactly as Hugging Face's LlamaRotaryEmbedding does (f32 inv_freq,
 // f32 product), then cos/sin are rounded to f32, so foldpar and PyTorch rotate by the same
 // angles even at long positions. With f64 everything is f64 (for finite differences).
-Tensor build_rope_table(std::span<const int32_t> positions, int64_t head_dim, double theta, DType dtype,
-                        MemCategory category = MemCategory::kActivations);
+// Computed on the host, then copied into the table with be.copy_from_host.
+Tensor build_rope_table(Backend& be, std::span<const int32_t> positions, int64_t head_dim, double theta,
+                        DType dtype, MemCategory category = MemCategory::kActivations);
 
 }  // namespace foldpar

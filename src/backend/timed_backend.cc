@@ -91,4 +91,29 @@ void TimedBackend::softmax_chunk_update(const Tensor& logits, const Tensor& targ
   });
 }
 
+void TimedBackend::copy_strided(const Tensor& src, Tensor& dst, const StridedCopy& c) {
+  timed("copy_strided", [&] { inner_.copy_strided(src, dst, c); });
+}
+void TimedBackend::copy_from_host(std::span<const std::byte> src, Tensor& dst) {
+  timed("copy_from_host", [&] { inner_.copy_from_host(src, dst); });
+}
+void TimedBackend::copy_to_host(const Tensor& src, std::span<std::byte> dst) {
+  timed("copy_to_host", [&] { inner_.copy_to_host(src, dst); });
+}
+void TimedBackend::attention_merge(const Tensor& block_out, const Tensor& block_lse, Tensor& out, Tensor& lse) {
+  timed("attention_merge", [&] { inner_.attention_merge(block_out, block_lse, out, lse); });
+}
+void TimedBackend::softmax_rescale(const Tensor& local_max, const Tensor& global_max, Tensor& row_sum) {
+  timed("softmax_rescale", [&] { inner_.softmax_rescale(local_max, global_max, row_sum); });
+}
+LossSums TimedBackend::cross_entropy_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit,
+                                            const Tensor& targets, int32_t ignore_index, Tensor& lse) {
+  return timed("cross_entropy_finish", [&] {
+    return inner_.cross_entropy_finish(row_max, row_sum, target_logit, targets, ignore_index, lse);
+  });
+}
+int64_t TimedBackend::count_valid_targets(const Tensor& targets, int32_t ignore_index) {
+  return timed("count_valid_targets", [&] { return inner_.count_valid_targets(targets, ignore_index); });
+}
+
 }  // namespace foldpar

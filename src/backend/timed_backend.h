@@ -25,6 +25,9 @@ class TimedBackend final : public Backend {
 
   void matmul(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta) override;
   void copy(const Tensor& src, Tensor& dst) override;
+  void copy_strided(const Tensor& src, Tensor& dst, const StridedCopy& c) override;
+  void copy_from_host(std::span<const std::byte> src, Tensor& dst) override;
+  void copy_to_host(const Tensor& src, std::span<std::byte> dst) override;
   void add_inplace(const Tensor& x, Tensor& y) override;
   void scale_inplace(double alpha, Tensor& y) override;
   void fill(double value, Tensor& y) override;
@@ -49,6 +52,11 @@ class TimedBackend final : public Backend {
                               int32_t ignore_index, double grad_scale, Tensor& d_logits) override;
   void softmax_chunk_update(const Tensor& logits, const Tensor& targets, int64_t vocab_offset, int32_t ignore_index,
                             Tensor& row_max, Tensor& row_sum, Tensor& target_logit) override;
+  void attention_merge(const Tensor& block_out, const Tensor& block_lse, Tensor& out, Tensor& lse) override;
+  void softmax_rescale(const Tensor& local_max, const Tensor& global_max, Tensor& row_sum) override;
+  LossSums cross_entropy_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit,
+                                const Tensor& targets, int32_t ignore_index, Tensor& lse) override;
+  int64_t count_valid_targets(const Tensor& targets, int32_t ignore_index) override;
 
  private:
   template <typename Fn>

@@ -28,17 +28,20 @@ struct BatchState {
 
 // Rank 0: the next token of every unfinished sequence, streamed and checked for its end.
 // Fills tokens[0, B) (0 for finished sequences) and tokens[B] = 1 once all have finished.
-void choose_tokens(BatchState& st, const Tensor& logits, const GenerationOptions& o,
+void choose_tokens(BatchState& st, Backend& be, const Tensor& logits, const GenerationOptions& o,
                    const std::vector<std::string>& prompts, const GenerationCallbacks& cb, std::vector<int32_t>& tokens,
                    GenerationReport& report) {
   const int64_t B = static_cast<int64_t>(st.texts.size()), V = logits.dim(1);
+  // Sampling runs on the host: the logits come out through the backend.
+  std::vector<float> host(static_cast<size_t>(logits.numel()));
+  be.copy_to_host(logits, std::as_writable_bytes(std::span<float>(host)));
   bool all_done = true;
   for (int64_t b = 0; b < B; ++b) {
     const size_t i = static_cast<size_t>(b);
     tokens[i] = 0;
     if (st.done[i]) continue;
     CompletionText& text = st.texts[i];
-    const std::span<const float> row(logits.data<float>() + b * V, static_cast<size_t>(V));
+    const std::span<const float> row(host.data() + b * V, static_cast<size_t>(V));
     const int64_t step = static_cast<int64_t>(text.tokens().size());
     tokens[i] = sample_token(row, o.sampling, static_cast<uint64_t>(st.first + b), static_cast<uint64_t>(step));
     ++report.generated_tokens;
@@ -74,7 +77,7 @@ Status run_batch(ShardedDecoder& decoder, Backend& be, const Tokenizer& tokenize
   t0 = std::chrono::steady_clock::now();
   std::vector<int32_t> tokens(static_cast<size_t>(count) + 1);
   for (;;) {
-    if (world.rank() == 0) choose_tokens(st, logits, o, prompts, cb, tokens, report);
+    if (world.rank() == 0) choose_tokens(st, be, logits, o, prompts, cb, tokens, report);
     FP_CHECK_OK(world.broadcast(tokens.data(), tokens.size(), DType::kI32, 0));
     if (tokens.back() != 0) break;
     FP_ASSIGN_OR_RETURN(logits, decoder.decode(be, std::span<const int32_t>(tokens.data(), static_cast<size_t>(count))));

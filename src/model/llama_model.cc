@@ -23,10 +23,11 @@ struct StepConstants {
 
 void make_constants(const LlamaConfig& c, Backend& be, const Batch& batch, DType dtype, StepConstants& k) {
   const int64_t S = batch.seq();
+  std::vector<int32_t> positions(static_cast<size_t>(S));
+  std::iota(positions.begin(), positions.end(), 0);
   k.positions = Tensor::empty({S}, DType::kI32, MemCategory::kActivations);
-  std::iota(k.positions.data<int32_t>(), k.positions.data<int32_t>() + S, 0);
-  k.rope_table = build_rope_table({k.positions.data<int32_t>(), static_cast<size_t>(S)}, c.head_dim(), c.rope_theta,
-                                  stat_dtype(dtype));
+  be.copy_from_host(std::as_bytes(std::span<const int32_t>(positions)), k.positions);
+  k.rope_table = build_rope_table(be, positions, c.head_dim(), c.rope_theta, stat_dtype(dtype));
   k.ctx = BlockContext{&c, &be, batch.batch(), S, &k.positions, &k.rope_table};
 }
 
@@ -99,15 +100,19 @@ class SingleRankStep final : public ModelStep {
 
 }  // namespace
 
-Status validate_batch(const LlamaConfig& c, const Batch& batch) {
+Status validate_batch(Backend& be, const LlamaConfig& c, const Batch& batch) {
   const Tensor &ids = batch.input_ids, &tg = batch.target_ids;
   if (ids.rank() != 2 || ids.dtype() != DType::kI32 || tg.shape() != ids.shape() || tg.dtype() != DType::kI32)
     return invalid_argument("batch: input_ids {} and target_ids {} must both be i32 [B, S]", ids.describe(),
                             tg.describe());
   if (batch.batch() <= 0 || batch.seq() <= 0)
     return invalid_argument("batch: B ({}) and S ({}) must be positive", batch.batch(), batch.seq());
-  for (int64_t i = 0; i < ids.numel(); ++i) {
-    const int32_t id = ids.data<int32_t>()[i], t = tg.data<int32_t>()[i];
+  // The ids are checked on the host: they come out through the backend.
+  std::vector<int32_t> host_ids(static_cast<size_t>(ids.numel())), host_tg(static_cast<size_t>(tg.numel()));
+  be.copy_to_host(ids, std::as_writable_bytes(std::span<int32_t>(host_ids)));
+  be.copy_to_host(tg, std::as_writable_bytes(std::span<int32_t>(host_tg)));
+  for (size_t i = 0; i < host_ids.size(); ++i) {
+    const int32_t id = host_ids[i], t = host_tg[i];
     if (id < 0 || id >= c.vocab_size)
       return invalid_argument("batch: input id {} at index {} outside the vocabulary [0, {})", id, i, c.vocab_size);
     if (t != kIgnoreIndex && (t < 0 || t >= c.vocab_size))
@@ -119,14 +124,14 @@ Status validate_batch(const LlamaConfig& c, const Batch& batch) {
 
 Result<StepResult> model_forward(const LlamaConfig& c, Backend& be, const LlamaWeights& w, const Batch& batch,
                                  const StepOptions& options) {
-  FP_RETURN_IF_ERROR(validate_batch(c, batch));
+  FP_RETURN_IF_ERROR(validate_batch(be, c, batch));
   SingleRankStep step(c, be, w, batch, options, nullptr);
   return step_forward(step, static_cast<int64_t>(w.layers.size()));
 }
 
 Result<StepResult> model_forward_backward(const LlamaConfig& c, Backend& be, const LlamaWeights& w,
                                           const Batch& batch, const StepOptions& options, LlamaWeights& g) {
-  FP_RETURN_IF_ERROR(validate_batch(c, batch));
+  FP_RETURN_IF_ERROR(validate_batch(be, c, batch));
   SingleRankStep step(c, be, w, batch, options, &g);
   return step_forward_backward(step, static_cast<int64_t>(w.layers.size()), options.recompute);
 }

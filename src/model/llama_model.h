@@ -40,8 +40,9 @@ struct StepResult {
   double exposed_comm_seconds = 0;  // parallel layouts: time blocked on communication
 };
 
-// Checks shapes, dtypes and id ranges of a batch against the config (user data: a Status).
-Status validate_batch(const LlamaConfig& config, const Batch& batch);
+// Checks shapes, dtypes and id ranges of a batch against the config (user data: a Status);
+// the ids are read through be.copy_to_host.
+Status validate_batch(Backend& be, const LlamaConfig& config, const Batch& batch);
 
 // Forward only: the loss (and logits when asked).
 Result<StepResult> model_forward(const LlamaConfig& config, Backend& backend, const LlamaWeights& weights,

@@ -57,6 +57,7 @@ void LlamaWeights::for_each(const std::function<void(const std::string&, const T
   const_cast<LlamaWeights*>(this)->for_each([&](const std::string& name, Tensor& t) { fn(name, t); });
 }
 
+// Not a step path: global weights for assembly, verification and the single-rank reference.
 void LlamaWeights::zero() {
   for_each([](const std::string&, Tensor& t) { t.zero(); });
 }
@@ -66,6 +67,7 @@ double init_value(const InitOptions& o, const std::string& name, int64_t index) 
   return is_norm(name) ? 1.0 + o.norm_jitter * z : o.std * z;
 }
 
+// Not a step path: initialization from the counter-based generator, on the host.
 void init_weights(const InitOptions& o, LlamaWeights& weights) {
   weights.for_each([&](const std::string& name, Tensor& t) {
     const int64_t n = t.numel();

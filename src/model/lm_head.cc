@@ -15,7 +15,7 @@ LossSums head_forward(const BlockContext& ctx, const HeadWeights& w, const Tenso
   hs.lse = Tensor::empty({T}, stat_dtype(x.dtype()), MemCategory::kActivations);
   LossSums sums;
   sums.loss_sum = be.cross_entropy_forward(hs.logits, targets, ignore_index, hs.lse);
-  sums.valid_tokens = count_valid_targets(targets, ignore_index);
+  sums.valid_tokens = be.count_valid_targets(targets, ignore_index);
   return sums;
 }
 

@@ -19,10 +19,7 @@ struct HeadSaved {
   Tensor lse;      // [T]
 };
 
-struct LossSums {
-  double loss_sum = 0;       // sum of the cross-entropies of the valid targets
-  int64_t valid_tokens = 0;  // targets that are not `ignore_index`
-};
+// LossSums (backend/backend.h): the loss sum and valid targets of a batch.
 
 // x: [T, h]; targets: i32 [T]. Fills `saved` (the backward needs all of it).
 LossSums head_forward(const BlockContext& ctx, const HeadWeights& w, const Tensor& x, const Tensor& targets,

@@ -67,11 +67,11 @@ Tensor decode_step(const DecodeContext& ctx, const ShardedWeights& w, std::span<
   FP_CHECK(positions.size() == ids.size() && B > 0, "decode step of {} ids at {} positions", ids.size(),
            positions.size());
   Tensor id_tensor = Tensor::empty({B}, DType::kI32, MemCategory::kActivations);
-  std::copy(ids.begin(), ids.end(), id_tensor.data<int32_t>());
+  ctx.backend->copy_from_host(std::as_bytes(ids), id_tensor);
   Tensor x = act({B, ctx.dims->h});
   embedding_partial(*ctx.backend, ctx.comm->rank(), id_tensor, w.embed, x);
   ctx.comm->all_reduce(x);  // g: every id's row comes from the one rank that holds it
-  const Tensor rope = build_rope_table(positions, ctx.dims->d, ctx.config->rope_theta, DType::kF32);
+  const Tensor rope = build_rope_table(*ctx.backend, positions, ctx.dims->d, ctx.config->rope_theta, DType::kF32);
   for (size_t l = 0; l < w.attn.size(); ++l) {
     const int layer = static_cast<int>(l);
     x = attention_block(ctx, w, layer, x, rope, attention);
@@ -91,7 +91,7 @@ void attend_cached(Backend& be, const KvCache& cache, int layer, int64_t b, int3
     return;
   }
   Tensor q_pos = Tensor::empty({1}, DType::kI32, MemCategory::kActivations);
-  q_pos.data<int32_t>()[0] = position;
+  be.copy_from_host(std::as_bytes(std::span<const int32_t>(&position, 1)), q_pos);
   const Tensor k_pos = cache.positions(b);
   for (int64_t j = 0; j < heads; ++j) {
     const Tensor qj = q.narrow(j * g, (j + 1) * g).reshape({1, 1, g, d});
@@ -117,10 +117,7 @@ Tensor decode_logits(const DecodeContext& ctx, const ShardedWeights& w, const Te
   ctx.comm->blocking(
       ctx.comm->comm().all_gather(local.raw_data(), all.raw_data(), static_cast<size_t>(B * vr), DType::kF32), t0);
   Tensor logits = act({B, vr * D});
-  const float* src = all.data<float>();
-  float* dst = logits.data<float>();
-  for (int64_t r = 0; r < D; ++r)
-    for (int64_t b = 0; b < B; ++b) std::copy_n(src + (r * B + b) * vr, vr, dst + b * vr * D + r * vr);
+  for (int64_t r = 0; r < D; ++r) be.copy_strided(all, logits, {B, vr, {r * B * vr, vr}, {r * vr, vr * D}});
   return logits;
 }
 

@@ -2,7 +2,6 @@
 #include "parallel/kv_cache.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "core/check.h"
 
@@ -21,7 +20,8 @@ KvCache KvCache::allocate(int64_t layers, int64_t batch, int64_t capacity, int64
     c.v_.push_back(Tensor::empty({batch, kv_heads, capacity, head_dim}, DType::kF32, MemCategory::kKvCache));
   }
   // Metadata, not part of the K/V bytes the cache formula counts.
-  c.positions_ = Tensor::zeros({batch, capacity}, DType::kI32, MemCategory::kActivations);
+  // Written by keep_prefill_rows (every slot of every sequence) before any read.
+  c.positions_ = Tensor::empty({batch, capacity}, DType::kI32, MemCategory::kActivations);
   c.length_.assign(static_cast<size_t>(batch), 0);
   c.prefill_slot_.assign(static_cast<size_t>(batch), {});
   return c;
@@ -29,10 +29,11 @@ KvCache KvCache::allocate(int64_t layers, int64_t batch, int64_t capacity, int64
 
 int64_t KvCache::bytes() const { return 2 * layers() * batch_ * capacity_ * kv_heads_ * head_dim_ * 4; }
 
-void KvCache::keep_prefill_rows(std::span<const int32_t> row_positions, std::span<const int64_t> prompt_lengths) {
+void KvCache::keep_prefill_rows(Backend& be, std::span<const int32_t> row_positions,
+                                std::span<const int64_t> prompt_lengths) {
   FP_CHECK(static_cast<int64_t>(prompt_lengths.size()) == batch_, "{} prompt lengths for a cache of {} sequences",
            prompt_lengths.size(), batch_);
-  int32_t* pos = positions_.data<int32_t>();
+  std::vector<int32_t> pos(static_cast<size_t>(batch_ * capacity_), 0);
   for (int64_t b = 0; b < batch_; ++b) {
     std::vector<int64_t>& slots = prefill_slot_[static_cast<size_t>(b)];
     slots.assign(row_positions.size(), -1);
@@ -40,24 +41,28 @@ void KvCache::keep_prefill_rows(std::span<const int32_t> row_positions, std::spa
     for (size_t i = 0; i < row_positions.size(); ++i) {
       if (row_positions[i] >= prompt_lengths[static_cast<size_t>(b)]) continue;
       FP_CHECK(n < capacity_, "sequence {} keeps more prefill rows than the cache's {} slots", b, capacity_);
-      pos[b * capacity_ + n] = row_positions[i];
+      pos[static_cast<size_t>(b * capacity_ + n)] = row_positions[i];
       slots[i] = n++;
     }
     length_[static_cast<size_t>(b)] = n;
   }
+  be.copy_from_host(std::as_bytes(std::span<const int32_t>(pos)), positions_);
 }
 
-void KvCache::copy_heads(Tensor& dst_layer, int64_t b, int64_t slot, int64_t kv_head0, int64_t n, const float* src) {
+void KvCache::copy_heads(Backend& be, const Tensor& src, int64_t src_offset, int64_t src_row_stride, int64_t rows,
+                         Tensor& dst_layer, int64_t b, int64_t slot, int64_t kv_head0, int64_t n) {
   FP_CHECK(kv_head0 >= 0 && kv_head0 + n <= kv_heads_, "heads [{}, {}) of a cache with {}", kv_head0, kv_head0 + n,
            kv_heads_);
-  for (int64_t j = 0; j < n; ++j) {
-    float* dst = dst_layer.data<float>() + ((b * kv_heads_ + kv_head0 + j) * capacity_ + slot) * head_dim_;
-    std::memcpy(dst, src + j * head_dim_, static_cast<size_t>(head_dim_) * sizeof(float));
-  }
+  FP_CHECK(slot >= 0 && slot + rows <= capacity_, "slots [{}, {}) of a cache with {}", slot, slot + rows, capacity_);
+  for (int64_t j = 0; j < n; ++j)
+    be.copy_strided(src, dst_layer,
+                    {rows, head_dim_, {src_offset + j * head_dim_, src_row_stride},
+                     {((b * kv_heads_ + kv_head0 + j) * capacity_ + slot) * head_dim_, head_dim_}});
 }
 
-void KvCache::store_prefill(int layer, int64_t kv_head0, const Tensor& k, const Tensor& v) {
-  FP_CHECK(k.rank() == 4 && k.shape() == v.shape() && k.dim(0) == batch_ && k.dim(3) == head_dim_,
+void KvCache::store_prefill(Backend& be, int layer, int64_t kv_head0, const Tensor& k, const Tensor& v) {
+  FP_CHECK(k.rank() == 4 && k.shape() == v.shape() && k.dim(0) == batch_ && k.dim(3) == head_dim_ &&
+               k.dtype() == DType::kF32 && v.dtype() == DType::kF32,
            "prefill K {} / V {} for a cache of {} sequences, head dim {}", k.describe(), v.describe(), batch_, head_dim_);
   const int64_t rows = k.dim(1), n = k.dim(2);
   Tensor& kl = k_[static_cast<size_t>(layer)];
@@ -65,28 +70,39 @@ void KvCache::store_prefill(int layer, int64_t kv_head0, const Tensor& k, const 
   for (int64_t b = 0; b < batch_; ++b) {
     const std::vector<int64_t>& slots = prefill_slot_[static_cast<size_t>(b)];
     FP_CHECK(static_cast<int64_t>(slots.size()) == rows, "prefill of {} rows, {} expected", rows, slots.size());
-    for (int64_t i = 0; i < rows; ++i) {
-      if (slots[static_cast<size_t>(i)] < 0) continue;
+    // Runs of kept rows whose slots are consecutive move as one block per head.
+    for (int64_t i = 0; i < rows;) {
+      const int64_t slot = slots[static_cast<size_t>(i)];
+      if (slot < 0) {
+        ++i;
+        continue;
+      }
+      int64_t run = 1;
+      while (i + run < rows && slots[static_cast<size_t>(i + run)] == slot + run) ++run;
       const int64_t src = ((b * rows + i) * n) * head_dim_;
-      copy_heads(kl, b, slots[static_cast<size_t>(i)], kv_head0, n, k.data<float>() + src);
-      copy_heads(vl, b, slots[static_cast<size_t>(i)], kv_head0, n, v.data<float>() + src);
+      copy_heads(be, k, src, n * head_dim_, run, kl, b, slot, kv_head0, n);
+      copy_heads(be, v, src, n * head_dim_, run, vl, b, slot, kv_head0, n);
+      i += run;
     }
   }
 }
 
-int64_t KvCache::append(int64_t b, int32_t position) {
+int64_t KvCache::append(Backend& be, int64_t b, int32_t position) {
   int64_t& len = length_[static_cast<size_t>(b)];
   FP_CHECK(len < capacity_, "KV cache of sequence {} is full ({} slots)", b, capacity_);
-  positions_.data<int32_t>()[b * capacity_ + len] = position;
+  Tensor slot = positions_.reshape({batch_ * capacity_}).narrow(b * capacity_ + len, b * capacity_ + len + 1);
+  be.copy_from_host(std::as_bytes(std::span<const int32_t>(&position, 1)), slot);
   return len++;
 }
 
-void KvCache::store_token(int layer, int64_t b, int64_t slot, int64_t kv_head0, const Tensor& k, const Tensor& v) {
-  FP_CHECK(k.numel() == v.numel() && k.numel() % head_dim_ == 0 && slot >= 0 && slot < length(b),
+void KvCache::store_token(Backend& be, int layer, int64_t b, int64_t slot, int64_t kv_head0, const Tensor& k,
+                          const Tensor& v) {
+  FP_CHECK(k.numel() == v.numel() && k.numel() % head_dim_ == 0 && slot >= 0 && slot < length(b) &&
+               k.dtype() == DType::kF32 && v.dtype() == DType::kF32,
            "token K {} / V {} into slot {} of sequence {} ({} filled)", k.describe(), v.describe(), slot, b, length(b));
   const int64_t n = k.numel() / head_dim_;
-  copy_heads(k_[static_cast<size_t>(layer)], b, slot, kv_head0, n, k.data<float>());
-  copy_heads(v_[static_cast<size_t>(layer)], b, slot, kv_head0, n, v.data<float>());
+  copy_heads(be, k, 0, 0, 1, k_[static_cast<size_t>(layer)], b, slot, kv_head0, n);
+  copy_heads(be, v, 0, 0, 1, v_[static_cast<size_t>(layer)], b, slot, kv_head0, n);
 }
 
 namespace {

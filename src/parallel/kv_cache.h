@@ -6,13 +6,15 @@
 // ITS tokens with every KV head (sharded by sequence); under TP they are every token with the
 // rank's KV heads (sharded by heads). Slots of a sequence fill in order; their positions need
 // not be contiguous or sorted, because attention reads them through the position array.
-// No communication here; which rank keeps which token is the strategy's decision.
+// No communication here; which rank keeps which token is the strategy's decision. Every
+// write to the cache's tensors goes through the Backend passed in.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <vector>
 
+#include "backend/backend.h"
 #include "tensor/tensor.h"
 
 namespace foldpar {
@@ -36,17 +38,18 @@ class KvCache {
   // positions (the same for every sequence); sequence b keeps, in row order, the rows at
   // positions below prompt_lengths[b] (the rest are padding) as its first slots. Resets
   // every sequence. FP_CHECK: the kept rows fit the capacity.
-  void keep_prefill_rows(std::span<const int32_t> row_positions, std::span<const int64_t> prompt_lengths);
+  void keep_prefill_rows(Backend& be, std::span<const int32_t> row_positions, std::span<const int64_t> prompt_lengths);
   // k, v: [B, rows, n, d] (k after RoPE), heads [kv_head0, kv_head0 + n) of the prefill rows;
   // the kept rows are copied into their slots of `layer`.
-  void store_prefill(int layer, int64_t kv_head0, const Tensor& k, const Tensor& v);
+  void store_prefill(Backend& be, int layer, int64_t kv_head0, const Tensor& k, const Tensor& v);
 
   // Decode. Reserves the next slot of sequence b for a token at `position` (every layer);
   // returns the slot. FP_CHECK: capacity.
-  int64_t append(int64_t b, int32_t position);
+  int64_t append(Backend& be, int64_t b, int32_t position);
   // k, v: n*d values each (any shape), heads [kv_head0, kv_head0 + n) of one token, copied
   // into `slot` of sequence b in `layer`.
-  void store_token(int layer, int64_t b, int64_t slot, int64_t kv_head0, const Tensor& k, const Tensor& v);
+  void store_token(Backend& be, int layer, int64_t b, int64_t slot, int64_t kv_head0, const Tensor& k,
+                   const Tensor& v);
 
   // Views of sequence b's filled slots: K, V of one head [1, length(b), 1, d] (the layout
   // Backend::attention_forward takes) and the i32 positions [length(b)]. length(b) must be
@@ -56,7 +59,10 @@ class KvCache {
   Tensor positions(int64_t b) const;
 
  private:
-  void copy_heads(Tensor& dst_layer, int64_t b, int64_t slot, int64_t kv_head0, int64_t n, const float* src);
+  // Heads [kv_head0, kv_head0 + n) of `rows` tokens into slots [slot, slot + rows) of
+  // sequence b: token i's head j at src_offset + i * src_row_stride + j * d of src.
+  void copy_heads(Backend& be, const Tensor& src, int64_t src_offset, int64_t src_row_stride, int64_t rows,
+                  Tensor& dst_layer, int64_t b, int64_t slot, int64_t kv_head0, int64_t n);
 
   int64_t batch_ = 0, capacity_ = 0, kv_heads_ = 0, head_dim_ = 0;
   std::vector<Tensor> k_, v_;    // L x [B, kv_heads, capacity, d]

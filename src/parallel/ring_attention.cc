@@ -20,8 +20,6 @@
 namespace foldpar {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
 // The ring of one call: shapes, hops, waits, which blocks are visible.
 class Ring {
  public:
@@ -35,11 +33,13 @@ class Ring {
     p_ = comm_.rank();
     sk_ = k.dim(1);
     FP_CHECK(a.q_pos->numel() == q.dim(1) && a.k_pos->numel() == N_ * sk_ && a.q_pos->dtype() == DType::kI32 &&
-                 a.k_pos->dtype() == DType::kI32,
-             "ring attention positions q_pos {}, k_pos {} for q {} and {} blocks of {} keys", a.q_pos->describe(),
-             a.k_pos->describe(), q.describe(), N_, sk_);
-    const int32_t* qp = a.q_pos->data<int32_t>();
-    q_max_ = q.dim(1) > 0 ? *std::max_element(qp, qp + q.dim(1)) : std::numeric_limits<int32_t>::min();
+                 a.k_pos->dtype() == DType::kI32 && std::ssize(a.q_positions) == q.dim(1) &&
+                 std::ssize(a.k_positions) == N_ * sk_,
+             "ring attention positions q_pos {} ({} on the host), k_pos {} ({}) for q {} and {} blocks of {} keys",
+             a.q_pos->describe(), a.q_positions.size(), a.k_pos->describe(), a.k_positions.size(), q.describe(), N_,
+             sk_);
+    const std::span<const int32_t> qp = a.q_positions;
+    q_max_ = qp.empty() ? std::numeric_limits<int32_t>::min() : *std::max_element(qp.begin(), qp.end());
     kv_shape_ = k.shape();
   }
 
@@ -50,8 +50,8 @@ class Ring {
   Tensor block_pos(int r) const { return a_.k_pos->narrow(r * sk_, (r + 1) * sk_); }
   // Whether any key of rank r's block is visible to some local query.
   bool visible(int r) const {
-    const int32_t* kp = a_.k_pos->data<int32_t>() + r * sk_;
-    return sk_ > 0 && *std::min_element(kp, kp + sk_) <= q_max_;
+    const std::span<const int32_t> kp = a_.k_positions.subspan(static_cast<size_t>(r * sk_), static_cast<size_t>(sk_));
+    return sk_ > 0 && *std::min_element(kp.begin(), kp.end()) <= q_max_;
   }
 
   // K then V in one buffer [2, B, Sk, n_kv, d], so a block moves in one message.
@@ -104,35 +104,10 @@ class Ring {
 
 }  // namespace
 
-void merge_attention_block(const Tensor& block_out, const Tensor& block_lse, Tensor& out, Tensor& lse) {
-  FP_CHECK(out.rank() == 4 && block_out.shape() == out.shape() && block_lse.shape() == lse.shape() &&
-               lse.rank() == 3 && lse.dim(0) == out.dim(0) && lse.dim(1) == out.dim(2) && lse.dim(2) == out.dim(1) &&
-               out.dtype() == DType::kF32 && block_out.dtype() == DType::kF32 && lse.dtype() == DType::kF32 &&
-               block_lse.dtype() == DType::kF32,
-           "merge of block {} / {} into {} / {}", block_out.describe(), block_lse.describe(), out.describe(),
-           lse.describe());
-  const int64_t B = out.dim(0), Sq = out.dim(1), n_h = out.dim(2), d = out.dim(3);
-  float* o = out.data<float>();
-  float* l = lse.data<float>();
-  const float* bo = block_out.data<float>();
-  const float* bl = block_lse.data<float>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < n_h; ++h)
-      for (int64_t i = 0; i < Sq; ++i) {
-        const int64_t li = (b * n_h + h) * Sq + i, oi = ((b * Sq + i) * n_h + h) * d;
-        const float a = l[li], c = bl[li];
-        if (c == kNegInf) continue;  // the block shows this query nothing
-        if (a == kNegInf) {          // nothing seen before: take the block's result
-          std::copy_n(bo + oi, d, o + oi);
-          l[li] = c;
-          continue;
-        }
-        // Shifted by the larger lse, so neither exponential overflows.
-        const double m = std::max(a, c), ea = std::exp(a - m), ec = std::exp(c - m), s = ea + ec;
-        const float wa = static_cast<float>(ea / s), wc = static_cast<float>(ec / s);
-        for (int64_t e = 0; e < d; ++e) o[oi + e] = wa * o[oi + e] + wc * bo[oi + e];
-        l[li] = static_cast<float>(m + std::log(s));
-      }
+void merge_attention_block(Backend& be, const Tensor& block_out, const Tensor& block_lse, Tensor& out, Tensor& lse) {
+  FP_CHECK(out.dtype() == DType::kF32 && lse.dtype() == DType::kF32, "merge of block {} / {} into {} / {}",
+           block_out.describe(), block_lse.describe(), out.describe(), lse.describe());
+  be.attention_merge(block_out, block_lse, out, lse);
 }
 
 void ring_attention_forward(const RingAttentionArgs& a, Tensor& out, Tensor& lse) {
@@ -160,7 +135,7 @@ void ring_attention_forward(const RingAttentionArgs& a, Tensor& out, Tensor& lse
       Tensor block_lse = Tensor::empty(lse.shape(), DType::kF32, MemCategory::kWorkspace);
       be.attention_forward(ring.attention_args(cur, r, k, v, pos), block_out, block_lse);
       Ring::poke(hop);
-      merge_attention_block(block_out, block_lse, out, lse);
+      merge_attention_block(be, block_out, block_lse, out, lse);
     }
     if (j + 1 < N) {
       ring.wait(hop);

@@ -9,6 +9,8 @@
 //   accumulator home behind the blocks (N-1 more hops of the same size).
 #pragma once
 
+#include <span>
+
 #include "backend/backend.h"
 #include "comm/communicator.h"
 #include "parallel/step_timer.h"
@@ -16,12 +18,12 @@
 namespace foldpar {
 
 // The online-softmax merge of one block's attention result into the running result of the
-// same queries: lse' = log(e^lse + e^block_lse), out' = e^(lse - lse') out +
-// e^(block_lse - lse') block_out. A side at lse = -inf (no visible key) contributes nothing;
-// rows where both are -inf stay at out 0, lse -inf.
+// same queries (Backend::attention_merge): lse' = log(e^lse + e^block_lse), out' = e^(lse -
+// lse') out + e^(block_lse - lse') block_out. A side at lse = -inf (no visible key)
+// contributes nothing; rows where both are -inf stay at out 0, lse -inf.
 // out, block_out: [B, Sq, n_h, d] f32; lse, block_lse: [B, n_h, Sq] f32 (Backend's layout).
 // out and lse are updated in place. Not collective.
-void merge_attention_block(const Tensor& block_out, const Tensor& block_lse, Tensor& out, Tensor& lse);
+void merge_attention_block(Backend& be, const Tensor& block_out, const Tensor& block_lse, Tensor& out, Tensor& lse);
 
 struct RingAttentionArgs {
   Communicator* axis = nullptr;  // the sequence axis, N ranks; this rank p
@@ -31,6 +33,8 @@ struct RingAttentionArgs {
   const Tensor* v = nullptr;      // [B, Sk, n_kv, d] this rank's values
   const Tensor* q_pos = nullptr;  // i32 [Sq], global positions of the queries
   const Tensor* k_pos = nullptr;  // i32 [N * Sk], every rank's key positions in rank order
+  // The same positions on the host, for the schedule (which blocks any query can see).
+  std::span<const int32_t> q_positions, k_positions;
   double scale = 0;               // softmax scale, usually 1/sqrt(d)
   // Start each hop before the attention of the block at hand (it overlaps the compute);
   // false: every hop completes before the computation that follows it.

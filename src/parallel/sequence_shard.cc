@@ -55,6 +55,8 @@ void SequenceShard::scatter_to_global(const Tensor& local, Tensor& global) const
   scatter_rows_to(local, positions_, global);
 }
 
+// On the host: ShardedModel::local_batch, which calls this for every micro-batch, takes no
+// Backend yet (issue 16: to become copy_strided runs when the interface passes one).
 Batch batch_rows_at(const Batch& global, std::span<const int32_t> positions) {
   const int64_t B = global.batch(), S = global.seq(), n = static_cast<int64_t>(positions.size());
   Batch out;
@@ -68,6 +70,7 @@ Batch batch_rows_at(const Batch& global, std::span<const int32_t> positions) {
   return out;
 }
 
+// Not a step path: assembles verification logits (assemble_logits) on the host.
 void scatter_rows_to(const Tensor& local, std::span<const int32_t> positions, Tensor& global) {
   const int64_t B = global.dim(0), S = global.dim(1), n = static_cast<int64_t>(positions.size());
   FP_CHECK(local.dim(0) == B && local.dim(1) == n && local.dtype() == global.dtype() &&

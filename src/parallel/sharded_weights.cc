@@ -16,6 +16,8 @@ void for_each_row_block(int64_t rows, int64_t h, Fn&& fn) {
     for (int64_t j = 0; j < h; ++j) fn(i, j);
 }
 
+// Not a step path: these move shards to and from global tensors for init, checkpoints,
+// import/export and verification, on the host.
 // Element i of a shard block (f32 or bf16 storage), as f32 and back.
 float block_at(const Tensor& b, int64_t i) {
   return b.dtype() == DType::kBF16 ? bf16_to_f32(b.data<bf16>()[i]) : b.data<float>()[i];
@@ -159,6 +161,8 @@ void ShardedWeights::for_each(const std::function<void(const std::string&, Tenso
   fn("final_norm", final_norm, true);
 }
 
+// Host zeroing: ShardedModel::zero_grads, which calls this every step, takes no Backend yet
+// (issue 16: to be routed through Backend::fill when the ShardedModel interface passes one).
 void ShardedWeights::zero() {
   for_each([](const std::string&, Tensor& t, bool) { t.zero(); });
 }

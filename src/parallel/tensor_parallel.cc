@@ -134,24 +134,16 @@ VocabParallelLoss vocab_parallel_cross_entropy(TpComm& tp, const Tensor& xf, con
   else
     be.copy(local_max, global_max);
   // Rescale to the global maximum, then one sum for both the exponentials and the targets.
-  const float *lm = local_max.data<float>(), *gm = global_max.data<float>();
-  float* rs = row_sum.data<float>();
-  for (int64_t i = 0; i < n; ++i) rs[i] *= std::exp(lm[i] - gm[i]);
+  be.softmax_rescale(local_max, global_max, row_sum);
   t0 = StepTimer::Clock::now();
   if (reduce)
     tp.blocking(tp.comm().all_reduce(sums.raw_data(), sums.raw_data(), static_cast<size_t>(2 * n), DType::kF32,
                                      ReduceOp::kSum),
                 t0);
   out.lse = act({n});
-  const int32_t* tg = targets.data<int32_t>();
-  const float* tl = target_logit.data<float>();
-  float* lse = out.lse.data<float>();
-  for (int64_t i = 0; i < n; ++i) {
-    lse[i] = gm[i] + std::log(rs[i]);
-    if (tg[i] == kIgnoreIndex) continue;
-    out.loss_sum += static_cast<double>(lse[i]) - static_cast<double>(tl[i]);
-    ++out.valid_tokens;
-  }
+  const LossSums loss = be.cross_entropy_finish(global_max, row_sum, target_logit, targets, kIgnoreIndex, out.lse);
+  out.loss_sum = loss.loss_sum;
+  out.valid_tokens = loss.valid_tokens;
   return out;
 }
 
@@ -179,10 +171,9 @@ Tensor gather_vocab_logits(TpComm& tp, const Tensor& local, std::span<const int6
                 t0);
   }
   Tensor out = Tensor::empty({count, V}, DType::kF32, MemCategory::kActivations);
-  const float* src = all.data<float>();
-  float* dst = out.data<float>();
   for (int64_t i = 0; i < count; ++i)
-    for (int r = 0; r < T; ++r) std::copy_n(src + (r * n + rows[i]) * vr, vr, dst + i * V + r * vr);
+    for (int64_t r = 0; r < T; ++r)
+      tp.backend().copy_strided(all, out, {1, vr, {(r * n + rows[i]) * vr, vr}, {i * V + r * vr, V}});
   return out;
 }
 

@@ -38,6 +38,7 @@ AdamW::AdamW(std::vector<ParamRef> params, const OptimizerConfig& config)
   for (const ParamRef& p : params_) {
     m_.push_back(Tensor::zeros(p.param.shape(), DType::kF32, MemCategory::kOptimizer));
     v_.push_back(Tensor::zeros(p.param.shape(), DType::kF32, MemCategory::kOptimizer));
+    // Not a step path: the f32 master copy is made once, when the optimizer is built.
     master_.push_back(p.param.dtype() == DType::kF32 ? Tensor() : p.param.to(DType::kF32, MemCategory::kOptimizer));
   }
 }

@@ -213,7 +213,7 @@ Result<StepStats> train_step(const TrainOptions& o, const Setup& s, const DataLo
   const uint64_t index = static_cast<uint64_t>(l.step);
   // The global batch's valid tokens (every rank can count them: the loader is counter-based).
   const Batch all_rows = train.train_rows(index, 0, o.batch);
-  const int64_t normalizer = count_valid_targets(all_rows.target_ids.reshape({all_rows.target_ids.numel()}), kIgnoreIndex);
+  const int64_t normalizer = be.count_valid_targets(all_rows.target_ids, kIgnoreIndex);
   double loss_sum = 0;
   const int64_t r0 = s.dp_rank * s.rows_per_dp;
   for (int64_t a = 0; a < s.accum; ++a) {

@@ -166,7 +166,7 @@ TEST_F(CudaOps, RmsNormForwardBackward) {
 TEST_F(CudaOps, RopeAtNonContiguousPositions) {
   const int64_t B = 2, S = 9, n = 3, d = 16;
   std::vector<int32_t> pos = {0, 1, 2, 15, 16, 17, 500, 501, 4000};
-  Tensor table = build_rope_table(pos, d, 10000.0, DType::kF32);
+  Tensor table = build_rope_table(*make_reference_backend(), pos, d, 10000.0, DType::kF32);
   for (DType dt : {DType::kF32, DType::kBF16}) {
     const double tol = dt == DType::kF32 ? kCudaF32Op : kCudaBf16Op;
     Tensor x = bf16_values_as_f32(random_tensor({B, S, n, d}, DType::kF32, 21));
@@ -249,6 +249,63 @@ TEST_F(CudaOps, SoftmaxChunkUpdateOverShards) {
   EXPECT_EQ(max_rel_error(m2, m1), 0.0);  // a max: exact
   EXPECT_TRUE(near_rel(s2, s1, kCudaF32Op));
   EXPECT_EQ(max_rel_error(t2, t1), 0.0);  // a copy: exact
+}
+
+TEST_F(CudaOps, DataOpsMatchTheReference) {
+  // copy_strided: bytes unchanged in f32, i32 and bf16.
+  const StridedCopy c{3, 5, {2, 7}, {1, 9}};
+  Tensor sf = random_tensor({40}, DType::kF32, 1), df = random_tensor({40}, DType::kF32, 2);
+  Tensor wf = df.clone(MemCategory::kWorkspace);
+  ref_->copy_strided(sf, wf, c);
+  cuda_->copy_strided(sf, df, c);
+  for (int64_t i = 0; i < 40; ++i) EXPECT_EQ(df.data<float>()[i], wf.data<float>()[i]) << i;
+  Tensor si = ids(40, 0, 1000, 1), di = ids(40, 0, 1000, 2), wi = di.clone(MemCategory::kWorkspace);
+  ref_->copy_strided(si, wi, c);
+  cuda_->copy_strided(si, di, c);
+  for (int64_t i = 0; i < 40; ++i) EXPECT_EQ(di.data<int32_t>()[i], wi.data<int32_t>()[i]) << i;
+  Tensor sb = to_bf16(sf), db = to_bf16(random_tensor({40}, DType::kF32, 3)), wb = db.clone(MemCategory::kWorkspace);
+  ref_->copy_strided(sb, wb, c);
+  cuda_->copy_strided(sb, db, c);
+  for (int64_t i = 0; i < 40; ++i) EXPECT_EQ(db.data<bf16>()[i].bits, wb.data<bf16>()[i].bits) << i;
+  // The host boundary.
+  const std::vector<int32_t> host = {5, 6, 7, 8};
+  Tensor h = Tensor::empty({4}, DType::kI32, MemCategory::kWorkspace);
+  cuda_->copy_from_host(std::as_bytes(std::span<const int32_t>(host)), h);
+  std::vector<int32_t> back(4);
+  cuda_->copy_to_host(h, std::as_writable_bytes(std::span<int32_t>(back)));
+  EXPECT_EQ(back, host);
+  EXPECT_EQ(cuda_->count_valid_targets(h, 6), 3);
+  // The attention merge, with a row on each -inf side.
+  const int64_t B = 2, Sq = 5, n_h = 3, d = 8;
+  Tensor bo = random_tensor({B, Sq, n_h, d}, DType::kF32, 4), o = random_tensor({B, Sq, n_h, d}, DType::kF32, 5);
+  Tensor bl = random_tensor({B, n_h, Sq}, DType::kF32, 6), l = random_tensor({B, n_h, Sq}, DType::kF32, 7);
+  bl.data<float>()[0] = -INFINITY;
+  l.data<float>()[1] = -INFINITY;
+  Tensor wo = o.clone(MemCategory::kWorkspace), wl = l.clone(MemCategory::kWorkspace);
+  ref_->attention_merge(bo, bl, wo, wl);
+  cuda_->attention_merge(bo, bl, o, l);
+  EXPECT_TRUE(near_rel(o, wo, kCudaF32Op));
+  EXPECT_TRUE(near_rel(l, wl, kCudaF32Op));
+  // The loss pieces.
+  const int64_t T = 300;
+  Tensor lm = random_tensor({T}, DType::kF32, 8), gm = random_tensor({T}, DType::kF32, 9);
+  Tensor rs = random_tensor({T}, DType::kF32, 10), tl = random_tensor({T}, DType::kF32, 11);
+  for (int64_t t = 0; t < T; ++t) {
+    gm.data<float>()[t] = std::max(gm.data<float>()[t], lm.data<float>()[t]);
+    rs.data<float>()[t] = 1.0f + std::abs(rs.data<float>()[t]);
+  }
+  Tensor tg = ids(T, -100, 50, 12);
+  Tensor wrs = rs.clone(MemCategory::kWorkspace);
+  ref_->softmax_rescale(lm, gm, wrs);
+  cuda_->softmax_rescale(lm, gm, rs);
+  EXPECT_TRUE(near_rel(rs, wrs, kCudaF32Op));
+  Tensor lse = like(rs, DType::kF32), wlse = like(rs, DType::kF32);
+  const LossSums want = ref_->cross_entropy_finish(gm, wrs, tl, tg, -100, wlse);
+  const LossSums got = cuda_->cross_entropy_finish(gm, wrs, tl, tg, -100, lse);
+  EXPECT_EQ(got.valid_tokens, want.valid_tokens);
+  EXPECT_NEAR(got.loss_sum, want.loss_sum, 1e-4 * (1 + std::abs(want.loss_sum)));
+  EXPECT_TRUE(near_rel(lse, wlse, kCudaF32Op));
+  EXPECT_EQ(cuda_->count_valid_targets(tg, -100), want.valid_tokens);
 }
 
 }  // namespace

@@ -597,6 +597,8 @@ void check_ring(SeqSplit split, bool overlap) {
   a.v = &lv;
   a.q_pos = &q_pos;
   a.k_pos = &k_pos;
+  a.q_positions = mine;
+  a.k_positions = gathered;
   a.scale = scale;
   a.overlap = overlap;
   a.timer = &timer;

@@ -73,7 +73,7 @@ class MergeTest : public ::testing::Test {
     for (int i : order) {
       Tensor bo, bl;
       attend(*be, s, q, k, v, cuts[i], cuts[i + 1], bo, bl);
-      merge_attention_block(bo, bl, out, lse);
+      merge_attention_block(*be, bo, bl, out, lse);
     }
     expect_finite(out);
     expect_finite(lse);
@@ -98,6 +98,7 @@ TEST_F(MergeTest, SingleKeyBlocks) {
 }
 
 TEST(Merge, InfiniteSidesAreHandledExactly) {
+  std::unique_ptr<Backend> be = make_cpu_backend();
   // One query, one head, d = 2, B = 1: four rows cover the four -inf cases.
   const int64_t B = 1, Sq = 4, n_h = 1, d = 2;
   Tensor out = Tensor::empty({B, Sq, n_h, d}, DType::kF32, MemCategory::kWorkspace);
@@ -110,7 +111,7 @@ TEST(Merge, InfiniteSidesAreHandledExactly) {
   std::copy_n(l0, 4, lse.data<float>());
   std::copy_n(b0, 8, bo.data<float>());
   std::copy_n(bl0, 4, bl.data<float>());
-  merge_attention_block(bo, bl, out, lse);
+  merge_attention_block(*be, bo, bl, out, lse);
   const float* o = out.data<float>();
   const float* l = lse.data<float>();
   // Both -inf: nothing seen, out 0, lse -inf.

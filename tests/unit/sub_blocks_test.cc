@@ -61,7 +61,7 @@ class SubBlocks : public ::testing::Test {
   static constexpr int64_t B = 2, S = 3, T = B * S;
   SubBlocks() {
     positions_ = testing::i32_tensor({S}, {4, 0, 9});  // not 0..S-1: RoPE must use them
-    rope_ = build_rope_table({positions_.data<int32_t>(), static_cast<size_t>(S)}, c_.head_dim(), c_.rope_theta,
+    rope_ = build_rope_table(*make_reference_backend(), {positions_.data<int32_t>(), static_cast<size_t>(S)}, c_.head_dim(), c_.rope_theta,
                              DType::kF64);
     ctx_ = BlockContext{&c_, be_.get(), B, S, &positions_, &rope_};
   }

@@ -50,6 +50,22 @@ class CpuBackend final : public Backend {
     check_copy(src, dst);
     dst.copy_from(src.reshape(dst.shape()));
   }
+  // One memcpy per row (any dtype).
+  void copy_strided(const Tensor& src, Tensor& dst, const StridedCopy& c) override {
+    if (!check_copy_strided(src, dst, c)) return;
+    const size_t e = dtype_size(src.dtype()), row = static_cast<size_t>(c.cols) * e;
+    const auto* S = static_cast<const std::byte*>(src.raw_data()) + c.src.offset * e;
+    auto* D = static_cast<std::byte*>(dst.raw_data()) + c.dst.offset * e;
+    for (int64_t i = 0; i < c.rows; ++i) std::memcpy(D + i * c.dst.row_stride * e, S + i * c.src.row_stride * e, row);
+  }
+  void copy_from_host(std::span<const std::byte> src, Tensor& dst) override {
+    check_host_copy(dst, src.size(), "copy_from_host");
+    if (!src.empty()) std::memcpy(dst.raw_data(), src.data(), src.size());
+  }
+  void copy_to_host(const Tensor& src, std::span<std::byte> dst) override {
+    check_host_copy(src, dst.size(), "copy_to_host");
+    if (!dst.empty()) std::memcpy(dst.data(), src.raw_data(), dst.size());
+  }
   void add_inplace(const Tensor& x, Tensor& y) override {
     check_add_inplace(x, y);
     check_f32(x, "add_inplace");
@@ -257,6 +273,62 @@ class CpuBackend final : public Backend {
       const int64_t t = tg[r] - vocab_offset;
       if (t >= 0 && t < V) dr[t] -= gs;
     }
+  }
+
+  // f32 throughout, the merge weights in f64 (as the reference).
+  void attention_merge(const Tensor& block_out, const Tensor& block_lse, Tensor& out, Tensor& lse) override {
+    const AttentionMergeDims d = check_attention_merge(block_out, block_lse, out, lse);
+    check_f32(out, "attention_merge");
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    float *o = out.data<float>(), *l = lse.data<float>();
+    const float *bo = block_out.data<float>(), *bl = block_lse.data<float>();
+    for (int64_t b = 0; b < d.batch; ++b)
+      for (int64_t h = 0; h < d.n_h; ++h)
+        for (int64_t i = 0; i < d.sq; ++i) {
+          const int64_t li = (b * d.n_h + h) * d.sq + i, oi = ((b * d.sq + i) * d.n_h + h) * d.d;
+          const float a = l[li], c = bl[li];
+          if (c == kNegInf) continue;  // the block shows this query nothing
+          if (a == kNegInf) {          // nothing seen before: take the block's result
+            std::copy_n(bo + oi, d.d, o + oi);
+            l[li] = c;
+            continue;
+          }
+          // Shifted by the larger lse, so neither exponential overflows.
+          const double m = std::max(a, c), ea = std::exp(a - m), ec = std::exp(c - m), s = ea + ec;
+          const float wa = static_cast<float>(ea / s), wc = static_cast<float>(ec / s);
+          for (int64_t e = 0; e < d.d; ++e) o[oi + e] = wa * o[oi + e] + wc * bo[oi + e];
+          l[li] = static_cast<float>(m + std::log(s));
+        }
+  }
+  void softmax_rescale(const Tensor& local_max, const Tensor& global_max, Tensor& row_sum) override {
+    const int64_t n = check_softmax_rescale(local_max, global_max, row_sum);
+    check_f32(row_sum, "softmax_rescale");
+    const float *lm = local_max.data<float>(), *gm = global_max.data<float>();
+    float* rs = row_sum.data<float>();
+    for (int64_t i = 0; i < n; ++i) rs[i] *= std::exp(lm[i] - gm[i]);
+  }
+  LossSums cross_entropy_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit,
+                                const Tensor& targets, int32_t ignore_index, Tensor& lse) override {
+    const int64_t n = check_cross_entropy_finish(row_max, row_sum, target_logit, targets, lse);
+    check_f32(lse, "cross_entropy_finish");
+    const float *m = row_max.data<float>(), *s = row_sum.data<float>(), *tl = target_logit.data<float>();
+    const int32_t* tg = targets.data<int32_t>();
+    float* l = lse.data<float>();
+    LossSums sums;
+    for (int64_t i = 0; i < n; ++i) {
+      l[i] = m[i] + std::log(s[i]);
+      if (tg[i] == ignore_index) continue;
+      sums.loss_sum += static_cast<double>(l[i]) - static_cast<double>(tl[i]);
+      ++sums.valid_tokens;
+    }
+    return sums;
+  }
+  int64_t count_valid_targets(const Tensor& targets, int32_t ignore_index) override {
+    check_targets(targets);
+    const int32_t* t = targets.data<int32_t>();
+    int64_t n = 0;
+    for (int64_t i = 0; i < targets.numel(); ++i) n += (t[i] != ignore_index);
+    return n;
   }
 
   void softmax_chunk_update(const Tensor& logits, const Tensor& targets, int64_t vocab_offset, int32_t ignore_index,

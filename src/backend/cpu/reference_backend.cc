@@ -227,6 +227,24 @@ class ReferenceBackend final : public Backend {
     check_copy(src, dst);
     dst.copy_from(src.reshape(dst.shape()));
   }
+  void copy_strided(const Tensor& src, Tensor& dst, const StridedCopy& c) override {
+    if (!check_copy_strided(src, dst, c)) return;
+    const size_t e = dtype_size(src.dtype());
+    const auto* S = static_cast<const std::byte*>(src.raw_data());
+    auto* D = static_cast<std::byte*>(dst.raw_data());
+    for (int64_t i = 0; i < c.rows; ++i)
+      for (int64_t j = 0; j < c.cols; ++j)
+        std::memcpy(D + (c.dst.offset + i * c.dst.row_stride + j) * e, S + (c.src.offset + i * c.src.row_stride + j) * e,
+                    e);
+  }
+  void copy_from_host(std::span<const std::byte> src, Tensor& dst) override {
+    check_host_copy(dst, src.size(), "copy_from_host");
+    if (!src.empty()) std::memcpy(dst.raw_data(), src.data(), src.size());
+  }
+  void copy_to_host(const Tensor& src, std::span<std::byte> dst) override {
+    check_host_copy(src, dst.size(), "copy_to_host");
+    if (!dst.empty()) std::memcpy(dst.data(), src.raw_data(), dst.size());
+  }
   void add_inplace(const Tensor& x, Tensor& y) override {
     check_add_inplace(x, y);
     dispatch_float(x, [&]<typename T>() {
@@ -394,6 +412,65 @@ class ReferenceBackend final : public Backend {
         }
       }
     });
+  }
+
+  void attention_merge(const Tensor& block_out, const Tensor& block_lse, Tensor& out, Tensor& lse) override {
+    const AttentionMergeDims d = check_attention_merge(block_out, block_lse, out, lse);
+    constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+    dispatch_float(out, [&]<typename T>() {
+      T *O = out.data<T>(), *L = lse.data<T>();
+      const T *BO = block_out.data<T>(), *BL = block_lse.data<T>();
+      for (int64_t b = 0; b < d.batch; ++b)
+        for (int64_t h = 0; h < d.n_h; ++h)
+          for (int64_t i = 0; i < d.sq; ++i) {
+            const int64_t li = (b * d.n_h + h) * d.sq + i, oi = ((b * d.sq + i) * d.n_h + h) * d.d;
+            const double a = L[li], c = BL[li];
+            if (c == kNegInf) continue;
+            if (a == kNegInf) {
+              for (int64_t e = 0; e < d.d; ++e) O[oi + e] = BO[oi + e];
+              L[li] = BL[li];
+              continue;
+            }
+            const double m = std::max(a, c), ea = std::exp(a - m), ec = std::exp(c - m), s = ea + ec;
+            const double wa = ea / s, wc = ec / s;
+            for (int64_t e = 0; e < d.d; ++e) O[oi + e] = static_cast<T>(wa * O[oi + e] + wc * BO[oi + e]);
+            L[li] = static_cast<T>(m + std::log(s));
+          }
+    });
+  }
+
+  void softmax_rescale(const Tensor& local_max, const Tensor& global_max, Tensor& row_sum) override {
+    const int64_t n = check_softmax_rescale(local_max, global_max, row_sum);
+    dispatch_float(row_sum, [&]<typename T>() {
+      const T *LM = local_max.data<T>(), *GM = global_max.data<T>();
+      T* RS = row_sum.data<T>();
+      for (int64_t i = 0; i < n; ++i)
+        RS[i] = static_cast<T>(RS[i] * std::exp(static_cast<double>(LM[i]) - static_cast<double>(GM[i])));
+    });
+  }
+  LossSums cross_entropy_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit,
+                                const Tensor& targets, int32_t ignore_index, Tensor& lse) override {
+    const int64_t n = check_cross_entropy_finish(row_max, row_sum, target_logit, targets, lse);
+    LossSums sums;
+    dispatch_float(lse, [&]<typename T>() {
+      const T *M = row_max.data<T>(), *S = row_sum.data<T>(), *TL = target_logit.data<T>();
+      const int32_t* tg = targets.data<int32_t>();
+      T* L = lse.data<T>();
+      for (int64_t i = 0; i < n; ++i) {
+        L[i] = static_cast<T>(static_cast<double>(M[i]) + std::log(static_cast<double>(S[i])));
+        if (tg[i] == ignore_index) continue;
+        sums.loss_sum += static_cast<double>(L[i]) - static_cast<double>(TL[i]);
+        ++sums.valid_tokens;
+      }
+    });
+    return sums;
+  }
+  int64_t count_valid_targets(const Tensor& targets, int32_t ignore_index) override {
+    check_targets(targets);
+    const int32_t* t = targets.data<int32_t>();
+    int64_t n = 0;
+    for (int64_t i = 0; i < targets.numel(); ++i) n += (t[i] != ignore_index);
+    return n;
   }
 
   void softmax_chunk_update(const Tensor& logits, const Tensor& targets, int64_t vocab_offset, int32_t ignore_index,

@@ -70,6 +70,30 @@ __global__ void softmax_chunk_update_kernel(FloatPtr logits, const int32_t* targ
   if (tg != ignore && t >= 0 && t < V) store(target_logit, row, load(logits, row * V + t));
 }
 
+__global__ void softmax_rescale_kernel(const float* local_max, const float* global_max, float* row_sum, int64_t n) {
+  FP_GRID_STRIDE(i, n) row_sum[i] *= expf(local_max[i] - global_max[i]);
+}
+
+// sums[0] += lse - target_logit and sums[1] += 1 over the valid rows (f64 atomics: the
+// order, and so the last bits of the sum, vary from run to run).
+__global__ void cross_entropy_finish_kernel(const float* row_max, const float* row_sum, const float* target_logit,
+                                            const int32_t* targets, int32_t ignore, float* lse, int64_t n,
+                                            double* sums) {
+  FP_GRID_STRIDE(i, n) {
+    const float l = row_max[i] + logf(row_sum[i]);
+    lse[i] = l;
+    if (targets[i] == ignore) continue;
+    atomicAdd(&sums[0], static_cast<double>(l) - static_cast<double>(target_logit[i]));
+    atomicAdd(&sums[1], 1.0);
+  }
+}
+
+__global__ void count_valid_kernel(const int32_t* targets, int32_t ignore, int64_t n, unsigned long long* count) {
+  unsigned long long mine = 0;
+  FP_GRID_STRIDE(i, n) mine += targets[i] != ignore;
+  if (mine != 0) atomicAdd(count, mine);
+}
+
 }  // namespace
 
 double cross_entropy_forward(FloatPtr logits, const int32_t* targets, int64_t T, int64_t V, int32_t ignore_index,
@@ -103,6 +127,40 @@ void launch_softmax_chunk_update(FloatPtr logits, const int32_t* targets, int64_
   softmax_chunk_update_kernel<<<static_cast<unsigned>(T), kThreads, 0, stream>>>(
       logits, targets, V, vocab_offset, ignore_index, row_max, row_sum, target_logit);
   FP_CUDA_LAUNCHED();
+}
+
+void launch_softmax_rescale(const float* local_max, const float* global_max, float* row_sum, int64_t n,
+                            cudaStream_t stream) {
+  if (n == 0) return;
+  softmax_rescale_kernel<<<grid_for(n), kThreads, 0, stream>>>(local_max, global_max, row_sum, n);
+  FP_CUDA_LAUNCHED();
+}
+
+void cross_entropy_finish(const float* row_max, const float* row_sum, const float* target_logit,
+                          const int32_t* targets, int32_t ignore_index, float* lse, int64_t n, double* sums,
+                          cudaStream_t stream) {
+  cudaMemsetAsync(sums, 0, 2 * sizeof(double), stream);
+  if (n > 0) {
+    cross_entropy_finish_kernel<<<grid_for(n), kThreads, 0, stream>>>(row_max, row_sum, target_logit, targets,
+                                                                      ignore_index, lse, n, sums);
+    FP_CUDA_LAUNCHED();
+  }
+  cudaStreamSynchronize(stream);
+  FP_CUDA_LAUNCHED();
+}
+
+int64_t count_valid_targets(const int32_t* targets, int64_t n, int32_t ignore_index, unsigned long long* scratch,
+                            cudaStream_t stream) {
+  cudaMemsetAsync(scratch, 0, sizeof(unsigned long long), stream);
+  if (n > 0) {
+    count_valid_kernel<<<grid_for(n), kThreads, 0, stream>>>(targets, ignore_index, n, scratch);
+    FP_CUDA_LAUNCHED();
+  }
+  unsigned long long count = 0;
+  cudaMemcpyAsync(&count, scratch, sizeof(count), cudaMemcpyDeviceToHost, stream);
+  cudaStreamSynchronize(stream);
+  FP_CUDA_LAUNCHED();
+  return static_cast<int64_t>(count);
 }
 
 }  // namespace foldpar::cuda

@@ -57,6 +57,8 @@ FloatOut out(Tensor& t, const char* what) {
   return {t.raw_data(), t.dtype()};
 }
 const int32_t* ids_of(const Tensor& t) { return static_cast<const int32_t*>(t.raw_data()); }
+// An f32 statistic (check_stat first).
+float* f32_of(const Tensor& t) { return static_cast<float*>(const_cast<void*>(t.raw_data())); }
 void check_stat(const Tensor& t, const char* what) {
   FP_CHECK(t.dtype() == DType::kF32, "{}: {} must be f32 (stat_dtype)", what, t.describe());
 }
@@ -117,6 +119,25 @@ class CudaBackendImpl final : public CudaBackend {
       cuda::launch_convert(in(src, "copy src"), out(dst, "copy dst"), src.numel(), stream_);
     }
     done();
+  }
+  void copy_strided(const Tensor& src, Tensor& dst, const StridedCopy& c) override {
+    if (!check_copy_strided(src, dst, c)) return;
+    const cuda::StridedCopyShape s{c.rows, c.cols, c.src.offset, c.src.row_stride, c.dst.offset, c.dst.row_stride};
+    cuda::launch_strided_copy(src.raw_data(), dst.raw_data(), dtype_size(src.dtype()), s, stream_);
+    done();
+  }
+  // The host buffer may be released as soon as these return: always synchronous.
+  void copy_from_host(std::span<const std::byte> src, Tensor& dst) override {
+    check_host_copy(dst, src.size(), "copy_from_host");
+    if (src.empty()) return;
+    FP_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.data(), src.size(), cudaMemcpyDefault, stream_));
+    FP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void copy_to_host(const Tensor& src, std::span<std::byte> dst) override {
+    check_host_copy(src, dst.size(), "copy_to_host");
+    if (dst.empty()) return;
+    FP_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.raw_data(), dst.size(), cudaMemcpyDefault, stream_));
+    FP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void add_inplace(const Tensor& x, Tensor& y) override {
     FP_CHECK(x.numel() == y.numel() && x.dtype() == y.dtype(), "add_inplace {} into {}", x.describe(), y.describe());
@@ -278,6 +299,37 @@ class CudaBackendImpl final : public CudaBackend {
                                       off, ignore, out(row_max, "row_max"), out(row_sum, "row_sum"),
                                       out(target_logit, "target_logit"), stream_);
     done();
+  }
+
+  void attention_merge(const Tensor& block_out, const Tensor& block_lse, Tensor& o, Tensor& lse) override {
+    const AttentionMergeDims d = check_attention_merge(block_out, block_lse, o, lse);
+    check_stat_like(lse, o, "attention_merge");
+    cuda::launch_attention_merge(in(block_out, "attention_merge block_out"), f32_of(block_lse),
+                                 out(o, "attention_merge out"), f32_of(lse), d.batch, d.sq, d.n_h, d.d, stream_);
+    done();
+  }
+  void softmax_rescale(const Tensor& local_max, const Tensor& global_max, Tensor& row_sum) override {
+    const int64_t n = check_softmax_rescale(local_max, global_max, row_sum);
+    check_stat(row_sum, "softmax_rescale row_sum");
+    cuda::launch_softmax_rescale(f32_of(local_max), f32_of(global_max), f32_of(row_sum), n, stream_);
+    done();
+  }
+  LossSums cross_entropy_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit,
+                                const Tensor& targets, int32_t ignore, Tensor& lse) override {
+    const int64_t n = check_cross_entropy_finish(row_max, row_sum, target_logit, targets, lse);
+    check_stat(lse, "cross_entropy_finish lse");
+    Tensor scratch = Tensor::empty({2}, DType::kF64, MemCategory::kWorkspace);
+    cuda::cross_entropy_finish(f32_of(row_max), f32_of(row_sum), f32_of(target_logit), ids_of(targets), ignore,
+                               f32_of(lse), n, scratch.data<double>(), stream_);
+    double sums[2] = {0, 0};
+    FP_CUDA_CHECK(cudaMemcpy(sums, scratch.raw_data(), sizeof(sums), cudaMemcpyDefault));
+    return LossSums{sums[0], static_cast<int64_t>(sums[1])};
+  }
+  int64_t count_valid_targets(const Tensor& targets, int32_t ignore) override {
+    check_targets(targets);
+    Tensor scratch = Tensor::empty({1}, DType::kI64, MemCategory::kWorkspace);
+    return cuda::count_valid_targets(ids_of(targets), targets.numel(), ignore,
+                                     static_cast<unsigned long long*>(scratch.raw_data()), stream_);
   }
 
  private:

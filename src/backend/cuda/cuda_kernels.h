@@ -48,6 +48,16 @@ void launch_swiglu_forward(FloatPtr gate, FloatPtr up, FloatOut out, int64_t n, 
 void launch_swiglu_backward(FloatPtr gate, FloatPtr up, FloatPtr d_out, FloatOut d_gate, FloatOut d_up, int64_t n,
                             cudaStream_t stream);
 
+// ---- block copies (strided_copy.cu) ----
+// Element offsets and row strides of Backend::copy_strided, checked by check_copy_strided.
+struct StridedCopyShape {
+  int64_t rows, cols;
+  int64_t src_offset, src_row_stride, dst_offset, dst_row_stride;
+};
+// element_bytes: 1, 2, 4 or 8.
+void launch_strided_copy(const void* src, void* dst, size_t element_bytes, const StridedCopyShape& s,
+                         cudaStream_t stream);
+
 // ---- embedding, RMSNorm, RoPE (norm_rope_embedding.cu) ----
 // ids [T]; table [rows, h]; out [T, h].
 void launch_embedding_forward(const int32_t* ids, int64_t T, FloatPtr table, int64_t rows, int64_t h,
@@ -75,6 +85,23 @@ void launch_cross_entropy_backward(FloatPtr logits, const int32_t* targets, Floa
 void launch_softmax_chunk_update(FloatPtr logits, const int32_t* targets, int64_t T, int64_t V, int64_t vocab_offset,
                                  int32_t ignore_index, FloatOut row_max, FloatOut row_sum, FloatOut target_logit,
                                  cudaStream_t stream);
+
+// row_max, row_sum, target_logit, lse: f32 [n]. row_sum *= exp(local_max - global_max).
+void launch_softmax_rescale(const float* local_max, const float* global_max, float* row_sum, int64_t n,
+                            cudaStream_t stream);
+// lse = row_max + log(row_sum); sums (two device doubles, written): the loss sum and the
+// valid count over rows whose target is not ignore_index. Synchronizes.
+void cross_entropy_finish(const float* row_max, const float* row_sum, const float* target_logit,
+                          const int32_t* targets, int32_t ignore_index, float* lse, int64_t n, double* sums,
+                          cudaStream_t stream);
+// Targets not equal to ignore_index (synchronizes); `scratch`: one device word.
+int64_t count_valid_targets(const int32_t* targets, int64_t n, int32_t ignore_index, unsigned long long* scratch,
+                            cudaStream_t stream);
+
+// ---- the online-softmax merge of two partial attention results (attention_merge.cu) ----
+// out, block_out [B, Sq, n_h, d] (same float dtype); lse, block_lse f32 [B, n_h, Sq].
+void launch_attention_merge(FloatPtr block_out, const float* block_lse, FloatOut out, float* lse, int64_t B,
+                            int64_t Sq, int64_t n_h, int64_t d, cudaStream_t stream);
 
 // ---- causal flash attention with position arrays (flash_attention.cu) ----
 struct AttentionShape {

@@ -2,6 +2,8 @@
 #include "backend/meta/meta_backend.h"
 
 #include <algorithm>
+#include <cstring>
+#include <iterator>
 #include <vector>
 
 #include "backend/op_checks.h"
@@ -24,14 +26,15 @@ int64_t bytes_of(std::initializer_list<const Tensor*> ts) {
 
 // Visible (query, key) pairs of one sequence: key j is visible to query i iff
 // k_pos[j] <= q_pos[i].
-int64_t visible_pairs(const Tensor& q_pos, const Tensor& k_pos) {
-  std::vector<int32_t> k(k_pos.data<int32_t>(), k_pos.data<int32_t>() + k_pos.numel());
+int64_t visible_pairs(const int32_t* q, int64_t nq, const int32_t* kp, int64_t nk) {
+  std::vector<int32_t> k(kp, kp + nk);
   std::sort(k.begin(), k.end());
-  const int32_t* q = q_pos.data<int32_t>();
   int64_t pairs = 0;
-  for (int64_t i = 0; i < q_pos.numel(); ++i) pairs += std::upper_bound(k.begin(), k.end(), q[i]) - k.begin();
+  for (int64_t i = 0; i < nq; ++i) pairs += std::upper_bound(k.begin(), k.end(), q[i]) - k.begin();
   return pairs;
 }
+
+const std::byte* address_of(const Tensor& t) { return static_cast<const std::byte*>(t.raw_data()); }
 
 }  // namespace
 
@@ -90,6 +93,10 @@ void MetaBackend::matmul(const Tensor& a, bool ta, const Tensor& b, bool tb, Ten
 
 void MetaBackend::copy(const Tensor& src, Tensor& dst) {
   check_copy(src, dst);
+  const int32_t* known = dst.has_storage() ? nullptr : known_i32(src);
+  std::vector<int32_t> values = known != nullptr ? std::vector<int32_t>(known, known + src.numel()) : std::vector<int32_t>{};
+  forget_written(dst);
+  if (known != nullptr && dst.dtype() == DType::kI32) host_i32_[address_of(dst)] = std::move(values);
   record_tokenwise("copy", src, 0, {&src}, {&dst});
 }
 
@@ -106,6 +113,7 @@ void MetaBackend::scale_inplace(double /*alpha*/, Tensor& y) {
 
 void MetaBackend::fill(double /*value*/, Tensor& y) {
   check_floating(y, "fill");
+  forget_written(y);
   record_tokenwise("fill", y, 0, {}, {&y});
 }
 
@@ -186,8 +194,13 @@ void MetaBackend::attention(std::string_view op, const AttentionArgs& a, const T
     Tensor work = Tensor::empty({sc.floats}, DType::kF32, MemCategory::kWorkspace);
     Tensor ranges = Tensor::empty({sc.range_ints}, DType::kI32, MemCategory::kWorkspace);
   }
-  const bool exact = a.q_pos->has_storage() && a.k_pos->has_storage();
-  const int64_t pairs = exact ? visible_pairs(*a.q_pos, *a.k_pos) : d.sq * d.sk;
+  auto positions = [this](const Tensor& t) -> const int32_t* {
+    return t.has_storage() ? t.data<int32_t>() : known_i32(t);
+  };
+  const int32_t* q = positions(*a.q_pos);
+  const int32_t* k = positions(*a.k_pos);
+  const bool exact = q != nullptr && k != nullptr;
+  const int64_t pairs = exact ? visible_pairs(q, a.q_pos->numel(), k, a.k_pos->numel()) : d.sq * d.sk;
   const double flops = flops_per_pair_and_head * static_cast<double>(d.d) * static_cast<double>(d.n_h) *
                        static_cast<double>(pairs) * static_cast<double>(d.batch);
   record(op, out.dtype(), s, flops, read, written).pairs_exact = exact;
@@ -241,6 +254,93 @@ void MetaBackend::softmax_chunk_update(const Tensor& logits, const Tensor& targe
   check_softmax_chunk_update(logits, targets, row_max, row_sum, target_logit);
   record_tokenwise("softmax_chunk_update", logits, 0, {&logits, &targets, &row_max, &row_sum},
                    {&row_max, &row_sum, &target_logit});
+}
+
+const int32_t* MetaBackend::known_i32(const Tensor& t) const {
+  if (t.dtype() != DType::kI32 || host_i32_.empty()) return nullptr;
+  const std::byte* p = address_of(t);
+  auto it = host_i32_.upper_bound(p);
+  if (it == host_i32_.begin()) return nullptr;
+  --it;
+  const int64_t offset = (p - it->first) / static_cast<int64_t>(sizeof(int32_t));
+  if (offset + t.numel() > static_cast<int64_t>(it->second.size())) return nullptr;
+  return it->second.data() + offset;
+}
+
+void MetaBackend::forget_written(const Tensor& t) {
+  if (host_i32_.empty()) return;
+  const std::byte* lo = address_of(t);
+  const std::byte* hi = lo + t.nbytes();
+  for (auto it = host_i32_.begin(); it != host_i32_.end();) {
+    const std::byte* end = it->first + it->second.size() * sizeof(int32_t);
+    it = (it->first < hi && lo < end) ? host_i32_.erase(it) : std::next(it);
+  }
+}
+
+void MetaBackend::copy_strided(const Tensor& src, Tensor& dst, const StridedCopy& c) {
+  if (!check_copy_strided(src, dst, c)) return;
+  forget_written(dst);
+  OpShape s;
+  s.rows = c.rows;
+  s.width = c.cols;
+  const int64_t bytes = c.rows * c.cols * static_cast<int64_t>(dtype_size(src.dtype()));
+  OpRecord& r = record("copy_strided", src.dtype(), s, 0, {}, {});
+  r.bytes_read = bytes;
+  r.bytes_written = bytes;
+}
+
+void MetaBackend::copy_from_host(std::span<const std::byte> src, Tensor& dst) {
+  check_host_copy(dst, src.size(), "copy_from_host");
+  forget_written(dst);
+  // Small i32 uploads only (positions and ids): bounded memory for long sequences.
+  constexpr size_t kMaxKeptInts = size_t{1} << 22;
+  if (dst.dtype() == DType::kI32 && !dst.has_storage() && src.size() / sizeof(int32_t) <= kMaxKeptInts) {
+    std::vector<int32_t> v(src.size() / sizeof(int32_t));
+    std::memcpy(v.data(), src.data(), src.size());
+    host_i32_[address_of(dst)] = std::move(v);
+  }
+  record_tokenwise("copy_from_host", dst, 0, {}, {&dst});
+}
+
+void MetaBackend::copy_to_host(const Tensor& src, std::span<std::byte> dst) {
+  check_host_copy(src, dst.size(), "copy_to_host");
+  std::fill(dst.begin(), dst.end(), std::byte{0});
+  record_tokenwise("copy_to_host", src, 0, {&src}, {});
+}
+
+void MetaBackend::attention_merge(const Tensor& block_out, const Tensor& block_lse, Tensor& out, Tensor& lse) {
+  check_attention_merge(block_out, block_lse, out, lse);
+  check_floating(out, "attention_merge");
+  record_tokenwise("attention_merge", out, 0, {&block_out, &block_lse, &out, &lse}, {&out, &lse});
+}
+
+void MetaBackend::softmax_rescale(const Tensor& local_max, const Tensor& global_max, Tensor& row_sum) {
+  check_softmax_rescale(local_max, global_max, row_sum);
+  check_floating(row_sum, "softmax_rescale");
+  OpShape s;
+  s.rows = row_sum.numel();
+  s.width = 1;
+  record("softmax_rescale", row_sum.dtype(), s, 0, {&local_max, &global_max, &row_sum}, {&row_sum});
+}
+
+LossSums MetaBackend::cross_entropy_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit,
+                                           const Tensor& targets, int32_t /*ignore_index*/, Tensor& lse) {
+  const int64_t n = check_cross_entropy_finish(row_max, row_sum, target_logit, targets, lse);
+  check_floating(lse, "cross_entropy_finish");
+  OpShape s;
+  s.rows = n;
+  s.width = 1;
+  record("cross_entropy_finish", lse.dtype(), s, 0, {&row_max, &row_sum, &target_logit, &targets}, {&lse});
+  return LossSums{.loss_sum = 0, .valid_tokens = n};
+}
+
+int64_t MetaBackend::count_valid_targets(const Tensor& targets, int32_t /*ignore_index*/) {
+  check_targets(targets);
+  OpShape s;
+  s.rows = targets.numel();
+  s.width = 1;
+  record("count_valid_targets", targets.dtype(), s, 0, {&targets}, {});
+  return targets.numel();
 }
 
 }  // namespace foldpar

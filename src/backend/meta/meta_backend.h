@@ -10,7 +10,9 @@
 // its name, shape class, FLOPs and bytes.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -85,8 +87,23 @@ class MetaBackend final : public Backend {
                               int32_t ignore_index, double grad_scale, Tensor& d_logits) override;
   void softmax_chunk_update(const Tensor& logits, const Tensor& targets, int64_t vocab_offset, int32_t ignore_index,
                             Tensor& row_max, Tensor& row_sum, Tensor& target_logit) override;
+  void copy_strided(const Tensor& src, Tensor& dst, const StridedCopy& c) override;
+  // Keeps the bytes of i32 uploads (positions, token ids: small and host-made) beside the
+  // storage-less tensor, so attention counts its visible pairs exactly (see host_i32_).
+  void copy_from_host(std::span<const std::byte> src, Tensor& dst) override;
+  // Writes zeros: a dry run computes nothing (ids read back are valid, sampled logits flat).
+  void copy_to_host(const Tensor& src, std::span<std::byte> dst) override;
+  void attention_merge(const Tensor& block_out, const Tensor& block_lse, Tensor& out, Tensor& lse) override;
+  void softmax_rescale(const Tensor& local_max, const Tensor& global_max, Tensor& row_sum) override;
+  // Every row counts as valid (nothing is ignored in a dry run's batch): loss_sum 0.
+  LossSums cross_entropy_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit,
+                                const Tensor& targets, int32_t ignore_index, Tensor& lse) override;
+  int64_t count_valid_targets(const Tensor& targets, int32_t ignore_index) override;
 
  private:
+  // The uploaded i32 contents a storage-less tensor (or view) at `t` holds, or null.
+  const int32_t* known_i32(const Tensor& t) const;
+  void forget_written(const Tensor& t);
   // Appends a record; reads and writes are the tensors' byte sizes summed.
   OpRecord& record(std::string_view op, DType dtype, OpShape shape, double flops,
                    std::initializer_list<const Tensor*> read, std::initializer_list<const Tensor*> written);
@@ -99,6 +116,9 @@ class MetaBackend final : public Backend {
   MetaBackendOptions options_;
   EventOrder own_order_;
   std::vector<OpRecord> records_;
+  // Start address -> the i32 values copy_from_host wrote there; an entry is dropped when
+  // another op writes into its range. Lookups find the entry a view's address falls in.
+  std::map<const std::byte*, std::vector<int32_t>> host_i32_;
 };
 
 std::unique_ptr<MetaBackend> make_meta_backend(MetaBackendOptions options = {});

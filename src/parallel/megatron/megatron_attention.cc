@@ -39,6 +39,8 @@ RingAttentionArgs MegatronStep::ring_args(const AttnSaved& s) {
   a.v = &s.v;
   a.q_pos = &q_pos_;
   a.k_pos = &k_pos_;
+  a.q_positions = q_positions_;
+  a.k_positions = local_ ? q_positions_ : k_positions_;
   a.scale = attention_scale();
   a.overlap = opt_.overlap;
   a.timer = &tp_.timer();
@@ -66,7 +68,7 @@ Tensor MegatronStep::attention_forward(int l, const ShardedWeights& w, const Ten
   be_.matmul(a1_full, false, a.wk, true, k2);
   be_.matmul(a1_full, false, a.wv, true, v2);
   be_.rope_forward(rope_, s.k);
-  if (kv_cache_ != nullptr) kv_cache_->store_prefill(l, 0, s.k, s.v);
+  if (kv_cache_ != nullptr) kv_cache_->store_prefill(be_, l, 0, s.k, s.v);
   Tensor k_full, v_full;
   std::vector<CommRequest> requests;
   if (gather_) requests = start_gather_kv_pair(s.k, s.v, k_full, v_full);  // fwd: all_gather over sp

@@ -29,7 +29,7 @@ class TpDecodeAttention final : public DecodeAttention {
     const int64_t B = q.dim(0), hs = dm_.heads, d = dm_.d;
     Tensor lse = Tensor::empty({hs}, DType::kF32, MemCategory::kActivations);
     for (int64_t b = 0; b < B; ++b) {
-      cache_.store_token(layer, b, slots_[static_cast<size_t>(b)], 0, k.narrow(b, b + 1), v.narrow(b, b + 1));
+      cache_.store_token(be_, layer, b, slots_[static_cast<size_t>(b)], 0, k.narrow(b, b + 1), v.narrow(b, b + 1));
       Tensor out = attn.narrow(b, b + 1).reshape({hs, d});
       attend_cached(be_, cache_, layer, b, positions_[static_cast<size_t>(b)], q.narrow(b, b + 1).reshape({hs, d}), out,
                     lse);
@@ -72,19 +72,21 @@ Result<Tensor> TpDecoder::prefill(Backend& be, const std::vector<std::vector<int
   o.overlap = overlap_;
   FP_ASSIGN_OR_RETURN(MegatronModel model, MegatronModel::create(config_, o, comm_.rank(), 0, S));
   // Shorter prompts are padded after their end (token 0), which causal attention never shows them.
-  Tensor ids = Tensor::zeros({B, S}, DType::kI32, MemCategory::kActivations);
+  std::vector<int32_t> host_ids(static_cast<size_t>(B * S), 0);
   lengths_.assign(static_cast<size_t>(B), 0);
   for (int64_t b = 0; b < B; ++b) {
     const std::vector<int32_t>& p = prompts[static_cast<size_t>(b)];
-    std::copy(p.begin(), p.end(), ids.data<int32_t>() + b * S);
+    std::copy(p.begin(), p.end(), host_ids.begin() + b * S);
     lengths_[static_cast<size_t>(b)] = static_cast<int64_t>(p.size());
   }
+  Tensor ids = Tensor::empty({B, S}, DType::kI32, MemCategory::kActivations);
+  be.copy_from_host(std::as_bytes(std::span<const int32_t>(host_ids)), ids);
   std::vector<int32_t> rows(static_cast<size_t>(S));
   for (int64_t i = 0; i < S; ++i) rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
   cache_ = KvCache();
   cache_ = KvCache::allocate(config_.num_hidden_layers, B, *std::max_element(lengths_.begin(), lengths_.end()) + max_new,
                              dims_.kv_heads, dims_.d);
-  cache_.keep_prefill_rows(rows, lengths_);
+  cache_.keep_prefill_rows(be, rows, lengths_);
   decoded_ = 0;
   max_new_ = max_new;
 
@@ -93,7 +95,7 @@ Result<Tensor> TpDecoder::prefill(Backend& be, const std::vector<std::vector<int
   // Every rank holds every token: each prompt's last row is at hand.
   Tensor last = Tensor::empty({B, h}, DType::kF32, MemCategory::kActivations);
   for (int64_t b = 0; b < B; ++b)
-    std::copy_n(x.data<float>() + (b * S + lengths_[static_cast<size_t>(b)] - 1) * h, h, last.data<float>() + b * h);
+    be.copy_strided(x, last, {1, h, {(b * S + lengths_[static_cast<size_t>(b)] - 1) * h, h}, {b * h, h}});
   x = Tensor();
   const DecodeContext ctx{&config_, &dims_, &be, &comm};
   Tensor logits = decode_logits(ctx, weights_, last);
@@ -110,7 +112,7 @@ Result<Tensor> TpDecoder::decode(Backend& be, std::span<const int32_t> tokens) {
   std::vector<int32_t> positions(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
     positions[static_cast<size_t>(b)] = static_cast<int32_t>(lengths_[static_cast<size_t>(b)]);
-    slots[static_cast<size_t>(b)] = cache_.append(b, positions[static_cast<size_t>(b)]);
+    slots[static_cast<size_t>(b)] = cache_.append(be, b, positions[static_cast<size_t>(b)]);
   }
   TpComm comm(comm_, be, overlap_);
   TpDecodeAttention attention(dims_, be, cache_, slots, positions);

@@ -45,6 +45,7 @@ MegatronGrads MegatronGrads::allocate(const LlamaConfig& c, const ShardDims& dim
   return g;
 }
 
+// Host zeroing, as ShardedWeights::zero (zero_grads takes no Backend yet).
 void MegatronGrads::zero() {
   flat_.zero();
   known_zero_ = true;
@@ -94,8 +95,8 @@ void MegatronModel::scatter_rows(const Tensor& local, Tensor& global) const {
 
 namespace {
 
-Status check_local_batch(const MegatronModel& m, const Batch& b) {
-  FP_RETURN_IF_ERROR(validate_batch(m.config(), b));
+Status check_local_batch(Backend& be, const MegatronModel& m, const Batch& b) {
+  FP_RETURN_IF_ERROR(validate_batch(be, m.config(), b));
   if (b.seq() != m.local_seq())
     return invalid_argument("local batch has {} tokens per sequence, this rank holds {} (S {} / sp degree {}{})",
                             b.seq(), m.local_seq(), m.shard().seq(), m.shard().degree(),
@@ -107,7 +108,7 @@ Status check_local_batch(const MegatronModel& m, const Batch& b) {
 
 Result<StepResult> MegatronModel::forward(Backend& be, const MegatronAxes& axes, const ShardedWeights& w,
                                       const Batch& batch) const {
-  FP_RETURN_IF_ERROR(check_local_batch(*this, batch));
+  FP_RETURN_IF_ERROR(check_local_batch(be, *this, batch));
   MegatronStep step(*this, be, axes, batch);
   StepResult r = run_tp_step(step, options_.recompute, options_.keep_logits, w, nullptr, 0);
   r.exposed_comm_seconds = step.blocked_seconds();
@@ -117,7 +118,7 @@ Result<StepResult> MegatronModel::forward(Backend& be, const MegatronAxes& axes,
 Result<StepResult> MegatronModel::forward_backward(Backend& be, const MegatronAxes& axes, const ShardedWeights& w,
                                                    const Batch& batch, MegatronGrads& grads,
                                                    int64_t loss_normalizer) const {
-  FP_RETURN_IF_ERROR(check_local_batch(*this, batch));
+  FP_RETURN_IF_ERROR(check_local_batch(be, *this, batch));
   MegatronStep step(*this, be, axes, batch);
   // Over sp only this step's partial is summed: it accumulates straight into gradients known
   // to be zero, otherwise into a scratch buffer added afterwards. With one sp rank nothing
@@ -126,7 +127,7 @@ Result<StepResult> MegatronModel::forward_backward(Backend& be, const MegatronAx
   MegatronGrads scratch;
   if (!in_place) {
     scratch = MegatronGrads::allocate(config_, dims_, tp_rank_, MemCategory::kGradients);
-    scratch.zero();
+    be.fill(0.0, scratch.flat());
   }
   MegatronGrads& partial = in_place ? grads : scratch;
 

@@ -22,19 +22,21 @@ MegatronStep::MegatronStep(const MegatronModel& model, Backend& backend, const M
            "Megatron model for sp rank {} of {} on communicator {}", model.shard().rank(), model.shard().degree(),
            sp_.describe());
   if (seq_par_ && local_)
-    for (int64_t i = 0; i < 2 * c_.num_hidden_layers + 1; ++i)
-      norm_partials_.push_back(Tensor::zeros({dims_.h}, DType::kF32, MemCategory::kGradients));
-  const std::vector<int32_t>& mine = model.shard().positions();
+    for (int64_t i = 0; i < 2 * c_.num_hidden_layers + 1; ++i) {
+      norm_partials_.push_back(Tensor::empty({dims_.h}, DType::kF32, MemCategory::kGradients));
+      be_.fill(0.0, norm_partials_.back());
+    }
+  q_positions_ = model.shard().positions();
   q_pos_ = Tensor::empty({tp_seq_}, DType::kI32, MemCategory::kActivations);
-  std::copy(mine.begin(), mine.end(), q_pos_.data<int32_t>());
+  be_.copy_from_host(std::as_bytes(std::span<const int32_t>(q_positions_)), q_pos_);
   if (local_) {
     k_pos_ = q_pos_;  // every position, in order
   } else {
-    const std::vector<int32_t> all = model.shard().gathered_positions();
+    k_positions_ = model.shard().gathered_positions();
     k_pos_ = Tensor::empty({model.shard().seq()}, DType::kI32, MemCategory::kActivations);
-    std::copy(all.begin(), all.end(), k_pos_.data<int32_t>());
+    be_.copy_from_host(std::as_bytes(std::span<const int32_t>(k_positions_)), k_pos_);
   }
-  rope_ = build_rope_table(mine, dims_.d, c_.rope_theta, DType::kF32);
+  rope_ = build_rope_table(be_, q_positions_, dims_.d, c_.rope_theta, DType::kF32);
 }
 
 Tensor& MegatronStep::norm_grad(Tensor& grad, int index) {

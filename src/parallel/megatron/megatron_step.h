@@ -50,6 +50,7 @@ class MegatronStep : public TpStepBase {
   Communicator& sp_;
   bool local_;   // one sp rank: attention of every position, no exchange
   bool gather_;  // the all-gather K/V exchange (else the ring), more than one sp rank
+  std::vector<int32_t> q_positions_, k_positions_;  // q_pos_ and k_pos_ on the host (k: more than one sp rank)
   Tensor q_pos_;  // i32 [S/S_] global positions of the sp shard's rows
   Tensor k_pos_;  // i32 [S] every sp rank's positions in rank order (q_pos_ itself with one sp rank)
   Tensor rope_;   // [S/S_, 2, d/2]

@@ -30,20 +30,14 @@ TpStepBase::TpStepBase(const LlamaConfig& config, const ShardDims& dims, Backend
     // loss runs on every row): one all_gather of both, packed [B, local, 2] -> [B, tp_seq, 2].
     Tensor packed = Tensor::empty({batch_, local_seq_, 2}, DType::kI32, MemCategory::kActivations);
     Tensor full = Tensor::empty({batch_, tp_seq_, 2}, DType::kI32, MemCategory::kActivations);
-    const int32_t *ids = local.input_ids.data<int32_t>(), *tg = local.target_ids.data<int32_t>();
-    int32_t* p = packed.data<int32_t>();
-    for (int64_t i = 0; i < rows_; ++i) {
-      p[2 * i] = ids[i];
-      p[2 * i + 1] = tg[i];
-    }
+    // Interleaved: ids at the even elements, targets at the odd ones.
+    be_.copy_strided(local.input_ids, packed, {rows_, 1, {0, 1}, {0, 2}});
+    be_.copy_strided(local.target_ids, packed, {rows_, 1, {0, 1}, {1, 2}});
     tp_.all_gather_seq(packed, full);
     ids_ = Tensor::empty({all_rows_}, DType::kI32, MemCategory::kActivations);
     targets_ = Tensor::empty({all_rows_}, DType::kI32, MemCategory::kActivations);
-    const int32_t* f = full.data<int32_t>();
-    for (int64_t i = 0; i < all_rows_; ++i) {
-      ids_.data<int32_t>()[i] = f[2 * i];
-      targets_.data<int32_t>()[i] = f[2 * i + 1];
-    }
+    be_.copy_strided(full, ids_, {all_rows_, 1, {0, 2}, {0, 1}});
+    be_.copy_strided(full, targets_, {all_rows_, 1, {1, 2}, {0, 1}});
   } else {
     ids_ = local.input_ids.reshape({all_rows_});
     targets_ = local.target_ids.reshape({all_rows_});

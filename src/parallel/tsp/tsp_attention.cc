@@ -59,7 +59,7 @@ Tensor TspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& 
     t.q = std::move(qkv.q);
     t.k = std::move(qkv.k);
     t.v = std::move(qkv.v);
-    if (kv_cache_ != nullptr) kv_cache_->store_prefill(l, r * dims_.kv_heads + b * kvh_b_, t.k, t.v);
+    if (kv_cache_ != nullptr) kv_cache_->store_prefill(be_, l, r * dims_.kv_heads + b * kvh_b_, t.k, t.v);
     t.k_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
     t.v_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
     t.gather = start_gather(t.k, t.k_full);

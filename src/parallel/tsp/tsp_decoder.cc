@@ -69,12 +69,9 @@ class TspDecodeAttention final : public DecodeAttention {
   void gather_heads(int layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& q_all) {
     const int64_t B = q.dim(0), qr = dm_.q_rows, kvr = dm_.kv_rows, row = qr + 2 * kvr, D = dm_.degree;
     Tensor packed = Tensor::empty({B, row}, DType::kF32, MemCategory::kComm);
-    for (int64_t b = 0; b < B; ++b) {
-      float* dst = packed.data<float>() + b * row;
-      std::copy_n(q.data<float>() + b * qr, qr, dst);
-      std::copy_n(k.data<float>() + b * kvr, kvr, dst + qr);
-      std::copy_n(v.data<float>() + b * kvr, kvr, dst + qr + kvr);
-    }
+    be_.copy_strided(q, packed, {B, qr, {0, qr}, {0, row}});
+    be_.copy_strided(k, packed, {B, kvr, {0, kvr}, {qr, row}});
+    be_.copy_strided(v, packed, {B, kvr, {0, kvr}, {qr + kvr, row}});
     Tensor all = Tensor::empty({D * B, row}, DType::kF32, MemCategory::kComm);
     const auto t0 = std::chrono::steady_clock::now();
     comm_.blocking(comm_.comm().all_gather(packed.raw_data(), all.raw_data(), static_cast<size_t>(B * row), DType::kF32),
@@ -83,10 +80,10 @@ class TspDecodeAttention final : public DecodeAttention {
     for (int64_t r = 0; r < D; ++r)
       for (int64_t b = 0; b < B; ++b) {
         const Tensor got = all.narrow(r * B + b, r * B + b + 1).reshape({row});
-        std::copy_n(got.data<float>(), qr, q_all.data<float>() + (b * D + r) * qr);
+        be_.copy_strided(got, q_all, {1, qr, {0, qr}, {(b * D + r) * qr, qr}});
         const int64_t slot = slots_[static_cast<size_t>(b)];
         if (slot >= 0)
-          cache_.store_token(layer, b, slot, r * dm_.kv_heads, got.narrow(qr, qr + kvr), got.narrow(qr + kvr, row));
+          cache_.store_token(be_, layer, b, slot, r * dm_.kv_heads, got.narrow(qr, qr + kvr), got.narrow(qr + kvr, row));
       }
   }
 
@@ -99,9 +96,8 @@ class TspDecodeAttention final : public DecodeAttention {
                   out, lse);
     const int64_t block = B * hs * (d + 1);
     for (int64_t s = 0; s < dm_.degree; ++s) {
-      float* dst = send.data<float>() + s * block;
-      std::copy_n(out.data<float>() + s * hs * d, hs * d, dst + b * hs * d);
-      std::copy_n(lse.data<float>() + s * hs, hs, dst + B * hs * d + b * hs);
+      be_.copy_strided(out, send, {1, hs * d, {s * hs * d, hs * d}, {s * block + b * hs * d, hs * d}});
+      be_.copy_strided(lse, send, {1, hs, {s * hs, hs}, {s * block + B * hs * d + b * hs, hs}});
     }
   }
 
@@ -123,7 +119,7 @@ class TspDecodeAttention final : public DecodeAttention {
     be_.copy(out_of(0), out);
     Tensor lse = act({B, hs, 1});
     be_.copy(lse_of(0), lse);
-    for (int64_t r = 1; r < D; ++r) merge_attention_block(out_of(r), lse_of(r), out, lse);
+    for (int64_t r = 1; r < D; ++r) merge_attention_block(be_, out_of(r), lse_of(r), out, lse);
   }
 
   const ShardDims& dm_;
@@ -147,9 +143,9 @@ class TspDecoder final : public WeightShardedDecoder {
   // Sizes the cache: the most slots any sequence needs on this rank after max_new tokens.
   int64_t plan_capacity(int64_t max_new) const;
   // The prompts padded to S (a multiple of 2D or D) as this rank's ids [B, S/D].
-  Tensor local_ids(const std::vector<std::vector<int32_t>>& prompts, const SequenceShard& shard) const;
+  Tensor local_ids(Backend& be, const std::vector<std::vector<int32_t>>& prompts, const SequenceShard& shard) const;
   // Each prompt's last hidden state [B, h] on every rank, from the rank that holds it.
-  Tensor last_rows(const Tensor& x, const SequenceShard& shard, TpComm& comm) const;
+  Tensor last_rows(Backend& be, const Tensor& x, const SequenceShard& shard, TpComm& comm) const;
 
   Layout options_;  // tsp=D: split, overlap and head_buckets apply to prefill
   std::vector<std::vector<int64_t>> counts_;  // [B][D]: tokens of sequence b on rank r
@@ -165,23 +161,30 @@ int64_t TspDecoder::plan_capacity(int64_t max_new) const {
   return capacity;
 }
 
-Tensor TspDecoder::local_ids(const std::vector<std::vector<int32_t>>& prompts, const SequenceShard& shard) const {
-  const int64_t B = static_cast<int64_t>(prompts.size()), S = shard.seq();
-  Batch global{Tensor::zeros({B, S}, DType::kI32, MemCategory::kActivations),
-               Tensor::zeros({B, S}, DType::kI32, MemCategory::kActivations)};
-  for (int64_t b = 0; b < B; ++b)  // padding: token 0, after the prompt, never seen by it (causal)
-    std::copy(prompts[b].begin(), prompts[b].end(), global.input_ids.data<int32_t>() + b * S);
-  return shard.local_batch(global).input_ids;
+Tensor TspDecoder::local_ids(Backend& be, const std::vector<std::vector<int32_t>>& prompts,
+                             const SequenceShard& shard) const {
+  const int64_t B = static_cast<int64_t>(prompts.size());
+  const std::vector<int32_t>& pos = shard.positions();
+  const size_t n = pos.size();
+  // This rank's rows of the prompts; padding: token 0, after the prompt, never seen by it (causal).
+  std::vector<int32_t> host(static_cast<size_t>(B) * n, 0);
+  for (size_t b = 0; b < prompts.size(); ++b)
+    for (size_t i = 0; i < n; ++i)
+      if (static_cast<size_t>(pos[i]) < prompts[b].size()) host[b * n + i] = prompts[b][static_cast<size_t>(pos[i])];
+  Tensor ids = Tensor::empty({B, static_cast<int64_t>(n)}, DType::kI32, MemCategory::kActivations);
+  be.copy_from_host(std::as_bytes(std::span<const int32_t>(host)), ids);
+  return ids;
 }
 
-Tensor TspDecoder::last_rows(const Tensor& x, const SequenceShard& shard, TpComm& comm) const {
+Tensor TspDecoder::last_rows(Backend& be, const Tensor& x, const SequenceShard& shard, TpComm& comm) const {
   const int64_t B = static_cast<int64_t>(lengths_.size()), h = dims_.h, Sl = shard.local_seq();
-  Tensor rows = Tensor::zeros({B, h}, DType::kF32, MemCategory::kActivations);
+  Tensor rows = Tensor::empty({B, h}, DType::kF32, MemCategory::kActivations);
+  be.fill(0.0, rows);
   const std::vector<int32_t>& pos = shard.positions();
   for (int64_t b = 0; b < B; ++b) {
     const auto it = std::find(pos.begin(), pos.end(), static_cast<int32_t>(lengths_[static_cast<size_t>(b)] - 1));
     if (it == pos.end()) continue;
-    std::copy_n(x.data<float>() + (b * Sl + (it - pos.begin())) * h, h, rows.data<float>() + b * h);
+    be.copy_strided(x, rows, {1, h, {(b * Sl + (it - pos.begin())) * h, h}, {b * h, h}});
   }
   comm.all_reduce(rows);  // one rank holds each row, the others add zeros: exact
   return rows;
@@ -207,14 +210,14 @@ Result<Tensor> TspDecoder::prefill(Backend& be, const std::vector<std::vector<in
   }
   cache_ = KvCache();
   cache_ = KvCache::allocate(config_.num_hidden_layers, B, plan_capacity(max_new), config_.num_key_value_heads, dims_.d);
-  cache_.keep_prefill_rows(model.shard().positions(), lengths_);
+  cache_.keep_prefill_rows(be, model.shard().positions(), lengths_);
   decoded_ = 0;
   max_new_ = max_new;
 
   TpComm comm(comm_, be, options_.overlap);
-  FP_ASSIGN_OR_RETURN(Tensor x, model.prefill(be, comm_, weights_, local_ids(prompts, model.shard()), cache_,
+  FP_ASSIGN_OR_RETURN(Tensor x, model.prefill(be, comm_, weights_, local_ids(be, prompts, model.shard()), cache_,
                                                 &times_.prefill_comm_seconds));
-  const Tensor rows = last_rows(x, model.shard(), comm);
+  const Tensor rows = last_rows(be, x, model.shard(), comm);
   x = Tensor();
   const DecodeContext ctx{&config_, &dims_, &be, &comm};
   Tensor logits = decode_logits(ctx, weights_, rows);
@@ -234,7 +237,7 @@ Result<Tensor> TspDecoder::decode(Backend& be, std::span<const int32_t> tokens) 
     positions[i] = static_cast<int32_t>(lengths_[i]);
     const int r = pick_rank(counts_[i], b);
     ++counts_[i][static_cast<size_t>(r)];
-    if (r == comm_.rank()) slots[i] = cache_.append(b, positions[i]);
+    if (r == comm_.rank()) slots[i] = cache_.append(be, b, positions[i]);
   }
   TpComm comm(comm_, be, options_.overlap);
   TspDecodeAttention attention(dims_, be, comm, cache_, slots, positions);

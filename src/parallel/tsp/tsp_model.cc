@@ -22,8 +22,8 @@ Result<TspModel> TspModel::create(const LlamaConfig& config, const Layout& layou
 
 namespace {
 
-Status check_local_batch(const TspModel& m, const Batch& b) {
-  FP_RETURN_IF_ERROR(validate_batch(m.config(), b));
+Status check_local_batch(Backend& be, const TspModel& m, const Batch& b) {
+  FP_RETURN_IF_ERROR(validate_batch(be, m.config(), b));
   if (b.seq() != m.shard().local_seq())
     return invalid_argument("local batch has {} tokens per sequence, the TSP shard holds {} (S {} / D {})", b.seq(),
                             m.shard().local_seq(), m.shard().seq(), m.shard().degree());
@@ -88,7 +88,7 @@ class TspModelStep final : public ModelStep {
 }  // namespace
 
 Result<StepResult> TspModel::forward(Backend& be, Communicator& tsp, const ShardedWeights& w, const Batch& batch) const {
-  FP_RETURN_IF_ERROR(check_local_batch(*this, batch));
+  FP_RETURN_IF_ERROR(check_local_batch(be, *this, batch));
   TspStep step(*this, be, tsp, batch.batch());
   const int64_t T = batch.input_ids.numel();
   TspModelStep parts(step, *this, w, {batch.input_ids.reshape({T}), batch.target_ids.reshape({T}), batch.batch()});
@@ -112,7 +112,7 @@ Result<Tensor> TspModel::prefill(Backend& be, Communicator& tsp, const ShardedWe
 
 Result<StepResult> TspModel::forward_backward(Backend& be, Communicator& tsp, const ShardedWeights& w,
                                               const Batch& batch, ShardedWeights& g, int64_t loss_normalizer) const {
-  FP_RETURN_IF_ERROR(check_local_batch(*this, batch));
+  FP_RETURN_IF_ERROR(check_local_batch(be, *this, batch));
   TspStep step(*this, be, tsp, batch.batch());
   const int64_t T = batch.input_ids.numel();
   TspModelStep parts(step, *this, w,

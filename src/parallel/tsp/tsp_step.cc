@@ -28,12 +28,13 @@ TspStep::TspStep(const TspModel& model, Backend& backend, Communicator& comm, in
   const std::vector<int32_t> all = model.shard().gathered_positions();
   q_pos_ = Tensor::empty({local_seq_}, DType::kI32, MemCategory::kActivations);
   k_pos_ = Tensor::empty({model.shard().seq()}, DType::kI32, MemCategory::kActivations);
-  std::copy(local.begin(), local.end(), q_pos_.data<int32_t>());
-  std::copy(all.begin(), all.end(), k_pos_.data<int32_t>());
-  rope_ = build_rope_table(local, dims_.d, c_.rope_theta, DType::kF32);
+  be_.copy_from_host(std::as_bytes(std::span<const int32_t>(local)), q_pos_);
+  be_.copy_from_host(std::as_bytes(std::span<const int32_t>(all)), k_pos_);
+  rope_ = build_rope_table(be_, local, dims_.d, c_.rope_theta, DType::kF32);
   ctx_ = BlockContext{&c_, &be_, batch_, local_seq_, &q_pos_, &rope_};
   for (int64_t i = 0; i < 2 * c_.num_hidden_layers + 1; ++i) {
-    norm_partials_.push_back(Tensor::zeros({dims_.h}, DType::kF32, MemCategory::kGradients));
+    norm_partials_.push_back(Tensor::empty({dims_.h}, DType::kF32, MemCategory::kGradients));
+    be_.fill(0.0, norm_partials_.back());
   }
 }
 

@@ -54,23 +54,19 @@ StepResult TspStep::head_forward(const ShardedWeights& w, const Tensor& x, const
     const int64_t offset = ring_owner(j) * vr;
     be_.softmax_chunk_update(chunk, targets, offset, kIgnoreIndex, row_max, row_sum, target_logit);
     if (logits != nullptr) {  // verification only
-      const Tensor c32 = chunk.dtype() == DType::kF32 ? chunk : chunk.to(DType::kF32, MemCategory::kWorkspace);
-      for (int64_t t = 0; t < T; ++t)
-        std::copy_n(c32.data<float>() + t * vr, vr, logits->data<float>() + t * c_.vocab_size + offset);
+      Tensor c32 = chunk;
+      if (chunk.dtype() != DType::kF32) {
+        c32 = Tensor::empty(chunk.shape(), DType::kF32, MemCategory::kWorkspace);
+        be_.copy(chunk, c32);
+      }
+      be_.copy_strided(c32, *logits, {T, vr, {0, vr}, {offset, c_.vocab_size}});
     }
     weight_ring_advance(ring, j);
   }
   // lse and the local loss, then the sums over the axis (two f64 values).
   hs.lse = stat({T});
-  const int32_t* tg = targets.data<int32_t>();
-  double sums[2] = {0, 0};  // loss sum, valid tokens
-  for (int64_t t = 0; t < T; ++t) {
-    const float lse = row_max.data<float>()[t] + std::log(row_sum.data<float>()[t]);
-    hs.lse.data<float>()[t] = lse;
-    if (tg[t] == kIgnoreIndex) continue;
-    sums[0] += static_cast<double>(lse) - target_logit.data<float>()[t];
-    sums[1] += 1;
-  }
+  const LossSums local = be_.cross_entropy_finish(row_max, row_sum, target_logit, targets, kIgnoreIndex, hs.lse);
+  double sums[2] = {local.loss_sum, static_cast<double>(local.valid_tokens)};  // host scalars for the all_reduce
   const auto t0 = std::chrono::steady_clock::now();
   blocking(comm_.all_reduce(sums, sums, 2, DType::kF64, ReduceOp::kSum), t0);
   StepResult r;
