@@ -41,9 +41,10 @@ Status run_model_step(const DryRunOptions& o, ShardedModel& model, const Batch& 
 // Snapshots the tracker and the axis counters around `step`: after_build before it, the
 // step's peaks and traffic after it.
 template <typename Step>
-Status measure(MemoryTracker& meta, const Mesh& mesh, DryRunResult& out, Step&& step) {
+Status measure(MemoryTracker& meta, const Mesh& mesh, const EventOrder& order, DryRunResult& out, Step&& step) {
   out.after_build = meta.stats();
   meta.reset_peaks();
+  out.step_first_seq = order.last() + 1;
   const std::vector<const Communicator*> comms = mesh.communicators();
   std::vector<CommStats> before;
   for (const Communicator* c : comms) before.push_back(c->stats());
@@ -55,15 +56,15 @@ Status measure(MemoryTracker& meta, const Mesh& mesh, DryRunResult& out, Step&& 
 
 // Prefill (and for kDecode one decode step) of B prompts of S zero tokens.
 Status run_generation(const DryRunOptions& o, Mesh& mesh, MemoryTracker& meta, MetaBackend& backend,
-                      DryRunResult& out) {
+                      const EventOrder& order, DryRunResult& out) {
   FP_ASSIGN_OR_RETURN(std::unique_ptr<ShardedDecoder> decoder, make_sharded_decoder(o.config, mesh, o.layout));
   const std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(o.batch),
                                                   std::vector<int32_t>(static_cast<size_t>(o.seq), 0));
   auto prefill = [&]() -> Status { return decoder->prefill(backend, prompts, o.max_new_tokens).status(); };
-  if (o.mode == DryRunMode::kPrefill) return measure(meta, mesh, out, prefill);
+  if (o.mode == DryRunMode::kPrefill) return measure(meta, mesh, order, out, prefill);
   FP_RETURN_IF_ERROR(prefill());
   const std::vector<int32_t> tokens(static_cast<size_t>(o.batch), 0);
-  return measure(meta, mesh, out, [&]() -> Status { return decoder->decode(backend, tokens).status(); });
+  return measure(meta, mesh, order, out, [&]() -> Status { return decoder->decode(backend, tokens).status(); });
 }
 
 }  // namespace
@@ -82,17 +83,101 @@ Result<DryRunResult> dry_run(const DryRunOptions& o) {
   {
     ScopedDefaultTracker scope(*meta);
     if (o.mode == DryRunMode::kPrefill || o.mode == DryRunMode::kDecode) {
-      FP_RETURN_IF_ERROR(run_generation(o, *cm.mesh, *meta, backend, out));
+      FP_RETURN_IF_ERROR(run_generation(o, *cm.mesh, *meta, backend, order, out));
     } else {
       FP_ASSIGN_OR_RETURN(std::unique_ptr<ShardedModel> model,
                           make_sharded_model(o.config, *cm.mesh, o.seq, o.layout));
       const int64_t rows = o.batch / cm.mesh->degree("dp");
       FP_ASSIGN_OR_RETURN(Batch local, storageless_local_batch(*model, rows, o.seq, *meta));
-      FP_RETURN_IF_ERROR(measure(*meta, *cm.mesh, out, [&] { return run_model_step(o, *model, local, backend, out); }));
+      FP_RETURN_IF_ERROR(measure(*meta, *cm.mesh, order, out, [&] { return run_model_step(o, *model, local, backend, out); }));
     }
   }
   out.ops = backend.records();
   return out;
+}
+
+namespace {
+
+ComputeEvent compute_event(const OpRecord& r) {
+  ComputeEvent e;
+  e.op = std::string(r.op);
+  e.flops = r.flops;
+  e.bytes = static_cast<double>(r.bytes_read + r.bytes_written);
+  e.dtype = r.dtype == DType::kBF16 ? MathDType::kBF16 : MathDType::kF32;
+  switch (r.shape.kind) {
+    case OpShape::Kind::kMatmul:
+      e.op_class = ComputeClass::kGemm;
+      e.gemm = {r.shape.m, r.shape.n, r.shape.k};
+      break;
+    case OpShape::Kind::kAttention:
+      e.op_class = r.op == "attention_backward" ? ComputeClass::kAttentionBwd : ComputeClass::kAttentionFwd;
+      e.attention = {r.shape.batch, r.shape.sq, r.shape.sk, r.shape.n_h, r.shape.d};
+      break;
+    case OpShape::Kind::kTokenwise:
+      e.op_class = r.op == "adamw_update" ? ComputeClass::kOptimizer : ComputeClass::kTokenwise;
+      e.tokenwise = {r.shape.rows, r.shape.width};
+      break;
+  }
+  return e;
+}
+
+CommKind comm_kind(CommOpKind k) {
+  switch (k) {
+    case CommOpKind::kBroadcast: return CommKind::kBroadcast;
+    case CommOpKind::kReduce: return CommKind::kReduce;
+    case CommOpKind::kAllReduce: return CommKind::kAllReduce;
+    case CommOpKind::kAllGather:
+    case CommOpKind::kAllGatherV: return CommKind::kAllGather;
+    case CommOpKind::kReduceScatter:
+    case CommOpKind::kReduceScatterV: return CommKind::kReduceScatter;
+    case CommOpKind::kAllToAll: return CommKind::kAllToAll;
+    case CommOpKind::kSend: return CommKind::kSend;
+    case CommOpKind::kRecv: return CommKind::kRecv;
+    case CommOpKind::kSendRecv: return CommKind::kSendRecv;
+    case CommOpKind::kBarrier: return CommKind::kBarrier;
+  }
+  return CommKind::kBarrier;
+}
+
+}  // namespace
+
+Result<RankTrace> step_timeline_trace(const DryRunResult& r, int rank, int devices_per_node) {
+  if (devices_per_node < 1) return invalid_argument("devices per node ({}) must be at least 1", devices_per_node);
+  std::vector<LinkClass> links;
+  for (const CommTrace::Member& m : r.comm_trace.comms) {
+    FP_ASSIGN_OR_RETURN(LinkClass l, link_class(m.world_ranks, devices_per_node));
+    links.push_back(l);
+  }
+  RankTrace t;
+  t.rank = rank;
+  size_t i = 0, j = 0;
+  const std::vector<CommEvent>& ev = r.comm_trace.events;
+  while (i < r.ops.size() || j < ev.size()) {
+    const bool take_op = j == ev.size() || (i < r.ops.size() && r.ops[i].seq < ev[j].seq);
+    if (take_op) {
+      const OpRecord& o = r.ops[i++];
+      if (o.seq >= r.step_first_seq) t.events.emplace_back(compute_event(o));
+      continue;
+    }
+    const CommEvent& e = ev[j++];
+    if (e.seq < r.step_first_seq) continue;
+    if (e.type == CommEvent::Type::kComplete) {
+      t.events.emplace_back(CommWait{.request = static_cast<int64_t>(e.request)});
+      continue;
+    }
+    const CommTrace::Member& m = r.comm_trace.comms[static_cast<size_t>(e.comm)];
+    CommStart s;
+    s.request = static_cast<int64_t>(e.request);
+    s.kind = comm_kind(e.kind);
+    s.communicator = m.name;
+    s.comm_size = m.size;
+    s.link = links[static_cast<size_t>(e.comm)];
+    s.bytes_sent = e.bytes_sent;
+    s.bytes_received = e.bytes_received;
+    s.blocking = e.blocking;
+    t.events.emplace_back(std::move(s));
+  }
+  return t;
 }
 
 }  // namespace foldpar

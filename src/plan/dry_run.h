@@ -18,6 +18,7 @@
 #include "comm/counting_communicator.h"
 #include "layout/layout.h"
 #include "model/llama_config.h"
+#include "plan/timeline.h"
 #include "tensor/memory_tracker.h"
 
 namespace foldpar {
@@ -47,11 +48,18 @@ struct DryRunResult {
   std::vector<OpRecord> ops;  // the meta backend's records
   CommTrace comm_trace;       // starts and completions; seq numbers merge with ops'
   StepResult result;          // loss fields are 0: nothing is computed (training modes)
+  uint64_t step_first_seq = 0;  // ops and comm events from this sequence number on are the step's
 };
 
 // Runs one step of `options.layout` as world rank `options.rank`. Errors: the layout's
 // verdict (validate_layout, or make_sharded_decoder's for the generation modes) or a rank
 // outside the mesh. Not collective; no MPI.
 Result<DryRunResult> dry_run(const DryRunOptions& options);
+
+// The step's records (seq >= step_first_seq) as the timeline's input (plan/timeline.h), in
+// program order: each op a ComputeEvent classed by its name and shape, each communicator
+// start a CommStart (blocking ones need no wait) on the link class of the communicator's
+// world ranks, each completion a CommWait. invalid_argument for devices_per_node < 1.
+Result<RankTrace> step_timeline_trace(const DryRunResult& result, int rank, int devices_per_node);
 
 }  // namespace foldpar

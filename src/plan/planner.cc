@@ -2,9 +2,11 @@
 #include "plan/planner.h"
 
 #include <algorithm>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "model/flop_count.h"
+#include "plan/dry_run.h"
 
 namespace foldpar {
 namespace {
@@ -81,6 +83,108 @@ std::string bytes_text(double b) {
   if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
   if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
   return fmt::format("{:.1f} kB", b / 1e3);
+}
+
+PlanOp plan_op(CommOpKind k) {
+  switch (k) {
+    case CommOpKind::kBroadcast: return PlanOp::kBroadcast;
+    case CommOpKind::kReduce: return PlanOp::kReduce;
+    case CommOpKind::kAllReduce: return PlanOp::kAllReduce;
+    case CommOpKind::kAllGather:
+    case CommOpKind::kAllGatherV: return PlanOp::kAllGather;
+    case CommOpKind::kReduceScatter:
+    case CommOpKind::kReduceScatterV: return PlanOp::kReduceScatter;
+    case CommOpKind::kAllToAll: return PlanOp::kAllToAll;
+    default: return PlanOp::kSendRecv;  // send, recv, send_recv (barriers move nothing)
+  }
+}
+
+DryRunMode dry_mode(PlanMode m) {
+  switch (m) {
+    case PlanMode::kTrain: return DryRunMode::kForwardBackward;
+    case PlanMode::kForward: return DryRunMode::kForward;
+    case PlanMode::kPrefill: return DryRunMode::kPrefill;
+    case PlanMode::kDecode: return DryRunMode::kDecode;
+  }
+  return DryRunMode::kForwardBackward;
+}
+
+// The figures of one layout from the dry run of its distinct ranks: the first and the last
+// rank of replica 0 (zigzag ends, the last vocabulary shard), the worst of each figure.
+// Training adds the trainer's dp gradient all_reduce (one per step, after the backward;
+// traffic_model's dp term) to the traffic and, blocking, to the end of the timeline.
+Status plan_by_dry_run(const PlanRequest& r, LayoutPlan& p) {
+  const Layout& l = p.layout;
+  std::vector<int> ranks{0};
+  if (l.model_ranks() > 1) ranks.push_back(l.model_ranks() - 1);
+  std::optional<AxisTraffic> dp_axis;
+  if (r.mode == PlanMode::kTrain && l.dp > 1) {
+    FP_ASSIGN_OR_RETURN(StepTraffic t, predict_traffic(r.config, l, r.batch, r.seq, r.mode));
+    if (const AxisTraffic* a = t.axis("dp")) dp_axis = *a;
+  }
+  bool first = true;
+  for (int rank : ranks) {
+    DryRunOptions o;
+    o.config = r.config;
+    o.layout = l;
+    o.rank = rank;
+    o.batch = r.batch;
+    o.seq = r.seq;
+    o.mode = dry_mode(r.mode);
+    o.max_new_tokens = std::max<int64_t>(1, r.max_new_tokens);
+    FP_ASSIGN_OR_RETURN(DryRunResult d, dry_run(o));
+    FP_ASSIGN_OR_RETURN(RankTrace trace, step_timeline_trace(d, rank, r.hardware.devices_per_node));
+    if (dp_axis) {
+      const OpBytes& ar = dp_axis->op(PlanOp::kAllReduce);
+      Result<LinkClass> link = link_class({0, l.model_ranks() * (l.dp - 1)}, r.hardware.devices_per_node);
+      FP_RETURN_IF_ERROR(link.status());
+      trace.events.emplace_back(CommStart{.request = 1 << 30, .kind = CommKind::kAllReduce, .communicator = "dp",
+                                          .comm_size = l.dp, .link = *link, .bytes_sent = ar.bytes_sent,
+                                          .bytes_received = ar.bytes_received, .blocking = true});
+    }
+    FP_ASSIGN_OR_RETURN(RankTimeline tl, simulate_rank(trace, r.hardware));
+    MemoryEstimate m;
+    m.at_peak = d.step.at_peak;
+    m.peak = d.step.peak_total;
+    m.phase = fmt::format("rank {}", rank);
+    StepTraffic traffic;
+    for (const auto& [name, stats] : d.comm) {
+      AxisTraffic a{name, 1, {}};
+      for (const CommTrace::Member& mem : d.comm_trace.comms)
+        if (mem.name == name) a.degree = mem.size;
+      for (int k = 0; k < kNumCommOpKinds; ++k) {
+        const OpCounters& c = stats.op(static_cast<CommOpKind>(k));
+        if (c.calls == 0 || static_cast<CommOpKind>(k) == CommOpKind::kBarrier) continue;
+        OpBytes& o2 = a.ops[static_cast<int>(plan_op(static_cast<CommOpKind>(k)))];
+        o2.calls += c.calls;
+        o2.bytes_sent += c.bytes_sent;
+        o2.bytes_received += c.bytes_received;
+      }
+      if (name == "dp") continue;  // the model step moves nothing over dp
+      traffic.axes.push_back(a);
+    }
+    if (dp_axis) traffic.axes.push_back(*dp_axis);
+    if (first || m.peak > p.memory.peak) p.memory = m;
+    if (first || traffic.total().bytes_sent > p.traffic.total().bytes_sent) p.traffic = traffic;
+    if (first || tl.step_s > p.time.step_s) {
+      p.time.compute_s = tl.compute_s;
+      p.time.exposed_comm_s = tl.exposed_comm_s;
+      p.time.step_s = tl.step_s;
+      p.time.intra_node_s = p.time.inter_node_s = 0;
+      for (const TimelineOp& op : tl.ops)
+        if (op.kind == TimelineOp::Kind::kTransfer)
+          (op.stream == Stream::kCommInter ? p.time.inter_node_s : p.time.intra_node_s) += op.end - op.start;
+    }
+    p.timelines.push_back(std::move(tl));
+    first = false;
+  }
+  const int64_t P_local = local_parameter_elements(r.config, l);
+  if (r.mode == PlanMode::kTrain) p.memory.optimizer = 8 * P_local + (l.storage_bytes() == 4 ? 0 : 4 * P_local);
+  const double tokens = r.mode == PlanMode::kDecode ? static_cast<double>(r.batch)
+                                                    : static_cast<double>(r.batch) * static_cast<double>(r.seq);
+  p.time.tokens_per_s = p.time.step_s > 0 ? tokens / p.time.step_s : 0;
+  p.source = "dry run";
+  return Status();
 }
 
 }  // namespace
@@ -165,6 +269,20 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
       report.not_buildable.push_back(fmt::format("{}: uses {} ranks, not {}", l.to_string(), l.ranks(), r.devices));
       continue;
     }
+    LayoutPlan p;
+    p.layout = l;
+    if (l.dtype != DType::kBF16) {
+      Status dry = validate_layout(r.config, l, r.batch, r.seq);
+      if (dry.ok()) dry = plan_by_dry_run(r, p);
+      if (!dry.ok()) {
+        report.not_buildable.push_back(dry.message());
+        continue;
+      }
+      p.over_bytes = p.memory.total() - r.hardware.memory_bytes();
+      p.fits = p.over_bytes <= 0;
+      report.layouts.push_back(std::move(p));
+      continue;
+    }
     MemoryRequest mr;
     mr.batch = r.batch;
     mr.seq = r.seq;
@@ -177,8 +295,7 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
       report.not_buildable.push_back((mem.ok() ? traffic.status() : mem.status()).message());
       continue;
     }
-    LayoutPlan p;
-    p.layout = l;
+    p.source = "replay";
     p.memory = *mem;
     p.traffic = *traffic;
     p.time = estimate_time(r.config, l, r.hardware, r, p.traffic, p.memory);

@@ -19,6 +19,7 @@
 
 #include "model/llama_config.h"
 #include "plan/hardware.h"
+#include "plan/timeline.h"
 #include "plan/layout_spec.h"
 #include "plan/memory_model.h"
 #include "plan/traffic_model.h"
@@ -53,6 +54,12 @@ struct LayoutPlan {
   MemoryEstimate memory;
   StepTraffic traffic;
   TimeEstimate time;
+  // How the figures were obtained: "dry run" (the strategy's own code on the meta backend
+  // and a counting mesh, plan/dry_run.h, timed by plan/timeline.h) or "replay" (the
+  // hand-written replays, plan/memory_model.h, and estimate_time: bf16 layouts, whose
+  // storage decorator still widens on the host).
+  std::string source;
+  std::vector<RankTimeline> timelines;  // dry run: one per distinct rank simulated
   bool fits = false;
   int64_t over_bytes = 0;  // total() - capacity when it does not fit
 };

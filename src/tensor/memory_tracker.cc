@@ -89,7 +89,10 @@ void* MemoryTracker::allocate(size_t bytes, MemCategory category) {
   stats_.current[c] += static_cast<int64_t>(bytes);
   if (stats_.current[c] > stats_.peak[c]) stats_.peak[c] = stats_.current[c];
   stats_.current_total += static_cast<int64_t>(bytes);
-  if (stats_.current_total > stats_.peak_total) stats_.peak_total = stats_.current_total;
+  if (stats_.current_total > stats_.peak_total) {
+    stats_.peak_total = stats_.current_total;
+    stats_.at_peak = stats_.current;
+  }
   ++stats_.live_allocations;
   ++stats_.total_allocations;
   return ptr;
@@ -159,6 +162,7 @@ void MemoryTracker::reset_peaks() {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.peak = stats_.current;
   stats_.peak_total = stats_.current_total;
+  stats_.at_peak = stats_.current;
 }
 
 }  // namespace foldpar

@@ -47,6 +47,7 @@ struct MemoryStats {
   std::array<int64_t, kNumMemCategories> peak{};     // highest `current` seen, per category
   int64_t current_total = 0;                         // sum of current over categories
   int64_t peak_total = 0;                            // highest current_total seen (not the sum of peaks)
+  std::array<int64_t, kNumMemCategories> at_peak{};  // `current` when peak_total was reached (sums to it)
   int64_t live_allocations = 0;
   int64_t total_allocations = 0;                     // allocations ever made
   int64_t cached_bytes = 0;                          // released blocks kept for reuse (not live)
