@@ -121,10 +121,12 @@ Result<Tensor> TpDecoder::decode(Backend& be, std::span<const int32_t> tokens) {
 
 Result<std::unique_ptr<ShardedDecoder>> make_tp_decoder(const LlamaConfig& config, Communicator& tp,
                                                         const Layout& o) {
-  FP_ASSIGN_OR_RETURN(ShardDims dims, shard_dims(config, tp.size(), "tp"));
+  FP_CHECK(o.strategy == Strategy::kMegatron && o.tp == tp.size() && o.sp == 1,
+           "TP decoder for layout {} over {} ranks", o.to_string(), tp.size());
+  FP_RETURN_IF_ERROR(validate_layout(config, o, 0, 0));
   if (o.sequence_parallel)
     return unimplemented("generate: tp with --sequence-parallel is not built (decode holds one token per sequence)");
-  return std::unique_ptr<ShardedDecoder>(std::make_unique<TpDecoder>(config, dims, tp, o.overlap));
+  return std::unique_ptr<ShardedDecoder>(std::make_unique<TpDecoder>(config, shard_dims(config, tp.size()), tp, o.overlap));
 }
 
 }  // namespace foldpar

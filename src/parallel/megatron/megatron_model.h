@@ -87,30 +87,6 @@ struct MegatronAxes {
   Communicator* sp = nullptr;
 };
 
-// The gradients of this rank's tp slices in ONE flat buffer, ShardedWeights views into it
-// (sharded tensors first, then the (2L+1) norm gains contiguous), so that the sum over sp is
-// one all_reduce (a few when it exceeds one MPI message) and the gains' sum over tp one more.
-// Laid out in ShardedWeights::for_each's order.
-class MegatronGrads {
- public:
-  static MegatronGrads allocate(const LlamaConfig& config, const ShardDims& dims, int owner, MemCategory category);
-
-  ShardedWeights& views() { return views_; }
-  Tensor& flat() { return flat_; }
-  Tensor norm_region() { return flat_.narrow(norm_offset_, flat_.numel()); }  // [(2L+1) h]
-  void zero();
-  // True from zero() until a step accumulates into it: such a step sums its partial in
-  // place instead of through a scratch buffer.
-  bool known_zero() const { return known_zero_; }
-  void mark_written() { known_zero_ = false; }
-
- private:
-  Tensor flat_;  // f32 [every element this rank holds]
-  ShardedWeights views_;
-  int64_t norm_offset_ = 0;
-  bool known_zero_ = false;
-};
-
 class MegatronModel {
  public:
   // The model of the rank at (tp_rank, sp_rank) of a Megatron layout (tp=T, sp=S, either
@@ -148,9 +124,10 @@ class MegatronModel {
                              const Batch& local) const;
   // Forward and backward: the gradient of loss_sum / loss_normalizer (0: this micro-batch's
   // global valid count), summed over sp (and the gains over tp), accumulated (+=) into grads
-  // on every rank. Collective over tp and sp.
+  // (ShardedGrads: one flat buffer, so that the sum over sp is one all_reduce) on every rank.
+  // Collective over tp and sp.
   Result<StepResult> forward_backward(Backend& backend, const MegatronAxes& axes, const ShardedWeights& weights,
-                                      const Batch& local, MegatronGrads& grads, int64_t loss_normalizer) const;
+                                      const Batch& local, ShardedGrads& grads, int64_t loss_normalizer) const;
 
   // Generation's prefill (tp=T only: S_ = 1, no sequence parallelism, else
   // invalid_argument): the forward of the embedding and every block over every token of ids

@@ -10,9 +10,10 @@
 
 namespace foldpar::megatron_detail {
 
-MegatronStep::MegatronStep(const MegatronModel& model, Backend& backend, const MegatronAxes& axes, const Batch& local)
+MegatronStep::MegatronStep(const MegatronModel& model, Backend& backend, const MegatronAxes& axes, const Batch& local,
+                           TpStepInputs in)
     : TpStepBase(model.config(), model.dims(), backend, *axes.tp, model.tp_rank(), model.options().overlap,
-                 model.sequence_parallel(), TpRows{local.batch(), model.sp_seq(), model.local_seq()}, local),
+                 model.sequence_parallel(), TpRows{local.batch(), model.sp_seq(), model.local_seq()}, local, in),
       model_(model),
       opt_(model.options()),
       sp_(*axes.sp),
@@ -35,6 +36,7 @@ MegatronStep::MegatronStep(const MegatronModel& model, Backend& backend, const M
     std::copy(all.begin(), all.end(), k_pos_.data<int32_t>());
   }
   rope_ = build_rope_table(mine, dims_.d, c_.rope_theta, DType::kF32);
+  set_positions(&q_pos_, &rope_);
 }
 
 Tensor& MegatronStep::norm_grad(Tensor& grad, int index) {
@@ -43,7 +45,7 @@ Tensor& MegatronStep::norm_grad(Tensor& grad, int index) {
 
 // ---- the sums of a step's partial gradients ----
 
-void MegatronStep::sum_partials(MegatronGrads& partial) {
+void MegatronStep::sum_partials(ShardedGrads& partial) {
   if (local_) {
     if (norm_partials_.empty()) return;
     // One all_reduce of every gain's partial over tp, packed: [(2L+1) * h], then into the
@@ -83,8 +85,8 @@ void MegatronStep::sum_partials(MegatronGrads& partial) {
 
 // ---- the loss over sp ----
 
-StepResult MegatronStep::head_forward(const ShardedWeights& w, const Tensor& x, HeadSaved& hs, Tensor* logits) {
-  StepResult r = TpStepBase::head_forward(w, x, hs, logits);
+StepResult MegatronStep::head_forward(const Tensor& x, bool save) {
+  StepResult r = TpStepBase::head_forward(x, save);
   if (local_) return r;  // this sp rank's rows are the global batch
   // The same sums on every tp rank of the group; over sp they add up to the global batch's.
   double sums[2] = {r.loss_sum, static_cast<double>(r.valid_tokens)};
