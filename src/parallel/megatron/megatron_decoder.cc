@@ -1,4 +1,4 @@
-// Tensor-parallel generation (tp=T), the baseline TSP's decode is measured against: prefill
+// Tensor-parallel generation (tp=N), the baseline TSP's decode is measured against: prefill
 // is the Megatron forward with one sp rank and no sequence parallelism, which leaves the KV cache sharded by heads (each rank: every token, its
 // own KV heads); decode (parallel/decode_block.h) appends the new token's K/V of this rank's
 // heads to its own cache and attends locally, so attention moves nothing.
@@ -66,7 +66,7 @@ Result<Tensor> TpDecoder::prefill(Backend& be, const std::vector<std::vector<int
   const int64_t B = static_cast<int64_t>(prompts.size()), h = dims_.h;
   int64_t S = 0;
   for (const auto& p : prompts) S = std::max(S, static_cast<int64_t>(p.size()));
-  Layout o;  // tp=T: prefill runs plain tensor parallelism
+  Layout o;  // tp=N: prefill runs plain tensor parallelism
   o.strategy = Strategy::kMegatron;
   o.tp = comm_.size();
   o.overlap = overlap_;
