@@ -147,12 +147,7 @@ Built make_layout(const std::string& layout, const Case& k, const LlamaConfig& c
   Result<Mesh> mesh = Mesh::create(test::mpi().world(), layout);
   FP_CHECK_OK(mesh.status());
   Built out{std::move(mesh.value()), nullptr};
-  Layout o = test::megatron_layout(layout);
-  o.split = k.split;
-  o.kv_exchange = k.exchange;
-  o.overlap = k.overlap;
-  o.recompute = k.recompute;
-  o.sequence_parallel = k.sequence_parallel;
+  Layout o = test::megatron_layout_with(layout, k);
   o.keep_logits = true;
   Result<std::unique_ptr<ShardedModel>> m = make_sharded_model(c, out.mesh, k.seq, o);
   FP_CHECK_OK(m.status());
