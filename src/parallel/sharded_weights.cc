@@ -195,6 +195,22 @@ void ShardedGrads::zero() {
   known_zero_ = true;
 }
 
+void sum_norm_partials(Backend& be, const std::vector<Tensor>& partials, ShardedWeights& grads,
+                       const std::function<void(Tensor& packed)>& reduce) {
+  const int64_t L = static_cast<int64_t>(grads.attn_norm.size()), n = static_cast<int64_t>(partials.size());
+  FP_CHECK(n == 2 * L + 1, "{} norm partials for {} layers", n, L);
+  Tensor packed = Tensor::empty({n, grads.dims.h}, DType::kF32, MemCategory::kComm);
+  for (int64_t i = 0; i < n; ++i) {
+    Tensor row = packed.narrow(i, i + 1);
+    be.copy(partials[static_cast<size_t>(i)], row);
+  }
+  reduce(packed);
+  for (int64_t i = 0; i < n; ++i) {
+    Tensor& dst = i < L ? grads.attn_norm[i] : (i < 2 * L ? grads.mlp_norm[i - L] : grads.final_norm);
+    be.add_inplace(packed.narrow(i, i + 1), dst);
+  }
+}
+
 void init_sharded_weights(const InitOptions& o, ShardedWeights& w) {
   const ShardDims& d = w.dims;
   const int r = w.owner;

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "model/llama_config.h"
 #include "model/llama_weights.h"
 #include "parallel/param_ref.h"
@@ -111,6 +112,13 @@ class ShardedGrads {
   int64_t norm_offset_ = 0;
   bool known_zero_ = false;
 };
+
+// A step's partial norm-gain gradients (attn_norm[L], mlp_norm[L], final_norm: each [h], in
+// that order) packed into one [(2L+1), h] communication buffer, summed across ranks by
+// `reduce` (the strategy's own timed all_reduce over its axis), and added into the gains of
+// `grads`. Collective as `reduce` is.
+void sum_norm_partials(Backend& backend, const std::vector<Tensor>& partials, ShardedWeights& grads,
+                       const std::function<void(Tensor& packed)>& reduce);
 
 class Communicator;
 // Collective over the sharding communicator: every rank receives the full tensors assembled from

@@ -50,18 +50,7 @@ void MegatronStep::sum_partials(ShardedGrads& partial) {
     if (norm_partials_.empty()) return;
     // One all_reduce of every gain's partial over tp, packed: [(2L+1) * h], then into the
     // gradients.
-    const int64_t L = c_.num_hidden_layers, n = static_cast<int64_t>(norm_partials_.size());
-    Tensor packed = comm_buffer({n, dims_.h});
-    for (int64_t i = 0; i < n; ++i) {
-      Tensor row = packed.narrow(i, i + 1);
-      be_.copy(norm_partials_[static_cast<size_t>(i)], row);
-    }
-    tp_.all_reduce(packed);
-    ShardedWeights& g = partial.views();
-    for (int64_t i = 0; i < n; ++i) {
-      Tensor& dst = i < L ? g.attn_norm[i] : (i < 2 * L ? g.mlp_norm[i - L] : g.final_norm);
-      be_.add_inplace(packed.narrow(i, i + 1), dst);
-    }
+    sum_norm_partials(be_, norm_partials_, partial.views(), [this](Tensor& packed) { tp_.all_reduce(packed); });
     return;
   }
   if (seq_par_) {
