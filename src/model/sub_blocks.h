@@ -5,8 +5,10 @@
 // The pre-norm is its own sub-block: TSP normalizes its rows once and then projects D x
 // buckets head slices, and runs D MLP column chunks, over the one normed activation.
 // Backward writes: a d_input passed undefined is allocated and written, a defined one is
-// accumulated (+=); weight gradients are scaled by `g_beta` before the add (1: accumulate
-// into the gradient, 0: write a fresh partial, as a TSP ring step does).
+// accumulated (+=); weight gradients are scaled by
+// `g_beta` before the add (1: accumulate into the gradient, 0: write a fresh partial, as a
+// TSP ring step does). Forward outputs y are scaled by `y_beta` likewise (1: y += ..., the
+// residual; 0: y = ..., a Megatron rank's row-parallel partial summed over tp afterwards).
 #pragma once
 
 #include <functional>
@@ -33,6 +35,18 @@ struct LinearView {
   Tensor w;                 // [out, in], or [in, out] when transposed
   bool transposed = false;
 };
+// What a strategy adds to a sub-block's backward; the defaults are the single-rank block's.
+struct BackwardSchedule {
+  // Where an undefined d_input is allocated: with the activations, or as a communication
+  // buffer by a strategy that sends it (Megatron's column-parallel dX before f's adjoint).
+  MemCategory d_input_category = MemCategory::kActivations;
+  // Runs once d_input is complete, before the weight gradients read the input `a`: a
+  // strategy starts d_input's reduction there and finishes gathering `a`.
+  std::function<void()> input_done;
+  // Runs between the weight-gradient GEMMs (MPI moves transfers only inside MPI calls).
+  std::function<void()> between;
+};
+
 // y = x W^T + beta y. x: [T, in], y: [T, out].
 void linear_forward(Backend& be, const LinearView& w, const Tensor& x, Tensor& y, float beta);
 // dx = dy W + beta dx. dy: [T, out], dx: [T, in].
@@ -63,21 +77,35 @@ struct QkvSaved {
   Tensor k;  // [B, S, n_k, d] after RoPE
   Tensor v;  // [B, S, n_k, d]
 };
-// a: [T, h] the normed input.
-QkvSaved qkv_forward(const BlockContext& ctx, const QkvWeights& w, const Tensor& a);
+// a: [T, h] the normed input. k and v come first: `kv_ready`, when set, runs with them
+// (k after RoPE) before the q projection, so that a strategy's K/V exchange overlaps it.
+QkvSaved qkv_forward(const BlockContext& ctx, const QkvWeights& w, const Tensor& a,
+                     const std::function<void(const Tensor& k, const Tensor& v)>& kv_ready = {});
 // The query side: dq [B, S, n_q, d] (rotated back in place); d_a (+)= dq Wq, g.wq.
 void q_backward(const BlockContext& ctx, const QkvWeights& w, const Tensor& a, Tensor& dq, Tensor& d_a,
                 QkvWeights& g, float g_beta);
 // The key/value side: dk (rotated back in place), dv [B, S, n_k, d]; d_a += dk Wk + dv Wv.
 void kv_backward(const BlockContext& ctx, const QkvWeights& w, const Tensor& a, Tensor& dk, const Tensor& dv,
                  Tensor& d_a, QkvWeights& g, float g_beta);
+// Both sides at once, every input-gradient GEMM before the weight gradients (the same sums
+// as q_backward then kv_backward): d_a (+)= dq Wq + dk Wk + dv Wv, then sched.input_done,
+// then g.wq, g.wk, g.wv (sched.between between them). dq, dk rotated back in place.
+struct QkvGrads {
+  Tensor* dq;        // [B, S, n_q, d]
+  Tensor* dk;        // [B, S, n_k, d]
+  const Tensor* dv;  // [B, S, n_k, d]
+};
+void qkv_backward(const BlockContext& ctx, const QkvWeights& w, const Tensor& a, const QkvGrads& d, Tensor& d_a,
+                  QkvWeights& g, float g_beta, const BackwardSchedule& sched = {});
 
 // ---- attention output: y += attn Wo^T (y starts as the residual, a copy of the input) ----
-// attn: [B, S, n_q, d]; wo: [h, n_q*d] (or transposed); y: [T, h].
-void attn_output_forward(const BlockContext& ctx, const LinearView& wo, const Tensor& attn, Tensor& y);
-// dy: [T, h]. Returns d_attn [B, S, n_q, d]; g_wo = dy^T attn + g_beta g_wo.
+// attn: [B, S, n_q, d]; wo: [h, n_q*d] (or transposed); y: [T, h] = attn Wo^T + y_beta y.
+void attn_output_forward(const BlockContext& ctx, const LinearView& wo, const Tensor& attn, Tensor& y,
+                         float y_beta = 1.0f);
+// dy: [T, h]. Returns d_attn [B, S, n_q, d]; g_wo = dy^T attn + g_beta g_wo; `between`, when
+// set, runs between the two GEMMs.
 Tensor attn_output_backward(const BlockContext& ctx, const LinearView& wo, const Tensor& attn, const Tensor& dy,
-                            LinearView& g_wo, float g_beta);
+                            LinearView& g_wo, float g_beta, const std::function<void()>& between = {});
 
 // y = copy of x: [T, h], the residual a sub-block's output accumulates onto.
 Tensor residual_forward(const BlockContext& ctx, const Tensor& x);
@@ -94,12 +122,23 @@ struct MlpSaved {
   Tensor up;    // [T, f_c]
   Tensor act;   // [T, f_c] silu(gate) * up
 };
-// a: [T, h] normed input; y: [T, h] accumulated. `between_gemms`, when set, runs between the
-// gate and up projections (a strategy advances its in-flight transfers there).
+// a: [T, h] normed input; y: [T, h] = ... + y_beta y. `between_gemms`, when set, runs between
+// the gate and up projections (a strategy advances its in-flight transfers there).
 void mlp_forward(const BlockContext& ctx, const MlpWeights& w, const Tensor& a, Tensor& y, MlpSaved* saved,
-                 const std::function<void()>& between_gemms = {});
+                 const std::function<void()>& between_gemms = {}, float y_beta = 1.0f);
 // dy: [T, h]. d_a (+)= the input gradient [T, h]; g (views like w) = ... + g_beta g.
 void mlp_backward(const BlockContext& ctx, const MlpWeights& w, const MlpSaved& s, const Tensor& a,
                   const Tensor& dy, Tensor& d_a, MlpWeights& g, float g_beta);
+// mlp_backward in two halves, for a strategy that reduces d_a while the weight half
+// computes. The input half: d_act = dy Wd (sched.between), g.down, SwiGLU's adjoint, d_a;
+// returns d_gate, d_up [T, f_c], which the weight half reads (the caller holds them).
+struct MlpInputGrads {
+  Tensor d_gate, d_up;  // [T, f_c]
+};
+MlpInputGrads mlp_backward_input(const BlockContext& ctx, const MlpWeights& w, const MlpSaved& s, const Tensor& dy,
+                                 Tensor& d_a, MlpWeights& g, float g_beta, const BackwardSchedule& sched = {});
+// The weight half: g.w_gate, g.w_up from `a` [T, h] (sched.between between them).
+void mlp_backward_weight(const BlockContext& ctx, const MlpInputGrads& d, const Tensor& a, MlpWeights& g,
+                         float g_beta, const BackwardSchedule& sched = {});
 
 }  // namespace foldpar

@@ -22,16 +22,13 @@ std::vector<int32_t> shard_positions(int64_t seq, int degree, int rank, SeqSplit
   return pos;
 }
 
-Result<SequenceShard> SequenceShard::create(int64_t seq, int degree, int rank, SeqSplit split) {
-  if (degree <= 0 || rank < 0 || rank >= degree)
-    return invalid_argument("sequence shard: rank {} of degree {}", rank, degree);
-  if (seq <= 0) return invalid_argument("sequence length ({}) must be positive", seq);
-  if (split == SeqSplit::kZigzag && seq % (2 * degree) != 0)
-    return invalid_argument("sequence length ({}) must be divisible by 2 x the sequence degree (2 x {} = {}) for the "
-                            "zigzag split",
-                            seq, degree, 2 * degree);
-  if (split == SeqSplit::kContiguous && seq % degree != 0)
-    return invalid_argument("sequence length ({}) must be divisible by the sequence degree ({})", seq, degree);
+SequenceShard SequenceShard::create(int64_t seq, int degree, int rank, SeqSplit split) {
+  // validate_layout (layout/) refuses, with the user's numbers, every S the split cannot
+  // cut; reaching here with one is a bug.
+  const int64_t pieces = split == SeqSplit::kZigzag ? 2 * int64_t{degree} : degree;
+  FP_CHECK(degree > 0 && rank >= 0 && rank < degree && seq > 0 && seq % pieces == 0,
+           "sequence shard: rank {} of degree {} at S={} ({} pieces; validate_layout passes first)", rank, degree,
+           seq, pieces);
   return SequenceShard(seq, degree, rank, split, shard_positions(seq, degree, rank, split));
 }
 

@@ -17,9 +17,9 @@ namespace foldpar {
 
 class SequenceShard {
  public:
-  // invalid_argument naming the numbers when S is not divisible as the split needs
-  // (zigzag: S % 2D == 0; contiguous: S % D == 0).
-  static Result<SequenceShard> create(int64_t seq, int degree, int rank, SeqSplit split);
+  // Rank `rank` of `degree`. validate_layout (layout/) is the check that S divides as the
+  // split needs (zigzag: S % 2D == 0; contiguous: S % D == 0); here it is an FP_CHECK.
+  static SequenceShard create(int64_t seq, int degree, int rank, SeqSplit split);
 
   int64_t seq() const { return seq_; }            // S
   int64_t local_seq() const { return seq_ / degree_; }  // S / D

@@ -3,9 +3,10 @@
 // weights and gradients. Every method that communicates is collective over the layout's
 // model communicators: all ranks call it in the same order with the same arguments.
 //
-// Strategies implement it in their own folders (tsp/, megatron/); make_layout.h builds
-// the one a layout string names. What strategies share (sharded weights, sequence shards,
-// mappings) lives in parallel/ beside them.
+// Strategies implement it in their own folders (tsp/, megatron/) on WeightShardedModel
+// below, which owns the weights, the gradients and their assembly, so a strategy adds only
+// its step; make_layout.h builds the one a layout string names. What strategies share
+// (sharded weights, sequence shards, mappings) lives in parallel/ beside them.
 #pragma once
 
 #include <string>
@@ -16,6 +17,7 @@
 #include "model/llama_model.h"
 #include "parallel/param_ref.h"
 #include "parallel/sequence_shard.h"
+#include "parallel/sharded_weights.h"
 
 namespace foldpar {
 
@@ -54,6 +56,44 @@ class ShardedModel {
   // This rank's logits rows [B, S_local, V] (keep_logits) placed into the full [B, S, V]
   // on every rank.
   virtual Status assemble_logits(const Tensor& local, Tensor& global) = 0;
+};
+
+// What every weight-sharded strategy (tsp/, megatron/) shares, as WeightShardedDecoder
+// (parallel/decode_block.h) is for generation: this rank's ShardedWeights over the weight
+// axis (its heads, MLP columns and vocabulary rows; norm gains replicated) and their
+// gradients in one flat ShardedGrads; the counter-based initialization, the ParamRefs, and
+// assembly over the weight axis (none issued when it has one rank: the rank holds every
+// weight). A strategy adds its step: local_batch, forward, forward_backward, assemble_logits.
+class WeightShardedModel : public ShardedModel {
+ public:
+  const std::string& layout() const final { return layout_; }
+  void init_weights(const InitOptions& options) final { init_sharded_weights(options, weights_); }
+  void zero_grads() final { grads_.zero(); }
+  std::vector<ParamRef> parameters() final;
+  // Collective over the weight axis only: replicas on other axes assemble the same model.
+  Status assemble_weights(LlamaWeights& global) final { return assemble(weights_, global); }
+  Status assemble_grads(LlamaWeights& global) final { return assemble(grads_.views(), global); }
+
+ protected:
+  // Which of this rank's parameters the optimizer's norm and checkpoints count
+  // (sharded_param_refs): one rank speaks for each replicated copy.
+  struct Counting {
+    bool replicated = true;  // the norm gains
+    bool sharded = true;     // the weight slices (false on replicas of another axis's rank)
+  };
+  // layout: "tsp=4", "tp=2,sp=2", ...; dtype: the weights' storage (the gradients are f32).
+  WeightShardedModel(const LlamaConfig& config, const ShardDims& dims, Communicator& weight_axis, std::string layout,
+                     DType dtype, Counting counting);
+
+  ShardedWeights weights_;
+  ShardedGrads grads_;
+
+ private:
+  Status assemble(const ShardedWeights& shard, LlamaWeights& global);
+
+  Communicator& weight_axis_;
+  std::string layout_;
+  Counting counting_;
 };
 
 }  // namespace foldpar

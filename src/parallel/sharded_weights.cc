@@ -81,20 +81,13 @@ void move_shards(ShardedWeights& s, LlamaWeights& g, bool to_global, bool replic
 
 }  // namespace
 
-Result<ShardDims> shard_dims(const LlamaConfig& c, int D, std::string_view axis) {
-  FP_RETURN_IF_ERROR(c.validate());
-  if (D <= 0) return invalid_argument("{} degree ({}) must be positive", axis, D);
-  if (c.num_attention_heads % D != 0)
-    return invalid_argument("num_attention_heads ({}) must be divisible by the {} degree ({})",
-                            c.num_attention_heads, axis, D);
-  if (c.num_key_value_heads % D != 0)
-    return invalid_argument("num_key_value_heads ({}) must be divisible by the {} degree ({})",
-                            c.num_key_value_heads, axis, D);
-  if (c.intermediate_size % D != 0)
-    return invalid_argument("intermediate_size ({}) must be divisible by the {} degree ({})", c.intermediate_size,
-                            axis, D);
-  if (c.vocab_size % D != 0)
-    return invalid_argument("vocab_size ({}) must be divisible by the {} degree ({})", c.vocab_size, axis, D);
+ShardDims shard_dims(const LlamaConfig& c, int D) {
+  // validate_layout (layout/) refuses, with the user's numbers, every layout whose weight
+  // degree does not divide these; reaching here with one is a bug.
+  FP_CHECK(D > 0 && c.num_attention_heads % D == 0 && c.num_key_value_heads % D == 0 &&
+               c.intermediate_size % D == 0 && c.vocab_size % D == 0,
+           "shard_dims: degree {} for n_h={} n_kv={} f={} V={} (validate_layout passes first)", D,
+           c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, c.vocab_size);
   ShardDims d;
   d.degree = D;
   d.h = c.hidden_size;
@@ -165,6 +158,61 @@ void ShardedWeights::for_each(const std::function<void(const std::string&, Tenso
 // (issue 16: to be routed through Backend::fill when the ShardedModel interface passes one).
 void ShardedWeights::zero() {
   for_each([](const std::string&, Tensor& t, bool) { t.zero(); });
+}
+
+ShardedGrads ShardedGrads::allocate(const LlamaConfig& c, const ShardDims& dims, int owner, MemCategory category) {
+  const int64_t L = c.num_hidden_layers, h = dims.h;
+  const bool tied = c.tie_word_embeddings;
+  const int64_t total =
+      L * (dims.attn_elems() + dims.mlp_elems()) + (tied ? 1 : 2) * dims.vocab_elems() + (2 * L + 1) * h;
+  ShardedGrads g;
+  g.flat_ = Tensor::empty({total}, DType::kF32, category);
+  int64_t offset = 0;
+  auto take = [&](const Shape& shape) {
+    Tensor t = g.flat_.narrow(offset, offset + shape.numel()).reshape(shape);
+    offset += shape.numel();
+    return t;
+  };
+  // ShardedWeights::for_each's order: the sharded tensors, then the gains, contiguous.
+  ShardedWeights& w = g.views_;
+  w.dims = dims;
+  w.owner = owner;
+  w.tied = tied;
+  for (int64_t l = 0; l < L; ++l) {
+    w.attn.push_back(take({dims.attn_rows(), h}));
+    w.mlp.push_back(take({dims.mlp_rows(), h}));
+  }
+  w.embed = take({dims.v_rows, h});
+  w.lm_head = tied ? w.embed : take({dims.v_rows, h});
+  g.norm_offset_ = offset;
+  for (int64_t l = 0; l < L; ++l) {
+    w.attn_norm.push_back(take({h}));
+    w.mlp_norm.push_back(take({h}));
+  }
+  w.final_norm = take({h});
+  FP_CHECK(offset == total, "flat sharded gradients: {} of {} elements laid out", offset, total);
+  return g;
+}
+
+void ShardedGrads::zero() {
+  flat_.zero();
+  known_zero_ = true;
+}
+
+void sum_norm_partials(Backend& be, const std::vector<Tensor>& partials, ShardedWeights& grads,
+                       const std::function<void(Tensor& packed)>& reduce) {
+  const int64_t L = static_cast<int64_t>(grads.attn_norm.size()), n = static_cast<int64_t>(partials.size());
+  FP_CHECK(n == 2 * L + 1, "{} norm partials for {} layers", n, L);
+  Tensor packed = Tensor::empty({n, grads.dims.h}, DType::kF32, MemCategory::kComm);
+  for (int64_t i = 0; i < n; ++i) {
+    Tensor row = packed.narrow(i, i + 1);
+    be.copy(partials[static_cast<size_t>(i)], row);
+  }
+  reduce(packed);
+  for (int64_t i = 0; i < n; ++i) {
+    Tensor& dst = i < L ? grads.attn_norm[i] : (i < 2 * L ? grads.mlp_norm[i - L] : grads.final_norm);
+    be.add_inplace(packed.narrow(i, i + 1), dst);
+  }
 }
 
 void init_sharded_weights(const InitOptions& o, ShardedWeights& w) {

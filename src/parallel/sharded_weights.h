@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "model/llama_config.h"
 #include "model/llama_weights.h"
 #include "parallel/param_ref.h"
@@ -44,9 +45,9 @@ struct ShardDims {
   int64_t vocab_elems() const { return v_rows * h; }
 };
 
-// invalid_argument naming the numbers when n_h, n_kv, f or V is not divisible by D, e.g.
-// "num_key_value_heads (6) must be divisible by the TSP degree (4)" (axis = "TSP").
-Result<ShardDims> shard_dims(const LlamaConfig& config, int degree, std::string_view axis);
+// The shard sizes of `degree` ranks. validate_layout (layout/) is the check that n_h, n_kv,
+// f and V divide by the degree; here it is an FP_CHECK (a caller that skipped it is a bug).
+ShardDims shard_dims(const LlamaConfig& config, int degree);
 
 // Row offsets inside the packed buffers.
 struct AttnPieces {
@@ -86,6 +87,38 @@ void shard_from_global(const LlamaWeights& global, ShardedWeights& shard);
 // Writes one rank's shards (sharded tensors only; `replicated` also copies the norm gains)
 // into their places in full weights: the inverse of shard_from_global.
 void unshard_into_global(const ShardedWeights& shard, bool replicated, LlamaWeights& global);
+
+// The gradients of a rank's ShardedWeights in ONE flat f32 buffer, ShardedWeights views into
+// it in ShardedWeights::for_each's order (sharded tensors first, then the (2L+1) norm gains
+// contiguous), so that a sum over an axis is one all_reduce (a few when it exceeds one MPI
+// message; Megatron's over sp) and the gains' sum one more (over tp).
+class ShardedGrads {
+ public:
+  static ShardedGrads allocate(const LlamaConfig& config, const ShardDims& dims, int owner, MemCategory category);
+
+  ShardedWeights& views() { return views_; }
+  const ShardedWeights& views() const { return views_; }
+  Tensor& flat() { return flat_; }
+  Tensor norm_region() { return flat_.narrow(norm_offset_, flat_.numel()); }  // [(2L+1) h]
+  void zero();
+  // True from zero() until a step accumulates into it: such a step may sum its partial in
+  // place instead of through a scratch buffer.
+  bool known_zero() const { return known_zero_; }
+  void mark_written() { known_zero_ = false; }
+
+ private:
+  Tensor flat_;  // f32 [every element this rank holds]
+  ShardedWeights views_;
+  int64_t norm_offset_ = 0;
+  bool known_zero_ = false;
+};
+
+// A step's partial norm-gain gradients (attn_norm[L], mlp_norm[L], final_norm: each [h], in
+// that order) packed into one [(2L+1), h] communication buffer, summed across ranks by
+// `reduce` (the strategy's own timed all_reduce over its axis), and added into the gains of
+// `grads`. Collective as `reduce` is.
+void sum_norm_partials(Backend& backend, const std::vector<Tensor>& partials, ShardedWeights& grads,
+                       const std::function<void(Tensor& packed)>& reduce);
 
 class Communicator;
 // Collective over the sharding communicator: every rank receives the full tensors assembled from

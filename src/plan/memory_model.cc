@@ -25,8 +25,8 @@ Result<MemoryEstimate> predict_memory(const LlamaConfig& c, const Layout& l, con
   // The training model holds its gradients whether or not this step makes any.
   if (r.mode == PlanMode::kTrain || r.mode == PlanMode::kForward) led.add(kG, 4 * P_local);
   if (r.count_batch) led.add(kA, 2 * 4 * B * r.seq / l.token_degree() / (l.sequence_parallel ? l.tp : 1));
-  // The KV cache: [B, n_kv (or n_kv/T), capacity, d] f32 per layer, K and V; TSP holds S/D
-  // tokens of every head, TP every token of n_kv/T heads: the same bytes.
+  // The KV cache: [B, n_kv (or n_kv/tp), capacity, d] f32 per layer, K and V; TSP holds S/D
+  // tokens of every head, TP every token of n_kv/tp heads: the same bytes.
   int64_t cache = 0;
   if (generation) {
     const int64_t D = l.weight_degree(), capacity = r.seq + r.max_new_tokens;

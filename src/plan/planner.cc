@@ -210,10 +210,10 @@ std::vector<Layout> candidate_layouts(int devices, int64_t batch, PlanMode mode)
     add(fmt::format("{}tp={}:seqpar", pre, m));
     add(fmt::format("{}sp={}", pre, m));
     add(fmt::format("{}sp={}:ring", pre, m));
-    for (int T = 2; T < m; ++T) {
-      if (m % T != 0) continue;
-      add(fmt::format("{}tp={},sp={}", pre, T, m / T));
-      add(fmt::format("{}tp={},sp={}:seqpar", pre, T, m / T));
+    for (int tp = 2; tp < m; ++tp) {
+      if (m % tp != 0) continue;
+      add(fmt::format("{}tp={},sp={}", pre, tp, m / tp));
+      add(fmt::format("{}tp={},sp={}:seqpar", pre, tp, m / tp));
     }
   }
   return out;

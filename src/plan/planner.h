@@ -72,7 +72,7 @@ struct PlanReport {
 };
 
 // Every model layout of `devices` ranks, with dp where the batch divides: tsp=m, tp=m,
-// tp=m:seqpar, sp=m, sp=m:ring and each tp=T,sp=S (T*S = m, with and without seqpar).
+// tp=m:seqpar, sp=m, sp=m:ring and each tp=N,sp=M (N*M = m, with and without seqpar).
 // Prefill and decode: tsp=N and tp=N only.
 std::vector<Layout> candidate_layouts(int devices, int64_t batch, PlanMode mode);
 

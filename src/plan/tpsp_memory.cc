@@ -1,9 +1,9 @@
-// The memory replay of the Megatron strategy's steps, tp=T, sp=S_ and tp=T x sp=S_
+// The memory replay of the Megatron strategy's steps on the layouts tp, sp and tp x sp
 // (parallel/megatron/tp_step_base.cc, tp_layers.cc, megatron_attention.cc, megatron_step.cc;
 // parallel/ring_attention.cc), in the order of their code: see memory_replay.h. On the tp
-// group of this rank every weight is 1/T; the group holds N = B*S/S_ token rows (R = N/T per
-// rank with seqpar, T > 1 only); attention of the local queries runs over every position's
-// K/V (gathered over sp, or the ring), the local ones when S_ = 1.
+// group of this rank every weight is 1/tp; the group holds N = B*S/sp token rows (R = N/tp per
+// rank with seqpar, tp > 1 only); attention of the local queries runs over every position's
+// K/V (gathered over sp, or the ring), the local ones when sp = 1.
 #include <algorithm>
 #include <vector>
 
@@ -17,25 +17,25 @@ class TpSpReplay {
  public:
   TpSpReplay(const LlamaConfig& c, const Layout& l, const MemoryRequest& r, Ledger& led)
       : led_(led), mode_(r.mode) {
-    T = l.tp;
+    tp = l.tp;
     bt = l.storage_bytes();
-    P = l.sp;
+    sp = l.sp;
     B = r.batch / l.dp;
     S = r.seq;
-    Sl = S / P;
+    Sl = S / sp;
     N = B * Sl;
-    R = l.sequence_parallel && T > 1 ? N / T : N;
+    R = l.sequence_parallel && tp > 1 ? N / tp : N;
     h = c.hidden_size;
-    fr = c.intermediate_size / T;
-    vr = c.vocab_size / T;
+    fr = c.intermediate_size / tp;
+    vr = c.vocab_size / tp;
     L = c.num_hidden_layers;
     d = c.head_dim();
-    hl = c.num_attention_heads / T;
-    kvl = c.num_key_value_heads / T;
-    seqpar = l.sequence_parallel && T > 1;
-    gather = P > 1 && l.kv_exchange != Layout::KvExchange::kRing;
-    ring = P > 1 && l.kv_exchange == Layout::KvExchange::kRing;
-    staging = seqpar && B > 1 && T > 1 ? bt * N * h : 0;
+    hl = c.num_attention_heads / tp;
+    kvl = c.num_key_value_heads / tp;
+    seqpar = l.sequence_parallel && tp > 1;
+    gather = sp > 1 && l.kv_exchange != Layout::KvExchange::kRing;
+    ring = sp > 1 && l.kv_exchange == Layout::KvExchange::kRing;
+    staging = seqpar && B > 1 && tp > 1 ? bt * N * h : 0;
     full_kv = bt * B * S * kvl * d;  // one of K, V gathered over sp
     packed = 2 * bt * B * Sl * kvl * d;  // one ring block: K and V of one rank's tokens
     train_ = r.mode == PlanMode::kTrain;
@@ -47,9 +47,9 @@ class TpSpReplay {
     if (seqpar) {
       led_.touch(kA, 8 * R + 8 * N);  // packed ids/targets and their gather
       led_.add(kA, 8 * N);            // every token's ids and targets
-      if (P == 1) led_.add(kG, 4 * (2 * L + 1) * h);  // the gains' partials (S_ > 1: in the gradients)
+      if (sp == 1) led_.add(kG, 4 * (2 * L + 1) * h);  // the gains' partials (sp > 1: in the gradients)
     }
-    led_.add(kA, P > 1 ? 4 * Sl + 4 * S : 4 * S);  // q_pos, k_pos (the same tensor when S_ = 1)
+    led_.add(kA, sp > 1 ? 4 * Sl + 4 * S : 4 * S);  // q_pos, k_pos (the same tensor when sp = 1)
     led_.add(kA, 4 * Sl * d);  // the RoPE table
     if (kv_cache_bytes > 0) led_.add(kK, kv_cache_bytes);
     embed();
@@ -63,7 +63,7 @@ class TpSpReplay {
     led_.phase("embedding backward");
     if (seqpar) led_.touch(kC, bt * N * h + staging);
     led_.sub(kA, bt * R * h);
-    if (seqpar && P == 1) led_.touch(kC, 4 * (2 * L + 1) * h);  // the gains' packed partials
+    if (seqpar && sp == 1) led_.touch(kC, 4 * (2 * L + 1) * h);  // the gains' packed partials
   }
 
  private:
@@ -96,7 +96,7 @@ class TpSpReplay {
   }
 
   // Final norm, LM head and loss; returns what is kept for backward (rstd, xf or xf_full,
-  // the local logits [N, V/T], lse; x_last is already live).
+  // the local logits [N, V/tp], lse; x_last is already live).
   Bundle head_forward() {
     led_.phase("LM head forward");
     Bundle head;
@@ -261,11 +261,11 @@ class TpSpReplay {
       // The K|V blocks in use and arriving, the step's dK|dV partial, this rank's own
       // accumulator and the travelling ones (2 ranks: 3 at the attention, 4 after; 3: 5; more:
       // 6), with the step's dq and the flash workspace.
-      const int64_t blocks = P == 2 ? 3 : (P == 3 ? 5 : 6);
+      const int64_t blocks = sp == 2 ? 3 : (sp == 3 ? 5 : 6);
       led_.add(kC, blocks * packed);
       led_.touch(kW, bt * N * hl * d + flash_workspace(Sl, Sl, hl, kvl, d, true));
       led_.sub(kC, blocks * packed);
-      if (P == 2) led_.touch(kC, 4 * packed);
+      if (sp == 2) led_.touch(kC, 4 * packed);
     } else {
       led_.touch(kW, flash_workspace(Sl, Sl, hl, kvl, d, true));
     }
@@ -285,7 +285,7 @@ class TpSpReplay {
   Ledger& led_;
   PlanMode mode_;
   bool train_ = false, keep_ = false, seqpar = false, gather = false, ring = false;
-  int64_t bt, T, P, B, S, Sl, N, R, h, fr, vr, L, d, hl, kvl, staging, full_kv, packed;
+  int64_t bt, tp, sp, B, S, Sl, N, R, h, fr, vr, L, d, hl, kvl, staging, full_kv, packed;
 };
 
 }  // namespace

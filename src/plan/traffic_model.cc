@@ -67,20 +67,20 @@ AxisTraffic tsp_traffic(const Dims& m, const Layout& l, PlanMode mode, int p) {
   return a;
 }
 
-// ---- tp=T on N token rows (B*S, or B*S/S_ inside tp x sp) ----
+// ---- the tp axis on N token rows (B*S, or B*S/sp inside tp x sp) ----
 AxisTraffic tp_traffic(const Dims& m, const Layout& l, PlanMode mode, u64 rows, int t) {
-  const u64 T = static_cast<u64>(l.tp), L = m.L, n = rows * m.h, beta = static_cast<u64>(l.storage_bytes());
-  const bool sp = l.sequence_parallel;
-  auto G = [&](u64 x) { return x * (T - 1) / T; };
+  const u64 tp_degree = static_cast<u64>(l.tp), L = m.L, n = rows * m.h, beta = static_cast<u64>(l.storage_bytes());
+  const bool seqpar = l.sequence_parallel;
+  auto G = [&](u64 x) { return x * (tp_degree - 1) / tp_degree; };
   AxisTraffic a{"tp", l.tp, {}};
-  if (T == 1) return a;  // an axis of one rank issues nothing (parallel/megatron/megatron_model.h)
+  if (tp_degree == 1) return a;  // an axis of one rank issues nothing (parallel/megatron/megatron_model.h)
   if (mode == PlanMode::kDecode) {
     for (u64 i = 0; i < 1 + 2 * L; ++i) a.add_all_reduce(1, m.B * m.h, t, kF32);
-    a.add(PlanOp::kAllGather, 1, G(T * m.B * (m.V / T)), kF32);
+    a.add(PlanOp::kAllGather, 1, G(tp_degree * m.B * (m.V / tp_degree)), kF32);
     return a;
   }
   auto layer_forward = [&](u64 times) {
-    if (sp) {
+    if (seqpar) {
       a.add(PlanOp::kAllGather, 2 * times, 2 * times * G(n), beta);
       a.add(PlanOp::kReduceScatter, 2 * times, 2 * times * G(n), beta);
     } else {
@@ -88,20 +88,20 @@ AxisTraffic tp_traffic(const Dims& m, const Layout& l, PlanMode mode, u64 rows, 
     }
   };
   layer_forward(L);
-  if (sp) {
+  if (seqpar) {
     a.add(PlanOp::kAllGather, 1, G(2 * rows), kI32);  // ids and targets
     a.add(PlanOp::kReduceScatter, 1, G(n), beta);     // embedding (g')
   } else {
     a.add_all_reduce(1, n, t, beta);  // embedding (g)
   }
   if (mode == PlanMode::kPrefill) return a;
-  if (sp) a.add(PlanOp::kAllGather, 1, G(n), beta);  // xf before the LM head (f')
+  if (seqpar) a.add(PlanOp::kAllGather, 1, G(n), beta);  // xf before the LM head (f')
   a.add_all_reduce(1, rows, t, kF32);                 // loss: row maxima
   a.add_all_reduce(1, 2 * rows, t, kF32);             // loss: sums and target logits
   if (mode != PlanMode::kTrain) return a;
   const bool rc = l.recompute == Recompute::kBlock;
   if (rc) layer_forward(L);
-  if (sp) {
+  if (seqpar) {
     a.add(PlanOp::kAllGather, 2 * L, 2 * L * G(n), beta);                        // dY (g'^T)
     if (!rc) a.add(PlanOp::kAllGather, 2 * L, 2 * L * G(n), beta);               // norm outputs again
     a.add(PlanOp::kReduceScatter, 2 * L, 2 * L * G(n), beta);                    // dX (f'^T)
@@ -114,13 +114,13 @@ AxisTraffic tp_traffic(const Dims& m, const Layout& l, PlanMode mode, u64 rows, 
   return a;
 }
 
-// ---- the sequence axis of sp=S_ (weights replicated) or of tp x sp (heads 1/T) ----
+// ---- the sequence axis of sp=M (weights replicated) or of tp x sp (heads 1/tp) ----
 AxisTraffic sp_traffic(const Dims& m, const Layout& l, PlanMode mode, int p, u64 grad_elements) {
-  const u64 P = static_cast<u64>(l.sp), T = static_cast<u64>(l.tp), L = m.L, hops = P - 1;
+  const u64 sp_degree = static_cast<u64>(l.sp), tp_degree = static_cast<u64>(l.tp), L = m.L, hops = sp_degree - 1;
   const u64 beta = static_cast<u64>(l.storage_bytes());
-  const u64 KV = 2 * m.B * (m.S / P) * (m.n_kv / T) * m.d * hops;
+  const u64 KV = 2 * m.B * (m.S / sp_degree) * (m.n_kv / tp_degree) * m.d * hops;
   AxisTraffic a{"sp", l.sp, {}};
-  if (P == 1) return a;  // an axis of one rank issues nothing (parallel/megatron/megatron_model.h)
+  if (sp_degree == 1) return a;  // an axis of one rank issues nothing (parallel/megatron/megatron_model.h)
   auto exchange = [&](u64 times) {
     if ((l.kv_exchange == Layout::KvExchange::kRing)) {
       a.add(PlanOp::kSendRecv, times * L * hops, times * L * KV, beta);
@@ -254,8 +254,8 @@ double tsp_forward_layer_elements(const LlamaConfig& c, int64_t tokens, int degr
 }
 
 double tp_forward_layer_elements(const LlamaConfig& c, int64_t tokens, int degree) {
-  const double T = degree;
-  return 4 * static_cast<double>(tokens) * static_cast<double>(c.hidden_size) * (T - 1) / T;
+  const double tp = degree;
+  return 4 * static_cast<double>(tokens) * static_cast<double>(c.hidden_size) * (tp - 1) / tp;
 }
 
 double tsp_tp_forward_crossover_tokens(const LlamaConfig& c) {

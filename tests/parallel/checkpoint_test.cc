@@ -66,10 +66,9 @@ TEST_F(Checkpoint, WrittenUnderTspLoadsUnderAnyLayout) {
   const int N = world.size(), p = world.rank();
   const LlamaConfig c = config();
   const InitOptions init{.seed = 9, .std = 0.5, .norm_jitter = 0.5};
-  Result<ShardDims> dims = shard_dims(c, N, "TSP");
-  ASSERT_TRUE(dims.ok());
-  ShardedWeights w = ShardedWeights::allocate(c, *dims, p, DType::kF32, MemCategory::kParameters);
-  ShardedWeights g = ShardedWeights::allocate(c, *dims, p, DType::kF32, MemCategory::kGradients);
+  const ShardDims dims = shard_dims(c, N);
+  ShardedWeights w = ShardedWeights::allocate(c, dims, p, DType::kF32, MemCategory::kParameters);
+  ShardedWeights g = ShardedWeights::allocate(c, dims, p, DType::kF32, MemCategory::kGradients);
   init_sharded_weights(init, w);
   std::vector<ParamRef> refs = sharded_param_refs(w, g, p == 0);
   std::vector<Tensor> m, v;
@@ -110,12 +109,12 @@ TEST_F(Checkpoint, WrittenUnderTspLoadsUnderAnyLayout) {
   // slices of the global weights.
   if (N % 2 == 0 && c.num_attention_heads % 2 == 0) {
     std::unique_ptr<Communicator> half = world.split(p / 2, p, "half");
-    Result<ShardDims> d2 = shard_dims(c, 2, "TSP");
-    ShardedWeights w2 = ShardedWeights::allocate(c, *d2, half->rank(), DType::kF32, MemCategory::kParameters);
-    ShardedWeights g2 = ShardedWeights::allocate(c, *d2, half->rank(), DType::kF32, MemCategory::kGradients);
+    const ShardDims d2 = shard_dims(c, 2);
+    ShardedWeights w2 = ShardedWeights::allocate(c, d2, half->rank(), DType::kF32, MemCategory::kParameters);
+    ShardedWeights g2 = ShardedWeights::allocate(c, d2, half->rank(), DType::kF32, MemCategory::kGradients);
     std::vector<ParamRef> refs2 = sharded_param_refs(w2, g2, half->rank() == 0);
     ASSERT_TRUE(load_checkpoint(*dir, c, refs2, nullptr, nullptr).ok());
-    ShardedWeights expect2 = ShardedWeights::allocate(c, *d2, half->rank(), DType::kF32, MemCategory::kWorkspace);
+    ShardedWeights expect2 = ShardedWeights::allocate(c, d2, half->rank(), DType::kF32, MemCategory::kWorkspace);
     init_sharded_weights(init, expect2);
     std::vector<Tensor> e;
     expect2.for_each([&](const std::string&, Tensor& t, bool) { e.push_back(t); });
@@ -132,9 +131,9 @@ TEST_F(Checkpoint, AFailedWriteKeepsThePreviousCheckpoint) {
   Communicator& world = test::mpi().world();
   const int N = world.size(), p = world.rank();
   const LlamaConfig c = config();
-  Result<ShardDims> dims = shard_dims(c, N, "TSP");
-  ShardedWeights w = ShardedWeights::allocate(c, *dims, p, DType::kF32, MemCategory::kParameters);
-  ShardedWeights g = ShardedWeights::allocate(c, *dims, p, DType::kF32, MemCategory::kGradients);
+  const ShardDims dims = shard_dims(c, N);
+  ShardedWeights w = ShardedWeights::allocate(c, dims, p, DType::kF32, MemCategory::kParameters);
+  ShardedWeights g = ShardedWeights::allocate(c, dims, p, DType::kF32, MemCategory::kGradients);
   init_sharded_weights(InitOptions{.seed = 1}, w);
   std::vector<ParamRef> refs = sharded_param_refs(w, g, p == 0);
   ASSERT_TRUE(save_checkpoint(root_, CheckpointState{1, 10, 1, "tsp", c}, CheckpointWrite{&refs}, world).ok());
@@ -168,9 +167,9 @@ TEST_F(Checkpoint, AHookRunsOnEveryRankAndItsFailureFailsTheSave) {
   Communicator& world = test::mpi().world();
   const int N = world.size(), p = world.rank();
   const LlamaConfig c = config();
-  Result<ShardDims> dims = shard_dims(c, N, "TSP");
-  ShardedWeights w = ShardedWeights::allocate(c, *dims, p, DType::kF32, MemCategory::kParameters);
-  ShardedWeights g = ShardedWeights::allocate(c, *dims, p, DType::kF32, MemCategory::kGradients);
+  const ShardDims dims = shard_dims(c, N);
+  ShardedWeights w = ShardedWeights::allocate(c, dims, p, DType::kF32, MemCategory::kParameters);
+  ShardedWeights g = ShardedWeights::allocate(c, dims, p, DType::kF32, MemCategory::kGradients);
   init_sharded_weights(InitOptions{.seed = 1}, w);
   std::vector<ParamRef> refs = sharded_param_refs(w, g, p == 0);
   // Every rank's hook sees the step being written, its rank and the world size, after its own

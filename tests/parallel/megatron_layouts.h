@@ -19,6 +19,19 @@ inline Layout megatron_layout(const std::string& layout, const std::string& opti
   return parse_layout(layout + options).value();
 }
 
+// ... with a case's knobs (any struct with split, exchange, overlap, recompute and
+// sequence_parallel), so that the parity and traffic suites build their Layout alike.
+template <class Knobs>
+Layout megatron_layout_with(const std::string& layout, const Knobs& k) {
+  Layout o = megatron_layout(layout);
+  o.split = k.split;
+  o.kv_exchange = k.exchange;
+  o.overlap = k.overlap;
+  o.recompute = k.recompute;
+  o.sequence_parallel = k.sequence_parallel;
+  return o;
+}
+
 inline std::vector<std::string> megatron_layouts(Family f) {
   const int W = mpi().world().size();
   switch (f) {

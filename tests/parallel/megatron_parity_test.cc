@@ -147,12 +147,7 @@ Built make_layout(const std::string& layout, const Case& k, const LlamaConfig& c
   Result<Mesh> mesh = Mesh::create(test::mpi().world(), layout);
   FP_CHECK_OK(mesh.status());
   Built out{std::move(mesh.value()), nullptr};
-  Layout o = test::megatron_layout(layout);
-  o.split = k.split;
-  o.kv_exchange = k.exchange;
-  o.overlap = k.overlap;
-  o.recompute = k.recompute;
-  o.sequence_parallel = k.sequence_parallel;
+  Layout o = test::megatron_layout_with(layout, k);
   o.keep_logits = true;
   Result<std::unique_ptr<ShardedModel>> m = make_sharded_model(c, out.mesh, k.seq, o);
   FP_CHECK_OK(m.status());
@@ -579,10 +574,9 @@ void check_ring(SeqSplit split, bool overlap) {
   be->attention_backward(all, out, lse, d_out, dq, dk, dv);
 
   // This rank's rows through the ring.
-  Result<SequenceShard> shard = SequenceShard::create(S, N, p, split);
-  ASSERT_TRUE(shard.ok());
-  const std::vector<int32_t>& mine = shard->positions();
-  const std::vector<int32_t> gathered = shard->gathered_positions();
+  const SequenceShard shard = SequenceShard::create(S, N, p, split);
+  const std::vector<int32_t>& mine = shard.positions();
+  const std::vector<int32_t> gathered = shard.gathered_positions();
   Tensor q_pos = Tensor::empty({static_cast<int64_t>(mine.size())}, DType::kI32, MemCategory::kWorkspace);
   Tensor k_pos = Tensor::empty({S}, DType::kI32, MemCategory::kWorkspace);
   std::copy(mine.begin(), mine.end(), q_pos.data<int32_t>());

@@ -99,12 +99,7 @@ Counted run(const std::string& layout, int layers, const Policy& pol, bool backw
   FP_CHECK_OK(mesh.status());
   const Sizes z = sizes(*mesh, pol.family);
   const LlamaConfig c = traffic_config(layers, pol.tied, z.kv_heads);
-  Layout o = test::megatron_layout(layout);
-  o.kv_exchange = pol.exchange;
-  o.sequence_parallel = pol.sequence_parallel;
-  o.recompute = pol.recompute;
-  o.overlap = pol.overlap;
-  o.split = pol.split;
+  const Layout o = test::megatron_layout_with(layout, pol);
   Result<std::unique_ptr<ShardedModel>> m = make_sharded_model(c, *mesh, z.seq, o);
   FP_CHECK_OK(m.status());
   ShardedModel& model = **m;

@@ -1,5 +1,6 @@
-// Megatron attention: TP's column-parallel Q/K/V and row-parallel output projection over tp
-// (tp_step_base.h, which also holds the MLP), on the sp shard's rows; attention sees every
+// Megatron attention: the model's q/k/v and output projection (model/sub_blocks.h) on this
+// rank's heads, column- and row-parallel over tp (tp_layers.cc, which also holds the MLP), on
+// the sp shard's rows; attention sees every
 // sp rank's keys of this rank's KV heads:
 //   one sp rank  every position's keys are local: attention forward and backward, no exchange.
 //   kAllGather   fwd: all_gather(k, v) over sp in rank order (2B collectives), attention of the
@@ -34,9 +35,9 @@ RingAttentionArgs MegatronStep::ring_args(const AttnSaved& s) {
   RingAttentionArgs a;
   a.axis = &sp_;
   a.backend = &be_;
-  a.q = &s.q;
-  a.k = &s.k;
-  a.v = &s.v;
+  a.q = &s.qkv.q;
+  a.k = &s.qkv.k;
+  a.v = &s.qkv.v;
   a.q_pos = &q_pos_;
   a.k_pos = &k_pos_;
   a.q_positions = q_positions_;
@@ -47,41 +48,29 @@ RingAttentionArgs MegatronStep::ring_args(const AttnSaved& s) {
   return a;
 }
 
-Tensor MegatronStep::attention_forward(int l, const ShardedWeights& w, const Tensor& x, AttnSaved* saved,
-                                       bool keep_gathered) {
-  const int64_t h = dims_.h, d = dims_.d, B = batch_, Sl = tp_seq_, N = all_rows_, R = rows_;
-  const int64_t hl = dims_.heads, kvl = dims_.kv_heads;
-  const AttnPieces a = attn_pieces(dims_, w.attn[l]);
+Tensor MegatronStep::attention_forward(int l, const Tensor& x, AttnSaved* saved, bool keep_gathered) {
+  const int64_t d = dims_.d, B = batch_, Sl = tp_seq_;
+  const int64_t hl = dims_.heads;
   AttnSaved local;
   AttnSaved& s = saved != nullptr ? *saved : local;
-  s.x_in = x;
-  s.rstd = act({R});
-  s.a1 = act({R, h});
-  be_.rmsnorm_forward(x, w.attn_norm[l], c_.rms_norm_eps, s.a1, s.rstd);
-  const Tensor a1_full = gather_rows(s.a1);  // fwd: f (identity) or f' (all_gather over tp)
-  // Column-parallel k and v of this rank's KV heads first, so that their exchange over sp
-  // overlaps the q projection.
-  s.k = act({B, Sl, kvl, d});
-  s.v = act({B, Sl, kvl, d});
-  s.q = act({B, Sl, hl, d});
-  Tensor k2 = s.k.reshape({N, kvl * d}), v2 = s.v.reshape({N, kvl * d}), q2 = s.q.reshape({N, hl * d});
-  be_.matmul(a1_full, false, a.wk, true, k2);
-  be_.matmul(a1_full, false, a.wv, true, v2);
-  be_.rope_forward(rope_, s.k);
-  if (kv_cache_ != nullptr) kv_cache_->store_prefill(be_, l, 0, s.k, s.v);
+  s.norm = norm_forward(row_ctx_, w_.attn_norm[l], x);  // a1 [R, h]
+  const Tensor a1_full = gather_rows(s.norm.a);          // fwd: f (identity) or f' (all_gather over tp)
+  // The model's q/k/v of this rank's heads (column-parallel); k and v come first, so that
+  // their exchange over sp overlaps the q projection.
   Tensor k_full, v_full;
   std::vector<CommRequest> requests;
-  if (gather_) requests = start_gather_kv_pair(s.k, s.v, k_full, v_full);  // fwd: all_gather over sp
-  be_.matmul(a1_full, false, a.wq, true, q2);
-  be_.rope_forward(rope_, s.q);
+  s.qkv = qkv_forward(ctx_, qkv_view(w_.attn[l]), a1_full, [&](const Tensor& k, const Tensor& v) {
+    if (kv_cache_ != nullptr) kv_cache_->store_prefill(be_, l, 0, k, v);
+    if (gather_) requests = start_gather_kv_pair(k, v, k_full, v_full);  // fwd: all_gather over sp
+  });
   s.attn = act({B, Sl, hl, d});
   s.lse = act({B, hl, Sl});
   if (local_) {
-    const AttentionArgs args{&s.q, &s.k, &s.v, &q_pos_, &k_pos_, attention_scale()};
+    const AttentionArgs args{&s.qkv.q, &s.qkv.k, &s.qkv.v, &q_pos_, &k_pos_, attention_scale()};
     be_.attention_forward(args, s.attn, s.lse);
   } else if (gather_) {
     tp_.timer().wait_all(requests);
-    const AttentionArgs args{&s.q, &k_full, &v_full, &q_pos_, &k_pos_, attention_scale()};
+    const AttentionArgs args{&s.qkv.q, &k_full, &v_full, &q_pos_, &k_pos_, attention_scale()};
     be_.attention_forward(args, s.attn, s.lse);
     if (keep_gathered) {
       s.k_full = k_full;
@@ -91,11 +80,10 @@ Tensor MegatronStep::attention_forward(int l, const ShardedWeights& w, const Ten
     ring_attention_forward(ring_args(s), s.attn, s.lse);  // fwd: K/V ring over sp
   }
   if (keep_gathered && seq_par_) s.a1_full = a1_full;
-  return output_projection(s.attn, a.wo_t, x);
+  return output_projection(l, s.attn, x);
 }
 
-Tensor MegatronStep::attention_backward(int l, const ShardedWeights& w, AttnSaved& s, const Tensor& d_out,
-                                        ShardedWeights& grads) {
+Tensor MegatronStep::attention_backward(int l, AttnSaved& s, const Tensor& d_out) {
   const int64_t d = dims_.d, B = batch_, Sl = tp_seq_;
   const int64_t hl = dims_.heads, kvl = dims_.kv_heads;
   StepTimer& timer = tp_.timer();
@@ -104,42 +92,36 @@ Tensor MegatronStep::attention_backward(int l, const ShardedWeights& w, AttnSave
   s.k_full = Tensor();
   s.v_full = Tensor();
   std::vector<CommRequest> kv_req;
-  if (gather_ && !k_full.defined()) kv_req = start_gather_kv_pair(s.k, s.v, k_full, v_full);
+  if (gather_ && !k_full.defined()) kv_req = start_gather_kv_pair(s.qkv.k, s.qkv.v, k_full, v_full);
   Tensor a1_full;
   TpComm::Pending a1_req;
-  Tensor d_attn =
-      output_projection_backward(l, w, s, d_out, grads, &a1_full, &a1_req, [&kv_req] { StepTimer::poke(kv_req); });
+  Tensor d_attn = output_projection_backward(l, s, d_out, &a1_full, &a1_req, [&kv_req] { StepTimer::poke(kv_req); });
   Tensor dq = act({B, Sl, hl, d}), dk = act({B, Sl, kvl, d}), dv = act({B, Sl, kvl, d});
   if (local_) {
-    const AttentionArgs args{&s.q, &s.k, &s.v, &q_pos_, &k_pos_, attention_scale()};
+    const AttentionArgs args{&s.qkv.q, &s.qkv.k, &s.qkv.v, &q_pos_, &k_pos_, attention_scale()};
     be_.attention_backward(args, s.attn, s.lse, d_attn, dq, dk, dv);
     tp_.progress(a1_req);
-    be_.rope_backward(rope_, dq);
   } else if (gather_) {
     timer.wait_all(kv_req);
     Tensor dk_full = comm_buffer(k_full.shape()), dv_full = comm_buffer(v_full.shape());
-    const AttentionArgs args{&s.q, &k_full, &v_full, &q_pos_, &k_pos_, attention_scale()};
+    const AttentionArgs args{&s.qkv.q, &k_full, &v_full, &q_pos_, &k_pos_, attention_scale()};
     be_.attention_backward(args, s.attn, s.lse, d_attn, dq, dk_full, dv_full);
     k_full = Tensor();
     v_full = Tensor();
-    // bwd of the all_gather: reduce_scatter over sp, each rank receiving its rows' sum,
-    // while the query side's RoPE adjoint computes.
+    // bwd of the all_gather: reduce_scatter over sp, each rank receiving its rows' sum.
     std::vector<CommRequest> rs = start_reduce_scatter_kv(sp_, dk_full, dk);
     for (CommRequest& r : start_reduce_scatter_kv(sp_, dv_full, dv)) rs.push_back(std::move(r));
     if (!opt_.overlap) timer.wait_all(rs);
-    be_.rope_backward(rope_, dq);
     tp_.progress(a1_req);
     StepTimer::poke(rs);
     timer.wait_all(rs);
   } else {
     ring_attention_backward(ring_args(s), s.attn, s.lse, d_attn, dq, dk, dv);  // bwd: K/V ring + dK/dV ring
-    be_.rope_backward(rope_, dq);
   }
   d_attn = Tensor();
-  be_.rope_backward(rope_, dk);
-  // The gains' gradients go where norm_grad says; summed with the others' at the end of the
-  // step (sum_partials).
-  return qkv_backward(l, w, s, dq, dk, dv, a1_full, a1_req, d_out, grads);
+  // The model's q/k/v backward (RoPE's adjoint included). The gains' gradients go where
+  // norm_grad says; summed with the others' at the end of the step (sum_partials).
+  return qkv_backward(l, s, QkvGrads{&dq, &dk, &dv}, a1_full, a1_req, d_out);
 }
 
 }  // namespace foldpar::megatron_detail

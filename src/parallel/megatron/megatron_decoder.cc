@@ -1,4 +1,4 @@
-// Tensor-parallel generation (tp=T), the baseline TSP's decode is measured against: prefill
+// Tensor-parallel generation (tp=N), the baseline TSP's decode is measured against: prefill
 // is the Megatron forward with one sp rank and no sequence parallelism, which leaves the KV cache sharded by heads (each rank: every token, its
 // own KV heads); decode (parallel/decode_block.h) appends the new token's K/V of this rank's
 // heads to its own cache and attends locally, so attention moves nothing.
@@ -66,7 +66,7 @@ Result<Tensor> TpDecoder::prefill(Backend& be, const std::vector<std::vector<int
   const int64_t B = static_cast<int64_t>(prompts.size()), h = dims_.h;
   int64_t S = 0;
   for (const auto& p : prompts) S = std::max(S, static_cast<int64_t>(p.size()));
-  Layout o;  // tp=T: prefill runs plain tensor parallelism
+  Layout o;  // tp=N: prefill runs plain tensor parallelism
   o.strategy = Strategy::kMegatron;
   o.tp = comm_.size();
   o.overlap = overlap_;
@@ -123,10 +123,12 @@ Result<Tensor> TpDecoder::decode(Backend& be, std::span<const int32_t> tokens) {
 
 Result<std::unique_ptr<ShardedDecoder>> make_tp_decoder(const LlamaConfig& config, Communicator& tp,
                                                         const Layout& o) {
-  FP_ASSIGN_OR_RETURN(ShardDims dims, shard_dims(config, tp.size(), "tp"));
+  FP_CHECK(o.strategy == Strategy::kMegatron && o.tp == tp.size() && o.sp == 1,
+           "TP decoder for layout {} over {} ranks", o.to_string(), tp.size());
+  FP_RETURN_IF_ERROR(validate_layout(config, o, 0, 0));
   if (o.sequence_parallel)
     return unimplemented("generate: tp with --sequence-parallel is not built (decode holds one token per sequence)");
-  return std::unique_ptr<ShardedDecoder>(std::make_unique<TpDecoder>(config, dims, tp, o.overlap));
+  return std::unique_ptr<ShardedDecoder>(std::make_unique<TpDecoder>(config, shard_dims(config, tp.size()), tp, o.overlap));
 }
 
 }  // namespace foldpar

@@ -1,55 +1,15 @@
-// MegatronModel: validation, the flat gradient buffer, and one step: the order of
-// run_tp_step (parallel/megatron/tp_step_base.h), then the sums of the step's partial
+// MegatronModel: validation, and one step: the model's step order (model/step_order.h) over
+// a MegatronStep (parallel/megatron/megatron_step.h), then the sums of the step's partial
 // gradients; and generation's prefill.
 #include "parallel/megatron/megatron_model.h"
 
+#include "model/step_order.h"
 #include "parallel/megatron/megatron_step.h"
 
 namespace foldpar {
 
 using megatron_detail::MegatronStep;
-using megatron_detail::run_tp_blocks;
-using megatron_detail::run_tp_step;
-
-MegatronGrads MegatronGrads::allocate(const LlamaConfig& c, const ShardDims& dims, int owner, MemCategory category) {
-  const int64_t L = c.num_hidden_layers, h = dims.h;
-  const bool tied = c.tie_word_embeddings;
-  const int64_t total =
-      L * (dims.attn_elems() + dims.mlp_elems()) + (tied ? 1 : 2) * dims.vocab_elems() + (2 * L + 1) * h;
-  MegatronGrads g;
-  g.flat_ = Tensor::empty({total}, DType::kF32, category);
-  int64_t offset = 0;
-  auto take = [&](const Shape& shape) {
-    Tensor t = g.flat_.narrow(offset, offset + shape.numel()).reshape(shape);
-    offset += shape.numel();
-    return t;
-  };
-  // ShardedWeights::for_each's order: the sharded tensors, then the gains, contiguous.
-  ShardedWeights& w = g.views_;
-  w.dims = dims;
-  w.owner = owner;
-  w.tied = tied;
-  for (int64_t l = 0; l < L; ++l) {
-    w.attn.push_back(take({dims.attn_rows(), h}));
-    w.mlp.push_back(take({dims.mlp_rows(), h}));
-  }
-  w.embed = take({dims.v_rows, h});
-  w.lm_head = tied ? w.embed : take({dims.v_rows, h});
-  g.norm_offset_ = offset;
-  for (int64_t l = 0; l < L; ++l) {
-    w.attn_norm.push_back(take({h}));
-    w.mlp_norm.push_back(take({h}));
-  }
-  w.final_norm = take({h});
-  FP_CHECK(offset == total, "flat TP x SP gradients: {} of {} elements laid out", offset, total);
-  return g;
-}
-
-// Host zeroing, as ShardedWeights::zero (zero_grads takes no Backend yet).
-void MegatronGrads::zero() {
-  flat_.zero();
-  known_zero_ = true;
-}
+using megatron_detail::TpStepInputs;
 
 MegatronModel::MegatronModel(const LlamaConfig& config, ShardDims dims, int tp_rank, SequenceShard shard,
                              const Layout& options)
@@ -73,13 +33,12 @@ Result<MegatronModel> MegatronModel::create(const LlamaConfig& config, const Lay
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));
   if (layout.dtype != DType::kF32)
     return unimplemented("this layout stores weights and activations in f32 only; bf16 storage runs under tsp");
-  const int T = layout.tp, P = layout.sp;
-  FP_CHECK(t >= 0 && t < T && p >= 0 && p < P, "rank ({}, {}) of layout {}", t, p, layout.to_string());
-  FP_ASSIGN_OR_RETURN(ShardDims dims, shard_dims(config, T, "tp"));
+  FP_CHECK(t >= 0 && t < layout.tp && p >= 0 && p < layout.sp, "rank ({}, {}) of layout {}", t, p,
+           layout.to_string());
   // One sp rank holds every position in order, whatever the split.
-  const SeqSplit split = P == 1 ? SeqSplit::kContiguous : layout.split;
-  FP_ASSIGN_OR_RETURN(SequenceShard shard, SequenceShard::create(seq, P, p, split));
-  return MegatronModel(config, dims, t, std::move(shard), layout);
+  const SeqSplit split = layout.sp == 1 ? SeqSplit::kContiguous : layout.split;
+  return MegatronModel(config, shard_dims(config, layout.tp), t, SequenceShard::create(seq, layout.sp, p, split),
+                       layout);
 }
 
 Batch MegatronModel::local_batch(const Batch& global) const {
@@ -107,31 +66,32 @@ Status check_local_batch(Backend& be, const MegatronModel& m, const Batch& b) {
 }  // namespace
 
 Result<StepResult> MegatronModel::forward(Backend& be, const MegatronAxes& axes, const ShardedWeights& w,
-                                      const Batch& batch) const {
+                                          const Batch& batch) const {
   FP_RETURN_IF_ERROR(check_local_batch(be, *this, batch));
-  MegatronStep step(*this, be, axes, batch);
-  StepResult r = run_tp_step(step, options_.recompute, options_.keep_logits, w, nullptr, 0);
+  MegatronStep step(*this, be, axes, batch, TpStepInputs{&w, nullptr, 0, options_.keep_logits, false});
+  StepResult r = step_forward(step, config_.num_hidden_layers);
   r.exposed_comm_seconds = step.blocked_seconds();
   return r;
 }
 
 Result<StepResult> MegatronModel::forward_backward(Backend& be, const MegatronAxes& axes, const ShardedWeights& w,
-                                                   const Batch& batch, MegatronGrads& grads,
+                                                   const Batch& batch, ShardedGrads& grads,
                                                    int64_t loss_normalizer) const {
   FP_RETURN_IF_ERROR(check_local_batch(be, *this, batch));
-  MegatronStep step(*this, be, axes, batch);
   // Over sp only this step's partial is summed: it accumulates straight into gradients known
   // to be zero, otherwise into a scratch buffer added afterwards. With one sp rank nothing
   // is summed over sp and the step accumulates into the gradients themselves.
   const bool in_place = sp_degree() == 1 || grads.known_zero();
-  MegatronGrads scratch;
+  ShardedGrads scratch;
   if (!in_place) {
-    scratch = MegatronGrads::allocate(config_, dims_, tp_rank_, MemCategory::kGradients);
+    scratch = ShardedGrads::allocate(config_, dims_, tp_rank_, MemCategory::kGradients);
     be.fill(0.0, scratch.flat());
   }
-  MegatronGrads& partial = in_place ? grads : scratch;
-
-  StepResult r = run_tp_step(step, options_.recompute, options_.keep_logits, w, &partial.views(), loss_normalizer);
+  ShardedGrads& partial = in_place ? grads : scratch;
+  const bool recompute = options_.recompute == Recompute::kBlock;
+  MegatronStep step(*this, be, axes, batch,
+                    TpStepInputs{&w, &partial.views(), loss_normalizer, options_.keep_logits, recompute});
+  StepResult r = step_forward_backward(step, config_.num_hidden_layers, options_.recompute);
   step.sum_partials(partial);
   if (!in_place) be.add_inplace(scratch.flat(), grads.flat());
   grads.mark_written();
@@ -145,10 +105,10 @@ Result<Tensor> MegatronModel::prefill(Backend& be, const MegatronAxes& axes, con
     return invalid_argument("prefill runs plain tensor parallelism (sp degree 1, not sequence-parallel)");
   if (ids.rank() != 2 || ids.dtype() != DType::kI32 || ids.dim(1) != shard_.seq())
     return invalid_argument("prefill ids {}: expected i32 [B, {}]", ids.describe(), shard_.seq());
-  MegatronStep step(*this, be, axes, Batch{ids, ids});  // no head: the targets are never read
+  // No head: the targets are never read.
+  MegatronStep step(*this, be, axes, Batch{ids, ids}, TpStepInputs{&w, nullptr, 0, false, false});
   step.set_kv_cache(&cache);
-  Tensor x = step.embed(w);
-  x = run_tp_blocks(step, options_.recompute, w, x, nullptr);
+  Tensor x = forward_blocks(step, config_.num_hidden_layers, step.embed_forward());
   if (exposed_comm_seconds != nullptr) *exposed_comm_seconds += step.blocked_seconds();
   return x;
 }

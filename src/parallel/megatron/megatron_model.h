@@ -1,43 +1,43 @@
-// MegatronModel: the Llama model under Megatron tensor parallelism inside each tp group of T
-// ranks and sequence (context) parallelism across S_ groups: the layouts tp=T (S_ = 1),
-// sp=S_ (T = 1) and the 2-D mesh tp=T,sp=S_ (docs/tsp.md sections 7-8, the TP, SP and
+// MegatronModel: the Llama model under Megatron tensor parallelism inside each tp group of tp
+// ranks and sequence (context) parallelism across sp groups: the layouts tp=<tp> (sp = 1),
+// sp=<sp> (tp = 1) and the 2-D mesh tp=<tp>,sp=<sp> (docs/tsp.md sections 7-8, the TP, SP and
 // TP x SP baselines) are this one strategy. Rank (t, p) holds the tp slices of rank t
-// (ShardedWeights of degree T: its heads, MLP columns and vocabulary rows; norm gains
-// replicated; T = 1: every weight), identical on every sp rank, and the S/S_ positions of sp
-// shard p (SequenceShard, zigzag by default; contiguous when S_ = 1) of every sequence. The tp
-// collectives (parallel/tensor_parallel.h) run over the tp communicator on those B*S/S_ token
-// rows; attention exchanges the K/V of the rank's T-sharded KV heads over the sp
+// (ShardedWeights of degree tp: its heads, MLP columns and vocabulary rows; norm gains
+// replicated; tp = 1: every weight), identical on every sp rank, and the S/sp positions of sp
+// shard p (SequenceShard, zigzag by default; contiguous when sp = 1) of every sequence. The tp
+// collectives (parallel/tensor_parallel.h) run over the tp communicator on those B*S/sp token
+// rows; attention exchanges the K/V of the rank's tp-sharded KV heads over the sp
 // communicator (parallel/kv_exchange.h, or parallel/ring_attention.h). With sequence
-// parallelism (Megatron's, inside the tp group; T > 1 only) the residual stream and the norms
-// hold only a contiguous block of S/(S_ T) of the sp shard's local rows.
+// parallelism (Megatron's, inside the tp group; tp > 1 only) the residual stream and the norms
+// hold only a contiguous block of S/(sp tp) of the sp shard's local rows.
 //
-// An axis of one rank issues no collective: with T = 1 the row mappings and the loss's
-// reductions are local, with S_ = 1 attention is local (no K/V exchange) and nothing is
-// summed over sp, so tp=T and sp=S_ move exactly what a strategy without that axis would.
+// An axis of one rank issues no collective: with tp = 1 the row mappings and the loss's
+// reductions are local, with sp = 1 attention is local (no K/V exchange) and nothing is
+// summed over sp, so tp=<tp> and sp=<sp> move exactly what a strategy without that axis would.
 //
-//   attention  a1 = norm(x); [f] q,k,v of the local heads on the S/S_ local tokens; RoPE at
+//   attention  a1 = norm(x); [f] q,k,v of the local heads on the S/sp local tokens; RoPE at
 //              global positions; K/V over sp (all_gather, or the ring); causal attention of
 //              the local queries; [g] x_mid = x + tp_sum(attn Wo_t^T)
 //   MLP        [f] silu(a2 Wg_t^T) * (a2 Wu_t^T); [g] x_out = x_mid + tp_sum(act Wd_t^T)
 //   conjugates f: identity / all_reduce(tp); g: all_reduce(tp) / identity; with sequence
 //              parallelism f' = all_gather_seq / reduce_scatter_seq and g' the reverse;
 //              K/V all_gather(sp) / reduce_scatter(sp); K/V ring / K/V ring + dK/dV ring.
-//   gradients  S_ > 1: every gradient and norm gain is partial over sp (each sp rank saw its
+//   gradients  sp > 1: every gradient and norm gain is partial over sp (each sp rank saw its
 //              tokens): one packed all_reduce over sp of this step's partial at the end of
 //              backward (MegatronGrads: one flat buffer); with sequence parallelism the norm
 //              gains are also partial over tp: one all_reduce over tp of their packed region
-//              first. S_ = 1: the step accumulates into the gradients directly; with sequence
+//              first. sp = 1: the step accumulates into the gradients directly; with sequence
 //              parallelism the gains' partials go to a packed buffer all_reduced over tp.
 //   loss       the vocabulary-parallel cross-entropy over tp on the local rows; loss sum and
 //              valid count all_reduced over sp: the mean over the whole global batch.
 //
 // Traffic per rank in elements (comm/comm_stats.h convention: sent = received; an all_reduce
 // of x over M ranks moves 2 x (M-1)/M when M divides x, the ring-block rule otherwise). Notation:
-// N = B*S/S_ the sp shard's token rows, n = N*h, G(x) = x (T-1)/T, and
-// KV = 2*B*S*h/(g T) * (S_-1)/S_ (the gathered K/V of the rank's T-sharded heads):
+// N = B*S/sp the sp shard's token rows, n = N*h, G(x) = x (tp-1)/tp, and
+// KV = 2*B*S*h/(g tp) * (sp-1)/sp (the gathered K/V of the rank's tp-sharded heads):
 //   per layer, forward     tp: all_reduce 4 G(n) in 2 calls | sequence parallel: all_gather
 //                          2 G(n) + reduce_scatter 2 G(n) (2 calls each)
-//                          sp: all_gather KV in 2B calls | ring: send_recv KV in S_-1 hops
+//                          sp: all_gather KV in 2B calls | ring: send_recv KV in sp-1 hops
 //                          (docs/tsp.md section 7's TP x SP row: 4 G(n) + KV)
 //   per layer, backward    tp: plain all_reduce 4 G(n) (dX of both column-parallel GEMMs, 2
 //   (fb minus forward)     calls) | sequence parallel: all_gather 4 G(n) (dY of both sub-blocks,
@@ -45,7 +45,7 @@
 //                          more elements in the per-step tp all_reduce of the norm gains
 //                          sp: all_gather KV again (2B calls) + reduce_scatter KV of dK/dV
 //                          (2B calls) | ring: send_recv 2 KV (K/V ring again, dK/dV ring
-//                          home; 2(S_-1) hops); plus attn+mlp shard elements + 2h more in the
+//                          home; 2(sp-1) hops); plus attn+mlp shard elements + 2h more in the
 //                          per-step sp all_reduce of the gradients
 //   Recompute::kBlock      reruns each block forward in backward with its communication:
 //                          adds one layer's forward; the all-gather exchange keeps the
@@ -59,8 +59,8 @@
 //                          embedding's dX and all_reduce of the (2L+1)h norm gains
 //                          sp: all_reduce of 2 f64 (loss sum, valid count); backward: one
 //                          all_reduce of every gradient this rank holds, L (attn + mlp shard
-//                          elements) + (1 or 2) V/T*h + (2L+1) h (chunks of 2^30 elements)
-//   keep_logits            (verification) adds an all_gather over tp of the rows' [rows, V/T]
+//                          elements) + (1 or 2) V/tp*h + (2L+1) h (chunks of 2^30 elements)
+//   keep_logits            (verification) adds an all_gather over tp of the rows' [rows, V/tp]
 // On an axis of one rank every term of that axis is zero, calls included.
 // tests/parallel/megatron_traffic_test.cc holds every term per communicator and kind.
 //
@@ -80,40 +80,16 @@
 
 namespace foldpar {
 
-// The two axes of the mesh: tp (T ranks) inside, sp (S_ ranks) across; either may be a
+// The two axes of the mesh: tp (tp ranks) inside, sp (sp ranks) across; either may be a
 // communicator of one rank (comm/self_communicator.h) where the layout lacks the axis.
 struct MegatronAxes {
   Communicator* tp = nullptr;
   Communicator* sp = nullptr;
 };
 
-// The gradients of this rank's tp slices in ONE flat buffer, ShardedWeights views into it
-// (sharded tensors first, then the (2L+1) norm gains contiguous), so that the sum over sp is
-// one all_reduce (a few when it exceeds one MPI message) and the gains' sum over tp one more.
-// Laid out in ShardedWeights::for_each's order.
-class MegatronGrads {
- public:
-  static MegatronGrads allocate(const LlamaConfig& config, const ShardDims& dims, int owner, MemCategory category);
-
-  ShardedWeights& views() { return views_; }
-  Tensor& flat() { return flat_; }
-  Tensor norm_region() { return flat_.narrow(norm_offset_, flat_.numel()); }  // [(2L+1) h]
-  void zero();
-  // True from zero() until a step accumulates into it: such a step sums its partial in
-  // place instead of through a scratch buffer.
-  bool known_zero() const { return known_zero_; }
-  void mark_written() { known_zero_ = false; }
-
- private:
-  Tensor flat_;  // f32 [every element this rank holds]
-  ShardedWeights views_;
-  int64_t norm_offset_ = 0;
-  bool known_zero_ = false;
-};
-
 class MegatronModel {
  public:
-  // The model of the rank at (tp_rank, sp_rank) of a Megatron layout (tp=T, sp=S, either
+  // The model of the rank at (tp_rank, sp_rank) of a Megatron layout (tp=<tp>, sp=<sp>, either
   // possibly 1) at sequence length `seq`: validate_layout's verdict first (invalid_argument
   // naming the numbers), nothing allocated before it; bf16 storage is refused
   // (unimplemented). Not collective.
@@ -130,9 +106,9 @@ class MegatronModel {
   // Megatron sequence parallelism in the norm regions: the option, on a tp axis of more than
   // one rank (with one rank it would change nothing).
   bool sequence_parallel() const { return seq_par_; }
-  // Positions per sequence the tp GEMMs see: S/S_.
+  // Positions per sequence the tp GEMMs see: S/sp.
   int64_t sp_seq() const { return shard_.local_seq(); }
-  // Positions per sequence this rank's batch holds: S/S_, or S/(S_ T) with sequence parallelism.
+  // Positions per sequence this rank's batch holds: S/sp, or S/(sp tp) with sequence parallelism.
   int64_t local_seq() const { return static_cast<int64_t>(positions_.size()); }
   // Global positions of this rank's rows, in local order.
   const std::vector<int32_t>& positions() const { return positions_; }
@@ -148,11 +124,12 @@ class MegatronModel {
                              const Batch& local) const;
   // Forward and backward: the gradient of loss_sum / loss_normalizer (0: this micro-batch's
   // global valid count), summed over sp (and the gains over tp), accumulated (+=) into grads
-  // on every rank. Collective over tp and sp.
+  // (ShardedGrads: one flat buffer, so that the sum over sp is one all_reduce) on every rank.
+  // Collective over tp and sp.
   Result<StepResult> forward_backward(Backend& backend, const MegatronAxes& axes, const ShardedWeights& weights,
-                                      const Batch& local, MegatronGrads& grads, int64_t loss_normalizer) const;
+                                      const Batch& local, ShardedGrads& grads, int64_t loss_normalizer) const;
 
-  // Generation's prefill (tp=T only: S_ = 1, no sequence parallelism, else
+  // Generation's prefill (tp=<tp> only: sp = 1, no sequence parallelism, else
   // invalid_argument): the forward of the embedding and every block over every token of ids
   // i32 [B, S], without the head. Each layer's K (after RoPE) and V of this rank's KV heads,
   // every token, go into `cache` (KvCache::store_prefill), so the cache ends sharded by

@@ -1,6 +1,7 @@
-// Megatron (tp=T, sp=S_, tp=T,sp=S_) behind the ShardedModel interface: tp slices of the
-// weights (replicated across sp) in ShardedWeights, their gradients in one flat
-// MegatronGrads buffer, sequence-sharded tokens. A layout without one of the axes runs over
+// Megatron (tp=N, sp=M, tp=N,sp=M) behind the ShardedModel interface: WeightShardedModel
+// owns the tp slices of the weights (replicated across sp) and their gradients (one flat
+// ShardedGrads buffer, summed over sp in one all_reduce); this adds the step over sequence-
+// sharded tokens. A layout without one of the axes runs over
 // a communicator of one rank for it (comm/self_communicator.h), which is never called.
 #include <fmt/format.h>
 
@@ -16,42 +17,29 @@ std::unique_ptr<Communicator> make_missing_axis(const Communicator& present, con
   return std::make_unique<SelfCommunicator>(axis, present.world_ranks()[static_cast<size_t>(present.rank())]);
 }
 
-class MegatronShardedModel final : public ShardedModel {
+class MegatronShardedModel final : public WeightShardedModel {
  public:
   // self: the communicator of one rank standing for the axis the layout lacks (or null).
+  // Every sp rank generates the same tp slices: identical replicas across sp, so sp rank 0
+  // speaks for them; the norm gains are replicated on every rank: (tp 0, sp 0) speaks for
+  // them. Assembly runs over tp only: every sp group holds the same slices (and, after a
+  // step, the same summed gradients), so each group assembles the whole model on its own.
   MegatronShardedModel(MegatronModel model, Communicator& tp, Communicator& sp, std::string layout,
                        std::unique_ptr<Communicator> self)
-      : self_(std::move(self)),
+      : WeightShardedModel(model.config(), model.dims(), tp, std::move(layout), DType::kF32,
+                           Counting{tp.rank() == 0 && sp.rank() == 0, sp.rank() == 0}),
+        self_(std::move(self)),
         model_(std::move(model)),
         tp_(tp),
-        sp_(sp),
-        layout_(std::move(layout)),
-        weights_(ShardedWeights::allocate(model_.config(), model_.dims(), tp.rank(), DType::kF32,
-                                          MemCategory::kParameters)),
-        grads_(MegatronGrads::allocate(model_.config(), model_.dims(), tp.rank(), MemCategory::kGradients)) {
-    grads_.zero();
-  }
+        sp_(sp) {}
 
-  const std::string& layout() const override { return layout_; }
   Batch local_batch(const Batch& global) const override { return model_.local_batch(global); }
-  // Every sp rank generates the same tp slices: identical replicas across sp.
-  void init_weights(const InitOptions& o) override { init_sharded_weights(o, weights_); }
-  void zero_grads() override { grads_.zero(); }
   Result<StepResult> forward_backward(Backend& be, const Batch& local, int64_t loss_normalizer) override {
     return model_.forward_backward(be, MegatronAxes{&tp_, &sp_}, weights_, local, grads_, loss_normalizer);
   }
   Result<StepResult> forward(Backend& be, const Batch& local) override {
     return model_.forward(be, MegatronAxes{&tp_, &sp_}, weights_, local);
   }
-  // The tp slices are replicated across sp: sp rank 0 speaks for them; the norm gains are
-  // replicated on every rank: (tp 0, sp 0) speaks for them.
-  std::vector<ParamRef> parameters() override {
-    return sharded_param_refs(weights_, grads_.views(), tp_.rank() == 0 && sp_.rank() == 0, sp_.rank() == 0);
-  }
-  // Over tp only: every sp group holds the same slices (and, after a step, the same summed
-  // gradients), so each group assembles the whole model on its own.
-  Status assemble_weights(LlamaWeights& global) override { return assemble(weights_, global); }
-  Status assemble_grads(LlamaWeights& global) override { return assemble(grads_.views(), global); }
   // Plain: the ranks of one sp communicator hold disjoint positions that cover the sequence
   // (the tp ranks of a group hold the same rows), so a sum over sp assembles the logits.
   // Sequence parallel: every rank's rows are its own; sum over tp, then over sp.
@@ -66,20 +54,10 @@ class MegatronShardedModel final : public ShardedModel {
   }
 
  private:
-  Status assemble(const ShardedWeights& shard, LlamaWeights& global) {
-    if (tp_.size() > 1) return assemble_global(shard, tp_, global);
-    global.zero();
-    unshard_into_global(shard, /*replicated=*/true, global);  // one tp rank holds everything
-    return Status();
-  }
-
   std::unique_ptr<Communicator> self_;
   MegatronModel model_;
   Communicator& tp_;
   Communicator& sp_;
-  std::string layout_;
-  ShardedWeights weights_;
-  MegatronGrads grads_;
 };
 
 }  // namespace

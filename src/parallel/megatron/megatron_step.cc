@@ -10,9 +10,10 @@
 
 namespace foldpar::megatron_detail {
 
-MegatronStep::MegatronStep(const MegatronModel& model, Backend& backend, const MegatronAxes& axes, const Batch& local)
+MegatronStep::MegatronStep(const MegatronModel& model, Backend& backend, const MegatronAxes& axes, const Batch& local,
+                           TpStepInputs in)
     : TpStepBase(model.config(), model.dims(), backend, *axes.tp, model.tp_rank(), model.options().overlap,
-                 model.sequence_parallel(), TpRows{local.batch(), model.sp_seq(), model.local_seq()}, local),
+                 model.sequence_parallel(), TpRows{local.batch(), model.sp_seq(), model.local_seq()}, local, in),
       model_(model),
       opt_(model.options()),
       sp_(*axes.sp),
@@ -37,6 +38,7 @@ MegatronStep::MegatronStep(const MegatronModel& model, Backend& backend, const M
     be_.copy_from_host(std::as_bytes(std::span<const int32_t>(k_positions_)), k_pos_);
   }
   rope_ = build_rope_table(be_, q_positions_, dims_.d, c_.rope_theta, DType::kF32);
+  set_positions(&q_pos_, &rope_);
 }
 
 Tensor& MegatronStep::norm_grad(Tensor& grad, int index) {
@@ -45,23 +47,12 @@ Tensor& MegatronStep::norm_grad(Tensor& grad, int index) {
 
 // ---- the sums of a step's partial gradients ----
 
-void MegatronStep::sum_partials(MegatronGrads& partial) {
+void MegatronStep::sum_partials(ShardedGrads& partial) {
   if (local_) {
     if (norm_partials_.empty()) return;
     // One all_reduce of every gain's partial over tp, packed: [(2L+1) * h], then into the
     // gradients.
-    const int64_t L = c_.num_hidden_layers, n = static_cast<int64_t>(norm_partials_.size());
-    Tensor packed = comm_buffer({n, dims_.h});
-    for (int64_t i = 0; i < n; ++i) {
-      Tensor row = packed.narrow(i, i + 1);
-      be_.copy(norm_partials_[static_cast<size_t>(i)], row);
-    }
-    tp_.all_reduce(packed);
-    ShardedWeights& g = partial.views();
-    for (int64_t i = 0; i < n; ++i) {
-      Tensor& dst = i < L ? g.attn_norm[i] : (i < 2 * L ? g.mlp_norm[i - L] : g.final_norm);
-      be_.add_inplace(packed.narrow(i, i + 1), dst);
-    }
+    sum_norm_partials(be_, norm_partials_, partial.views(), [this](Tensor& packed) { tp_.all_reduce(packed); });
     return;
   }
   if (seq_par_) {
@@ -85,8 +76,8 @@ void MegatronStep::sum_partials(MegatronGrads& partial) {
 
 // ---- the loss over sp ----
 
-StepResult MegatronStep::head_forward(const ShardedWeights& w, const Tensor& x, HeadSaved& hs, Tensor* logits) {
-  StepResult r = TpStepBase::head_forward(w, x, hs, logits);
+StepResult MegatronStep::head_forward(const Tensor& x, bool save) {
+  StepResult r = TpStepBase::head_forward(x, save);
   if (local_) return r;  // this sp rank's rows are the global batch
   // The same sums on every tp rank of the group; over sp they add up to the global batch's.
   double sums[2] = {r.loss_sum, static_cast<double>(r.valid_tokens)};

@@ -1,9 +1,10 @@
-// Internal to parallel/megatron: the state of one forward (+ backward) on one rank. The
-// tensor-parallel half (row mappings over tp, embedding, head, MLP, the attention's
-// projections, the order of a step) is tp_step_base.h on the sp shard's rows
-// (tp_seq = S/S_); this adds the attention core (local with one sp rank, else with its K/V
-// exchange over sp), the loss's sums over sp, and the sums of a step's partial gradients.
-// Every wait, on either axis, is counted by the tp half's StepTimer.
+// Internal to parallel/megatron: the state of one forward (+ backward) on one rank, a
+// ModelStep for the model's step order (model/step_order.h). The tensor-parallel half (row
+// mappings over tp, embedding, head, the mappings around the model's MLP and attention
+// projections) is tp_step_base.h on the sp shard's rows (tp_seq = S/sp); this adds the
+// attention core (local with one sp rank, else with its K/V exchange over sp), the loss's
+// sums over sp, and the sums of a step's partial gradients. Every wait, on either axis, is
+// counted by the tp half's StepTimer.
 #pragma once
 
 #include <vector>
@@ -17,20 +18,18 @@ namespace foldpar::megatron_detail {
 
 class MegatronStep : public TpStepBase {
  public:
-  // local: this rank's batch, i32 [B, local_seq].
-  MegatronStep(const MegatronModel& model, Backend& backend, const MegatronAxes& axes, const Batch& local);
+  // local: this rank's batch, i32 [B, local_seq]; in.grads (a training step): the
+  // gradients this step accumulates its partial into (sum_partials() sums it).
+  MegatronStep(const MegatronModel& model, Backend& backend, const MegatronAxes& axes, const Batch& local,
+               TpStepInputs in);
 
-  Tensor attention_forward(int layer, const ShardedWeights& w, const Tensor& x, AttnSaved* saved,
-                           bool keep_gathered) override;
-  Tensor attention_backward(int layer, const ShardedWeights& w, AttnSaved& s, const Tensor& d_out,
-                            ShardedWeights& grads) override;
   // The loss of the sp shard's rows, then its sum and valid count over sp: the global batch's.
-  StepResult head_forward(const ShardedWeights& w, const Tensor& x, HeadSaved& saved, Tensor* logits) override;
+  StepResult head_forward(const Tensor& x, bool save) override;
 
   // This step's partial gradients summed. More than one sp rank: the norm gains over tp
   // (sequence parallel only), then everything over sp, in place. One sp rank: the gains'
   // partials (sequence parallel only) over tp, added into `partial` (the gradients).
-  void sum_partials(MegatronGrads& partial);
+  void sum_partials(ShardedGrads& partial);
 
   // Generation: attention_forward also stores K (after RoPE) and V of this rank's KV heads,
   // every token, into `cache` (KvCache::store_prefill). One sp rank only.
@@ -40,7 +39,9 @@ class MegatronStep : public TpStepBase {
   // One sp rank, sequence parallel: the gains' gradients of this rank's rows are partial
   // over tp and go to norm_partials_ (the gradients themselves hold earlier micro-batches').
   Tensor& norm_grad(Tensor& grad, int index) override;
-  // The sp exchange: K, V [B, S/S_, kv_heads, d] -> [B, S, kv_heads, d] in sp rank order.
+  Tensor attention_forward(int layer, const Tensor& x, AttnSaved* saved, bool keep_gathered) override;
+  Tensor attention_backward(int layer, AttnSaved& s, const Tensor& d_out) override;
+  // The sp exchange: K, V [B, S/sp, kv_heads, d] -> [B, S, kv_heads, d] in sp rank order.
   std::vector<CommRequest> start_gather_kv_pair(const Tensor& k, const Tensor& v, Tensor& k_full, Tensor& v_full);
   RingAttentionArgs ring_args(const AttnSaved& s);
   double attention_scale() const;
@@ -51,9 +52,9 @@ class MegatronStep : public TpStepBase {
   bool local_;   // one sp rank: attention of every position, no exchange
   bool gather_;  // the all-gather K/V exchange (else the ring), more than one sp rank
   std::vector<int32_t> q_positions_, k_positions_;  // q_pos_ and k_pos_ on the host (k: more than one sp rank)
-  Tensor q_pos_;  // i32 [S/S_] global positions of the sp shard's rows
+  Tensor q_pos_;  // i32 [S/sp] global positions of the sp shard's rows
   Tensor k_pos_;  // i32 [S] every sp rank's positions in rank order (q_pos_ itself with one sp rank)
-  Tensor rope_;   // [S/S_, 2, d/2]
+  Tensor rope_;   // [S/sp, 2, d/2]
   std::vector<Tensor> norm_partials_;  // one sp rank, sequence parallel: attn_norm[L], mlp_norm[L], final_norm
   KvCache* kv_cache_ = nullptr;        // prefill only
 };

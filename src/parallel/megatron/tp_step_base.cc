@@ -1,5 +1,5 @@
 // TpStepBase: construction, the row mappings over tp, the vocabulary-parallel embedding,
-// head and loss, and the order of a step (parallel/megatron/tp_step_base.h).
+// head and loss, and this strategy's parts of the model's step order (model/step_order.h).
 //   embedding  fwd: local vocabulary rows, then g (all_reduce) or g' (reduce_scatter to this
 //              rank's rows); bwd: dX of every row (g^T: identity, or all_gather) scattered
 //              into this rank's vocabulary rows, no other communication.
@@ -12,7 +12,8 @@
 namespace foldpar::megatron_detail {
 
 TpStepBase::TpStepBase(const LlamaConfig& config, const ShardDims& dims, Backend& backend, Communicator& tp,
-                       int tp_rank, bool overlap, bool sequence_parallel, TpRows rows, const Batch& local)
+                       int tp_rank, bool overlap, bool sequence_parallel, TpRows rows, const Batch& local,
+                       TpStepInputs in)
     : c_(config),
       dims_(dims),
       be_(backend),
@@ -22,7 +23,12 @@ TpStepBase::TpStepBase(const LlamaConfig& config, const ShardDims& dims, Backend
       tp_seq_(rows.tp_seq),
       local_seq_(rows.local_seq),
       rows_(rows.batch * rows.local_seq),
-      all_rows_(rows.batch * rows.tp_seq) {
+      all_rows_(rows.batch * rows.tp_seq),
+      ctx_{&config, &backend, rows.batch, rows.tp_seq, nullptr, nullptr},
+      row_ctx_{&config, &backend, rows.batch, rows.local_seq, nullptr, nullptr},
+      w_(*in.weights),
+      in_(in),
+      saved_(in.grads != nullptr ? static_cast<size_t>(config.num_hidden_layers) : 0) {
   FP_CHECK(tp.size() == dims_.degree && tp.rank() == tp_rank, "tp rank {} of {} on communicator {}", tp_rank,
            dims_.degree, tp.describe());
   if (seq_par_) {
@@ -81,105 +87,95 @@ Tensor TpStepBase::reduce_rows(Tensor& partial) {
 
 Tensor& TpStepBase::norm_grad(Tensor& grad, int /*index*/) { return grad; }
 
+void TpStepBase::set_positions(const Tensor* positions, const Tensor* rope_table) {
+  ctx_.positions = positions;
+  ctx_.rope_table = rope_table;
+}
+
+QkvWeights TpStepBase::qkv_view(const Tensor& packed_attn) const {
+  const AttnPieces a = attn_pieces(dims_, packed_attn);
+  return QkvWeights{a.wq, a.wk, a.wv};
+}
+
+LinearView TpStepBase::wo_view(const Tensor& packed_attn) const {
+  return LinearView{attn_pieces(dims_, packed_attn).wo_t, true};
+}
+
+MlpWeights TpStepBase::mlp_view(const Tensor& packed_mlp) const {
+  const MlpPieces m = mlp_pieces(dims_, packed_mlp);
+  return MlpWeights{m.w_gate, m.w_up, LinearView{m.w_down_t, true}};
+}
+
 // ---- embedding, head and loss ----
 
-Tensor TpStepBase::embed(const ShardedWeights& w) {
-  Tensor partial = seq_par_ ? comm_buffer({all_rows_, dims_.h}) : act({all_rows_, dims_.h});
-  embedding_partial(be_, tp_.rank(), ids_, w.embed, partial);
+Tensor TpStepBase::embed_forward() {
+  Tensor partial = row_partial();
+  embedding_partial(be_, tp_.rank(), ids_, w_.embed, partial);
   return reduce_rows(partial);  // fwd: g or g'
 }
 
-void TpStepBase::embed_backward(const Tensor& dx, ShardedWeights& grads) {
+void TpStepBase::embed_backward(const Tensor& dx) {
   const Tensor dx_full = gather_rows(dx);  // bwd of g: identity; of g': all_gather
-  be_.embedding_backward(ids_, dx_full, tp_.rank() * dims_.v_rows, grads.embed);
+  be_.embedding_backward(ids_, dx_full, tp_.rank() * dims_.v_rows, in_.grads->embed);
 }
 
-StepResult TpStepBase::head_forward(const ShardedWeights& w, const Tensor& x, HeadSaved& hs, Tensor* logits) {
-  const int64_t R = rows_, h = dims_.h;
-  hs.x_last = x;
-  hs.rstd = act({R});
-  Tensor xf = act({R, h});
-  be_.rmsnorm_forward(x, w.final_norm, c_.rms_norm_eps, xf, hs.rstd);
+StepResult TpStepBase::head_forward(const Tensor& x, bool /*save: the head always keeps its state*/) {
+  hs_.norm = norm_forward(row_ctx_, w_.final_norm, x);  // xf [R, h]
   // Kept for the head's weight gradient (one [N, h]; the local logits kept beside it are
-  // [N, V/tp]), rather than gathered again in backward.
-  hs.xf_full = gather_rows(xf);  // fwd: f or f'
-  hs.loss = vocab_parallel_cross_entropy(tp_, hs.xf_full, w.lm_head, targets_);
-  if (logits != nullptr) {  // verification only: this rank's rows, every column
+  // [N, V/tp]), rather than gathered again in backward; xf itself goes at the end.
+  hs_.xf_full = gather_rows(hs_.norm.a);  // fwd: f or f'
+  hs_.loss = vocab_parallel_cross_entropy(tp_, hs_.xf_full, w_.lm_head, targets_);
+  StepResult r;
+  if (in_.keep_logits) {  // verification only: this rank's rows, every column
     std::vector<int64_t> rows;
     const int64_t first = seq_par_ ? tp_.rank() * local_seq_ : 0;
     for (int64_t b = 0; b < batch_; ++b)
       for (int64_t i = 0; i < local_seq_; ++i) rows.push_back(b * tp_seq_ + first + i);
-    *logits = gather_vocab_logits(tp_, hs.loss.logits, rows).reshape({batch_, local_seq_, c_.vocab_size});
+    r.logits = gather_vocab_logits(tp_, hs_.loss.logits, rows).reshape({batch_, local_seq_, c_.vocab_size});
   }
-  StepResult r;
-  r.loss_sum = hs.loss.loss_sum;
-  r.valid_tokens = hs.loss.valid_tokens;
+  r.loss_sum = hs_.loss.loss_sum;
+  r.valid_tokens = hs_.loss.valid_tokens;
   r.loss = r.valid_tokens > 0 ? r.loss_sum / static_cast<double>(r.valid_tokens) : 0.0;
+  if (seq_par_) hs_.norm.a = Tensor();  // xf_full is kept
   return r;
 }
 
-Tensor TpStepBase::head_backward(const ShardedWeights& w, HeadSaved& hs, int64_t normalizer, ShardedWeights& grads) {
-  const int64_t R = rows_, h = dims_.h;
+Tensor TpStepBase::head_backward(const StepResult& result) {
+  const int64_t normalizer = in_.loss_normalizer > 0 ? in_.loss_normalizer : result.valid_tokens;
   const double scale = normalizer > 0 ? 1.0 / static_cast<double>(normalizer) : 0.0;
-  Tensor d_xf_partial = seq_par_ ? comm_buffer({all_rows_, h}) : act({all_rows_, h});
-  vocab_parallel_cross_entropy_backward(be_, tp_.rank(), hs.loss, w.lm_head, targets_, scale, d_xf_partial);
+  ShardedWeights& g = *in_.grads;
+  Tensor d_xf_partial = row_partial();
+  vocab_parallel_cross_entropy_backward(be_, tp_.rank(), hs_.loss, w_.lm_head, targets_, scale, d_xf_partial);
   Tensor d_xf;
   TpComm::Pending req = start_reduce_rows(d_xf_partial, d_xf);  // bwd of f: all_reduce; of f': reduce_scatter
-  vocab_parallel_head_weight_grad(be_, hs.loss, hs.xf_full, grads.lm_head);
+  vocab_parallel_head_weight_grad(be_, hs_.loss, hs_.xf_full, g.lm_head);
   tp_.wait(req);
-  hs.loss = VocabParallelLoss();
-  hs.xf_full = Tensor();
-  Tensor dx = act({R, h});
-  be_.rmsnorm_backward(hs.x_last, w.final_norm, hs.rstd, d_xf, dx,
-                       norm_grad(grads.final_norm, 2 * static_cast<int>(c_.num_hidden_layers)));
+  hs_.loss = VocabParallelLoss();
+  hs_.xf_full = Tensor();
+  hs_.norm.a = Tensor();
+  Tensor dx = norm_backward(row_ctx_, w_.final_norm, hs_.norm, d_xf, nullptr,
+                            norm_grad(g.final_norm, 2 * static_cast<int>(c_.num_hidden_layers)));
+  hs_ = HeadSaved();
   return dx;
 }
 
-// ---- the order of a step ----
+// ---- the blocks, for the model's step order ----
 
-Tensor run_tp_blocks(TpStepBase& step, Recompute recompute, const ShardedWeights& w, Tensor x,
-                     std::vector<LayerSaved>* saved) {
-  const bool keep = recompute == Recompute::kNone;
-  for (size_t l = 0; l < w.attn.size(); ++l) {
-    LayerSaved* s = saved != nullptr && keep ? &(*saved)[l] : nullptr;
-    if (saved != nullptr && !keep) (*saved)[l].attn.x_in = x;
-    const int layer = static_cast<int>(l);
-    Tensor x_mid = step.attention_forward(layer, w, x, s != nullptr ? &s->attn : nullptr, false);
-    x = step.mlp_forward(layer, w, x_mid, s != nullptr ? &s->mlp : nullptr, false);
-  }
-  return x;
+Tensor TpStepBase::block_forward(int64_t layer, const Tensor& x, bool save) {
+  LayerSaved* s = save ? &saved_[static_cast<size_t>(layer)] : nullptr;
+  const bool keep_gathered = save && in_.recompute;
+  const int l = static_cast<int>(layer);
+  Tensor x_mid = attention_forward(l, x, s != nullptr ? &s->attn : nullptr, keep_gathered);
+  return mlp_forward(l, x_mid, s != nullptr ? &s->mlp : nullptr, keep_gathered);
 }
 
-StepResult run_tp_step(TpStepBase& step, Recompute recompute, bool keep_logits, const ShardedWeights& w,
-                       ShardedWeights* grads, int64_t loss_normalizer) {
-  const size_t L = w.attn.size();
-  std::vector<LayerSaved> saved(grads != nullptr ? L : 0);
-  Tensor x = step.embed(w);
-  x = run_tp_blocks(step, recompute, w, x, grads != nullptr ? &saved : nullptr);
-  HeadSaved hs;
-  Tensor logits;
-  StepResult r = step.head_forward(w, x, hs, keep_logits ? &logits : nullptr);
-  if (keep_logits) r.logits = logits;
-  if (grads == nullptr) return r;
-  x = Tensor();
-
-  Tensor dx = step.head_backward(w, hs, loss_normalizer > 0 ? loss_normalizer : r.valid_tokens, *grads);
-  hs = HeadSaved();
-  for (size_t l = L; l-- > 0;) {
-    LayerSaved& s = saved[l];
-    const int layer = static_cast<int>(l);
-    if (recompute == Recompute::kBlock) {
-      // The rerun keeps what it gathered (norm outputs, K/V): backward follows at once.
-      const Tensor x_in = s.attn.x_in;
-      Tensor x_mid = step.attention_forward(layer, w, x_in, &s.attn, true);
-      Tensor out = step.mlp_forward(layer, w, x_mid, &s.mlp, true);
-    }
-    dx = step.mlp_backward(layer, w, s.mlp, dx, *grads);
-    dx = step.attention_backward(layer, w, s.attn, dx, *grads);
-    s = LayerSaved();
-  }
-  step.embed_backward(dx, *grads);
-  return r;
+Tensor TpStepBase::block_backward(int64_t layer, Tensor dx) {
+  LayerSaved& s = saved_[static_cast<size_t>(layer)];
+  const int l = static_cast<int>(layer);
+  dx = mlp_backward(l, s.mlp, dx);  // frees d(x_out)
+  dx = attention_backward(l, s.attn, dx);
+  s = LayerSaved();
+  return dx;
 }
 
 }  // namespace foldpar::megatron_detail

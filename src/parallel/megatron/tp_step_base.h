@@ -1,27 +1,29 @@
 // The tensor-parallel half of one Megatron step (parallel/megatron/megatron_step.h adds the
 // sequence axis): Megatron's blocks on some token rows, one sp shard's tokens (every token
-// with one sp rank). Here:
+// with one sp rank), as a ModelStep (model/step_order.h: the step order is the model's).
+// The block math is model/'s sub-blocks (model/sub_blocks.h) on this rank's heads and MLP
+// columns; this class adds the communication around them:
 //   - the row mappings f/g and their sequence-parallel forms f'/g' (over the tp communicator;
 //     nothing is issued when tp has one rank),
 //   - the vocabulary-parallel embedding, final norm, LM head and loss (over tp),
-//   - the whole MLP sub-block, forward and backward,
+//   - the MLP sub-block's mappings, forward and backward,
 //   - the attention sub-block's row-parallel output projection and the backward of its
-//     column-parallel q/k/v projections and norm,
-//   - the order of a step: embedding, L blocks, head, then the adjoint in reverse, with
-//     Recompute::kBlock reruns.
+//     column-parallel q/k/v projections and norm.
 // The attention core, the positions and where the norm gains' gradients go (norm_grad) are
 // the subclass's. This class holds the state of ONE step and is made afresh per step.
 //
-// Row counts: N = B * tp_seq the token rows the column- and row-parallel GEMMs see; R the
-// rows of this rank's residual stream (N, or N/T with sequence parallelism). Allocation
-// order matters: src/plan replays it (plan_validation_test holds the two together).
+// Rows: N = B * tp_seq, the tp group's token rows, which the column- and row-parallel GEMMs
+// see; R = B * local_seq, this rank's rows of the residual stream and the norms (N, or N/tp
+// with sequence parallelism). The plan's replay (plan/tpsp_memory.cc) follows every
+// allocation here (tests/parallel/plan_validation_test holds the two together).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "backend/backend.h"
-#include "model/llama_model.h"
+#include "model/step_order.h"
+#include "model/sub_blocks.h"
 #include "parallel/sharded_weights.h"
 #include "parallel/tensor_parallel.h"
 
@@ -29,82 +31,96 @@ namespace foldpar::megatron_detail {
 
 // What the attention sub-block keeps for backward.
 struct AttnSaved {
-  Tensor x_in, rstd, a1;   // [R, h], [R], [R, h]: the norm region (1/T with sequence parallel)
+  NormSaved norm;          // x_in [R, h], rstd [R], a1 [R, h]: the norm region
   Tensor a1_full;          // [N, h] the gathered a1, kept only by a recompute rerun (else undefined)
-  Tensor q, k, v;          // [B, tp_seq, heads, d], [B, tp_seq, kv_heads, d]: local heads, after RoPE
+  QkvSaved qkv;            // q [B, tp_seq, heads, d], k, v [B, tp_seq, kv_heads, d]: local heads, after RoPE
   Tensor attn, lse;        // [B, tp_seq, heads, d], [B, heads, tp_seq]
   Tensor k_full, v_full;   // the all-gather exchange over sp: [B, S, kv_heads, d], kept only by a rerun
 };
 
 // What the MLP sub-block keeps for backward.
-struct MlpSaved {
-  Tensor x_mid, rstd, a2;  // [R, h], [R], [R, h]
+struct TpMlpSaved {
+  NormSaved norm;          // x_mid [R, h], rstd [R], a2 [R, h]
   Tensor a2_full;          // [N, h], as a1_full
-  Tensor gate, up, act;    // [N, f/T]
+  MlpSaved mlp;            // gate, up, act [N, f/tp]
 };
 
 struct LayerSaved {
   AttnSaved attn;
-  MlpSaved mlp;
+  TpMlpSaved mlp;
 };
 
 struct HeadSaved {
-  Tensor x_last, rstd;     // [R, h], [R]
+  NormSaved norm;          // x_last [R, h], rstd [R]; xf itself only without sequence parallelism
   Tensor xf_full;          // [N, h] the final norm's output on every row, kept for the head's weight gradient
-  VocabParallelLoss loss;  // local logits [N, V/T], lse [N]
+  VocabParallelLoss loss;  // local logits [N, V/tp], lse [N]
 };
 
 // Where a step's rows come from.
 struct TpRows {
   int64_t batch = 0;      // B
-  int64_t tp_seq = 0;     // positions per sequence the tp GEMMs see: S/S_
-  int64_t local_seq = 0;  // positions per sequence of the residual stream: tp_seq, or tp_seq/T (sequence parallel)
+  int64_t tp_seq = 0;     // positions per sequence the tp GEMMs see: S/sp
+  int64_t local_seq = 0;  // positions per sequence of the residual stream: tp_seq, or tp_seq/tp (sequence parallel)
 };
 
-class TpStepBase {
+// What one step computes with: the weights, and for a training step the gradients.
+struct TpStepInputs {
+  const ShardedWeights* weights = nullptr;
+  ShardedWeights* grads = nullptr;  // null: forward only
+  int64_t loss_normalizer = 0;      // as in ShardedModel::forward_backward (0: this batch's valid tokens)
+  bool keep_logits = false;         // the result carries this rank's logits [B, local_seq, V]
+  bool recompute = false;           // Recompute::kBlock: a saving block forward is a rerun
+};
+
+class TpStepBase : public ModelStep {
  public:
-  virtual ~TpStepBase() = default;
   TpStepBase(const TpStepBase&) = delete;
   TpStepBase& operator=(const TpStepBase&) = delete;
 
+  // ---- ModelStep ----
   // x [R, h] from the vocabulary shards: local rows, then g (all_reduce) or g'.
-  Tensor embed(const ShardedWeights& w);
-  // bwd: g^T (identity, or all_gather) and a scatter into this rank's vocabulary rows.
-  void embed_backward(const Tensor& dx, ShardedWeights& grads);
-
-  // x [R, h] -> x_mid = x + attention(norm(x)). Fills `saved` when given; keep_gathered (a
-  // recompute rerun, which backward follows at once) also keeps what it gathered.
-  virtual Tensor attention_forward(int layer, const ShardedWeights& w, const Tensor& x, AttnSaved* saved,
-                                   bool keep_gathered) = 0;
-  // d(x_mid) [R, h] -> d(x) [R, h]; the layer's gradients += into grads. Releases what it
-  // takes from `s`.
-  virtual Tensor attention_backward(int layer, const ShardedWeights& w, AttnSaved& s, const Tensor& d_out,
-                                    ShardedWeights& grads) = 0;
-  // x_mid [R, h] -> x_out = x_mid + mlp(norm(x_mid)): [f] silu(a2 Wg_t^T) * (a2 Wu_t^T),
-  // [g] the row-parallel down projection.
-  Tensor mlp_forward(int layer, const ShardedWeights& w, const Tensor& x_mid, MlpSaved* saved, bool keep_gathered);
-  Tensor mlp_backward(int layer, const ShardedWeights& w, const MlpSaved& s, const Tensor& d_out,
-                      ShardedWeights& grads);
-
+  Tensor embed_forward() override;
+  // x [R, h] -> x_out: attention then MLP. With `save` under recompute (a rerun, which
+  // backward follows at once) also keeps what the block gathered (norm outputs, K/V).
+  Tensor block_forward(int64_t layer, const Tensor& x, bool save) override;
   // Final norm (f' with sequence parallelism), LM head and the vocabulary-parallel loss over
-  // tp. With `logits` also this rank's rows [B, local_seq, V] (verification). The loss of
-  // these rows.
-  virtual StepResult head_forward(const ShardedWeights& w, const Tensor& x, HeadSaved& saved, Tensor* logits);
+  // tp; the loss of these rows (the subclass sums it over sp). Always keeps its state.
+  StepResult head_forward(const Tensor& x, bool save) override;
   // d(x_last) [R, h] of loss_sum / normalizer: the partial d_xf through f^T while the LM
   // head's weight gradient computes.
-  Tensor head_backward(const ShardedWeights& w, HeadSaved& s, int64_t normalizer, ShardedWeights& grads);
+  Tensor head_backward(const StepResult& result) override;
+  Tensor block_backward(int64_t layer, Tensor dx) override;
+  // bwd of the embedding: g^T (identity, or all_gather) and a scatter into this rank's
+  // vocabulary rows.
+  void embed_backward(const Tensor& dx) override;
 
   // Seconds this rank spent blocked in communication.
-  virtual double blocked_seconds() const { return tp_.blocked_seconds(); }
+  double blocked_seconds() const { return tp_.blocked_seconds(); }
 
  protected:
   // With sequence parallelism gathers every row's ids and targets over tp (one all_gather,
   // packed). FP_CHECKs that `tp` is the model's tp axis (degree, rank).
   TpStepBase(const LlamaConfig& config, const ShardDims& dims, Backend& backend, Communicator& tp, int tp_rank,
-             bool overlap, bool sequence_parallel, TpRows rows, const Batch& local);
+             bool overlap, bool sequence_parallel, TpRows rows, const Batch& local, TpStepInputs in);
+  // The positions and RoPE table of the rows the GEMMs see, once the subclass has them.
+  void set_positions(const Tensor* positions, const Tensor* rope_table);
+
+  // x [R, h] -> x_mid = x + attention(norm(x)). Fills `saved` when given; keep_gathered (a
+  // recompute rerun) also keeps what it gathered.
+  virtual Tensor attention_forward(int layer, const Tensor& x, AttnSaved* saved, bool keep_gathered) = 0;
+  // d(x_mid) [R, h] -> d(x) [R, h]; the layer's gradients += into the step's gradients.
+  // Releases what it takes from `s`.
+  virtual Tensor attention_backward(int layer, AttnSaved& s, const Tensor& d_out) = 0;
+  // x_mid [R, h] -> x_out = x_mid + mlp(norm(x_mid)): [f] the model's MLP on this rank's
+  // f/tp columns, [g] the row-parallel down projection's sum.
+  Tensor mlp_forward(int layer, const Tensor& x_mid, TpMlpSaved* saved, bool keep_gathered);
+  Tensor mlp_backward(int layer, const TpMlpSaved& s, const Tensor& d_out);
 
   Tensor act(const Shape& shape) const { return Tensor::empty(shape, DType::kF32, MemCategory::kActivations); }
   Tensor comm_buffer(const Shape& shape) const { return Tensor::empty(shape, DType::kF32, MemCategory::kComm); }
+  // A row-parallel GEMM's partial [N, h]: in a communication buffer when g' reduce-scatters it.
+  MemCategory partial_category() const { return seq_par_ ? MemCategory::kComm : MemCategory::kActivations; }
+  Tensor row_partial() const { return Tensor::empty({all_rows_, dims_.h}, DType::kF32, partial_category()); }
   // [R, h] -> [N, h]: f' (all_gather over tp) with sequence parallelism; identity otherwise.
   Tensor gather_rows(const Tensor& local);
   TpComm::Pending start_gather_rows(const Tensor& local, Tensor& full);
@@ -118,20 +134,23 @@ class TpStepBase {
   virtual Tensor& norm_grad(Tensor& grad, int index);
 
   // The attention sub-block's end: y = g(attn Wo_t^T) (row-parallel), x += y; returns y.
-  Tensor output_projection(const Tensor& attn, const Tensor& wo_t, const Tensor& x);
+  Tensor output_projection(int layer, const Tensor& attn, const Tensor& x);
   // The attention backward's start, before the core's adjoint: dy = g^T(d_out), every
   // row's a1 (kept, or gathered again into *a1_full with *a1_req in flight) and
   // d_attn = dy Wo_t^T; dWo_t += attn^T dy. `between` runs between the two GEMMs (the
   // strategy pokes its own transfers). Returns d_attn [B, tp_seq, heads, d].
-  template <class Between>
-  Tensor output_projection_backward(int layer, const ShardedWeights& w, AttnSaved& s, const Tensor& d_out,
-                                    ShardedWeights& grads, Tensor* a1_full, TpComm::Pending* a1_req, Between between);
-  // The attention backward's end, after RoPE's adjoint: the column-parallel q, k, v
-  // GEMMs' d_a1 through f^T while their weight gradients compute, then the norm's
-  // backward: returns dx = d_out + norm^T(d_a1).
-  Tensor qkv_backward(int layer, const ShardedWeights& w, const AttnSaved& s, const Tensor& dq, const Tensor& dk,
-                      const Tensor& dv, const Tensor& a1_full, TpComm::Pending& a1_req, const Tensor& d_out,
-                      ShardedWeights& grads);
+  Tensor output_projection_backward(int layer, AttnSaved& s, const Tensor& d_out, Tensor* a1_full,
+                                    TpComm::Pending* a1_req, const std::function<void()>& between);
+  // The attention backward's end, after the core's adjoint: the model's q/k/v backward
+  // (RoPE's adjoint, the column-parallel GEMMs' d_a1 through f^T while their weight
+  // gradients compute), then the norm's backward: returns dx = d_out + norm^T(d_a1).
+  Tensor qkv_backward(int layer, const AttnSaved& s, const QkvGrads& d, const Tensor& a1_full,
+                      TpComm::Pending& a1_req, const Tensor& d_out);
+
+  // This rank's heads and MLP columns of layer l as the model's sub-block weights.
+  QkvWeights qkv_view(const Tensor& packed_attn) const;
+  LinearView wo_view(const Tensor& packed_attn) const;
+  MlpWeights mlp_view(const Tensor& packed_mlp) const;
 
   const LlamaConfig& c_;
   const ShardDims& dims_;
@@ -144,41 +163,14 @@ class TpStepBase {
   int64_t rows_;           // R
   int64_t all_rows_;       // N
   Tensor ids_, targets_;   // i32 [N]: every row's ids and targets
+  BlockContext ctx_;       // the N rows the GEMMs see (B, tp_seq), their positions and RoPE table
+  BlockContext row_ctx_;   // the R rows of the norms (B, local_seq)
+  const ShardedWeights& w_;
+  TpStepInputs in_;
+
+ private:
+  std::vector<LayerSaved> saved_;  // per layer, training steps only
+  HeadSaved hs_;
 };
-
-template <class Between>
-Tensor TpStepBase::output_projection_backward(int layer, const ShardedWeights& w, AttnSaved& s, const Tensor& d_out,
-                                              ShardedWeights& grads, Tensor* a1_full, TpComm::Pending* a1_req,
-                                              Between between) {
-  const int64_t h = dims_.h, d = dims_.d, hl = dims_.heads;
-  const AttnPieces a = attn_pieces(dims_, w.attn[layer]);
-  AttnPieces g = attn_pieces(dims_, grads.attn[layer]);
-  const Tensor dy = gather_rows(d_out);  // bwd of g: identity; of g': all_gather
-  // Every row's a1 for the weight gradients: at hand, kept by a rerun, or gathered again.
-  *a1_full = seq_par_ ? s.a1_full : s.a1;
-  s.a1_full = Tensor();
-  if (!a1_full->defined()) {
-    *a1_full = comm_buffer({all_rows_, h});
-    *a1_req = start_gather_rows(s.a1, *a1_full);
-  }
-  // y = attn Wo_t (row-parallel): d_attn = dy Wo_t^T, dWo_t += attn^T dy. No communication.
-  Tensor d_attn = act({batch_, tp_seq_, hl, d});
-  Tensor d_attn2 = d_attn.reshape({all_rows_, hl * d});
-  be_.matmul(dy, false, a.wo_t, true, d_attn2);
-  tp_.progress(*a1_req);
-  between();
-  be_.matmul(s.attn.reshape({all_rows_, hl * d}), true, dy, false, g.wo_t, 1.0f, 1.0f);
-  return d_attn;
-}
-
-// The order of one step on any TpStepBase. Every block's forward; `saved` receives per-layer
-// activations (all of them, or only the block inputs under Recompute::kBlock).
-Tensor run_tp_blocks(TpStepBase& step, Recompute recompute, const ShardedWeights& w, Tensor x,
-                     std::vector<LayerSaved>* saved);
-// Embedding, blocks, head; with `grads` also the adjoint in reverse into *grads (the head's
-// scale 1 / loss_normalizer, or 1 / this batch's valid tokens when 0). keep_logits: the
-// result carries this rank's logits [B, local_seq, V].
-StepResult run_tp_step(TpStepBase& step, Recompute recompute, bool keep_logits, const ShardedWeights& w,
-                       ShardedWeights* grads, int64_t loss_normalizer);
 
 }  // namespace foldpar::megatron_detail

@@ -23,32 +23,41 @@ struct UnitTensors {
 
 }  // namespace
 
+void TspStep::start_shard_broadcast(ShardBroadcast& bc, int r, const Tensor& own, Tensor* keep_into,
+                                    const Tensor* kept) {
+  if (r == p_) {
+    bc.shard[r] = own;
+    if (kept != nullptr) return;  // every other rank kept its copy: nothing to send
+  } else if (kept != nullptr) {
+    bc.shard[r] = *kept;
+    return;  // nothing to move
+  } else if (keep_into != nullptr) {
+    bc.shard[r] = comm_buffer({dims_.attn_rows(), dims_.h}, opt_.dtype);
+    *keep_into = bc.shard[r];
+  } else {
+    Tensor& buf = bc.buffers[r % 2];
+    if (!buf.defined()) buf = comm_buffer({dims_.attn_rows(), dims_.h}, opt_.dtype);
+    bc.shard[r] = buf;
+  }
+  // The root only reads its buffer; the interface takes void* for every rank.
+  bc.request = comm_.ibroadcast(const_cast<void*>(bc.shard[r].raw_data()), static_cast<size_t>(dims_.attn_elems()),
+                                bc.shard[r].dtype(), r);
+}
+
 Tensor TspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& x, AttnSaved* s) {
-  const int64_t h = dims_.h, d = dims_.d, B = batch_, Sl = local_seq_, S = Sl * D_;
+  const int64_t d = dims_.d, B = batch_, Sl = local_seq_, S = Sl * D_;
   const int nb = opt_.head_buckets, units = D_ * nb;
-  const size_t shard_elems = static_cast<size_t>(dims_.attn_elems());
   const NormSaved norm = norm_forward(ctx_, w.attn_norm[l], x);  // a1 [T, h]
   const Tensor& a1 = norm.a;
   Tensor y = residual_forward(ctx_, x);  // [T, h]
   if (s != nullptr) *s = AttnSaved{norm, {}, {}, {}, {}, {}, {}, {}, std::vector<Tensor>(static_cast<size_t>(D_))};
 
   // ---- weights: shard r lives in the owner's parameter tensor or in a broadcast buffer ----
-  std::vector<Tensor> shard(static_cast<size_t>(D_));
-  Tensor wbuf[2];
-  CommRequest w_req;
-  auto start_bcast = [&](int r) {
-    if (r == p_) {
-      shard[r] = w.attn[l];
-    } else if (opt_.keep_weights && s != nullptr) {
-      shard[r] = comm_buffer({dims_.attn_rows(), h}, opt_.dtype);
-      s->weights[r] = shard[r];
-    } else {
-      if (!wbuf[r % 2].defined()) wbuf[r % 2] = comm_buffer({dims_.attn_rows(), h}, opt_.dtype);
-      shard[r] = wbuf[r % 2];
-    }
-    // The root only reads its buffer; the interface takes void* for every rank.
-    w_req = comm_.ibroadcast(const_cast<void*>(shard[r].raw_data()), shard_elems, shard[r].dtype(), r);
-  };
+  ShardBroadcast bc(D_);
+  std::vector<Tensor>& shard = bc.shard;
+  CommRequest& w_req = bc.request;
+  const bool keep = opt_.keep_weights && s != nullptr;
+  auto start_bcast = [&](int r) { start_shard_broadcast(bc, r, w.attn[l], keep ? &s->weights[r] : nullptr, nullptr); };
 
   // ---- one unit: projections, RoPE, and the start of its K/V all-gather ----
   auto project = [&](int u) {
@@ -119,21 +128,11 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
   be_.fill(0.0, d_a1);
 
   // ---- weights again: kept from forward, or broadcast again with one shard prefetched ----
-  std::vector<Tensor> shard(static_cast<size_t>(D_));
-  Tensor wbuf[2];
-  CommRequest w_req;
+  ShardBroadcast bc(D_);
+  std::vector<Tensor>& shard = bc.shard;
+  CommRequest& w_req = bc.request;
   auto start_bcast = [&](int r) {
-    if (r == p_) {
-      shard[r] = w.attn[l];
-    } else if (opt_.keep_weights) {
-      shard[r] = s.weights[r];
-      return;  // nothing to move
-    } else {
-      if (!wbuf[r % 2].defined()) wbuf[r % 2] = comm_buffer({dims_.attn_rows(), h}, opt_.dtype);
-      shard[r] = wbuf[r % 2];
-    }
-    if (opt_.keep_weights && r == p_) return;
-    w_req = comm_.ibroadcast(const_cast<void*>(shard[r].raw_data()), shard_elems, shard[r].dtype(), r);
+    start_shard_broadcast(bc, r, w.attn[l], nullptr, opt_.keep_weights ? &s.weights[r] : nullptr);
   };
   // ---- packed weight-gradient partials, reduced to their owner ----
   Tensor gbuf[2];

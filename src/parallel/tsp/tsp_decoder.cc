@@ -251,8 +251,7 @@ Result<std::unique_ptr<ShardedDecoder>> make_tsp_decoder(const LlamaConfig& conf
   FP_CHECK(o.strategy == Strategy::kTsp && o.tsp == tsp.size(), "TSP decoder for layout {} over {} ranks",
            o.to_string(), tsp.size());
   FP_RETURN_IF_ERROR(validate_layout(config, o, 0, 0));
-  FP_ASSIGN_OR_RETURN(ShardDims dims, shard_dims(config, tsp.size(), "TSP"));
-  return std::unique_ptr<ShardedDecoder>(std::make_unique<TspDecoder>(config, dims, tsp, o));
+  return std::unique_ptr<ShardedDecoder>(std::make_unique<TspDecoder>(config, shard_dims(config, tsp.size()), tsp, o));
 }
 
 }  // namespace foldpar

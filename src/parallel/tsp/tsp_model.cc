@@ -15,9 +15,8 @@ using tsp_detail::TspStep;
 Result<TspModel> TspModel::create(const LlamaConfig& config, const Layout& layout, int rank, int64_t seq) {
   FP_CHECK(layout.strategy == Strategy::kTsp, "TspModel for layout {}", layout.to_string());
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));
-  FP_ASSIGN_OR_RETURN(ShardDims dims, shard_dims(config, layout.tsp, "TSP"));
-  FP_ASSIGN_OR_RETURN(SequenceShard shard, SequenceShard::create(seq, layout.tsp, rank, layout.split));
-  return TspModel(config, dims, std::move(shard), layout);
+  return TspModel(config, shard_dims(config, layout.tsp), SequenceShard::create(seq, layout.tsp, rank, layout.split),
+                  layout);
 }
 
 namespace {

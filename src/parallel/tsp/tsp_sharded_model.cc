@@ -1,4 +1,5 @@
-// TSP behind the ShardedModel interface.
+// TSP behind the ShardedModel interface: WeightShardedModel owns the shards (the storage
+// dtype of the layout) and their gradients; TSP adds its step over the tsp communicator.
 #include "parallel/strategies.h"
 #include "parallel/tsp/tsp_model.h"
 
@@ -7,33 +8,22 @@
 namespace foldpar {
 namespace {
 
-class TspShardedModel final : public ShardedModel {
+class TspShardedModel final : public WeightShardedModel {
  public:
-  TspShardedModel(TspModel model, Communicator& comm)
-      : model_(std::move(model)),
-        comm_(comm),
-        layout_(fmt::format("tsp={}", comm.size())),
-        weights_(ShardedWeights::allocate(model_.config(), model_.dims(), comm.rank(), model_.options().dtype,
-                                          MemCategory::kParameters)),
-        grads_(ShardedWeights::allocate(model_.config(), model_.dims(), comm.rank(), DType::kF32,
-                                        MemCategory::kGradients)) {
-    grads_.zero();
-  }
-
-  const std::string& layout() const override { return layout_; }
-  Batch local_batch(const Batch& global) const override { return model_.shard().local_batch(global); }
-  void init_weights(const InitOptions& o) override { init_sharded_weights(o, weights_); }
-  void zero_grads() override { grads_.zero(); }
-  Result<StepResult> forward_backward(Backend& be, const Batch& local, int64_t loss_normalizer) override {
-    return model_.forward_backward(be, comm_, weights_, local, grads_, loss_normalizer);
-  }
   // Norm gains are replicated over the axis: rank 0 speaks for them.
-  std::vector<ParamRef> parameters() override { return sharded_param_refs(weights_, grads_, comm_.rank() == 0); }
+  TspShardedModel(TspModel model, Communicator& comm)
+      : WeightShardedModel(model.config(), model.dims(), comm, fmt::format("tsp={}", comm.size()),
+                           model.options().dtype, Counting{comm.rank() == 0, true}),
+        model_(std::move(model)),
+        comm_(comm) {}
+
+  Batch local_batch(const Batch& global) const override { return model_.shard().local_batch(global); }
+  Result<StepResult> forward_backward(Backend& be, const Batch& local, int64_t loss_normalizer) override {
+    return model_.forward_backward(be, comm_, weights_, local, grads_.views(), loss_normalizer);
+  }
   Result<StepResult> forward(Backend& be, const Batch& local) override {
     return model_.forward(be, comm_, weights_, local);
   }
-  Status assemble_weights(LlamaWeights& global) override { return assemble_global(weights_, comm_, global); }
-  Status assemble_grads(LlamaWeights& global) override { return assemble_global(grads_, comm_, global); }
   Status assemble_logits(const Tensor& local, Tensor& global) override {
     global.zero();
     model_.shard().scatter_to_global(local, global);
@@ -44,9 +34,6 @@ class TspShardedModel final : public ShardedModel {
  private:
   TspModel model_;
   Communicator& comm_;
-  std::string layout_;
-  ShardedWeights weights_;
-  ShardedWeights grads_;
 };
 
 }  // namespace

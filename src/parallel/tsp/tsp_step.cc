@@ -63,21 +63,12 @@ int TspStep::ring_owner(int step) const { return ((p_ - step) % D_ + D_) % D_; }
 
 void TspStep::sum_norm_partials(ShardedWeights& grads) {
   // One all-reduce of every norm gain's partial gradient, packed: [(2L+1) * h].
-  const int64_t h = dims_.h, n = static_cast<int64_t>(norm_partials_.size());
-  Tensor packed = Tensor::empty({n, h}, DType::kF32, MemCategory::kComm);
-  for (int64_t i = 0; i < n; ++i) {
-    Tensor row = packed.narrow(i, i + 1);
-    be_.copy(norm_partials_[i], row);
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  blocking(comm_.all_reduce(packed.raw_data(), packed.raw_data(), static_cast<size_t>(packed.numel()), DType::kF32,
-                            ReduceOp::kSum),
-           t0);
-  const int64_t L = c_.num_hidden_layers;
-  for (int64_t i = 0; i < n; ++i) {
-    Tensor& dst = i < L ? grads.attn_norm[i] : (i < 2 * L ? grads.mlp_norm[i - L] : grads.final_norm);
-    be_.add_inplace(packed.narrow(i, i + 1), dst);
-  }
+  foldpar::sum_norm_partials(be_, norm_partials_, grads, [this](Tensor& packed) {
+    const auto t0 = std::chrono::steady_clock::now();
+    blocking(comm_.all_reduce(packed.raw_data(), packed.raw_data(), static_cast<size_t>(packed.numel()), DType::kF32,
+                              ReduceOp::kSum),
+             t0);
+  });
 }
 
 }  // namespace foldpar::tsp_detail

@@ -109,6 +109,19 @@ class TspStep {
   // At ring step j this rank holds the shard of rank (p - j) mod D.
   int ring_owner(int step) const;
 
+  // A layer's attention shards as they arrive by broadcast (fwd: broadcast from r; bwd:
+  // reduce to r), two buffers used alternately for the shards not kept.
+  struct ShardBroadcast {
+    explicit ShardBroadcast(int degree) : shard(static_cast<size_t>(degree)) {}
+    std::vector<Tensor> shard;  // per rank r: where its shard is while it is used
+    Tensor buffers[2];
+    CommRequest request;        // the broadcast in flight
+  };
+  // Points bc.shard[r] at shard r: the owner's `own` tensor, a copy kept for backward
+  // (`kept`: reused, nothing moves), a fresh buffer kept into *keep_into, or one of the two
+  // buffers; then starts its broadcast from r.
+  void start_shard_broadcast(ShardBroadcast& bc, int r, const Tensor& own, Tensor* keep_into, const Tensor* kept);
+
   // A ring of weight shards: step j computes with `cur` while the hop brings the next one
   // (fwd: forward ring; its adjoint is the gradient ring below).
   struct WeightRing {

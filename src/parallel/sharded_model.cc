@@ -1,0 +1,29 @@
+// WeightShardedModel: the weights, gradients and assembly every weight-sharded strategy shares.
+#include "parallel/sharded_model.h"
+
+#include "comm/communicator.h"
+
+namespace foldpar {
+
+WeightShardedModel::WeightShardedModel(const LlamaConfig& config, const ShardDims& dims, Communicator& weight_axis,
+                                       std::string layout, DType dtype, Counting counting)
+    : weights_(ShardedWeights::allocate(config, dims, weight_axis.rank(), dtype, MemCategory::kParameters)),
+      grads_(ShardedGrads::allocate(config, dims, weight_axis.rank(), MemCategory::kGradients)),
+      weight_axis_(weight_axis),
+      layout_(std::move(layout)),
+      counting_(counting) {
+  grads_.zero();
+}
+
+std::vector<ParamRef> WeightShardedModel::parameters() {
+  return sharded_param_refs(weights_, grads_.views(), counting_.replicated, counting_.sharded);
+}
+
+Status WeightShardedModel::assemble(const ShardedWeights& shard, LlamaWeights& global) {
+  if (weight_axis_.size() > 1) return assemble_global(shard, weight_axis_, global);
+  global.zero();
+  unshard_into_global(shard, /*replicated=*/true, global);  // one rank holds everything
+  return Status();
+}
+
+}  // namespace foldpar
