@@ -11,9 +11,7 @@ WeightShardedModel::WeightShardedModel(const LlamaConfig& config, const ShardDim
       grads_(ShardedGrads::allocate(config, dims, weight_axis.rank(), MemCategory::kGradients)),
       weight_axis_(weight_axis),
       layout_(std::move(layout)),
-      counting_(counting) {
-  grads_.zero();
-}
+      counting_(counting) {}
 
 std::vector<ParamRef> WeightShardedModel::parameters() {
   return sharded_param_refs(weights_, grads_.views(), counting_.replicated, counting_.sharded);

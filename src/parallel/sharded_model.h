@@ -35,7 +35,7 @@ class ShardedModel {
   // Weights from the counter-based generator (model/llama_weights.h): the same values as
   // the single-rank model's, each rank generating only what it holds. Not collective.
   virtual void init_weights(const InitOptions& options) = 0;
-  virtual void zero_grads() = 0;
+  virtual void zero_grads(Backend& backend) = 0;
 
   // One micro-batch; gradients accumulate (+=). The reported loss is the mean over the
   // valid tokens of this micro-batch across the model axes. The gradient is that of
@@ -68,7 +68,7 @@ class WeightShardedModel : public ShardedModel {
  public:
   const std::string& layout() const final { return layout_; }
   void init_weights(const InitOptions& options) final { init_sharded_weights(options, weights_); }
-  void zero_grads() final { grads_.zero(); }
+  void zero_grads(Backend& backend) final { grads_.zero(backend); }
   std::vector<ParamRef> parameters() final;
   // Collective over the weight axis only: replicas on other axes assemble the same model.
   Status assemble_weights(LlamaWeights& global) final { return assemble(weights_, global); }

@@ -154,8 +154,7 @@ void ShardedWeights::for_each(const std::function<void(const std::string&, Tenso
   fn("final_norm", final_norm, true);
 }
 
-// Host zeroing: ShardedModel::zero_grads, which calls this every step, takes no Backend yet
-// (issue 16: to be routed through Backend::fill when the ShardedModel interface passes one).
+// Host zeroing: set-up and assembly only (steps zero gradients with ShardedGrads::zero).
 void ShardedWeights::zero() {
   for_each([](const std::string&, Tensor& t, bool) { t.zero(); });
 }
@@ -166,7 +165,8 @@ ShardedGrads ShardedGrads::allocate(const LlamaConfig& c, const ShardDims& dims,
   const int64_t total =
       L * (dims.attn_elems() + dims.mlp_elems()) + (tied ? 1 : 2) * dims.vocab_elems() + (2 * L + 1) * h;
   ShardedGrads g;
-  g.flat_ = Tensor::empty({total}, DType::kF32, category);
+  g.flat_ = Tensor::zeros({total}, DType::kF32, category);  // storage-less: no fill (a dry run)
+  g.known_zero_ = true;
   int64_t offset = 0;
   auto take = [&](const Shape& shape) {
     Tensor t = g.flat_.narrow(offset, offset + shape.numel()).reshape(shape);
@@ -194,8 +194,8 @@ ShardedGrads ShardedGrads::allocate(const LlamaConfig& c, const ShardDims& dims,
   return g;
 }
 
-void ShardedGrads::zero() {
-  flat_.zero();
+void ShardedGrads::zero(Backend& be) {
+  be.fill(0.0, flat_);
   known_zero_ = true;
 }
 

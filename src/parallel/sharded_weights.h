@@ -100,8 +100,9 @@ class ShardedGrads {
   const ShardedWeights& views() const { return views_; }
   Tensor& flat() { return flat_; }
   Tensor norm_region() { return flat_.narrow(norm_offset_, flat_.numel()); }  // [(2L+1) h]
-  void zero();
-  // True from zero() until a step accumulates into it: such a step may sum its partial in
+  // Zeroes through the Backend (every step, ShardedModel::zero_grads). Allocated zero.
+  void zero(Backend& be);
+  // True from zero() (and allocation) until a step accumulates into it: such a step may sum its partial in
   // place instead of through a scratch buffer.
   bool known_zero() const { return known_zero_; }
   void mark_written() { known_zero_ = false; }

@@ -209,7 +209,7 @@ struct StepStats {
 // sum, the finiteness check (every rank stops together), clipping and AdamW. Collective.
 Result<StepStats> train_step(const TrainOptions& o, const Setup& s, const DataLoader& train, Learner& l, Backend& be,
                              Communicator& world) {
-  l.model->zero_grads();
+  l.model->zero_grads(be);
   const uint64_t index = static_cast<uint64_t>(l.step);
   // The global batch's valid tokens (every rank can count them: the loader is counter-based).
   const Batch all_rows = train.train_rows(index, 0, o.batch);

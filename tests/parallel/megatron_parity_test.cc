@@ -463,19 +463,19 @@ TEST(MegatronGradients, AccumulateAndHonourTheLossNormalizer) {
       expect_grads(m, ref, 2.0, "two steps");
       ASSERT_TRUE(m.forward_backward(*be, local, 0).ok());
       expect_grads(m, ref, 3.0, "three steps");
-      m.zero_grads();
+      m.zero_grads(*be);
       ASSERT_TRUE(m.forward_backward(*be, local, 0).ok());
       expect_grads(m, ref, 1.0, "after zero_grads");
 
       const int64_t valid = ref.result.valid_tokens, N = 3 * valid + 5;
-      m.zero_grads();
+      m.zero_grads(*be);
       Result<StepResult> r = m.forward_backward(*be, local, N);
       ASSERT_TRUE(r.ok()) << r.status().to_string();
       EXPECT_NEAR(r->loss, ref.result.loss, tol::kF32Parallel * ref.result.loss) << "the loss is not rescaled";
       EXPECT_EQ(r->valid_tokens, valid);
       expect_grads(m, ref, static_cast<double>(valid) / static_cast<double>(N), "loss_sum / N");
 
-      m.zero_grads();
+      m.zero_grads(*be);
       ASSERT_TRUE(m.forward_backward(*be, local, 2 * valid).ok());
       ASSERT_TRUE(m.forward_backward(*be, local, 2 * valid).ok());
       expect_grads(m, ref, 1.0, "two micro-batches normalized by their joint count");
