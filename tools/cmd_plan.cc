@@ -3,8 +3,10 @@
 //
 //   foldpar plan --model configs/paper-7b.json --seq 131072 --batch 1 --devices 8
 //       --hardware hardware/mi300x-8.json [--train|--forward|--prefill|--decode] [--bf16]
-//       [--recompute block] [--layouts tsp=8 tp=8] [--max-new-tokens N] [--json]
+//       [--recompute block] [--layouts tsp=8 tp=8] [--max-new-tokens N] [--json] [--trace F] [--explain]
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -19,7 +21,8 @@ struct PlanArgs {
   std::string model, hardware;
   std::vector<std::string> layouts;
   PlanRequest request;  // config, hardware, mode and layouts filled at run time
-  bool train = false, forward = false, prefill = false, decode = false, json = false;
+  bool train = false, forward = false, prefill = false, decode = false, json = false, explain = false;
+  std::string trace;  // Chrome trace of the recommended layout's simulated step
 };
 
 Result<PlanRequest> plan_request(const PlanArgs& a) {
@@ -42,6 +45,21 @@ int run_plan_command(const PlanArgs& a) {
   Result<PlanReport> report = make_plan(*r);
   if (!report.ok()) return fail(report.status());
   std::fputs((a.json ? plan_report_json(*report) : plan_report_text(*report)).c_str(), stdout);
+  if (a.explain || !a.trace.empty()) {
+    if (report->recommended < 0) return fail(invalid_argument("no layout fits: nothing to explain or trace"));
+    const LayoutPlan& p = report->layouts[static_cast<size_t>(report->recommended)];
+    if (p.timelines.empty())
+      return fail(invalid_argument("{} was planned by the replay ({}), which has no timeline", p.layout.to_string(),
+                                   p.source));
+    if (a.explain) std::fprintf(stdout, "explain %s:\n%s", p.layout.to_string().c_str(), explain_timeline(p.timelines).c_str());
+    if (!a.trace.empty()) {
+      std::FILE* f = std::fopen(a.trace.c_str(), "w");
+      if (f == nullptr) return fail(io_error("cannot write the trace {}: {}", a.trace, std::strerror(errno)));
+      const std::string json = chrome_trace_json(p.timelines);
+      const bool ok = std::fwrite(json.data(), 1, json.size(), f) == json.size();
+      if (std::fclose(f) != 0 || !ok) return fail(io_error("cannot write the trace {}", a.trace));
+    }
+  }
   return kExitOk;
 }
 
@@ -69,6 +87,8 @@ Command add_plan_command(CLI::App& app) {
   add_recompute_option(cmd, r.recompute);
   cmd->add_option("--layouts", a->layouts, "only these layouts, space-separated: tsp=8 tp=4,sp=2:seqpar sp=8:ring (',' joins axes, ':' adds options)");
   cmd->add_flag("--json", a->json, "print the plan as JSON");
+  cmd->add_option("--trace", a->trace, "write the recommended layout's simulated step (every distinct rank) as a Chrome trace (open in Perfetto)");
+  cmd->add_flag("--explain", a->explain, "say what bounds the recommended layout's step: compute, a named collective, memory");
   return {cmd, [a] { return run_plan_command(*a); }};
 }
 

@@ -97,4 +97,29 @@ rc=$?
 # The old spelling still runs bench-layouts, after one line naming the new command.
 [ "$(grep -c '^foldpar: note: `bench --layouts` is now `foldpar bench-layouts`' <<<"$err")" = 1 ] ||
   fail "bench --layouts does not name bench-layouts once: $err"
+# ---- the dry run behind the plan: --explain, --trace, and the paper's scale ----
+out=$("$bin" plan --model "$src/configs/tiny.json" --seq 64 --devices 2 --hardware "$src/hardware/this-machine.json" \
+  --layouts tsp=2 --explain --trace "$tmp/trace.json" 2>&1) || fail "plan --explain --trace: $out"
+grep -q "^explain tsp=2:" <<<"$out" || fail "plan --explain names no layout: $out"
+grep -qE "compute-bound|bound by " <<<"$out" || fail "plan --explain names no bound: $out"
+/usr/bin/python3 - "$tmp/trace.json" <<'PY' || fail "plan --trace content"
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+x = [e for e in ev if e.get("ph") == "X"]
+assert {e["pid"] for e in x} == {0, 1}, "both distinct ranks of tsp=2 are traced"
+assert any(e["tid"] == 0 and e["name"] == "matmul" for e in x), "compute stream has the GEMMs"
+assert any(e["tid"] != 0 and e["name"] in ("broadcast tsp", "all_gather tsp", "send_recv tsp") for e in x), "TSP transfers"
+assert all(e["dur"] >= 0 for e in x)
+PY
+# The 7B model at S = 128K on 8 MI300X (docs/PERFORMANCE.md times it): the real strategies'
+# peaks, with tsp=8 fitting in 192 GB and tp=8 not.
+out=$("$bin" plan --model "$src/configs/paper-7b.json" --seq 131072 --devices 8 --hardware "$src/hardware/mi300x-8.json" \
+  --layouts tsp=8 tp=8 --json 2>&1) || fail "plan of the 7B model at 128K: $out"
+printf '%s' "$out" >"$tmp/7b.json"
+/usr/bin/python3 - "$tmp/7b.json" <<'PY' || fail "plan of the 7B model at 128K: verdicts"
+import json, sys
+p = json.load(open(sys.argv[1]))
+fits = {l["layout"]: l["fits"] for l in p["layouts"]}
+assert fits == {"tsp=8": True, "tp=8": False}, fits
+PY
 exit $((failures > 0))
