@@ -22,5 +22,6 @@ check 3 "num_attention_heads (8) must be divisible by the TSP degree (3)" verify
 check 2 "sequence length (66)" verify --model "$src/configs/tiny.json" --layout tsp=2 --seq 66
 check 2 "head buckets (3)" verify --model "$src/configs/tiny.json" --layout tsp=2 --head-buckets 3
 check 2 "unknown" verify --model "$src/configs/tiny.json" --layout tensor=2
+check 2 "bf16 storage cannot meet that" verify --model "$src/configs/tiny.json" --layout tsp=2:bf16
 check 2 "--seq-split" verify --model "$src/configs/tiny.json" --layout tsp=2 --seq-split diagonal
 exit $((failures > 0))
