@@ -70,9 +70,7 @@ Status run_generation(const DryRunOptions& o, Mesh& mesh, MemoryTracker& meta, M
 }  // namespace
 
 Result<DryRunResult> dry_run(const DryRunOptions& o) {
-  if (o.mode == DryRunMode::kForwardBackward || o.mode == DryRunMode::kForward) {
-    FP_RETURN_IF_ERROR(validate_layout(o.config, o.layout, o.batch, o.seq));
-  }
+  FP_RETURN_IF_ERROR(validate_layout(o.config, o.layout, o.batch, o.seq));
   FP_ASSIGN_OR_RETURN(MeshLayout mesh_layout, MeshLayout::parse(o.layout.mesh()));
   install_storageless_fault_handler();
   DryRunResult out;

@@ -52,7 +52,7 @@ struct DryRunResult {
 };
 
 // Runs one step of `options.layout` as world rank `options.rank`. Errors: the layout's
-// verdict (validate_layout, or make_sharded_decoder's for the generation modes) or a rank
+// verdict (validate_layout for every mode, then make_sharded_decoder's for the generation modes) or a rank
 // outside the mesh. Not collective; no MPI.
 Result<DryRunResult> dry_run(const DryRunOptions& options);
 

@@ -272,8 +272,7 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
     LayoutPlan p;
     p.layout = l;
     if (l.dtype != DType::kBF16) {
-      Status dry = validate_layout(r.config, l, r.batch, r.seq);
-      if (dry.ok()) dry = plan_by_dry_run(r, p);
+      const Status dry = plan_by_dry_run(r, p);  // validate_layout's verdict first (dry_run)
       if (!dry.ok()) {
         report.not_buildable.push_back(dry.message());
         continue;

@@ -93,10 +93,12 @@ void MetaBackend::matmul(const Tensor& a, bool ta, const Tensor& b, bool tb, Ten
 
 void MetaBackend::copy(const Tensor& src, Tensor& dst) {
   check_copy(src, dst);
+  // An i32 copy of known contents (a view of uploaded positions) stays known.
   const int32_t* known = dst.has_storage() ? nullptr : known_i32(src);
-  std::vector<int32_t> values = known != nullptr ? std::vector<int32_t>(known, known + src.numel()) : std::vector<int32_t>{};
+  std::vector<int32_t> values;
+  if (known != nullptr) values.assign(known, known + src.numel());
   forget_written(dst);
-  if (known != nullptr && dst.dtype() == DType::kI32) host_i32_[address_of(dst)] = std::move(values);
+  if (known != nullptr) host_i32_[address_of(dst)] = std::move(values);
   record_tokenwise("copy", src, 0, {&src}, {&dst});
 }
 
