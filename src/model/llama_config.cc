@@ -35,6 +35,33 @@ Status read_double(const nlohmann::json& j, const char* key, double* out) {
   return Status();
 }
 
+
+// Fields of the Hugging Face configs that describe an architecture foldpar does not
+// implement. Each is refused by name: loading such a file and ignoring the field would train
+// or serve a different model than the checkpoint's without a word.
+Status refuse_unimplemented(const nlohmann::json& j) {
+  if (auto it = j.find("model_type"); it != j.end()) {
+    if (!it->is_string()) return invalid_argument("config: \"model_type\" must be a string, got {}", quote(*it));
+    const std::string t = it->get<std::string>();
+    if (t == "qwen2")
+      return unimplemented("config: model_type \"qwen2\" has q/k/v biases, which foldpar does not implement");
+    if (t != "llama" && t != "mistral")
+      return unimplemented("config: model_type {} is not supported (foldpar implements \"llama\" and \"mistral\")",
+                           quote(*it));
+  }
+  for (const char* key : {"attention_bias", "mlp_bias"})
+    if (auto it = j.find(key); it != j.end() && !(it->is_boolean() && !it->get<bool>()))
+      return unimplemented("config: \"{}\" {} is not supported (foldpar's layers have no biases)", key, quote(*it));
+  if (auto it = j.find("hidden_act"); it != j.end() && !(it->is_string() && it->get<std::string>() == "silu"))
+    return unimplemented("config: hidden_act {} is not supported (foldpar implements \"silu\")", quote(*it));
+  // Qwen configs carry a window with use_sliding_window false; Mistral's is always on.
+  const auto use = j.find("use_sliding_window");
+  const bool window_on = use == j.end() || !(use->is_boolean() && !use->get<bool>());
+  if (auto it = j.find("sliding_window"); window_on && it != j.end() && !it->is_null())
+    return unimplemented("config: sliding_window {} is not supported (foldpar's attention is full causal)",
+                         quote(*it));
+  return Status();
+}
 }  // namespace
 
 int64_t LlamaConfig::parameter_count() const {
@@ -105,6 +132,7 @@ Result<LlamaConfig> LlamaConfig::from_json(const std::string& text) {
                                      hidden_from_head_dim != c.hidden_size))
     return unimplemented("config: head_dim ({}) other than hidden_size / num_attention_heads is not supported",
                          it->get<int64_t>());
+  FP_RETURN_IF_ERROR(refuse_unimplemented(j));
   FP_RETURN_IF_ERROR(c.validate());
   return c;
 }

@@ -9,12 +9,12 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failures=0
 fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
-# file | verdict | refused: the message's words; loads: what foldpar ignores today (a defect)
+# file | verdict | refused: the message's words
 verdicts=(
   "llama-3.2-1b.json|refused|config: rope_scaling is not supported"
-  "qwen2.5-0.5b.json|loads|the q/k/v biases qwen2 implies are ignored"
+  "qwen2.5-0.5b.json|refused|config: model_type \"qwen2\" has q/k/v biases, which foldpar does not implement"
   "qwen3-0.6b.json|refused|config: head_dim (128) other than hidden_size / num_attention_heads is not supported"
-  "mistral-7b-v0.1.json|loads|sliding_window 4096 is ignored"
+  "mistral-7b-v0.1.json|refused|config: sliding_window 4096 is not supported"
   "tinyllama-1.1b.json|loads|"
 )
 for v in "${verdicts[@]}"; do

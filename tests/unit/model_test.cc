@@ -162,6 +162,33 @@ TEST(Config, RejectsBadInputWithNamedValues) {
   EXPECT_EQ(LlamaConfig::load("/nonexistent/config.json").status().code(), StatusCode::kNotFound);
 }
 
+// A field describing an architecture foldpar does not implement is refused by name, never
+// ignored; the forms that describe foldpar's own architecture load.
+TEST(Config, RefusesUnimplementedArchitectureFieldsByName) {
+  const std::string base = R"({"hidden_size": 8, "num_attention_heads": 2, "intermediate_size": 8,
+      "num_hidden_layers": 1, "vocab_size": 10, "max_position_embeddings": 16)";
+  auto load = [&](const std::string& extra) { return LlamaConfig::from_json(base + ", " + extra + "}"); };
+  const std::pair<const char*, const char*> refused[] = {
+      {R"("model_type": "qwen2")", "model_type \"qwen2\" has q/k/v biases"},
+      {R"("model_type": "gpt2")", "model_type \"gpt2\" is not supported"},
+      {R"("attention_bias": true)", "\"attention_bias\" true is not supported"},
+      {R"("mlp_bias": true)", "\"mlp_bias\" true is not supported"},
+      {R"("hidden_act": "gelu")", "hidden_act \"gelu\" is not supported"},
+      {R"("sliding_window": 4)", "sliding_window 4 is not supported"},
+      {R"("sliding_window": 4, "use_sliding_window": true)", "sliding_window 4 is not supported"},
+  };
+  for (const auto& [extra, words] : refused) {
+    Result<LlamaConfig> c = load(extra);
+    ASSERT_FALSE(c.ok()) << extra;
+    EXPECT_EQ(c.status().code(), StatusCode::kUnimplemented) << extra;
+    EXPECT_NE(c.status().message().find(words), std::string::npos) << extra << ": " << c.status().message();
+  }
+  for (const char* extra : {R"("model_type": "llama")", R"("model_type": "mistral", "sliding_window": null)",
+                            R"("attention_bias": false, "mlp_bias": false, "hidden_act": "silu")",
+                            R"("sliding_window": 32768, "use_sliding_window": false)"})
+    EXPECT_TRUE(load(extra).ok()) << extra << ": " << load(extra).status().message();
+}
+
 TEST(Config, JsonRoundTrip) {
   const LlamaConfig c = load_config("tiny.json");
   Result<LlamaConfig> back = LlamaConfig::from_json(c.to_json());
