@@ -72,7 +72,10 @@ class Backend {
   virtual bool matmul_takes_bf16() const { return false; }
 
   // ---- elementwise ----
-  virtual void copy(const Tensor& src, Tensor& dst) = 0;             // dst written
+  // dst written, same numel; the same dtype, or one f32 and the other bf16: the value
+  // converted (to bf16 rounded to nearest even, exactly as f32_to_bf16), which is how the
+  // bf16 storage decorator widens and narrows through the backend.
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;
   virtual void add_inplace(const Tensor& x, Tensor& y) = 0;          // y += x (same numel)
   virtual void scale_inplace(double alpha, Tensor& y) = 0;           // y *= alpha
   virtual void fill(double value, Tensor& y) = 0;

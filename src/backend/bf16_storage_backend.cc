@@ -1,37 +1,39 @@
 // bf16 storage over an f32 backend: widen, compute, round.
 #include "backend/bf16_storage_backend.h"
 
-#include <vector>
-
 namespace foldpar {
 namespace {
 
 bool is_bf16(const Tensor& t) { return t.defined() && t.dtype() == DType::kBF16; }
 
-// f32 view of an input: the tensor itself, or a widened workspace copy.
-Tensor widen(const Tensor& t) { return is_bf16(t) ? t.to(DType::kF32, MemCategory::kWorkspace) : t; }
+// f32 view of an input: the tensor itself, or a workspace copy widened by the inner
+// backend's copy (so a dry run, whose tensors have no storage, counts it like any op).
+Tensor widen(Backend& in, const Tensor& t) {
+  if (!is_bf16(t)) return t;
+  Tensor w = Tensor::empty(t.shape(), DType::kF32, MemCategory::kWorkspace);
+  in.copy(t, w);
+  return w;
+}
 
-// An output slot: computes into f32 and, for a bf16 destination, rounds back on finish().
+// An output slot: computes into f32 and, for a bf16 destination, rounds back on finish()
+// (the inner backend's copy, rounding to nearest even).
 class Out {
  public:
   // accumulate: the op reads the old contents (+=, beta != 0, in place).
-  Out(Tensor& dst, bool accumulate) : dst_(dst) {
+  Out(Backend& in, Tensor& dst, bool accumulate) : in_(in), dst_(dst) {
     if (!is_bf16(dst)) {
       f32_ = dst;
     } else {
-      f32_ = accumulate ? dst.to(DType::kF32, MemCategory::kWorkspace)
-                        : Tensor::empty(dst.shape(), DType::kF32, MemCategory::kWorkspace);
+      f32_ = accumulate ? widen(in, dst) : Tensor::empty(dst.shape(), DType::kF32, MemCategory::kWorkspace);
     }
   }
   Tensor& f32() { return f32_; }
   void finish() {
-    if (!is_bf16(dst_)) return;
-    const float* s = f32_.data<float>();
-    bf16* d = dst_.data<bf16>();
-    for (int64_t i = 0; i < dst_.numel(); ++i) d[i] = f32_to_bf16(s[i]);
+    if (is_bf16(dst_)) in_.copy(f32_, dst_);
   }
 
  private:
+  Backend& in_;
   Tensor& dst_;
   Tensor f32_;
 };
@@ -46,144 +48,140 @@ class Bf16StorageBackend final : public Backend {
   // c rounded once as below); elsewhere widened like every other op.
   void matmul(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta) override {
     if (is_bf16(a) && is_bf16(b) && in_.matmul_takes_bf16()) return in_.matmul(a, ta, b, tb, c, alpha, beta);
-    Out o(c, beta != 0.0f);
-    in_.matmul(widen(a), ta, widen(b), tb, o.f32(), alpha, beta);
+    Out o(in_, c, beta != 0.0f);
+    in_.matmul(widen(in_, a), ta, widen(in_, b), tb, o.f32(), alpha, beta);
     o.finish();
   }
-  void copy(const Tensor& src, Tensor& dst) override {
-    if (src.dtype() == dst.dtype()) return in_.copy(src, dst);
-    Out o(dst, false);
-    in_.copy(widen(src), o.f32());
-    o.finish();
-  }
+  // Backend::copy converts f32 <-> bf16 itself: no workspace.
+  void copy(const Tensor& src, Tensor& dst) override { in_.copy(src, dst); }
   // Bytes move unchanged: no widening.
   void copy_strided(const Tensor& src, Tensor& dst, const StridedCopy& c) override { in_.copy_strided(src, dst, c); }
   void copy_from_host(std::span<const std::byte> src, Tensor& dst) override { in_.copy_from_host(src, dst); }
   void copy_to_host(const Tensor& src, std::span<std::byte> dst) override { in_.copy_to_host(src, dst); }
   void add_inplace(const Tensor& x, Tensor& y) override {
-    Out o(y, true);
-    in_.add_inplace(widen(x), o.f32());
+    Out o(in_, y, true);
+    in_.add_inplace(widen(in_, x), o.f32());
     o.finish();
   }
   void scale_inplace(double alpha, Tensor& y) override {
-    Out o(y, true);
+    Out o(in_, y, true);
     in_.scale_inplace(alpha, o.f32());
     o.finish();
   }
   void fill(double value, Tensor& y) override {
-    Out o(y, false);
+    Out o(in_, y, false);
     in_.fill(value, o.f32());
     o.finish();
   }
-  double sum_squares(const Tensor& x) override { return in_.sum_squares(widen(x)); }
+  double sum_squares(const Tensor& x) override { return in_.sum_squares(widen(in_, x)); }
   void adamw_update(const AdamWStep& s, const Tensor& grad, Tensor& param, Tensor& m, Tensor& v) override {
-    Out p(param, true), mm(m, true), vv(v, true);
-    in_.adamw_update(s, widen(grad), p.f32(), mm.f32(), vv.f32());
+    Out p(in_, param, true), mm(in_, m, true), vv(in_, v, true);
+    in_.adamw_update(s, widen(in_, grad), p.f32(), mm.f32(), vv.f32());
     p.finish();
     mm.finish();
     vv.finish();
   }
   void embedding_forward(const Tensor& ids, const Tensor& table, int64_t off, Tensor& out) override {
-    Out o(out, true);  // rows outside the shard keep their contents
-    in_.embedding_forward(ids, widen(table), off, o.f32());
+    Out o(in_, out, true);  // rows outside the shard keep their contents
+    in_.embedding_forward(ids, widen(in_, table), off, o.f32());
     o.finish();
   }
   void embedding_backward(const Tensor& ids, const Tensor& d_out, int64_t off, Tensor& d_table) override {
-    Out o(d_table, true);
-    in_.embedding_backward(ids, widen(d_out), off, o.f32());
+    Out o(in_, d_table, true);
+    in_.embedding_backward(ids, widen(in_, d_out), off, o.f32());
     o.finish();
   }
   void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) override {
-    Out oy(y, false), orr(rstd, false);
-    in_.rmsnorm_forward(widen(x), widen(w), eps, oy.f32(), orr.f32());
+    Out oy(in_, y, false), orr(in_, rstd, false);
+    in_.rmsnorm_forward(widen(in_, x), widen(in_, w), eps, oy.f32(), orr.f32());
     oy.finish();
     orr.finish();
   }
   void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
                         Tensor& dw) override {
-    Out odx(dx, false), odw(dw, true);
-    in_.rmsnorm_backward(widen(x), widen(w), widen(rstd), widen(dy), odx.f32(), odw.f32());
+    Out odx(in_, dx, false), odw(in_, dw, true);
+    in_.rmsnorm_backward(widen(in_, x), widen(in_, w), widen(in_, rstd), widen(in_, dy), odx.f32(), odw.f32());
     odx.finish();
     odw.finish();
   }
   void rope_forward(const Tensor& table, Tensor& x) override {
-    Out o(x, true);
-    in_.rope_forward(widen(table), o.f32());
+    Out o(in_, x, true);
+    in_.rope_forward(widen(in_, table), o.f32());
     o.finish();
   }
   void rope_backward(const Tensor& table, Tensor& dx) override {
-    Out o(dx, true);
-    in_.rope_backward(widen(table), o.f32());
+    Out o(in_, dx, true);
+    in_.rope_backward(widen(in_, table), o.f32());
     o.finish();
   }
   void attention_forward(const AttentionArgs& a, Tensor& out, Tensor& lse) override {
-    const Tensor q = widen(*a.q), k = widen(*a.k), v = widen(*a.v);
+    const Tensor q = widen(in_, *a.q), k = widen(in_, *a.k), v = widen(in_, *a.v);
     const AttentionArgs w{&q, &k, &v, a.q_pos, a.k_pos, a.scale};
-    Out oo(out, false), ol(lse, false);
+    Out oo(in_, out, false), ol(in_, lse, false);
     in_.attention_forward(w, oo.f32(), ol.f32());
     oo.finish();
     ol.finish();
   }
   void attention_backward(const AttentionArgs& a, const Tensor& out, const Tensor& lse, const Tensor& d_out,
                           Tensor& dq, Tensor& dk, Tensor& dv) override {
-    const Tensor q = widen(*a.q), k = widen(*a.k), v = widen(*a.v);
+    const Tensor q = widen(in_, *a.q), k = widen(in_, *a.k), v = widen(in_, *a.v);
     const AttentionArgs w{&q, &k, &v, a.q_pos, a.k_pos, a.scale};
-    Out oq(dq, false), ok(dk, false), ov(dv, false);
-    in_.attention_backward(w, widen(out), widen(lse), widen(d_out), oq.f32(), ok.f32(), ov.f32());
+    Out oq(in_, dq, false), ok(in_, dk, false), ov(in_, dv, false);
+    in_.attention_backward(w, widen(in_, out), widen(in_, lse), widen(in_, d_out), oq.f32(), ok.f32(), ov.f32());
     oq.finish();
     ok.finish();
     ov.finish();
   }
   void attention_merge(const Tensor& block_out, const Tensor& block_lse, Tensor& out, Tensor& lse) override {
-    Out oo(out, true), ol(lse, true);
-    in_.attention_merge(widen(block_out), widen(block_lse), oo.f32(), ol.f32());
+    Out oo(in_, out, true), ol(in_, lse, true);
+    in_.attention_merge(widen(in_, block_out), widen(in_, block_lse), oo.f32(), ol.f32());
     oo.finish();
     ol.finish();
   }
   void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) override {
-    Out o(out, false);
-    in_.swiglu_forward(widen(gate), widen(up), o.f32());
+    Out o(in_, out, false);
+    in_.swiglu_forward(widen(in_, gate), widen(in_, up), o.f32());
     o.finish();
   }
   void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& d_out, Tensor& d_gate,
                        Tensor& d_up) override {
-    Out og(d_gate, false), ou(d_up, false);
-    in_.swiglu_backward(widen(gate), widen(up), widen(d_out), og.f32(), ou.f32());
+    Out og(in_, d_gate, false), ou(in_, d_up, false);
+    in_.swiglu_backward(widen(in_, gate), widen(in_, up), widen(in_, d_out), og.f32(), ou.f32());
     og.finish();
     ou.finish();
   }
   double cross_entropy_forward(const Tensor& logits, const Tensor& targets, int32_t ignore, Tensor& lse) override {
-    Out o(lse, false);
-    const double loss = in_.cross_entropy_forward(widen(logits), targets, ignore, o.f32());
+    Out o(in_, lse, false);
+    const double loss = in_.cross_entropy_forward(widen(in_, logits), targets, ignore, o.f32());
     o.finish();
     return loss;
   }
   void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int64_t off,
                               int32_t ignore, double scale, Tensor& d_logits) override {
     // d_logits may alias logits: widen the input before the output slot is made.
-    const Tensor x = widen(logits);
-    Out o(d_logits, false);
-    in_.cross_entropy_backward(x, targets, widen(lse), off, ignore, scale, o.f32());
+    const Tensor x = widen(in_, logits);
+    Out o(in_, d_logits, false);
+    in_.cross_entropy_backward(x, targets, widen(in_, lse), off, ignore, scale, o.f32());
     o.finish();
   }
   void softmax_chunk_update(const Tensor& logits, const Tensor& targets, int64_t off, int32_t ignore, Tensor& row_max,
                             Tensor& row_sum, Tensor& target_logit) override {
-    Out om(row_max, true), os(row_sum, true), ot(target_logit, true);
-    in_.softmax_chunk_update(widen(logits), targets, off, ignore, om.f32(), os.f32(), ot.f32());
+    Out om(in_, row_max, true), os(in_, row_sum, true), ot(in_, target_logit, true);
+    in_.softmax_chunk_update(widen(in_, logits), targets, off, ignore, om.f32(), os.f32(), ot.f32());
     om.finish();
     os.finish();
     ot.finish();
   }
   void softmax_rescale(const Tensor& local_max, const Tensor& global_max, Tensor& row_sum) override {
-    Out o(row_sum, true);
-    in_.softmax_rescale(widen(local_max), widen(global_max), o.f32());
+    Out o(in_, row_sum, true);
+    in_.softmax_rescale(widen(in_, local_max), widen(in_, global_max), o.f32());
     o.finish();
   }
   LossSums cross_entropy_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit,
                                 const Tensor& targets, int32_t ignore, Tensor& lse) override {
-    Out o(lse, false);
+    Out o(in_, lse, false);
     const LossSums sums =
-        in_.cross_entropy_finish(widen(row_max), widen(row_sum), widen(target_logit), targets, ignore, o.f32());
+        in_.cross_entropy_finish(widen(in_, row_max), widen(in_, row_sum), widen(in_, target_logit), targets, ignore, o.f32());
     o.finish();
     return sums;
   }

@@ -5,7 +5,10 @@
 // exception where the inner backend multiplies bf16 natively (Backend::matmul_takes_bf16):
 // bf16 operands go to it as they are, products accumulate in f32 there. This is how
 // `train --bf16` halves the bytes of stored weights, activations and the shards that
-// travel, while arithmetic (and the parity tests' references) stay f32.
+// travel, while arithmetic (and the parity tests' references) stay f32. Widening and
+// rounding are the inner backend's copy (Backend::copy converts f32 <-> bf16), so the
+// decorator touches no tensor data itself: over the meta backend a dry run of a bf16
+// layout counts its workspace copies exactly as a real run allocates them.
 #pragma once
 
 #include <memory>

@@ -74,7 +74,10 @@ AttentionDims check_attention(const AttentionArgs& args, const Tensor& out, cons
 }
 
 void check_copy(const Tensor& src, const Tensor& dst) {
-  FP_CHECK(src.numel() == dst.numel() && src.dtype() == dst.dtype(), "copy {} -> {}", src.describe(), dst.describe());
+  const auto f32_bf16 = [](DType a, DType b) { return a == DType::kF32 && b == DType::kBF16; };
+  const bool convert = f32_bf16(src.dtype(), dst.dtype()) || f32_bf16(dst.dtype(), src.dtype());
+  FP_CHECK(src.numel() == dst.numel() && (src.dtype() == dst.dtype() || convert),
+           "copy {} -> {} (same numel; same dtype, or f32 <-> bf16)", src.describe(), dst.describe());
 }
 
 void check_add_inplace(const Tensor& x, const Tensor& y) {

@@ -2,6 +2,7 @@
 // of the real strategy.
 #include "plan/dry_run.h"
 
+#include "backend/bf16_storage_backend.h"
 #include "parallel/make_layout.h"
 #include "tensor/storageless_allocator.h"
 
@@ -26,7 +27,7 @@ Result<Batch> storageless_local_batch(const ShardedModel& model, int64_t rows, i
 }
 
 // The step of a training-side mode on `model`, between the snapshots `measure` takes.
-Status run_model_step(const DryRunOptions& o, ShardedModel& model, const Batch& local, MetaBackend& backend,
+Status run_model_step(const DryRunOptions& o, ShardedModel& model, const Batch& local, Backend& backend,
                       DryRunResult& out) {
   if (o.mode == DryRunMode::kForwardBackward) {
     // The trainer's normalizer: the valid tokens of the global batch (every token here).
@@ -55,7 +56,7 @@ Status measure(MemoryTracker& meta, const Mesh& mesh, const EventOrder& order, D
 }
 
 // Prefill (and for kDecode one decode step) of B prompts of S zero tokens.
-Status run_generation(const DryRunOptions& o, Mesh& mesh, MemoryTracker& meta, MetaBackend& backend,
+Status run_generation(const DryRunOptions& o, Mesh& mesh, MemoryTracker& meta, Backend& backend,
                       const EventOrder& order, DryRunResult& out) {
   FP_ASSIGN_OR_RETURN(std::unique_ptr<ShardedDecoder> decoder, make_sharded_decoder(o.config, mesh, o.layout));
   const std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(o.batch),
@@ -77,7 +78,12 @@ Result<DryRunResult> dry_run(const DryRunOptions& o) {
   EventOrder order;
   FP_ASSIGN_OR_RETURN(CountingMesh cm, make_counting_mesh(mesh_layout, o.rank, order, out.comm_trace));
   std::unique_ptr<MemoryTracker> meta = MemoryTracker::make_storageless();
-  MetaBackend backend(MetaBackendOptions{.order = &order, .matmul_takes_bf16 = o.matmul_takes_bf16});
+  MetaBackend meta_backend(MetaBackendOptions{.order = &order, .matmul_takes_bf16 = o.matmul_takes_bf16});
+  // bf16 layouts run as train runs them: through the bf16 storage decorator, whose widened
+  // copies are the inner backend's copy ops (counted and recorded like any other).
+  std::unique_ptr<Backend> bf16 =
+      o.layout.dtype == DType::kBF16 ? make_bf16_storage_backend(meta_backend) : nullptr;
+  Backend& backend = bf16 ? *bf16 : static_cast<Backend&>(meta_backend);
   {
     ScopedDefaultTracker scope(*meta);
     if (o.mode == DryRunMode::kPrefill || o.mode == DryRunMode::kDecode) {
@@ -90,7 +96,7 @@ Result<DryRunResult> dry_run(const DryRunOptions& o) {
       FP_RETURN_IF_ERROR(measure(*meta, *cm.mesh, order, out, [&] { return run_model_step(o, *model, local, backend, out); }));
     }
   }
-  out.ops = backend.records();
+  out.ops = meta_backend.records();
   return out;
 }
 

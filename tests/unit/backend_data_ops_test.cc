@@ -257,6 +257,33 @@ TEST_F(DataOps, CountValidTargetsOfAnyShape) {
   }
 }
 
+// copy between f32 and bf16: widening is exact, narrowing is f32_to_bf16 (nearest even, NaN
+// kept) element by element, on both backends; the decorator's widen and round are this op.
+TEST_F(DataOps, CopyConvertsBetweenF32AndBf16) {
+  Tensor f = random_tensor({5, 7}, DType::kF32, 11);
+  f.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+  f.data<float>()[1] = kNegInf;
+  f.data<float>()[2] = 1.0f + 1.0f / 256;  // a tie: rounds to even (1.0)
+  f.data<float>()[3] = 1.0f + 3.0f / 256;  // a tie: rounds to even (1 + 4/256)
+  for (Backend* be : both()) {
+    SCOPED_TRACE(be->name());
+    Tensor b = Tensor::empty({35}, DType::kBF16, MemCategory::kWorkspace);
+    be->copy(f, b);
+    for (int64_t i = 0; i < f.numel(); ++i) EXPECT_EQ(b.data<bf16>()[i].bits, f32_to_bf16(f.data<float>()[i]).bits) << i;
+    EXPECT_EQ(b.data<bf16>()[2].bits, f32_to_bf16(1.0f).bits);
+    Tensor back = Tensor::empty({5, 7}, DType::kF32, MemCategory::kWorkspace);
+    be->copy(b, back);
+    for (int64_t i = 0; i < f.numel(); ++i) {
+      const float want = bf16_to_f32(b.data<bf16>()[i]);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(back.data<float>()[i])) << i;
+      } else {
+        EXPECT_EQ(back.data<float>()[i], want) << i;
+      }
+    }
+  }
+}
+
 TEST_F(DataOps, DecoratorsForwardTheDataOps) {
   TimedBackend timed(*fast_);
   std::unique_ptr<Backend> bf = make_bf16_storage_backend(timed);

@@ -244,6 +244,18 @@ TEST(MetaBackendDeathTest, RejectsWhatTheRealBackendsReject) {
   EXPECT_DEATH(meta.swiglu_forward(mg, mu, mg), "swiglu up");
   Tensor ids = meta_tensor(*mt, {3}, DType::kI32), table = meta_tensor(*mt, {10, 8});
   EXPECT_DEATH(meta.embedding_forward(ids, table, 0, mx), "embedding ids");
+  // copy converts f32 <-> bf16 only (the bf16 storage decorator's widening), on every backend.
+  Tensor m64 = meta_tensor(*mt, {4, 8}, DType::kF64), mi = meta_tensor(*mt, {4, 8}, DType::kI32);
+  Tensor x64 = Tensor::zeros({4, 8}, DType::kF64, MemCategory::kWorkspace);
+  Tensor x16 = Tensor::zeros({4, 8}, DType::kBF16, MemCategory::kWorkspace);
+  EXPECT_DEATH(meta.copy(m64, mbf), "f32 <-> bf16");
+  EXPECT_DEATH(meta.copy(mi, mx), "f32 <-> bf16");
+  EXPECT_DEATH(cpu->copy(x64, x16), "f32 <-> bf16");
+  EXPECT_DEATH(ref->copy(x64, x16), "f32 <-> bf16");
+  meta.copy(mbf, mx);  // bf16 -> f32: accepted and recorded
+  EXPECT_EQ(meta.records().back().op, "copy");
+  EXPECT_EQ(meta.records().back().bytes_read, 4 * 8 * 2);
+  EXPECT_EQ(meta.records().back().bytes_written, 4 * 8 * 4);
 }
 
 // ---- counting communicators and the counting mesh ----

@@ -73,7 +73,8 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"sp=2", 1, kFB}, Case{"sp=4:ring", 2, kFB}, Case{"tp=2,sp=2", 3, kFB},
                     Case{"tp=2,sp=2:seqpar", 1, kFB}, Case{"dp=2,tsp=2", 3, kFB}, Case{"tsp=2", 1, kPre, nullptr},
                     Case{"tsp=2", 0, kDec, nullptr}, Case{"tp=2", 1, kPre, nullptr},
-                    Case{"tp=2", 0, kDec, nullptr}),
+                    Case{"tp=2", 0, kDec, nullptr}, Case{"tsp=2:bf16", 1, kFB}, Case{"tsp=4:bf16:recompute", 3, kFB},
+                    Case{"dp=2,tsp=2:bf16", 2, kF}),
     [](const testing::TestParamInfo<Case>& i) {
       std::string n = std::string(i.param.layout) + "_r" + std::to_string(i.param.rank) +
                       (i.param.mode == kF ? "_fwd" : i.param.mode == kPre ? "_prefill" : i.param.mode == kDec ? "_decode" : "_train");

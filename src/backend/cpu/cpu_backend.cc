@@ -46,9 +46,22 @@ class CpuBackend final : public Backend {
   }
   bool matmul_takes_bf16() const override { return gemm_engine_report().bf16_native; }
 
+  // Same dtype: one memmove. f32 <-> bf16: one pass (widening is a shift; narrowing rounds
+  // to nearest even, f32_to_bf16), what the bf16 storage decorator widens and narrows with.
   void copy(const Tensor& src, Tensor& dst) override {
     check_copy(src, dst);
-    dst.copy_from(src.reshape(dst.shape()));
+    const int64_t n = src.numel();
+    if (src.dtype() == DType::kBF16 && dst.dtype() == DType::kF32) {
+      const bf16* s = src.data<bf16>();
+      float* d = dst.data<float>();
+      for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
+    } else if (src.dtype() == DType::kF32 && dst.dtype() == DType::kBF16) {
+      const float* s = src.data<float>();
+      bf16* d = dst.data<bf16>();
+      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
+    } else {
+      dst.copy_from(src.reshape(dst.shape()));
+    }
   }
   // One memcpy per row (any dtype).
   void copy_strided(const Tensor& src, Tensor& dst, const StridedCopy& c) override {

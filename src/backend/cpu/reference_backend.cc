@@ -223,9 +223,19 @@ class ReferenceBackend final : public Backend {
     dispatch_float(a, [&]<typename T>() { ref_matmul<T>(a, ta, b, tb, c, alpha, beta); });
   }
 
+  // f32 <-> bf16 element by element through float (exact widening; f32_to_bf16 rounds).
   void copy(const Tensor& src, Tensor& dst) override {
     check_copy(src, dst);
-    dst.copy_from(src.reshape(dst.shape()));
+    if (src.dtype() == dst.dtype()) return dst.copy_from(src.reshape(dst.shape()));
+    if (src.dtype() == DType::kBF16) {
+      const bf16* s = src.data<bf16>();
+      float* d = dst.data<float>();
+      for (int64_t i = 0; i < src.numel(); ++i) d[i] = bf16_to_f32(s[i]);
+    } else {
+      const float* s = src.data<float>();
+      bf16* d = dst.data<bf16>();
+      for (int64_t i = 0; i < src.numel(); ++i) d[i] = f32_to_bf16(s[i]);
+    }
   }
   void copy_strided(const Tensor& src, Tensor& dst, const StridedCopy& c) override {
     if (!check_copy_strided(src, dst, c)) return;

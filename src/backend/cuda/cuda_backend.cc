@@ -112,7 +112,7 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   void copy(const Tensor& src, Tensor& dst) override {
-    FP_CHECK(src.numel() == dst.numel(), "copy {} -> {}", src.describe(), dst.describe());
+    check_copy(src, dst);
     if (src.dtype() == dst.dtype()) {
       FP_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), src.nbytes(), cudaMemcpyDefault, stream_));
     } else {
