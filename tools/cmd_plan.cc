@@ -48,9 +48,6 @@ int run_plan_command(const PlanArgs& a) {
   if (a.explain || !a.trace.empty()) {
     if (report->recommended < 0) return fail(invalid_argument("no layout fits: nothing to explain or trace"));
     const LayoutPlan& p = report->layouts[static_cast<size_t>(report->recommended)];
-    if (p.timelines.empty())
-      return fail(invalid_argument("{} was planned by the replay ({}), which has no timeline", p.layout.to_string(),
-                                   p.source));
     if (a.explain) std::fprintf(stdout, "explain %s:\n%s", p.layout.to_string().c_str(), explain_timeline(p.timelines).c_str());
     if (!a.trace.empty()) {
       std::FILE* f = std::fopen(a.trace.c_str(), "w");

@@ -5,7 +5,6 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 
-#include "model/flop_count.h"
 #include "plan/dry_run.h"
 
 namespace foldpar {
@@ -26,45 +25,6 @@ bool axis_inside_node(const Layout& l, const std::string& axis, int devices_per_
     stride *= order[i].second;
   }
   return true;
-}
-
-// Bytes of an axis that its schedule overlaps with computation.
-double overlappable_bytes(const Layout& l, const AxisTraffic& a, PlanMode mode) {
-  if (!l.overlap || a.axis == "dp") return 0;
-  auto bytes = [&](PlanOp op) { return static_cast<double>(std::max(a.op(op).bytes_sent, a.op(op).bytes_received)); };
-  if (a.axis == "tsp")
-    return bytes(PlanOp::kBroadcast) + bytes(PlanOp::kReduce) + bytes(PlanOp::kAllGather) +
-           bytes(PlanOp::kReduceScatter) + bytes(PlanOp::kSendRecv);
-  if (a.axis == "sp") return bytes(PlanOp::kAllGather) + bytes(PlanOp::kReduceScatter) + bytes(PlanOp::kSendRecv);
-  // tp: the forward's collectives sit on the critical path; in training the backward's dX
-  // collectives (half of the activation traffic) run behind the weight-gradient GEMMs.
-  return mode == PlanMode::kTrain ? 0.5 * static_cast<double>(std::max(a.total().bytes_sent, a.total().bytes_received))
-                                  : 0;
-}
-
-// Useful FLOPs of one step on the whole model, GEMMs apart from attention (they run at
-// different rates).
-struct StepFlops {
-  double matmul = 0, attention = 0;
-};
-StepFlops step_flops(const LlamaConfig& c, const Layout& l, const PlanRequest& r) {
-  const int64_t B = r.batch / l.dp;
-  const double mm = forward_matmul_flops(c, B * r.seq), attn = forward_attention_flops(c, B, r.seq);
-  switch (r.mode) {
-    case PlanMode::kTrain: {
-      const double passes = l.recompute == Recompute::kBlock ? 4.0 : 3.0;
-      return {passes * mm, passes * attn};
-    }
-    case PlanMode::kForward: return {mm, attn};
-    case PlanMode::kPrefill:
-      return {mm - 2.0 * static_cast<double>(B * r.seq) * c.vocab_size * c.hidden_size, attn};
-    case PlanMode::kDecode: {
-      const double scores = 4.0 * c.head_dim() * c.num_attention_heads * static_cast<double>(r.seq) * B *
-                            static_cast<double>(c.num_hidden_layers);
-      return {forward_matmul_flops(c, B), scores};
-    }
-  }
-  return {mm, attn};
 }
 
 // Memory columns in GB, or in MB when every layout's total is under 1 GB.
@@ -118,10 +78,7 @@ Status plan_by_dry_run(const PlanRequest& r, LayoutPlan& p) {
   std::vector<int> ranks{0};
   if (l.model_ranks() > 1) ranks.push_back(l.model_ranks() - 1);
   std::optional<AxisTraffic> dp_axis;
-  if (r.mode == PlanMode::kTrain && l.dp > 1) {
-    FP_ASSIGN_OR_RETURN(StepTraffic t, predict_traffic(r.config, l, r.batch, r.seq, r.mode));
-    if (const AxisTraffic* a = t.axis("dp")) dp_axis = *a;
-  }
+  if (r.mode == PlanMode::kTrain && l.dp > 1) dp_axis = dp_gradient_traffic(r.config, l);
   bool first = true;
   for (int rank : ranks) {
     DryRunOptions o;
@@ -132,6 +89,8 @@ Status plan_by_dry_run(const PlanRequest& r, LayoutPlan& p) {
     o.seq = r.seq;
     o.mode = dry_mode(r.mode);
     o.max_new_tokens = std::max<int64_t>(1, r.max_new_tokens);
+    // bf16 GEMMs where the machine states a bf16 rate (the accelerators' files do).
+    o.matmul_takes_bf16 = l.dtype == DType::kBF16 && r.hardware.peak_tflops_bf16 > 0;
     FP_ASSIGN_OR_RETURN(DryRunResult d, dry_run(o));
     FP_ASSIGN_OR_RETURN(RankTrace trace, step_timeline_trace(d, rank, r.hardware.devices_per_node));
     if (dp_axis) {
@@ -183,7 +142,6 @@ Status plan_by_dry_run(const PlanRequest& r, LayoutPlan& p) {
   const double tokens = r.mode == PlanMode::kDecode ? static_cast<double>(r.batch)
                                                     : static_cast<double>(r.batch) * static_cast<double>(r.seq);
   p.time.tokens_per_s = p.time.step_s > 0 ? tokens / p.time.step_s : 0;
-  p.source = "dry run";
   return Status();
 }
 
@@ -219,36 +177,6 @@ std::vector<Layout> candidate_layouts(int devices, int64_t batch, PlanMode mode)
   return out;
 }
 
-TimeEstimate estimate_time(const LlamaConfig& c, const Layout& l, const Hardware& hw, const PlanRequest& r,
-                           const StepTraffic& traffic, const MemoryEstimate& memory) {
-  TimeEstimate t;
-  const StepFlops flops = step_flops(c, l, r);
-  const double peak = hw.peak_flops((l.dtype == DType::kBF16)), ranks = l.model_ranks();
-  t.compute_s = flops.matmul / ranks / (peak * hw.matmul_efficiency) + flops.attention / ranks / (peak * hw.attention_rate());
-  if (r.mode == PlanMode::kDecode && hw.memory_gb_per_s > 0) {
-    // Every weight and every cached key and value is read once per decode step.
-    const double bytes = static_cast<double>(memory.of(MemCategory::kParameters) + memory.of(MemCategory::kKvCache));
-    t.compute_s = std::max(t.compute_s, bytes / (hw.memory_gb_per_s * 1e9));
-  }
-  double overlappable_s = 0;
-  for (const AxisTraffic& a : traffic.axes) {
-    const OpBytes total = a.total();
-    const bool intra = axis_inside_node(l, a.axis, hw.devices_per_node);
-    const double bw = 1e9 * (intra ? hw.intra_node_gb_per_s : hw.inter_node_gb_per_s);
-    const double s = static_cast<double>(std::max(total.bytes_sent, total.bytes_received)) / bw;
-    (intra ? t.intra_node_s : t.inter_node_s) += s;
-    overlappable_s += overlappable_bytes(l, a, r.mode) / bw;
-  }
-  const double comm_s = t.intra_node_s + t.inter_node_s;
-  const double hidden = hw.overlap_efficiency * std::min(overlappable_s, t.compute_s);
-  t.exposed_comm_s = comm_s - hidden;
-  t.step_s = t.compute_s + t.exposed_comm_s;
-  const double tokens = r.mode == PlanMode::kDecode ? static_cast<double>(r.batch)
-                                                    : static_cast<double>(r.batch) * static_cast<double>(r.seq);
-  t.tokens_per_s = t.step_s > 0 ? tokens / t.step_s : 0;
-  return t;
-}
-
 Result<PlanReport> make_plan(const PlanRequest& r) {
   if (r.devices < 1) return invalid_argument("--devices ({}) must be at least 1", r.devices);
   if (r.batch < 1 || r.seq < 1) return invalid_argument("--batch ({}) and --seq ({}) must be positive", r.batch, r.seq);
@@ -271,33 +199,13 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
     }
     LayoutPlan p;
     p.layout = l;
-    if (l.dtype != DType::kBF16) {
-      const Status dry = plan_by_dry_run(r, p);  // validate_layout's verdict first (dry_run)
-      if (!dry.ok()) {
-        report.not_buildable.push_back(dry.message());
-        continue;
-      }
-      p.over_bytes = p.memory.total() - r.hardware.memory_bytes();
-      p.fits = p.over_bytes <= 0;
-      report.layouts.push_back(std::move(p));
+    const Status dry = plan_by_dry_run(r, p);  // validate_layout's verdict first (dry_run)
+    if (!dry.ok()) {
+      const std::string name = l.to_string();
+      const bool named = dry.message().rfind(name, 0) == 0;
+      report.not_buildable.push_back(named ? dry.message() : fmt::format("{}: {}", name, dry.message()));
       continue;
     }
-    MemoryRequest mr;
-    mr.batch = r.batch;
-    mr.seq = r.seq;
-    mr.mode = r.mode;
-    mr.max_new_tokens = r.max_new_tokens;
-    mr.count_batch = r.mode != PlanMode::kDecode;
-    Result<MemoryEstimate> mem = predict_memory(r.config, l, mr);
-    Result<StepTraffic> traffic = predict_traffic(r.config, l, r.batch, r.seq, r.mode);
-    if (!mem.ok() || !traffic.ok()) {
-      report.not_buildable.push_back((mem.ok() ? traffic.status() : mem.status()).message());
-      continue;
-    }
-    p.source = "replay";
-    p.memory = *mem;
-    p.traffic = *traffic;
-    p.time = estimate_time(r.config, l, r.hardware, r, p.traffic, p.memory);
     p.over_bytes = p.memory.total() - r.hardware.memory_bytes();
     p.fits = p.over_bytes <= 0;
     report.layouts.push_back(std::move(p));

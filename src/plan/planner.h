@@ -1,19 +1,19 @@
 // The planner: for a model, a micro-batch and N devices of a described machine, every
-// layout foldpar can run (or those asked for) with its memory per rank by category
-// (plan/memory_model.h), its traffic per step (plan/traffic_model.h) and a step-time
-// estimate, and the fastest layout that fits. `foldpar plan` prints it.
+// layout foldpar can run (or those asked for) with its memory per rank by category, its
+// traffic per step and its step time, and the fastest layout that fits. `foldpar plan`
+// prints it.
 //
-// Step time: compute = FLOPs per rank (model/flop_count.h, split evenly over the model
-// ranks; recompute adds a forward): the GEMMs' / (peak x matmul_efficiency) plus
-// attention's / (peak x attention_efficiency), which differ most at long S where causal
-// attention is most of the work; each axis's traffic moves
-// over the intra-node links when the axis's rank group fits inside a node (mesh order: dp
-// outermost, the last-written model axis innermost), else over the NICs, at max(bytes sent,
-// received) / bandwidth; traffic the schedule overlaps (TSP's shards, rings and K/V; SP's
-// K/V; TP's backward dX all-reduces) is hidden behind compute up to overlap_efficiency;
-// the rest adds. Decode: max(compute, weights and cache read once from device memory).
+// Every figure comes from a dry run of the layout's own code (plan/dry_run.h: the meta
+// backend, a counting mesh, storage-less tensors) as its first and last rank, the worst of
+// each: memory is the tracker's peak with its breakdown at that moment, traffic the axis
+// communicators' counters, and step time the two-stream timeline (plan/timeline.h) of the
+// step's records priced by the hardware file. Training adds the trainer's dp gradient
+// all_reduce (traffic_model.h) after the backward; AdamW's state is reported beside the
+// peak. A layout whose code refuses the request (validate_layout, a strategy's own
+// refusal such as bf16 storage outside tsp) is listed as not buildable with its message.
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -21,10 +21,27 @@
 #include "plan/hardware.h"
 #include "plan/timeline.h"
 #include "plan/layout_spec.h"
-#include "plan/memory_model.h"
 #include "plan/traffic_model.h"
+#include "tensor/memory_tracker.h"
 
 namespace foldpar {
+
+// Memory per rank: what foldpar's own code allocates through the tracked allocator
+// (tensor/memory_tracker.h), by category, at the peak of one step: requested bytes of live
+// tensors; not the allocator's cache, not MPI's internal buffers, not the program text. The
+// optimizer's AdamW moments (and f32 master weights under bf16) live across steps and are
+// reported beside the step's peak; `total()` adds them.
+struct MemoryEstimate {
+  // Bytes live in each category (MemCategory order) at the peak of the step.
+  std::array<int64_t, kNumMemCategories> at_peak{};
+  int64_t peak = 0;       // the step's tracked peak: sum of at_peak
+  int64_t optimizer = 0;  // AdamW m and v (f32), plus f32 master weights under bf16
+  std::string phase;      // which dry-run rank the peak is from, e.g. "rank 7"
+
+  int64_t of(MemCategory c) const { return at_peak[static_cast<int>(c)]; }
+  // What must fit on the device: the step's peak plus the optimizer state (training).
+  int64_t total() const { return peak + optimizer; }
+};
 
 struct PlanRequest {
   LlamaConfig config;
@@ -34,7 +51,7 @@ struct PlanRequest {
   int64_t batch = 1;       // B: sequences per step (global; split over dp)
   int64_t seq = 0;         // S (decode: tokens already in the cache)
   PlanMode mode = PlanMode::kTrain;
-  bool bf16 = false;       // storage of weights and activations (every layout)
+  bool bf16 = false;       // storage of weights and activations (every layout; tsp runs it)
   Recompute recompute = Recompute::kNone;
   int64_t max_new_tokens = 0;       // prefill, decode: the cache is planned for S + this
   std::vector<Layout> layouts;  // empty: every layout of `devices` ranks
@@ -54,12 +71,7 @@ struct LayoutPlan {
   MemoryEstimate memory;
   StepTraffic traffic;
   TimeEstimate time;
-  // How the figures were obtained: "dry run" (the strategy's own code on the meta backend
-  // and a counting mesh, plan/dry_run.h, timed by plan/timeline.h) or "replay" (the
-  // hand-written replays, plan/memory_model.h, and estimate_time: bf16 layouts, whose
-  // storage decorator still widens on the host).
-  std::string source;
-  std::vector<RankTimeline> timelines;  // dry run: one per distinct rank simulated
+  std::vector<RankTimeline> timelines;  // one per distinct rank simulated
   bool fits = false;
   int64_t over_bytes = 0;  // total() - capacity when it does not fit
 };
@@ -75,9 +87,6 @@ struct PlanReport {
 // tp=m:seqpar, sp=m, sp=m:ring and each tp=N,sp=M (N*M = m, with and without seqpar).
 // Prefill and decode: tsp=N and tp=N only.
 std::vector<Layout> candidate_layouts(int devices, int64_t batch, PlanMode mode);
-
-TimeEstimate estimate_time(const LlamaConfig& config, const Layout& layout, const Hardware& hardware,
-                           const PlanRequest& request, const StepTraffic& traffic, const MemoryEstimate& memory);
 
 // invalid_argument for a request no layout could satisfy (devices < 1, bad sizes) naming
 // the values; layouts that do not divide are listed in not_buildable.

@@ -1,10 +1,11 @@
-// Predicted traffic of one step per rank, per parallel axis and operation kind, in the
-// counting convention of comm/comm_stats.h (what a forward ring or chain moves; a
+// The plan's traffic tables: calls and bytes per rank, per parallel axis and operation kind,
+// in the counting convention of comm/comm_stats.h (what a forward ring or chain moves; a
 // broadcast of n costs every rank but the root n received; an all_reduce of n over N ranks
-// is 2n - b[p] - b[next] sent and 2n - b[prev] - b[p] received with b the ring blocks).
-// The terms are those the traffic tests hold the strategies to (tests/parallel/
-// *_traffic_test.cc and the formulas written in parallel/*/..._model.h); plan_validation_test
-// holds this model to the counters of whole steps. Pure arithmetic: no MPI.
+// is 2n - b[p] - b[next] sent and 2n - b[prev] - b[p] received with b the ring blocks). The
+// model axes' figures are the counting communicators' of a dry run (plan/dry_run.h); the
+// only term written here is the trainer's dp gradient all_reduce, which is not part of the
+// model step. Also the byte-free per-layer formulas of docs/tsp.md section 7, which
+// plan_test holds to the dry run's counted bytes. Pure arithmetic: no MPI.
 #pragma once
 
 #include <array>
@@ -12,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "core/status.h"
 #include "model/llama_config.h"
 #include "plan/layout_spec.h"
 
@@ -37,8 +37,6 @@ struct AxisTraffic {
 
   const OpBytes& op(PlanOp k) const { return ops[static_cast<int>(k)]; }
   OpBytes total() const;
-  // A term every rank sends and receives alike: `elements` of `bytes_per` each.
-  void add(PlanOp kind, uint64_t calls, uint64_t elements, uint64_t bytes_per);
   // An all_reduce of n elements over this axis, for coordinate p (the ring-block rule).
   void add_all_reduce(uint64_t calls, uint64_t n, int p, uint64_t bytes_per);
 };
@@ -51,21 +49,16 @@ enum class PlanMode {
 };
 const char* plan_mode_name(PlanMode m);
 
-// Where the rank sits on each axis; the ring-block rule of all_reduce depends on it.
-struct RankCoords {
-  int tp = 0, sp = 0, tsp = 0, dp = 0;
-};
-
 struct StepTraffic {
   std::vector<AxisTraffic> axes;  // model axes first, then dp (training only)
   const AxisTraffic* axis(const std::string& name) const;
   OpBytes total() const;  // summed over axes and kinds
 };
 
-// invalid_argument for a mode the layout does not run (prefill, decode: tsp and tp only)
-// and for sizes that do not divide (naming the numbers).
-Result<StepTraffic> predict_traffic(const LlamaConfig& config, const Layout& layout, int64_t batch, int64_t seq,
-                                    PlanMode mode, const RankCoords& coords = {});
+// The trainer's data-parallel gradient sum of one step, as rank 0 of the dp axis counts it:
+// every local gradient (f32) summed over dp, taken as one all_reduce of all of them (the
+// per-tensor calls differ from it only by the ring blocks' rounding). layout.dp > 1.
+AxisTraffic dp_gradient_traffic(const LlamaConfig& config, const Layout& layout);
 
 // docs/tsp.md section 7, forward, per layer per rank, in elements: the byte-free formulas the
 // crossover is read from. TSP: weights (2 + 2/g) h^2 (D-1)/D + 3 h f (D-1)/D plus K/V

@@ -1,12 +1,14 @@
 // The dry run (plan/dry_run.h) against a real run of the same code: for each layout at this
 // many ranks, every rank's dry run as that rank gives exactly the tracked peak (total and
 // per category) of the real step and exactly the calls and bytes each axis communicator
-// counts, for training and forward-only steps. Layouts whose strategy still touches tensor
+// counts, for training and forward-only steps (f32 and bf16 storage), and for generation's
+// prefill and decode. Layouts whose strategy still touches tensor
 // data on the host cannot dry-run yet and skip, naming the access
 // (tests/unit/dry_run_test.cc finds them).
 #include <gtest/gtest.h>
 
 #include "app/synthetic.h"
+#include "backend/bf16_storage_backend.h"
 #include "comm/counting_communicator.h"
 #include "comm/mesh.h"
 #include "mpi_test_main.h"
@@ -38,6 +40,7 @@ struct Measured {
   // rows (under activations, as local_batch's copies are).
   int64_t aliased_batch_bytes = 0;
   std::vector<std::pair<std::string, CommStats>> axes;
+  std::array<int64_t, kNumMemCategories> before_call{};  // generation: currents just before the call
 };
 
 // One real step of `lo` on this rank, measured as the dry run measures it.
@@ -60,7 +63,9 @@ Measured measure(const Layout& lo, int64_t B, int64_t S, DryRunMode mode) {
     if (local.input_ids.shares_storage_with(global.input_ids)) {
       out.aliased_batch_bytes = static_cast<int64_t>(local.input_ids.nbytes() + local.target_ids.nbytes());
     }
-    auto be = make_cpu_backend();
+    auto cpu = make_cpu_backend();
+    std::unique_ptr<Backend> bf16 = lo.dtype == DType::kBF16 ? make_bf16_storage_backend(*cpu) : nullptr;
+    Backend* be = bf16 ? bf16.get() : cpu.get();
     mt.reset_peaks();
     ScopedCommCounter counter(mesh->communicators());
     if (mode == DryRunMode::kForwardBackward) {
@@ -162,6 +167,7 @@ TEST_P(DryRunValidation, PeakAndTrafficEqualTheRealStep) {
   o.batch = B;
   o.seq = S;
   o.mode = c.mode;
+  o.matmul_takes_bf16 = make_cpu_backend()->matmul_takes_bf16();  // as the real step's backend answers
   Result<DryRunResult> dry = dry_run(o);
   ASSERT_TRUE(dry.ok()) << dry.status().to_string();
   EXPECT_EQ(dry->step.peak_total, real.step.peak_total - real.base_total + real.aliased_batch_bytes)
@@ -187,9 +193,119 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"tsp=2:nooverlap", 2, kFB}, Case{"tp=2", 2, kFB},
                     Case{"tp=2:seqpar", 2, kFB}, Case{"sp=2", 2, kFB},
                     Case{"sp=2:ring", 2, kFB}, Case{"tsp=4", 4, kFB},
-                    Case{"tp=2,sp=2", 4, kFB}, Case{"dp=2,tsp=2", 4, kFB}),
+                    Case{"tp=2,sp=2", 4, kFB}, Case{"dp=2,tsp=2", 4, kFB},
+                    Case{"tsp=2:bf16", 2, kFB}, Case{"tsp=2:bf16", 2, kF},
+                    Case{"tsp=2:bf16:recompute", 2, kFB}, Case{"tsp=4:bf16", 4, kFB},
+                    Case{"dp=2,tsp=2:bf16", 4, kFB},
+                    // Each policy and degenerate mesh the replays' validation used to hold.
+                    Case{"tsp=2:keepw:keepkv", 2, kFB}, Case{"tsp=2:recompute", 2, kFB},
+                    Case{"tsp=2:buckets=2:nooverlap", 2, kFB}, Case{"tp=2:recompute", 2, kFB},
+                    Case{"tp=2", 2, kF}, Case{"sp=2:recompute", 2, kFB}, Case{"sp=2:ring", 2, kF},
+                    Case{"tp=2,sp=1", 2, kFB}, Case{"tp=1,sp=2:ring", 2, kFB}, Case{"tp=2,sp=1:seqpar", 2, kFB},
+                    Case{"tsp=4:recompute", 4, kFB}, Case{"tp=2,sp=2:ring:seqpar", 4, kFB}, Case{"tp=4", 4, kFB},
+                    Case{"sp=4:ring", 4, kFB}, Case{"tp=2,sp=2", 4, kF}, Case{"dp=2,tp=2:seqpar", 4, kFB}),
     [](const testing::TestParamInfo<Case>& i) {
       std::string n = std::string(i.param.layout) + (i.param.mode == kF ? "_fwd" : "_train");
+      for (char& ch : n)
+        if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      return n;
+    });
+
+// Generation: a real prefill of B prompts of S tokens (and, for decode, one decode step
+// after it), measured as the dry run measures it: peaks per category from after the
+// decoder exists (prefill) or after the prefill (decode), and each axis's counters over
+// the measured call. The prompts' contents do not change what is allocated or sent.
+struct GenCase {
+  const char* layout;
+  int ranks;
+  DryRunMode mode;
+  int64_t batch;
+};
+
+Measured measure_generation(const Layout& lo, const GenCase& c, int64_t S, int64_t new_tokens) {
+  Communicator& world = test::mpi().world();
+  Result<Mesh> mesh = Mesh::create(world, lo.mesh());
+  FP_CHECK_OK(mesh.status());
+  const Batch rows = synthetic_batch(validation_config(), c.batch, S, 5);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    const int32_t* row = rows.input_ids.data<int32_t>() + b * S;
+    prompts.emplace_back(row, row + S);
+  }
+  MemoryTracker& mt = MemoryTracker::process();
+  mt.release_cache();
+  Measured out;
+  const MemoryStats before = mt.stats();  // the dry run's tracker holds only the decoder
+  out.base = before.current;
+  out.base_total = before.current_total;
+  Result<std::unique_ptr<ShardedDecoder>> dec = make_sharded_decoder(validation_config(), *mesh, lo);
+  FP_CHECK_OK(dec.status());
+  (*dec)->init_weights(InitOptions{.seed = 1});
+  auto be = make_cpu_backend();
+  if (c.mode == DryRunMode::kDecode) FP_CHECK_OK((*dec)->prefill(*be, prompts, new_tokens).status());
+  out.before_call = mt.stats().current;
+  mt.reset_peaks();
+  ScopedCommCounter counter(mesh->communicators());
+  if (c.mode == DryRunMode::kPrefill) {
+    FP_CHECK_OK((*dec)->prefill(*be, prompts, new_tokens).status());
+  } else {
+    std::vector<int32_t> tokens(static_cast<size_t>(c.batch));
+    for (int64_t b = 0; b < c.batch; ++b) tokens[static_cast<size_t>(b)] = static_cast<int32_t>(17 + b);
+    FP_CHECK_OK((*dec)->decode(*be, tokens).status());
+  }
+  out.step = mt.stats();
+  for (const Communicator* comm : mesh->communicators()) out.axes.emplace_back(comm->name(), counter.delta(*comm));
+  return out;
+}
+
+class DryRunGeneration : public testing::TestWithParam<GenCase> {};
+
+TEST_P(DryRunGeneration, PeakAndTrafficEqualTheRealCall) {
+  const GenCase c = GetParam();
+  Communicator& world = test::mpi().world();
+  if (world.size() != c.ranks) GTEST_SKIP() << c.layout << " runs at " << c.ranks << " ranks";
+  const Layout lo = parse_layout(c.layout).value();
+  const int64_t S = 200, new_tokens = 24;  // S not a multiple of D: uneven cache slots
+  const Measured real = measure_generation(lo, c, S, new_tokens);
+  DryRunOptions o;
+  o.config = validation_config();
+  o.layout = lo;
+  o.rank = world.rank();
+  o.batch = c.batch;
+  o.seq = S;
+  o.mode = c.mode;
+  o.max_new_tokens = new_tokens;
+  Result<DryRunResult> dry = dry_run(o);
+  ASSERT_TRUE(dry.ok()) << dry.status().to_string();
+  const std::string what = fmt::format("{} {} B={} rank {}", c.layout,
+                                       c.mode == DryRunMode::kPrefill ? "prefill" : "decode", c.batch, world.rank());
+  EXPECT_EQ(dry->step.peak_total, real.step.peak_total - real.base_total) << what;
+  for (int k = 0; k < kNumMemCategories; ++k) {
+    EXPECT_EQ(dry->step.peak[k], real.step.peak[k] - real.base[k])
+        << what << ": " << mem_category_name(static_cast<MemCategory>(k));
+    // What stays after the call (the KV cache above all) is the same too.
+    EXPECT_EQ(dry->step.current[k] - dry->after_build.current[k], real.step.current[k] - real.before_call[k])
+        << what << ": " << mem_category_name(static_cast<MemCategory>(k)) << " after the call";
+  }
+  ASSERT_EQ(dry->comm.size(), real.axes.size());
+  for (size_t i = 0; i < real.axes.size(); ++i) {
+    EXPECT_EQ(dry->comm[i].first, real.axes[i].first);
+    EXPECT_EQ(dry->comm[i].second, real.axes[i].second)
+        << what << " axis " << real.axes[i].first << "\ndry:\n"
+        << dry->comm[i].second.to_string() << "real:\n" << real.axes[i].second.to_string();
+  }
+}
+
+constexpr DryRunMode kPre = DryRunMode::kPrefill, kDec = DryRunMode::kDecode;
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, DryRunGeneration,
+    testing::Values(GenCase{"tsp=2", 2, kPre, 1}, GenCase{"tsp=2", 2, kPre, 3}, GenCase{"tsp=2", 2, kDec, 1},
+                    GenCase{"tsp=2", 2, kDec, 3}, GenCase{"tp=2", 2, kPre, 2}, GenCase{"tp=2", 2, kDec, 2},
+                    GenCase{"tsp=4", 4, kPre, 2}, GenCase{"tsp=4", 4, kDec, 2}, GenCase{"tp=4", 4, kPre, 1},
+                    GenCase{"tp=4", 4, kDec, 3}),
+    [](const testing::TestParamInfo<GenCase>& i) {
+      std::string n = std::string(i.param.layout) + (i.param.mode == kPre ? "_prefill" : "_decode") + "_B" +
+                      std::to_string(i.param.batch);
       for (char& ch : n)
         if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;

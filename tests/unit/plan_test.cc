@@ -1,9 +1,10 @@
-// The plan's arithmetic (src/plan): hardware descriptions and their errors, parameters per rank, the spec's forward-traffic crossover B*S = 8h read from
-// the predicted (counted-convention) bytes, and the planner's choice. The predictions
-// against measurement are tests/parallel/plan_validation_test.cc.
+// The plan (src/plan) from its dry runs: hardware descriptions and their errors, memory per
+// rank by category, the spec's forward-traffic crossover B*S = 8h read from the dry run's
+// counted bytes, decode's traffic, the dp term, and the planner's choice. The dry run
+// against measurement is tests/parallel/dry_run_validation_test.cc.
 #include <gtest/gtest.h>
 
-#include "model/flop_count.h"
+#include "plan/dry_run.h"
 #include "plan/planner.h"
 
 namespace foldpar {
@@ -28,52 +29,84 @@ Layout spec(const std::string& text) {
   return s.ok() ? *s : Layout{};
 }
 
+constexpr const char* kHardware = R"({"name": "test", "devices_per_node": 4, "memory_per_device_gb": 80,
+  "peak_tflops_f32": 10, "peak_tflops_bf16": 100, "intra_node_gb_per_s": 100, "inter_node_gb_per_s": 10,
+  "notes": "made up"})";
+
+// The plan of the given layouts (every one at its own rank count) for a training step.
+std::vector<LayoutPlan> plan_of(const LlamaConfig& c, const std::vector<std::string>& layouts, int64_t seq,
+                                PlanMode mode = PlanMode::kTrain, int64_t batch = 1) {
+  std::vector<LayoutPlan> out;
+  for (const std::string& text : layouts) {
+    PlanRequest r;
+    r.config = c;
+    r.hardware = *Hardware::from_json(kHardware);
+    r.layouts = {spec(text)};
+    r.devices = r.layouts[0].ranks();
+    r.batch = batch;
+    r.seq = seq;
+    r.mode = mode;
+    r.max_new_tokens = mode == PlanMode::kDecode || mode == PlanMode::kPrefill ? 16 : 0;
+    Result<PlanReport> rep = make_plan(r);
+    EXPECT_TRUE(rep.ok()) << text << ": " << rep.status().to_string();
+    if (!rep.ok()) return out;
+    EXPECT_EQ(rep->layouts.size(), 1u) << text << ": not buildable: "
+                                       << (rep->not_buildable.empty() ? "" : rep->not_buildable[0]);
+    if (rep->layouts.size() == 1) out.push_back(rep->layouts[0]);
+  }
+  return out;
+}
+
+// The dry run's memory: parameters live through the whole step at 1/D (plus replicated
+// norms), the optimizer state beside them; bf16 weights in 2 bytes with f32 masters.
 TEST(PlanMemoryTest, TspShardsParametersGradientsAndOptimizerByD) {
   const LlamaConfig c = mha_config(4);
   const int64_t norms = (2 * c.num_hidden_layers + 1) * c.hidden_size;
   const int64_t all = c.parameter_count();
-  for (int D : {2, 4}) {
-    const Layout l = spec(fmt::format("tsp={}", D));
-    EXPECT_EQ(local_parameter_elements(c, l), (all - norms) / D + norms) << "D=" << D;
-    MemoryRequest r;
-    r.seq = 256;
-    Result<MemoryEstimate> one = predict_memory(c, spec("tsp=1"), r), m = predict_memory(c, l, r);
-    ASSERT_TRUE(one.ok() && m.ok());
-    EXPECT_EQ(m->of(MemCategory::kParameters), 4 * ((all - norms) / D + norms));
-    EXPECT_EQ(m->optimizer, 8 * ((all - norms) / D + norms));
-    EXPECT_LT(m->peak, one->peak);
+  const std::vector<LayoutPlan> p = plan_of(c, {"tsp=1", "tsp=2", "tsp=4", "tsp=2:bf16"}, 256);
+  ASSERT_EQ(p.size(), 4u);
+  for (int i : {1, 2}) {
+    const int D = i == 1 ? 2 : 4;
+    const int64_t P = (all - norms) / D + norms;
+    EXPECT_EQ(local_parameter_elements(c, p[i].layout), P) << "D=" << D;
+    EXPECT_EQ(p[i].memory.of(MemCategory::kParameters), 4 * P) << "D=" << D;
+    EXPECT_EQ(p[i].memory.optimizer, 8 * P) << "D=" << D;
+    EXPECT_LT(p[i].memory.peak, p[i - 1].memory.peak) << "D=" << D;
   }
-  // bf16: weights in 2 bytes, gradients f32, AdamW moments and f32 masters.
-  MemoryRequest r;
-  r.seq = 256;
-  Result<MemoryEstimate> b = predict_memory(c, spec("tsp=2:bf16"), r);
-  ASSERT_TRUE(b.ok());
   const int64_t P = local_parameter_elements(c, spec("tsp=2"));
-  EXPECT_EQ(b->of(MemCategory::kParameters), 2 * P);
-  EXPECT_EQ(b->optimizer, 12 * P);
+  EXPECT_EQ(p[3].memory.of(MemCategory::kParameters), 2 * P);
+  EXPECT_EQ(p[3].memory.optimizer, 12 * P);
+  EXPECT_LT(p[3].memory.peak, p[1].memory.peak);
+  // The decorator's widened copies are workspace the f32 step does not have.
+  EXPECT_GT(p[3].memory.of(MemCategory::kWorkspace), p[1].memory.of(MemCategory::kWorkspace));
 }
 
 TEST(PlanMemoryTest, RecomputeAndSequenceShardingLowerThePeak) {
   const LlamaConfig c = mha_config(4);
-  MemoryRequest r;
-  r.seq = 4096;
-  auto peak = [&](const char* l) {
-    Result<MemoryEstimate> m = predict_memory(c, spec(l), r);
-    EXPECT_TRUE(m.ok()) << l;
-    return m.ok() ? m->peak : 0;
-  };
-  EXPECT_LT(peak("tsp=2:recompute"), peak("tsp=2"));
-  EXPECT_LT(peak("tp=2:seqpar"), peak("tp=2"));
-  EXPECT_LT(peak("tsp=4"), peak("tsp=2"));
-  EXPECT_GT(peak("tsp=2:keepkv"), peak("tsp=2"));
+  const std::vector<LayoutPlan> p =
+      plan_of(c, {"tsp=2", "tsp=2:recompute", "tp=2", "tp=2:seqpar", "tsp=4", "tsp=2:keepkv"}, 4096);
+  ASSERT_EQ(p.size(), 6u);
+  EXPECT_LT(p[1].memory.peak, p[0].memory.peak);
+  EXPECT_LT(p[3].memory.peak, p[2].memory.peak);
+  EXPECT_LT(p[4].memory.peak, p[0].memory.peak);
+  EXPECT_GT(p[5].memory.peak, p[0].memory.peak);
 }
 
-// One layer's forward traffic per rank: the 2-layer step minus the 1-layer step.
+// One layer's forward traffic per rank, as the dry run counts it: the 2-layer step minus
+// the 1-layer step (the embedding, the head and the loss cancel).
 uint64_t layer_forward_bytes(const char* layout, int64_t tokens) {
-  auto step = [&](int64_t L) {
-    Result<StepTraffic> t = predict_traffic(mha_config(L), spec(layout), 1, tokens, PlanMode::kForward);
-    EXPECT_TRUE(t.ok()) << t.status().to_string();
-    return t.ok() ? t->total().bytes_received : 0;
+  auto step = [&](int64_t L) -> uint64_t {
+    DryRunOptions o;
+    o.config = mha_config(L);
+    o.layout = spec(layout);
+    o.seq = tokens;
+    o.mode = DryRunMode::kForward;
+    Result<DryRunResult> r = dry_run(o);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    if (!r.ok()) return 0;
+    uint64_t received = 0;
+    for (const auto& [axis, stats] : r->comm) received += stats.total().bytes_received;
+    return received;
   };
   return step(2) - step(1);
 }
@@ -96,16 +129,37 @@ TEST(PlanTrafficTest, ForwardCrossoverIsEightHFromTheCountedBytes) {
 }
 
 TEST(PlanTrafficTest, DecodeMovesNoWeights) {
-  Result<StepTraffic> t = predict_traffic(mha_config(2), spec("tsp=4"), 4, 1024, PlanMode::kDecode);
-  ASSERT_TRUE(t.ok());
-  EXPECT_EQ(t->axes[0].op(PlanOp::kBroadcast).bytes_received, 0u);
-  EXPECT_EQ(t->axes[0].op(PlanOp::kSendRecv).bytes_received, 0u);
-  EXPECT_FALSE(predict_traffic(mha_config(2), spec("sp=4"), 4, 1024, PlanMode::kDecode).ok());
+  const std::vector<LayoutPlan> p = plan_of(mha_config(2), {"tsp=4"}, 1024, PlanMode::kDecode, 4);
+  ASSERT_EQ(p.size(), 1u);
+  const AxisTraffic* t = p[0].traffic.axis("tsp");
+  ASSERT_NE(t, nullptr);
+  EXPECT_GT(t->op(PlanOp::kAllToAll).bytes_received, 0u);
+  EXPECT_EQ(t->op(PlanOp::kBroadcast).bytes_received, 0u);
+  EXPECT_EQ(t->op(PlanOp::kSendRecv).bytes_received, 0u);
+  EXPECT_GT(p[0].memory.of(MemCategory::kKvCache), 0);
+  DryRunOptions o;
+  o.config = mha_config(2);
+  o.layout = spec("sp=4");
+  o.batch = 4;
+  o.seq = 1024;
+  o.mode = DryRunMode::kDecode;
+  EXPECT_FALSE(dry_run(o).ok());
 }
 
-constexpr const char* kHardware = R"({"name": "test", "devices_per_node": 4, "memory_per_device_gb": 80,
-  "peak_tflops_f32": 10, "peak_tflops_bf16": 100, "intra_node_gb_per_s": 100, "inter_node_gb_per_s": 10,
-  "notes": "made up"})";
+// The trainer's dp term: every local gradient summed once over dp in f32, by the ring rule.
+TEST(PlanTrafficTest, DataParallelGradientSum) {
+  const LlamaConfig c = mha_config(2);
+  const Layout l = spec("dp=4,tsp=2");
+  const AxisTraffic dp = dp_gradient_traffic(c, l);
+  const uint64_t n = static_cast<uint64_t>(local_parameter_elements(c, l));
+  EXPECT_EQ(dp.axis, "dp");
+  EXPECT_EQ(dp.op(PlanOp::kAllReduce).calls, 1u);
+  // Rank 0: 2n - b[0] - b[1] elements sent, 2n - b[3] - b[0] received (b: the ring blocks).
+  auto block = [&](uint64_t i) { return n / 4 + (i < n % 4 ? 1 : 0); };
+  EXPECT_EQ(dp.op(PlanOp::kAllReduce).bytes_sent, 4 * (2 * n - block(0) - block(1)));
+  EXPECT_EQ(dp.op(PlanOp::kAllReduce).bytes_received, 4 * (2 * n - block(3) - block(0)));
+}
+
 
 TEST(HardwareTest, ParsesAndRoundTrips) {
   Result<Hardware> h = Hardware::from_json(kHardware);
@@ -122,29 +176,6 @@ TEST(HardwareTest, ParsesAndRoundTrips) {
   again = Hardware::from_json(h->to_json());
   ASSERT_TRUE(again.ok());
   EXPECT_DOUBLE_EQ(again->attention_rate(), 0.125);
-}
-
-// Compute time is the GEMMs' FLOPs at matmul_efficiency plus attention's at
-// attention_efficiency, per model rank: halving attention's efficiency adds exactly its
-// FLOPs' time once more.
-TEST(PlannerTest, AttentionRunsAtItsOwnEfficiency) {
-  const LlamaConfig c = mha_config(4);
-  Hardware hw = *Hardware::from_json(kHardware);
-  PlanRequest r;
-  r.config = c;
-  r.devices = 4;
-  r.seq = 8192;
-  const Layout l = spec("tsp=4");
-  const StepTraffic traffic = *predict_traffic(c, l, 1, r.seq, PlanMode::kTrain);
-  const MemoryEstimate memory;
-  const double same = estimate_time(c, l, hw, r, traffic, memory).compute_s;
-  EXPECT_NEAR(same, 3.0 * (forward_matmul_flops(c, r.seq) + forward_attention_flops(c, 1, r.seq)) / 4 /
-                        (hw.peak_flops(false) * hw.matmul_efficiency),
-              1e-12 * same);
-  hw.attention_efficiency = hw.matmul_efficiency / 2;
-  const double slower = estimate_time(c, l, hw, r, traffic, memory).compute_s;
-  EXPECT_NEAR(slower - same, 3.0 * forward_attention_flops(c, 1, r.seq) / 4 / (hw.peak_flops(false) * hw.matmul_efficiency),
-              1e-12 * same);
 }
 
 TEST(HardwareTest, ErrorsNameTheField) {
@@ -207,6 +238,25 @@ TEST(PlannerTest, RecommendsTheFastestLayoutThatFitsAndSaysByHowMuchOthersDoNot)
   EXPECT_TRUE(dp2);
   r.devices = 0;
   EXPECT_FALSE(make_plan(r).ok());
+}
+
+// --bf16: every layout is dry-run in bf16; tsp runs it (through the storage decorator), the
+// Megatron layouts refuse it, and the plan lists them as not buildable, naming the layout.
+TEST(PlannerTest, Bf16PlansTheLayoutsThatRunIt) {
+  PlanRequest r;
+  r.config = mha_config(2);
+  r.hardware = *Hardware::from_json(kHardware);
+  r.devices = 2;
+  r.seq = 512;
+  r.bf16 = true;
+  Result<PlanReport> rep = make_plan(r);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  ASSERT_EQ(rep->layouts.size(), 1u);
+  EXPECT_EQ(rep->layouts[0].layout.to_string(), "tsp=2:bf16");
+  EXPECT_GT(rep->layouts[0].time.step_s, 0);
+  bool tp_named = false;
+  for (const std::string& n : rep->not_buildable) tp_named = tp_named || n.rfind("tp=2:bf16: ", 0) == 0;
+  EXPECT_TRUE(tp_named) << plan_report_text(*rep);
 }
 
 }  // namespace
