@@ -62,8 +62,10 @@ AttentionDims check_attention(const AttentionArgs& args, const Tensor& out, cons
   FP_CHECK(k.shape() == v.shape() && k.dim(0) == d.batch && k.dim(3) == d.d, "attention k {} v {} q {}",
            k.describe(), v.describe(), q.describe());
   FP_CHECK(d.n_kv > 0 && d.n_h > 0 && d.n_h % d.n_kv == 0, "attention heads {} not a multiple of kv heads {}", d.n_h, d.n_kv);
+  // lse in q's dtype, or f32 beside bf16 q (stat_dtype): a backend that stores bf16 keeps
+  // its log-sum-exp in f32, as the bf16 storage decorator's callers do.
   FP_CHECK(q.dtype() == k.dtype() && k.dtype() == v.dtype() && out.dtype() == q.dtype() &&
-               lse.dtype() == q.dtype(),
+               (lse.dtype() == q.dtype() || (q.dtype() == DType::kBF16 && lse.dtype() == DType::kF32)),
            "attention dtypes");
   FP_CHECK(out.shape() == q.shape(), "attention out {} vs q {}", out.describe(), q.describe());
   FP_CHECK(lse.numel() == d.batch * d.n_h * d.sq, "attention lse {} for B={} n_h={} Sq={}", lse.describe(),
@@ -97,7 +99,9 @@ void check_embedding_forward(const Tensor& ids, const Tensor& table, const Tenso
 
 void check_embedding_backward(const Tensor& ids, const Tensor& d_out, const Tensor& d_table) {
   check_i32_vector(ids, rows_of(d_out), "embedding ids");
-  FP_CHECK(d_table.rank() == 2 && d_out.dim(-1) == d_table.dim(1) && d_out.dtype() == d_table.dtype(),
+  // d_table in d_out's dtype, or f32 gradients beside bf16 activations.
+  const bool f32_grads = d_out.dtype() == DType::kBF16 && d_table.dtype() == DType::kF32;
+  FP_CHECK(d_table.rank() == 2 && d_out.dim(-1) == d_table.dim(1) && (d_out.dtype() == d_table.dtype() || f32_grads),
            "embedding_backward {} into {}", d_out.describe(), d_table.describe());
 }
 

@@ -72,6 +72,8 @@ Status run_generation(const DryRunOptions& o, Mesh& mesh, MemoryTracker& meta, B
 
 Result<DryRunResult> dry_run(const DryRunOptions& o) {
   FP_RETURN_IF_ERROR(validate_layout(o.config, o.layout, o.batch, o.seq));
+  if (o.bf16_native && !o.matmul_takes_bf16)
+    return invalid_argument("dry run: bf16_native needs matmul_takes_bf16 (a backend that stores bf16 multiplies it)");
   FP_ASSIGN_OR_RETURN(MeshLayout mesh_layout, MeshLayout::parse(o.layout.mesh()));
   install_storageless_fault_handler();
   DryRunResult out;
@@ -82,7 +84,7 @@ Result<DryRunResult> dry_run(const DryRunOptions& o) {
   // bf16 layouts run as train runs them: through the bf16 storage decorator, whose widened
   // copies are the inner backend's copy ops (counted and recorded like any other).
   std::unique_ptr<Backend> bf16 =
-      o.layout.dtype == DType::kBF16 ? make_bf16_storage_backend(meta_backend) : nullptr;
+      o.layout.dtype == DType::kBF16 && !o.bf16_native ? make_bf16_storage_backend(meta_backend) : nullptr;
   Backend& backend = bf16 ? *bf16 : static_cast<Backend&>(meta_backend);
   {
     ScopedDefaultTracker scope(*meta);

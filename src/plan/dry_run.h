@@ -38,6 +38,11 @@ struct DryRunOptions {
   int64_t seq = 0;                // S
   DryRunMode mode = DryRunMode::kForwardBackward;
   bool matmul_takes_bf16 = false; // what the meta backend answers (bf16 layouts on a bf16 GEMM)
+  // bf16 layouts: false runs them as `train --bf16` does on the CPU, through the bf16
+  // storage decorator (its widened f32 copies counted, attention and token-wise ops in
+  // f32); true as a backend that stores and reads bf16 itself (the CUDA backend): every op
+  // on bf16 tensors, no decorator copies. Needs matmul_takes_bf16.
+  bool bf16_native = false;
   int64_t max_new_tokens = 1;     // kPrefill, kDecode: the KV cache's room past the prompt
 };
 

@@ -7,9 +7,11 @@
 // backend, a counting mesh, storage-less tensors) as its first and last rank, the worst of
 // each: memory is the tracker's peak with its breakdown at that moment, traffic the axis
 // communicators' counters, and step time the two-stream timeline (plan/timeline.h) of the
-// step's records priced by the hardware file. Training adds the trainer's dp gradient
-// all_reduce (traffic_model.h) after the backward; AdamW's state is reported beside the
-// peak. A layout whose code refuses the request (validate_layout, a strategy's own
+// step's records priced by the hardware file. bf16 layouts run on a backend that stores
+// bf16 natively where the hardware file states a bf16 rate (the GPUs': the CUDA backend),
+// else through the CPU's bf16 storage decorator (DryRunOptions::bf16_native). Training
+// adds the trainer's dp gradient all_reduce (traffic_model.h) after the backward; AdamW's
+// state is reported beside the peak. A layout whose code refuses the request (validate_layout, a strategy's own
 // refusal such as bf16 storage outside tsp) is listed as not buildable with its message.
 #pragma once
 

@@ -52,6 +52,7 @@ struct Case {
   int rank;
   DryRunMode mode;
   const char* host_access = nullptr;  // what still touches data on the host (the case skips)
+  bool bf16_native = false;           // bf16 on a backend that stores it (no decorator)
 };
 
 class DryRunLayouts : public testing::TestWithParam<Case> {};
@@ -60,7 +61,9 @@ TEST_P(DryRunLayouts, CompletesWithoutHostAccess) {
   const Case c = GetParam();
   if (c.host_access != nullptr) GTEST_SKIP() << c.layout << ": host access to tensor data: " << c.host_access;
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(run_or_exit(options(c.layout, c.rank, c.mode)), testing::ExitedWithCode(0), "")
+  DryRunOptions o = options(c.layout, c.rank, c.mode);
+  o.matmul_takes_bf16 = o.bf16_native = c.bf16_native;
+  EXPECT_EXIT(run_or_exit(o), testing::ExitedWithCode(0), "")
       << c.layout << " rank " << c.rank;
 }
 
@@ -74,9 +77,11 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"tp=2,sp=2:seqpar", 1, kFB}, Case{"dp=2,tsp=2", 3, kFB}, Case{"tsp=2", 1, kPre, nullptr},
                     Case{"tsp=2", 0, kDec, nullptr}, Case{"tp=2", 1, kPre, nullptr},
                     Case{"tp=2", 0, kDec, nullptr}, Case{"tsp=2:bf16", 1, kFB}, Case{"tsp=4:bf16:recompute", 3, kFB},
-                    Case{"dp=2,tsp=2:bf16", 2, kF}),
+                    Case{"dp=2,tsp=2:bf16", 2, kF}, Case{"tsp=2:bf16", 0, kFB, nullptr, true},
+                    Case{"tsp=4:bf16", 1, kF, nullptr, true}),
     [](const testing::TestParamInfo<Case>& i) {
-      std::string n = std::string(i.param.layout) + "_r" + std::to_string(i.param.rank) +
+      std::string n = std::string(i.param.layout) + (i.param.bf16_native ? "_native" : "") + "_r" +
+                      std::to_string(i.param.rank) +
                       (i.param.mode == kF ? "_fwd" : i.param.mode == kPre ? "_prefill" : i.param.mode == kDec ? "_decode" : "_train");
       for (char& ch : n)
         if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';

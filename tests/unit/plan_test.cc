@@ -77,8 +77,23 @@ TEST(PlanMemoryTest, TspShardsParametersGradientsAndOptimizerByD) {
   EXPECT_EQ(p[3].memory.of(MemCategory::kParameters), 2 * P);
   EXPECT_EQ(p[3].memory.optimizer, 12 * P);
   EXPECT_LT(p[3].memory.peak, p[1].memory.peak);
-  // The decorator's widened copies are workspace the f32 step does not have.
-  EXPECT_GT(p[3].memory.of(MemCategory::kWorkspace), p[1].memory.of(MemCategory::kWorkspace));
+  // The hardware states a bf16 rate: a backend that stores bf16 natively, no widened copies.
+  // Through the CPU's storage decorator the copies are workspace the native run does not have.
+  EXPECT_EQ(p[3].memory.of(MemCategory::kWorkspace), p[1].memory.of(MemCategory::kWorkspace));
+  DryRunOptions o;
+  o.config = c;
+  o.layout = spec("tsp=2:bf16");
+  o.seq = 256;
+  o.matmul_takes_bf16 = true;
+  Result<DryRunResult> widened = dry_run(o);
+  o.bf16_native = true;
+  Result<DryRunResult> native = dry_run(o);
+  ASSERT_TRUE(widened.ok() && native.ok());
+  EXPECT_GT(widened->step.at_peak[static_cast<int>(MemCategory::kWorkspace)],
+            native->step.at_peak[static_cast<int>(MemCategory::kWorkspace)]);
+  EXPECT_EQ(p[3].memory.peak, native->step.peak_total);
+  o.matmul_takes_bf16 = false;
+  EXPECT_FALSE(dry_run(o).ok());  // a backend that stores bf16 multiplies it
 }
 
 TEST(PlanMemoryTest, RecomputeAndSequenceShardingLowerThePeak) {
