@@ -30,7 +30,10 @@ struct Hardware {
   double matmul_efficiency = 0.5;      // achieved / peak FLOP/s on a step's GEMMs, (0, 1]
   double attention_efficiency = 0;     // achieved / peak FLOP/s of causal attention (forward and backward,
                                        // model/flop_count.h's count), (0, 1]; 0: as matmul_efficiency
-  double overlap_efficiency = 0.8;     // share of overlappable traffic hidden behind compute, [0, 1]
+  // Share of overlappable traffic hidden behind compute, [0, 1]: what the deleted FLOP-based
+  // estimate priced overlap with. The timeline derives overlap from the schedule itself and
+  // does not read it; kept so the files that state it still load.
+  double overlap_efficiency = 0.8;
   // GEMM efficiency (achieved / peak of the GEMM's dtype) by shape class: points
   // (min(M, N, K), efficiency), min_dim strictly increasing, efficiency in (0, 1]. Between
   // points linear in log(min_dim); outside them the nearest point. Empty: matmul_efficiency.
