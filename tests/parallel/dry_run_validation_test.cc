@@ -9,6 +9,7 @@
 
 #include "app/synthetic.h"
 #include "backend/bf16_storage_backend.h"
+#include "backend/timed_backend.h"
 #include "comm/counting_communicator.h"
 #include "comm/mesh.h"
 #include "mpi_test_main.h"
@@ -44,7 +45,8 @@ struct Measured {
 };
 
 // One real step of `lo` on this rank, measured as the dry run measures it.
-Measured measure(const Layout& lo, int64_t B, int64_t S, DryRunMode mode) {
+// `backend`: the CPU backend (under the bf16 storage decorator for bf16 layouts).
+Measured measure(const Layout& lo, int64_t B, int64_t S, DryRunMode mode, Backend& backend) {
   Communicator& world = test::mpi().world();
   Result<Mesh> mesh = Mesh::create(world, lo.mesh());
   FP_CHECK_OK(mesh.status());
@@ -63,9 +65,8 @@ Measured measure(const Layout& lo, int64_t B, int64_t S, DryRunMode mode) {
     if (local.input_ids.shares_storage_with(global.input_ids)) {
       out.aliased_batch_bytes = static_cast<int64_t>(local.input_ids.nbytes() + local.target_ids.nbytes());
     }
-    auto cpu = make_cpu_backend();
-    std::unique_ptr<Backend> bf16 = lo.dtype == DType::kBF16 ? make_bf16_storage_backend(*cpu) : nullptr;
-    Backend* be = bf16 ? bf16.get() : cpu.get();
+    std::unique_ptr<Backend> bf16 = lo.dtype == DType::kBF16 ? make_bf16_storage_backend(backend) : nullptr;
+    Backend* be = bf16 ? bf16.get() : &backend;
     mt.reset_peaks();
     ScopedCommCounter counter(mesh->communicators());
     if (mode == DryRunMode::kForwardBackward) {
@@ -84,6 +85,9 @@ struct Case {
   int ranks;
   DryRunMode mode;
   const char* host_access = nullptr;  // what still stops the dry run (the case skips)
+  // bf16: the decorator widens matmul operands too (an inner backend without bf16 GEMMs),
+  // whatever this CPU has.
+  bool widen_matmul = false;
 };
 
 // One op sequence on the MPI world and on a counting communicator playing this rank: the
@@ -159,7 +163,13 @@ TEST_P(DryRunValidation, PeakAndTrafficEqualTheRealStep) {
   if (c.host_access != nullptr) GTEST_SKIP() << c.layout << ": host access to tensor data: " << c.host_access;
   const Layout lo = parse_layout(c.layout).value();
   const int64_t B = 2 * lo.dp, S = 256;
-  const Measured real = measure(lo, B, S, c.mode);
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  // TimedBackend answers matmul_takes_bf16 false (the Backend default): under it the
+  // decorator widens GEMM operands as on a CPU without bf16 instructions.
+  TimedBackend timed(*cpu);
+  Backend& inner = c.widen_matmul ? static_cast<Backend&>(timed) : *cpu;
+  if (c.widen_matmul && inner.matmul_takes_bf16()) GTEST_SKIP() << "no backend here that widens bf16 GEMM operands";
+  const Measured real = measure(lo, B, S, c.mode, inner);
   DryRunOptions o;
   o.config = validation_config();
   o.layout = lo;
@@ -167,7 +177,7 @@ TEST_P(DryRunValidation, PeakAndTrafficEqualTheRealStep) {
   o.batch = B;
   o.seq = S;
   o.mode = c.mode;
-  o.matmul_takes_bf16 = make_cpu_backend()->matmul_takes_bf16();  // as the real step's backend answers
+  o.matmul_takes_bf16 = inner.matmul_takes_bf16();  // as the real step's backend answers
   Result<DryRunResult> dry = dry_run(o);
   ASSERT_TRUE(dry.ok()) << dry.status().to_string();
   EXPECT_EQ(dry->step.peak_total, real.step.peak_total - real.base_total + real.aliased_batch_bytes)
@@ -196,7 +206,8 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"tp=2,sp=2", 4, kFB}, Case{"dp=2,tsp=2", 4, kFB},
                     Case{"tsp=2:bf16", 2, kFB}, Case{"tsp=2:bf16", 2, kF},
                     Case{"tsp=2:bf16:recompute", 2, kFB}, Case{"tsp=4:bf16", 4, kFB},
-                    Case{"dp=2,tsp=2:bf16", 4, kFB},
+                    Case{"dp=2,tsp=2:bf16", 4, kFB}, Case{"tsp=2:bf16", 2, kFB, nullptr, true},
+                    Case{"tsp=4:bf16", 4, kF, nullptr, true},
                     // Each policy and degenerate mesh the replays' validation used to hold.
                     Case{"tsp=2:keepw:keepkv", 2, kFB}, Case{"tsp=2:recompute", 2, kFB},
                     Case{"tsp=2:buckets=2:nooverlap", 2, kFB}, Case{"tp=2:recompute", 2, kFB},
@@ -205,7 +216,8 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"tsp=4:recompute", 4, kFB}, Case{"tp=2,sp=2:ring:seqpar", 4, kFB}, Case{"tp=4", 4, kFB},
                     Case{"sp=4:ring", 4, kFB}, Case{"tp=2,sp=2", 4, kF}, Case{"dp=2,tp=2:seqpar", 4, kFB}),
     [](const testing::TestParamInfo<Case>& i) {
-      std::string n = std::string(i.param.layout) + (i.param.mode == kF ? "_fwd" : "_train");
+      std::string n = std::string(i.param.layout) + (i.param.widen_matmul ? "_widened" : "") +
+                      (i.param.mode == kF ? "_fwd" : "_train");
       for (char& ch : n)
         if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;
