@@ -76,6 +76,9 @@ Status predict_row(const LayoutBenchOptions& o, const Layout& spec, LayoutBenchR
   req.bf16 = (spec.dtype == DType::kBF16);
   req.recompute = spec.recompute;
   req.mode = o.forward_only ? PlanMode::kForward : PlanMode::kTrain;
+  // The rows are measured on the CPU backend under the bf16 storage decorator.
+  req.bf16_native = false;
+  req.matmul_takes_bf16 = make_cpu_backend()->matmul_takes_bf16();
   if (o.hardware != nullptr) {
     req.hardware = *o.hardware;
   } else {

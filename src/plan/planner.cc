@@ -89,10 +89,13 @@ Status plan_by_dry_run(const PlanRequest& r, LayoutPlan& p) {
     o.seq = r.seq;
     o.mode = dry_mode(r.mode);
     o.max_new_tokens = std::max<int64_t>(1, r.max_new_tokens);
-    // A machine that states a bf16 rate (the accelerators' files) runs bf16 layouts on a
-    // backend that stores bf16 itself, as the CUDA backend does; one without (a CPU's
-    // calibrated file) through the bf16 storage decorator, as train does on the CPU.
-    o.matmul_takes_bf16 = o.bf16_native = l.dtype == DType::kBF16 && r.hardware.peak_tflops_bf16 > 0;
+    // Unless the request says: a machine that states a bf16 rate (the accelerators' files)
+    // runs bf16 layouts on a backend that stores bf16 itself, as the CUDA backend does; one
+    // without (a CPU's calibrated file) through the bf16 storage decorator, as train does
+    // on the CPU.
+    const bool bf16_rate = l.dtype == DType::kBF16 && r.hardware.peak_tflops_bf16 > 0;
+    o.bf16_native = l.dtype == DType::kBF16 && r.bf16_native.value_or(bf16_rate);
+    o.matmul_takes_bf16 = l.dtype == DType::kBF16 && r.matmul_takes_bf16.value_or(bf16_rate);
     FP_ASSIGN_OR_RETURN(DryRunResult d, dry_run(o));
     FP_ASSIGN_OR_RETURN(RankTrace trace, step_timeline_trace(d, rank, r.hardware.devices_per_node));
     if (dp_axis) {

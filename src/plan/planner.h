@@ -16,6 +16,7 @@
 #pragma once
 
 #include <array>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,10 @@ struct PlanRequest {
   bool bf16 = false;       // storage of weights and activations (every layout; tsp runs it)
   Recompute recompute = Recompute::kNone;
   int64_t max_new_tokens = 0;       // prefill, decode: the cache is planned for S + this
+  // bf16 layouts: whether the backend stores bf16 itself and multiplies it
+  // (DryRunOptions::bf16_native, matmul_takes_bf16). Unset: from the hardware file, both
+  // true where it states a bf16 rate. A caller that measures on a known backend sets them.
+  std::optional<bool> bf16_native, matmul_takes_bf16;
   std::vector<Layout> layouts;  // empty: every layout of `devices` ranks
 };
 

@@ -272,6 +272,17 @@ TEST(PlannerTest, Bf16PlansTheLayoutsThatRunIt) {
   bool tp_named = false;
   for (const std::string& n : rep->not_buildable) tp_named = tp_named || n.rfind("tp=2:bf16: ", 0) == 0;
   EXPECT_TRUE(tp_named) << plan_report_text(*rep);
+  // The hardware states a bf16 rate: native bf16 unless the request names the decorator
+  // (bench-layouts does: it measures on the CPU backend under it).
+  r.bf16_native = false;
+  Result<PlanReport> widened = make_plan(r);
+  ASSERT_TRUE(widened.ok() && widened->layouts.size() == 1u);
+  EXPECT_GT(widened->layouts[0].memory.of(MemCategory::kWorkspace), rep->layouts[0].memory.of(MemCategory::kWorkspace));
+  r.matmul_takes_bf16 = false;
+  Result<PlanReport> no_bf16_gemm = make_plan(r);
+  ASSERT_TRUE(no_bf16_gemm.ok() && no_bf16_gemm->layouts.size() == 1u);
+  // Widened GEMM operands are f32 GEMMs, priced at the f32 rate.
+  EXPECT_GT(no_bf16_gemm->layouts[0].time.compute_s, widened->layouts[0].time.compute_s);
 }
 
 }  // namespace
