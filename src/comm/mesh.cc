@@ -57,7 +57,7 @@ Result<MeshLayout> MeshLayout::parse(std::string_view text) {
     for (const MeshAxis& seen : layout.axes) {
       if (seen.name == axis.name) return invalid_argument("layout '{}': axis {} appears twice", text, axis.name);
     }
-    // pp outermost, then dp (COMPOSITION.md section 1: rank = (s*R + d)*D + r).
+    // pp outermost, then dp (docs/composition.md section 1: rank = (s*R + d)*D + r).
     if (axis.name == "pp" && !layout.axes.empty()) {
       return invalid_argument("layout '{}': pp must be the first (outermost) axis", text);
     }

@@ -169,7 +169,7 @@ std::string Layout::mesh() const {
   auto add = [&](const char* name, int degree, bool always) {
     if (degree > 1 || always) axes.push_back(fmt::format("{}={}", name, degree));
   };
-  add("pp", pp, false);  // pp outermost, then dp (COMPOSITION.md section 1)
+  add("pp", pp, false);  // pp outermost, then dp (docs/composition.md section 1)
   add("dp", dp, false);
   add("ep", ep, false);
   if (strategy == Strategy::kTsp) {

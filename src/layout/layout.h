@@ -114,9 +114,9 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
 // pp: the layers before each stage and after the last, [p + 1] bounds from 0 to L, so
 // stage s holds decoder layers [bounds[s], bounds[s+1]). Layout::stage_layers when given;
 // otherwise balanced with the embedding counted as one layer of stage 0 and the final norm +
-// LM head + loss as one layer of the last stage (L + 2 units split as evenly as possible),
-// falling back to an even split of L where that would leave a stage without a decoder
-// layer. validate_layout's verdict first (L >= p, the list sums to L).
+// LM head + loss as one layer of the last stage, every stage at least one decoder layer, ties
+// to the later stages (22 layers on 4 stages: 5,6,6,5; 5 on 4: 1,1,2,1). validate_layout's
+// verdict first (L >= p, the list sums to L).
 std::vector<int64_t> stage_bounds(const LlamaConfig& config, const Layout& layout);
 
 // pp: the micro-batches of one optimizer step (m, per data-parallel rank) must be at least

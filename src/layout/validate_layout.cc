@@ -122,14 +122,17 @@ std::vector<int64_t> stage_bounds(const LlamaConfig& c, const Layout& l) {
   if (!l.stage_layers.empty()) {
     for (int64_t s = 0; s < p; ++s) layers[s] = l.stage_layers[s];
   } else {
-    const int64_t units = L + 2;  // the embedding and the head count as one layer each
-    bool fits = true;
-    for (int64_t s = 0; s < p; ++s) {
-      layers[s] = (s + 1) * units / p - s * units / p - (s == 0 ? 1 : 0) - (s == p - 1 ? 1 : 0);
-      fits = fits && layers[s] >= 1;
+    // One layer each (L >= p), then each further layer to the least loaded stage, the
+    // embedding and the head counting as one layer of the end stages; ties go to the later
+    // stage, which holds fewer micro-batches in flight under 1F1B.
+    auto load = [&](int64_t s) { return layers[s] + (s == 0 ? 1 : 0) + (s == p - 1 ? 1 : 0); };
+    for (int64_t s = 0; s < p; ++s) layers[s] = 1;
+    for (int64_t n = p; n < L; ++n) {
+      int64_t best = p - 1;
+      for (int64_t s = p - 1; s-- > 0;)
+        if (load(s) < load(best)) best = s;
+      ++layers[best];
     }
-    if (!fits)
-      for (int64_t s = 0; s < p; ++s) layers[s] = (s + 1) * L / p - s * L / p;
   }
   std::vector<int64_t> bounds{0};
   for (int64_t n : layers) bounds.push_back(bounds.back() + n);

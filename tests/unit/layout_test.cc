@@ -170,7 +170,10 @@ TEST(ValidateLayout, KnobsOnLayoutsTheyDoNotApplyToAreRefused) {
 
 TEST(ValidateLayout, AxesNotBuiltYetAreUnimplemented) {
   const LlamaConfig c = mha_config();
-  EXPECT_TRUE(validate_layout(c, parse("pp=2,tsp=2"), 1, 128).ok());  // parallel/pipeline/
+  LlamaConfig two = c;
+  two.num_hidden_layers = 2;
+  const Status ok = validate_layout(two, parse("pp=2,tsp=2"), 1, 128);  // parallel/pipeline/
+  EXPECT_TRUE(ok.ok()) << ok.message();
   const Status pp = validate_layout(c, parse("pp=2,tp=2"), 1, 128);
   EXPECT_EQ(pp.code(), StatusCode::kUnimplemented);
   EXPECT_NE(pp.message().find("pipeline parallelism composes with tsp only"), std::string::npos) << pp.message();
@@ -195,8 +198,8 @@ TEST(LayoutStages, PipelineMeshOrderSpellingAndStageBounds) {
   EXPECT_EQ(stage_bounds(c, parse("pp=2,tsp=1")), (std::vector<int64_t>{0, 2, 4}));
   c.num_hidden_layers = 5;
   EXPECT_EQ(stage_bounds(c, parse("pp=2,tsp=1")), (std::vector<int64_t>{0, 2, 5}));
-  EXPECT_EQ(stage_bounds(c, parse("pp=4,tsp=1")), (std::vector<int64_t>{0, 1, 3, 4, 5}));
-  // Where the balance would leave a stage no decoder layer, an even split of L.
+  EXPECT_EQ(stage_bounds(c, parse("pp=4,tsp=1")), (std::vector<int64_t>{0, 1, 2, 4, 5}));
+  // Every stage keeps a decoder layer, even where the end stages then carry more.
   c.num_hidden_layers = 3;
   EXPECT_EQ(stage_bounds(c, parse("pp=3,tsp=1")), (std::vector<int64_t>{0, 1, 2, 3}));
   EXPECT_EQ(stage_bounds(c, parse("pp=1,tsp=1")), (std::vector<int64_t>{0, 3}));

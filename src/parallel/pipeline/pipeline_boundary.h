@@ -1,5 +1,5 @@
 // StageBoundary: what crosses between neighbouring pipeline stages of one step
-// (COMPOSITION.md section 2). Each TSP rank r of stage s sends its own rows [T, h]
+// (docs/composition.md section 2). Each TSP rank r of stage s sends its own rows [T, h]
 // (T = B*S/D, the zigzag chunks it already holds) to the same TSP index r of stage s+1 (the
 // pp communicator's rank s+1 of the group this rank is in) and receives their gradient back:
 // shapes and dtype are static, known before the step, so nothing else is exchanged.

@@ -1,6 +1,6 @@
 // PipelineModel: a Llama model under pipeline parallelism over the pp axis, each stage
 // running its layers with a model-axis strategy (parallel/stage_strategy.h: tsp/'s step
-// pieces), behind ShardedModel (COMPOSITION.md section 2). Stage s = pp.rank() holds decoder
+// pieces), behind ShardedModel (docs/composition.md section 2). Stage s = pp.rank() holds decoder
 // layers [bounds[s], bounds[s+1]) (layout/stage_bounds), the embedding on stage 0 and the
 // final norm + LM head on stage p-1, under their global names, so checkpoints are
 // layout-independent.

@@ -1,5 +1,5 @@
 // The order in which one pipeline stage runs its micro-batches' forwards and backwards
-// (COMPOSITION.md section 2). Pure arithmetic: no tensors, no communication.
+// (docs/composition.md section 2). Pure arithmetic: no tensors, no communication.
 //
 // 1F1B: stage s of p runs min(p - s - 1, m) warm-up forwards, then alternates one forward
 // and one backward, then drains the remaining backwards. Forwards and backwards each run in
