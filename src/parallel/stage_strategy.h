@@ -43,6 +43,9 @@ class StageStrategy {
   // The weight axis (assembly) and whether this rank speaks for the replicated norm gains.
   virtual Communicator& weight_axis() = 0;
   virtual bool counts_replicated() const = 0;
+  // Verification: this rank's logits rows [B, S_local, V] (keep_logits) placed into the full
+  // [B, S, V] on every rank of the weight axis, as ShardedModel::assemble_logits.
+  virtual Status assemble_logits(const Tensor& local, Tensor& global) = 0;
   // A step of micro-batches of `batch` sequences each over `weights`; `grads` null for a
   // forward only. Both must outlive the result.
   virtual std::unique_ptr<StageSteps> begin(Backend& backend, const ShardedWeights& weights, ShardedWeights* grads,

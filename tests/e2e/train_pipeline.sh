@@ -5,6 +5,7 @@
 #  - the same pipelined layout twice gives bitwise identical losses;
 #  - a pp=2,tsp=2 checkpoint at step 10 resumed under tsp=4 and on one rank, and a one-rank
 #    checkpoint resumed under pp=4: the next losses match the uninterrupted runs;
+#  - verify passes (loss, logits, every gradient) under pp=2,tsp=1, pp=2,tsp=2 and pp=4,tsp=1;
 #  - m < p, L < p and a --stage-layers list that does not sum to L exit 2 with one line.
 # The model is configs/tiny.json with 4 layers (so pp=4 has a layer per stage). Tolerance
 # across layouts: 2e-5 relative, as train_layouts.sh (only the order of f32 sums differs).
@@ -65,6 +66,13 @@ run 1 tsp=1 "$tmp/to_pp" --stop-after 10
 run 4 pp=4,tsp=1 "$tmp/to_pp" --micro-batch 1 --resume
 compare pp2tsp2 from_pp from_pp1
 compare one to_pp
+
+# verify: loss, logits and every gradient of one pipelined step against the single-rank model.
+for spec in "2 pp=2,tsp=1" "4 pp=2,tsp=2" "4 pp=4,tsp=1"; do
+  set -- $spec
+  "$mpirun" --allow-run-as-root --oversubscribe -np "$1" "$bin" verify --model "$tmp/model.json" --layout "$2" \
+    | grep ": PASS$" >/dev/null
+done
 
 # Refusals: one line, exit 2, naming the numbers.
 failures=0

@@ -96,6 +96,7 @@ Result<StepResult> PipelineModel::run_schedule(Backend& be, const std::vector<Ba
   }
   StepResult r = share_loss(loss_sum, valid);
   r.exposed_comm_seconds = timer.seconds() + steps->wait_seconds();
+  if (m == 1) r.logits = results[0].logits;  // keep_logits, last stage: this rank's rows
   return r;
 }
 
@@ -112,6 +113,7 @@ Result<StepResult> PipelineModel::forward(Backend& be, const Batch& local) {
   boundary.finish();
   StepResult r = share_loss(last.loss_sum, last.valid_tokens);
   r.exposed_comm_seconds = timer.seconds() + steps->wait_seconds();
+  r.logits = last.logits;
   return r;
 }
 
@@ -156,8 +158,13 @@ Status PipelineModel::assemble(const ShardedWeights& shard, LlamaWeights& global
   return status;
 }
 
-Status PipelineModel::assemble_logits(const Tensor&, Tensor&) {
-  return unimplemented("layout {}: logits are not assembled across pipeline stages", name_);
+Status PipelineModel::assemble_logits(const Tensor& local, Tensor& global) {
+  // The last stage's rows over its weight axis, then to every stage.
+  if (layers_.head) {
+    FP_RETURN_IF_ERROR(stage_->assemble_logits(local, global));
+  }
+  if (stages_ == 1) return Status();
+  return pp_.broadcast(global.raw_data(), static_cast<size_t>(global.numel()), DType::kF32, stages_ - 1);
 }
 
 Result<std::unique_ptr<ShardedModel>> make_pipeline_model(const LlamaConfig& config, Communicator& pp,

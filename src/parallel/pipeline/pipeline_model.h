@@ -33,7 +33,8 @@ class PipelineModel final : public ShardedModel {
   Batch local_batch(const Batch& global) const override { return stage_->local_batch(global); }
   void init_weights(const InitOptions& options) override { init_sharded_weights(options, weights_); }
   void zero_grads(Backend& backend) override { grads_.zero(backend); }
-  // One micro-batch: the schedule with m = 1 (the stages run one after the other).
+  // One micro-batch: the schedule with m = 1 (the stages run one after the other); with
+  // keep_logits the last stage's result holds its rows' logits.
   Result<StepResult> forward_backward(Backend& backend, const Batch& local, int64_t loss_normalizer) override;
   // m micro-batches in one 1F1B schedule; invalid_argument when m < p (validate_micro_batches).
   Result<StepResult> forward_backward_micro_batches(Backend& backend, const std::vector<Batch>& locals,
@@ -43,6 +44,7 @@ class PipelineModel final : public ShardedModel {
   // Collective over the weight axis and pp: every rank gets the whole model.
   Status assemble_weights(LlamaWeights& global) override { return assemble(weights_, global); }
   Status assemble_grads(LlamaWeights& global) override { return assemble(grads_.views(), global); }
+  // The last stage's logits rows (keep_logits; other stages pass anything) to every rank.
   Status assemble_logits(const Tensor& local, Tensor& global) override;
 
   int stage() const { return stage_index_; }
