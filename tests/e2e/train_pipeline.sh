@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # foldpar train under pipeline parallelism, with real MPI processes and real files:
 #  - the same 20 steps from the same seed give the same losses on one rank, pp=2,tsp=1
-#    (m = 2), pp=2,tsp=2 (m = 4) and pp=2,dp=2,tsp=1 (m = 2 per replica);
+#    (m = 2), pp=2,tsp=2 (m = 4), pp=2,dp=2,tsp=1 (m = 2 per replica) and the baseline
+#    pp=2,tp=2 (m = 4);
 #  - the same pipelined layout twice gives bitwise identical losses;
 #  - a pp=2,tsp=2 checkpoint at step 10 resumed under tsp=4 and on one rank, and a one-rank
 #    checkpoint resumed under pp=4: the next losses match the uninterrupted runs;
-#  - verify passes (loss, logits, every gradient) under pp=2,tsp=1, pp=2,tsp=2 and pp=4,tsp=1;
+#  - verify passes (loss, logits, every gradient) under pp=2,tsp=1, pp=2,tsp=2, pp=4,tsp=1 and
+#    pp=2,tp=2:seqpar;
 #  - m < p, L < p and a --stage-layers list that does not sum to L exit 2 with one line.
 # The model is configs/tiny.json with 4 layers (so pp=4 has a layer per stage). Tolerance
 # across layouts: 2e-5 relative, as train_layouts.sh (only the order of f32 sums differs).
@@ -46,7 +48,8 @@ run 1 tsp=1 "$tmp/one"
 run 2 pp=2,tsp=1 "$tmp/pp2" --micro-batch 2
 run 4 pp=2,tsp=2 "$tmp/pp2tsp2" --micro-batch 1
 run 4 pp=2,dp=2,tsp=1 "$tmp/pp2dp2" --micro-batch 1
-compare one pp2 pp2tsp2 pp2dp2
+run 4 pp=2,tp=2 "$tmp/pp2tp2" --micro-batch 1
+compare one pp2 pp2tsp2 pp2dp2 pp2tp2
 /usr/bin/python3 -c "
 import json, sys
 l = [json.loads(x)['loss'] for x in open('$tmp/one/metrics.jsonl')]
@@ -68,7 +71,7 @@ compare pp2tsp2 from_pp from_pp1
 compare one to_pp
 
 # verify: loss, logits and every gradient of one pipelined step against the single-rank model.
-for spec in "2 pp=2,tsp=1" "4 pp=2,tsp=2" "4 pp=4,tsp=1"; do
+for spec in "2 pp=2,tsp=1" "4 pp=2,tsp=2" "4 pp=4,tsp=1" "4 pp=2,tp=2:seqpar"; do
   set -- $spec
   "$mpirun" --allow-run-as-root --oversubscribe -np "$1" "$bin" verify --model "$tmp/model.json" --layout "$2" \
     | grep ": PASS$" >/dev/null

@@ -1,12 +1,12 @@
-// The pipeline (pp=P over TSP stages, parallel/pipeline/) against the single-rank model, its
+// The pipeline (pp=P over TSP or tp stages, parallel/pipeline/) against the single-rank model, its
 // reference: every rank builds the global weights and the batch of m micro-batches from one
 // seed, computes the single-rank loss and gradients of the whole batch (the mean over its
 // valid tokens), runs the layout through the factory as training does (m micro-batches in one
 // 1F1B schedule, the global-batch normalizer) and compares the loss, every assembled gradient
 // and every ParamRef's place; the tied embedding's two copies agree bit for bit; the
 // boundary's traffic is exactly 2*m*B*(S/D)*h*beta per boundary; the refusals name their
-// numbers. Layouts by world size W: pp=2,tsp=1 (W = 2); pp=2,tsp=2, pp=4,tsp=1 and
-// pp=2,dp=2,tsp=1 (W = 4).
+// numbers. Layouts by world size W: pp=2,tsp=1 and pp=2,tp=1 (W = 2); pp=2,tsp=2, pp=4,tsp=1,
+// pp=2,dp=2,tsp=1, pp=2,tp=2 and pp=2,tp=2:seqpar (W = 4).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -155,19 +155,21 @@ bool check_parity(const Case& k) {
   // Traffic on pp, exactly: each boundary moves m activations forward and m gradients back,
   // [B*S/D, h] f32 each; the tied embedding's exchange adds V/D*h*4 each way on the end stages;
   // the loss's broadcast two f64.
-  const uint64_t msg = static_cast<uint64_t>(k.batch * k.seq / lo.tsp * c.hidden_size * 4);
+  const int64_t local_rows = locals[0].input_ids.numel();  // B*S/D (tsp); B*S, or B*S/tp with seqpar (tp)
+  const uint64_t msg = static_cast<uint64_t>(local_rows * c.hidden_size * 4);
   const uint64_t sends = static_cast<uint64_t>((s < P - 1 ? m : 0) + (s > 0 ? m : 0));
   EXPECT_EQ(pp_traffic.op(CommOpKind::kSend).bytes_sent, sends * msg) << lo.to_string() << " stage " << s;
   EXPECT_EQ(pp_traffic.op(CommOpKind::kSend).calls, sends);
   EXPECT_EQ(pp_traffic.op(CommOpKind::kRecv).bytes_received, sends * msg);
-  const uint64_t tied_bytes = k.tied && (s == 0 || s == P - 1) ? c.vocab_size / lo.tsp * c.hidden_size * 4 : 0;
+  const uint64_t tied_bytes =
+      k.tied && (s == 0 || s == P - 1) ? c.vocab_size / lo.weight_degree() * c.hidden_size * 4 : 0;
   EXPECT_EQ(pp_traffic.op(CommOpKind::kSendRecv).bytes_sent, tied_bytes);
   EXPECT_EQ(pp_traffic.op(CommOpKind::kBroadcast).calls, 1u);
   // Per boundary, over its two stages: 2*m*B*(S/D)*h*beta (summed over the world: every
   // boundary of every replica and TSP index).
   double sent = static_cast<double>(pp_traffic.op(CommOpKind::kSend).bytes_sent);
   FP_CHECK_OK(world.all_reduce(&sent, &sent, 1, DType::kF64, ReduceOp::kSum));
-  EXPECT_EQ(sent, 2.0 * m * k.batch * (k.seq / lo.tsp) * c.hidden_size * 4 * (P - 1) * lo.tsp * lo.dp);
+  EXPECT_EQ(sent, 2.0 * m * local_rows * c.hidden_size * 4 * (P - 1) * lo.model_ranks() / P * lo.dp);
   return true;
 }
 
@@ -207,6 +209,13 @@ TEST(PipelineParity, BatchTwoAndRecompute) {
               Case{.layout = "pp=2,tsp=2", .m_per_stage = 2, .batch = 2, .recompute = Recompute::kBlock});
 }
 
+TEST(PipelineParity, MegatronStages) {
+  // The baseline under pp: tp=N stages (with and without sequence-parallel norms).
+  RUN_OR_SKIP(Case{.layout = "pp=2,tp=1", .m_per_stage = 2}, Case{.layout = "pp=2,tp=2", .tied = true, .m_per_stage = 2},
+              Case{.layout = "pp=2,tp=2:seqpar", .layers = 3, .m_per_stage = 2},
+              Case{.layout = "pp=2,tp=2", .layers = 5, .recompute = Recompute::kBlock});
+}
+
 TEST(PipelineParity, WithDataParallel) {
   RUN_OR_SKIP(Case{.layout = "pp=2,dp=2,tsp=1", .m_per_stage = 2}, Case{.layout = "pp=2,dp=2,tsp=1", .tied = true});
 }
@@ -231,7 +240,7 @@ TEST(PipelineErrors, RefusalsNameTheNumbers) {
   EXPECT_EQ(m.message(), "pp=4,tsp=2: 3 micro-batches per step cannot fill 4 pipeline stages (need m >= p; lower "
                          "--micro-batch or raise --batch)");
   EXPECT_TRUE(validate_micro_batches(parse_layout("pp=4,tsp=2").value(), 4).ok());
-  EXPECT_EQ(validate_layout(c, parse_layout("pp=2,tp=2").value(), 0, 32).code(), StatusCode::kUnimplemented);
+  EXPECT_EQ(validate_layout(c, parse_layout("pp=2,tp=2,sp=2").value(), 0, 32).code(), StatusCode::kUnimplemented);
 }
 
 TEST(PipelineErrors, TooFewMicroBatchesBeforeAnythingMoves) {

@@ -59,4 +59,7 @@ class MegatronStep : public TpStepBase {
   KvCache* kv_cache_ = nullptr;        // prefill only
 };
 
+// A local batch's shapes and ids against the model (invalid_argument naming them).
+Status check_local_batch(Backend& backend, const MegatronModel& model, const Batch& local);
+
 }  // namespace foldpar::megatron_detail

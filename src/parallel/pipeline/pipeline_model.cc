@@ -49,7 +49,7 @@ Result<StepResult> PipelineModel::forward_backward_micro_batches(Backend& be, co
 Result<StepResult> PipelineModel::run_schedule(Backend& be, const std::vector<Batch>& locals, int64_t normalizer) {
   const int m = static_cast<int>(locals.size());
   if (m == 0) return invalid_argument("a pipeline step needs at least one micro-batch");
-  std::unique_ptr<StageSteps> steps = stage_->begin(be, weights_, &grads_.views(), locals[0].batch());
+  std::unique_ptr<StageSteps> steps = stage_->begin(be, weights_, &grads_, locals[0].batch());
   // Every micro-batch's step first: a batch that does not fit fails before anything moves.
   std::vector<std::unique_ptr<ModelStep>> mb(static_cast<size_t>(m));
   for (int i = 0; i < m; ++i) {
@@ -76,6 +76,7 @@ Result<StepResult> PipelineModel::run_schedule(Backend& be, const std::vector<Ba
       dx = backward_blocks(step, first, end, std::move(dx), layout_.recompute, inputs[i]);
       if (boundary.first()) step.embed_backward(dx);
       else boundary.send_gradient(i, std::move(dx));
+      steps->finish_micro_batch(step);
       mb[i].reset();  // the micro-batch's saved state
       inputs[i].clear();
     }
@@ -88,6 +89,7 @@ Result<StepResult> PipelineModel::run_schedule(Backend& be, const std::vector<Ba
   boundary.finish();
   steps->finish_backward();
   sum_tied_embedding(be);
+  grads_.mark_written();
   double loss_sum = 0;
   int64_t valid = 0;
   for (const StepResult& r : results) {
@@ -134,11 +136,11 @@ void PipelineModel::sum_tied_embedding(Backend& be) {
   Tensor incoming = Tensor::empty(g.shape(), DType::kF32, MemCategory::kComm);
   FP_CHECK_OK(pp_.send_recv(g.raw_data(), incoming.raw_data(), static_cast<size_t>(g.numel()), DType::kF32, peer, peer));
   be.add_inplace(incoming, g);  // g0 + g_last on both: addition commutes, so the copies agree bit for bit
-  grads_.mark_written();
 }
 
 std::vector<ParamRef> PipelineModel::parameters() {
-  std::vector<ParamRef> refs = sharded_param_refs(weights_, grads_.views(), stage_->counts_replicated(), true);
+  std::vector<ParamRef> refs =
+      sharded_param_refs(weights_, grads_.views(), stage_->counts_replicated(), stage_->counts_sharded());
   // The last stage's copy of a tied embedding: stage 0 speaks for it.
   if (config_.tie_word_embeddings && stages_ > 1 && !layers_.embed)
     for (ParamRef& r : refs)

@@ -13,9 +13,10 @@ using tsp_detail::TspStep;
 
 class TspStageSteps final : public StageSteps {
  public:
-  TspStageSteps(const TspModel& model, Backend& be, Communicator& comm, const ShardedWeights& w, ShardedWeights* g,
+  TspStageSteps(const TspModel& model, Backend& be, Communicator& comm, const ShardedWeights& w, ShardedGrads* g,
                 int64_t batch)
-      : model_(model), be_(be), step_(model, be, comm, batch), w_(w), g_(g), batch_(batch) {}
+      : model_(model), be_(be), step_(model, be, comm, batch), w_(w), g_(g != nullptr ? &g->views() : nullptr),
+        batch_(batch) {}
 
   Result<std::unique_ptr<ModelStep>> micro_batch(const Batch& local, int64_t loss_normalizer) override {
     FP_RETURN_IF_ERROR(tsp_detail::check_local_batch(be_, model_, local));
@@ -49,7 +50,7 @@ class TspStageStrategy final : public StageStrategy {
     return comm_.all_reduce(global.raw_data(), global.raw_data(), static_cast<size_t>(global.numel()), DType::kF32,
                             ReduceOp::kSum);
   }
-  std::unique_ptr<StageSteps> begin(Backend& be, const ShardedWeights& w, ShardedWeights* g, int64_t batch) override {
+  std::unique_ptr<StageSteps> begin(Backend& be, const ShardedWeights& w, ShardedGrads* g, int64_t batch) override {
     return std::make_unique<TspStageSteps>(model_, be, comm_, w, g, batch);
   }
 
