@@ -40,14 +40,14 @@ LlamaConfig test_config(int layers, bool tied) {
 }
 
 struct Case {
-  std::string layout;       // run where its ranks equal the world size
+  std::string layout{};     // run where its ranks equal the world size
   int layers = 4;
   bool tied = false;
   int m_per_stage = 1;      // m = this x p micro-batches
   int64_t batch = 1;        // B per micro-batch
   int64_t seq = 32;
   Recompute recompute = Recompute::kNone;
-  std::vector<int> stages;  // --stage-layers; empty: balanced
+  std::vector<int> stages{};  // --stage-layers; empty: balanced
 };
 
 // Weights with std 0.1 so that attention is far from uniform and every path matters.
@@ -298,7 +298,9 @@ TEST(PipelineMemory, ActivationsInFlightAreBoundedByTheStages) {
     const int64_t message = 32 / lo.tsp * c.hidden_size * 4;
     EXPECT_LE(std::abs(three - one), (P - s) * message) << text << " stage " << s << ": the peak grew with m";
     EXPECT_LE(one, (P - s) * (single + message)) << text << " stage " << s << ": more than p - s in flight";
-    if (s < P - 1) EXPECT_GT(one, single) << text << " stage " << s << ": the stages never overlapped";
+    if (s < P - 1) {
+      EXPECT_GT(one, single) << text << " stage " << s << ": the stages never overlapped";
+    }
   }
 }
 
