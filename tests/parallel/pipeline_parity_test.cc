@@ -304,6 +304,45 @@ TEST(PipelineMemory, ActivationsInFlightAreBoundedByTheStages) {
   }
 }
 
+// Under pp a stage's model-axis traffic is the single-stage step's per micro-batch, m times
+// (TSP moves its weight shards again for every micro-batch), plus what closes the step once
+// (the norm gains' sum): per operation kind, T(m) = a m + b exactly, so T(4) - T(2) is twice
+// T(2) - T(1). And none of it is on the pp axis.
+TEST(PipelineTraffic, ModelAxisBytesGrowByTheSameAmountPerMicroBatch) {
+  Communicator& world = test::mpi().world();
+  for (const std::string text : {"pp=2,tsp=2", "pp=2,tp=2", "pp=2,tsp=1"}) {
+    const Layout lo = parse_layout(text).value();
+    if (lo.ranks() != world.size()) continue;
+    const LlamaConfig c = test_config(4, true);
+    Mesh mesh = Mesh::create(world, lo.mesh()).value();
+    std::unique_ptr<ShardedModel> model = make_sharded_model(c, mesh, 32, lo).value();
+    model->init_weights(kInit);
+    auto be = make_cpu_backend();
+    const Batch global = synthetic_batch(c, 4, 32, 11, 0.1);
+    const Communicator& axis = mesh.comm(lo.strategy == Strategy::kTsp ? "tsp" : "tp");
+    auto traffic = [&](int m) {
+      std::vector<Batch> locals;
+      for (int i = 0; i < m; ++i) locals.push_back(model->local_batch(rows(global, i, i + 1)));
+      model->zero_grads(*be);
+      ScopedCommCounter counter(axis);
+      if (m == 1) FP_CHECK_OK(model->forward_backward(*be, locals[0], 0).status());
+      else FP_CHECK_OK(model->forward_backward_micro_batches(*be, locals, 0).status());
+      return counter.delta();
+    };
+    const CommStats t1 = traffic(1), t2 = traffic(2), t4 = traffic(4);
+    for (int k = 0; k < kNumCommOpKinds; ++k) {
+      const auto kind = static_cast<CommOpKind>(k);
+      EXPECT_EQ(t4.op(kind).bytes_sent - t2.op(kind).bytes_sent, 2 * (t2.op(kind).bytes_sent - t1.op(kind).bytes_sent))
+          << text << " " << comm_op_name(kind);
+      EXPECT_EQ(t4.op(kind).calls - t2.op(kind).calls, 2 * (t2.op(kind).calls - t1.op(kind).calls))
+          << text << " " << comm_op_name(kind);
+    }
+    if (axis.size() > 1) {
+      EXPECT_GT(t2.total().bytes_sent, t1.total().bytes_sent) << text;
+    }
+  }
+}
+
 TEST(PipelineForward, LossEqualsTheSingleRankModelsOnEveryStage) {
   Communicator& world = test::mpi().world();
   for (const std::string text : {"pp=2,tsp=1", "pp=2,tsp=2", "pp=4,tsp=1"}) {
