@@ -21,9 +21,6 @@ Status check_axes(const Layout& l, const std::string& name) {
     return invalid_argument("{}: tsp does not combine with tp or sp", name);
   if (l.strategy == Strategy::kMegatron && l.tsp > 1)
     return invalid_argument("{}: tsp does not combine with tp or sp", name);
-  if (l.pp > 1 && l.sp > 1)
-    return unimplemented("{}: pipeline parallelism composes with tsp and tp so far, not sp (pp={},sp={})", name, l.pp,
-                         l.sp);
   if (l.ep > 1) return unimplemented("{}: expert parallelism (ep={}) is not built yet", name, l.ep);
   return Status();
 }

@@ -29,10 +29,10 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
                                                          const Layout& layout) {
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
-  if (layout.pp > 1) {  // validate_layout: pp composes with tsp and tp
+  if (layout.pp > 1) {
     Result<std::unique_ptr<StageStrategy>> stage =
         layout.strategy == Strategy::kTsp ? make_tsp_stage_strategy(config, mesh.comm("tsp"), seq, layout)
-                                          : make_megatron_stage_strategy(config, mesh.comm("tp"), seq, layout);
+                                          : make_megatron_stage_strategy(config, axis_comm(mesh, "tp"), axis_comm(mesh, "sp"), seq, layout);
     FP_RETURN_IF_ERROR(stage.status());
     return make_pipeline_model(config, mesh.comm("pp"), std::move(*stage), layout);
   }

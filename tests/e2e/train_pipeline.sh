@@ -7,7 +7,7 @@
 #  - a pp=2,tsp=2 checkpoint at step 10 resumed under tsp=4 and on one rank, and a one-rank
 #    checkpoint resumed under pp=4: the next losses match the uninterrupted runs;
 #  - verify passes (loss, logits, every gradient) under pp=2,tsp=1, pp=2,tsp=2, pp=4,tsp=1 and
-#    pp=2,tp=2:seqpar;
+#    pp=2,tp=2:seqpar and pp=2,sp=2:ring;
 #  - m < p, L < p and a --stage-layers list that does not sum to L exit 2 with one line.
 # The model is configs/tiny.json with 4 layers (so pp=4 has a layer per stage). Tolerance
 # across layouts: 2e-5 relative, as train_layouts.sh (only the order of f32 sums differs).
@@ -71,7 +71,7 @@ compare pp2tsp2 from_pp from_pp1
 compare one to_pp
 
 # verify: loss, logits and every gradient of one pipelined step against the single-rank model.
-for spec in "2 pp=2,tsp=1" "4 pp=2,tsp=2" "4 pp=4,tsp=1" "4 pp=2,tp=2:seqpar"; do
+for spec in "2 pp=2,tsp=1" "4 pp=2,tsp=2" "4 pp=4,tsp=1" "4 pp=2,tp=2:seqpar" "4 pp=2,sp=2:ring"; do
   set -- $spec
   "$mpirun" --allow-run-as-root --oversubscribe -np "$1" "$bin" verify --model "$tmp/model.json" --layout "$2" \
     | grep ": PASS$" >/dev/null

@@ -6,7 +6,7 @@
 // and every ParamRef's place; the tied embedding's two copies agree bit for bit; the
 // boundary's traffic is exactly 2*m*B*(S/D)*h*beta per boundary; the refusals name their
 // numbers. Layouts by world size W: pp=2,tsp=1 and pp=2,tp=1 (W = 2); pp=2,tsp=2, pp=4,tsp=1,
-// pp=2,dp=2,tsp=1, pp=2,tp=2 and pp=2,tp=2:seqpar (W = 4).
+// pp=2,dp=2,tsp=1, pp=2,tp=2, pp=2,tp=2:seqpar and pp=2,sp=2 (W = 4).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -210,10 +210,12 @@ TEST(PipelineParity, BatchTwoAndRecompute) {
 }
 
 TEST(PipelineParity, MegatronStages) {
-  // The baseline under pp: tp=N stages (with and without sequence-parallel norms).
+  // The baselines under pp: tp=N stages (with and without sequence-parallel norms) and sp=M
+  // stages (both K/V exchanges).
   RUN_OR_SKIP(Case{.layout = "pp=2,tp=1", .m_per_stage = 2}, Case{.layout = "pp=2,tp=2", .tied = true, .m_per_stage = 2},
               Case{.layout = "pp=2,tp=2:seqpar", .layers = 3, .m_per_stage = 2},
-              Case{.layout = "pp=2,tp=2", .layers = 5, .recompute = Recompute::kBlock});
+              Case{.layout = "pp=2,tp=2", .layers = 5, .recompute = Recompute::kBlock},
+              Case{.layout = "pp=2,sp=2", .m_per_stage = 2}, Case{.layout = "pp=2,sp=2:ring", .tied = true});
 }
 
 TEST(PipelineParity, WithDataParallel) {
@@ -240,7 +242,6 @@ TEST(PipelineErrors, RefusalsNameTheNumbers) {
   EXPECT_EQ(m.message(), "pp=4,tsp=2: 3 micro-batches per step cannot fill 4 pipeline stages (need m >= p; lower "
                          "--micro-batch or raise --batch)");
   EXPECT_TRUE(validate_micro_batches(parse_layout("pp=4,tsp=2").value(), 4).ok());
-  EXPECT_EQ(validate_layout(c, parse_layout("pp=2,tp=2,sp=2").value(), 0, 32).code(), StatusCode::kUnimplemented);
 }
 
 TEST(PipelineErrors, TooFewMicroBatchesBeforeAnythingMoves) {
