@@ -38,7 +38,7 @@ enum class Strategy { kTsp, kMegatron };
 struct Layout {
   // ---- axes (degrees >= 1; an axis not written has degree 1) ----
   int dp = 1;   // data-parallel replicas (the training loop's axis)
-  int pp = 1;   // pipeline stages (parallel/pipeline/; composes with tsp or tp, and dp)
+  int pp = 1;   // pipeline stages (parallel/pipeline/; composes with every model axis and dp)
   int tsp = 1;  // TSP degree D: 1/D of the weights and of the tokens per rank
   int tp = 1;   // Megatron tensor-parallel degree
   int sp = 1;   // sequence (context) parallel degree

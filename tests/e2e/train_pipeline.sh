@@ -6,7 +6,7 @@
 #  - the same pipelined layout twice gives bitwise identical losses;
 #  - a pp=2,tsp=2 checkpoint at step 10 resumed under tsp=4 and on one rank, and a one-rank
 #    checkpoint resumed under pp=4: the next losses match the uninterrupted runs;
-#  - verify passes (loss, logits, every gradient) under pp=2,tsp=1, pp=2,tsp=2, pp=4,tsp=1 and
+#  - verify passes (loss, logits, every gradient) under pp=2,tsp=1, pp=2,tsp=2, pp=4,tsp=1,
 #    pp=2,tp=2:seqpar and pp=2,sp=2:ring;
 #  - m < p, L < p and a --stage-layers list that does not sum to L exit 2 with one line.
 # The model is configs/tiny.json with 4 layers (so pp=4 has a layer per stage). Tolerance
