@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # foldpar train under pipeline parallelism, with real MPI processes and real files:
 #  - the same 20 steps from the same seed give the same losses on one rank, pp=2,tsp=1
-#    (m = 2), pp=2,tsp=2 (m = 4), pp=2,dp=2,tsp=1 (m = 2 per replica) and the baseline
-#    pp=2,tp=2 (m = 4);
+#    (m = 2), pp=2,tsp=2 (m = 4), pp=2,dp=2,tsp=1 and pp=2,dp=2,tsp=2 (m = 2 per replica)
+#    and the baseline pp=2,tp=2 (m = 4);
 #  - the same pipelined layout twice gives bitwise identical losses;
 #  - a pp=2,tsp=2 checkpoint at step 10 resumed under tsp=4 and on one rank, and a one-rank
 #    checkpoint resumed under pp=4: the next losses match the uninterrupted runs;
@@ -49,7 +49,8 @@ run 2 pp=2,tsp=1 "$tmp/pp2" --micro-batch 2
 run 4 pp=2,tsp=2 "$tmp/pp2tsp2" --micro-batch 1
 run 4 pp=2,dp=2,tsp=1 "$tmp/pp2dp2" --micro-batch 1
 run 4 pp=2,tp=2 "$tmp/pp2tp2" --micro-batch 1
-compare one pp2 pp2tsp2 pp2dp2 pp2tp2
+run 8 pp=2,dp=2,tsp=2 "$tmp/pp2dp2tsp2" --micro-batch 1
+compare one pp2 pp2tsp2 pp2dp2 pp2tp2 pp2dp2tsp2
 /usr/bin/python3 -c "
 import json, sys
 l = [json.loads(x)['loss'] for x in open('$tmp/one/metrics.jsonl')]
