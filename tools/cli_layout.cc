@@ -29,6 +29,8 @@ void add_layout_flags(CLI::App* cmd, LayoutArgs& a, bool generation) {
   add_recompute_option(cmd, a.recompute);
   cmd->add_flag("--keep-weights", a.keep_weights, "tsp: backward reuses the forward's attention shards");
   cmd->add_flag("--keep-kv", a.keep_kv, "tsp: backward reuses the forward's gathered K/V");
+  cmd->add_option("--stage-layers", a.stage_layers, "pp: decoder layers of each stage, first first, e.g. 5,6,6,5")
+      ->delimiter(',');
   cmd->add_flag("--sequence-parallel", a.sequence_parallel, "tp: Megatron sequence parallelism in the norm regions");
   cmd->add_option("--kv-exchange", a.kv_exchange, "sp: how attention exchanges K/V: allgather or ring")
       ->transform(choice<Layout::KvExchange>(
@@ -49,6 +51,7 @@ Result<Layout> layout_of(const LayoutArgs& a, int ranks) {
   if (a.keep_kv) l.keep_kv = true;
   if (a.sequence_parallel) l.sequence_parallel = true;
   if (a.head_buckets != 1) l.head_buckets = a.head_buckets;
+  if (!a.stage_layers.empty()) l.stage_layers = a.stage_layers;
   return l;
 }
 

@@ -15,7 +15,7 @@ namespace foldpar {
 
 namespace {
 
-constexpr std::array<std::string_view, 4> kAxisNames = {"dp", "tp", "sp", "tsp"};
+constexpr std::array<std::string_view, 5> kAxisNames = {"pp", "dp", "tp", "sp", "tsp"};
 
 std::string_view trim(std::string_view s) {
   const auto first = s.find_first_not_of(" \t");
@@ -32,7 +32,7 @@ Result<MeshAxis> parse_axis(std::string_view item, std::string_view layout) {
   const std::string_view name = trim(item.substr(0, eq));
   const std::string_view degree_text = trim(item.substr(eq + 1));
   if (std::find(kAxisNames.begin(), kAxisNames.end(), name) == kAxisNames.end()) {
-    return invalid_argument("layout '{}': unknown axis '{}' (known axes: dp, tp, sp, tsp)", layout, name);
+    return invalid_argument("layout '{}': unknown axis '{}' (known axes: pp, dp, tp, sp, tsp)", layout, name);
   }
   int degree = 0;
   const auto [end, ec] = std::from_chars(degree_text.data(), degree_text.data() + degree_text.size(), degree);
@@ -57,8 +57,12 @@ Result<MeshLayout> MeshLayout::parse(std::string_view text) {
     for (const MeshAxis& seen : layout.axes) {
       if (seen.name == axis.name) return invalid_argument("layout '{}': axis {} appears twice", text, axis.name);
     }
-    if (axis.name == "dp" && !layout.axes.empty()) {
-      return invalid_argument("layout '{}': dp must be the first (outermost) axis", text);
+    // pp outermost, then dp (docs/composition.md section 1: rank = (s*R + d)*D + r).
+    if (axis.name == "pp" && !layout.axes.empty()) {
+      return invalid_argument("layout '{}': pp must be the first (outermost) axis", text);
+    }
+    if (axis.name == "dp" && !layout.axes.empty() && !(layout.axes.size() == 1 && layout.axes[0].name == "pp")) {
+      return invalid_argument("layout '{}': dp must be the first (outermost) axis, or follow pp", text);
     }
     layout.axes.push_back(std::move(axis));
     if (comma == std::string_view::npos) break;

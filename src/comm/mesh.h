@@ -6,8 +6,8 @@
 // comm/nccl/device_communicator.h), so the strategies above talk to GPUs without this layer
 // knowing about them.
 //
-// Rank order: axes are listed outermost first and the last axis varies fastest. dp, when
-// present, must be written first (the outermost axis). A rank's coordinates are the digits
+// Rank order: axes are listed outermost first and the last axis varies fastest. pp, when
+// present, must be written first and dp first or right after pp (the outer axes). A rank's coordinates are the digits
 // of its world rank in the mixed radix of the degrees: for "dp=2,tp=2,sp=2", world rank
 // 6 = 1*4 + 1*2 + 0 is dp 1, tp 1, sp 0. The communicator of an axis holds the ranks that
 // share every other coordinate, ranked by their coordinate on that axis, so
@@ -26,7 +26,7 @@
 namespace foldpar {
 
 struct MeshAxis {
-  std::string name;  // one of dp, tp, sp, tsp
+  std::string name;  // one of pp, dp, tp, sp, tsp
   int degree = 1;    // >= 1
 };
 

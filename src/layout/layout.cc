@@ -2,6 +2,7 @@
 #include "layout/layout.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <charconv>
 
@@ -44,12 +45,18 @@ Status apply_option(std::string_view opt, std::string_view text, Layout& l) {
   else if (opt == "keepkv") l.keep_kv = true;
   else if (opt == "recompute") l.recompute = Recompute::kBlock;
   else if (opt == "bf16") l.dtype = DType::kBF16;
-  else if (opt.starts_with("buckets=")) {
+  else if (opt.starts_with("stages=")) {
+    l.stage_layers.clear();
+    for (const std::string& n : split(opt.substr(7), '/')) {
+      FP_ASSIGN_OR_RETURN(int layers, parse_degree(n, text, "the layers of a stage"));
+      l.stage_layers.push_back(layers);
+    }
+  } else if (opt.starts_with("buckets=")) {
     FP_ASSIGN_OR_RETURN(l.head_buckets, parse_degree(opt.substr(8), text, "the head buckets"));
   } else {
     return invalid_argument(
         "layout '{}': unknown option '{}' (ring, seqpar, contiguous, nooverlap, keepw, keepkv, buckets=N, recompute, "
-        "bf16)",
+        "bf16, stages=A/B/..)",
         text, opt);
   }
   return Status();
@@ -162,8 +169,8 @@ std::string Layout::mesh() const {
   auto add = [&](const char* name, int degree, bool always) {
     if (degree > 1 || always) axes.push_back(fmt::format("{}={}", name, degree));
   };
+  add("pp", pp, false);  // pp outermost, then dp (docs/composition.md section 1)
   add("dp", dp, false);
-  add("pp", pp, false);
   add("ep", ep, false);
   if (strategy == Strategy::kTsp) {
     add("tsp", tsp, true);
@@ -185,6 +192,7 @@ std::string Layout::to_string() const {
   if (head_buckets > 1) n += fmt::format(":buckets={}", head_buckets);
   if (recompute == Recompute::kBlock) n += ":recompute";
   if (dtype == DType::kBF16) n += ":bf16";
+  if (!stage_layers.empty()) n += fmt::format(":stages={}", fmt::join(stage_layers, "/"));
   return n;
 }
 

@@ -9,7 +9,7 @@
 // ep (experts). Options: ring (K/V around the sp ring instead of an all-gather), seqpar
 // (Megatron sequence-parallel norms), contiguous (sequence split; zigzag by default),
 // nooverlap, keepw / keepkv (TSP backward policies), buckets=N (TSP head buckets),
-// recompute (Recompute::kBlock), bf16 (storage dtype).
+// recompute (Recompute::kBlock), bf16 (storage dtype), stages=A/B/.. (pp: layers per stage).
 // The old plan spelling with '+' between axes ("tp=2+sp=2") is still read, with a note
 // naming the canonical form.
 #pragma once
@@ -38,7 +38,7 @@ enum class Strategy { kTsp, kMegatron };
 struct Layout {
   // ---- axes (degrees >= 1; an axis not written has degree 1) ----
   int dp = 1;   // data-parallel replicas (the training loop's axis)
-  int pp = 1;   // pipeline stages (not implemented yet: validate_layout refuses pp > 1)
+  int pp = 1;   // pipeline stages (parallel/pipeline/; composes with every model axis and dp)
   int tsp = 1;  // TSP degree D: 1/D of the weights and of the tokens per rank
   int tp = 1;   // Megatron tensor-parallel degree
   int sp = 1;   // sequence (context) parallel degree
@@ -63,6 +63,9 @@ struct Layout {
   // Storage of weights and activations and what travels of them: f32, or bf16 (then run on
   // a bf16 storage backend; gradients, statistics and AdamW stay f32).
   DType dtype = DType::kF32;
+  // pp: the decoder layers of each stage, first stage first (sum L); empty: stage_layers()
+  // balances them (`--stage-layers 5,6,6,5`, or `:stages=5/6/6/5` in the layout string).
+  std::vector<int> stage_layers;
 
   // ---- not part of the layout's name: a verification request ----
   bool keep_logits = false;  // also return this rank's logits rows [B, S_local, V]
@@ -107,6 +110,18 @@ Result<std::vector<Layout>> parse_layout_list(const std::vector<std::string>& it
 // "tsp=3: num_attention_heads (4) must be divisible by the TSP degree (3)"; unimplemented
 // for axes foldpar lacks.
 Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t batch, int64_t seq);
+
+// pp: the layers before each stage and after the last, [p + 1] bounds from 0 to L, so
+// stage s holds decoder layers [bounds[s], bounds[s+1]). Layout::stage_layers when given;
+// otherwise balanced with the embedding counted as one layer of stage 0 and the final norm +
+// LM head + loss as one layer of the last stage, every stage at least one decoder layer, ties
+// to the later stages (22 layers on 4 stages: 5,6,6,5; 5 on 4: 1,1,2,1). validate_layout's
+// verdict first (L >= p, the list sums to L).
+std::vector<int64_t> stage_bounds(const LlamaConfig& config, const Layout& layout);
+
+// pp: the micro-batches of one optimizer step (m, per data-parallel rank) must be at least
+// the stages (p), or the pipeline never fills; invalid_argument naming m and p. Any m for pp=1.
+Status validate_micro_batches(const Layout& layout, int64_t micro_batches);
 
 // Elements of the parameters one rank holds (its weight shards, or the whole model where
 // weights are replicated): the size of its gradients and of each AdamW moment.

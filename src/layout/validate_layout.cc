@@ -3,6 +3,9 @@
 // plan's verdict and the strategy's are the same by construction (tests/unit/layout_test.cc
 // holds them together over a grid).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/check.h"
 
 #include "layout/layout.h"
 
@@ -18,7 +21,6 @@ Status check_axes(const Layout& l, const std::string& name) {
     return invalid_argument("{}: tsp does not combine with tp or sp", name);
   if (l.strategy == Strategy::kMegatron && l.tsp > 1)
     return invalid_argument("{}: tsp does not combine with tp or sp", name);
-  if (l.pp > 1) return unimplemented("{}: pipeline parallelism (pp={}) is not built yet", name, l.pp);
   if (l.ep > 1) return unimplemented("{}: expert parallelism (ep={}) is not built yet", name, l.ep);
   return Status();
 }
@@ -78,13 +80,72 @@ Status check_sizes(const LlamaConfig& c, const Layout& l, int64_t batch, int64_t
   return Status();
 }
 
+// pp: at least one decoder layer per stage, and a --stage-layers list of p positive counts
+// that sums to L.
+Status check_stages(const LlamaConfig& c, const Layout& l, const std::string& name) {
+  const int64_t L = c.num_hidden_layers;
+  if (l.stage_layers.empty()) {
+    if (L < l.pp)
+      return invalid_argument("{}: {} layers cannot fill {} pipeline stages (at least one layer per stage)", name, L,
+                              l.pp);
+    return Status();
+  }
+  const std::string list = fmt::format("{}", fmt::join(l.stage_layers, ","));
+  if (static_cast<int>(l.stage_layers.size()) != l.pp)
+    return invalid_argument("{}: --stage-layers {} names {} stages, the layout has pp={}", name, list,
+                            l.stage_layers.size(), l.pp);
+  int64_t sum = 0;
+  for (int n : l.stage_layers) {
+    if (n < 1) return invalid_argument("{}: --stage-layers {}: every stage needs at least one layer", name, list);
+    sum += n;
+  }
+  if (sum != L)
+    return invalid_argument("{}: --stage-layers {} sums to {}, the model has {} layers", name, list, sum, L);
+  return Status();
+}
+
 }  // namespace
+
+Status validate_micro_batches(const Layout& l, int64_t m) {
+  if (l.pp > 1 && m < l.pp)
+    return invalid_argument("{}: {} micro-batches per step cannot fill {} pipeline stages (need m >= p; lower "
+                            "--micro-batch or raise --batch)",
+                            l.to_string(), m, l.pp);
+  return Status();
+}
+
+std::vector<int64_t> stage_bounds(const LlamaConfig& c, const Layout& l) {
+  const int64_t L = c.num_hidden_layers, p = l.pp;
+  std::vector<int64_t> layers(static_cast<size_t>(p));
+  if (!l.stage_layers.empty()) {
+    for (int64_t s = 0; s < p; ++s) layers[s] = l.stage_layers[s];
+  } else {
+    // One layer each (L >= p), then each further layer to the least loaded stage, the
+    // embedding and the head counting as one layer of the end stages; ties go to the later
+    // stage, which holds fewer micro-batches in flight under 1F1B.
+    auto load = [&](int64_t s) { return layers[s] + (s == 0 ? 1 : 0) + (s == p - 1 ? 1 : 0); };
+    for (int64_t s = 0; s < p; ++s) layers[s] = 1;
+    for (int64_t n = p; n < L; ++n) {
+      int64_t best = p - 1;
+      for (int64_t s = p - 1; s-- > 0;)
+        if (load(s) < load(best)) best = s;
+      ++layers[best];
+    }
+  }
+  std::vector<int64_t> bounds{0};
+  for (int64_t n : layers) bounds.push_back(bounds.back() + n);
+  FP_CHECK(bounds.back() == L, "stage bounds end at {} of {} layers (validate_layout passes first)", bounds.back(), L);
+  return bounds;
+}
 
 Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t batch, int64_t seq) {
   FP_RETURN_IF_ERROR(config.validate());
   const std::string name = layout.to_string();
   FP_RETURN_IF_ERROR(check_axes(layout, name));
   FP_RETURN_IF_ERROR(check_knobs(layout, name));
+  if (layout.pp == 1 && !layout.stage_layers.empty())
+    return invalid_argument("{}: --stage-layers is the pp axis's (a layout with pp=P)", name);
+  if (layout.pp > 1) FP_RETURN_IF_ERROR(check_stages(config, layout, name));
   return check_sizes(config, layout, batch, seq, name);
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "model/llama_model.h"
 
@@ -28,6 +29,16 @@ class ModelStep {
   virtual Tensor block_backward(int64_t layer, Tensor dx) = 0;
   virtual void embed_backward(const Tensor& dx) = 0;
 };
+
+// A pipeline stage's part of the order (parallel/pipeline/): the forward of blocks
+// [first, end) from x for a backward later, saving each block's state (kNone) or only its
+// input into inputs[l] (kBlock; `inputs` has a slot per model layer); and the backward of
+// the same blocks in reverse from dx, rerunning each block's forward first under kBlock.
+// step_forward_backward is these two around the embedding and the head.
+Tensor forward_blocks_saving(ModelStep& step, int64_t first, int64_t end, Tensor x, Recompute recompute,
+                             std::vector<Tensor>& inputs);
+Tensor backward_blocks(ModelStep& step, int64_t first, int64_t end, Tensor dx, Recompute recompute,
+                       std::vector<Tensor>& inputs);
 
 // The forward of blocks 0..layers-1 from x, keeping nothing.
 Tensor forward_blocks(ModelStep& step, int64_t layers, Tensor x);

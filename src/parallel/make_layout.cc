@@ -9,7 +9,8 @@ namespace {
 // The mesh must have the layout's degrees (layout.mesh(); an axis of degree 1 may be in the
 // mesh or not: the strategy runs a missing one on a size-1 communicator).
 Status check_mesh(const Mesh& mesh, const Layout& layout) {
-  const std::pair<const char*, int> axes[] = {{"dp", layout.dp}, {"tsp", layout.tsp}, {"tp", layout.tp}, {"sp", layout.sp}};
+  const std::pair<const char*, int> axes[] = {
+      {"pp", layout.pp}, {"dp", layout.dp}, {"tsp", layout.tsp}, {"tp", layout.tp}, {"sp", layout.sp}};
   for (const auto& [axis, degree] : axes)
     if (mesh.degree(axis) != degree)
       return invalid_argument("layout {} runs on the mesh {}, but the mesh is {}", layout.to_string(), layout.mesh(),
@@ -28,6 +29,13 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
                                                          const Layout& layout) {
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
+  if (layout.pp > 1) {
+    Result<std::unique_ptr<StageStrategy>> stage =
+        layout.strategy == Strategy::kTsp ? make_tsp_stage_strategy(config, mesh.comm("tsp"), seq, layout)
+                                          : make_megatron_stage_strategy(config, axis_comm(mesh, "tp"), axis_comm(mesh, "sp"), seq, layout);
+    FP_RETURN_IF_ERROR(stage.status());
+    return make_pipeline_model(config, mesh.comm("pp"), std::move(*stage), layout);
+  }
   if (layout.strategy == Strategy::kTsp) return make_tsp_sharded_model(config, mesh.comm("tsp"), seq, layout);
   return make_megatron_sharded_model(config, axis_comm(mesh, "tp"), axis_comm(mesh, "sp"), seq, layout);
 }
@@ -36,6 +44,7 @@ Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& 
                                                              const Layout& layout) {
   const std::string name = layout.to_string();
   if (layout.dp > 1) return unimplemented("layout {}: generation does not take a dp axis", name);
+  if (layout.pp > 1) return unimplemented("layout {}: generation does not run on a pp axis yet", name);
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, 0));
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
   if (layout.strategy == Strategy::kTsp) return make_tsp_decoder(config, mesh.comm("tsp"), layout);

@@ -9,7 +9,8 @@
 
 namespace foldpar {
 
-// The strategy of the layout's model axes (tsp=D; tp=T; sp=S; tp=T,sp=S) over a mesh made
+// The strategy of the layout's model axes (tsp=D; tp=T; sp=S; tp=T,sp=S; with pp=P the
+// pipeline over stages of that strategy, parallel/pipeline/) over a mesh made
 // from layout.mesh(). (A dp axis is the training loop's business: the model is built over
 // the other axes.) validate_layout's verdict first, then a mesh that does not match the
 // layout; unimplemented for layouts foldpar does not have. The mesh must outlive the model.

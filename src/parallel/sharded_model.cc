@@ -13,6 +13,19 @@ WeightShardedModel::WeightShardedModel(const LlamaConfig& config, const ShardDim
       layout_(std::move(layout)),
       counting_(counting) {}
 
+Result<StepResult> ShardedModel::forward_backward_micro_batches(Backend& be, const std::vector<Batch>& locals,
+                                                               int64_t loss_normalizer) {
+  StepResult sum;
+  for (const Batch& local : locals) {
+    FP_ASSIGN_OR_RETURN(StepResult r, forward_backward(be, local, loss_normalizer));
+    sum.loss_sum += r.loss_sum;
+    sum.valid_tokens += r.valid_tokens;
+    sum.exposed_comm_seconds += r.exposed_comm_seconds;
+  }
+  sum.loss = sum.valid_tokens > 0 ? sum.loss_sum / static_cast<double>(sum.valid_tokens) : 0.0;
+  return sum;
+}
+
 std::vector<ParamRef> WeightShardedModel::parameters() {
   return sharded_param_refs(weights_, grads_.views(), counting_.replicated, counting_.sharded);
 }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/status.h"
@@ -44,6 +45,11 @@ class ShardedModel {
   // the global mean; 0 means this micro-batch's own count.
   virtual Result<StepResult> forward_backward(Backend& backend, const Batch& local, int64_t loss_normalizer) = 0;
   virtual Result<StepResult> forward(Backend& backend, const Batch& local) = 0;
+  // One optimizer step's micro-batches (gradient accumulation): the sum of forward_backward
+  // over `locals` in order (loss_sum and valid_tokens added up, loss their ratio), which a
+  // pipeline runs as one schedule (parallel/pipeline/: its m micro-batches in flight).
+  virtual Result<StepResult> forward_backward_micro_batches(Backend& backend, const std::vector<Batch>& locals,
+                                                            int64_t loss_normalizer);
 
   // The parameters this rank holds with their gradients, for the optimizer, clipping and
   // checkpoints (parallel/param_ref.h). Handles share storage with the model's tensors.

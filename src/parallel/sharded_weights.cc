@@ -59,6 +59,7 @@ void move_shards(ShardedWeights& s, LlamaWeights& g, bool to_global, bool replic
   const ShardDims& d = s.dims;
   const int r = s.owner;
   for (size_t l = 0; l < s.attn.size(); ++l) {
+    if (!s.attn[l].defined()) continue;  // another pipeline stage's layer
     AttnPieces a = attn_pieces(d, s.attn[l]);
     const LayerWeights& lw = g.layers[l];
     copy_rows(a.wq, lw.wq, r * d.q_rows, to_global);
@@ -74,9 +75,10 @@ void move_shards(ShardedWeights& s, LlamaWeights& g, bool to_global, bool replic
       copy_rows(s.mlp_norm[l].reshape({1, d.h}), lw.mlp_norm.reshape({1, d.h}), 0, to_global);
     }
   }
-  copy_rows(s.embed, g.embed, r * d.v_rows, to_global);
-  if (!s.tied) copy_rows(s.lm_head, g.lm_head, r * d.v_rows, to_global);
-  if (replicated) copy_rows(s.final_norm.reshape({1, d.h}), g.final_norm.reshape({1, d.h}), 0, to_global);
+  if (s.embed.defined()) copy_rows(s.embed, g.embed, r * d.v_rows, to_global);
+  if (!s.tied && s.lm_head.defined()) copy_rows(s.lm_head, g.lm_head, r * d.v_rows, to_global);
+  if (replicated && s.final_norm.defined())
+    copy_rows(s.final_norm.reshape({1, d.h}), g.final_norm.reshape({1, d.h}), 0, to_global);
 }
 
 }  // namespace
@@ -122,36 +124,48 @@ MlpPieces mlp_pieces(const ShardDims& d, const Tensor& p) {
   return MlpPieces{p.narrow(0, d.f_rows), p.narrow(d.f_rows, 2 * d.f_rows), p.narrow(2 * d.f_rows, 3 * d.f_rows)};
 }
 
+namespace {
+
+// A stage's embedding: the first stage's, and the last's LM head when tied.
+bool holds_embed(const StageLayers& s, bool tied) { return s.embed || (tied && s.head); }
+
+}  // namespace
+
 ShardedWeights ShardedWeights::allocate(const LlamaConfig& c, const ShardDims& d, int owner, DType dtype,
-                                MemCategory category) {
+                                MemCategory category, const StageLayers& stage) {
   ShardedWeights w;
   w.dims = d;
   w.owner = owner;
   w.tied = c.tie_word_embeddings;
+  auto make = [&](const Shape& shape, bool held) { return held ? Tensor::empty(shape, dtype, category) : Tensor(); };
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    w.attn.push_back(Tensor::empty({d.attn_rows(), d.h}, dtype, category));
-    w.mlp.push_back(Tensor::empty({d.mlp_rows(), d.h}, dtype, category));
-    w.attn_norm.push_back(Tensor::empty({d.h}, dtype, category));
-    w.mlp_norm.push_back(Tensor::empty({d.h}, dtype, category));
+    const bool held = stage.holds_layer(l);
+    w.attn.push_back(make({d.attn_rows(), d.h}, held));
+    w.mlp.push_back(make({d.mlp_rows(), d.h}, held));
+    w.attn_norm.push_back(make({d.h}, held));
+    w.mlp_norm.push_back(make({d.h}, held));
   }
-  w.final_norm = Tensor::empty({d.h}, dtype, category);
-  w.embed = Tensor::empty({d.v_rows, d.h}, dtype, category);
-  w.lm_head = w.tied ? w.embed : Tensor::empty({d.v_rows, d.h}, dtype, category);
+  w.final_norm = make({d.h}, stage.head);
+  w.embed = make({d.v_rows, d.h}, holds_embed(stage, w.tied));
+  w.lm_head = w.tied ? (stage.head ? w.embed : Tensor()) : make({d.v_rows, d.h}, stage.head);
   return w;
 }
 
 void ShardedWeights::for_each(const std::function<void(const std::string&, Tensor&, bool)>& fn) {
+  auto each = [&](const std::string& name, Tensor& t, bool replicated) {
+    if (t.defined()) fn(name, t, replicated);  // undefined: another pipeline stage's
+  };
   for (size_t l = 0; l < attn.size(); ++l) {
-    fn(fmt::format("layers.{}.attn", l), attn[l], false);
-    fn(fmt::format("layers.{}.mlp", l), mlp[l], false);
+    each(fmt::format("layers.{}.attn", l), attn[l], false);
+    each(fmt::format("layers.{}.mlp", l), mlp[l], false);
   }
-  fn("embed", embed, false);
-  if (!tied) fn("lm_head", lm_head, false);
+  each("embed", embed, false);
+  if (!tied) each("lm_head", lm_head, false);
   for (size_t l = 0; l < attn.size(); ++l) {
-    fn(fmt::format("layers.{}.attn_norm", l), attn_norm[l], true);
-    fn(fmt::format("layers.{}.mlp_norm", l), mlp_norm[l], true);
+    each(fmt::format("layers.{}.attn_norm", l), attn_norm[l], true);
+    each(fmt::format("layers.{}.mlp_norm", l), mlp_norm[l], true);
   }
-  fn("final_norm", final_norm, true);
+  each("final_norm", final_norm, true);
 }
 
 // Host zeroing: set-up and assembly only (steps zero gradients with ShardedGrads::zero).
@@ -159,16 +173,21 @@ void ShardedWeights::zero() {
   for_each([](const std::string&, Tensor& t, bool) { t.zero(); });
 }
 
-ShardedGrads ShardedGrads::allocate(const LlamaConfig& c, const ShardDims& dims, int owner, MemCategory category) {
+ShardedGrads ShardedGrads::allocate(const LlamaConfig& c, const ShardDims& dims, int owner, MemCategory category,
+                                   const StageLayers& stage) {
   const int64_t L = c.num_hidden_layers, h = dims.h;
   const bool tied = c.tie_word_embeddings;
-  const int64_t total =
-      L * (dims.attn_elems() + dims.mlp_elems()) + (tied ? 1 : 2) * dims.vocab_elems() + (2 * L + 1) * h;
+  int64_t layers = 0;  // this stage's
+  for (int64_t l = 0; l < L; ++l) layers += stage.holds_layer(l) ? 1 : 0;
+  const int64_t vocab_tensors = (holds_embed(stage, tied) ? 1 : 0) + (!tied && stage.head ? 1 : 0);
+  const int64_t total = layers * (dims.attn_elems() + dims.mlp_elems()) + vocab_tensors * dims.vocab_elems() +
+                        (2 * layers + (stage.head ? 1 : 0)) * h;
   ShardedGrads g;
   g.flat_ = Tensor::zeros({total}, DType::kF32, category);  // storage-less: no fill (a dry run)
   g.known_zero_ = true;
   int64_t offset = 0;
-  auto take = [&](const Shape& shape) {
+  auto take = [&](const Shape& shape, bool held) {
+    if (!held) return Tensor();
     Tensor t = g.flat_.narrow(offset, offset + shape.numel()).reshape(shape);
     offset += shape.numel();
     return t;
@@ -179,17 +198,17 @@ ShardedGrads ShardedGrads::allocate(const LlamaConfig& c, const ShardDims& dims,
   w.owner = owner;
   w.tied = tied;
   for (int64_t l = 0; l < L; ++l) {
-    w.attn.push_back(take({dims.attn_rows(), h}));
-    w.mlp.push_back(take({dims.mlp_rows(), h}));
+    w.attn.push_back(take({dims.attn_rows(), h}, stage.holds_layer(l)));
+    w.mlp.push_back(take({dims.mlp_rows(), h}, stage.holds_layer(l)));
   }
-  w.embed = take({dims.v_rows, h});
-  w.lm_head = tied ? w.embed : take({dims.v_rows, h});
+  w.embed = take({dims.v_rows, h}, holds_embed(stage, tied));
+  w.lm_head = tied ? (stage.head ? w.embed : Tensor()) : take({dims.v_rows, h}, stage.head);
   g.norm_offset_ = offset;
   for (int64_t l = 0; l < L; ++l) {
-    w.attn_norm.push_back(take({h}));
-    w.mlp_norm.push_back(take({h}));
+    w.attn_norm.push_back(take({h}, stage.holds_layer(l)));
+    w.mlp_norm.push_back(take({h}, stage.holds_layer(l)));
   }
-  w.final_norm = take({h});
+  w.final_norm = take({h}, stage.head);
   FP_CHECK(offset == total, "flat sharded gradients: {} of {} elements laid out", offset, total);
   return g;
 }
@@ -203,16 +222,20 @@ void sum_norm_partials(Backend& be, const std::vector<Tensor>& partials, Sharded
                        const std::function<void(Tensor& packed)>& reduce) {
   const int64_t L = static_cast<int64_t>(grads.attn_norm.size()), n = static_cast<int64_t>(partials.size());
   FP_CHECK(n == 2 * L + 1, "{} norm partials for {} layers", n, L);
-  Tensor packed = Tensor::empty({n, grads.dims.h}, DType::kF32, MemCategory::kComm);
-  for (int64_t i = 0; i < n; ++i) {
-    Tensor row = packed.narrow(i, i + 1);
-    be.copy(partials[static_cast<size_t>(i)], row);
+  auto dst = [&](int64_t i) -> Tensor& {
+    return i < L ? grads.attn_norm[i] : (i < 2 * L ? grads.mlp_norm[i - L] : grads.final_norm);
+  };
+  std::vector<int64_t> held;  // the gains this rank holds (all but other pipeline stages')
+  for (int64_t i = 0; i < n; ++i)
+    if (dst(i).defined()) held.push_back(i);
+  const int64_t k = static_cast<int64_t>(held.size());
+  Tensor packed = Tensor::empty({k, grads.dims.h}, DType::kF32, MemCategory::kComm);
+  for (int64_t j = 0; j < k; ++j) {
+    Tensor row = packed.narrow(j, j + 1);
+    be.copy(partials[static_cast<size_t>(held[j])], row);
   }
   reduce(packed);
-  for (int64_t i = 0; i < n; ++i) {
-    Tensor& dst = i < L ? grads.attn_norm[i] : (i < 2 * L ? grads.mlp_norm[i - L] : grads.final_norm);
-    be.add_inplace(packed.narrow(i, i + 1), dst);
-  }
+  for (int64_t j = 0; j < k; ++j) be.add_inplace(packed.narrow(j, j + 1), dst(held[j]));
 }
 
 void init_sharded_weights(const InitOptions& o, ShardedWeights& w) {
@@ -228,6 +251,7 @@ void init_sharded_weights(const InitOptions& o, ShardedWeights& w) {
     });
   };
   for (size_t l = 0; l < w.attn.size(); ++l) {
+    if (!w.attn[l].defined()) continue;  // another pipeline stage's layer
     const std::string pre = fmt::format("model.layers.{}.", l);
     AttnPieces a = attn_pieces(d, w.attn[l]);
     fill_rows(a.wq, pre + "self_attn.q_proj.weight", r * d.q_rows);
@@ -241,9 +265,9 @@ void init_sharded_weights(const InitOptions& o, ShardedWeights& w) {
     fill_rows(w.attn_norm[l], pre + "input_layernorm.weight", 0);
     fill_rows(w.mlp_norm[l], pre + "post_attention_layernorm.weight", 0);
   }
-  fill_rows(w.final_norm, "model.norm.weight", 0);
-  fill_rows(w.embed, "model.embed_tokens.weight", r * d.v_rows);
-  if (!w.tied) fill_rows(w.lm_head, "lm_head.weight", r * d.v_rows);
+  if (w.final_norm.defined()) fill_rows(w.final_norm, "model.norm.weight", 0);
+  if (w.embed.defined()) fill_rows(w.embed, "model.embed_tokens.weight", r * d.v_rows);
+  if (!w.tied && w.lm_head.defined()) fill_rows(w.lm_head, "lm_head.weight", r * d.v_rows);
 }
 
 void shard_from_global(const LlamaWeights& global, ShardedWeights& shard) {
@@ -284,6 +308,7 @@ std::vector<ParamRef> sharded_param_refs(ShardedWeights& w, ShardedWeights& g, b
   const int64_t h = d.h;
   std::vector<ParamRef> refs;
   for (size_t l = 0; l < w.attn.size(); ++l) {
+    if (!w.attn[l].defined()) continue;  // another pipeline stage's layer
     const std::string pre = fmt::format("model.layers.{}.", l);
     const int64_t q = d.q_rows, kv = d.kv_rows;
     refs.push_back(ParamRef{
@@ -298,20 +323,23 @@ std::vector<ParamRef> sharded_param_refs(ShardedWeights& w, ShardedWeights& g, b
                              GlobalSlice{pre + "mlp.up_proj.weight", r * f, f, 0, h, false, f * h},
                              GlobalSlice{pre + "mlp.down_proj.weight", 0, h, r * f, f, true, 2 * f * h}}});
   }
-  refs.push_back(ParamRef{"embed", w.embed, g.embed, true, count_sharded,
-                          {GlobalSlice{"model.embed_tokens.weight", r * d.v_rows, d.v_rows, 0, h, false, 0}}});
-  if (!w.tied)
+  if (w.embed.defined())
+    refs.push_back(ParamRef{"embed", w.embed, g.embed, true, count_sharded,
+                            {GlobalSlice{"model.embed_tokens.weight", r * d.v_rows, d.v_rows, 0, h, false, 0}}});
+  if (!w.tied && w.lm_head.defined())
     refs.push_back(ParamRef{"lm_head", w.lm_head, g.lm_head, true, count_sharded,
                             {GlobalSlice{"lm_head.weight", r * d.v_rows, d.v_rows, 0, h, false, 0}}});
   for (size_t l = 0; l < w.attn.size(); ++l) {
+    if (!w.attn_norm[l].defined()) continue;
     const std::string pre = fmt::format("model.layers.{}.", l);
     refs.push_back(ParamRef{fmt::format("layers.{}.attn_norm", l), w.attn_norm[l], g.attn_norm[l], false,
                             count_replicated, {whole(pre + "input_layernorm.weight", w.attn_norm[l])}});
     refs.push_back(ParamRef{fmt::format("layers.{}.mlp_norm", l), w.mlp_norm[l], g.mlp_norm[l], false,
                             count_replicated, {whole(pre + "post_attention_layernorm.weight", w.mlp_norm[l])}});
   }
-  refs.push_back(ParamRef{"final_norm", w.final_norm, g.final_norm, false, count_replicated,
-                          {whole("model.norm.weight", w.final_norm)}});
+  if (w.final_norm.defined())
+    refs.push_back(ParamRef{"final_norm", w.final_norm, g.final_norm, false, count_replicated,
+                            {whole("model.norm.weight", w.final_norm)}});
   return refs;
 }
 

@@ -59,6 +59,20 @@ struct MlpPieces {
 AttnPieces attn_pieces(const ShardDims& dims, const Tensor& packed);
 MlpPieces mlp_pieces(const ShardDims& dims, const Tensor& packed);
 
+// The part of the model a rank holds along the pipeline axis (parallel/pipeline/): decoder
+// layers [first, end), the embedding (first stage), the final norm and LM head (last stage;
+// with tied embeddings the last stage holds the embedding as its LM head too). Layers keep
+// their global index: the per-layer vectors below have L entries, those of other stages'
+// layers undefined, so names, initialization and checkpoint slices are those of the whole
+// model. The default is the whole model.
+struct StageLayers {
+  int64_t first = 0;
+  int64_t end = -1;  // -1: every layer
+  bool embed = true;
+  bool head = true;
+  bool holds_layer(int64_t l) const { return l >= first && (end < 0 || l < end); }
+};
+
 struct ShardedWeights {
   ShardDims dims;
   int owner = 0;                  // r: the rank whose shards these are
@@ -71,9 +85,10 @@ struct ShardedWeights {
   Tensor lm_head;                 // [V/D, h]; the embed tensor when tied
   bool tied = false;
 
+  // Tensors outside `stage` stay undefined (and everything below skips them).
   static ShardedWeights allocate(const LlamaConfig& config, const ShardDims& dims, int owner, DType dtype,
-                             MemCategory category);
-  // Every distinct tensor with a name ("layers.3.attn", "embed", ...), sharded ones first.
+                             MemCategory category, const StageLayers& stage = {});
+  // Every distinct defined tensor with a name ("layers.3.attn", "embed", ...), sharded ones first.
   void for_each(const std::function<void(const std::string& name, Tensor& t, bool replicated)>& fn);
   void zero();
 };
@@ -94,12 +109,13 @@ void unshard_into_global(const ShardedWeights& shard, bool replicated, LlamaWeig
 // message; Megatron's over sp) and the gains' sum one more (over tp).
 class ShardedGrads {
  public:
-  static ShardedGrads allocate(const LlamaConfig& config, const ShardDims& dims, int owner, MemCategory category);
+  static ShardedGrads allocate(const LlamaConfig& config, const ShardDims& dims, int owner, MemCategory category,
+                               const StageLayers& stage = {});
 
   ShardedWeights& views() { return views_; }
   const ShardedWeights& views() const { return views_; }
   Tensor& flat() { return flat_; }
-  Tensor norm_region() { return flat_.narrow(norm_offset_, flat_.numel()); }  // [(2L+1) h]
+  Tensor norm_region() { return flat_.narrow(norm_offset_, flat_.numel()); }  // [(2L+1) h] (a stage's gains)
   // Zeroes through the Backend (every step, ShardedModel::zero_grads). Allocated zero.
   void zero(Backend& be);
   // True from zero() (and allocation) until a step accumulates into it: such a step may sum its partial in
@@ -115,7 +131,8 @@ class ShardedGrads {
 };
 
 // A step's partial norm-gain gradients (attn_norm[L], mlp_norm[L], final_norm: each [h], in
-// that order) packed into one [(2L+1), h] communication buffer, summed across ranks by
+// that order; those whose gradient in `grads` is undefined, another pipeline stage's, are left
+// out) packed into one [(2L+1), h] communication buffer, summed across ranks by
 // `reduce` (the strategy's own timed all_reduce over its axis), and added into the gains of
 // `grads`. Collective as `reduce` is.
 void sum_norm_partials(Backend& backend, const std::vector<Tensor>& partials, ShardedWeights& grads,

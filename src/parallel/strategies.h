@@ -8,6 +8,7 @@
 #include "comm/communicator.h"
 #include "parallel/sharded_decoder.h"
 #include "parallel/sharded_model.h"
+#include "parallel/stage_strategy.h"
 
 namespace foldpar {
 
@@ -19,6 +20,18 @@ Result<std::unique_ptr<ShardedModel>> make_tsp_sharded_model(const LlamaConfig& 
 Result<std::unique_ptr<ShardedModel>> make_megatron_sharded_model(const LlamaConfig& config, Communicator* tp,
                                                                   Communicator* sp, int64_t seq,
                                                                   const Layout& options);
+
+// Pipeline stages (parallel/stage_strategy.h): tsp/'s and megatron/'s (a null axis runs as
+// one rank) step pieces over one stage's layers;
+// pipeline/'s model over the pp axis (layout.pp stages, this rank's stage pp.rank()), which
+// owns the stage's weights and runs the 1F1B schedule over the stage strategy.
+Result<std::unique_ptr<StageStrategy>> make_tsp_stage_strategy(const LlamaConfig& config, Communicator& tsp,
+                                                               int64_t seq, const Layout& layout);
+Result<std::unique_ptr<StageStrategy>> make_megatron_stage_strategy(const LlamaConfig& config, Communicator* tp,
+                                                                    Communicator* sp, int64_t seq,
+                                                                    const Layout& layout);
+Result<std::unique_ptr<ShardedModel>> make_pipeline_model(const LlamaConfig& config, Communicator& pp,
+                                                          std::unique_ptr<StageStrategy> stage, const Layout& layout);
 
 // Generation (parallel/sharded_decoder.h): TSP's decoder (KV cache sharded by sequence) and
 // TP's (megatron/, tp=T: sharded by heads). Each reads split, overlap and head_buckets (tsp)

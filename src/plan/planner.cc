@@ -202,6 +202,11 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
       report.not_buildable.push_back(fmt::format("{}: uses {} ranks, not {}", l.to_string(), l.ranks(), r.devices));
       continue;
     }
+    if (l.pp > 1) {  // the dry run of one stage would hide the others' work and the bubble
+      report.not_buildable.push_back(fmt::format(
+          "{}: the plan does not model pipeline stages yet (heaviest stage, bubble); foldpar train runs it", l.to_string()));
+      continue;
+    }
     LayoutPlan p;
     p.layout = l;
     const Status dry = plan_by_dry_run(r, p);  // validate_layout's verdict first (dry_run)

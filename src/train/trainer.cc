@@ -58,6 +58,11 @@ Result<Setup> plan_batches(const TrainOptions& o, Mesh& mesh) {
   return s;
 }
 
+// The pipeline's micro-batches are the accumulation's (m = accum): refused below p stages.
+Status check_micro_batches(const Layout& lo, const Setup& s) {
+  return validate_micro_batches(lo, s.accum);
+}
+
 // Sum over the data-parallel axis, in place.
 void sum_over(Communicator* comm, Tensor& t) {
   if (comm == nullptr || comm->size() == 1) return;
@@ -214,13 +219,12 @@ Result<StepStats> train_step(const TrainOptions& o, const Setup& s, const DataLo
   // The global batch's valid tokens (every rank can count them: the loader is counter-based).
   const Batch all_rows = train.train_rows(index, 0, o.batch);
   const int64_t normalizer = be.count_valid_targets(all_rows.target_ids, kIgnoreIndex);
-  double loss_sum = 0;
   const int64_t r0 = s.dp_rank * s.rows_per_dp;
-  for (int64_t a = 0; a < s.accum; ++a) {
-    const Batch rows = train.train_rows(index, r0 + a * s.micro, r0 + (a + 1) * s.micro);
-    FP_ASSIGN_OR_RETURN(StepResult r, l.model->forward_backward(be, l.model->local_batch(rows), normalizer));
-    loss_sum += r.loss_sum;
-  }
+  std::vector<Batch> micro_batches;
+  for (int64_t a = 0; a < s.accum; ++a)
+    micro_batches.push_back(l.model->local_batch(train.train_rows(index, r0 + a * s.micro, r0 + (a + 1) * s.micro)));
+  FP_ASSIGN_OR_RETURN(StepResult r, l.model->forward_backward_micro_batches(be, micro_batches, normalizer));
+  const double loss_sum = r.loss_sum;
   for (ParamRef& p : l.params) sum_over(s.dp_comm, p.grad);
   StepStats st;
   // Loss sums are global over the model axes already; the dp replicas add theirs.
@@ -287,6 +291,7 @@ Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
   const std::string layout = lo.to_string();
   FP_ASSIGN_OR_RETURN(Mesh mesh, Mesh::create(world, lo.mesh(), o.axis_comm));
   FP_ASSIGN_OR_RETURN(Setup s, plan_batches(o, mesh));
+  FP_RETURN_IF_ERROR(check_micro_batches(lo, s));
   FP_ASSIGN_OR_RETURN(Data data, open_data(o));
   FP_ASSIGN_OR_RETURN(Learner l, build_learner(o, mesh, lo));
   const std::string ckpt_root = (fs::path(o.out_dir) / "checkpoints").string();

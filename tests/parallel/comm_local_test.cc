@@ -26,6 +26,11 @@ TEST(MeshLayout, ParsesAxesInOrderIgnoringSpaces) {
   EXPECT_EQ(layout->axes[1].degree, 3);
   EXPECT_EQ(layout->num_ranks(), 6);
   EXPECT_EQ(layout->to_string(), "dp=2,tp=3,sp=1");
+  // pp outermost, then dp, tsp fastest: rank = (s*R + d)*D + r.
+  Result<MeshLayout> piped = MeshLayout::parse("pp=2,dp=2,tsp=2");
+  ASSERT_TRUE(piped.ok()) << piped.status().to_string();
+  EXPECT_EQ(Mesh::coords_of(*piped, (1 * 2 + 1) * 2 + 0), (std::vector<int>{1, 1, 0}));
+  EXPECT_EQ(Mesh::axis_world_ranks(*piped, {0, 1, 1}, 0), (std::vector<int>{3, 7}));  // a boundary's pair
 }
 
 TEST(MeshLayout, RejectsMalformedLayoutsNamingTheProblem) {
@@ -40,9 +45,11 @@ TEST(MeshLayout, RejectsMalformedLayoutsNamingTheProblem) {
       {"tsp=99999999999", "got '99999999999'"},
       {"tsp=4,", "empty axis between commas"},
       {",tsp=4", "empty axis between commas"},
-      {"pp=2", "unknown axis 'pp' (known axes: dp, tp, sp, tsp)"},
+      {"ep=2", "unknown axis 'ep' (known axes: pp, dp, tp, sp, tsp)"},
       {"tp=2,tp=2", "axis tp appears twice"},
       {"tp=2,dp=2", "dp must be the first (outermost) axis"},
+      {"dp=2,pp=2,tsp=2", "pp must be the first (outermost) axis"},
+      {"pp=2,tsp=2,dp=2", "dp must be the first (outermost) axis, or follow pp"},
   };
   for (const auto& [text, message] : cases) {
     Result<MeshLayout> layout = MeshLayout::parse(text);

@@ -170,13 +170,38 @@ TEST(ValidateLayout, KnobsOnLayoutsTheyDoNotApplyToAreRefused) {
 
 TEST(ValidateLayout, AxesNotBuiltYetAreUnimplemented) {
   const LlamaConfig c = mha_config();
-  const Status pp = validate_layout(c, parse("pp=2,tsp=2"), 1, 128);
-  EXPECT_EQ(pp.code(), StatusCode::kUnimplemented);
-  EXPECT_NE(pp.message().find("pipeline parallelism (pp=2)"), std::string::npos) << pp.message();
+  LlamaConfig two = c;
+  two.num_hidden_layers = 2;
+  const Status ok = validate_layout(two, parse("pp=2,tsp=2"), 1, 128);  // parallel/pipeline/
+  EXPECT_TRUE(ok.ok()) << ok.message();
+  EXPECT_TRUE(validate_layout(two, parse("pp=2,tp=2"), 1, 128).ok());
+  EXPECT_TRUE(validate_layout(two, parse("pp=2,tp=2,sp=2"), 1, 128).ok());
   EXPECT_EQ(validate_layout(c, parse("ep=2,tsp=2"), 1, 128).code(), StatusCode::kUnimplemented);
   Layout bad = parse("tsp=2");
   bad.tp = 2;  // built in code, not parsed
   EXPECT_FALSE(validate_layout(c, bad, 1, 128).ok());
+}
+
+TEST(LayoutStages, PipelineMeshOrderSpellingAndStageBounds) {
+  // pp outermost, then dp, then the model axis (rank = (s*R + d)*D + r).
+  EXPECT_EQ(parse("dp=2,tsp=2,pp=2").mesh(), "pp=2,dp=2,tsp=2");
+  const Layout staged = parse("pp=4,tsp=2:stages=5/6/6/5");
+  EXPECT_EQ(staged.stage_layers, (std::vector<int>{5, 6, 6, 5}));
+  EXPECT_EQ(parse(staged.to_string()), staged);
+  LlamaConfig c = mha_config();
+  c.num_hidden_layers = 22;
+  EXPECT_EQ(stage_bounds(c, staged), (std::vector<int64_t>{0, 5, 11, 17, 22}));
+  // Balanced over L + 2 units: the embedding and the head count as one layer each.
+  EXPECT_EQ(stage_bounds(c, parse("pp=4,tsp=1")), (std::vector<int64_t>{0, 5, 11, 17, 22}));
+  c.num_hidden_layers = 4;
+  EXPECT_EQ(stage_bounds(c, parse("pp=2,tsp=1")), (std::vector<int64_t>{0, 2, 4}));
+  c.num_hidden_layers = 5;
+  EXPECT_EQ(stage_bounds(c, parse("pp=2,tsp=1")), (std::vector<int64_t>{0, 2, 5}));
+  EXPECT_EQ(stage_bounds(c, parse("pp=4,tsp=1")), (std::vector<int64_t>{0, 1, 2, 4, 5}));
+  // Every stage keeps a decoder layer, even where the end stages then carry more.
+  c.num_hidden_layers = 3;
+  EXPECT_EQ(stage_bounds(c, parse("pp=3,tsp=1")), (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(stage_bounds(c, parse("pp=1,tsp=1")), (std::vector<int64_t>{0, 3}));
 }
 
 TEST(LayoutParameters, LocalParameterElementsShardByTheWeightDegree) {

@@ -217,6 +217,25 @@ TEST(HardwareTest, ErrorsNameTheField) {
   EXPECT_EQ(Hardware::load("/nonexistent/hw.json").status().code(), StatusCode::kNotFound);
 }
 
+TEST(PlannerTest, PipelineLayoutsAreNotPlannedYetAndSaySo) {
+  // One stage's dry run would hide the other stages' work and the bubble: refused by name,
+  // never recommended.
+  PlanRequest r;
+  r.config = mha_config(4);
+  r.hardware = *Hardware::from_json(kHardware);
+  r.devices = 4;
+  r.batch = 2;
+  r.seq = 1024;
+  r.layouts = {spec("tsp=4"), spec("pp=2,tsp=2")};
+  Result<PlanReport> rep = make_plan(r);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  ASSERT_EQ(rep->layouts.size(), 1u);
+  EXPECT_EQ(rep->layouts[0].layout.to_string(), "tsp=4");
+  ASSERT_EQ(rep->not_buildable.size(), 1u);
+  EXPECT_NE(rep->not_buildable[0].find("pp=2,tsp=2: the plan does not model pipeline stages yet"), std::string::npos)
+      << rep->not_buildable[0];
+}
+
 TEST(PlannerTest, RecommendsTheFastestLayoutThatFitsAndSaysByHowMuchOthersDoNot) {
   PlanRequest r;
   r.config = mha_config(4);

@@ -65,6 +65,14 @@ Status check_local_batch(Backend& be, const MegatronModel& m, const Batch& b) {
 
 }  // namespace
 
+namespace megatron_detail {
+
+Status check_local_batch(Backend& be, const MegatronModel& m, const Batch& local) {
+  return foldpar::check_local_batch(be, m, local);
+}
+
+}  // namespace megatron_detail
+
 Result<StepResult> MegatronModel::forward(Backend& be, const MegatronAxes& axes, const ShardedWeights& w,
                                           const Batch& batch) const {
   FP_RETURN_IF_ERROR(check_local_batch(be, *this, batch));

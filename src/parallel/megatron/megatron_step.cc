@@ -55,10 +55,14 @@ void MegatronStep::sum_partials(ShardedGrads& partial) {
     sum_norm_partials(be_, norm_partials_, partial.views(), [this](Tensor& packed) { tp_.all_reduce(packed); });
     return;
   }
-  if (seq_par_) {
+  sum_grads_over_sp(tp_, sp_, seq_par_, partial);
+}
+
+void sum_grads_over_sp(TpComm& tp, Communicator& sp, bool seq_par, ShardedGrads& partial) {
+  if (seq_par) {
     // The gains saw only this rank's rows of the sp shard: sum over tp first.
     Tensor norms = partial.norm_region();
-    tp_.all_reduce(norms);
+    tp.all_reduce(norms);
   }
   // Every gradient saw only this sp rank's tokens. MPI counts are int: a 7B model's
   // gradient slices need several messages.
@@ -68,9 +72,9 @@ void MegatronStep::sum_partials(ShardedGrads& partial) {
   for (int64_t begin = 0; begin < n; begin += kMaxElements) {
     Tensor chunk = flat.narrow(begin, std::min(n, begin + kMaxElements));
     const auto t0 = StepTimer::Clock::now();
-    tp_.timer().blocking(sp_.all_reduce(chunk.raw_data(), chunk.raw_data(), static_cast<size_t>(chunk.numel()),
-                                        DType::kF32, ReduceOp::kSum),
-                         t0);
+    tp.timer().blocking(sp.all_reduce(chunk.raw_data(), chunk.raw_data(), static_cast<size_t>(chunk.numel()),
+                                      DType::kF32, ReduceOp::kSum),
+                        t0);
   }
 }
 

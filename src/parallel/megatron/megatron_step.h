@@ -59,4 +59,13 @@ class MegatronStep : public TpStepBase {
   KvCache* kv_cache_ = nullptr;        // prefill only
 };
 
+// Gradients each sp rank accumulated over its own tokens, summed: the norm gains over tp
+// first (sequence parallel: each rank saw its rows), then the whole flat buffer over sp, in
+// place. Collective over tp and sp (MegatronStep::sum_partials with several sp ranks; a
+// pipeline stage once per step).
+void sum_grads_over_sp(TpComm& tp, Communicator& sp, bool seq_par, ShardedGrads& partial);
+
+// A local batch's shapes and ids against the model (invalid_argument naming them).
+Status check_local_batch(Backend& backend, const MegatronModel& model, const Batch& local);
+
 }  // namespace foldpar::megatron_detail

@@ -86,6 +86,22 @@ class TspModelStep final : public ModelStep {
 
 }  // namespace
 
+namespace tsp_detail {
+
+std::unique_ptr<ModelStep> make_model_step(TspStep& step, const TspModel& m, const ShardedWeights& w,
+                                           const Batch& local, ShardedWeights* grads, int64_t loss_normalizer) {
+  const int64_t T = local.input_ids.numel();
+  return std::make_unique<TspModelStep>(
+      step, m, w,
+      StepInputs{local.input_ids.reshape({T}), local.target_ids.reshape({T}), local.batch(), grads, loss_normalizer});
+}
+
+Status check_local_batch(Backend& be, const TspModel& m, const Batch& local) {
+  return foldpar::check_local_batch(be, m, local);
+}
+
+}  // namespace tsp_detail
+
 Result<StepResult> TspModel::forward(Backend& be, Communicator& tsp, const ShardedWeights& w, const Batch& batch) const {
   FP_RETURN_IF_ERROR(check_local_batch(be, *this, batch));
   TspStep step(*this, be, tsp, batch.batch());

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.h"
 #include "comm/communicator.h"
+#include "model/step_order.h"
 #include "model/sub_blocks.h"
 #include "parallel/step_timer.h"
 #include "parallel/tsp/tsp_model.h"
@@ -171,5 +173,14 @@ class TspStep {
   KvCache* kv_cache_ = nullptr;        // prefill only
   StepTimer timer_;
 };
+
+// One micro-batch's parts of the model's step order (model/step_order.h) over `step`, which
+// several micro-batches in flight may share (a pipeline stage's: parallel/pipeline/). local:
+// this rank's rows [B, S/D]; grads null for a forward only; loss_normalizer as in
+// TspModel::forward_backward.
+std::unique_ptr<ModelStep> make_model_step(TspStep& step, const TspModel& model, const ShardedWeights& weights,
+                                           const Batch& local, ShardedWeights* grads, int64_t loss_normalizer);
+// A local batch's shapes and ids against the model (invalid_argument naming them).
+Status check_local_batch(Backend& backend, const TspModel& model, const Batch& local);
 
 }  // namespace foldpar::tsp_detail

@@ -1,0 +1,113 @@
+// Megatron (tp=N, sp=M, tp=N,sp=M) as a pipeline stage (parallel/stage_strategy.h): one
+// MegatronStep per micro-batch over the pipeline's stage weights, accumulating into the
+// stage's gradients. One sp rank: with sequence parallelism each micro-batch's norm-gain
+// partials are summed over tp when its backward ends, as MegatronModel::forward_backward does
+// per call. Several sp ranks: the step's accumulated gradients are summed over sp (gains over
+// tp first with sequence parallelism) once, after the last backward, so they must start the
+// step at zero (ShardedModel::zero_grads).
+#include "comm/self_communicator.h"
+#include "parallel/megatron/megatron_step.h"
+#include "parallel/stage_strategy.h"
+#include "parallel/strategies.h"
+
+namespace foldpar {
+namespace {
+
+using megatron_detail::MegatronStep;
+using megatron_detail::TpStepInputs;
+
+class MegatronStageSteps final : public StageSteps {
+ public:
+  MegatronStageSteps(const MegatronModel& model, Backend& be, MegatronAxes axes, const ShardedWeights& w,
+                     ShardedGrads* g)
+      : model_(model), be_(be), axes_(axes), w_(w), g_(g), zero_at_start_(g == nullptr || g->known_zero()) {}
+
+  Result<std::unique_ptr<ModelStep>> micro_batch(const Batch& local, int64_t loss_normalizer) override {
+    FP_RETURN_IF_ERROR(megatron_detail::check_local_batch(be_, model_, local));
+    if (!local_axis() && g_ != nullptr && !zero_at_start_)
+      return invalid_argument("{}: a pipeline step with sp={} sums its gradients over sp, so they must start at zero "
+                              "(zero_grads before each step)",
+                              model_.options().to_string(), axes_.sp->size());
+    const Layout& o = model_.options();
+    TpStepInputs in{&w_, g_ != nullptr ? &g_->views() : nullptr, loss_normalizer, o.keep_logits,
+                    o.recompute == Recompute::kBlock};
+    return std::unique_ptr<ModelStep>(std::make_unique<MegatronStep>(model_, be_, axes_, local, in));
+  }
+  void finish_micro_batch(ModelStep& step) override {
+    auto& s = static_cast<MegatronStep&>(step);
+    if (local_axis()) s.sum_partials(*g_);  // the gains over tp (sequence parallel), else nothing
+    blocked_ += s.blocked_seconds();
+  }
+  void finish_backward() override {
+    if (local_axis()) return;
+    TpComm tp(*axes_.tp, be_, model_.options().overlap);
+    megatron_detail::sum_grads_over_sp(tp, *axes_.sp, model_.sequence_parallel(), *g_);
+    blocked_ += tp.blocked_seconds();
+    g_->mark_written();
+  }
+  double wait_seconds() const override { return blocked_; }
+
+ private:
+  bool local_axis() const { return axes_.sp->size() == 1; }
+
+  const MegatronModel& model_;
+  Backend& be_;
+  MegatronAxes axes_;
+  const ShardedWeights& w_;
+  ShardedGrads* g_;
+  bool zero_at_start_;
+  double blocked_ = 0;
+};
+
+// tp and sp: the layout's axes, or communicators of one rank standing for the one it lacks
+// (owned in self_). Every sp rank holds the same tp slices: sp rank 0 speaks for them, and
+// (tp 0, sp 0) for the replicated gains.
+class MegatronStageStrategy final : public StageStrategy {
+ public:
+  MegatronStageStrategy(MegatronModel model, Communicator& tp, Communicator& sp, std::unique_ptr<Communicator> self)
+      : model_(std::move(model)), tp_(tp), sp_(sp), self_(std::move(self)) {}
+
+  Batch local_batch(const Batch& global) const override { return model_.local_batch(global); }
+  const ShardDims& dims() const override { return model_.dims(); }
+  Communicator& weight_axis() override { return tp_; }
+  bool counts_replicated() const override { return tp_.rank() == 0 && sp_.rank() == 0; }
+  bool counts_sharded() const override { return sp_.rank() == 0; }
+  Status assemble_logits(const Tensor& local, Tensor& global) override {
+    global.zero();
+    model_.scatter_rows(local, global);
+    const size_t n = static_cast<size_t>(global.numel());
+    if (model_.sequence_parallel())  // each tp rank holds its own rows
+      FP_RETURN_IF_ERROR(tp_.all_reduce(global.raw_data(), global.raw_data(), n, DType::kF32, ReduceOp::kSum));
+    if (sp_.size() == 1) return Status();
+    return sp_.all_reduce(global.raw_data(), global.raw_data(), n, DType::kF32, ReduceOp::kSum);
+  }
+  std::unique_ptr<StageSteps> begin(Backend& be, const ShardedWeights& w, ShardedGrads* g, int64_t) override {
+    return std::make_unique<MegatronStageSteps>(model_, be, MegatronAxes{&tp_, &sp_}, w, g);
+  }
+
+ private:
+  MegatronModel model_;
+  Communicator& tp_;
+  Communicator& sp_;
+  std::unique_ptr<Communicator> self_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<StageStrategy>> make_megatron_stage_strategy(const LlamaConfig& config, Communicator* tp,
+                                                                    Communicator* sp, int64_t seq,
+                                                                    const Layout& layout) {
+  FP_CHECK(tp != nullptr || sp != nullptr, "a Megatron stage needs a tp or an sp axis");
+  const Communicator& present = tp != nullptr ? *tp : *sp;
+  std::unique_ptr<Communicator> self;
+  if (tp == nullptr || sp == nullptr) {
+    self = std::make_unique<SelfCommunicator>(tp == nullptr ? "tp" : "sp",
+                                              present.world_ranks()[static_cast<size_t>(present.rank())]);
+    (tp == nullptr ? tp : sp) = self.get();
+  }
+  FP_ASSIGN_OR_RETURN(MegatronModel model, MegatronModel::create(config, layout, tp->rank(), sp->rank(), seq));
+  return std::unique_ptr<StageStrategy>(
+      std::make_unique<MegatronStageStrategy>(std::move(model), *tp, *sp, std::move(self)));
+}
+
+}  // namespace foldpar

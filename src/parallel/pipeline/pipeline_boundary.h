@@ -1,0 +1,70 @@
+// StageBoundary: what crosses between neighbouring pipeline stages of one step
+// (docs/composition.md section 2). Each TSP rank r of stage s sends its own rows [T, h]
+// (T = B*S/D, the zigzag chunks it already holds) to the same TSP index r of stage s+1 (the
+// pp communicator's rank s+1 of the group this rank is in) and receives their gradient back:
+// shapes and dtype are static, known before the step, so nothing else is exchanged.
+// Everything is non-blocking: a stage posts its send and the receive its next op needs
+// together and waits only on receives, so no rank blocks in a send whose receive its peer
+// posts later. Messages of one direction are in micro-batch order (the 1F1B schedule's), and
+// the ones of a micro-batch are matched by that order.
+// Per step and boundary: m activations one way and m gradients the other, each
+// T*h*beta bytes: 2*m*B*(S/D)*h*beta in all.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "parallel/step_timer.h"
+#include "tensor/tensor.h"
+
+namespace foldpar {
+
+class StageBoundary {
+ public:
+  // pp: the pipeline communicator (rank = stage); rows x h elements of `dtype` per message.
+  // `timer` counts the time blocked on receives. Both borrowed for the step.
+  StageBoundary(Communicator& pp, int64_t rows, int64_t h, DType dtype, StepTimer& timer);
+  StageBoundary(const StageBoundary&) = delete;
+  StageBoundary& operator=(const StageBoundary&) = delete;
+  ~StageBoundary();  // FP_CHECKs that finish() ran: a send left in flight is a bug
+
+  bool first() const { return stage_ == 0; }
+  bool last() const { return stage_ == stages_ - 1; }
+
+  // Posts the receive of micro-batch i's activation from the previous stage (first stage: no
+  // receive) or of its gradient from the next (last stage: none), once.
+  void post_activation_recv(int i);
+  void post_gradient_recv(int i);
+  // Waits for what the post brought (posting it first if needed): [rows, h].
+  Tensor take_activation(int i);
+  Tensor take_gradient(int i);
+  // Starts sending micro-batch i's output [rows, h] to the next stage, or its input gradient
+  // to the previous one; the tensor is kept until the send completes.
+  void send_activation(int i, Tensor x);
+  void send_gradient(int i, Tensor dx);
+  // Advances the transfers in flight and releases the sends that completed; never blocks.
+  void progress();
+  // Waits for every send; every posted receive must have been taken.
+  void finish();
+
+ private:
+  struct Transfer {
+    Tensor buffer;
+    CommRequest request;
+  };
+  void post_recv(std::map<int, Transfer>& pending, int i, int source);
+  Tensor take(std::map<int, Transfer>& pending, int i, int source);
+  void send(Tensor t, int peer);
+
+  Communicator& pp_;
+  int stage_, stages_;
+  int64_t rows_, h_;
+  DType dtype_;
+  StepTimer& timer_;
+  std::map<int, Transfer> activations_in_, gradients_in_;  // by micro-batch
+  std::vector<Transfer> sends_;
+};
+
+}  // namespace foldpar

@@ -1,0 +1,178 @@
+// PipelineModel: the stage's weights, the 1F1B step over the stage strategy's ModelSteps,
+// the loss and tied-embedding sums between stages, and assembly over pp.
+#include "parallel/pipeline/pipeline_model.h"
+
+#include "parallel/pipeline/pipeline_boundary.h"
+#include "parallel/pipeline/pipeline_schedule.h"
+#include "parallel/strategies.h"
+
+namespace foldpar {
+
+Result<std::unique_ptr<PipelineModel>> PipelineModel::create(const LlamaConfig& config, Communicator& pp,
+                                                             std::unique_ptr<StageStrategy> stage,
+                                                             const Layout& layout) {
+  FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, 0));
+  if (pp.size() != layout.pp)
+    return invalid_argument("layout {} has {} pipeline stages, the pp communicator {} ranks", layout.to_string(),
+                            layout.pp, pp.size());
+  const std::vector<int64_t> bounds = stage_bounds(config, layout);
+  const int s = pp.rank();
+  const StageLayers layers{bounds[s], bounds[s + 1], s == 0, s == layout.pp - 1};
+  return std::unique_ptr<PipelineModel>(new PipelineModel(config, pp, std::move(stage), layout, layers));
+}
+
+PipelineModel::PipelineModel(const LlamaConfig& config, Communicator& pp, std::unique_ptr<StageStrategy> stage,
+                             const Layout& layout, StageLayers layers)
+    : config_(config),
+      pp_(pp),
+      stage_(std::move(stage)),
+      layout_(layout),
+      name_(layout.to_string()),
+      stage_index_(pp.rank()),
+      stages_(pp.size()),
+      layers_(layers),
+      weights_(ShardedWeights::allocate(config, stage_->dims(), stage_->weight_axis().rank(), layout.dtype,
+                                        MemCategory::kParameters, layers)),
+      grads_(ShardedGrads::allocate(config, stage_->dims(), stage_->weight_axis().rank(), MemCategory::kGradients,
+                                    layers)) {}
+
+Result<StepResult> PipelineModel::forward_backward(Backend& be, const Batch& local, int64_t loss_normalizer) {
+  return run_schedule(be, {local}, loss_normalizer);
+}
+
+Result<StepResult> PipelineModel::forward_backward_micro_batches(Backend& be, const std::vector<Batch>& locals,
+                                                                 int64_t loss_normalizer) {
+  FP_RETURN_IF_ERROR(validate_micro_batches(layout_, static_cast<int64_t>(locals.size())));
+  return run_schedule(be, locals, loss_normalizer);
+}
+
+Result<StepResult> PipelineModel::run_schedule(Backend& be, const std::vector<Batch>& locals, int64_t normalizer) {
+  const int m = static_cast<int>(locals.size());
+  if (m == 0) return invalid_argument("a pipeline step needs at least one micro-batch");
+  std::unique_ptr<StageSteps> steps = stage_->begin(be, weights_, &grads_, locals[0].batch());
+  // Every micro-batch's step first: a batch that does not fit fails before anything moves.
+  std::vector<std::unique_ptr<ModelStep>> mb(static_cast<size_t>(m));
+  for (int i = 0; i < m; ++i) {
+    FP_ASSIGN_OR_RETURN(mb[i], steps->micro_batch(locals[i], normalizer));
+  }
+  StepTimer timer;
+  StageBoundary boundary(pp_, locals[0].input_ids.numel(), config_.hidden_size, layout_.dtype, timer);
+  std::vector<std::vector<Tensor>> inputs(static_cast<size_t>(m));  // Recompute::kBlock: block inputs
+  std::vector<StepResult> results(static_cast<size_t>(m));         // last stage
+  const std::vector<PipelineOp> ops = one_f_one_b(stages_, stage_index_, m);
+  const int64_t first = layers_.first, end = layers_.end;
+  for (size_t k = 0; k < ops.size(); ++k) {
+    boundary.progress();
+    const int i = ops[k].micro_batch;
+    ModelStep& step = *mb[i];
+    if (ops[k].kind == PipelineOp::Kind::kForward) {
+      inputs[i].resize(static_cast<size_t>(config_.num_hidden_layers));
+      Tensor x = boundary.first() ? step.embed_forward() : boundary.take_activation(i);
+      x = forward_blocks_saving(step, first, end, std::move(x), layout_.recompute, inputs[i]);
+      if (boundary.last()) results[i] = step.head_forward(x, true);
+      else boundary.send_activation(i, std::move(x));
+    } else {
+      Tensor dx = boundary.last() ? step.head_backward(results[i]) : boundary.take_gradient(i);
+      dx = backward_blocks(step, first, end, std::move(dx), layout_.recompute, inputs[i]);
+      if (boundary.first()) step.embed_backward(dx);
+      else boundary.send_gradient(i, std::move(dx));
+      steps->finish_micro_batch(step);
+      mb[i].reset();  // the micro-batch's saved state
+      inputs[i].clear();
+    }
+    // The receive the next op needs, posted together with the send just started.
+    if (k + 1 < ops.size()) {
+      if (ops[k + 1].kind == PipelineOp::Kind::kForward) boundary.post_activation_recv(ops[k + 1].micro_batch);
+      else boundary.post_gradient_recv(ops[k + 1].micro_batch);
+    }
+  }
+  boundary.finish();
+  steps->finish_backward();
+  sum_tied_embedding(be);
+  grads_.mark_written();
+  double loss_sum = 0;
+  int64_t valid = 0;
+  for (const StepResult& r : results) {
+    loss_sum += r.loss_sum;
+    valid += r.valid_tokens;
+  }
+  StepResult r = share_loss(loss_sum, valid);
+  r.exposed_comm_seconds = timer.seconds() + steps->wait_seconds();
+  if (m == 1) r.logits = results[0].logits;  // keep_logits, last stage: this rank's rows
+  return r;
+}
+
+Result<StepResult> PipelineModel::forward(Backend& be, const Batch& local) {
+  std::unique_ptr<StageSteps> steps = stage_->begin(be, weights_, nullptr, local.batch());
+  FP_ASSIGN_OR_RETURN(std::unique_ptr<ModelStep> step, steps->micro_batch(local, 0));
+  StepTimer timer;
+  StageBoundary boundary(pp_, local.input_ids.numel(), config_.hidden_size, layout_.dtype, timer);
+  Tensor x = boundary.first() ? step->embed_forward() : boundary.take_activation(0);
+  for (int64_t l = layers_.first; l < layers_.end; ++l) x = step->block_forward(l, x, false);
+  StepResult last;
+  if (boundary.last()) last = step->head_forward(x, false);
+  else boundary.send_activation(0, std::move(x));
+  boundary.finish();
+  StepResult r = share_loss(last.loss_sum, last.valid_tokens);
+  r.exposed_comm_seconds = timer.seconds() + steps->wait_seconds();
+  r.logits = last.logits;
+  return r;
+}
+
+StepResult PipelineModel::share_loss(double loss_sum, int64_t valid_tokens) {
+  double sums[2] = {loss_sum, static_cast<double>(valid_tokens)};  // host scalars
+  if (stages_ > 1) FP_CHECK_OK(pp_.broadcast(sums, 2, DType::kF64, stages_ - 1));
+  StepResult r;
+  r.loss_sum = sums[0];
+  r.valid_tokens = static_cast<int64_t>(sums[1]);
+  r.loss = r.valid_tokens > 0 ? r.loss_sum / static_cast<double>(r.valid_tokens) : 0.0;
+  return r;
+}
+
+void PipelineModel::sum_tied_embedding(Backend& be) {
+  if (!config_.tie_word_embeddings || stages_ == 1 || !(layers_.embed || layers_.head)) return;
+  const int peer = layers_.embed ? stages_ - 1 : 0;
+  Tensor& g = grads_.views().embed;  // [V/D, h]
+  Tensor incoming = Tensor::empty(g.shape(), DType::kF32, MemCategory::kComm);
+  FP_CHECK_OK(pp_.send_recv(g.raw_data(), incoming.raw_data(), static_cast<size_t>(g.numel()), DType::kF32, peer, peer));
+  be.add_inplace(incoming, g);  // g0 + g_last on both: addition commutes, so the copies agree bit for bit
+}
+
+std::vector<ParamRef> PipelineModel::parameters() {
+  std::vector<ParamRef> refs =
+      sharded_param_refs(weights_, grads_.views(), stage_->counts_replicated(), stage_->counts_sharded());
+  // The last stage's copy of a tied embedding: stage 0 speaks for it.
+  if (config_.tie_word_embeddings && stages_ > 1 && !layers_.embed)
+    for (ParamRef& r : refs)
+      if (r.name == "embed") r.counted = false;
+  return refs;
+}
+
+Status PipelineModel::assemble(const ShardedWeights& shard, LlamaWeights& global) {
+  FP_RETURN_IF_ERROR(assemble_global(shard, stage_->weight_axis(), global));
+  // Host-side assembly: each element from the one stage that holds it (the tied embedding from stage 0).
+  if (config_.tie_word_embeddings && !layers_.embed) global.embed.zero();
+  Status status;
+  global.for_each([&](const std::string&, Tensor& t) {
+    if (status.ok())
+      status = pp_.all_reduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()), DType::kF32, ReduceOp::kSum);
+  });
+  return status;
+}
+
+Status PipelineModel::assemble_logits(const Tensor& local, Tensor& global) {
+  // The last stage's rows over its weight axis, then to every stage.
+  if (layers_.head) {
+    FP_RETURN_IF_ERROR(stage_->assemble_logits(local, global));
+  }
+  if (stages_ == 1) return Status();
+  return pp_.broadcast(global.raw_data(), static_cast<size_t>(global.numel()), DType::kF32, stages_ - 1);
+}
+
+Result<std::unique_ptr<ShardedModel>> make_pipeline_model(const LlamaConfig& config, Communicator& pp,
+                                                          std::unique_ptr<StageStrategy> stage, const Layout& layout) {
+  FP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineModel> model, PipelineModel::create(config, pp, std::move(stage), layout));
+  return std::unique_ptr<ShardedModel>(std::move(model));
+}
+
+}  // namespace foldpar

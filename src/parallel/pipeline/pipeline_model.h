@@ -1,0 +1,74 @@
+// PipelineModel: a Llama model under pipeline parallelism over the pp axis, each stage
+// running its layers with a model-axis strategy (parallel/stage_strategy.h: tsp/'s step
+// pieces), behind ShardedModel (docs/composition.md section 2). Stage s = pp.rank() holds decoder
+// layers [bounds[s], bounds[s+1]) (layout/stage_bounds), the embedding on stage 0 and the
+// final norm + LM head on stage p-1, under their global names, so checkpoints are
+// layout-independent.
+//
+// One step of m micro-batches runs the 1F1B schedule (pipeline_schedule.h); the boundary
+// moves each TSP rank's [B*S/D, h] rows to the same TSP index of the next stage and the
+// gradient back (pipeline_boundary.h). The loss is computed on the last stage with the
+// caller's normalizer (the valid targets of the whole global batch) and broadcast over pp, so
+// every rank returns the same StepResult. With tied embeddings the two end stages' copies of
+// the embedding gradient are summed between them (one exchange of the V/D x h shard), so both
+// copies stay equal bit for bit; stage 0 speaks for the tensor (ParamRef::counted).
+//
+// Collective over the pp communicator and the stage strategy's axis.
+#pragma once
+
+#include <memory>
+
+#include "parallel/sharded_model.h"
+#include "parallel/stage_strategy.h"
+
+namespace foldpar {
+
+class PipelineModel final : public ShardedModel {
+ public:
+  // validate_layout's verdict first (pp = layout.pp = pp.size()). Not collective.
+  static Result<std::unique_ptr<PipelineModel>> create(const LlamaConfig& config, Communicator& pp,
+                                                       std::unique_ptr<StageStrategy> stage, const Layout& layout);
+
+  const std::string& layout() const override { return name_; }
+  Batch local_batch(const Batch& global) const override { return stage_->local_batch(global); }
+  void init_weights(const InitOptions& options) override { init_sharded_weights(options, weights_); }
+  void zero_grads(Backend& backend) override { grads_.zero(backend); }
+  // One micro-batch: the schedule with m = 1 (the stages run one after the other); with
+  // keep_logits the last stage's result holds its rows' logits.
+  Result<StepResult> forward_backward(Backend& backend, const Batch& local, int64_t loss_normalizer) override;
+  // m micro-batches in one 1F1B schedule; invalid_argument when m < p (validate_micro_batches).
+  Result<StepResult> forward_backward_micro_batches(Backend& backend, const std::vector<Batch>& locals,
+                                                    int64_t loss_normalizer) override;
+  Result<StepResult> forward(Backend& backend, const Batch& local) override;
+  std::vector<ParamRef> parameters() override;
+  // Collective over the weight axis and pp: every rank gets the whole model.
+  Status assemble_weights(LlamaWeights& global) override { return assemble(weights_, global); }
+  Status assemble_grads(LlamaWeights& global) override { return assemble(grads_.views(), global); }
+  // The last stage's logits rows (keep_logits; other stages pass anything) to every rank.
+  Status assemble_logits(const Tensor& local, Tensor& global) override;
+
+  int stage() const { return stage_index_; }
+  const StageLayers& stage_layers() const { return layers_; }
+
+ private:
+  PipelineModel(const LlamaConfig& config, Communicator& pp, std::unique_ptr<StageStrategy> stage,
+                const Layout& layout, StageLayers layers);
+  Result<StepResult> run_schedule(Backend& backend, const std::vector<Batch>& locals, int64_t loss_normalizer);
+  // The last stage's loss sums to every stage (a broadcast of two f64 over pp).
+  StepResult share_loss(double loss_sum, int64_t valid_tokens);
+  // Tied embeddings: the end stages add each other's embedding gradient.
+  void sum_tied_embedding(Backend& backend);
+  Status assemble(const ShardedWeights& shard, LlamaWeights& global);
+
+  LlamaConfig config_;
+  Communicator& pp_;
+  std::unique_ptr<StageStrategy> stage_;
+  Layout layout_;
+  std::string name_;
+  int stage_index_ = 0, stages_ = 1;
+  StageLayers layers_;
+  ShardedWeights weights_;
+  ShardedGrads grads_;
+};
+
+}  // namespace foldpar

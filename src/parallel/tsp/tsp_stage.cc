@@ -1,0 +1,70 @@
+// TSP as a pipeline stage (parallel/stage_strategy.h): one TspStep per pipeline step, shared
+// by the micro-batches in flight (each its own TspModelStep and saved state), so the
+// norm-gain partials of every micro-batch are summed over the axis once, after the last
+// backward. The stage's weights are the pipeline's (ShardedWeights of its StageLayers).
+#include "parallel/stage_strategy.h"
+#include "parallel/strategies.h"
+#include "parallel/tsp/tsp_step.h"
+
+namespace foldpar {
+namespace {
+
+using tsp_detail::TspStep;
+
+class TspStageSteps final : public StageSteps {
+ public:
+  TspStageSteps(const TspModel& model, Backend& be, Communicator& comm, const ShardedWeights& w, ShardedGrads* g,
+                int64_t batch)
+      : model_(model), be_(be), step_(model, be, comm, batch), w_(w), g_(g != nullptr ? &g->views() : nullptr),
+        batch_(batch) {}
+
+  Result<std::unique_ptr<ModelStep>> micro_batch(const Batch& local, int64_t loss_normalizer) override {
+    FP_RETURN_IF_ERROR(tsp_detail::check_local_batch(be_, model_, local));
+    if (local.batch() != batch_)
+      return invalid_argument("a micro-batch of {} sequences in a pipeline step of {}", local.batch(), batch_);
+    return tsp_detail::make_model_step(step_, model_, w_, local, g_, loss_normalizer);
+  }
+  void finish_backward() override { step_.sum_norm_partials(*g_); }
+  double wait_seconds() const override { return step_.wait_seconds(); }
+
+ private:
+  const TspModel& model_;
+  Backend& be_;
+  TspStep step_;
+  const ShardedWeights& w_;
+  ShardedWeights* g_;
+  int64_t batch_;
+};
+
+class TspStageStrategy final : public StageStrategy {
+ public:
+  TspStageStrategy(TspModel model, Communicator& comm) : model_(std::move(model)), comm_(comm) {}
+
+  Batch local_batch(const Batch& global) const override { return model_.shard().local_batch(global); }
+  const ShardDims& dims() const override { return model_.dims(); }
+  Communicator& weight_axis() override { return comm_; }
+  bool counts_replicated() const override { return comm_.rank() == 0; }
+  Status assemble_logits(const Tensor& local, Tensor& global) override {
+    global.zero();
+    model_.shard().scatter_to_global(local, global);
+    return comm_.all_reduce(global.raw_data(), global.raw_data(), static_cast<size_t>(global.numel()), DType::kF32,
+                            ReduceOp::kSum);
+  }
+  std::unique_ptr<StageSteps> begin(Backend& be, const ShardedWeights& w, ShardedGrads* g, int64_t batch) override {
+    return std::make_unique<TspStageSteps>(model_, be, comm_, w, g, batch);
+  }
+
+ private:
+  TspModel model_;
+  Communicator& comm_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<StageStrategy>> make_tsp_stage_strategy(const LlamaConfig& config, Communicator& tsp,
+                                                               int64_t seq, const Layout& layout) {
+  FP_ASSIGN_OR_RETURN(TspModel model, TspModel::create(config, layout, tsp.rank(), seq));
+  return std::unique_ptr<StageStrategy>(std::make_unique<TspStageStrategy>(std::move(model), tsp));
+}
+
+}  // namespace foldpar

@@ -1,0 +1,377 @@
+// The pipeline (pp=P over TSP or tp stages, parallel/pipeline/) against the single-rank model, its
+// reference: every rank builds the global weights and the batch of m micro-batches from one
+// seed, computes the single-rank loss and gradients of the whole batch (the mean over its
+// valid tokens), runs the layout through the factory as training does (m micro-batches in one
+// 1F1B schedule, the global-batch normalizer) and compares the loss, every assembled gradient
+// and every ParamRef's place; the tied embedding's two copies agree bit for bit; the
+// boundary's traffic is exactly 2*m*B*(S/D)*h*beta per boundary; the refusals name their
+// numbers. Layouts by world size W: pp=2,tsp=1 and pp=2,tp=1 (W = 2); pp=2,tsp=2, pp=4,tsp=1,
+// pp=2,dp=2,tsp=1, pp=2,tp=2, pp=2,tp=2:seqpar and pp=2,sp=2 (W = 4); pp=2,dp=2,tsp=2 (W = 8).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "app/synthetic.h"
+#include "comm/comm_stats.h"
+#include "comm/mesh.h"
+#include "core/tolerance.h"
+#include "mpi_test_main.h"
+#include "parallel/make_layout.h"
+#include "tensor/compare.h"
+
+namespace foldpar {
+namespace {
+
+// n_h 8, n_kv 4 (g = 2), f and V divisible by 2; S = 32 splits in zigzag for D <= 2.
+LlamaConfig test_config(int layers, bool tied) {
+  LlamaConfig c;
+  c.hidden_size = 64;  // d = 8
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 4;
+  c.intermediate_size = 96;
+  c.vocab_size = 80;
+  c.num_hidden_layers = layers;
+  c.max_position_embeddings = 256;
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+struct Case {
+  std::string layout{};     // run where its ranks equal the world size
+  int layers = 4;
+  bool tied = false;
+  int m_per_stage = 1;      // m = this x p micro-batches
+  int64_t batch = 1;        // B per micro-batch
+  int64_t seq = 32;
+  Recompute recompute = Recompute::kNone;
+  std::vector<int> stages{};  // --stage-layers; empty: balanced
+};
+
+// Weights with std 0.1 so that attention is far from uniform and every path matters.
+const InitOptions kInit{.seed = 7, .std = 0.1, .norm_jitter = 0.2};
+
+Batch rows(const Batch& global, int64_t b0, int64_t b1) {
+  return Batch{global.input_ids.narrow(b0, b1), global.target_ids.narrow(b0, b1)};
+}
+
+// Runs a case if the world has its ranks; false (skipped) otherwise.
+bool check_parity(const Case& k) {
+  Communicator& world = test::mpi().world();
+  Layout lo = parse_layout(k.layout).value();
+  if (lo.ranks() != world.size()) return false;
+  lo.recompute = k.recompute;
+  lo.stage_layers = k.stages;
+  const LlamaConfig c = test_config(k.layers, k.tied);
+  const int m = k.m_per_stage * lo.pp;
+  const int64_t global_rows = m * k.batch * lo.dp;
+
+  // The reference: the single-rank model over the whole global batch.
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
+  init_weights(kInit, w);
+  const Batch global = synthetic_batch(c, global_rows, k.seq, 11, 0.1);
+  auto be = make_cpu_backend();
+  LlamaWeights ref_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ref_g.zero();
+  Result<StepResult> ref = model_forward_backward(c, *be, w, global, StepOptions{}, ref_g);
+  FP_CHECK_OK(ref.status());
+
+  Result<Mesh> mesh = Mesh::create(world, lo.mesh());
+  FP_CHECK_OK(mesh.status());
+  Result<std::unique_ptr<ShardedModel>> made = make_sharded_model(c, *mesh, k.seq, lo);
+  FP_CHECK_OK(made.status());
+  ShardedModel& model = **made;
+  model.init_weights(kInit);
+  model.zero_grads(*be);
+  const int d = mesh->coord("dp");
+  std::vector<Batch> locals;
+  for (int i = 0; i < m; ++i) {
+    const int64_t b0 = (d * m + i) * k.batch;
+    locals.push_back(model.local_batch(rows(global, b0, b0 + k.batch)));
+  }
+  const int64_t normalizer = ref->valid_tokens;
+  ScopedCommCounter counter(mesh->comm("pp"));
+  Result<StepResult> got = model.forward_backward_micro_batches(*be, locals, normalizer);
+  FP_CHECK_OK(got.status());
+  const CommStats pp_traffic = counter.delta();
+
+  // Loss: this replica's rows; with dp the replicas' sums add up to the reference's.
+  double sums[2] = {got->loss_sum, static_cast<double>(got->valid_tokens)};
+  if (lo.dp > 1) FP_CHECK_OK(mesh->comm("dp").all_reduce(sums, sums, 2, DType::kF64, ReduceOp::kSum));
+  EXPECT_EQ(static_cast<int64_t>(sums[1]), ref->valid_tokens);
+  EXPECT_NEAR(sums[0] / sums[1], ref->loss, tol::kF32Parallel * ref->loss) << k.layout;
+
+  // Gradients: summed over dp as the trainer does, then assembled over tsp and pp.
+  std::vector<ParamRef> params = model.parameters();
+  if (lo.dp > 1)
+    for (ParamRef& p : params)
+      FP_CHECK_OK(mesh->comm("dp").all_reduce(p.grad.raw_data(), p.grad.raw_data(), static_cast<size_t>(p.grad.numel()),
+                                              DType::kF32, ReduceOp::kSum));
+  LlamaWeights assembled = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  FP_CHECK_OK(model.assemble_grads(assembled));
+  std::vector<Tensor> ref_list;
+  ref_g.for_each([&](const std::string&, Tensor& t) { ref_list.push_back(t); });
+  size_t i = 0;
+  assembled.for_each([&](const std::string& name, Tensor& t) {
+    const Tensor& r = ref_list[i++];
+    EXPECT_LE(max_rel_error(t, r), tol::kF32Parallel)
+        << name << " under " << lo.to_string() << " on rank " << world.rank() << "\n"
+        << describe_mismatches(t, r, tol::kF32Parallel);
+  });
+  // The assembled weights are the single-rank model's, bit for bit.
+  LlamaWeights weights = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
+  FP_CHECK_OK(model.assemble_weights(weights));
+  std::vector<Tensor> w_list;
+  w.for_each([&](const std::string&, Tensor& t) { w_list.push_back(t); });
+  i = 0;
+  weights.for_each([&](const std::string& name, Tensor& t) { EXPECT_EQ(max_rel_error(t, w_list[i++]), 0.0) << name; });
+
+  // Every global element is counted by exactly one rank of a replica: counted ParamRef
+  // elements over the world equal the model's times dp.
+  double counted = 0;
+  for (const ParamRef& p : params)
+    if (p.counted) counted += static_cast<double>(p.param.numel());
+  FP_CHECK_OK(world.all_reduce(&counted, &counted, 1, DType::kF64, ReduceOp::kSum));
+  double total = 0;
+  w.for_each([&](const std::string&, Tensor& t) { total += static_cast<double>(t.numel()); });
+  EXPECT_EQ(counted, total * lo.dp);
+
+  // Tied: the end stages' embedding gradients are equal bit for bit (exchanged over pp).
+  const int s = mesh->coord("pp"), P = lo.pp;
+  if (k.tied && (s == 0 || s == P - 1)) {
+    Tensor* g = nullptr;
+    for (ParamRef& p : params)
+      if (p.name == "embed") g = &p.grad;
+    FP_CHECK(g != nullptr, "no embedding on an end stage");
+    Tensor other = Tensor::empty(g->shape(), DType::kF32, MemCategory::kWorkspace);
+    const int peer = s == 0 ? P - 1 : 0;
+    FP_CHECK_OK(mesh->comm("pp").send_recv(g->raw_data(), other.raw_data(), static_cast<size_t>(g->numel()), DType::kF32,
+                                           peer, peer));
+    EXPECT_EQ(max_rel_error(*g, other), 0.0) << "tied embedding gradients of stages 0 and " << P - 1;
+  }
+
+  // Traffic on pp, exactly: each boundary moves m activations forward and m gradients back,
+  // [B*S/D, h] f32 each; the tied embedding's exchange adds V/D*h*4 each way on the end stages;
+  // the loss's broadcast two f64.
+  const int64_t local_rows = locals[0].input_ids.numel();  // B*S/D (tsp); B*S, or B*S/tp with seqpar (tp)
+  const uint64_t msg = static_cast<uint64_t>(local_rows * c.hidden_size * 4);
+  const uint64_t sends = static_cast<uint64_t>((s < P - 1 ? m : 0) + (s > 0 ? m : 0));
+  EXPECT_EQ(pp_traffic.op(CommOpKind::kSend).bytes_sent, sends * msg) << lo.to_string() << " stage " << s;
+  EXPECT_EQ(pp_traffic.op(CommOpKind::kSend).calls, sends);
+  EXPECT_EQ(pp_traffic.op(CommOpKind::kRecv).bytes_received, sends * msg);
+  const uint64_t tied_bytes =
+      k.tied && (s == 0 || s == P - 1) ? c.vocab_size / lo.weight_degree() * c.hidden_size * 4 : 0;
+  EXPECT_EQ(pp_traffic.op(CommOpKind::kSendRecv).bytes_sent, tied_bytes);
+  EXPECT_EQ(pp_traffic.op(CommOpKind::kBroadcast).calls, 1u);
+  // Per boundary, over its two stages: 2*m*B*(S/D)*h*beta (summed over the world: every
+  // boundary of every replica and TSP index).
+  double sent = static_cast<double>(pp_traffic.op(CommOpKind::kSend).bytes_sent);
+  FP_CHECK_OK(world.all_reduce(&sent, &sent, 1, DType::kF64, ReduceOp::kSum));
+  EXPECT_EQ(sent, 2.0 * m * local_rows * c.hidden_size * 4 * (P - 1) * lo.model_ranks() / P * lo.dp);
+  return true;
+}
+
+#define RUN_OR_SKIP(...)                                                   \
+  do {                                                                     \
+    bool ran = false;                                                      \
+    for (const Case& k : std::vector<Case>{__VA_ARGS__}) ran = check_parity(k) || ran; \
+    if (!ran) GTEST_SKIP() << "no case for " << test::mpi().world().size() << " ranks"; \
+  } while (0)
+
+TEST(PipelineParity, OneMicroBatchPerStage) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,tsp=1"}, Case{.layout = "pp=2,tsp=2"}, Case{.layout = "pp=4,tsp=1"});
+}
+
+TEST(PipelineParity, TwoMicroBatchesPerStage) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,tsp=1", .m_per_stage = 2}, Case{.layout = "pp=2,tsp=2", .m_per_stage = 2},
+              Case{.layout = "pp=4,tsp=1", .m_per_stage = 2});
+}
+
+TEST(PipelineParity, TiedEmbeddings) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,tsp=1", .tied = true, .m_per_stage = 2},
+              Case{.layout = "pp=2,tsp=2", .tied = true, .m_per_stage = 2},
+              Case{.layout = "pp=4,tsp=1", .tied = true});
+}
+
+TEST(PipelineParity, UnevenStages) {
+  // Balanced with the embedding and head counted (L = 5, p = 2: 2 + 3; p = 4: 1,1,2,1) and
+  // explicit lists.
+  RUN_OR_SKIP(Case{.layout = "pp=2,tsp=1", .layers = 5}, Case{.layout = "pp=2,tsp=1", .layers = 3, .stages = {2, 1}},
+              Case{.layout = "pp=2,tsp=2", .layers = 3, .tied = true, .stages = {1, 2}},
+              Case{.layout = "pp=4,tsp=1", .layers = 5, .tied = true, .m_per_stage = 2},
+              Case{.layout = "pp=4,tsp=1", .layers = 6, .stages = {1, 2, 2, 1}});
+}
+
+TEST(PipelineParity, BatchTwoAndRecompute) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,tsp=1", .batch = 2, .recompute = Recompute::kBlock},
+              Case{.layout = "pp=2,tsp=2", .m_per_stage = 2, .batch = 2, .recompute = Recompute::kBlock});
+}
+
+TEST(PipelineParity, MegatronStages) {
+  // The baselines under pp: tp=N stages (with and without sequence-parallel norms) and sp=M
+  // stages (both K/V exchanges).
+  RUN_OR_SKIP(Case{.layout = "pp=2,tp=1", .m_per_stage = 2}, Case{.layout = "pp=2,tp=2", .tied = true, .m_per_stage = 2},
+              Case{.layout = "pp=2,tp=2:seqpar", .layers = 3, .m_per_stage = 2},
+              Case{.layout = "pp=2,tp=2", .layers = 5, .recompute = Recompute::kBlock},
+              Case{.layout = "pp=2,sp=2", .m_per_stage = 2}, Case{.layout = "pp=2,sp=2:ring", .tied = true});
+}
+
+TEST(PipelineParity, WithDataParallel) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,dp=2,tsp=1", .m_per_stage = 2}, Case{.layout = "pp=2,dp=2,tsp=1", .tied = true},
+              Case{.layout = "pp=2,dp=2,tsp=2", .tied = true, .m_per_stage = 2});
+}
+
+TEST(PipelineErrors, RefusalsNameTheNumbers) {
+  const LlamaConfig c = test_config(4, false);
+  auto message = [&](const std::string& text, std::vector<int> stages = {}, int layers = 4) {
+    Layout lo = parse_layout(text).value();
+    lo.stage_layers = stages;
+    LlamaConfig cfg = c;
+    cfg.num_hidden_layers = layers;
+    const Status st = validate_layout(cfg, lo, 0, 32);
+    return st.ok() ? std::string("ok") : st.message();
+  };
+  EXPECT_EQ(message("pp=2,tsp=1"), "ok");
+  EXPECT_EQ(message("pp=8,tsp=1", {}, 4), "pp=8,tsp=1: 4 layers cannot fill 8 pipeline stages (at least one layer per stage)");
+  EXPECT_EQ(message("pp=2,tsp=1", {3, 2}), "pp=2,tsp=1:stages=3/2: --stage-layers 3,2 sums to 5, the model has 4 layers");
+  EXPECT_EQ(message("pp=2,tsp=1", {4}), "pp=2,tsp=1:stages=4: --stage-layers 4 names 1 stages, the layout has pp=2");
+  EXPECT_EQ(message("tsp=1", {4}), "tsp=1:stages=4: --stage-layers is the pp axis's (a layout with pp=P)");
+  const Status m = validate_micro_batches(parse_layout("pp=4,tsp=2").value(), 3);
+  EXPECT_EQ(m.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.message(), "pp=4,tsp=2: 3 micro-batches per step cannot fill 4 pipeline stages (need m >= p; lower "
+                         "--micro-batch or raise --batch)");
+  EXPECT_TRUE(validate_micro_batches(parse_layout("pp=4,tsp=2").value(), 4).ok());
+}
+
+TEST(PipelineErrors, TooFewMicroBatchesBeforeAnythingMoves) {
+  Communicator& world = test::mpi().world();
+  if (world.size() != 2) GTEST_SKIP() << "runs at 2 ranks";
+  const Layout lo = parse_layout("pp=2,tsp=1").value();
+  const LlamaConfig c = test_config(2, false);
+  Mesh mesh = Mesh::create(world, lo.mesh()).value();
+  std::unique_ptr<ShardedModel> model = make_sharded_model(c, mesh, 32, lo).value();
+  model->init_weights(kInit);
+  auto be = make_cpu_backend();
+  const Batch global = synthetic_batch(c, 1, 32, 11, 0.1);
+  ScopedCommCounter counter(mesh.comm("pp"));
+  const Result<StepResult> r = model->forward_backward_micro_batches(*be, {model->local_batch(global)}, 0);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(counter.delta().total().calls, 0u);
+}
+
+// 1F1B keeps at most p - s micro-batches in flight on stage s: the step's activation peak on
+// every stage is the same at m = p and m = 3p (up to boundary messages in flight) (a schedule that ran every forward first would
+// hold m), and at most p - s times one micro-batch's (stage 0: p), each with its boundary
+// message.
+TEST(PipelineMemory, ActivationsInFlightAreBoundedByTheStages) {
+  Communicator& world = test::mpi().world();
+  bool ran = false;
+  for (const std::string text : {"pp=2,tsp=1", "pp=4,tsp=1", "pp=2,tsp=2"}) {
+    const Layout lo = parse_layout(text).value();
+    if (lo.ranks() != world.size()) continue;
+    ran = true;
+    const LlamaConfig c = test_config(4, false);
+    Mesh mesh = Mesh::create(world, lo.mesh()).value();
+    std::unique_ptr<ShardedModel> model = make_sharded_model(c, mesh, 32, lo).value();
+    model->init_weights(kInit);
+    auto be = make_cpu_backend();
+    const int P = lo.pp;
+    const Batch global = synthetic_batch(c, 3 * P, 32, 11, 0.1);
+    std::vector<Batch> locals;
+    for (int i = 0; i < 3 * P; ++i) locals.push_back(model->local_batch(rows(global, i, i + 1)));
+    auto activation_peak = [&](int m) {
+      model->zero_grads(*be);
+      MemoryTracker& t = MemoryTracker::process();
+      const int64_t before = t.stats().current[static_cast<size_t>(MemCategory::kActivations)];
+      t.reset_peaks();
+      if (m == 1) {
+        FP_CHECK_OK(model->forward_backward(*be, locals[0], 0).status());
+      } else {
+        const std::vector<Batch> some(locals.begin(), locals.begin() + m);
+        FP_CHECK_OK(model->forward_backward_micro_batches(*be, some, 0).status());
+      }
+      return t.stats().peak[static_cast<size_t>(MemCategory::kActivations)] - before;
+    };
+    const int64_t single = activation_peak(1), one = activation_peak(P), three = activation_peak(3 * P);
+    const int s = mesh.coord("pp");
+    EXPECT_GT(single, 0);
+    // A sent output [T, h] is released when its send completes, which depends on the peer's
+    // timing: the peaks may differ by those messages, never by a micro-batch's saved state.
+    const int64_t message = 32 / lo.tsp * c.hidden_size * 4;
+    EXPECT_LE(std::abs(three - one), (P - s) * message) << text << " stage " << s << ": the peak grew with m";
+    EXPECT_LE(one, (P - s) * (single + message)) << text << " stage " << s << ": more than p - s in flight";
+    if (s < P - 1) {
+      EXPECT_GT(one, single) << text << " stage " << s << ": the stages never overlapped";
+    }
+  }
+  if (!ran) GTEST_SKIP() << "no layout for " << world.size() << " ranks";
+}
+
+// Under pp a stage's model-axis traffic is the single-stage step's per micro-batch, m times
+// (TSP moves its weight shards again for every micro-batch), plus what closes the step once
+// (the norm gains' sum): per operation kind, T(m) = a m + b exactly, so T(4) - T(2) is twice
+// T(2) - T(1). And none of it is on the pp axis.
+TEST(PipelineTraffic, ModelAxisBytesGrowByTheSameAmountPerMicroBatch) {
+  Communicator& world = test::mpi().world();
+  bool ran = false;
+  for (const std::string text : {"pp=2,tsp=2", "pp=2,tp=2", "pp=2,tsp=1"}) {
+    const Layout lo = parse_layout(text).value();
+    if (lo.ranks() != world.size()) continue;
+    ran = true;
+    const LlamaConfig c = test_config(4, true);
+    Mesh mesh = Mesh::create(world, lo.mesh()).value();
+    std::unique_ptr<ShardedModel> model = make_sharded_model(c, mesh, 32, lo).value();
+    model->init_weights(kInit);
+    auto be = make_cpu_backend();
+    const Batch global = synthetic_batch(c, 4, 32, 11, 0.1);
+    const Communicator& axis = mesh.comm(lo.strategy == Strategy::kTsp ? "tsp" : "tp");
+    auto traffic = [&](int m) {
+      std::vector<Batch> locals;
+      for (int i = 0; i < m; ++i) locals.push_back(model->local_batch(rows(global, i, i + 1)));
+      model->zero_grads(*be);
+      ScopedCommCounter counter(axis);
+      if (m == 1) FP_CHECK_OK(model->forward_backward(*be, locals[0], 0).status());
+      else FP_CHECK_OK(model->forward_backward_micro_batches(*be, locals, 0).status());
+      return counter.delta();
+    };
+    const CommStats t1 = traffic(1), t2 = traffic(2), t4 = traffic(4);
+    for (int k = 0; k < kNumCommOpKinds; ++k) {
+      const auto kind = static_cast<CommOpKind>(k);
+      EXPECT_EQ(t4.op(kind).bytes_sent - t2.op(kind).bytes_sent, 2 * (t2.op(kind).bytes_sent - t1.op(kind).bytes_sent))
+          << text << " " << comm_op_name(kind);
+      EXPECT_EQ(t4.op(kind).calls - t2.op(kind).calls, 2 * (t2.op(kind).calls - t1.op(kind).calls))
+          << text << " " << comm_op_name(kind);
+    }
+    if (axis.size() > 1) {
+      EXPECT_GT(t2.total().bytes_sent, t1.total().bytes_sent) << text;
+    }
+  }
+  if (!ran) GTEST_SKIP() << "no layout for " << world.size() << " ranks";
+}
+
+TEST(PipelineForward, LossEqualsTheSingleRankModelsOnEveryStage) {
+  Communicator& world = test::mpi().world();
+  bool ran = false;
+  for (const std::string text : {"pp=2,tsp=1", "pp=2,tsp=2", "pp=4,tsp=1"}) {
+    const Layout lo = parse_layout(text).value();
+    if (lo.ranks() != world.size()) continue;
+    ran = true;
+    const LlamaConfig c = test_config(4, true);
+    LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
+    init_weights(kInit, w);
+    const Batch global = synthetic_batch(c, 2, 32, 5, 0.1);
+    auto be = make_cpu_backend();
+    const double ref = model_forward(c, *be, w, global, StepOptions{}).value().loss;
+    Mesh mesh = Mesh::create(world, lo.mesh()).value();
+    std::unique_ptr<ShardedModel> model = make_sharded_model(c, mesh, 32, lo).value();
+    model->init_weights(kInit);
+    const StepResult r = model->forward(*be, model->local_batch(global)).value();
+    EXPECT_NEAR(r.loss, ref, tol::kF32Parallel * ref) << text;
+  }
+  if (!ran) GTEST_SKIP() << "no layout for " << world.size() << " ranks";
+}
+
+}  // namespace
+}  // namespace foldpar
