@@ -128,6 +128,10 @@ std::vector<float> permute_rows_for_gguf_rope(const Tensor& w, int64_t n_heads, 
 
 Status write_gguf_model(const std::string& path, const LlamaConfig& c, const LlamaWeights& w, const GgufVocab& vocab,
                         GgufDType dtype) {
+  // llama.cpp carries RoPE scaling in keys and a rope_freqs tensor this writer does not emit.
+  if (c.rope_scaling.enabled())
+    return unimplemented("GGUF export: rope_scaling type {} is not exported (llama.cpp would rotate unscaled)",
+                         rope_type_name(c.rope_scaling.type));
   if (static_cast<int64_t>(vocab.tokens.size()) != c.vocab_size || vocab.token_types.size() != vocab.tokens.size())
     return invalid_argument("the GGUF vocabulary has {} tokens ({} types), the model {}", vocab.tokens.size(),
                             vocab.token_types.size(), c.vocab_size);

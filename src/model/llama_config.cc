@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "model/rope_scaling_json.h"
+
 namespace foldpar {
 namespace {
 
@@ -92,6 +94,8 @@ Status LlamaConfig::validate() const {
                             max_position_embeddings);
   if (!(rms_norm_eps > 0)) return invalid_argument("config: rms_norm_eps ({}) must be positive", rms_norm_eps);
   if (!(rope_theta > 1)) return invalid_argument("config: rope_theta ({}) must be above 1", rope_theta);
+  if (rope_scaling.type == RopeScaling::Type::kDynamic && head_dim() <= 2)
+    return invalid_argument("config: dynamic rope_scaling needs head dim ({}) above 2", head_dim());
   return Status();
 }
 
@@ -123,8 +127,9 @@ Result<LlamaConfig> LlamaConfig::from_json(const std::string& text) {
     if (!it->is_boolean()) return invalid_argument("config: \"tie_word_embeddings\" must be true or false");
     c.tie_word_embeddings = it->get<bool>();
   }
-  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null())
-    return unimplemented("config: rope_scaling is not supported (got {})", quote(*it));
+  if (auto it = j.find("rope_scaling"); it != j.end()) {
+    FP_ASSIGN_OR_RETURN(c.rope_scaling, read_rope_scaling(*it));
+  }
   int64_t hidden_from_head_dim = 0;  // head_dim * n_h, which may overflow in a hostile file
   if (auto it = j.find("head_dim"); it != j.end() && it->is_number_integer() &&
                                     (__builtin_mul_overflow(it->get<int64_t>(), c.num_attention_heads,
@@ -161,6 +166,7 @@ std::string LlamaConfig::to_json() const {
   j["rms_norm_eps"] = rms_norm_eps;
   j["rope_theta"] = rope_theta;
   j["tie_word_embeddings"] = tie_word_embeddings;
+  j["rope_scaling"] = rope_scaling_json(rope_scaling);
   j["hidden_act"] = "silu";
   j["attention_bias"] = false;
   j["torch_dtype"] = "float32";
