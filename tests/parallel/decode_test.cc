@@ -163,6 +163,17 @@ TEST(DecodeParity, TspHeadBuckets) {
   check_parity(s);
 }
 TEST(DecodeParity, TpGqa) { check_parity(make_case("tp")); }
+// head_dim apart from h / n_h (12 and 4 with h / n_h = 8): q width n_h * d above and below h.
+TEST(DecodeParity, HeadDimApartFromHiddenOnTspAndTp) {
+  for (const char* layout : {"tsp", "tp"})
+    for (int64_t d : {12, 4}) {
+      Case s = make_case(layout);
+      s.config.explicit_head_dim = d;
+      SCOPED_TRACE(std::string(layout) + " head_dim " + std::to_string(d));
+      check_parity(s);
+    }
+}
+
 // RoPE scaling is all in the tables: each decode step's table (its one position) rotates as
 // the full forward's does, yarn's attention factor included. (Dynamic is left out: its
 // frequencies depend on the sequence length, which grows during decode, as in Hugging Face.)
