@@ -45,6 +45,10 @@ void add_hyper_parameters(GgufMetadata& m, const LlamaConfig& c, GgufDType dtype
   m.add_f32("llama.rope.freq_base", static_cast<float>(c.rope_theta));
   m.add_f32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(c.rms_norm_eps));
   m.add_u32("llama.rope.dimension_count", static_cast<uint32_t>(c.head_dim()));
+  if (c.q_dim() != c.hidden_size) {  // llama.cpp assumes n_embd / n_head otherwise
+    m.add_u32("llama.attention.key_length", static_cast<uint32_t>(c.head_dim()));
+    m.add_u32("llama.attention.value_length", static_cast<uint32_t>(c.head_dim()));
+  }
   m.add_u32("llama.vocab_size", static_cast<uint32_t>(c.vocab_size));
 }
 

@@ -54,4 +54,13 @@ sed 's/"yarn"/"linear"/' "$tmp/yarn-1/config.json" >"$tmp/wrong.json" && mv "$tm
 if /usr/bin/python3 "$src/scripts/torch_reference.py" "$tmp/yarn-1" >"$tmp/out" 2>&1; then
   echo "FAIL: yarn's dump passed as linear"; cat "$tmp/out"; exit 1
 fi
+# A rope_scaling type foldpar does not implement: one line naming it, exit 2.
+variant longrope '{"rope_scaling": {"rope_type": "longrope", "factor": 2.0, "short_factor": [1.0]}}'
+set +e
+"$bin" verify --model "$tmp/longrope.json" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+set -e
+if [ "$rc" -ne 2 ] || [ "$(wc -l <"$tmp/err")" -ne 1 ] || ! grep -qF 'rope_scaling type "longrope" is not supported' "$tmp/err"; then
+  echo "FAIL: longrope: exit $rc, wanted 2 and one line naming the type:"; cat "$tmp/err"; exit 1
+fi
 echo "architectures_oracle: RoPE scaling types and head_dim variants match PyTorch; a wrong type is caught"
