@@ -208,8 +208,7 @@ class LlamaCfg:
                            f"num_key_value_heads {self.n_kv}")
 
         # Refuse options that change the math rather than silently ignoring them.
-        if d.get("rope_scaling") not in (None, {}):
-            raise BadInput(f"config.json: rope_scaling {d['rope_scaling']!r} is not supported by the oracle")
+        self.rope = hf_rope_scaling(d)
         for key in ("attention_bias", "mlp_bias"):
             if d.get(key):
                 raise BadInput(f"config.json: {key}=true is not supported by the oracle")
@@ -250,12 +249,96 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rope_cos_sin(seq, head_dim, theta, dtype):
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=dtype) / head_dim))
+# --------------------------------------------------------------------------
+# RoPE scaling, from Hugging Face transformers' modeling_rope_utils (the
+# _compute_*_parameters functions and dynamic_rope_update), in float64
+# --------------------------------------------------------------------------
+
+_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+
+
+def hf_rope_scaling(d):
+    """config.json's rope_scaling as a dict with "rope_type" (None: unscaled)."""
+    rs = d.get("rope_scaling")
+    if rs in (None, {}):
+        return None
+    if not isinstance(rs, dict):
+        raise BadInput(f"config.json: rope_scaling {rs!r} is not an object")
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind not in _ROPE_TYPES:
+        raise BadInput(f"config.json: rope_scaling type {kind!r} is not supported by the oracle")
+    return None if kind == "default" else dict(rs, rope_type=kind)
+
+
+def hf_rope_inv_freq(cfg, seq_len, dtype):
+    """(inv_freq [d/2], attention_factor) for a forward over seq_len positions."""
+    base, dim, rs = cfg.theta, cfg.head_dim, cfg.rope
+    kind = rs["rope_type"] if rs else "default"
+
+    def default(b):
+        return 1.0 / (b ** (torch.arange(0, dim, 2, dtype=torch.int64).to(dtype) / dim))
+
+    if kind == "default":
+        return default(base), 1.0
+    factor = float(rs["factor"])
+    if kind == "linear":
+        return default(base) / factor, 1.0
+    if kind == "dynamic":
+        # dynamic_rope_update: the NTK base grows once the sequence outruns max_position_embeddings.
+        max_pos = cfg.max_pos
+        L = max(seq_len, max_pos)
+        b = base * ((factor * L / max_pos) - (factor - 1)) ** (dim / (dim - 2))
+        return default(b), 1.0
+    if kind == "llama3":
+        inv_freq = default(base)
+        low, high = float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+        old_len = float(rs["original_max_position_embeddings"])
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled), 1.0
+    # yarn, with the user's factor in effect (transformers after PR 40320, as vLLM and TGI).
+    original = rs.get("original_max_position_embeddings") or cfg.max_pos
+
+    def get_mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = rs.get("attention_factor")
+    if attention_factor is None:
+        if rs.get("mscale") and rs.get("mscale_all_dim"):
+            attention_factor = get_mscale(factor, rs["mscale"]) / get_mscale(factor, rs["mscale_all_dim"])
+        else:
+            attention_factor = get_mscale(factor)
+    beta_fast, beta_slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+
+    def correction_dim(rot):
+        return (dim * math.log(original / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+    lo, hi = correction_dim(beta_fast), correction_dim(beta_slow)
+    if rs.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, dim - 1)
+    if lo == hi:
+        hi += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=dtype) - lo) / (hi - lo), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=dtype) / dim)
+    extrapolation = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv_freq, float(attention_factor)
+
+
+def rope_cos_sin(seq, head_dim, theta, dtype, cfg=None):
+    if cfg is None:
+        inv_freq, scale = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=dtype) / head_dim)), 1.0
+    else:
+        inv_freq, scale = hf_rope_inv_freq(cfg, seq, dtype)
     pos = torch.arange(seq, dtype=dtype)
     freqs = pos[:, None] * inv_freq[None, :]          # [S, d/2]
     emb = torch.cat((freqs, freqs), dim=-1)             # [S, d]
-    return emb.cos(), emb.sin()
+    return emb.cos() * scale, emb.sin() * scale
 
 
 def attention(x, p, cfg, cos, sin):
@@ -289,7 +372,7 @@ def forward(cfg, params, input_ids, target_ids):
     S = input_ids.shape[1]
     embed = params["model.embed_tokens.weight"]
     dtype = embed.dtype
-    cos, sin = rope_cos_sin(S, cfg.head_dim, cfg.theta, dtype)
+    cos, sin = rope_cos_sin(S, cfg.head_dim, cfg.theta, dtype, cfg)
     x = embed[input_ids]
     for i in range(cfg.n_layers):
         pre = f"model.layers.{i}."

@@ -45,6 +45,10 @@ void add_hyper_parameters(GgufMetadata& m, const LlamaConfig& c, GgufDType dtype
   m.add_f32("llama.rope.freq_base", static_cast<float>(c.rope_theta));
   m.add_f32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(c.rms_norm_eps));
   m.add_u32("llama.rope.dimension_count", static_cast<uint32_t>(c.head_dim()));
+  if (c.q_dim() != c.hidden_size) {  // llama.cpp assumes n_embd / n_head otherwise
+    m.add_u32("llama.attention.key_length", static_cast<uint32_t>(c.head_dim()));
+    m.add_u32("llama.attention.value_length", static_cast<uint32_t>(c.head_dim()));
+  }
   m.add_u32("llama.vocab_size", static_cast<uint32_t>(c.vocab_size));
 }
 
@@ -128,6 +132,10 @@ std::vector<float> permute_rows_for_gguf_rope(const Tensor& w, int64_t n_heads, 
 
 Status write_gguf_model(const std::string& path, const LlamaConfig& c, const LlamaWeights& w, const GgufVocab& vocab,
                         GgufDType dtype) {
+  // llama.cpp carries RoPE scaling in keys and a rope_freqs tensor this writer does not emit.
+  if (c.rope_scaling.enabled())
+    return unimplemented("GGUF export: rope_scaling type {} is not exported (llama.cpp would rotate unscaled)",
+                         rope_type_name(c.rope_scaling.type));
   if (static_cast<int64_t>(vocab.tokens.size()) != c.vocab_size || vocab.token_types.size() != vocab.tokens.size())
     return invalid_argument("the GGUF vocabulary has {} tokens ({} types), the model {}", vocab.tokens.size(),
                             vocab.token_types.size(), c.vocab_size);

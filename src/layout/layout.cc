@@ -204,7 +204,7 @@ Layout tsp_layout(int degree) {
 
 int64_t local_parameter_elements(const LlamaConfig& c, const Layout& l) {
   const int64_t W = l.weight_degree(), h = c.hidden_size, L = c.num_hidden_layers;
-  const int64_t layer = (2 * h * h + 2 * h * c.kv_dim()) / W + 3 * h * c.intermediate_size / W + 2 * h;
+  const int64_t layer = (2 * h * c.q_dim() + 2 * h * c.kv_dim()) / W + 3 * h * c.intermediate_size / W + 2 * h;
   return L * layer + h + (c.tie_word_embeddings ? 1 : 2) * (c.vocab_size / W) * h;
 }
 

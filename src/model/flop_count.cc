@@ -6,7 +6,7 @@ namespace foldpar {
 double forward_matmul_flops(const LlamaConfig& c, int64_t tokens) {
   const double h = static_cast<double>(c.hidden_size), f = static_cast<double>(c.intermediate_size),
                kv = static_cast<double>(c.kv_dim());
-  const double per_layer = 2 * h * h + 2 * h * kv + 3 * h * f;
+  const double per_layer = 2 * h * static_cast<double>(c.q_dim()) + 2 * h * kv + 3 * h * f;
   const double weights = static_cast<double>(c.num_hidden_layers) * per_layer + static_cast<double>(c.vocab_size) * h;
   return 2.0 * static_cast<double>(tokens) * weights;
 }

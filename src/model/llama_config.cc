@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "model/rope_scaling_json.h"
+
 namespace foldpar {
 namespace {
 
@@ -45,6 +47,8 @@ Status refuse_unimplemented(const nlohmann::json& j) {
     const std::string t = it->get<std::string>();
     if (t == "qwen2")
       return unimplemented("config: model_type \"qwen2\" has q/k/v biases, which foldpar does not implement");
+    if (t == "qwen3")
+      return unimplemented("config: model_type \"qwen3\" has per-head q/k RMSNorm, which foldpar does not implement");
     if (t != "llama" && t != "mistral")
       return unimplemented("config: model_type {} is not supported (foldpar implements \"llama\" and \"mistral\")",
                            quote(*it));
@@ -66,7 +70,7 @@ Status refuse_unimplemented(const nlohmann::json& j) {
 
 int64_t LlamaConfig::parameter_count() const {
   const int64_t h = hidden_size, f = intermediate_size;
-  const int64_t per_layer = 2 * h + h * h * 2 + 2 * h * kv_dim() + 3 * h * f;
+  const int64_t per_layer = 2 * h + 2 * h * q_dim() + 2 * h * kv_dim() + 3 * h * f;
   return vocab_size * h * (tie_word_embeddings ? 1 : 2) + h + num_hidden_layers * per_layer;
 }
 
@@ -78,7 +82,8 @@ Status LlamaConfig::validate() const {
       {"max_position_embeddings", max_position_embeddings}};
   for (const auto& [name, value] : positive)
     if (value <= 0) return invalid_argument("config: {} ({}) must be positive", name, value);
-  if (hidden_size % num_attention_heads != 0)
+  if (explicit_head_dim < 0) return invalid_argument("config: head_dim ({}) must be positive", explicit_head_dim);
+  if (explicit_head_dim == 0 && hidden_size % num_attention_heads != 0)
     return invalid_argument("config: hidden_size ({}) must be divisible by num_attention_heads ({})", hidden_size,
                             num_attention_heads);
   if (num_attention_heads % num_key_value_heads != 0)
@@ -92,6 +97,8 @@ Status LlamaConfig::validate() const {
                             max_position_embeddings);
   if (!(rms_norm_eps > 0)) return invalid_argument("config: rms_norm_eps ({}) must be positive", rms_norm_eps);
   if (!(rope_theta > 1)) return invalid_argument("config: rope_theta ({}) must be above 1", rope_theta);
+  if (rope_scaling.type == RopeScaling::Type::kDynamic && head_dim() <= 2)
+    return invalid_argument("config: dynamic rope_scaling needs head dim ({}) above 2", head_dim());
   return Status();
 }
 
@@ -123,15 +130,17 @@ Result<LlamaConfig> LlamaConfig::from_json(const std::string& text) {
     if (!it->is_boolean()) return invalid_argument("config: \"tie_word_embeddings\" must be true or false");
     c.tie_word_embeddings = it->get<bool>();
   }
-  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null())
-    return unimplemented("config: rope_scaling is not supported (got {})", quote(*it));
-  int64_t hidden_from_head_dim = 0;  // head_dim * n_h, which may overflow in a hostile file
-  if (auto it = j.find("head_dim"); it != j.end() && it->is_number_integer() &&
-                                    (__builtin_mul_overflow(it->get<int64_t>(), c.num_attention_heads,
-                                                            &hidden_from_head_dim) ||
-                                     hidden_from_head_dim != c.hidden_size))
-    return unimplemented("config: head_dim ({}) other than hidden_size / num_attention_heads is not supported",
-                         it->get<int64_t>());
+  if (auto it = j.find("rope_scaling"); it != j.end()) {
+    FP_ASSIGN_OR_RETURN(c.rope_scaling, read_rope_scaling(*it));
+  }
+  if (auto it = j.find("head_dim"); it != j.end() && !it->is_null()) {
+    FP_RETURN_IF_ERROR(read_int(j, "head_dim", false, &c.explicit_head_dim));
+    int64_t q_dim = 0;  // head_dim * n_h, which may overflow in a hostile file
+    if (c.explicit_head_dim <= 0 || c.explicit_head_dim > (int64_t{1} << 20) ||
+        __builtin_mul_overflow(c.explicit_head_dim, c.num_attention_heads, &q_dim))
+      return invalid_argument("config: head_dim ({}) must be in [1, 2^20] with num_attention_heads ({})",
+                              c.explicit_head_dim, c.num_attention_heads);
+  }
   FP_RETURN_IF_ERROR(refuse_unimplemented(j));
   FP_RETURN_IF_ERROR(c.validate());
   return c;
@@ -154,6 +163,7 @@ std::string LlamaConfig::to_json() const {
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
   j["num_attention_heads"] = num_attention_heads;
+  if (explicit_head_dim > 0) j["head_dim"] = explicit_head_dim;
   j["num_key_value_heads"] = num_key_value_heads;
   j["num_hidden_layers"] = num_hidden_layers;
   j["vocab_size"] = vocab_size;
@@ -161,6 +171,7 @@ std::string LlamaConfig::to_json() const {
   j["rms_norm_eps"] = rms_norm_eps;
   j["rope_theta"] = rope_theta;
   j["tie_word_embeddings"] = tie_word_embeddings;
+  j["rope_scaling"] = rope_scaling_json(rope_scaling);
   j["hidden_act"] = "silu";
   j["attention_bias"] = false;
   j["torch_dtype"] = "float32";

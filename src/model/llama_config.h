@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/rope_table.h"
 #include "core/status.h"
 
 namespace foldpar {
@@ -21,14 +22,21 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-6;           // added to mean(x^2) in every RMSNorm
   double rope_theta = 10000.0;          // RoPE base
   bool tie_word_embeddings = false;     // LM head shares the embedding matrix
+  // ---- attention variants of the Hugging Face families (issue 21) ----
+  RopeScaling rope_scaling;             // "rope_scaling": linear, dynamic, llama3, yarn
+  int64_t explicit_head_dim = 0;        // "head_dim" (Qwen3: 128 with h / n_h = 64); 0: h / n_h
 
-  int64_t head_dim() const { return hidden_size / num_attention_heads; }  // d
+  // d: q proj [n_h*d, h], o proj [h, n_h*d], k and v proj [n_kv*d, h].
+  int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_attention_heads; }
+  int64_t q_dim() const { return num_attention_heads * head_dim(); }  // n_h * d (= h unless head_dim is set)
   int64_t kv_dim() const { return num_key_value_heads * head_dim(); }
+  // What the RoPE tables of this model are a function of (backend/rope_table.h).
+  RopeSpec rope_spec() const { return RopeSpec{head_dim(), rope_theta, max_position_embeddings, rope_scaling}; }
   int64_t group() const { return num_attention_heads / num_key_value_heads; }  // g
   // Total parameter count (embedding counted once when tied).
   int64_t parameter_count() const;
 
-  // Checks positivity, divisibility (h % n_h, n_h % n_kv, even head_dim) and sane ranges;
+  // Checks positivity, divisibility (h % n_h without head_dim, n_h % n_kv, even head_dim) and sane ranges;
   // messages name the values.
   Status validate() const;
 

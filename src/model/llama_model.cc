@@ -27,7 +27,7 @@ void make_constants(const LlamaConfig& c, Backend& be, const Batch& batch, DType
   std::iota(positions.begin(), positions.end(), 0);
   k.positions = Tensor::empty({S}, DType::kI32, MemCategory::kActivations);
   be.copy_from_host(std::as_bytes(std::span<const int32_t>(positions)), k.positions);
-  k.rope_table = build_rope_table(be, positions, c.head_dim(), c.rope_theta, stat_dtype(dtype));
+  k.rope_table = build_rope_table(be, positions, c.rope_spec(), S, stat_dtype(dtype));
   k.ctx = BlockContext{&c, &be, batch.batch(), S, &k.positions, &k.rope_table};
 }
 

@@ -2,6 +2,7 @@
 // strategy's attention, the vocabulary-parallel embedding and head.
 #include "parallel/decode_block.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -71,7 +72,10 @@ Tensor decode_step(const DecodeContext& ctx, const ShardedWeights& w, std::span<
   Tensor x = act({B, ctx.dims->h});
   embedding_partial(*ctx.backend, ctx.comm->rank(), id_tensor, w.embed, x);
   ctx.comm->all_reduce(x);  // g: every id's row comes from the one rank that holds it
-  const Tensor rope = build_rope_table(*ctx.backend, positions, ctx.dims->d, ctx.config->rope_theta, DType::kF32);
+  // Dynamic RoPE sees the sequence as long as its newest token (Hugging Face's generate
+  // rescales per step too); the cached keys keep the frequencies they were rotated with.
+  const int64_t seq_len = *std::max_element(positions.begin(), positions.end()) + 1;
+  const Tensor rope = build_rope_table(*ctx.backend, positions, ctx.config->rope_spec(), seq_len, DType::kF32);
   for (size_t l = 0; l < w.attn.size(); ++l) {
     const int layer = static_cast<int>(l);
     x = attention_block(ctx, w, layer, x, rope, attention);

@@ -74,7 +74,8 @@ AxisTraffic dp_gradient_traffic(const LlamaConfig& c, const Layout& l) {
 double tsp_forward_layer_elements(const LlamaConfig& c, int64_t tokens, int degree) {
   const double D = degree, h = static_cast<double>(c.hidden_size), f = static_cast<double>(c.intermediate_size),
                g = static_cast<double>(c.group()), frac = (D - 1) / D;
-  return (2 + 2 / g) * h * h * frac + 3 * h * f * frac + 2 * static_cast<double>(tokens) * h / g * frac;
+  const double q = static_cast<double>(c.q_dim());  // n_h * d (= h unless head_dim is set)
+  return (2 + 2 / g) * h * q * frac + 3 * h * f * frac + 2 * static_cast<double>(tokens) * q / g * frac;
 }
 
 double tp_forward_layer_elements(const LlamaConfig& c, int64_t tokens, int degree) {

@@ -163,6 +163,31 @@ TEST(DecodeParity, TspHeadBuckets) {
   check_parity(s);
 }
 TEST(DecodeParity, TpGqa) { check_parity(make_case("tp")); }
+// head_dim apart from h / n_h (12 and 4 with h / n_h = 8): q width n_h * d above and below h.
+TEST(DecodeParity, HeadDimApartFromHiddenOnTspAndTp) {
+  for (const char* layout : {"tsp", "tp"})
+    for (int64_t d : {12, 4}) {
+      Case s = make_case(layout);
+      s.config.explicit_head_dim = d;
+      SCOPED_TRACE(std::string(layout) + " head_dim " + std::to_string(d));
+      check_parity(s);
+    }
+}
+
+// RoPE scaling is all in the tables: each decode step's table (its one position) rotates as
+// the full forward's does, yarn's attention factor included. (Dynamic is left out: its
+// frequencies depend on the sequence length, which grows during decode, as in Hugging Face.)
+TEST(DecodeParity, RopeScaledLlama3AndYarnOnTspAndTp) {
+  for (const char* layout : {"tsp", "tp"})
+    for (RopeScaling::Type type : {RopeScaling::Type::kLlama3, RopeScaling::Type::kYarn}) {
+      Case s = make_case(layout);
+      s.config.rope_scaling.type = type;
+      s.config.rope_scaling.factor = type == RopeScaling::Type::kYarn ? 4.0 : 8.0;
+      s.config.rope_scaling.original_max_position_embeddings = type == RopeScaling::Type::kYarn ? 16 : 64;
+      SCOPED_TRACE(std::string(layout) + " " + rope_type_name(type));
+      check_parity(s);
+    }
+}
 TEST(DecodeParity, TpMhaTied) { check_parity(make_case("tp", false, true)); }
 
 // Greedy decoding: each chosen token is the argmax of the logits (lowest id on ties).

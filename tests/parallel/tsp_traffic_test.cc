@@ -9,12 +9,14 @@
 #include "comm/comm_stats.h"
 #include "mpi_test_main.h"
 #include "parallel/tsp/tsp_model.h"
+#include "plan/traffic_model.h"
 
 namespace foldpar {
 namespace {
 
-LlamaConfig traffic_config(int D, int layers) {
+LlamaConfig traffic_config(int D, int layers, int64_t head_dim = 0) {
   LlamaConfig c;
+  c.explicit_head_dim = head_dim;  // 0: h / n_h = 8
   c.hidden_size = 96;  // divisible by every D here, so the norm all-reduce splits evenly
   c.num_attention_heads = 12;
   c.num_key_value_heads = D == 3 ? 6 : 4;  // g = 2 or 3
@@ -25,10 +27,10 @@ LlamaConfig traffic_config(int D, int layers) {
   return c;
 }
 
-CommStats run(int layers, Layout opt, bool backward, int64_t B, int64_t S) {
+CommStats run(int layers, Layout opt, bool backward, int64_t B, int64_t S, int64_t head_dim = 0) {
   Communicator& world = test::mpi().world();
   const int D = world.size(), p = world.rank();
-  const LlamaConfig c = traffic_config(D, layers);
+  const LlamaConfig c = traffic_config(D, layers, head_dim);
   opt.tsp = D;
   Result<TspModel> m = TspModel::create(c, opt, p, S);
   EXPECT_TRUE(m.ok()) << m.status().to_string();
@@ -115,6 +117,21 @@ TEST_P(TspTraffic, OneLayerForwardAndBackwardEqualTheFormulas) {
   // packed norm-gain all-reduce, whatever the number of layers.
   EXPECT_EQ(b2.op(CommOpKind::kAllReduce).calls, 2u);
   EXPECT_EQ(f2.op(CommOpKind::kAllReduce).calls, 1u);
+}
+
+// head_dim 20 with h / n_h = 8: the attention shards and K/V grow with n_h * d, not h
+// (plan/traffic_model.cc's tsp_forward_layer_elements says the same).
+TEST(TspTrafficHeadDim, ForwardMovesQueryWidthNotHidden) {
+  const int D = test::mpi().world().size();
+  const int64_t B = 2, S = 12 * D, d = 20;
+  const LlamaConfig c = traffic_config(D, 1, d);
+  const uint64_t h = c.hidden_size, f = c.intermediate_size, q = c.num_attention_heads * d, kv = c.kv_dim();
+  const CommStats f1 = run(1, Layout{}, false, B, S, d), f2 = run(2, Layout{}, false, B, S, d);
+  expect_layer(f1, f2, CommOpKind::kBroadcast, (2 * h * q + 2 * h * kv) * (D - 1) / D, "forward attention weights");
+  expect_layer(f1, f2, CommOpKind::kAllGather, 2 * B * S * kv * (D - 1) / D, "forward K/V");
+  expect_layer(f1, f2, CommOpKind::kSendRecv, 3 * h * f * (D - 1) / D, "forward MLP ring");
+  const double total = static_cast<double>(2 * h * q + 2 * h * kv + 3 * h * f + 2 * B * S * kv) * (D - 1) / D;
+  EXPECT_DOUBLE_EQ(total, tsp_forward_layer_elements(c, B * S, D));
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, TspTraffic,

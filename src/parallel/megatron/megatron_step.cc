@@ -37,7 +37,7 @@ MegatronStep::MegatronStep(const MegatronModel& model, Backend& backend, const M
     k_pos_ = Tensor::empty({model.shard().seq()}, DType::kI32, MemCategory::kActivations);
     be_.copy_from_host(std::as_bytes(std::span<const int32_t>(k_positions_)), k_pos_);
   }
-  rope_ = build_rope_table(be_, q_positions_, dims_.d, c_.rope_theta, DType::kF32);
+  rope_ = build_rope_table(be_, q_positions_, c_.rope_spec(), model.shard().seq(), DType::kF32);
   set_positions(&q_pos_, &rope_);
 }
 

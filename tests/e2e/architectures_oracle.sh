@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The architecture variants of the Hugging Face families (issue 21) against the PyTorch
+# reference (scripts/torch_reference.py, fp64, the transformers formulas): loss, logits and
+# every gradient on one rank, and under tsp=2 and tp=2 (their gradients assembled from the
+# shards; `verify --layout` also checks them against the single-rank model).
+# RoPE scaling (linear, dynamic, llama3, yarn): the sequence (80) outruns each config's
+# pretrained context, so every type's scaling is active. head_dim independent of h / n_h
+# (h = 64, n_h = 8): 12 (q width 96 > h) and 4 (32 < h), also on the 2-D mesh.
+set -euo pipefail
+mpirun=$1 bin=$2 src=$3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+run() { "$mpirun" --allow-run-as-root --oversubscribe "$@"; }
+declare -A scaling=(
+  [linear]='{"rope_type": "linear", "factor": 4.0}'
+  [dynamic]='{"rope_type": "dynamic", "factor": 2.0}'
+  [llama3]='{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}'
+  [yarn]='{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 8, "beta_slow": 1}'
+)
+# tiny.json with the given fields (JSON object) -> $tmp/NAME.json
+variant() {
+  /usr/bin/python3 - "$src/configs/tiny.json" "$tmp/$1.json" "$2" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(json.loads(sys.argv[3]))
+json.dump(c, open(sys.argv[2], "w"))
+PY
+}
+# NAME LAYOUT...: verify --dump on one rank and each layout (2 ranks, 4 for a 2-D one), each against PyTorch.
+check() {
+  local name=$1
+  shift
+  "$bin" verify --model "$tmp/$name.json" --batch 2 --seq 80 --seed 5 --dump "$tmp/$name-1" >/dev/null
+  /usr/bin/python3 "$src/scripts/torch_reference.py" "$tmp/$name-1" >"$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
+  for layout in "$@"; do
+    local np=2
+    [[ $layout == *,* ]] && np=4
+    run -np $np "$bin" verify --model "$tmp/$name.json" --layout "$layout" --batch 2 --seq 80 --seed 5 \
+      --dump "$tmp/$name-$layout" >/dev/null
+    /usr/bin/python3 "$src/scripts/torch_reference.py" "$tmp/$name-$layout" >"$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
+  done
+  echo "$name: single rank and $* match PyTorch"
+}
+for type in linear dynamic llama3 yarn; do
+  variant "$type" "{\"max_position_embeddings\": 32, \"rope_theta\": 1e6, \"rope_scaling\": ${scaling[$type]}}"
+  check "$type" tsp=2 tp=2
+done
+variant head_dim12 '{"head_dim": 12}'
+check head_dim12 tsp=2 tp=2 sp=2 tp=2,sp=2
+variant head_dim4 '{"head_dim": 4}'
+check head_dim4 tsp=2 tp=2
+# The oracle itself tells the types apart: yarn's dump checked as linear must fail.
+sed 's/"yarn"/"linear"/' "$tmp/yarn-1/config.json" >"$tmp/wrong.json" && mv "$tmp/wrong.json" "$tmp/yarn-1/config.json"
+if /usr/bin/python3 "$src/scripts/torch_reference.py" "$tmp/yarn-1" >"$tmp/out" 2>&1; then
+  echo "FAIL: yarn's dump passed as linear"; cat "$tmp/out"; exit 1
+fi
+# A rope_scaling type foldpar does not implement: one line naming it, exit 2.
+variant longrope '{"rope_scaling": {"rope_type": "longrope", "factor": 2.0, "short_factor": [1.0]}}'
+set +e
+"$bin" verify --model "$tmp/longrope.json" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+set -e
+if [ "$rc" -ne 2 ] || [ "$(wc -l <"$tmp/err")" -ne 1 ] || ! grep -qF 'rope_scaling type "longrope" is not supported' "$tmp/err"; then
+  echo "FAIL: longrope: exit $rc, wanted 2 and one line naming the type:"; cat "$tmp/err"; exit 1
+fi
+echo "architectures_oracle: RoPE scaling types and head_dim variants match PyTorch; a wrong type is caught"
