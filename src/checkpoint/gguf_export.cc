@@ -128,6 +128,8 @@ std::vector<float> permute_rows_for_gguf_rope(const Tensor& w, int64_t n_heads, 
 
 Status write_gguf_model(const std::string& path, const LlamaConfig& c, const LlamaWeights& w, const GgufVocab& vocab,
                         GgufDType dtype) {
+  if (c.moe.enabled())
+    return unimplemented("GGUF export of a mixture-of-experts model ({}) is not supported", c.moe.model_type());
   if (static_cast<int64_t>(vocab.tokens.size()) != c.vocab_size || vocab.token_types.size() != vocab.tokens.size())
     return invalid_argument("the GGUF vocabulary has {} tokens ({} types), the model {}", vocab.tokens.size(),
                             vocab.token_types.size(), c.vocab_size);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "model/moe_config.h"
 
 namespace foldpar {
 
@@ -21,6 +22,7 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-6;           // added to mean(x^2) in every RMSNorm
   double rope_theta = 10000.0;          // RoPE base
   bool tie_word_embeddings = false;     // LM head shares the embedding matrix
+  MoeConfig moe;                        // experts (model_type mixtral, qwen2_moe, qwen3_moe); none: dense
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }  // d
   int64_t kv_dim() const { return num_key_value_heads * head_dim(); }
