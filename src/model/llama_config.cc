@@ -46,7 +46,8 @@ Status refuse_unimplemented(const nlohmann::json& j) {
     if (t == "qwen2" || t == "qwen2_moe")
       return unimplemented("config: model_type \"{}\" has q/k/v biases, which foldpar does not implement", t);
     if (t == "qwen3_moe")
-      return unimplemented("config: model_type \"qwen3_moe\" has per-head q/k RMSNorm, which foldpar does not implement");
+      return unimplemented(
+          "config: model_type \"qwen3_moe\" has per-head q/k RMSNorm, which foldpar does not implement");
     if (t != "llama" && t != "mistral" && t != "mixtral")
       return unimplemented(
           "config: model_type {} is not supported (foldpar implements \"llama\", \"mistral\" and \"mixtral\")",

@@ -55,11 +55,12 @@ Status read_qwen_keys(const nlohmann::json& j, MoeConfig& m) {
   }
   if (m.family == MoeFamily::kQwen2) {
     FP_RETURN_IF_ERROR(read_int(j, "shared_expert_intermediate_size", &m.shared_expert_intermediate_size));
-  } else if (auto it = j.find("shared_expert_intermediate_size"); it != j.end() && !it->is_null() &&
-                                                                  !(it->is_number_integer() && it->get<int64_t>() == 0)) {
-    return unimplemented("config: shared_expert_intermediate_size {} is a qwen2_moe key; qwen3_moe has no shared expert",
-                         it->dump());
+    return Status();
   }
+  auto it = j.find("shared_expert_intermediate_size");
+  if (it != j.end() && !it->is_null() && !(it->is_number_integer() && it->get<int64_t>() == 0))
+    return unimplemented(
+        "config: shared_expert_intermediate_size {} is a qwen2_moe key; qwen3_moe has no shared expert", it->dump());
   return Status();
 }
 

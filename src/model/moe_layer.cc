@@ -15,7 +15,9 @@
 namespace foldpar {
 namespace {
 
-Tensor act(const Shape& shape, const Tensor& like) { return Tensor::empty(shape, like.dtype(), MemCategory::kActivations); }
+Tensor act(const Shape& shape, const Tensor& like) {
+  return Tensor::empty(shape, like.dtype(), MemCategory::kActivations);
+}
 
 Tensor upload_i32(Backend& be, const std::vector<int32_t>& v) {
   Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI32, MemCategory::kActivations);

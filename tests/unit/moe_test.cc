@@ -271,7 +271,8 @@ TEST(MoeModel, FastCpuMatchesTheReference) {
     std::vector<Tensor> want;
     g64.for_each([&](const std::string&, Tensor& t) { want.push_back(t); });
     size_t i = 0;
-    g32.for_each([&](const std::string& name, Tensor& t) { EXPECT_TRUE(near_rel(t, want[i++], tol::kF32Model)) << name; });
+    g32.for_each(
+        [&](const std::string& name, Tensor& t) { EXPECT_TRUE(near_rel(t, want[i++], tol::kF32Model)) << name; });
   }
 }
 
@@ -423,7 +424,8 @@ TEST(MoeTorchOracle, Qwen2MoeLikeModelMatchesHuggingFaceRouting) {
     Result<VerifyReport> r = run_verify(o);
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_TRUE(r->passed) << r->worst_name << " " << r->worst;
-    const std::string cmd = std::string("/usr/bin/python3 ") + FOLDPAR_SOURCE_DIR + "/scripts/torch_reference.py " + dir;
+    const std::string cmd =
+        std::string("/usr/bin/python3 ") + FOLDPAR_SOURCE_DIR + "/scripts/torch_reference.py " + dir;
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     std::filesystem::remove_all(dir);
   }
