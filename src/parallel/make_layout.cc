@@ -1,6 +1,7 @@
 // The layout's strategy, over a mesh made from the same layout.
 #include "parallel/make_layout.h"
 
+#include "parallel/single_rank_model.h"
 #include "parallel/strategies.h"
 
 namespace foldpar {
@@ -28,6 +29,7 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
                                                          const Layout& layout) {
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
+  if (config.moe.enabled()) return make_single_rank_model(config, layout);  // validate_layout: one rank
   if (layout.strategy == Strategy::kTsp) return make_tsp_sharded_model(config, mesh.comm("tsp"), seq, layout);
   return make_megatron_sharded_model(config, axis_comm(mesh, "tp"), axis_comm(mesh, "sp"), seq, layout);
 }
@@ -36,6 +38,9 @@ Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& 
                                                              const Layout& layout) {
   const std::string name = layout.to_string();
   if (layout.dp > 1) return unimplemented("layout {}: generation does not take a dp axis", name);
+  if (config.moe.enabled())
+    return unimplemented("layout {}: generation of a mixture-of-experts model ({}) is not implemented yet", name,
+                         config.moe.model_type());
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, 0));
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
   if (layout.strategy == Strategy::kTsp) return make_tsp_decoder(config, mesh.comm("tsp"), layout);
