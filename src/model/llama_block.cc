@@ -54,7 +54,7 @@ Tensor block_backward(const BlockContext& ctx, const LayerWeights& w, const Bloc
   Tensor d_a2;  // [T, h]
   if (w.moe.defined()) {
     moe_backward(ctx, w.moe, s.moe, s.mlp_norm.a, dx_out, d_a2, g.moe,
-                 ctx.moe_prob_grad != nullptr ? *ctx.moe_prob_grad : std::vector<double>{});
+                 ctx.moe_prob_grad != nullptr ? (*ctx.moe_prob_grad)[w.moe.sparse_index] : std::vector<double>{});
   } else {
     MlpWeights g_mlp = mlp_weights(g);
     mlp_backward(ctx, mlp_weights(w), s.mlp, s.mlp_norm.a, dx_out, d_a2, g_mlp, 1.0f);

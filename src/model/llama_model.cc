@@ -60,7 +60,7 @@ class SingleRankStep final : public ModelStep {
     r.valid_tokens = sums.valid_tokens;
     r.loss = r.valid_tokens > 0 ? r.loss_sum / static_cast<double>(r.valid_tokens) : 0.0;
     if (c_.moe.enabled()) {
-      r.aux_loss = aux_.loss();
+      r.aux_loss = aux_.loss(c_.moe.aux_per_layer);
       r.expert_load = aux_.load();
       if (c_.moe.output_router_logits) r.loss += c_.moe.router_aux_loss_coef * r.aux_loss;
     }
@@ -76,7 +76,7 @@ class SingleRankStep final : public ModelStep {
     const double grad_scale = r.valid_tokens > 0 ? 1.0 / static_cast<double>(r.valid_tokens) : 0.0;
     HeadWeights g = head(*g_);
     if (c_.moe.enabled() && c_.moe.output_router_logits) {
-      prob_grad_ = aux_.prob_grad(c_.moe.router_aux_loss_coef);
+      prob_grad_ = aux_.prob_grad(c_.moe.router_aux_loss_coef, c_.moe.aux_per_layer);
       k_.ctx.moe_prob_grad = &prob_grad_;
     }
     Tensor dx = foldpar::head_backward(k_.ctx, head(w_), hs_, targets(), kIgnoreIndex, grad_scale, g);
@@ -109,7 +109,7 @@ class SingleRankStep final : public ModelStep {
   std::vector<BlockSaved> saved_;  // per layer
   HeadSaved hs_;
   MoeAux aux_;                     // MoE routing statistics of this step
-  std::vector<double> prob_grad_;  // [E] the aux loss's gradient on the router probabilities
+  std::vector<std::vector<double>> prob_grad_;  // [sparse layers][E] the aux loss's gradient on p
 };
 
 }  // namespace

@@ -31,8 +31,13 @@ Status read_routing_keys(const nlohmann::json& j, MoeConfig& m) {
     m.router_aux_loss_coef = it->get<double>();
   }
   FP_RETURN_IF_ERROR(read_bool(j, "output_router_logits", &m.output_router_logits));
+  FP_RETURN_IF_ERROR(read_bool(j, "router_aux_loss_per_layer", &m.aux_per_layer));
   // Routers other than softmax-then-top-k are refused (e.g. DeepSeek's grouped or sigmoid
   // routers, which their configs name with these keys).
+  // Mixtral's training-time jitter multiplies the router input by noise; foldpar routes exactly.
+  if (auto it = j.find("router_jitter_noise");
+      it != j.end() && !it->is_null() && !(it->is_number() && it->get<double>() == 0))
+    return unimplemented("config: router_jitter_noise {} is not supported (foldpar's router has no noise)", it->dump());
   for (const char* key : {"router_type", "scoring_func", "topk_method", "n_group"})
     if (auto it = j.find(key); it != j.end() && !it->is_null())
       return unimplemented("config: router {} {} is not supported (foldpar routes by softmax then top-k)", key,
@@ -158,6 +163,7 @@ void MoeConfig::to_json(nlohmann::ordered_json& j) const {
   j["num_experts_per_tok"] = num_experts_per_tok;
   j["router_aux_loss_coef"] = router_aux_loss_coef;
   j["output_router_logits"] = output_router_logits;
+  if (aux_per_layer) j["router_aux_loss_per_layer"] = true;
 }
 
 }  // namespace foldpar

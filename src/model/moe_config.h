@@ -33,6 +33,9 @@ struct MoeConfig {
   std::vector<int64_t> mlp_only_layers;         // ... and i is not listed here (those are dense)
   double router_aux_loss_coef = 0.0;            // weight of the load-balancing loss in the loss
   bool output_router_logits = false;            // add coef * aux to the training loss (Hugging Face's switch)
+  // foldpar's own key "router_aux_loss_per_layer": the aux loss summed over the sparse layers,
+  // each of its own rows (Switch's form), instead of Hugging Face's over every layer's rows at once.
+  bool aux_per_layer = false;
   MoeFamily family = MoeFamily::kMixtral;
 
   bool enabled() const { return num_experts > 0; }

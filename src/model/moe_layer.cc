@@ -124,25 +124,53 @@ void totals(const MoeAux& a, std::vector<double>& c, std::vector<double>& p, dou
     }
   }
 }
-}  // namespace
 
-double MoeAux::loss() const {
-  std::vector<double> c, p;
-  double n = 0;
-  totals(*this, c, p, n);
+// E * sum_e (C_e / N)(P_e / N), and its gradient coef * E * C_e / N^2 on each p.
+double aux_of(const std::vector<double>& c, const std::vector<double>& p, double n) {
   if (n == 0) return 0;
   double s = 0;
-  for (int64_t e = 0; e < experts; ++e) s += (c[e] / n) * (p[e] / n);
-  return static_cast<double>(experts) * s;
+  for (size_t e = 0; e < c.size(); ++e) s += (c[e] / n) * (p[e] / n);
+  return static_cast<double>(c.size()) * s;
+}
+std::vector<double> aux_grad_of(const std::vector<double>& c, double n, double coef) {
+  std::vector<double> g(c.size(), 0.0);
+  if (n == 0) return g;
+  for (size_t e = 0; e < c.size(); ++e) g[e] = coef * static_cast<double>(c.size()) * c[e] / (n * n);
+  return g;
+}
+// One layer's counts as doubles.
+std::vector<double> layer_counts(const MoeAux& a, size_t l) {
+  std::vector<double> c(static_cast<size_t>(a.experts), 0.0);
+  for (size_t e = 0; e < a.counts[l].size(); ++e) c[e] = static_cast<double>(a.counts[l][e]);
+  return c;
+}
+}  // namespace
+
+double MoeAux::loss(bool per_layer) const {
+  if (!per_layer) {
+    std::vector<double> c, p;
+    double n = 0;
+    totals(*this, c, p, n);
+    return aux_of(c, p, n);
+  }
+  double s = 0;
+  for (size_t l = 0; l < counts.size(); ++l)
+    if (rows[l] > 0) s += aux_of(layer_counts(*this, l), prob_sums[l], static_cast<double>(rows[l]));
+  return s;
 }
 
-std::vector<double> MoeAux::prob_grad(double coef) const {
-  std::vector<double> c, p;
-  double n = 0;
-  totals(*this, c, p, n);
-  std::vector<double> g(static_cast<size_t>(experts), 0.0);
-  if (n == 0) return g;
-  for (int64_t e = 0; e < experts; ++e) g[e] = coef * static_cast<double>(experts) * c[e] / (n * n);
+std::vector<std::vector<double>> MoeAux::prob_grad(double coef, bool per_layer) const {
+  std::vector<std::vector<double>> g(counts.size());
+  if (!per_layer) {
+    std::vector<double> c, p;
+    double n = 0;
+    totals(*this, c, p, n);
+    const std::vector<double> row = aux_grad_of(c, n, coef);
+    for (auto& r : g) r = row;
+    return g;
+  }
+  for (size_t l = 0; l < counts.size(); ++l)
+    g[l] = aux_grad_of(layer_counts(*this, l), static_cast<double>(rows[l]), coef);
   return g;
 }
 

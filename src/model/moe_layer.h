@@ -12,7 +12,9 @@
 // (sparse layers) x T routed rows of a step, aux = E * sum_e (C_e / N) * (P_e / N), with C_e
 // the top-k choices of expert e and P_e its summed router probability; the loss adds
 // router_aux_loss_coef * aux when output_router_logits. C is not differentiable, so the
-// gradient on every p[t, e] is coef * E * C_e / N^2, one value per expert (MoeAux).
+// gradient on every p[t, e] is coef * E * C_e / N^2, one value per expert (MoeAux). The
+// per-layer mode (MoeConfig::aux_per_layer) sums E * sum_e (C_le / T)(P_le / T) over the
+// sparse layers l instead, with gradient coef * E * C_le / T^2 in layer l.
 #pragma once
 
 #include <cstdint>
@@ -31,10 +33,12 @@ struct MoeAux {
   std::vector<int64_t> rows;                  // [sparse layers] routed rows T
 
   MoeAux(int64_t experts, int64_t sparse_layers);
-  // E * sum_e (C_e / N) (P_e / N) over every sparse layer recorded (0 when none).
-  double loss() const;
-  // d(coef * loss) / d p[t, e] of every routed row: [E], the same for every layer.
-  std::vector<double> prob_grad(double coef) const;
+  // E * sum_e (C_e / N) (P_e / N) over every sparse layer recorded (0 when none), or with
+  // per_layer the sum over layers of each layer's own.
+  double loss(bool per_layer) const;
+  // d(coef * loss) / d p[t, e] of the routed rows of each sparse layer: [sparse layers][E]
+  // (every row the same without per_layer).
+  std::vector<std::vector<double>> prob_grad(double coef, bool per_layer) const;
   // The tokens each expert received, summed over the layers: the metrics' load.
   std::vector<int64_t> load() const;
 };

@@ -30,7 +30,8 @@ struct BlockContext {
   const Tensor* positions = nullptr;   // i32 [S], global positions of the rows
   const Tensor* rope_table = nullptr;  // [S, 2, d/2] from build_rope_table(positions)
   MoeAux* moe_aux = nullptr;           // MoE layers record their routing statistics here (null: not kept)
-  const std::vector<double>* moe_prob_grad = nullptr;  // [E] the aux loss's gradient on p (null: none)
+  // [sparse layers][E] the aux loss's gradient on the router probabilities (null: none)
+  const std::vector<std::vector<double>>* moe_prob_grad = nullptr;
   int64_t rows() const { return batch * seq; }
 };
 

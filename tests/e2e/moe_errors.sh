@@ -13,6 +13,7 @@ cases=(
   "k zero|s/\"num_experts_per_tok\": 2/\"num_experts_per_tok\": 0/|num_experts_per_tok (0) must be in [1, num_experts (4)]"
   "no experts|s/\"num_local_experts\": 4,//|a mixtral model needs a positive num_local_experts (got 0)"
   "unknown router|s/\"num_experts_per_tok\": 2,/\"num_experts_per_tok\": 2, \"scoring_func\": \"sigmoid\",/|router scoring_func \"sigmoid\" is not supported"
+  "router noise|s/\"num_experts_per_tok\": 2,/\"num_experts_per_tok\": 2, \"router_jitter_noise\": 0.01,/|router_jitter_noise 0.01 is not supported"
   "negative aux coef|s/\"router_aux_loss_coef\": 0.02/\"router_aux_loss_coef\": -1/|router_aux_loss_coef (-1) must not be negative"
   "qwen2_moe|s/\"mixtral\"/\"qwen2_moe\"/|model_type \"qwen2_moe\" has q/k/v biases"
   "qwen3_moe|s/\"mixtral\"/\"qwen3_moe\"/|model_type \"qwen3_moe\" has per-head q/k RMSNorm"

@@ -210,11 +210,12 @@ Batch tiny_batch() {
   return b;
 }
 
-class MoeModelGradCheck : public ::testing::TestWithParam<std::tuple<MoeFamily, Recompute>> {};
+class MoeModelGradCheck : public ::testing::TestWithParam<std::tuple<MoeFamily, Recompute, bool>> {};
 
 TEST_P(MoeModelGradCheck, EveryParameterWithTheAuxLoss) {
-  const auto [family, recompute] = GetParam();
-  const LlamaConfig c = moe_config(family);
+  const auto [family, recompute, per_layer] = GetParam();
+  LlamaConfig c = moe_config(family);
+  c.moe.aux_per_layer = per_layer;
   ASSERT_TRUE(c.validate().ok()) << c.validate().to_string();
   auto be = make_reference_backend();
   LlamaWeights w = LlamaWeights::allocate(c, DType::kF64, MemCategory::kParameters);
@@ -245,10 +246,11 @@ TEST_P(MoeModelGradCheck, EveryParameterWithTheAuxLoss) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, MoeModelGradCheck,
-                         ::testing::Values(std::make_tuple(MoeFamily::kMixtral, Recompute::kNone),
-                                           std::make_tuple(MoeFamily::kQwen2, Recompute::kNone),
-                                           std::make_tuple(MoeFamily::kQwen3, Recompute::kNone),
-                                           std::make_tuple(MoeFamily::kQwen2, Recompute::kBlock)));
+                         ::testing::Values(std::make_tuple(MoeFamily::kMixtral, Recompute::kNone, false),
+                                           std::make_tuple(MoeFamily::kQwen2, Recompute::kNone, false),
+                                           std::make_tuple(MoeFamily::kQwen3, Recompute::kNone, false),
+                                           std::make_tuple(MoeFamily::kQwen2, Recompute::kBlock, false),
+                                           std::make_tuple(MoeFamily::kMixtral, Recompute::kNone, true)));
 
 TEST(MoeModel, FastCpuMatchesTheReference) {
   for (MoeFamily family : {MoeFamily::kMixtral, MoeFamily::kQwen2}) {
@@ -287,6 +289,11 @@ TEST(MoeModel, UniformRouterGivesAnAuxLossOfK) {
   auto r = model_forward(c, *be, w, tiny_batch(), {});
   ASSERT_TRUE(r.ok());
   EXPECT_NEAR(r->aux_loss, 3.0, 1e-12);
+  // Per layer: each of the 3 sparse layers scores k on its own.
+  c.moe.aux_per_layer = true;
+  auto per_layer = model_forward(c, *be, w, tiny_batch(), {});
+  ASSERT_TRUE(per_layer.ok());
+  EXPECT_NEAR(per_layer->aux_loss, 9.0, 1e-12);
   // Ties go to the lower index: experts 0, 1, 2 take every token, expert 3 none.
   ASSERT_EQ(r->expert_load.size(), 4u);
   for (int e = 0; e < 4; ++e) EXPECT_EQ(r->expert_load[e], e < 3 ? 30 : 0) << "expert " << e;
@@ -351,6 +358,11 @@ TEST(MoeConfigTest, MixtralLoadsAndRoundTrips) {
   auto again = LlamaConfig::from_json(c->to_json());
   ASSERT_TRUE(again.ok()) << again.status().to_string();
   EXPECT_EQ(again->to_json(), c->to_json());
+  EXPECT_EQ(c->to_json().find("router_aux_loss_per_layer"), std::string::npos);  // Hugging Face's files stay clean
+  auto per_layer = LlamaConfig::from_json(mixtral_json(R"(, "router_aux_loss_per_layer": true)"));
+  ASSERT_TRUE(per_layer.ok());
+  EXPECT_TRUE(per_layer->moe.aux_per_layer);
+  EXPECT_TRUE(LlamaConfig::from_json(per_layer->to_json())->moe.aux_per_layer);
   EXPECT_NE(c->to_json().find("\"MixtralForCausalLM\""), std::string::npos);
 }
 
