@@ -215,6 +215,7 @@ class LlamaCfg:
         act = d.get("hidden_act", "silu")
         if act != "silu":
             raise BadInput(f"config.json: hidden_act {act!r} is not supported (only silu)")
+        self.moe = MoeCfg.from_config(d)  # None for a dense model
 
     def param_shapes(self):
         h, f, V, d = self.hidden, self.inter, self.vocab, self.head_dim
@@ -227,6 +228,9 @@ class LlamaCfg:
             shapes[p + "self_attn.v_proj.weight"] = (self.n_kv * d, h)
             shapes[p + "self_attn.o_proj.weight"] = (h, self.n_heads * d)
             shapes[p + "post_attention_layernorm.weight"] = (h,)
+            if self.moe is not None and self.moe.is_sparse(i):
+                shapes.update(self.moe.param_shapes(p, h))
+                continue
             shapes[p + "mlp.gate_proj.weight"] = (f, h)
             shapes[p + "mlp.up_proj.weight"] = (f, h)
             shapes[p + "mlp.down_proj.weight"] = (h, f)
@@ -367,6 +371,122 @@ def mlp(x, p):
     return (gate * up) @ p["mlp.down_proj.weight"].t()
 
 
+# --------------------------------------------------------------------------
+# Mixture of experts: Hugging Face's MixtralSparseMoeBlock / Qwen2MoeSparseMoeBlock /
+# Qwen3MoeSparseMoeBlock and load_balancing_loss_func, written from their definitions.
+# Kept apart from the attention side. Ties in the top-k go to the lower expert index
+# (a stable descending sort), the rule foldpar documents; torch.topk leaves ties unspecified.
+# --------------------------------------------------------------------------
+
+class MoeCfg:
+    FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
+
+    @staticmethod
+    def from_config(d):
+        t = d.get("model_type")
+        if t not in MoeCfg.FAMILIES:
+            for key in ("num_local_experts", "num_experts"):
+                if d.get(key):
+                    raise BadInput(f"config.json: {key} given for model_type {t!r}, which has no experts")
+            return None
+        return MoeCfg(d, t)
+
+    def __init__(self, d, family):
+        def pos_int(key, default=None):
+            v = d.get(key, default)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise BadInput(f"config.json: {key} must be a positive integer, got {v!r}")
+            return v
+        self.family = family
+        if family == "mixtral":
+            self.n_experts = pos_int("num_local_experts")
+            self.inter = pos_int("intermediate_size")
+            self.norm_topk = True
+            self.shared = 0
+            self.sparse_step, self.mlp_only = 1, []
+        else:
+            self.n_experts = pos_int("num_experts")
+            self.inter = pos_int("moe_intermediate_size")
+            self.norm_topk = bool(d.get("norm_topk_prob", False))
+            self.shared = d.get("shared_expert_intermediate_size", 0) if family == "qwen2_moe" else 0
+            self.sparse_step = pos_int("decoder_sparse_step", 1)
+            self.mlp_only = list(d.get("mlp_only_layers", []) or [])
+        self.top_k = pos_int("num_experts_per_tok")
+        if self.top_k > self.n_experts:
+            raise BadInput(f"config.json: num_experts_per_tok {self.top_k} > experts {self.n_experts}")
+        self.aux_coef = float(d.get("router_aux_loss_coef", 0.0))
+        self.output_router_logits = bool(d.get("output_router_logits", False))
+
+    def is_sparse(self, i):
+        return i not in self.mlp_only and (i + 1) % self.sparse_step == 0
+
+    def names(self, e):
+        """(router, gate, up, down) names of expert e inside a layer."""
+        if self.family == "mixtral":
+            q = f"block_sparse_moe.experts.{e}."
+            return "block_sparse_moe.gate.weight", q + "w1.weight", q + "w3.weight", q + "w2.weight"
+        q = f"mlp.experts.{e}."
+        return "mlp.gate.weight", q + "gate_proj.weight", q + "up_proj.weight", q + "down_proj.weight"
+
+    def param_shapes(self, p, h):
+        f = self.inter
+        shapes = {p + self.names(0)[0]: (self.n_experts, h)}
+        for e in range(self.n_experts):
+            _, g, u, dn = self.names(e)
+            shapes[p + g], shapes[p + u], shapes[p + dn] = (f, h), (f, h), (h, f)
+        if self.shared:
+            fs = self.shared
+            for n, shape in (("gate_proj", (fs, h)), ("up_proj", (fs, h)), ("down_proj", (h, fs))):
+                shapes[p + f"mlp.shared_expert.{n}.weight"] = shape
+            shapes[p + "mlp.shared_expert_gate.weight"] = (1, h)
+        return shapes
+
+
+def _top_k(probs, k):
+    order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    return order.values[..., :k], order.indices[..., :k]
+
+
+def _gated(x, g, u, dn):
+    return (torch.nn.functional.silu(x @ g.t()) * (x @ u.t())) @ dn.t()
+
+
+def moe_block(x, p, m):
+    """x [B, S, h] -> (y [B, S, h], router logits [B*S, E]), as the HF sparse MoE block."""
+    B, S, h = x.shape
+    xs = x.reshape(-1, h)
+    router = p[m.names(0)[0]]
+    logits = xs @ router.t()
+    routing = torch.softmax(logits, dim=-1)
+    weights, selected = _top_k(routing, m.top_k)
+    if m.norm_topk:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(xs)
+    for e in range(m.n_experts):
+        tok, slot = torch.where(selected == e)
+        if tok.numel() == 0:
+            continue
+        _, g, u, dn = m.names(e)
+        y = _gated(xs[tok], p[g], p[u], p[dn]) * weights[tok, slot, None]
+        out = out.index_add(0, tok, y)
+    if m.shared:
+        z = _gated(xs, p["mlp.shared_expert.gate_proj.weight"], p["mlp.shared_expert.up_proj.weight"],
+                   p["mlp.shared_expert.down_proj.weight"])
+        out = out + torch.sigmoid(xs @ p["mlp.shared_expert_gate.weight"].t()) * z
+    return out.view(B, S, h), logits
+
+
+def load_balancing_loss(gate_logits, n_experts, top_k):
+    """HF load_balancing_loss_func without an attention mask: every layer's logits concatenated."""
+    cat = torch.cat(gate_logits, dim=0)                                    # [L*T, E]
+    routing = torch.softmax(cat, dim=-1)
+    _, selected = _top_k(routing, top_k)
+    mask = torch.nn.functional.one_hot(selected, n_experts).to(cat.dtype)  # [L*T, k, E]
+    tokens_per_expert = mask.mean(dim=0)                                   # [k, E]
+    router_prob_per_expert = routing.mean(dim=0)                           # [E]
+    return (tokens_per_expert * router_prob_per_expert.unsqueeze(0)).sum() * n_experts
+
+
 def forward(cfg, params, input_ids, target_ids):
     """Returns (loss, logits). params: {hf_name: tensor}."""
     S = input_ids.shape[1]
@@ -374,11 +494,18 @@ def forward(cfg, params, input_ids, target_ids):
     dtype = embed.dtype
     cos, sin = rope_cos_sin(S, cfg.head_dim, cfg.theta, dtype, cfg)
     x = embed[input_ids]
+    router_logits = []  # MoE: each sparse layer's [B*S, E]
     for i in range(cfg.n_layers):
         pre = f"model.layers.{i}."
         p = {k[len(pre):]: v for k, v in params.items() if k.startswith(pre)}
         x = x + attention(rms_norm(x, p["input_layernorm.weight"], cfg.eps), p, cfg, cos, sin)
-        x = x + mlp(rms_norm(x, p["post_attention_layernorm.weight"], cfg.eps), p)
+        a = rms_norm(x, p["post_attention_layernorm.weight"], cfg.eps)
+        if cfg.moe is not None and cfg.moe.is_sparse(i):
+            y, logits_i = moe_block(a, p, cfg.moe)
+            router_logits.append(logits_i)
+            x = x + y
+        else:
+            x = x + mlp(a, p)
     x = rms_norm(x, params["model.norm.weight"], cfg.eps)
     head = embed if cfg.tied else params["lm_head.weight"]
     logits = x @ head.t()                                                           # [B, S, V]
@@ -387,6 +514,8 @@ def forward(cfg, params, input_ids, target_ids):
     safe_t = torch.where(valid, target_ids, torch.zeros_like(target_ids))
     nll = -logp.gather(-1, safe_t.unsqueeze(-1)).squeeze(-1)
     loss = (nll * valid.to(dtype)).sum() / valid.sum().to(dtype)
+    if cfg.moe is not None and cfg.moe.output_router_logits and router_logits:
+        loss = loss + cfg.moe.aux_coef * load_balancing_loss(router_logits, cfg.moe.n_experts, cfg.moe.top_k)
     return loss, logits
 
 

@@ -152,6 +152,39 @@ class Backend {
   virtual void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& d_out, Tensor& d_gate,
                                Tensor& d_up) = 0;
 
+  // ---- mixture of experts (model/moe_layer.h) ----
+  // The Hugging Face routing of token rows: p = softmax(logits) over the E experts (f64
+  // arithmetic); experts[t, :] = the k largest p[t, e] in descending order, ties to the
+  // lower expert index; weights[t, j] = p[t, experts[t, j]], divided by their row sum when
+  // `normalize`. logits, probs (written): [T, E]; weights (written): [T, k]; experts
+  // (written): i32 [T, k], 1 <= k <= E.
+  virtual void moe_route_forward(const Tensor& logits, bool normalize, Tensor& probs, Tensor& weights,
+                                 Tensor& experts) = 0;
+  // d_logits (written) [T, E]: the gradient through the softmax of d_weights [T, k] (through
+  // the renormalisation when `normalize`) plus, when d_probs_bias is given, the same
+  // d_probs_bias[e] on every p[t, e] (the auxiliary loss's, [E]).
+  struct MoeRouteGrad {
+    const Tensor* probs = nullptr;         // [T, E] from moe_route_forward
+    const Tensor* weights = nullptr;       // [T, k]
+    const Tensor* experts = nullptr;       // i32 [T, k]
+    const Tensor* d_weights = nullptr;     // [T, k]
+    const Tensor* d_probs_bias = nullptr;  // [E] or null
+    bool normalize = false;
+  };
+  virtual void moe_route_backward(const MoeRouteGrad& g, Tensor& d_logits) = 0;
+  // dst[i, :] (written) = scale[i] * src[rows[i], :] (scale null: 1). src: [N, w]; rows:
+  // i32 [M], each in [0, N); scale: [M]; dst: [M, w]. Dispatch of tokens to experts.
+  virtual void gather_rows(const Tensor& src, const Tensor& rows, const Tensor* scale, Tensor& dst) = 0;
+  // dst[rows[i], :] += scale[i] * src[i, :] (accumulated), in increasing i (scale null: 1).
+  // src: [M, w]; rows: i32 [M], each in [0, N); scale: [M]; dst: [N, w]. The combine.
+  virtual void scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor* scale, Tensor& dst) = 0;
+  // out[i] (written) = sum_j a[i, j] * b[i, j], accumulated in f64. a, b: [M, w]; out: [M].
+  virtual void rows_dot(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  // y = 1 / (1 + exp(-x)), and dx = dy * y * (1 - y) from the forward's y; all the same
+  // shape, written (the shared expert's gate).
+  virtual void sigmoid_forward(const Tensor& x, Tensor& y) = 0;
+  virtual void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
+
   // ---- cross-entropy ----
   // logits [T, V]; targets i32 [T] (ignore_index marks tokens without a loss). Writes lse [T]
   // (0 for ignored rows) and returns the SUM of -log softmax(logits)[target] over valid rows,

@@ -230,4 +230,61 @@ void check_targets(const Tensor& targets) {
   FP_CHECK(targets.dtype() == DType::kI32, "targets {} are not i32", targets.describe());
 }
 
+MoeRouteDims check_moe_route_forward(const Tensor& logits, const Tensor& probs, const Tensor& weights,
+                                     const Tensor& experts) {
+  FP_CHECK(logits.rank() == 2 && probs.shape() == logits.shape() && probs.dtype() == logits.dtype(),
+           "moe_route logits {} probs {}", logits.describe(), probs.describe());
+  const MoeRouteDims d{logits.dim(0), logits.dim(1), weights.rank() == 2 ? weights.dim(1) : -1};
+  FP_CHECK(weights.rank() == 2 && weights.dim(0) == d.rows && weights.dtype() == logits.dtype() && d.k >= 1 &&
+               d.k <= d.experts,
+           "moe_route weights {} for logits {}", weights.describe(), logits.describe());
+  FP_CHECK(experts.dtype() == DType::kI32 && experts.shape() == weights.shape(), "moe_route experts {} weights {}",
+           experts.describe(), weights.describe());
+  return d;
+}
+
+MoeRouteDims check_moe_route_backward(const Backend::MoeRouteGrad& g, const Tensor& d_logits) {
+  FP_CHECK(g.probs && g.weights && g.experts && g.d_weights, "moe_route_backward: missing argument");
+  const MoeRouteDims d = check_moe_route_forward(*g.probs, d_logits, *g.weights, *g.experts);
+  check_same(*g.weights, *g.d_weights, "moe_route_backward d_weights");
+  if (g.d_probs_bias != nullptr)
+    FP_CHECK(g.d_probs_bias->numel() == d.experts && g.d_probs_bias->dtype() == d_logits.dtype(),
+             "moe_route_backward d_probs_bias {} for E={}", g.d_probs_bias->describe(), d.experts);
+  return d;
+}
+
+namespace {
+RowsDims check_rows(const Tensor& many, const Tensor& listed, const Tensor& rows, const Tensor* scale,
+                    const char* op) {
+  FP_CHECK(many.rank() >= 1 && listed.rank() >= 1 && many.dtype() == listed.dtype() &&
+               many.dim(-1) == listed.dim(-1),
+           "{}: {} and {}", op, many.describe(), listed.describe());
+  const RowsDims d{rows_of(many), rows_of(listed), many.dim(-1)};
+  check_i32_vector(rows, d.m, op);
+  if (scale != nullptr)
+    FP_CHECK(scale->numel() == d.m && scale->dtype() == many.dtype(), "{}: scale {} for {} rows", op,
+             scale->describe(), d.m);
+  return d;
+}
+}  // namespace
+
+RowsDims check_gather_rows(const Tensor& src, const Tensor& rows, const Tensor* scale, const Tensor& dst) {
+  return check_rows(src, dst, rows, scale, "gather_rows");
+}
+
+RowsDims check_scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor* scale, const Tensor& dst) {
+  return check_rows(dst, src, rows, scale, "scatter_add_rows");
+}
+
+int64_t check_rows_dot(const Tensor& a, const Tensor& b, const Tensor& out) {
+  check_same(a, b, "rows_dot b");
+  const int64_t m = rows_of(a);
+  FP_CHECK(out.numel() == m && out.dtype() == a.dtype(), "rows_dot out {} for {}", out.describe(), a.describe());
+  return m;
+}
+
+void check_row_id(int32_t id, int64_t n, int64_t at, const char* op) {
+  FP_CHECK(id >= 0 && id < n, "{}: row id {} at index {} outside [0, {})", op, id, at, n);
+}
+
 }  // namespace foldpar

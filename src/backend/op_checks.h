@@ -78,6 +78,24 @@ AttentionMergeDims check_attention_merge(const Tensor& block_out, const Tensor& 
 int64_t check_softmax_rescale(const Tensor& local_max, const Tensor& global_max, const Tensor& row_sum);
 int64_t check_cross_entropy_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit,
                                    const Tensor& targets, const Tensor& lse);
+// The MoE ops (Backend::moe_route_forward ...), each returning the extents its loops need.
+struct MoeRouteDims {
+  int64_t rows, experts, k;  // T, E, k
+};
+MoeRouteDims check_moe_route_forward(const Tensor& logits, const Tensor& probs, const Tensor& weights,
+                                     const Tensor& experts);
+MoeRouteDims check_moe_route_backward(const Backend::MoeRouteGrad& g, const Tensor& d_logits);
+struct RowsDims {
+  int64_t n, m, width;  // rows of the indexed side, of the listed side, row width
+};
+// src [N, w] -> dst [M, w] by rows i32 [M] (and scale [M]); the row ids are checked by the op.
+RowsDims check_gather_rows(const Tensor& src, const Tensor& rows, const Tensor* scale, const Tensor& dst);
+// src [M, w] -> dst [N, w].
+RowsDims check_scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor* scale, const Tensor& dst);
+int64_t check_rows_dot(const Tensor& a, const Tensor& b, const Tensor& out);  // returns M
+// An index row id in [0, n), checked by each backend while it reads the ids.
+void check_row_id(int32_t id, int64_t n, int64_t at, const char* op);
+
 // count_valid_targets: i32 of any shape.
 void check_targets(const Tensor& targets);
 

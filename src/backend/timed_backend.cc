@@ -116,4 +116,27 @@ int64_t TimedBackend::count_valid_targets(const Tensor& targets, int32_t ignore_
   return timed("count_valid_targets", [&] { return inner_.count_valid_targets(targets, ignore_index); });
 }
 
+void TimedBackend::moe_route_forward(const Tensor& logits, bool normalize, Tensor& probs, Tensor& weights,
+                                     Tensor& experts) {
+  timed("moe_route_forward", [&] { inner_.moe_route_forward(logits, normalize, probs, weights, experts); });
+}
+void TimedBackend::moe_route_backward(const MoeRouteGrad& g, Tensor& d_logits) {
+  timed("moe_route_backward", [&] { inner_.moe_route_backward(g, d_logits); });
+}
+void TimedBackend::gather_rows(const Tensor& src, const Tensor& rows, const Tensor* scale, Tensor& dst) {
+  timed("gather_rows", [&] { inner_.gather_rows(src, rows, scale, dst); });
+}
+void TimedBackend::scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor* scale, Tensor& dst) {
+  timed("scatter_add_rows", [&] { inner_.scatter_add_rows(src, rows, scale, dst); });
+}
+void TimedBackend::rows_dot(const Tensor& a, const Tensor& b, Tensor& out) {
+  timed("rows_dot", [&] { inner_.rows_dot(a, b, out); });
+}
+void TimedBackend::sigmoid_forward(const Tensor& x, Tensor& y) {
+  timed("sigmoid_forward", [&] { inner_.sigmoid_forward(x, y); });
+}
+void TimedBackend::sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  timed("sigmoid_backward", [&] { inner_.sigmoid_backward(y, dy, dx); });
+}
+
 }  // namespace foldpar

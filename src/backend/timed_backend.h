@@ -57,6 +57,14 @@ class TimedBackend final : public Backend {
   LossSums cross_entropy_finish(const Tensor& row_max, const Tensor& row_sum, const Tensor& target_logit,
                                 const Tensor& targets, int32_t ignore_index, Tensor& lse) override;
   int64_t count_valid_targets(const Tensor& targets, int32_t ignore_index) override;
+  void moe_route_forward(const Tensor& logits, bool normalize, Tensor& probs, Tensor& weights,
+                         Tensor& experts) override;
+  void moe_route_backward(const MoeRouteGrad& g, Tensor& d_logits) override;
+  void gather_rows(const Tensor& src, const Tensor& rows, const Tensor* scale, Tensor& dst) override;
+  void scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor* scale, Tensor& dst) override;
+  void rows_dot(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void sigmoid_forward(const Tensor& x, Tensor& y) override;
+  void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
 
  private:
   template <typename Fn>

@@ -136,6 +136,8 @@ Status write_gguf_model(const std::string& path, const LlamaConfig& c, const Lla
   if (c.rope_scaling.enabled())
     return unimplemented("GGUF export: rope_scaling type {} is not exported (llama.cpp would rotate unscaled)",
                          rope_type_name(c.rope_scaling.type));
+  if (c.moe.enabled())
+    return unimplemented("GGUF export of a mixture-of-experts model ({}) is not supported", c.moe.model_type());
   if (static_cast<int64_t>(vocab.tokens.size()) != c.vocab_size || vocab.token_types.size() != vocab.tokens.size())
     return invalid_argument("the GGUF vocabulary has {} tokens ({} types), the model {}", vocab.tokens.size(),
                             vocab.token_types.size(), c.vocab_size);

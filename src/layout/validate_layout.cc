@@ -141,6 +141,10 @@ std::vector<int64_t> stage_bounds(const LlamaConfig& c, const Layout& l) {
 Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t batch, int64_t seq) {
   FP_RETURN_IF_ERROR(config.validate());
   const std::string name = layout.to_string();
+  // The MoE layer runs in the single-rank model only (model/moe_layer.h, parallel/single_rank_model.h).
+  if (config.moe.enabled() && (layout.ranks() != 1 || layout.dtype != DType::kF32))
+    return unimplemented("layout {}: mixture-of-experts models ({}, {} experts) run on one rank in f32 only so far",
+                         name, config.moe.model_type(), config.moe.num_experts);
   FP_RETURN_IF_ERROR(check_axes(layout, name));
   FP_RETURN_IF_ERROR(check_knobs(layout, name));
   if (layout.pp == 1 && !layout.stage_layers.empty())

@@ -36,7 +36,11 @@ Tensor block_forward(const BlockContext& ctx, const LayerWeights& w, const Tenso
   // ---- MLP: x_out = x_mid + (silu(a2 Wg^T) * (a2 Wu^T)) Wd^T, a2 = norm(x_mid) ----
   s.mlp_norm = norm_forward(ctx, w.mlp_norm, x_mid);              // a2 [T, h]
   Tensor x_out = residual_forward(ctx, x_mid);                    // [T, h]
-  mlp_forward(ctx, mlp_weights(w), s.mlp_norm.a, x_out, saved != nullptr ? &s.mlp : nullptr);
+  if (w.moe.defined()) {
+    moe_forward(ctx, w.moe, s.mlp_norm.a, x_out, saved != nullptr ? &s.moe : nullptr, ctx.moe_aux);
+  } else {
+    mlp_forward(ctx, mlp_weights(w), s.mlp_norm.a, x_out, saved != nullptr ? &s.mlp : nullptr);
+  }
   if (saved != nullptr) *saved = std::move(s);
   return x_out;
 }
@@ -47,9 +51,14 @@ Tensor block_backward(const BlockContext& ctx, const LayerWeights& w, const Bloc
   const int64_t B = ctx.batch, S = ctx.seq, n_h = c.num_attention_heads, n_kv = c.num_key_value_heads,
                 d = c.head_dim();
   // ---- MLP ----
-  MlpWeights g_mlp = mlp_weights(g);
   Tensor d_a2;  // [T, h]
-  mlp_backward(ctx, mlp_weights(w), s.mlp, s.mlp_norm.a, dx_out, d_a2, g_mlp, 1.0f);
+  if (w.moe.defined()) {
+    moe_backward(ctx, w.moe, s.moe, s.mlp_norm.a, dx_out, d_a2, g.moe,
+                 ctx.moe_prob_grad != nullptr ? (*ctx.moe_prob_grad)[w.moe.sparse_index] : std::vector<double>{});
+  } else {
+    MlpWeights g_mlp = mlp_weights(g);
+    mlp_backward(ctx, mlp_weights(w), s.mlp, s.mlp_norm.a, dx_out, d_a2, g_mlp, 1.0f);
+  }
   Tensor dx_mid = norm_backward(ctx, w.mlp_norm, s.mlp_norm, d_a2, &dx_out, g.mlp_norm);
   d_a2 = Tensor();
   // ---- attention ----

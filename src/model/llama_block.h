@@ -7,6 +7,7 @@
 #include "backend/backend.h"
 #include "model/llama_config.h"
 #include "model/llama_weights.h"
+#include "model/moe_layer.h"
 #include "model/sub_blocks.h"
 
 namespace foldpar {
@@ -18,7 +19,8 @@ struct BlockSaved {
   Tensor attn;          // [B, S, n_h, d] attention output before o_proj
   Tensor lse;           // [B, n_h, S] attention log-sum-exp
   NormSaved mlp_norm;   // x_mid [T, h] residual stream after attention, rstd, a2
-  MlpSaved mlp;         // gate, up, act [T, f]
+  MlpSaved mlp;         // gate, up, act [T, f] (dense layers)
+  MoeSaved moe;         // routing, dispatched rows, per-expert MLP state (sparse layers)
 };
 
 // The sub-block weight views of a whole layer.

@@ -45,13 +45,15 @@ Status refuse_unimplemented(const nlohmann::json& j) {
   if (auto it = j.find("model_type"); it != j.end()) {
     if (!it->is_string()) return invalid_argument("config: \"model_type\" must be a string, got {}", quote(*it));
     const std::string t = it->get<std::string>();
-    if (t == "qwen2")
-      return unimplemented("config: model_type \"qwen2\" has q/k/v biases, which foldpar does not implement");
-    if (t == "qwen3")
-      return unimplemented("config: model_type \"qwen3\" has per-head q/k RMSNorm, which foldpar does not implement");
-    if (t != "llama" && t != "mistral")
-      return unimplemented("config: model_type {} is not supported (foldpar implements \"llama\" and \"mistral\")",
-                           quote(*it));
+    if (t == "qwen2" || t == "qwen2_moe")
+      return unimplemented("config: model_type \"{}\" has q/k/v biases, which foldpar does not implement", t);
+    if (t == "qwen3" || t == "qwen3_moe")
+      return unimplemented("config: model_type \"{}\" has per-head q/k RMSNorm, which foldpar does not implement",
+                           t);
+    if (t != "llama" && t != "mistral" && t != "mixtral")
+      return unimplemented(
+          "config: model_type {} is not supported (foldpar implements \"llama\", \"mistral\" and \"mixtral\")",
+          quote(*it));
   }
   for (const char* key : {"attention_bias", "mlp_bias"})
     if (auto it = j.find(key); it != j.end() && !(it->is_boolean() && !it->get<bool>()))
@@ -71,7 +73,12 @@ Status refuse_unimplemented(const nlohmann::json& j) {
 int64_t LlamaConfig::parameter_count() const {
   const int64_t h = hidden_size, f = intermediate_size;
   const int64_t per_layer = 2 * h + 2 * h * q_dim() + 2 * h * kv_dim() + 3 * h * f;
-  return vocab_size * h * (tie_word_embeddings ? 1 : 2) + h + num_hidden_layers * per_layer;
+  // A sparse layer has a router [E, h], E experts and the shared expert with its gate instead of the MLP.
+  const int64_t shared = moe.shared_expert_intermediate_size;
+  const int64_t moe_delta = moe.num_experts * h + moe.num_experts * 3 * h * moe.moe_intermediate_size +
+                            (shared > 0 ? 3 * h * shared + h : 0) - 3 * h * f;
+  return vocab_size * h * (tie_word_embeddings ? 1 : 2) + h + num_hidden_layers * per_layer +
+         moe.sparse_layer_count(num_hidden_layers) * moe_delta;
 }
 
 Status LlamaConfig::validate() const {
@@ -99,7 +106,7 @@ Status LlamaConfig::validate() const {
   if (!(rope_theta > 1)) return invalid_argument("config: rope_theta ({}) must be above 1", rope_theta);
   if (rope_scaling.type == RopeScaling::Type::kDynamic && head_dim() <= 2)
     return invalid_argument("config: dynamic rope_scaling needs head dim ({}) above 2", head_dim());
-  return Status();
+  return moe.validate(num_hidden_layers);
 }
 
 Result<LlamaConfig> LlamaConfig::from_json(const std::string& text) {
@@ -142,6 +149,11 @@ Result<LlamaConfig> LlamaConfig::from_json(const std::string& text) {
                               c.explicit_head_dim, c.num_attention_heads);
   }
   FP_RETURN_IF_ERROR(refuse_unimplemented(j));
+  MoeFamily family = MoeFamily::kMixtral;
+  if (auto it = j.find("model_type"); it != j.end() && moe_family_of(it->get<std::string>(), &family)) {
+    FP_ASSIGN_OR_RETURN(c.moe, MoeConfig::from_json(j, family));
+    if (family == MoeFamily::kMixtral) c.moe.moe_intermediate_size = c.intermediate_size;
+  }
   FP_RETURN_IF_ERROR(c.validate());
   return c;
 }
@@ -158,8 +170,8 @@ Result<LlamaConfig> LlamaConfig::load(const std::string& path) {
 
 std::string LlamaConfig::to_json() const {
   nlohmann::ordered_json j;
-  j["architectures"] = {"LlamaForCausalLM"};
-  j["model_type"] = "llama";
+  j["architectures"] = {moe.enabled() ? moe.architecture() : "LlamaForCausalLM"};
+  j["model_type"] = moe.enabled() ? moe.model_type() : "llama";
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
   j["num_attention_heads"] = num_attention_heads;
@@ -175,6 +187,7 @@ std::string LlamaConfig::to_json() const {
   j["hidden_act"] = "silu";
   j["attention_bias"] = false;
   j["torch_dtype"] = "float32";
+  moe.to_json(j);
   return j.dump(2) + "\n";
 }
 

@@ -8,6 +8,7 @@
 
 #include "backend/rope_table.h"
 #include "core/status.h"
+#include "model/moe_config.h"
 
 namespace foldpar {
 
@@ -25,6 +26,7 @@ struct LlamaConfig {
   // ---- attention variants of the Hugging Face families (issue 21) ----
   RopeScaling rope_scaling;             // "rope_scaling": linear, dynamic, llama3, yarn
   int64_t explicit_head_dim = 0;        // "head_dim" (Qwen3: 128 with h / n_h = 64); 0: h / n_h
+  MoeConfig moe;                        // experts (model_type mixtral, qwen2_moe, qwen3_moe); none: dense
 
   // d: q proj [n_h*d, h], o proj [h, n_h*d], k and v proj [n_kv*d, h].
   int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_attention_heads; }

@@ -9,6 +9,7 @@
 #include "backend/rope_table.h"
 #include "model/llama_block.h"
 #include "model/lm_head.h"
+#include "model/moe_layer.h"
 #include "model/step_order.h"
 
 namespace foldpar {
@@ -36,8 +37,10 @@ class SingleRankStep final : public ModelStep {
  public:
   SingleRankStep(const LlamaConfig& c, Backend& be, const LlamaWeights& w, const Batch& batch,
                  const StepOptions& options, LlamaWeights* grads)
-      : c_(c), be_(be), w_(w), batch_(batch), options_(options), g_(grads), saved_(w.layers.size()) {
+      : c_(c), be_(be), w_(w), batch_(batch), options_(options), g_(grads), saved_(w.layers.size()),
+        aux_(c.moe.num_experts, c.moe.sparse_layer_count(c.num_hidden_layers)) {
     make_constants(c, be, batch, w.embed.dtype(), k_);
+    k_.ctx.moe_aux = &aux_;
   }
 
   Tensor embed_forward() override {
@@ -56,6 +59,11 @@ class SingleRankStep final : public ModelStep {
     r.loss_sum = sums.loss_sum;
     r.valid_tokens = sums.valid_tokens;
     r.loss = r.valid_tokens > 0 ? r.loss_sum / static_cast<double>(r.valid_tokens) : 0.0;
+    if (c_.moe.enabled()) {
+      r.aux_loss = aux_.loss(c_.moe.aux_per_layer);
+      r.expert_load = aux_.load();
+      if (c_.moe.output_router_logits) r.loss += c_.moe.router_aux_loss_coef * r.aux_loss;
+    }
     // The backward overwrites the logits in place: keep a copy then.
     if (options_.keep_logits)
       r.logits = (save ? hs_.logits.clone(MemCategory::kActivations) : hs_.logits)
@@ -67,6 +75,10 @@ class SingleRankStep final : public ModelStep {
   Tensor head_backward(const StepResult& r) override {
     const double grad_scale = r.valid_tokens > 0 ? 1.0 / static_cast<double>(r.valid_tokens) : 0.0;
     HeadWeights g = head(*g_);
+    if (c_.moe.enabled() && c_.moe.output_router_logits) {
+      prob_grad_ = aux_.prob_grad(c_.moe.router_aux_loss_coef, c_.moe.aux_per_layer);
+      k_.ctx.moe_prob_grad = &prob_grad_;
+    }
     Tensor dx = foldpar::head_backward(k_.ctx, head(w_), hs_, targets(), kIgnoreIndex, grad_scale, g);
     hs_ = HeadSaved();
     return dx;
@@ -96,6 +108,8 @@ class SingleRankStep final : public ModelStep {
   StepConstants k_;
   std::vector<BlockSaved> saved_;  // per layer
   HeadSaved hs_;
+  MoeAux aux_;                     // MoE routing statistics of this step
+  std::vector<std::vector<double>> prob_grad_;  // [sparse layers][E] the aux loss's gradient on p
 };
 
 }  // namespace

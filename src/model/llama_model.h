@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "backend/backend.h"
 #include "model/llama_config.h"
@@ -38,6 +39,10 @@ struct StepResult {
   int64_t valid_tokens = 0;  // targets that are not kIgnoreIndex
   Tensor logits;             // [B, S, V] when keep_logits
   double exposed_comm_seconds = 0;  // parallel layouts: time blocked on communication
+  // MoE models: the load-balancing loss (unscaled; `loss` includes router_aux_loss_coef times
+  // it when output_router_logits) and the tokens each expert received over every sparse layer.
+  double aux_loss = 0;
+  std::vector<int64_t> expert_load;  // [E]
 };
 
 // Checks shapes, dtypes and id ranges of a batch against the config (user data: a Status);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "core/rng.h"
+#include "model/moe_weights.h"
 
 namespace foldpar {
 namespace {
@@ -15,6 +16,8 @@ LlamaWeights LlamaWeights::allocate(const LlamaConfig& c, DType dtype, MemCatego
                 kv = c.kv_dim();
   LlamaWeights w;
   w.tied = c.tie_word_embeddings;
+  w.moe_family = c.moe.family;
+  int64_t sparse = 0;
   w.embed = Tensor::empty({c.vocab_size, h}, dtype, category);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     LayerWeights lw;
@@ -24,9 +27,13 @@ LlamaWeights LlamaWeights::allocate(const LlamaConfig& c, DType dtype, MemCatego
     lw.wv = Tensor::empty({kv, h}, dtype, category);
     lw.wo = Tensor::empty({h, q}, dtype, category);
     lw.mlp_norm = Tensor::empty({h}, dtype, category);
-    lw.w_gate = Tensor::empty({f, h}, dtype, category);
-    lw.w_up = Tensor::empty({f, h}, dtype, category);
-    lw.w_down = Tensor::empty({h, f}, dtype, category);
+    if (c.moe.is_sparse_layer(l)) {
+      lw.moe = allocate_moe_layer(c, dtype, category, sparse++);
+    } else {
+      lw.w_gate = Tensor::empty({f, h}, dtype, category);
+      lw.w_up = Tensor::empty({f, h}, dtype, category);
+      lw.w_down = Tensor::empty({h, f}, dtype, category);
+    }
     w.layers.push_back(std::move(lw));
   }
   w.final_norm = Tensor::empty({h}, dtype, category);
@@ -45,6 +52,10 @@ void LlamaWeights::for_each(const std::function<void(const std::string&, Tensor&
     fn(p + "self_attn.v_proj.weight", lw.wv);
     fn(p + "self_attn.o_proj.weight", lw.wo);
     fn(p + "post_attention_layernorm.weight", lw.mlp_norm);
+    if (lw.moe.defined()) {
+      for_each_moe_tensor(p, moe_family, lw.moe, fn);
+      continue;
+    }
     fn(p + "mlp.gate_proj.weight", lw.w_gate);
     fn(p + "mlp.up_proj.weight", lw.w_up);
     fn(p + "mlp.down_proj.weight", lw.w_down);

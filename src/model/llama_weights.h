@@ -14,6 +14,23 @@
 
 namespace foldpar {
 
+// One expert's gated MLP (also the shared expert), Hugging Face [out, in] layout.
+struct ExpertWeights {
+  Tensor w_gate;  // [f_e, h]  experts.j.w1 (Mixtral) / experts.j.gate_proj (Qwen)
+  Tensor w_up;    // [f_e, h]  w3 / up_proj
+  Tensor w_down;  // [h, f_e]  w2 / down_proj
+};
+
+// The mixture-of-experts part of a sparse layer (model/moe_layer.h); undefined in a dense one.
+struct MoeLayerWeights {
+  Tensor router;                       // [E, h]  block_sparse_moe.gate.weight / mlp.gate.weight
+  std::vector<ExpertWeights> experts;  // E
+  ExpertWeights shared;                // [f_s, h] ... mlp.shared_expert.*; undefined without one
+  Tensor shared_gate;                  // [1, h]  mlp.shared_expert_gate.weight
+  int64_t sparse_index = -1;           // this layer's position among the sparse layers (the aux loss's row)
+  bool defined() const { return router.defined(); }
+};
+
 struct LayerWeights {
   Tensor attn_norm;  // [h]            model.layers.N.input_layernorm.weight
   Tensor wq;         // [n_h*d, h]     self_attn.q_proj.weight
@@ -24,6 +41,7 @@ struct LayerWeights {
   Tensor w_gate;     // [f, h]         mlp.gate_proj.weight
   Tensor w_up;       // [f, h]         mlp.up_proj.weight
   Tensor w_down;     // [h, f]         mlp.down_proj.weight
+  MoeLayerWeights moe;  // sparse layers: the router and experts instead of w_gate, w_up, w_down
 };
 
 struct LlamaWeights {
@@ -32,6 +50,7 @@ struct LlamaWeights {
   Tensor final_norm;                 // [h]     model.norm.weight
   Tensor lm_head;                    // [V, h]  lm_head.weight (the embed tensor when tied)
   bool tied = false;
+  MoeFamily moe_family = MoeFamily::kMixtral;  // the per-expert Hugging Face names (sparse layers only)
 
   // Allocates every tensor (uninitialized) for `config`.
   static LlamaWeights allocate(const LlamaConfig& config, DType dtype, MemCategory category);

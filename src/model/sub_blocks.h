@@ -12,11 +12,14 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include "backend/backend.h"
 #include "model/llama_config.h"
 
 namespace foldpar {
+
+struct MoeAux;  // model/moe_layer.h
 
 // The per-step constants every block of a forward shares. T = batch * seq rows, batch-major.
 struct BlockContext {
@@ -26,6 +29,9 @@ struct BlockContext {
   int64_t seq = 0;                     // S (rows per batch entry; S/D under TSP)
   const Tensor* positions = nullptr;   // i32 [S], global positions of the rows
   const Tensor* rope_table = nullptr;  // [S, 2, d/2] from build_rope_table(positions)
+  MoeAux* moe_aux = nullptr;           // MoE layers record their routing statistics here (null: not kept)
+  // [sparse layers][E] the aux loss's gradient on the router probabilities (null: none)
+  const std::vector<std::vector<double>>* moe_prob_grad = nullptr;
   int64_t rows() const { return batch * seq; }
 };
 

@@ -1,6 +1,7 @@
 // The layout's strategy, over a mesh made from the same layout.
 #include "parallel/make_layout.h"
 
+#include "parallel/single_rank_model.h"
 #include "parallel/strategies.h"
 
 namespace foldpar {
@@ -29,6 +30,7 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
                                                          const Layout& layout) {
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
+  if (config.moe.enabled()) return make_single_rank_model(config, layout);  // validate_layout: one rank
   if (layout.pp > 1) {
     Result<std::unique_ptr<StageStrategy>> stage =
         layout.strategy == Strategy::kTsp ? make_tsp_stage_strategy(config, mesh.comm("tsp"), seq, layout)
@@ -44,6 +46,9 @@ Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& 
                                                              const Layout& layout) {
   const std::string name = layout.to_string();
   if (layout.dp > 1) return unimplemented("layout {}: generation does not take a dp axis", name);
+  if (config.moe.enabled())
+    return unimplemented("layout {}: generation of a mixture-of-experts model ({}) is not implemented yet", name,
+                         config.moe.model_type());
   if (layout.pp > 1) return unimplemented("layout {}: generation does not run on a pp axis yet", name);
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, 0));
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));

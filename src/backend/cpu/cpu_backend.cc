@@ -12,6 +12,7 @@
 #include "backend/cpu/flash_attention.h"
 #include "backend/cpu/gemm_engine.h"
 #include "backend/cpu/vec_math.h"
+#include "backend/cpu/moe_ops.h"
 #include "backend/op_checks.h"
 
 namespace foldpar {
@@ -336,6 +337,24 @@ class CpuBackend final : public Backend {
     }
     return sums;
   }
+  // The MoE ops: backend/cpu/moe_ops.h.
+  void moe_route_forward(const Tensor& logits, bool normalize, Tensor& probs, Tensor& weights,
+                         Tensor& experts) override {
+    moe_cpu::route_forward(logits, normalize, probs, weights, experts);
+  }
+  void moe_route_backward(const MoeRouteGrad& g, Tensor& d_logits) override { moe_cpu::route_backward(g, d_logits); }
+  void gather_rows(const Tensor& src, const Tensor& rows, const Tensor* scale, Tensor& dst) override {
+    moe_cpu::gather_rows(src, rows, scale, dst);
+  }
+  void scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor* scale, Tensor& dst) override {
+    moe_cpu::scatter_add_rows(src, rows, scale, dst);
+  }
+  void rows_dot(const Tensor& a, const Tensor& b, Tensor& out) override { moe_cpu::rows_dot(a, b, out); }
+  void sigmoid_forward(const Tensor& x, Tensor& y) override { moe_cpu::sigmoid_forward(x, y); }
+  void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override {
+    moe_cpu::sigmoid_backward(y, dy, dx);
+  }
+
   int64_t count_valid_targets(const Tensor& targets, int32_t ignore_index) override {
     check_targets(targets);
     const int32_t* t = targets.data<int32_t>();

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/moe_ops.h"
 #include "backend/op_checks.h"
 
 namespace foldpar {
@@ -475,6 +476,24 @@ class ReferenceBackend final : public Backend {
     });
     return sums;
   }
+  // The MoE ops: backend/cpu/moe_ops.h.
+  void moe_route_forward(const Tensor& logits, bool normalize, Tensor& probs, Tensor& weights,
+                         Tensor& experts) override {
+    moe_reference::route_forward(logits, normalize, probs, weights, experts);
+  }
+  void moe_route_backward(const MoeRouteGrad& g, Tensor& d_logits) override { moe_reference::route_backward(g, d_logits); }
+  void gather_rows(const Tensor& src, const Tensor& rows, const Tensor* scale, Tensor& dst) override {
+    moe_reference::gather_rows(src, rows, scale, dst);
+  }
+  void scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor* scale, Tensor& dst) override {
+    moe_reference::scatter_add_rows(src, rows, scale, dst);
+  }
+  void rows_dot(const Tensor& a, const Tensor& b, Tensor& out) override { moe_reference::rows_dot(a, b, out); }
+  void sigmoid_forward(const Tensor& x, Tensor& y) override { moe_reference::sigmoid_forward(x, y); }
+  void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override {
+    moe_reference::sigmoid_backward(y, dy, dx);
+  }
+
   int64_t count_valid_targets(const Tensor& targets, int32_t ignore_index) override {
     check_targets(targets);
     const int32_t* t = targets.data<int32_t>();

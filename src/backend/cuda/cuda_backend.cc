@@ -325,6 +325,24 @@ class CudaBackendImpl final : public CudaBackend {
     FP_CUDA_CHECK(cudaMemcpy(sums, scratch.raw_data(), sizeof(sums), cudaMemcpyDefault));
     return LossSums{sums[0], static_cast<int64_t>(sums[1])};
   }
+  // The MoE ops have no CUDA kernels yet: a MoE model on this backend stops here by name.
+  [[noreturn]] static void no_moe_kernel(const char* op) {
+    FP_CHECK(false, "cuda backend: {} (mixture of experts) is not implemented on CUDA; run MoE models on the CPU",
+             op);
+    __builtin_unreachable();
+  }
+  void moe_route_forward(const Tensor&, bool, Tensor&, Tensor&, Tensor&) override {
+    no_moe_kernel("moe_route_forward");
+  }
+  void moe_route_backward(const MoeRouteGrad&, Tensor&) override { no_moe_kernel("moe_route_backward"); }
+  void gather_rows(const Tensor&, const Tensor&, const Tensor*, Tensor&) override { no_moe_kernel("gather_rows"); }
+  void scatter_add_rows(const Tensor&, const Tensor&, const Tensor*, Tensor&) override {
+    no_moe_kernel("scatter_add_rows");
+  }
+  void rows_dot(const Tensor&, const Tensor&, Tensor&) override { no_moe_kernel("rows_dot"); }
+  void sigmoid_forward(const Tensor&, Tensor&) override { no_moe_kernel("sigmoid_forward"); }
+  void sigmoid_backward(const Tensor&, const Tensor&, Tensor&) override { no_moe_kernel("sigmoid_backward"); }
+
   int64_t count_valid_targets(const Tensor& targets, int32_t ignore) override {
     check_targets(targets);
     Tensor scratch = Tensor::empty({1}, DType::kI64, MemCategory::kWorkspace);

@@ -345,4 +345,45 @@ int64_t MetaBackend::count_valid_targets(const Tensor& targets, int32_t /*ignore
   return targets.numel();
 }
 
+// The MoE ops: checks, then records priced as token-wise passes; the gathers and scatters
+// count the rows they move, not the whole indexed tensor.
+void MetaBackend::moe_route_forward(const Tensor& logits, bool /*normalize*/, Tensor& probs, Tensor& weights,
+                                    Tensor& experts) {
+  check_moe_route_forward(logits, probs, weights, experts);
+  check_floating(logits, "moe_route_forward");
+  forget_written(experts);
+  record_tokenwise("moe_route_forward", logits, 0, {&logits}, {&probs, &weights, &experts});
+}
+void MetaBackend::moe_route_backward(const MoeRouteGrad& g, Tensor& d_logits) {
+  check_moe_route_backward(g, d_logits);
+  check_floating(d_logits, "moe_route_backward");
+  record_tokenwise("moe_route_backward", d_logits, 0, {g.probs, g.weights, g.experts, g.d_weights}, {&d_logits});
+}
+void MetaBackend::gather_rows(const Tensor& src, const Tensor& rows, const Tensor* scale, Tensor& dst) {
+  check_gather_rows(src, rows, scale, dst);
+  check_floating(src, "gather_rows");
+  record_tokenwise("gather_rows", dst, 0, {&dst, &rows}, {&dst});
+}
+void MetaBackend::scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor* scale, Tensor& dst) {
+  check_scatter_add_rows(src, rows, scale, dst);
+  check_floating(src, "scatter_add_rows");
+  record_tokenwise("scatter_add_rows", src, 2.0 * static_cast<double>(src.numel()), {&src, &rows, &src}, {&src});
+}
+void MetaBackend::rows_dot(const Tensor& a, const Tensor& b, Tensor& out) {
+  check_rows_dot(a, b, out);
+  check_floating(a, "rows_dot");
+  record_tokenwise("rows_dot", a, 2.0 * static_cast<double>(a.numel()), {&a, &b}, {&out});
+}
+void MetaBackend::sigmoid_forward(const Tensor& x, Tensor& y) {
+  check_same(x, y, "sigmoid y");
+  check_floating(x, "sigmoid");
+  record_tokenwise("sigmoid_forward", x, 0, {&x}, {&y});
+}
+void MetaBackend::sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  check_same(y, dy, "sigmoid_backward dy");
+  check_same(y, dx, "sigmoid_backward dx");
+  check_floating(y, "sigmoid_backward");
+  record_tokenwise("sigmoid_backward", y, 0, {&y, &dy}, {&dx});
+}
+
 }  // namespace foldpar

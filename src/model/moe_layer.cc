@@ -1,0 +1,297 @@
+// The MoE layer's forward and backward. Every expert is the gated-MLP sub-block
+// (sub_blocks.h) over a row range of the dispatched tokens, so its gradient pairs are the
+// dense MLP's; what is new here is the dispatch and combine and their adjoints:
+//   dispatched = gather(a, token_rows)          =>  d_a += scatter_add(d_dispatched, token_rows)
+//   y += scatter_add(out, token_rows, w_row)    =>  d_out = gather(dy, token_rows) * w_row,
+//                                                   d_w_row = <gather(dy, token_rows), out>
+//   w_row = gather(weights, slot_rows)          =>  d_weights = scatter_add(d_w_row, slot_rows)
+//   logits = a R^T                              =>  d_a += d_logits R, dR += d_logits^T a
+#include "model/moe_layer.h"
+
+#include <numeric>
+
+#include "backend/bf16_storage_backend.h"
+
+namespace foldpar {
+namespace {
+
+Tensor act(const Shape& shape, const Tensor& like) {
+  return Tensor::empty(shape, like.dtype(), MemCategory::kActivations);
+}
+
+Tensor upload_i32(Backend& be, const std::vector<int32_t>& v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI32, MemCategory::kActivations);
+  be.copy_from_host(std::as_bytes(std::span<const int32_t>(v)), t);
+  return t;
+}
+
+// A context over `rows` rows of the dispatched tokens (one expert's group).
+BlockContext group_context(const BlockContext& ctx, int64_t rows) {
+  BlockContext g = ctx;
+  g.batch = 1;
+  g.seq = rows;
+  return g;
+}
+
+MlpWeights expert_view(const ExpertWeights& e) { return MlpWeights{e.w_gate, e.w_up, LinearView{e.w_down, false}}; }
+
+// Sorts the T * k slots by expert (stably: token order within an expert).
+void dispatch_order(const std::vector<int32_t>& experts, int64_t k, int64_t E, MoeSaved& s,
+                    std::vector<int32_t>& token_rows, std::vector<int32_t>& slot_rows) {
+  s.offsets.assign(static_cast<size_t>(E + 1), 0);
+  for (int32_t e : experts) {
+    FP_CHECK(e >= 0 && e < E, "routing chose expert {} of {}", e, E);
+    ++s.offsets[e + 1];
+  }
+  std::partial_sum(s.offsets.begin(), s.offsets.end(), s.offsets.begin());
+  std::vector<int64_t> next(s.offsets.begin(), s.offsets.end() - 1);
+  token_rows.resize(experts.size());
+  slot_rows.resize(experts.size());
+  for (size_t p = 0; p < experts.size(); ++p) {
+    const int64_t at = next[experts[p]]++;
+    token_rows[at] = static_cast<int32_t>(p / k);
+    slot_rows[at] = static_cast<int32_t>(p);
+  }
+}
+
+// Records the layer's counts and probability sums (the sums via a ones-row GEMM).
+void record_stats(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSaved& s, MoeAux& aux) {
+  Backend& be = *ctx.backend;
+  const int64_t T = ctx.rows(), E = w.router.dim(0);
+  FP_CHECK(w.sparse_index >= 0 && w.sparse_index < static_cast<int64_t>(aux.counts.size()),
+           "sparse layer {} of {}", w.sparse_index, aux.counts.size());
+  Tensor ones = act({1, T}, s.probs), sums = act({1, E}, s.probs);
+  be.fill(1.0, ones);
+  be.matmul(ones, false, s.probs, false, sums);
+  std::vector<double> host(static_cast<size_t>(E));
+  if (sums.dtype() == DType::kF64) {
+    be.copy_to_host(sums, std::as_writable_bytes(std::span<double>(host)));
+  } else {
+    Tensor sums32 = sums;  // bf16 sums are widened through the backend first
+    if (sums.dtype() != DType::kF32) {
+      sums32 = Tensor::empty({1, E}, DType::kF32, MemCategory::kActivations);
+      be.copy(sums, sums32);
+    }
+    std::vector<float> f(static_cast<size_t>(E));
+    be.copy_to_host(sums32, std::as_writable_bytes(std::span<float>(f)));
+    host.assign(f.begin(), f.end());
+  }
+  auto& counts = aux.counts[w.sparse_index];
+  auto& probs = aux.prob_sums[w.sparse_index];
+  counts.assign(static_cast<size_t>(E), 0);
+  for (int64_t e = 0; e < E; ++e) counts[e] = s.offsets[e + 1] - s.offsets[e];
+  probs.assign(host.begin(), host.end());
+  aux.rows[w.sparse_index] = T;
+}
+
+void shared_forward(const BlockContext& ctx, const MoeLayerWeights& w, const Tensor& a, Tensor& y, MoeSaved& s,
+                    bool keep) {
+  Backend& be = *ctx.backend;
+  const int64_t T = ctx.rows(), h = a.dim(-1);
+  // y += sigmoid(a Wsg^T) * shared(a)
+  s.shared_out = act({T, h}, a);
+  mlp_forward(ctx, expert_view(w.shared), a, s.shared_out, keep ? &s.shared_mlp : nullptr, {}, 0.0f);
+  Tensor gate_logit = act({T, 1}, a);
+  be.matmul(a, false, w.shared_gate, true, gate_logit);
+  s.shared_gate = act({T, 1}, a);
+  be.sigmoid_forward(gate_logit, s.shared_gate);
+  std::vector<int32_t> identity(static_cast<size_t>(T));
+  std::iota(identity.begin(), identity.end(), 0);
+  s.identity_rows = upload_i32(be, identity);
+  be.scatter_add_rows(s.shared_out, s.identity_rows, &s.shared_gate, y);
+}
+
+}  // namespace
+
+MoeAux::MoeAux(int64_t experts_, int64_t sparse_layers)
+    : experts(experts_),
+      counts(static_cast<size_t>(sparse_layers)),
+      prob_sums(static_cast<size_t>(sparse_layers)),
+      rows(static_cast<size_t>(sparse_layers), 0) {}
+
+namespace {
+// Totals over the recorded layers: C_e, P_e and N.
+void totals(const MoeAux& a, std::vector<double>& c, std::vector<double>& p, double& n) {
+  c.assign(static_cast<size_t>(a.experts), 0.0);
+  p.assign(static_cast<size_t>(a.experts), 0.0);
+  n = 0;
+  for (size_t l = 0; l < a.counts.size(); ++l) {
+    if (a.rows[l] == 0) continue;
+    n += static_cast<double>(a.rows[l]);
+    for (int64_t e = 0; e < a.experts; ++e) {
+      c[e] += static_cast<double>(a.counts[l][e]);
+      p[e] += a.prob_sums[l][e];
+    }
+  }
+}
+
+// E * sum_e (C_e / N)(P_e / N), and its gradient coef * E * C_e / N^2 on each p.
+double aux_of(const std::vector<double>& c, const std::vector<double>& p, double n) {
+  if (n == 0) return 0;
+  double s = 0;
+  for (size_t e = 0; e < c.size(); ++e) s += (c[e] / n) * (p[e] / n);
+  return static_cast<double>(c.size()) * s;
+}
+std::vector<double> aux_grad_of(const std::vector<double>& c, double n, double coef) {
+  std::vector<double> g(c.size(), 0.0);
+  if (n == 0) return g;
+  for (size_t e = 0; e < c.size(); ++e) g[e] = coef * static_cast<double>(c.size()) * c[e] / (n * n);
+  return g;
+}
+// One layer's counts as doubles.
+std::vector<double> layer_counts(const MoeAux& a, size_t l) {
+  std::vector<double> c(static_cast<size_t>(a.experts), 0.0);
+  for (size_t e = 0; e < a.counts[l].size(); ++e) c[e] = static_cast<double>(a.counts[l][e]);
+  return c;
+}
+}  // namespace
+
+double MoeAux::loss(bool per_layer) const {
+  if (!per_layer) {
+    std::vector<double> c, p;
+    double n = 0;
+    totals(*this, c, p, n);
+    return aux_of(c, p, n);
+  }
+  double s = 0;
+  for (size_t l = 0; l < counts.size(); ++l)
+    if (rows[l] > 0) s += aux_of(layer_counts(*this, l), prob_sums[l], static_cast<double>(rows[l]));
+  return s;
+}
+
+std::vector<std::vector<double>> MoeAux::prob_grad(double coef, bool per_layer) const {
+  std::vector<std::vector<double>> g(counts.size());
+  if (!per_layer) {
+    std::vector<double> c, p;
+    double n = 0;
+    totals(*this, c, p, n);
+    const std::vector<double> row = aux_grad_of(c, n, coef);
+    for (auto& r : g) r = row;
+    return g;
+  }
+  for (size_t l = 0; l < counts.size(); ++l)
+    g[l] = aux_grad_of(layer_counts(*this, l), static_cast<double>(rows[l]), coef);
+  return g;
+}
+
+std::vector<int64_t> MoeAux::load() const {
+  std::vector<int64_t> out(static_cast<size_t>(experts), 0);
+  for (const auto& layer : counts)
+    for (size_t e = 0; e < layer.size(); ++e) out[e] += layer[e];
+  return out;
+}
+
+void moe_forward(const BlockContext& ctx, const MoeLayerWeights& w, const Tensor& a, Tensor& y, MoeSaved* saved,
+                 MoeAux* aux) {
+  Backend& be = *ctx.backend;
+  const MoeConfig& m = ctx.config->moe;
+  const int64_t T = ctx.rows(), h = a.dim(-1), E = m.num_experts, k = m.num_experts_per_tok, M = T * k;
+  MoeSaved s;
+  // ---- routing: p = softmax(a R^T), top k ----
+  Tensor logits = act({T, E}, a);
+  be.matmul(a, false, w.router, true, logits);
+  s.probs = act({T, E}, a);
+  s.weights = act({T, k}, a);
+  s.experts = Tensor::empty({T, k}, DType::kI32, MemCategory::kActivations);
+  be.moe_route_forward(logits, m.norm_topk_prob, s.probs, s.weights, s.experts);
+  logits = Tensor();
+  std::vector<int32_t> host_experts(static_cast<size_t>(M)), token_rows, slot_rows;
+  be.copy_to_host(s.experts, std::as_writable_bytes(std::span<int32_t>(host_experts)));
+  dispatch_order(host_experts, k, E, s, token_rows, slot_rows);
+  s.token_rows = upload_i32(be, token_rows);
+  s.slot_rows = upload_i32(be, slot_rows);
+  if (aux != nullptr) record_stats(ctx, w, s, *aux);
+  // ---- dispatch, the experts (one GEMM group each), the weighted combine ----
+  s.dispatched = act({M, h}, a);
+  be.gather_rows(a, s.token_rows, nullptr, s.dispatched);
+  s.row_weights = act({M, 1}, a);
+  be.gather_rows(s.weights.reshape({M, 1}), s.slot_rows, nullptr, s.row_weights);
+  s.expert_out = act({M, h}, a);
+  s.expert_mlp.resize(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t begin = s.offsets[e], end = s.offsets[e + 1];
+    if (begin == end) continue;
+    Tensor out = s.expert_out.narrow(begin, end);
+    mlp_forward(group_context(ctx, end - begin), expert_view(w.experts[e]), s.dispatched.narrow(begin, end), out,
+                saved != nullptr ? &s.expert_mlp[e] : nullptr, {}, 0.0f);
+  }
+  be.scatter_add_rows(s.expert_out, s.token_rows, &s.row_weights, y);
+  if (w.shared_gate.defined()) shared_forward(ctx, w, a, y, s, saved != nullptr);
+  if (saved != nullptr) *saved = std::move(s);
+}
+
+namespace {
+
+void shared_backward(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSaved& s, const Tensor& a,
+                     const Tensor& dy, Tensor& d_a, MoeLayerWeights& g) {
+  Backend& be = *ctx.backend;
+  const int64_t T = ctx.rows(), h = a.dim(-1);
+  // y += gate * z: d_z = gate * dy, d_gate = <dy, z>, d_logit = gate (1 - gate) d_gate
+  Tensor d_z = act({T, h}, dy), d_gate = act({T, 1}, dy), d_logit = act({T, 1}, dy);
+  be.gather_rows(dy, s.identity_rows, &s.shared_gate, d_z);
+  be.rows_dot(dy, s.shared_out, d_gate);
+  be.sigmoid_backward(s.shared_gate, d_gate, d_logit);
+  // logit = a Wsg^T: d_a += d_logit Wsg, dWsg += d_logit^T a
+  be.matmul(d_logit, false, w.shared_gate, false, d_a, 1.0f, 1.0f);
+  be.matmul(d_logit, true, a, false, g.shared_gate, 1.0f, 1.0f);
+  MlpWeights gs = expert_view(g.shared);
+  mlp_backward(ctx, expert_view(w.shared), s.shared_mlp, a, d_z, d_a, gs, 1.0f);
+}
+
+}  // namespace
+
+void moe_backward(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSaved& s, const Tensor& a,
+                  const Tensor& dy, Tensor& d_a, MoeLayerWeights& g, const std::vector<double>& prob_grad) {
+  Backend& be = *ctx.backend;
+  const MoeConfig& m = ctx.config->moe;
+  const int64_t T = ctx.rows(), h = a.dim(-1), E = m.num_experts, k = m.num_experts_per_tok, M = T * k;
+  if (!d_a.defined()) {
+    d_a = act({T, h}, dy);
+    be.fill(0.0, d_a);
+  }
+  // ---- the combine's adjoint ----
+  Tensor dy_rows = act({M, h}, dy), d_out = act({M, h}, dy), d_row_w = act({M, 1}, dy);
+  be.gather_rows(dy, s.token_rows, nullptr, dy_rows);
+  be.rows_dot(dy_rows, s.expert_out, d_row_w);
+  be.gather_rows(dy, s.token_rows, &s.row_weights, d_out);
+  dy_rows = Tensor();
+  // ---- each expert's group, then the dispatch's adjoint ----
+  Tensor d_dispatched = act({M, h}, dy);
+  be.fill(0.0, d_dispatched);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t begin = s.offsets[e], end = s.offsets[e + 1];
+    if (begin == end) continue;
+    Tensor d_rows = d_dispatched.narrow(begin, end);
+    MlpWeights ge = expert_view(g.experts[e]);
+    mlp_backward(group_context(ctx, end - begin), expert_view(w.experts[e]), s.expert_mlp[e],
+                 s.dispatched.narrow(begin, end), d_out.narrow(begin, end), d_rows, ge, 1.0f);
+  }
+  d_out = Tensor();
+  be.scatter_add_rows(d_dispatched, s.token_rows, nullptr, d_a);
+  d_dispatched = Tensor();
+  // ---- the router: d_weights from the rows, through top-k and softmax (plus the aux loss) ----
+  Tensor d_weights = act({T, k}, dy);
+  be.fill(0.0, d_weights);
+  Tensor d_weights_rows = d_weights.reshape({M, 1});
+  be.scatter_add_rows(d_row_w, s.slot_rows, nullptr, d_weights_rows);
+  Tensor bias;
+  if (!prob_grad.empty()) {
+    FP_CHECK(static_cast<int64_t>(prob_grad.size()) == E, "aux gradient of {} experts for E={}", prob_grad.size(), E);
+    bias = Tensor::empty({E}, stat_dtype(dy.dtype()), MemCategory::kActivations);
+    if (bias.dtype() == DType::kF64) {
+      be.copy_from_host(std::as_bytes(std::span<const double>(prob_grad)), bias);
+    } else {
+      std::vector<float> f(prob_grad.begin(), prob_grad.end());
+      be.copy_from_host(std::as_bytes(std::span<const float>(f)), bias);
+    }
+  }
+  Tensor d_logits = act({T, E}, dy);
+  Backend::MoeRouteGrad rg{&s.probs, &s.weights, &s.experts, &d_weights, bias.defined() ? &bias : nullptr,
+                           m.norm_topk_prob};
+  be.moe_route_backward(rg, d_logits);
+  be.matmul(d_logits, false, w.router, false, d_a, 1.0f, 1.0f);
+  be.matmul(d_logits, true, a, false, g.router, 1.0f, 1.0f);
+  if (w.shared_gate.defined()) shared_backward(ctx, w, s, a, dy, d_a, g);
+}
+
+}  // namespace foldpar

@@ -1,0 +1,74 @@
+// The mixture-of-experts layer on one device: the router, softmax then top-k routing
+// (Backend::moe_route_forward), the dispatch of each token to its k experts, each expert a
+// gated MLP (mlp_forward over the rows routed to it, one GEMM group per expert), the
+// weighted combine, and Qwen2-MoE's shared expert with its sigmoid gate; forward and the
+// hand-written backward. Dropless: every routed token is computed. Pure math over a Backend.
+//
+// Routing reaches the host once per layer: the k expert ids of every token come out
+// (copy_to_host) to size the per-expert groups, and the dispatch order goes back in
+// (copy_from_host): tokens sorted by expert, stably, so each expert's rows keep token order.
+//
+// The auxiliary load-balancing loss (Hugging Face's load_balancing_loss_func): over the N =
+// (sparse layers) x T routed rows of a step, aux = E * sum_e (C_e / N) * (P_e / N), with C_e
+// the top-k choices of expert e and P_e its summed router probability; the loss adds
+// router_aux_loss_coef * aux when output_router_logits. C is not differentiable, so the
+// gradient on every p[t, e] is coef * E * C_e / N^2, one value per expert (MoeAux). The
+// per-layer mode (MoeConfig::aux_per_layer) sums E * sum_e (C_le / T)(P_le / T) over the
+// sparse layers l instead, with gradient coef * E * C_le / T^2 in layer l.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/llama_weights.h"
+#include "model/sub_blocks.h"
+
+namespace foldpar {
+
+// The routing statistics of one step, per sparse layer, and the aux loss made of them.
+struct MoeAux {
+  int64_t experts = 0;                        // E
+  std::vector<std::vector<int64_t>> counts;   // [sparse layers][E] top-k choices
+  std::vector<std::vector<double>> prob_sums; // [sparse layers][E] summed probabilities
+  std::vector<int64_t> rows;                  // [sparse layers] routed rows T
+
+  MoeAux(int64_t experts, int64_t sparse_layers);
+  // E * sum_e (C_e / N) (P_e / N) over every sparse layer recorded (0 when none), or with
+  // per_layer the sum over layers of each layer's own.
+  double loss(bool per_layer) const;
+  // d(coef * loss) / d p[t, e] of the routed rows of each sparse layer: [sparse layers][E]
+  // (every row the same without per_layer).
+  std::vector<std::vector<double>> prob_grad(double coef, bool per_layer) const;
+  // The tokens each expert received, summed over the layers: the metrics' load.
+  std::vector<int64_t> load() const;
+};
+
+struct MoeSaved {
+  Tensor probs;              // [T, E] router probabilities
+  Tensor weights;            // [T, k] routing weights
+  Tensor experts;            // i32 [T, k] expert ids
+  Tensor token_rows;         // i32 [M] the token of each dispatched row, M = T * k, grouped by expert
+  Tensor slot_rows;          // i32 [M] its (t * k + j) slot in weights
+  Tensor identity_rows;      // i32 [T] 0..T-1 (the shared gate's row scale)
+  std::vector<int64_t> offsets;  // [E + 1] first dispatched row of each expert
+  Tensor dispatched;         // [M, h] the normed input rows, grouped by expert
+  Tensor row_weights;        // [M, 1] each dispatched row's routing weight
+  Tensor expert_out;         // [M, h] each dispatched row's expert output (unweighted)
+  std::vector<MlpSaved> expert_mlp;  // E: gate, up, act of its rows
+  Tensor shared_out;         // [T, h] the shared expert's output before its gate
+  Tensor shared_gate;        // [T, 1] sigmoid(a Wsg^T)
+  MlpSaved shared_mlp;
+};
+
+// a: [T, h] the normed input; y: [T, h] accumulated (+=, it holds the residual). When
+// `aux` is given the layer's routing statistics are recorded there (row w.sparse_index).
+// `saved` (may be null) receives what moe_backward needs.
+void moe_forward(const BlockContext& ctx, const MoeLayerWeights& w, const Tensor& a, Tensor& y, MoeSaved* saved,
+                 MoeAux* aux);
+
+// dy: [T, h]. d_a (+)= the input gradient [T, h] (allocated when undefined); g += the weight
+// gradients. `prob_grad`, when not empty, is MoeAux::prob_grad ([E]): the aux loss's.
+void moe_backward(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSaved& s, const Tensor& a,
+                  const Tensor& dy, Tensor& d_a, MoeLayerWeights& g, const std::vector<double>& prob_grad);
+
+}  // namespace foldpar

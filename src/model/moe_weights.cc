@@ -1,0 +1,58 @@
+// Allocation and naming of the MoE tensors of a sparse layer.
+#include "model/moe_weights.h"
+
+#include <fmt/format.h>
+
+namespace foldpar {
+namespace {
+
+ExpertWeights allocate_expert(int64_t h, int64_t f, DType dtype, MemCategory category) {
+  return ExpertWeights{Tensor::empty({f, h}, dtype, category), Tensor::empty({f, h}, dtype, category),
+                       Tensor::empty({h, f}, dtype, category)};
+}
+
+}  // namespace
+
+MoeLayerWeights allocate_moe_layer(const LlamaConfig& c, DType dtype, MemCategory category, int64_t sparse_index) {
+  const MoeConfig& m = c.moe;
+  const int64_t h = c.hidden_size;
+  MoeLayerWeights w;
+  w.router = Tensor::empty({m.num_experts, h}, dtype, category);
+  for (int64_t e = 0; e < m.num_experts; ++e)
+    w.experts.push_back(allocate_expert(h, m.moe_intermediate_size, dtype, category));
+  if (m.shared_expert_intermediate_size > 0) {
+    w.shared = allocate_expert(h, m.shared_expert_intermediate_size, dtype, category);
+    w.shared_gate = Tensor::empty({1, h}, dtype, category);
+  }
+  w.sparse_index = sparse_index;
+  return w;
+}
+
+void for_each_moe_tensor(const std::string& p, MoeFamily family, MoeLayerWeights& w,
+                         const std::function<void(const std::string&, Tensor&)>& fn) {
+  if (family == MoeFamily::kMixtral) {
+    fn(p + "block_sparse_moe.gate.weight", w.router);
+    for (size_t e = 0; e < w.experts.size(); ++e) {
+      const std::string q = fmt::format("{}block_sparse_moe.experts.{}.", p, e);
+      fn(q + "w1.weight", w.experts[e].w_gate);
+      fn(q + "w2.weight", w.experts[e].w_down);
+      fn(q + "w3.weight", w.experts[e].w_up);
+    }
+    return;
+  }
+  fn(p + "mlp.gate.weight", w.router);
+  for (size_t e = 0; e < w.experts.size(); ++e) {
+    const std::string q = fmt::format("{}mlp.experts.{}.", p, e);
+    fn(q + "gate_proj.weight", w.experts[e].w_gate);
+    fn(q + "up_proj.weight", w.experts[e].w_up);
+    fn(q + "down_proj.weight", w.experts[e].w_down);
+  }
+  if (w.shared_gate.defined()) {
+    fn(p + "mlp.shared_expert.gate_proj.weight", w.shared.w_gate);
+    fn(p + "mlp.shared_expert.up_proj.weight", w.shared.w_up);
+    fn(p + "mlp.shared_expert.down_proj.weight", w.shared.w_down);
+    fn(p + "mlp.shared_expert_gate.weight", w.shared_gate);
+  }
+}
+
+}  // namespace foldpar
