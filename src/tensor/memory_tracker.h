@@ -65,6 +65,13 @@ class BlockAllocator {
   virtual void* allocate(size_t bytes) = 0;
   // `bytes` is the value given to allocate().
   virtual void release(void* ptr, size_t bytes) = 0;
+  // Zeroes `bytes` bytes of a block (Tensor::zeros): a memset where host code may write the
+  // blocks; device memory and the guarded stand-in override it.
+  virtual void fill_zero(void* ptr, size_t bytes);
+  // Explicit copies between host memory and a block (Tensor::copy_from_host/copy_to_host):
+  // a memcpy by default; cudaMemcpy on a device, a window of its own for the guard.
+  virtual void copy_in(void* block, const void* host, size_t bytes);
+  virtual void copy_out(void* host, const void* block, size_t bytes);
 };
 
 class MemoryTracker {
@@ -96,6 +103,13 @@ class MemoryTracker {
   // `bytes` and `category` must be those given to allocate().
   void release(void* ptr, size_t bytes, MemCategory category);
 
+  // Zeroes `bytes` bytes at `ptr`, a block of this tracker, the way its blocks allow (the
+  // BlockAllocator's fill_zero; a memset by default). Tensor::zeros calls it.
+  void fill_zero(void* ptr, size_t bytes);
+  // Host bytes into a block of this tracker and back, the way its blocks allow.
+  void copy_in(void* block, const void* host, size_t bytes);
+  void copy_out(void* host, const void* block, size_t bytes);
+
   MemoryStats stats() const;
   // Sets every peak to the current value, so the next reading is the peak of what follows.
   void reset_peaks();
@@ -110,6 +124,7 @@ class MemoryTracker {
 
  private:
   size_t block_size(size_t bytes) const;
+  BlockAllocator* block_allocator() const;
   void release_cache_locked();
   void* allocate_block(size_t size);
   void free_block(void* ptr, size_t size);
