@@ -161,6 +161,11 @@ BlockAllocator* MemoryTracker::block_allocator() const {
   return block_allocator_;
 }
 
+std::string MemoryTracker::failure_reason() const {
+  BlockAllocator* a = block_allocator();
+  return a != nullptr ? a->failure_reason() : std::string();
+}
+
 void MemoryTracker::fill_zero(void* ptr, size_t bytes) {
   if (bytes == 0) return;
   if (BlockAllocator* a = block_allocator()) {

@@ -15,9 +15,11 @@
 // counters describe tensors, `cached_bytes` what the cache holds on top. The cache is off
 // under AddressSanitizer so that use-after-free is still caught.
 //
-// Blocks come from aligned_alloc unless a BlockAllocator is installed (the CUDA build
-// installs CUDA unified memory, so that host code and device kernels address the same
-// tensors; docs/GPU.md). The counters do not depend on where blocks come from.
+// Blocks come from aligned_alloc unless a BlockAllocator is installed (the CUDA program
+// installs device memory, cudaMalloc behind a caching pool; tests install the guarded
+// stand-in, tensor/guarded_allocator.h; docs/GPU.md). Host code then reaches tensor bytes
+// only through explicit copies (Tensor::copy_from_host/copy_to_host, Backend ops). The
+// counters do not depend on where blocks come from.
 #pragma once
 
 #include <array>
@@ -26,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <string_view>
 
 namespace foldpar {
@@ -72,6 +75,9 @@ class BlockAllocator {
   // a memcpy by default; cudaMemcpy on a device, a window of its own for the guard.
   virtual void copy_in(void* block, const void* host, size_t bytes);
   virtual void copy_out(void* host, const void* block, size_t bytes);
+  // Why the latest allocate() returned nullptr ("cudaMalloc: out of memory; 2.0 GiB asked,
+  // 1.5 GiB free of 80 GiB"), empty when it does not say; part of the out-of-memory Status.
+  virtual std::string failure_reason() const { return {}; }
 };
 
 class MemoryTracker {
@@ -109,6 +115,8 @@ class MemoryTracker {
   // Host bytes into a block of this tracker and back, the way its blocks allow.
   void copy_in(void* block, const void* host, size_t bytes);
   void copy_out(void* host, const void* block, size_t bytes);
+  // The installed BlockAllocator's failure_reason(); empty without one.
+  std::string failure_reason() const;
 
   MemoryStats stats() const;
   // Sets every peak to the current value, so the next reading is the peak of what follows.

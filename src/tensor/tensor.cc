@@ -44,9 +44,10 @@ Result<Tensor> Tensor::try_empty(const Shape& shape, DType dtype, MemCategory ca
   }
   void* ptr = tracker.allocate(bytes, category);
   if (ptr == nullptr) {
+    const std::string why = tracker.failure_reason();
     return Status(StatusCode::kOutOfMemory,
-                  fmt::format("cannot allocate {} bytes for {} {}{}", bytes, mem_category_name(category),
-                              dtype_name(dtype), shape.to_string()));
+                  fmt::format("cannot allocate {} bytes for {} {}{}{}{}", bytes, mem_category_name(category),
+                              dtype_name(dtype), shape.to_string(), why.empty() ? "" : ": ", why));
   }
   Tensor t;
   t.storage_ = std::make_shared<Storage>();

@@ -1,9 +1,10 @@
 // Tensor: a dtype, a shape and a handle to tracked storage. Always contiguous and row-major.
 // Copying a Tensor copies the handle (both refer to the same bytes), as in PyTorch; clone()
 // copies the bytes. A view (reshape, narrow) shares the storage and counts no new bytes.
-// Storage is host memory, or CUDA unified memory when a CUDA program installs it under the
-// tracker (MemoryTracker::set_block_allocator; docs/GPU.md): the same pointers then serve
-// host code and kernels. A tensor from a storage-less tracker (MemoryTracker::
+// Storage is host memory, or device memory when a CUDA program installs it under the
+// tracker (MemoryTracker::set_block_allocator; docs/GPU.md): host code then moves bytes
+// only with copy_from_host/copy_to_host (set-up) or Backend ops (steps); data<T>() gives a
+// device pointer, for kernels only. A tensor from a storage-less tracker (MemoryTracker::
 // make_storageless, a dry run) has an address but no storage: raw_data() gives the address
 // (communicators and views need it), while data<T>() and every host copy fail an FP_CHECK
 // naming the tensor, and a raw dereference faults.
