@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "backend/guarded_backend.h"
+#include "comm/guarded_communicator.h"
+#include "comm/self_communicator.h"
 #include "tensor/guarded_allocator.h"
 
 namespace foldpar {
@@ -62,6 +64,28 @@ TEST(GuardedAllocator, BackendOpsRunAndLeaveTheMemoryClosed) {
   EXPECT_EQ(host, std::vector<float>(32, 2.0f));
   EXPECT_GT(g.guard.windows_opened(), 2);
   EXPECT_FALSE(g.guard.is_open());
+}
+
+// A communicator call reads and writes guarded buffers with the window open; a
+// non-blocking one holds it open until wait() sees it complete, then it closes.
+TEST(GuardedCommunicator, HoldsTheWindowWhileATransferIsInFlight) {
+  Guarded g;
+  SelfCommunicator self("tsp", 0);
+  std::unique_ptr<Communicator> comm = make_guarded_communicator(self, nullptr, g.guard);
+  Tensor a = Tensor::empty({64}, DType::kF32, MemCategory::kComm, g.tracker);
+  Tensor b = Tensor::zeros({64}, DType::kF32, MemCategory::kComm, g.tracker);
+  std::vector<float> v(64);
+  for (int i = 0; i < 64; ++i) v[i] = static_cast<float>(i);
+  write_host_f32(v, a);
+  ASSERT_TRUE(comm->all_reduce(a.raw_data(), b.raw_data(), 64, DType::kF32, ReduceOp::kSum).ok());
+  EXPECT_FALSE(g.guard.is_open());
+  EXPECT_EQ(read_host_f32(b), v);
+  write_host_f32(std::vector<float>(64, 0.0f), b);
+  CommRequest r = comm->isend_recv(a.raw_data(), b.raw_data(), 64, DType::kF32, 0, 0);
+  EXPECT_TRUE(g.guard.is_open());
+  ASSERT_TRUE(r.wait().ok());
+  EXPECT_FALSE(g.guard.is_open());
+  EXPECT_EQ(read_host_f32(b), v);
 }
 
 // The negative control: the same read that succeeds inside a window kills the process outside one.
