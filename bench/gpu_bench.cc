@@ -69,7 +69,11 @@ void bench_attention(CudaBackend& be, int64_t seq, int64_t n_h, int64_t d, const
   Tensor dv = Tensor::empty(v.shape(), DType::kBF16, MemCategory::kActivations);
   Tensor lse = Tensor::empty({B, n_h, seq}, DType::kF32, MemCategory::kActivations);
   Tensor pos = Tensor::empty({seq}, DType::kI32, MemCategory::kActivations);
-  for (int64_t i = 0; i < seq; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i);
+  {
+    std::vector<int32_t> host(static_cast<size_t>(seq));
+    for (int64_t i = 0; i < seq; ++i) host[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    be.copy_from_host(std::as_bytes(std::span<const int32_t>(host)), pos);
+  }
   for (Tensor* t : {&q, &k, &v, &d_o}) be.fill(0.1, *t);
   const AttentionArgs args{&q, &k, &v, &pos, &pos, 1.0 / std::sqrt(static_cast<double>(d))};
   const double pairs = static_cast<double>(seq) * (seq + 1) / 2;
@@ -85,17 +89,36 @@ void bench_attention(CudaBackend& be, int64_t seq, int64_t n_h, int64_t d, const
 
 // Forward + backward + AdamW on bf16 weights (f32 statistics), one GPU.
 void bench_train_step(const std::string& key, const LlamaConfig& c, int64_t batch, int64_t seq, const Flags& f) {
-  CudaBackendOptions opt;
-  opt.sync_each_op = true;  // the model reads ids and positions on the host between ops
+  CudaBackendOptions opt;  // ops return once enqueued: the host waits only where it reads
   auto be = make_cuda_backend(opt);
+  // Initial values and the batch are made on the host (a tracker of plain host memory) and
+  // cross once through copy_from_host; the f32 weights are rounded to bf16 on the device.
+  MemoryTracker host;
+  auto upload = [&](const Tensor& h, DType dtype, MemCategory category) {
+    Tensor d = Tensor::empty(h.shape(), h.dtype(), category);
+    be->copy_from_host(std::span<const std::byte>(static_cast<const std::byte*>(h.raw_data()), h.nbytes()), d);
+    if (dtype == h.dtype()) return d;
+    Tensor converted = Tensor::empty(h.shape(), dtype, category);
+    be->copy(d, converted);
+    return converted;
+  };
   LlamaWeights w = LlamaWeights::allocate(c, DType::kBF16, MemCategory::kParameters);
-  {  // f32 initial values, rounded to bf16 on the device
-    LlamaWeights w32 = LlamaWeights::allocate(c, DType::kF32, MemCategory::kWorkspace);
-    init_weights({.seed = 1, .std = 0.02}, w32);
+  Batch data;
+  {
     std::vector<Tensor> src;
-    w32.for_each([&](const std::string&, Tensor& t) { src.push_back(t); });
+    {
+      ScopedDefaultTracker on_host(host);
+      LlamaWeights w32 = LlamaWeights::allocate(c, DType::kF32, MemCategory::kWorkspace);
+      init_weights({.seed = 1, .std = 0.02}, w32);
+      w32.for_each([&](const std::string&, Tensor& t) { src.push_back(t); });
+      const Batch h = synthetic_batch(c, batch, seq, 3);
+      data.input_ids = h.input_ids;
+      data.target_ids = h.target_ids;
+    }
     size_t i = 0;
-    w.for_each([&](const std::string&, Tensor& t) { be->copy(src[i++], t); });
+    w.for_each([&](const std::string&, Tensor& t) { be->copy(upload(src[i++], DType::kF32, MemCategory::kWorkspace), t); });
+    data.input_ids = upload(data.input_ids, DType::kI32, MemCategory::kActivations);
+    data.target_ids = upload(data.target_ids, DType::kI32, MemCategory::kActivations);
   }
   LlamaWeights g = LlamaWeights::allocate(c, DType::kBF16, MemCategory::kGradients);
   std::vector<Tensor> m, v, grads;
@@ -104,11 +127,6 @@ void bench_train_step(const std::string& key, const LlamaConfig& c, int64_t batc
     m.push_back(Tensor::zeros(t.shape(), DType::kF32, MemCategory::kOptimizer));
     v.push_back(Tensor::zeros(t.shape(), DType::kF32, MemCategory::kOptimizer));
   });
-  // Weights, gradients and moments live on the GPU from the start: no page faults timed.
-  w.for_each([&](const std::string&, Tensor& t) { be->to_device(t); });
-  for (const std::vector<Tensor>* list : {&grads, &m, &v})
-    for (const Tensor& t : *list) be->to_device(t);
-  const Batch data = synthetic_batch(c, batch, seq, 3);
   auto step = [&] {
     g.for_each([&](const std::string&, Tensor& t) { be->fill(0, t); });
     Result<StepResult> r = model_forward_backward(c, *be, w, data, StepOptions{}, g);
@@ -136,17 +154,15 @@ int run(const Flags& f) {
     std::printf("gpu_bench: skipped, no GPU: %s\n", why.c_str());
     return 0;
   }
-  use_cuda_unified_memory(MemoryTracker::process());
+  use_cuda_memory(MemoryTracker::process(), CudaMemory::kDevice);
   {
-    CudaBackendOptions opt;
-    opt.sync_each_op = false;  // device-only tensors between timed points
+    CudaBackendOptions opt;  // device-only tensors between timed points
     auto be = make_cuda_backend(opt);
     bench_gemm(*be, f.quick ? 2048 : 8192);
     bench_attention(*be, f.quick ? 2048 : 8192, 16, 128, "");  // kAuto: the tensor-core kernel
   }
   {
     CudaBackendOptions opt;
-    opt.sync_each_op = false;
     opt.attention = AttentionKernel::kSimple;
     auto be = make_cuda_backend(opt);
     bench_attention(*be, f.quick ? 2048 : 8192, 16, 128, "_simple");

@@ -13,7 +13,7 @@ if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
   exit 2
 fi
 targets=(foldpar_backend_cuda foldpar_comm_nccl
-         staging_test unified_memory_test cuda_ops_test cuda_attention_test cuda_model_test gpu_tsp_test gpu_comm_test
+         staging_test cuda_memory_test cuda_ops_test cuda_attention_test cuda_model_test gpu_tsp_test gpu_comm_test
          gpu_bench foldpar)
 start=$(date +%s)
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \

@@ -180,7 +180,7 @@ step bundle 30 unpack || exit 1
 bundle_setup "$repo" || exit 1   # (already unpacked: sets PATH, LD_LIBRARY_PATH, OPAL_PREFIX here)
 
 # ---- configure and build ----
-targets=(staging_test unified_memory_test cuda_ops_test cuda_attention_test cuda_model_test gpu_tsp_test gpu_comm_test
+targets=(staging_test cuda_memory_test cuda_ops_test cuda_attention_test cuda_model_test gpu_tsp_test gpu_comm_test
          gpu_bench foldpar)
 step configure 60 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFOLDPAR_WITH_CUDA=ON \
   -DFOLDPAR_BUILD_BENCH=ON -DFOLDPAR_NCCL_ROOT="$FOLDPAR_NCCL_ROOT" "${bundle_cmake_args[@]}" \

@@ -13,11 +13,13 @@ Result<Device> open_cuda_device(int local_rank) {
   std::string why;
   const int count = cuda_device_count(&why);
   if (count <= 0) return not_found("--device cuda: no usable GPU ({})", why);
-  // Before any tensor exists: every block of the process from now on is unified memory.
-  use_cuda_unified_memory(MemoryTracker::process());
+  // Before any tensor exists: every block of the process from now on is device memory, and
+  // host code reaches it only through Backend ops and Tensor's explicit copies (the guarded
+  // stand-in, tests/parallel/guarded_memory_test.cc, proves that of training, checkpoints
+  // and generation). Ops return once enqueued; the host waits where it reads.
   CudaBackendOptions options;
   options.device = local_rank % count;
-  options.sync_each_op = true;  // host code reads losses, ids and logits right after ops
+  use_cuda_memory(MemoryTracker::process(), CudaMemory::kDevice);
   std::unique_ptr<CudaBackend> cuda = make_cuda_backend(options);
   const DeviceCommOptions comm{.device = options.device, .compute_stream = cuda->stream()};
   Device device;

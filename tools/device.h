@@ -32,9 +32,9 @@ struct Device {
 };
 
 // Start-up of one process on `kind`; call before the first Tensor is allocated. On cuda:
-// GPU (local_rank % visible GPUs), CUDA unified memory under MemoryTracker::process(), a
-// CUDA backend that finishes every op before returning (the model, the trainer and the
-// sampler read results on the host) and the device communicator factory. Fails, with the
+// GPU (local_rank % visible GPUs), CUDA device memory under MemoryTracker::process(), a
+// CUDA backend whose ops return once enqueued (the host waits where it reads: copy_to_host
+// and the scalar ops) and the device communicator factory. Fails, with the
 // driver's reason, when no GPU is usable.
 Result<Device> open_device(DeviceKind kind, int local_rank);
 

@@ -27,10 +27,14 @@ std::string entry_name(const char* kind, const GlobalSlice& s) {
   return fmt::format("{}/{}/{},{},{},{}", kind, s.tensor, s.row0, s.rows, s.col0, s.cols);
 }
 
-// The block of `local` that `s` describes, in the global orientation [rows, cols].
+// The block of `local` that `s` describes, in the global orientation [rows, cols]. `local`
+// is read with one host copy (it may be device memory); the block is host staging for the
+// file, on the process tracker (host memory).
 Tensor extract_block(const Tensor& local, const GlobalSlice& s) {
-  Tensor block = Tensor::empty({s.rows, s.cols}, DType::kF32, MemCategory::kWorkspace);
-  const float* src = local.data<float>() + s.offset;
+  Tensor block = Tensor::empty({s.rows, s.cols}, DType::kF32, MemCategory::kWorkspace, MemoryTracker::process());
+  FP_CHECK(local.dtype() == DType::kF32, "checkpoint block of {}", local.describe());
+  const std::vector<float> host = read_host_f32(local);
+  const float* src = host.data() + s.offset;
   float* dst = block.data<float>();
   for (int64_t r = 0; r < s.rows; ++r)
     for (int64_t c = 0; c < s.cols; ++c) dst[r * s.cols + c] = s.transposed ? src[c * s.rows + r] : src[r * s.cols + c];

@@ -8,7 +8,10 @@ namespace foldpar {
 Status fill_slices(const std::string& what, const char* kind, const std::vector<ParamRef>& params,
                    const std::vector<Tensor*>& targets, std::vector<SafetensorsFile>& files, BlockIndex& index) {
   for (size_t i = 0; i < params.size(); ++i) {
-    float* dst = targets[i]->data<float>();
+    // Filled on the host, stored with one host copy (the target may be device memory).
+    FP_CHECK(targets[i]->dtype() == DType::kF32, "checkpoint target {}", targets[i]->describe());
+    std::vector<float> host = read_host_f32(*targets[i]);
+    float* dst = host.data();
     for (const GlobalSlice& s : params[i].slices) {
       int64_t filled = 0;
       for (const StoredBlock& b : index[{kind, s.tensor}]) {
@@ -16,7 +19,8 @@ Status fill_slices(const std::string& what, const char* kind, const std::vector<
         const int64_t c0 = std::max(s.col0, b.box.col0), c1 = std::min(s.col0 + s.cols, b.box.col0 + b.box.cols);
         if (r0 >= r1 || c0 >= c1) continue;
         FP_ASSIGN_OR_RETURN(Tensor block, files[b.file].read_as(b.name, DType::kF32, MemCategory::kWorkspace));
-        const float* src = block.data<float>();
+        const std::vector<float> values = read_host_f32(block);
+        const float* src = values.data();
         for (int64_t r = r0; r < r1; ++r)
           for (int64_t c = c0; c < c1; ++c) {
             const int64_t li = s.transposed ? (c - s.col0) * s.rows + (r - s.row0) : (r - s.row0) * s.cols + (c - s.col0);
@@ -28,6 +32,7 @@ Status fill_slices(const std::string& what, const char* kind, const std::vector<
         return corrupt("{}: {} of {} [{}+{}, {}+{}] covers {} of {} elements", what, kind, s.tensor, s.row0, s.rows,
                        s.col0, s.cols, filled, s.rows * s.cols);
     }
+    write_host_f32(host, *targets[i]);
   }
   return Status();
 }

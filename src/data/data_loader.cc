@@ -18,11 +18,15 @@ Batch DataLoader::rows_at(const std::vector<int64_t>& offsets) const {
   Batch b;
   b.input_ids = Tensor::empty({rows, S}, DType::kI32, MemCategory::kActivations);
   b.target_ids = Tensor::empty({rows, S}, DType::kI32, MemCategory::kActivations);
+  // Assembled on the host, then one explicit host copy each (the tensors may be device memory).
   const int32_t* ids = tokens_->ids.data();
+  std::vector<int32_t> input(static_cast<size_t>(rows * S)), target(static_cast<size_t>(rows * S));
   for (int64_t r = 0; r < rows; ++r) {
-    std::copy_n(ids + offsets[r], S, b.input_ids.data<int32_t>() + r * S);
-    std::copy_n(ids + offsets[r] + 1, S, b.target_ids.data<int32_t>() + r * S);
+    std::copy_n(ids + offsets[r], S, input.data() + r * S);
+    std::copy_n(ids + offsets[r] + 1, S, target.data() + r * S);
   }
+  b.input_ids.copy_from_host(std::as_bytes(std::span<const int32_t>(input)));
+  b.target_ids.copy_from_host(std::as_bytes(std::span<const int32_t>(target)));
   return b;
 }
 

@@ -52,18 +52,23 @@ void SequenceShard::scatter_to_global(const Tensor& local, Tensor& global) const
   scatter_rows_to(local, positions_, global);
 }
 
-// On the host: ShardedModel::local_batch, which calls this for every micro-batch, takes no
-// Backend yet (issue 16: to become copy_strided runs when the interface passes one).
+// Through host copies (Tensor::copy_to_host/copy_from_host, so the ids may be device
+// memory): ShardedModel::local_batch, which calls this for every micro-batch, takes no
+// Backend yet (to become copy_strided runs when the interface passes one).
 Batch batch_rows_at(const Batch& global, std::span<const int32_t> positions) {
   const int64_t B = global.batch(), S = global.seq(), n = static_cast<int64_t>(positions.size());
   Batch out;
   out.input_ids = Tensor::empty({B, n}, DType::kI32, MemCategory::kActivations);
   out.target_ids = Tensor::empty({B, n}, DType::kI32, MemCategory::kActivations);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < n; ++i) {
-      out.input_ids.data<int32_t>()[b * n + i] = global.input_ids.data<int32_t>()[b * S + positions[i]];
-      out.target_ids.data<int32_t>()[b * n + i] = global.target_ids.data<int32_t>()[b * S + positions[i]];
-    }
+  auto gather = [&](const Tensor& from, Tensor& to) {
+    std::vector<int32_t> all(static_cast<size_t>(B * S)), rows(static_cast<size_t>(B * n));
+    from.copy_to_host(std::as_writable_bytes(std::span<int32_t>(all)));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < n; ++i) rows[static_cast<size_t>(b * n + i)] = all[static_cast<size_t>(b * S + positions[i])];
+    to.copy_from_host(std::as_bytes(std::span<const int32_t>(rows)));
+  };
+  gather(global.input_ids, out.input_ids);
+  gather(global.target_ids, out.target_ids);
   return out;
 }
 

@@ -17,19 +17,8 @@ void for_each_row_block(int64_t rows, int64_t h, Fn&& fn) {
 }
 
 // Not a step path: these move shards to and from global tensors for init, checkpoints,
-// import/export and verification, on the host.
-// Element i of a shard block (f32 or bf16 storage), as f32 and back.
-float block_at(const Tensor& b, int64_t i) {
-  return b.dtype() == DType::kBF16 ? bf16_to_f32(b.data<bf16>()[i]) : b.data<float>()[i];
-}
-void block_set(Tensor& b, int64_t i, float v) {
-  if (b.dtype() == DType::kBF16) {
-    b.data<bf16>()[i] = f32_to_bf16(v);
-  } else {
-    b.data<float>()[i] = v;
-  }
-}
-
+// import/export and verification, through host copies (Tensor::copy_to_host/copy_from_host,
+// so they work on device memory too).
 // Copies between a packed row block (f32 or bf16) and an f32 global tensor; `to_global`
 // picks the direction.
 void copy_rows(Tensor block, const Tensor& global, int64_t row0, bool to_global) {
@@ -37,10 +26,11 @@ void copy_rows(Tensor block, const Tensor& global, int64_t row0, bool to_global)
   FP_CHECK(global.dim(1) == h && global.dtype() == DType::kF32 &&
                (block.dtype() == DType::kF32 || block.dtype() == DType::kBF16),
            "row block {} of {}", block.describe(), global.describe());
-  float* g = const_cast<float*>(global.data<float>()) + row0 * h;
-  for (int64_t i = 0; i < rows * h; ++i) {
-    if (to_global) g[i] = block_at(block, i);
-    else block_set(block, i, g[i]);
+  Tensor g = global.reshape({global.numel() / h, h}).narrow(row0, row0 + rows);
+  if (to_global) {
+    write_host_f32(read_host_f32(block), g);
+  } else {
+    write_host_f32(read_host_f32(g), block);
   }
 }
 void copy_cols_t(Tensor block, const Tensor& global, int64_t col0, bool to_global) {
@@ -48,11 +38,20 @@ void copy_cols_t(Tensor block, const Tensor& global, int64_t col0, bool to_globa
   FP_CHECK(global.dim(0) == h && global.dtype() == DType::kF32 &&
                (block.dtype() == DType::kF32 || block.dtype() == DType::kBF16),
            "transposed block {} of {}", block.describe(), global.describe());
-  float* g = const_cast<float*>(global.data<float>());
+  std::vector<float> g = read_host_f32(global);
+  std::vector<float> b = to_global ? read_host_f32(block) : std::vector<float>(static_cast<size_t>(rows * h));
   for_each_row_block(rows, h, [&](int64_t i, int64_t j) {
-    if (to_global) g[j * cols + col0 + i] = block_at(block, i * h + j);
-    else block_set(block, i * h + j, g[j * cols + col0 + i]);
+    float& gv = g[static_cast<size_t>(j * cols + col0 + i)];
+    float& bv = b[static_cast<size_t>(i * h + j)];
+    if (to_global) gv = bv;
+    else bv = gv;
   });
+  Tensor global_view = global;
+  if (to_global) {
+    write_host_f32(g, global_view);
+  } else {
+    write_host_f32(b, block);
+  }
 }
 
 void move_shards(ShardedWeights& s, LlamaWeights& g, bool to_global, bool replicated) {
@@ -242,13 +241,18 @@ void init_sharded_weights(const InitOptions& o, ShardedWeights& w) {
   const ShardDims& d = w.dims;
   const int r = w.owner;
   const int64_t h = d.h, q_cols = d.q_rows * d.degree, f = d.f_rows * d.degree;
+  // Values made on the host, stored with one host copy per tensor.
   auto fill_rows = [&](Tensor t, const std::string& name, int64_t row0) {
-    for (int64_t i = 0; i < t.numel(); ++i) block_set(t, i, static_cast<float>(init_value(o, name, row0 * h + i)));
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = static_cast<float>(init_value(o, name, row0 * h + i));
+    write_host_f32(v, t);
   };
   auto fill_cols_t = [&](Tensor t, const std::string& name, int64_t col0, int64_t cols) {
+    std::vector<float> v(static_cast<size_t>(t.numel()));
     for_each_row_block(t.dim(0), h, [&](int64_t i, int64_t j) {
-      block_set(t, i * h + j, static_cast<float>(init_value(o, name, j * cols + col0 + i)));
+      v[static_cast<size_t>(i * h + j)] = static_cast<float>(init_value(o, name, j * cols + col0 + i));
     });
+    write_host_f32(v, t);
   };
   for (size_t l = 0; l < w.attn.size(); ++l) {
     if (!w.attn[l].defined()) continue;  // another pipeline stage's layer

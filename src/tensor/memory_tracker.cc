@@ -2,6 +2,7 @@
 #include "tensor/memory_tracker.h"
 
 #include <cstdlib>
+#include <cstring>
 
 #include "core/check.h"
 #include "tensor/storageless_allocator.h"
@@ -147,6 +148,48 @@ void MemoryTracker::free_block(void* ptr, size_t size) {
     block_allocator_->release(ptr, size);
   } else {
     std::free(ptr);
+  }
+}
+
+void BlockAllocator::fill_zero(void* ptr, size_t bytes) { std::memset(ptr, 0, bytes); }
+
+void BlockAllocator::copy_in(void* block, const void* host, size_t bytes) { std::memcpy(block, host, bytes); }
+void BlockAllocator::copy_out(void* host, const void* block, size_t bytes) { std::memcpy(host, block, bytes); }
+
+BlockAllocator* MemoryTracker::block_allocator() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return block_allocator_;
+}
+
+std::string MemoryTracker::failure_reason() const {
+  BlockAllocator* a = block_allocator();
+  return a != nullptr ? a->failure_reason() : std::string();
+}
+
+void MemoryTracker::fill_zero(void* ptr, size_t bytes) {
+  if (bytes == 0) return;
+  if (BlockAllocator* a = block_allocator()) {
+    a->fill_zero(ptr, bytes);
+  } else {
+    std::memset(ptr, 0, bytes);
+  }
+}
+
+void MemoryTracker::copy_in(void* block, const void* host, size_t bytes) {
+  if (bytes == 0) return;
+  if (BlockAllocator* a = block_allocator()) {
+    a->copy_in(block, host, bytes);
+  } else {
+    std::memcpy(block, host, bytes);
+  }
+}
+
+void MemoryTracker::copy_out(void* host, const void* block, size_t bytes) {
+  if (bytes == 0) return;
+  if (BlockAllocator* a = block_allocator()) {
+    a->copy_out(host, block, bytes);
+  } else {
+    std::memcpy(host, block, bytes);
   }
 }
 

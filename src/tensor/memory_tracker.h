@@ -15,9 +15,11 @@
 // counters describe tensors, `cached_bytes` what the cache holds on top. The cache is off
 // under AddressSanitizer so that use-after-free is still caught.
 //
-// Blocks come from aligned_alloc unless a BlockAllocator is installed (the CUDA build
-// installs CUDA unified memory, so that host code and device kernels address the same
-// tensors; docs/GPU.md). The counters do not depend on where blocks come from.
+// Blocks come from aligned_alloc unless a BlockAllocator is installed (the CUDA program
+// installs device memory, cudaMalloc behind a caching pool; tests install the guarded
+// stand-in, tensor/guarded_allocator.h; docs/GPU.md). Host code then reaches tensor bytes
+// only through explicit copies (Tensor::copy_from_host/copy_to_host, Backend ops). The
+// counters do not depend on where blocks come from.
 #pragma once
 
 #include <array>
@@ -26,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <string_view>
 
 namespace foldpar {
@@ -65,6 +68,16 @@ class BlockAllocator {
   virtual void* allocate(size_t bytes) = 0;
   // `bytes` is the value given to allocate().
   virtual void release(void* ptr, size_t bytes) = 0;
+  // Zeroes `bytes` bytes of a block (Tensor::zeros): a memset where host code may write the
+  // blocks; device memory and the guarded stand-in override it.
+  virtual void fill_zero(void* ptr, size_t bytes);
+  // Explicit copies between host memory and a block (Tensor::copy_from_host/copy_to_host):
+  // a memcpy by default; cudaMemcpy on a device, a window of its own for the guard.
+  virtual void copy_in(void* block, const void* host, size_t bytes);
+  virtual void copy_out(void* host, const void* block, size_t bytes);
+  // Why the latest allocate() returned nullptr ("cudaMalloc: out of memory; 2.0 GiB asked,
+  // 1.5 GiB free of 80 GiB"), empty when it does not say; part of the out-of-memory Status.
+  virtual std::string failure_reason() const { return {}; }
 };
 
 class MemoryTracker {
@@ -96,6 +109,15 @@ class MemoryTracker {
   // `bytes` and `category` must be those given to allocate().
   void release(void* ptr, size_t bytes, MemCategory category);
 
+  // Zeroes `bytes` bytes at `ptr`, a block of this tracker, the way its blocks allow (the
+  // BlockAllocator's fill_zero; a memset by default). Tensor::zeros calls it.
+  void fill_zero(void* ptr, size_t bytes);
+  // Host bytes into a block of this tracker and back, the way its blocks allow.
+  void copy_in(void* block, const void* host, size_t bytes);
+  void copy_out(void* host, const void* block, size_t bytes);
+  // The installed BlockAllocator's failure_reason(); empty without one.
+  std::string failure_reason() const;
+
   MemoryStats stats() const;
   // Sets every peak to the current value, so the next reading is the peak of what follows.
   void reset_peaks();
@@ -110,6 +132,7 @@ class MemoryTracker {
 
  private:
   size_t block_size(size_t bytes) const;
+  BlockAllocator* block_allocator() const;
   void release_cache_locked();
   void* allocate_block(size_t size);
   void free_block(void* ptr, size_t size);

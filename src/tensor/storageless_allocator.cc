@@ -22,11 +22,13 @@ namespace {
 constexpr int kSlots = 64;
 std::array<std::atomic<uintptr_t>, kSlots> g_begin{};
 std::array<std::atomic<uintptr_t>, kSlots> g_end{};
+std::array<std::atomic<const char*>, kSlots> g_label{};
 
-int claim_slot(uintptr_t begin, uintptr_t end) {
+int claim_slot(uintptr_t begin, uintptr_t end, const char* label) {
   for (int i = 0; i < kSlots; ++i) {
     uintptr_t expected = 0;
     if (g_begin[i].compare_exchange_strong(expected, begin)) {
+      g_label[i].store(label);
       g_end[i].store(end);
       return i;
     }
@@ -38,14 +40,15 @@ constexpr uint64_t kGranule = MemoryTracker::kAlignment;
 
 }  // namespace
 
-StoragelessAllocator::StoragelessAllocator(size_t reserve_bytes)
+StoragelessAllocator::StoragelessAllocator(size_t reserve_bytes, const char* fault_label)
     : reserve_bytes_((reserve_bytes + 4095) / 4096 * 4096) {
   void* p = mmap(nullptr, reserve_bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   FP_CHECK(p != MAP_FAILED, "cannot reserve {} bytes of address space for storage-less tensors: {}", reserve_bytes_,
            std::strerror(errno));
   base_ = static_cast<char*>(p);
   insert_free(0, reserve_bytes_);
-  slot_ = claim_slot(reinterpret_cast<uintptr_t>(base_), reinterpret_cast<uintptr_t>(base_) + reserve_bytes_);
+  slot_ = claim_slot(reinterpret_cast<uintptr_t>(base_), reinterpret_cast<uintptr_t>(base_) + reserve_bytes_,
+                     fault_label);
 }
 
 StoragelessAllocator::~StoragelessAllocator() {
@@ -126,17 +129,19 @@ void write_str(const char* s) {
 void on_fault(int sig, siginfo_t* info, void* context) {
   const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
   bool ours = false;
+  const char* label = "";
   for (int i = 0; i < kSlots && !ours; ++i) {
     const uintptr_t b = g_begin[i].load(), e = g_end[i].load();
     ours = b != 0 && addr >= b && addr < e;
+    if (ours) label = g_label[i].load();
   }
   struct sigaction& previous = sig == SIGBUS ? g_previous_bus : g_previous_segv;
   if (ours) {
-    char line[200];
+    char line[300];
     snprintf(line, sizeof line,
-             "foldpar: host access to address %p inside a storage-less block (dry run): host code touched "
+             "foldpar: host access to address %p inside %s: host code touched "
              "tensor data that only a Backend op may touch; backtrace:\n",
-             info->si_addr);
+             info->si_addr, label != nullptr ? label : "?");
     write_str(line);
     void* frames[48];
     backtrace_symbols_fd(frames, backtrace(frames, 48), STDERR_FILENO);

@@ -24,8 +24,11 @@ namespace foldpar {
 class StoragelessAllocator final : public BlockAllocator {
  public:
   // Reserves `reserve_bytes` of address space (no memory); the blocks live inside it.
-  // Aborts (FP_CHECK) if the system refuses the reservation.
-  explicit StoragelessAllocator(size_t reserve_bytes = kDefaultReserveBytes);
+  // Aborts (FP_CHECK) if the system refuses the reservation. `fault_label` (a string
+  // literal) is what the fault handler says a faulting address is "inside" (the guarded
+  // allocator, tensor/guarded_allocator.h, reuses this reservation with its own words).
+  explicit StoragelessAllocator(size_t reserve_bytes = kDefaultReserveBytes,
+                                const char* fault_label = "a storage-less block (dry run)");
   ~StoragelessAllocator() override;
   StoragelessAllocator(const StoragelessAllocator&) = delete;
   StoragelessAllocator& operator=(const StoragelessAllocator&) = delete;
@@ -40,6 +43,8 @@ class StoragelessAllocator final : public BlockAllocator {
   // Whether `ptr` lies inside this allocator's reservation.
   bool contains(const void* ptr) const;
   size_t reserved_bytes() const { return reserve_bytes_; }
+  // The first address of the reservation (page-aligned).
+  void* base() const { return base_; }
 
  private:
   void insert_free(uint64_t offset, uint64_t size);
@@ -55,7 +60,7 @@ class StoragelessAllocator final : public BlockAllocator {
 
 // Installs (once per process; later calls do nothing) a SIGSEGV/SIGBUS handler that, for a
 // fault inside a live StoragelessAllocator reservation, prints "host access to address ...
-// inside a storage-less block (dry run)" and a backtrace to stderr, then lets the signal kill
+// inside <fault_label>" and a backtrace to stderr, then lets the signal kill
 // the process as it would have. Faults elsewhere go to the previous handler. For dry-run
 // harnesses and their tests; library code does not call it on its own.
 void install_storageless_fault_handler();

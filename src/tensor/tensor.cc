@@ -44,9 +44,10 @@ Result<Tensor> Tensor::try_empty(const Shape& shape, DType dtype, MemCategory ca
   }
   void* ptr = tracker.allocate(bytes, category);
   if (ptr == nullptr) {
+    const std::string why = tracker.failure_reason();
     return Status(StatusCode::kOutOfMemory,
-                  fmt::format("cannot allocate {} bytes for {} {}{}", bytes, mem_category_name(category),
-                              dtype_name(dtype), shape.to_string()));
+                  fmt::format("cannot allocate {} bytes for {} {}{}{}{}", bytes, mem_category_name(category),
+                              dtype_name(dtype), shape.to_string(), why.empty() ? "" : ": ", why));
   }
   Tensor t;
   t.storage_ = std::make_shared<Storage>();
@@ -70,7 +71,7 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, MemCategory category, Memo
   Tensor t = empty(shape, dtype, category, tracker);
   // Zeroed at allocation (as calloc or a device's memset-at-allocation): a property of the
   // block, not a host write to the tensor, so a storage-less block (no contents) skips it.
-  if (t.has_storage_) t.zero();
+  if (t.has_storage_) tracker.fill_zero(t.raw_data(), t.nbytes());
   return t;
 }
 
@@ -109,6 +110,18 @@ void Tensor::copy_from(const Tensor& src) {
   if (numel() > 0 && raw_data() != src.raw_data()) std::memmove(raw_data(), src.raw_data(), nbytes());
 }
 
+void Tensor::copy_from_host(std::span<const std::byte> src) {
+  FP_CHECK(src.size() == nbytes(), "{} host bytes into {} ({} bytes)", src.size(), describe(), nbytes());
+  if (!has_storage_) fail_host_access();
+  storage_->tracker->copy_in(raw_data(), src.data(), src.size());
+}
+
+void Tensor::copy_to_host(std::span<std::byte> dst) const {
+  FP_CHECK(dst.size() == nbytes(), "{} ({} bytes) into {} host bytes", describe(), nbytes(), dst.size());
+  if (!has_storage_) fail_host_access();
+  storage_->tracker->copy_out(dst.data(), raw_data(), dst.size());
+}
+
 namespace {
 double load_as_f64(DType t, const void* p, int64_t i) {
   switch (t) {
@@ -137,6 +150,23 @@ Tensor Tensor::to(DType dtype, MemCategory category) const {
   // f64 -> bf16 goes through f32 first, as a bf16 store of an f32 value would.
   for (int64_t i = 0; i < n; ++i) store_from_f64(dtype, t.raw_data(), i, load_as_f64(dtype_, raw_data(), i));
   return t;
+}
+
+std::vector<float> read_host_f32(const Tensor& t) {
+  const int64_t n = t.numel();
+  std::vector<std::byte> bytes(t.nbytes());
+  t.copy_to_host(bytes);
+  std::vector<float> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = static_cast<float>(load_as_f64(t.dtype(), bytes.data(), i));
+  return out;
+}
+
+void write_host_f32(std::span<const float> values, Tensor& t) {
+  const int64_t n = t.numel();
+  FP_CHECK(static_cast<int64_t>(values.size()) == n, "{} host values into {}", values.size(), t.describe());
+  std::vector<std::byte> bytes(t.nbytes());
+  for (int64_t i = 0; i < n; ++i) store_from_f64(t.dtype(), bytes.data(), i, values[static_cast<size_t>(i)]);
+  t.copy_from_host(bytes);
 }
 
 std::string Tensor::describe() const {

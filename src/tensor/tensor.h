@@ -1,9 +1,10 @@
 // Tensor: a dtype, a shape and a handle to tracked storage. Always contiguous and row-major.
 // Copying a Tensor copies the handle (both refer to the same bytes), as in PyTorch; clone()
 // copies the bytes. A view (reshape, narrow) shares the storage and counts no new bytes.
-// Storage is host memory, or CUDA unified memory when a CUDA program installs it under the
-// tracker (MemoryTracker::set_block_allocator; docs/GPU.md): the same pointers then serve
-// host code and kernels. A tensor from a storage-less tracker (MemoryTracker::
+// Storage is host memory, or device memory when a CUDA program installs it under the
+// tracker (MemoryTracker::set_block_allocator; docs/GPU.md): host code then moves bytes
+// only with copy_from_host/copy_to_host (set-up) or Backend ops (steps); data<T>() gives a
+// device pointer, for kernels only. A tensor from a storage-less tracker (MemoryTracker::
 // make_storageless, a dry run) has an address but no storage: raw_data() gives the address
 // (communicators and views need it), while data<T>() and every host copy fail an FP_CHECK
 // naming the tensor, and a raw dereference faults.
@@ -11,7 +12,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "core/check.h"
 #include "core/status.h"
@@ -75,6 +78,13 @@ class Tensor {
   void zero();
   // Copies the bytes of `src` (same shape and dtype) into this tensor.
   void copy_from(const Tensor& src);
+  // The explicit host boundary of set-up code that has no Backend (weight init, checkpoint
+  // files): exactly nbytes() bytes from host memory into this tensor, or out of it, through
+  // the tracker's BlockAllocator (a memcpy on the host, cudaMemcpy on a device, a window
+  // of its own under the guarded stand-in). Synchronous. Steps use Backend::copy_from_host
+  // and copy_to_host instead, which are ordered with the ops around them.
+  void copy_from_host(std::span<const std::byte> src);
+  void copy_to_host(std::span<std::byte> dst) const;
 
   bool shares_storage_with(const Tensor& other) const { return storage_ && storage_ == other.storage_; }
   std::string describe() const;  // "f32[2, 3] activations"
@@ -90,5 +100,11 @@ class Tensor {
   DType dtype_ = DType::kF32;
   bool has_storage_ = true;
 };
+
+// Set-up helpers over Tensor::copy_to_host/copy_from_host: the elements of an f32, bf16 or
+// f64 tensor as host floats (bf16 widened exactly), and host floats stored into one (rounded
+// to nearest even for bf16). `values` holds exactly t.numel() elements.
+std::vector<float> read_host_f32(const Tensor& t);
+void write_host_f32(std::span<const float> values, Tensor& t);
 
 }  // namespace foldpar

@@ -111,7 +111,7 @@ class CudaAttention : public ::testing::Test {
     tc_ = backend_with(AttentionKernel::kTensorCore);
   }
   static std::unique_ptr<CudaBackend> backend_with(AttentionKernel kernel) {
-    CudaBackendOptions options;
+    CudaBackendOptions options = gpu_test::synced_options();
     options.attention = kernel;
     return make_cuda_backend(options);
   }

@@ -55,7 +55,7 @@ TEST(CudaModel, TrainingStepMatchesTheCpuBackend) {
   Result<LlamaConfig> c = LlamaConfig::load(std::string(FOLDPAR_SOURCE_DIR) + "/configs/tiny.json");
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   auto cpu = make_cpu_backend();
-  auto cuda = make_cuda_backend();
+  auto cuda = make_cuda_backend(gpu_test::synced_options());
   StepOutcome want = run_step(*c, *cpu);
   StepOutcome got = run_step(*c, *cuda);
   EXPECT_NEAR(got.loss, want.loss, kCudaF32Model * want.loss);

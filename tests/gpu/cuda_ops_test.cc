@@ -25,7 +25,7 @@ class CudaOps : public ::testing::Test {
  protected:
   void SetUp() override {
     FP_REQUIRE_GPU();
-    cuda_ = make_cuda_backend();
+    cuda_ = make_cuda_backend(gpu_test::synced_options());
   }
   static Tensor like(const Tensor& t, DType dtype) { return Tensor::empty(t.shape(), dtype, MemCategory::kWorkspace); }
   static Tensor ids(int64_t n, int32_t lo, int32_t hi, uint64_t seed) {

@@ -36,9 +36,15 @@ bool gpu_required() {
   return true;
 }
 
-void use_unified_memory_once() {
+CudaBackendOptions synced_options() {
+  CudaBackendOptions o;
+  o.sync_each_op = true;
+  return o;
+}
+
+void use_pinned_memory_once() {
   static const bool installed = [] {
-    use_cuda_unified_memory(MemoryTracker::process());
+    use_cuda_memory(MemoryTracker::process(), CudaMemory::kPinnedHost);
     return true;
   }();
   (void)installed;

@@ -1,5 +1,5 @@
-// Helpers of the GPU tests: skipping where no GPU is visible, unified memory for every
-// tensor, bf16 copies, and the GPU tolerance policy. Every GPU test starts with
+// Helpers of the GPU tests: skipping where no GPU is visible, pinned host memory for every
+// tensor (the tests compare on the host; kernels address it over the bus), bf16 copies, and the GPU tolerance policy. Every GPU test starts with
 // FP_REQUIRE_GPU(): it skips with the driver's reason when cudaGetDeviceCount fails or finds
 // no device (or FAILS, when FOLDPAR_REQUIRE_GPU=1 is set, as scripts/gpu-check.sh does: on
 // the GPU machine a skip would hide a broken driver), and otherwise the test asserts.
@@ -44,9 +44,14 @@ bool gpu_required();
 // none; the SKIP_REGULAR_EXPRESSION of tests/gpu/CMakeLists.txt matches it.
 inline constexpr const char* kSkippedMarker = "foldpar-gpu-tests: skipped";
 
-// Installs unified memory under MemoryTracker::process() once per process (before the
-// first tensor: call it first thing in a test).
-void use_unified_memory_once();
+// Installs pinned host memory (use_cuda_memory(..., kPinnedHost)) under
+// MemoryTracker::process() once per process (before the first tensor: FP_REQUIRE_GPU does).
+// The program and gpu_bench use device memory; these tests read results on the host.
+void use_pinned_memory_once();
+
+// Backend options of the tests: every op waits for its kernels (sync_each_op), since the
+// tests read pinned tensors on the host right after an op.
+CudaBackendOptions synced_options();
 
 // A copy of an f32 tensor rounded to bf16, and the same values widened back to f32.
 Tensor to_bf16(const Tensor& f32);
@@ -62,5 +67,5 @@ Tensor bf16_values_as_f32(const Tensor& f32);
         FAIL() << "no GPU: " << fp_gpu_why_ << " (FOLDPAR_REQUIRE_GPU=1: this test may not skip)"; \
       GTEST_SKIP() << "no GPU: " << fp_gpu_why_ << " (GPU tests run only where a GPU exists)"; \
     }                                                                                         \
-    ::foldpar::gpu_test::use_unified_memory_once();                                           \
+    ::foldpar::gpu_test::use_pinned_memory_once();                                           \
   } while (0)

@@ -48,7 +48,7 @@ TEST(GpuTsp, TrainingStepMatchesTheSingleRankModel) {
   Result<StepResult> ref = model_forward_backward(c, *cpu, w, global, StepOptions{}, ref_g);
   ASSERT_TRUE(ref.ok()) << ref.status().to_string();
 
-  auto cuda = make_cuda_backend();
+  auto cuda = make_cuda_backend(gpu_test::synced_options());
   std::unique_ptr<Communicator> tsp = make_device_communicator(world, {.device = 0, .compute_stream = cuda->stream()});
   Result<TspModel> model = TspModel::create(c, tsp_layout(D), p, seq);
   ASSERT_TRUE(model.ok()) << model.status().to_string();

@@ -77,7 +77,7 @@ class CudaBackendImpl final : public CudaBackend {
     FP_CUBLAS_CHECK(cublasCreate(&blas_));
     FP_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
     FP_CUBLAS_CHECK(cublasSetMathMode(blas_, options.allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-    check_unified_memory();
+    check_cuda_memory();
   }
   ~CudaBackendImpl() override {
     (void)cudaStreamSynchronize(stream_);
@@ -89,11 +89,6 @@ class CudaBackendImpl final : public CudaBackend {
   void* stream() const override { return stream_; }
   int device() const override { return options_.device; }
   void synchronize() override { FP_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
-  void to_device(const Tensor& t) override { prefetch(t, {cudaMemLocationTypeDevice, options_.device}); }
-  void to_host(const Tensor& t) override {
-    prefetch(t, {cudaMemLocationTypeHost, 0});
-    done();
-  }
 
   void matmul(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta) override {
     const MatmulDims d = check_matmul(a, ta, b, tb, c);
@@ -351,19 +346,15 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
  private:
-  // Kernels read tensors through their host pointers: without unified memory the first op
-  // would fail with an illegal address far from the cause.
-  static void check_unified_memory() {
+  // Kernels read tensors through their pointers: with plain host memory under the tracker
+  // the first op would fail with an illegal address far from the cause.
+  static void check_cuda_memory() {
     const Tensor probe = Tensor::empty({1}, DType::kF32, MemCategory::kWorkspace);
     cudaPointerAttributes attr{};
     FP_CUDA_CHECK(cudaPointerGetAttributes(&attr, probe.raw_data()));
-    FP_CHECK(attr.type == cudaMemoryTypeManaged,
-             "the CUDA backend needs tensors in unified memory: call use_cuda_unified_memory(MemoryTracker::process()) "
+    FP_CHECK(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeHost,
+             "the CUDA backend needs tensors in CUDA memory: call use_cuda_memory(MemoryTracker::process()) "
              "before the first tensor is allocated");
-  }
-  void prefetch(const Tensor& t, cudaMemLocation where) {
-    if (t.numel() == 0) return;
-    FP_CUDA_CHECK(cudaMemPrefetchAsync(t.raw_data(), t.nbytes(), where, 0, stream_));
   }
   void done() {
     if (options_.sync_each_op) FP_CUDA_CHECK(cudaStreamSynchronize(stream_));

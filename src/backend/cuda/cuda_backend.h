@@ -5,17 +5,21 @@
 // Float tensors may be f32 or bf16 (bf16 natively: no widened copies); per-row statistics
 // (RMSNorm's rstd, the log-sum-exps) must then be f32, as stat_dtype() prescribes.
 //
-// Memory: tensors are ordinary foldpar Tensors whose storage is CUDA unified memory
-// (use_cuda_unified_memory below), so the model, the strategies and the tests run the same
-// code paths as on the CPU and may read ids and positions on the host. With
-// CudaBackendOptions::sync_each_op (the default) every op returns only when its kernels
-// have finished, so host code may read any result right away. docs/GPU.md has the design.
+// Memory: tensors are ordinary foldpar Tensors whose storage is CUDA device memory
+// (use_cuda_memory below): host code reaches their bytes only through Backend ops
+// (copy_from_host/copy_to_host, the scalar-returning reductions) and Tensor's explicit
+// set-up copies, which is what the guarded stand-in (tensor/guarded_allocator.h) proves of
+// every step path on the CPU. Ops are enqueued on the compute stream and return at once;
+// the host waits only where it reads (copy_to_host, sum_squares, the loss, counts), unless
+// CudaBackendOptions::sync_each_op asks for a wait after every op (GPU tests that read
+// pinned host memory directly). docs/GPU.md has the design.
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "backend/backend.h"
+#include "tensor/block_pool.h"
 #include "tensor/memory_tracker.h"
 
 namespace foldpar {
@@ -29,7 +33,7 @@ enum class AttentionKernel {
 
 struct CudaBackendOptions {
   int device = 0;             // CUDA device ordinal; one rank per device, or several sharing one
-  bool sync_each_op = true;   // false: ops return once enqueued (benchmarks that never read on the host)
+  bool sync_each_op = false;  // true: every op waits for its kernels (tests that read pinned tensors on the host)
   bool allow_tf32 = false;    // f32 GEMMs on TF32 tensor cores (faster, ~1e-3 relative error)
   AttentionKernel attention = AttentionKernel::kAuto;
 };
@@ -47,11 +51,6 @@ class CudaBackend : public Backend {
   virtual int device() const = 0;
   // Waits until every op enqueued so far has finished.
   virtual void synchronize() = 0;
-  // Host <-> device moves of a unified-memory tensor: prefetches its pages to this GPU (before
-  // kernels use it: no page faults) or to the host (before host code reads it), enqueued on
-  // the compute stream. Pure performance hints: any tensor stays valid on both sides.
-  virtual void to_device(const Tensor& t) = 0;
-  virtual void to_host(const Tensor& t) = 0;
 };
 
 // Aborts (library failure) when no CUDA device is usable; check cuda_device_count() first.
@@ -60,10 +59,18 @@ std::unique_ptr<CudaBackend> make_cuda_backend(const CudaBackendOptions& options
 // Visible CUDA devices; 0 (and *why set, when given) when the driver or devices are missing.
 int cuda_device_count(std::string* why = nullptr);
 
-// Makes `tracker` take its blocks from CUDA unified memory (cudaMallocManaged on the current
-// device), so tensors are addressable from host and device. Must be called before `tracker`
-// has a live block (FP_CHECK); typically once at start-up on MemoryTracker::process(). The
-// allocator is process-wide and never destroyed.
-void use_cuda_unified_memory(MemoryTracker& tracker);
+// Where a tracker's blocks come from (backend/cuda/device_memory.cc): device memory
+// (cudaMalloc, the program and the benchmark), or pinned, mapped host memory (cudaHostAlloc:
+// kernels address it over the bus, host code reads it directly: GPU tests that compare on
+// the host). Either behind a caching pool (tensor/block_pool.h); never managed memory.
+enum class CudaMemory { kDevice, kPinnedHost };
+
+// Makes `tracker` take its blocks from `kind` on the current device. Must be called before
+// `tracker` has a live block (FP_CHECK); typically once at start-up on
+// MemoryTracker::process(). The allocators are process-wide and never destroyed. A refused
+// block becomes the tracker's out-of-memory Status with the CUDA reason.
+void use_cuda_memory(MemoryTracker& tracker, CudaMemory kind = CudaMemory::kDevice);
+// The pool's counters of `kind` (reserved, cached, hits, source failures).
+BlockPoolStats cuda_memory_pool_stats(CudaMemory kind = CudaMemory::kDevice);
 
 }  // namespace foldpar

@@ -46,16 +46,34 @@ bool device_addressable(const void* p) {
   return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged || attr.type == cudaMemoryTypeHost;
 }
 
+// Pinned host memory (GPU tests' tensors): the host may read it right after wait().
+bool host_memory(const void* p) {
+  cudaPointerAttributes attr{};
+  if (p == nullptr || cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attr.type == cudaMemoryTypeHost;
+}
+
 const char* at(const void* base, size_t elems, DType t) { return static_cast<const char*>(base) + elems * dtype_size(t); }
 char* at(void* base, size_t elems, DType t) { return static_cast<char*>(base) + elems * dtype_size(t); }
 
-// Completes when the transfer stream has passed `done`.
+// Completes when the transfer stream has passed `done`. wait() makes the compute stream wait
+// for it (cudaStreamWaitEvent: kernels enqueued after wait() see the received data, and the
+// host goes on), unless the host itself must see the result: no compute stream to order,
+// or a host-only buffer that the transfer stream copies back into.
 class NcclRequest final : public CommRequestImpl {
  public:
-  explicit NcclRequest(cudaEvent_t done) : done_(done) {}
+  NcclRequest(cudaEvent_t done, cudaStream_t compute, bool host_reads)
+      : done_(done), compute_(compute), host_reads_(host_reads) {}
   ~NcclRequest() override { (void)cudaEventDestroy(done_); }
   Status wait() override {
-    FP_CUDA_CHECK(cudaEventSynchronize(done_));
+    if (compute_ == nullptr || host_reads_) {
+      FP_CUDA_CHECK(cudaEventSynchronize(done_));
+    } else {
+      FP_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+    }
     return Status::ok_status();
   }
   Status test(bool* done) override {
@@ -71,6 +89,8 @@ class NcclRequest final : public CommRequestImpl {
 
  private:
   cudaEvent_t done_;
+  cudaStream_t compute_;
+  bool host_reads_;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -135,7 +155,8 @@ class NcclCommunicator final : public Communicator {
     cudaEvent_t done = nullptr;
     FP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     FP_CUDA_CHECK(cudaEventRecord(done, stream));
-    return CommRequest(std::make_unique<NcclRequest>(done));
+    const bool host_reads = !scratch.empty() || stream == compute_ || host_memory(op.recv_buf);
+    return CommRequest(std::make_unique<NcclRequest>(done, compute_, host_reads));
   }
 
  private:
