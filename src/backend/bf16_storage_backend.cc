@@ -188,51 +188,51 @@ class Bf16StorageBackend final : public Backend {
   // The MoE ops widen their float operands; ids move unchanged. The router runs in f32.
   void moe_route_forward(const Tensor& logits, bool normalize, Tensor& probs, Tensor& weights,
                          Tensor& experts) override {
-    Out p(probs, false), w(weights, false);
-    in_.moe_route_forward(widen(logits), normalize, p.f32(), w.f32(), experts);
+    Out p(in_, probs, false), w(in_, weights, false);
+    in_.moe_route_forward(widen(in_, logits), normalize, p.f32(), w.f32(), experts);
     p.finish();
     w.finish();
   }
   void moe_route_backward(const MoeRouteGrad& g, Tensor& d_logits) override {
-    const Tensor probs = widen(*g.probs), weights = widen(*g.weights), d_weights = widen(*g.d_weights);
+    const Tensor probs = widen(in_, *g.probs), weights = widen(in_, *g.weights), d_weights = widen(in_, *g.d_weights);
     Tensor bias;
-    if (g.d_probs_bias != nullptr) bias = widen(*g.d_probs_bias);
+    if (g.d_probs_bias != nullptr) bias = widen(in_, *g.d_probs_bias);
     MoeRouteGrad wide = g;
     wide.probs = &probs;
     wide.weights = &weights;
     wide.d_weights = &d_weights;
     wide.d_probs_bias = g.d_probs_bias == nullptr ? nullptr : &bias;
-    Out o(d_logits, false);
+    Out o(in_, d_logits, false);
     in_.moe_route_backward(wide, o.f32());
     o.finish();
   }
   void gather_rows(const Tensor& src, const Tensor& rows, const Tensor* scale, Tensor& dst) override {
     Tensor s;
-    if (scale != nullptr) s = widen(*scale);
-    Out o(dst, false);
-    in_.gather_rows(widen(src), rows, scale == nullptr ? nullptr : &s, o.f32());
+    if (scale != nullptr) s = widen(in_, *scale);
+    Out o(in_, dst, false);
+    in_.gather_rows(widen(in_, src), rows, scale == nullptr ? nullptr : &s, o.f32());
     o.finish();
   }
   void scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor* scale, Tensor& dst) override {
     Tensor s;
-    if (scale != nullptr) s = widen(*scale);
-    Out o(dst, true);
-    in_.scatter_add_rows(widen(src), rows, scale == nullptr ? nullptr : &s, o.f32());
+    if (scale != nullptr) s = widen(in_, *scale);
+    Out o(in_, dst, true);
+    in_.scatter_add_rows(widen(in_, src), rows, scale == nullptr ? nullptr : &s, o.f32());
     o.finish();
   }
   void rows_dot(const Tensor& a, const Tensor& b, Tensor& out) override {
-    Out o(out, false);
-    in_.rows_dot(widen(a), widen(b), o.f32());
+    Out o(in_, out, false);
+    in_.rows_dot(widen(in_, a), widen(in_, b), o.f32());
     o.finish();
   }
   void sigmoid_forward(const Tensor& x, Tensor& y) override {
-    Out o(y, false);
-    in_.sigmoid_forward(widen(x), o.f32());
+    Out o(in_, y, false);
+    in_.sigmoid_forward(widen(in_, x), o.f32());
     o.finish();
   }
   void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override {
-    Out o(dx, false);
-    in_.sigmoid_backward(widen(y), widen(dy), o.f32());
+    Out o(in_, dx, false);
+    in_.sigmoid_backward(widen(in_, y), widen(in_, dy), o.f32());
     o.finish();
   }
   int64_t count_valid_targets(const Tensor& targets, int32_t ignore) override {

@@ -128,6 +128,35 @@ class GuardedBackend final : public Backend {
     GuardOpen w(&guard_);
     return inner_.count_valid_targets(targets, ignore_index);
   }
+  void moe_route_forward(const Tensor& logits, bool normalize, Tensor& probs, Tensor& weights,
+                         Tensor& experts) override {
+    GuardOpen w(&guard_);
+    inner_.moe_route_forward(logits, normalize, probs, weights, experts);
+  }
+  void moe_route_backward(const MoeRouteGrad& g, Tensor& d_logits) override {
+    GuardOpen w(&guard_);
+    inner_.moe_route_backward(g, d_logits);
+  }
+  void gather_rows(const Tensor& src, const Tensor& rows, const Tensor* scale, Tensor& dst) override {
+    GuardOpen w(&guard_);
+    inner_.gather_rows(src, rows, scale, dst);
+  }
+  void scatter_add_rows(const Tensor& src, const Tensor& rows, const Tensor* scale, Tensor& dst) override {
+    GuardOpen w(&guard_);
+    inner_.scatter_add_rows(src, rows, scale, dst);
+  }
+  void rows_dot(const Tensor& a, const Tensor& b, Tensor& out) override {
+    GuardOpen w(&guard_);
+    inner_.rows_dot(a, b, out);
+  }
+  void sigmoid_forward(const Tensor& x, Tensor& y) override {
+    GuardOpen w(&guard_);
+    inner_.sigmoid_forward(x, y);
+  }
+  void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override {
+    GuardOpen w(&guard_);
+    inner_.sigmoid_backward(y, dy, dx);
+  }
 
  private:
   Backend& inner_;
