@@ -25,9 +25,9 @@ struct StepBenchOptions {
   Recompute recompute = Recompute::kNone;
   uint64_t seed = 0;
   bool profile = false;  // time every backend op (TimedBackend)
-  // Borrowed; null: the fast CPU backend. Host code reads the loss after each step, so a
-  // GPU backend must finish each op before returning (CudaBackendOptions::sync_each_op),
-  // which also makes the wall-clock times (and the profile) those of finished work.
+  // Borrowed; null: the fast CPU backend. The loss is read after each step through the
+  // Backend, which waits for the step's work, so step times are those of finished work; a
+  // per-op profile of a GPU backend needs CudaBackendOptions::sync_each_op as well.
   Backend* backend = nullptr;
 };
 
@@ -39,7 +39,7 @@ struct StepBenchReport {
   double gflops = 0;                 // flops_per_step / median / 1e9
   MemoryStats memory;                // tracked peaks over the whole run, weights and gradients included
   int64_t peak_rss_bytes = 0;        // the process's resident peak (getrusage), for comparison with peers
-                                     // (with CUDA unified memory: host pages only)
+                                     // (with CUDA: host pages only)
   double loss = 0;                   // of the last step (finite, as a sanity check)
   std::map<std::string, OpTime> op_times;  // with profile: per op, summed over the timed steps
 };

@@ -50,10 +50,11 @@ struct TrainOptions {
   bool tty = false;
   int64_t print_every = 10;
   // Where the steps run; borrowed, and null for the default, like leveldb's Options::env.
-  // A backend must compute the layout's dtype natively (the CUDA backend does bf16) and
-  // return from each op only once its result is in memory: the model, the strategies and
-  // this loop read results on the host (CudaBackendOptions::sync_each_op). Null: the fast
-  // CPU backend, decorated with bf16 storage (backend/bf16_storage_backend.h) for bf16.
+  // A backend must compute the layout's dtype natively (the CUDA backend does bf16). Host
+  // code reads tensor data only through the Backend's copies and the ops that return a
+  // scalar (the loss, squared norms), which wait for the work before them, so ops need not
+  // wait one by one (CudaBackendOptions::sync_each_op stays false). Null: the fast CPU
+  // backend, decorated with bf16 storage (backend/bf16_storage_backend.h) for bf16.
   Backend* backend = nullptr;
   AxisCommFactory axis_comm;        // the mesh's axis communicators (Mesh::create); null: MPI's
 };
