@@ -4,21 +4,12 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/dispatch_float.h"
 #include "backend/cpu/moe_ops.h"
 #include "backend/op_checks.h"
 
 namespace foldpar::moe_reference {
 namespace {
-
-template <typename Fn>
-void dispatch_float(const Tensor& t, Fn&& fn) {
-  if (t.dtype() == DType::kF32) {
-    fn.template operator()<float>();
-  } else {
-    FP_CHECK(t.dtype() == DType::kF64, "reference backend: {} is not f32/f64", t.describe());
-    fn.template operator()<double>();
-  }
-}
 
 template <typename T>
 double scale_at(const Tensor* scale, int64_t i) {

@@ -9,21 +9,11 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/moe_ops.h"
+#include "backend/cpu/dispatch_float.h"
 #include "backend/op_checks.h"
 
 namespace foldpar {
 namespace {
-
-// Calls fn.template operator()<T>() with T the element type of t (f32 or f64).
-template <typename Fn>
-void dispatch_float(const Tensor& t, Fn&& fn) {
-  if (t.dtype() == DType::kF32) {
-    fn.template operator()<float>();
-  } else {
-    FP_CHECK(t.dtype() == DType::kF64, "reference backend: {} is not f32/f64", t.describe());
-    fn.template operator()<double>();
-  }
-}
 
 template <typename T>
 void ref_matmul(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, double alpha, double beta) {

@@ -47,9 +47,15 @@ Batch MegatronModel::local_batch(const Batch& global) const {
   return batch_rows_at(global, positions_);
 }
 
-void MegatronModel::scatter_rows(const Tensor& local, Tensor& global) const {
+Status MegatronModel::assemble_logits(Communicator& tp, Communicator& sp, const Tensor& local, Tensor& global) const {
   FP_CHECK(global.dim(1) == shard_.seq(), "scatter of {} into {}", local.describe(), global.describe());
+  global.zero();
   scatter_rows_to(local, positions_, global);
+  const size_t n = static_cast<size_t>(global.numel());
+  if (seq_par_)  // each tp rank holds its own rows
+    FP_RETURN_IF_ERROR(tp.all_reduce(global.raw_data(), global.raw_data(), n, DType::kF32, ReduceOp::kSum));
+  if (sp.size() == 1) return Status();
+  return sp.all_reduce(global.raw_data(), global.raw_data(), n, DType::kF32, ReduceOp::kSum);
 }
 
 namespace {

@@ -115,8 +115,10 @@ class MegatronModel {
 
   // This rank's rows [B, local_seq] of a global batch [B, S]. Not collective.
   Batch local_batch(const Batch& global) const;
-  // Places this rank's rows [B, local_seq, ...] into `global` [B, S, ...] (other rows left).
-  void scatter_rows(const Tensor& local, Tensor& global) const;
+  // The global logits [B, S, V] on every rank from each rank's rows [B, local_seq, V]:
+  // placed, then summed over tp (with sequence parallelism, where tp ranks hold different
+  // rows) and sp. Collective over tp and sp.
+  Status assemble_logits(Communicator& tp, Communicator& sp, const Tensor& local, Tensor& global) const;
 
   // Loss (mean over the valid tokens of the global batch, the same on every rank) of the
   // local batch. Collective over tp and sp.

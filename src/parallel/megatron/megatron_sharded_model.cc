@@ -44,13 +44,7 @@ class MegatronShardedModel final : public WeightShardedModel {
   // (the tp ranks of a group hold the same rows), so a sum over sp assembles the logits.
   // Sequence parallel: every rank's rows are its own; sum over tp, then over sp.
   Status assemble_logits(const Tensor& local, Tensor& global) override {
-    global.zero();
-    model_.scatter_rows(local, global);
-    const size_t n = static_cast<size_t>(global.numel());
-    if (model_.sequence_parallel())
-      FP_RETURN_IF_ERROR(tp_.all_reduce(global.raw_data(), global.raw_data(), n, DType::kF32, ReduceOp::kSum));
-    if (sp_.size() == 1) return Status();
-    return sp_.all_reduce(global.raw_data(), global.raw_data(), n, DType::kF32, ReduceOp::kSum);
+    return model_.assemble_logits(tp_, sp_, local, global);
   }
 
  private:

@@ -73,13 +73,7 @@ class MegatronStageStrategy final : public StageStrategy {
   bool counts_replicated() const override { return tp_.rank() == 0 && sp_.rank() == 0; }
   bool counts_sharded() const override { return sp_.rank() == 0; }
   Status assemble_logits(const Tensor& local, Tensor& global) override {
-    global.zero();
-    model_.scatter_rows(local, global);
-    const size_t n = static_cast<size_t>(global.numel());
-    if (model_.sequence_parallel())  // each tp rank holds its own rows
-      FP_RETURN_IF_ERROR(tp_.all_reduce(global.raw_data(), global.raw_data(), n, DType::kF32, ReduceOp::kSum));
-    if (sp_.size() == 1) return Status();
-    return sp_.all_reduce(global.raw_data(), global.raw_data(), n, DType::kF32, ReduceOp::kSum);
+    return model_.assemble_logits(tp_, sp_, local, global);
   }
   std::unique_ptr<StageSteps> begin(Backend& be, const ShardedWeights& w, ShardedGrads* g, int64_t) override {
     return std::make_unique<MegatronStageSteps>(model_, be, MegatronAxes{&tp_, &sp_}, w, g);

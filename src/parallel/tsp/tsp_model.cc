@@ -12,6 +12,13 @@ using tsp_detail::HeadSaved;
 using tsp_detail::LayerSaved;
 using tsp_detail::TspStep;
 
+Status TspModel::assemble_logits(Communicator& tsp, const Tensor& local, Tensor& global) const {
+  global.zero();
+  shard_.scatter_to_global(local, global);
+  return tsp.all_reduce(global.raw_data(), global.raw_data(), static_cast<size_t>(global.numel()), DType::kF32,
+                        ReduceOp::kSum);
+}
+
 Result<TspModel> TspModel::create(const LlamaConfig& config, const Layout& layout, int rank, int64_t seq) {
   FP_CHECK(layout.strategy == Strategy::kTsp, "TspModel for layout {}", layout.to_string());
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));

@@ -29,6 +29,9 @@ class TspModel {
   const LlamaConfig& config() const { return config_; }
   const ShardDims& dims() const { return dims_; }
   const SequenceShard& shard() const { return shard_; }
+  // The global logits [B, S, V] on every rank from each rank's rows: placed by the sequence
+  // split, then summed over the axis. Collective over tsp.
+  Status assemble_logits(Communicator& tsp, const Tensor& local, Tensor& global) const;
   const Layout& options() const { return options_; }
 
   // Loss (mean over the valid tokens of the whole global batch) of this rank's rows

@@ -25,10 +25,7 @@ class TspShardedModel final : public WeightShardedModel {
     return model_.forward(be, comm_, weights_, local);
   }
   Status assemble_logits(const Tensor& local, Tensor& global) override {
-    global.zero();
-    model_.shard().scatter_to_global(local, global);
-    return comm_.all_reduce(global.raw_data(), global.raw_data(), static_cast<size_t>(global.numel()), DType::kF32,
-                            ReduceOp::kSum);
+    return model_.assemble_logits(comm_, local, global);
   }
 
  private:

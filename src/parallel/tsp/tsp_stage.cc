@@ -45,10 +45,7 @@ class TspStageStrategy final : public StageStrategy {
   Communicator& weight_axis() override { return comm_; }
   bool counts_replicated() const override { return comm_.rank() == 0; }
   Status assemble_logits(const Tensor& local, Tensor& global) override {
-    global.zero();
-    model_.shard().scatter_to_global(local, global);
-    return comm_.all_reduce(global.raw_data(), global.raw_data(), static_cast<size_t>(global.numel()), DType::kF32,
-                            ReduceOp::kSum);
+    return model_.assemble_logits(comm_, local, global);
   }
   std::unique_ptr<StageSteps> begin(Backend& be, const ShardedWeights& w, ShardedGrads* g, int64_t batch) override {
     return std::make_unique<TspStageSteps>(model_, be, comm_, w, g, batch);
