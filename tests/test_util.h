@@ -3,10 +3,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "core/rng.h"
+#include "core/tolerance.h"
 #include "tensor/compare.h"
 #include "tensor/tensor.h"
 
@@ -47,6 +51,40 @@ inline ::testing::AssertionResult near_rel(const Tensor& got, const Tensor& want
   if (err <= tol) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "relative error " << err << " > " << tol << "\n"
                                        << describe_mismatches(got, want, tol);
+}
+
+// Compares `analytic` (d loss / d param, f64) with central differences of loss() at up to
+// `samples` elements of param, every n/samples-th from `first` (all of them when the tensor
+// has at most `samples`), against tol::kF64FiniteDifference relative to the largest
+// analytic value.
+inline void expect_gradient(const std::string& what, Tensor& param, const Tensor& analytic,
+                            const std::function<double()>& loss, int samples = 64, int64_t first = 3) {
+  ASSERT_EQ(param.dtype(), DType::kF64);
+  double* p = param.data<double>();
+  const int64_t n = param.numel();
+  const int64_t stride = std::max<int64_t>(1, n / samples);
+  double scale = 1e-30, worst = 0;
+  for (int64_t i = 0; i < n; ++i) scale = std::max(scale, std::abs(analytic.data<double>()[i]));
+  int64_t worst_i = -1;
+  double worst_num = 0;
+  for (int64_t i = (n > samples ? first % n : 0); i < n; i += stride) {
+    const double saved = p[i], h = tol::kFiniteDifferenceStep;
+    p[i] = saved + h;
+    const double up = loss();
+    p[i] = saved - h;
+    const double down = loss();
+    p[i] = saved;
+    const double numeric = (up - down) / (2 * h);
+    const double err = std::abs(numeric - analytic.data<double>()[i]) / scale;
+    if (err > worst) {
+      worst = err;
+      worst_i = i;
+      worst_num = numeric;
+    }
+  }
+  EXPECT_LE(worst, tol::kF64FiniteDifference)
+      << what << ": worst at [" << worst_i << "] numeric " << worst_num << " analytic "
+      << (worst_i >= 0 ? analytic.data<double>()[worst_i] : 0.0) << " (scale " << scale << ")";
 }
 
 }  // namespace foldpar::testing

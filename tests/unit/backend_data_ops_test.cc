@@ -210,8 +210,9 @@ TEST_F(DataOps, SoftmaxRescaleAndFinishGiveTheLossOfTheFullVocabulary) {
     for (int64_t t = 0; t < T; ++t) {
       const double want_lse = static_cast<double>(gmax.data<float>()[t]) + std::log(static_cast<double>(rs.data<float>()[t]));
       EXPECT_NEAR(lse.data<float>()[t], want_lse, 1e-5) << be->name() << " row " << t;
-      if (targets.data<int32_t>()[t] != -100)
+      if (targets.data<int32_t>()[t] != -100) {
         EXPECT_NEAR(lse.data<float>()[t], full_lse.data<float>()[t], 1e-5) << be->name() << " row " << t;
+      }
     }
   }
 }

@@ -16,6 +16,7 @@
 namespace foldpar {
 namespace {
 
+using testing::expect_gradient;
 using testing::random_tensor;
 
 // <r, y> in f64.
@@ -23,38 +24,6 @@ double dot(const Tensor& r, const Tensor& y) {
   double s = 0;
   for (int64_t i = 0; i < r.numel(); ++i) s += r.data<double>()[i] * y.data<double>()[i];
   return s;
-}
-
-// Compares `analytic` (d loss / d param) with central differences of loss() at up to
-// `samples` elements of param (all of them when the tensor is small).
-void expect_gradient(const char* what, Tensor& param, const Tensor& analytic, const std::function<double()>& loss,
-                     int samples = 64) {
-  ASSERT_EQ(param.dtype(), DType::kF64);
-  double* p = param.data<double>();
-  const int64_t n = param.numel();
-  const int64_t stride = std::max<int64_t>(1, n / samples);
-  double scale = 1e-30, worst = 0;
-  for (int64_t i = 0; i < n; ++i) scale = std::max(scale, std::abs(analytic.data<double>()[i]));
-  int64_t worst_i = -1;
-  double worst_num = 0;
-  for (int64_t i = (n > samples ? 3 % n : 0); i < n; i += stride) {
-    const double saved = p[i], h = tol::kFiniteDifferenceStep;
-    p[i] = saved + h;
-    const double up = loss();
-    p[i] = saved - h;
-    const double down = loss();
-    p[i] = saved;
-    const double numeric = (up - down) / (2 * h);
-    const double err = std::abs(numeric - analytic.data<double>()[i]) / scale;
-    if (err > worst) {
-      worst = err;
-      worst_i = i;
-      worst_num = numeric;
-    }
-  }
-  EXPECT_LE(worst, tol::kF64FiniteDifference)
-      << what << ": worst at [" << worst_i << "] numeric " << worst_num << " analytic "
-      << (worst_i >= 0 ? analytic.data<double>()[worst_i] : 0.0) << " (scale " << scale << ")";
 }
 
 class GradCheck : public ::testing::Test {
@@ -215,7 +184,7 @@ TEST_P(ModelGradCheck, EveryParameterOfATinyModel) {
   size_t i = 0;
   w.for_each([&](const std::string& name, Tensor& t) {
     ASSERT_EQ(grads[i].first, name);
-    expect_gradient(name.c_str(), t, grads[i].second, loss, 24);
+    expect_gradient(name, t, grads[i].second, loss, 24);
     ++i;
   });
   EXPECT_EQ(i, grads.size());

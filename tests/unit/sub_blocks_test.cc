@@ -52,8 +52,16 @@ void expect_directional(const char* what, Tensor& param, const Tensor& analytic,
 
 // d = 4; f = 24 splits into three chunks of 8.
 LlamaConfig small_config() {
-  return LlamaConfig{.hidden_size = 16, .intermediate_size = 24, .num_attention_heads = 4, .num_key_value_heads = 2,
-                     .num_hidden_layers = 2, .vocab_size = 11, .max_position_embeddings = 64, .rms_norm_eps = 1e-5};
+  LlamaConfig c;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.num_hidden_layers = 2;
+  c.vocab_size = 11;
+  c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-5;
+  return c;
 }
 
 class SubBlocks : public ::testing::Test {
