@@ -112,6 +112,11 @@ constexpr double kTol = tol::kF32Op;
 // lse is a log: its error is absolute (about |lse| * eps), so it is measured against
 // max(max|lse|, 1) rather than letting a tensor of small lse values shrink the scale.
 constexpr double kLseMinScale = 1.0;
+// dQ and dK are sums of P (dP - delta) terms. With one visible key they cancel to exactly 0,
+// and what is left is rounding of dot products of N(0, 1) rows: observed up to 9.5e-8 with
+// oneDNN's sgemm. So their scale is at least 0.05 (an absolute bound of 1e-6); the smallest
+// nonzero max|dQ| or max|dK| among the cases is 0.094, so no other case is loosened.
+constexpr double kCancelMinScale = 0.05;
 
 class FlashAttentionParity : public testing::TestWithParam<AttnCase> {};
 
@@ -140,8 +145,8 @@ TEST_P(FlashAttentionParity, ForwardAndBackwardMatchReference) {
   Tensor dq = nan_like(q), dk = nan_like(k), dv = nan_like(v);
   ref->attention_backward(args, ref_out, ref_lse, d_out, ref_dq, ref_dk, ref_dv);
   fast->attention_backward(args, ref_out, ref_lse, d_out, dq, dk, dv);
-  EXPECT_TRUE(close_to(dq, ref_dq, kTol, 0.0, "dq"));
-  EXPECT_TRUE(close_to(dk, ref_dk, kTol, 0.0, "dk"));
+  EXPECT_TRUE(close_to(dq, ref_dq, kTol, kCancelMinScale, "dq"));
+  EXPECT_TRUE(close_to(dk, ref_dk, kTol, kCancelMinScale, "dk"));
   EXPECT_TRUE(close_to(dv, ref_dv, kTol, 0.0, "dv"));
 }
 

@@ -1,14 +1,12 @@
 // Blocked ("flash") causal attention for f32 on one CPU thread, FlashAttention-2 style.
 // For each (batch, kv head) the g = n_h / n_kv query heads sharing it are processed together:
 // a q block stacks their rows (row r = token * g + head-in-group), so each K/V block is read
-// once for all of them. Products are cblas_sgemm calls on packed blocks; the softmax loops
-// are plain loops that GCC vectorizes. Invariants: no Sq x Sk matrix is ever formed; the
-// workspace is allocated (tracked) once per call: O(block) plus one kv head's K and V (and
-// dK, dV) packed contiguous, i.e. O(Sk * d); a tile that no query sees is skipped, and one
-// that every query sees whole is not masked.
+// once for all of them. Products are GEMM-engine calls (gemm_engine.h) on packed blocks; the
+// softmax loops are plain loops that GCC vectorizes. Invariants: no Sq x Sk matrix is ever
+// formed; the workspace is allocated (tracked) once per call: O(block) plus one kv head's K
+// and V (and dK, dV) packed contiguous, i.e. O(Sk * d); a tile that no query sees is
+// skipped, and one that every query sees whole is not masked.
 #include "backend/cpu/flash_attention.h"
-
-#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +14,7 @@
 #include <limits>
 #include <utility>
 
+#include "backend/cpu/gemm_engine.h"
 #include "backend/cpu/vec_math.h"
 #include "tensor/tensor.h"
 
@@ -169,12 +168,11 @@ void unpack_rows(const float* src, int64_t rows, int64_t row_floats, int64_t str
     std::memcpy(dst + t * stride, src + t * row_floats, static_cast<size_t>(row_floats) * sizeof(float));
 }
 
-// c = alpha * op(a) op(b) + beta * c, row-major.
+// c = alpha * op(a) op(b) + beta * c, row-major, on the GEMM engine's choice for this
+// machine (OpenBLAS on an SSE3 core ran this kernel 3-4x slower; docs/PERFORMANCE.md).
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
-              beta, c, static_cast<int>(ldc));
+  gemm_f32_strided(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // K and V of one (batch, kv head), and in the backward its dK and dV: rows [Sk, d], `stride`

@@ -392,6 +392,18 @@ void gemm_f32(GemmEngine engine, const MatmulDims& d, bool ta, bool tb, const fl
   }
 }
 
+void gemm_f32_strided(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                      const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (engine_state().openblas_ok) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+                static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
+                beta, c, static_cast<int>(ldc));
+    return;
+  }
+  const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  FP_CHECK(st == dnnl_success, "dnnl_sgemm [{}, {}, {}] failed with status {}", m, n, k, static_cast<int>(st));
+}
+
 void gemm_bf16(const MatmulDims& d, bool ta, bool tb, const bf16* a, const bf16* b, DType c_dtype, void* c,
                float alpha, float beta) {
   FP_CHECK(c_dtype == DType::kF32 || c_dtype == DType::kBF16, "bf16 gemm output dtype {}", dtype_name(c_dtype));

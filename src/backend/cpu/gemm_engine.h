@@ -54,6 +54,12 @@ GemmEngine choose_f32_engine(const MatmulDims& d, bool trans_a, bool trans_b);
 void gemm_f32(GemmEngine engine, const MatmulDims& d, bool trans_a, bool trans_b, const float* a,
               const float* b, float* c, float alpha, float beta);
 
+// c [m, n] = alpha op(a) op(b) + beta c, f32, row-major with leading dimensions (the
+// attention kernel's tiles, which read Q, K and V in place): OpenBLAS where its core uses
+// the CPU's widest vectors, oneDNN's sgemm (which dispatches by ISA) where it does not.
+void gemm_f32_strided(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
 // The same with bf16 a and b, products accumulated in f32 and c of dtype c_dtype (kF32 or
 // kBF16; a bf16 c is read widened when beta != 0 and rounded once). Runs on oneDNN;
 // callers ask bf16_native() first, elsewhere oneDNN may emulate slowly.
