@@ -4,6 +4,8 @@
 // backend (its skinny path for m <= 4) beside cblas_sgemm called directly on the same
 // operands, interleaved, as microseconds per call and their ratio.
 // Usage: matmul_bench [--model configs/small.json] [--tokens 1024,4096] [--rows 1,2,4,8] [--reps 9]
+#include <cblas.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <string>

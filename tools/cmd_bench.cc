@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "app/step_bench.h"
+#include "backend/machine_rates.h"
 #include "cmd_bench_layouts.h"
 #include "commands.h"
 #include "job.h"
@@ -42,11 +43,23 @@ int run_step_bench_command(const BenchArgs& a) {
   Result<Device> device = open_device(*kind, 0);
   if (!device.ok()) return fail(device.status());
   set_cpu_backend_threads(a.threads);
-  if (device->backend == nullptr) {  // the CPU: which GEMM engine the steps run on
+  // On the CPU: which GEMM engine the steps run on, and the yardsticks the step's rate is
+  // divided by: the best GEMM this core runs (the faster engine, measured now) and its ISA peak.
+  const bool cpu = device->backend == nullptr;
+  GemmYardstick gemm;
+  IsaPeak peak;
+  if (cpu) {
     std::printf("%s\n", cpu_gemm_engine_summary().c_str());
     if (const std::string w = cpu_gemm_engine_warning(); !w.empty()) std::fprintf(stderr, "warning: %s\n", w.c_str());
+    gemm = measure_gemm_yardstick(1024, 5);  // 1024^3: within a few % of 2048^3, a fifth of the time
+    peak = measure_isa_peak();
+    std::printf("best gemm %dx%dx%d f32 %.1f GFLOP/s (%s; openblas %.1f, onednn %.1f)\n%s\n", gemm.n, gemm.n, gemm.n,
+                gemm.best_gflops, gemm.best_engine.c_str(), gemm.openblas_gflops, gemm.onednn_gflops, peak.how.c_str());
+    std::printf("%-8s %-6s %12s %12s %10s %14s %10s %10s\n", "seq", "batch", "step s", "tokens/s", "GFLOP/s", "peak MiB",
+                "of gemm", "of peak");
+  } else {
+    std::printf("%-8s %-6s %12s %12s %10s %14s\n", "seq", "batch", "step s", "tokens/s", "GFLOP/s", "peak MiB");
   }
-  std::printf("%-8s %-6s %12s %12s %10s %14s\n", "seq", "batch", "step s", "tokens/s", "GFLOP/s", "peak MiB");
   for (int64_t seq : a.seqs) {
     StepBenchOptions o = a.options;
     o.config = config.value();
@@ -54,9 +67,12 @@ int run_step_bench_command(const BenchArgs& a) {
     o.backend = device->backend.get();
     Result<StepBenchReport> r = run_step_bench(o);
     if (!r.ok()) return fail(r.status());
-    std::printf("%-8lld %-6lld %12.3f %12.1f %10.1f %14.1f\n", static_cast<long long>(seq),
+    std::printf("%-8lld %-6lld %12.3f %12.1f %10.1f %14.1f", static_cast<long long>(seq),
                 static_cast<long long>(o.batch), r->median_seconds, r->tokens_per_second, r->gflops,
                 static_cast<double>(r->memory.peak_total) / (1 << 20));
+    // A bf16 step is held against the f32 yardsticks too (the bf16 peak is on the line above).
+    if (cpu) std::printf(" %9.1f%% %9.1f%%", 100 * r->gflops / gemm.best_gflops, 100 * r->gflops / peak.f32_gflops);
+    std::printf("\n");
     if (o.profile) print_profile(*r);
     std::fflush(stdout);
   }
