@@ -3,7 +3,8 @@
 //
 //   foldpar plan --model configs/paper-7b.json --seq 131072 --batch 1 --devices 8
 //       --hardware hardware/mi300x-8.json [--train|--forward|--prefill|--decode] [--bf16]
-//       [--recompute block] [--layouts tsp=8 tp=8] [--max-new-tokens N] [--json] [--trace F] [--explain]
+//       [--recompute block] [--layouts tsp=8 tp=8] [--micro-batch M] [--max-new-tokens N] [--json] [--trace F]
+//       [--explain]
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -70,6 +71,10 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_option("--model", a->model, "Hugging Face style config.json")->required()->check(CLI::ExistingFile);
   cmd->add_option("--seq", r.seq, "tokens per sequence (S); decode: tokens already cached")->required();
   cmd->add_option("--batch", r.batch, "sequences per step (B, global; split over dp)");
+  cmd->add_option("--micro-batch", r.micro_batch,
+                  "training: sequences per forward per data-parallel rank, as train's (default: all; a pipeline "
+                  "tries each size that fills it)")
+      ->check(positive());
   cmd->add_option("--devices", r.devices, "ranks of the job (N)")->required();
   cmd->add_option("--hardware", a->hardware, "hardware description JSON (hardware/*.json)")
       ->required()

@@ -202,10 +202,17 @@ Layout tsp_layout(int degree) {
   return l;
 }
 
-int64_t local_parameter_elements(const LlamaConfig& c, const Layout& l) {
-  const int64_t W = l.weight_degree(), h = c.hidden_size, L = c.num_hidden_layers;
+int64_t local_parameter_elements(const LlamaConfig& c, const Layout& l, int stage) {
+  const int64_t W = l.weight_degree(), h = c.hidden_size;
   const int64_t layer = (2 * h * c.q_dim() + 2 * h * c.kv_dim()) / W + 3 * h * c.intermediate_size / W + 2 * h;
-  return L * layer + h + (c.tie_word_embeddings ? 1 : 2) * (c.vocab_size / W) * h;
+  const int64_t table = (c.vocab_size / W) * h;  // the embedding's or the LM head's shard
+  if (l.pp == 1) return c.num_hidden_layers * layer + h + (c.tie_word_embeddings ? 1 : 2) * table;
+  const std::vector<int64_t> bounds = stage_bounds(c, l);
+  const size_t s = static_cast<size_t>(stage);
+  int64_t n = (bounds[s + 1] - bounds[s]) * layer;
+  if (stage == 0) n += table;
+  if (stage == l.pp - 1) n += h + table;
+  return n;
 }
 
 }  // namespace foldpar

@@ -123,8 +123,10 @@ std::vector<int64_t> stage_bounds(const LlamaConfig& config, const Layout& layou
 // the stages (p), or the pipeline never fills; invalid_argument naming m and p. Any m for pp=1.
 Status validate_micro_batches(const Layout& layout, int64_t micro_batches);
 
-// Elements of the parameters one rank holds (its weight shards, or the whole model where
-// weights are replicated): the size of its gradients and of each AdamW moment.
-int64_t local_parameter_elements(const LlamaConfig& config, const Layout& layout);
+// Elements of the parameters one rank of pipeline stage `stage` holds (its weight shards, or
+// the whole stage where weights are replicated): the size of its gradients and of each AdamW
+// moment. A stage holds its decoder layers (stage_bounds), stage 0 the embedding and the last
+// stage the final norm and the LM head (with tied embeddings, a copy of the embedding).
+int64_t local_parameter_elements(const LlamaConfig& config, const Layout& layout, int stage = 0);
 
 }  // namespace foldpar

@@ -26,14 +26,17 @@ Result<Batch> storageless_local_batch(const ShardedModel& model, int64_t rows, i
   return local;
 }
 
-// The step of a training-side mode on `model`, between the snapshots `measure` takes.
-Status run_model_step(const DryRunOptions& o, ShardedModel& model, const Batch& local, Backend& backend,
+// The step of a training-side mode on `model`, between the snapshots `measure` takes: one
+// batch, or the trainer's micro-batches.
+Status run_model_step(const DryRunOptions& o, ShardedModel& model, const std::vector<Batch>& locals, Backend& backend,
                       DryRunResult& out) {
-  if (o.mode == DryRunMode::kForwardBackward) {
-    // The trainer's normalizer: the valid tokens of the global batch (every token here).
-    FP_ASSIGN_OR_RETURN(out.result, model.forward_backward(backend, local, o.batch * o.seq));
+  // The trainer's normalizer: the valid tokens of the global batch (every token here).
+  if (o.mode == DryRunMode::kForwardBackward && locals.size() > 1) {
+    FP_ASSIGN_OR_RETURN(out.result, model.forward_backward_micro_batches(backend, locals, o.batch * o.seq));
+  } else if (o.mode == DryRunMode::kForwardBackward) {
+    FP_ASSIGN_OR_RETURN(out.result, model.forward_backward(backend, locals.front(), o.batch * o.seq));
   } else {
-    FP_ASSIGN_OR_RETURN(out.result, model.forward(backend, local));
+    FP_ASSIGN_OR_RETURN(out.result, model.forward(backend, locals.front()));
   }
   out.result.logits = Tensor();
   return Status();
@@ -91,11 +94,21 @@ Result<DryRunResult> dry_run(const DryRunOptions& o) {
     if (o.mode == DryRunMode::kPrefill || o.mode == DryRunMode::kDecode) {
       FP_RETURN_IF_ERROR(run_generation(o, *cm.mesh, *meta, backend, order, out));
     } else {
+      // The micro-batches are refused before anything is built, as the trainer does.
+      const int64_t rows = o.batch / o.layout.dp;
+      const int64_t micro = o.mode == DryRunMode::kForwardBackward && o.micro_batch > 0 ? o.micro_batch : rows;
+      if (micro > rows || rows % micro != 0)
+        return invalid_argument("micro-batch ({}) must divide the sequences per data-parallel rank ({} = {} / {})",
+                                micro, rows, o.batch, o.layout.dp);
+      if (o.mode == DryRunMode::kForwardBackward) FP_RETURN_IF_ERROR(validate_micro_batches(o.layout, rows / micro));
       FP_ASSIGN_OR_RETURN(std::unique_ptr<ShardedModel> model,
                           make_sharded_model(o.config, *cm.mesh, o.seq, o.layout));
-      const int64_t rows = o.batch / cm.mesh->degree("dp");
-      FP_ASSIGN_OR_RETURN(Batch local, storageless_local_batch(*model, rows, o.seq, *meta));
-      FP_RETURN_IF_ERROR(measure(*meta, *cm.mesh, order, out, [&] { return run_model_step(o, *model, local, backend, out); }));
+      std::vector<Batch> locals;
+      for (int64_t a = 0; a < rows / micro; ++a) {
+        FP_ASSIGN_OR_RETURN(Batch local, storageless_local_batch(*model, micro, o.seq, *meta));
+        locals.push_back(std::move(local));
+      }
+      FP_RETURN_IF_ERROR(measure(*meta, *cm.mesh, order, out, [&] { return run_model_step(o, *model, locals, backend, out); }));
     }
   }
   out.ops = meta_backend.records();
@@ -181,6 +194,10 @@ Result<RankTrace> step_timeline_trace(const DryRunResult& r, int rank, int devic
     s.bytes_sent = e.bytes_sent;
     s.bytes_received = e.bytes_received;
     s.blocking = e.blocking;
+    // The partner of a send or receive by world rank, for simulate_coupled.
+    const int partner = e.kind == CommOpKind::kSend ? e.peer : e.kind == CommOpKind::kRecv ? e.source : -1;
+    if (partner >= 0 && partner < static_cast<int>(m.world_ranks.size()))
+      s.peer = m.world_ranks[static_cast<size_t>(partner)];
     t.events.emplace_back(std::move(s));
   }
   return t;

@@ -44,6 +44,10 @@ struct DryRunOptions {
   // on bf16 tensors, no decorator copies. Needs matmul_takes_bf16.
   bool bf16_native = false;
   int64_t max_new_tokens = 1;     // kPrefill, kDecode: the KV cache's room past the prompt
+  // kForwardBackward: sequences per forward per data-parallel rank (train --micro-batch);
+  // 0: all of them, one micro-batch. m = (batch / dp) / micro_batch micro-batches run as the
+  // trainer runs them (forward_backward_micro_batches: a pipeline's schedule).
+  int64_t micro_batch = 0;
 };
 
 struct DryRunResult {
@@ -57,8 +61,9 @@ struct DryRunResult {
 };
 
 // Runs one step of `options.layout` as world rank `options.rank`. Errors: the layout's
-// verdict (validate_layout for every mode, then make_sharded_decoder's for the generation modes) or a rank
-// outside the mesh. Not collective; no MPI.
+// verdict (validate_layout for every mode, then make_sharded_decoder's for the generation modes),
+// a micro_batch that does not divide batch / dp or gives fewer micro-batches than stages
+// (validate_micro_batches), or a rank outside the mesh. Not collective; no MPI.
 Result<DryRunResult> dry_run(const DryRunOptions& options);
 
 // The step's records (seq >= step_first_seq) as the timeline's input (plan/timeline.h), in

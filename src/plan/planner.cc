@@ -1,6 +1,8 @@
 // The planner: candidates, the time estimate, the choice, and the two report formats.
 #include "plan/planner.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -15,6 +17,7 @@ namespace {
 // degrees written after it.
 bool axis_inside_node(const Layout& l, const std::string& axis, int devices_per_node) {
   std::vector<std::pair<std::string, int>> order;
+  if (l.pp > 1) order.emplace_back("pp", l.pp);
   if (l.dp > 1) order.emplace_back("dp", l.dp);
   if (plan_strategy(l) == PlanStrategy::kTsp) order.emplace_back("tsp", l.tsp);
   if (plan_strategy(l) == PlanStrategy::kTp || plan_strategy(l) == PlanStrategy::kTpSp) order.emplace_back("tp", l.tp);
@@ -69,84 +72,177 @@ DryRunMode dry_mode(PlanMode m) {
   return DryRunMode::kForwardBackward;
 }
 
-// The figures of one layout from the dry run of its distinct ranks: the first and the last
-// rank of replica 0 (zigzag ends, the last vocabulary shard), the worst of each figure.
-// Training adds the trainer's dp gradient all_reduce (one per step, after the backward;
-// traffic_model's dp term) to the traffic and, blocking, to the end of the timeline.
-Status plan_by_dry_run(const PlanRequest& r, LayoutPlan& p) {
-  const Layout& l = p.layout;
-  std::vector<int> ranks{0};
-  if (l.model_ranks() > 1) ranks.push_back(l.model_ranks() - 1);
-  std::optional<AxisTraffic> dp_axis;
-  if (r.mode == PlanMode::kTrain && l.dp > 1) dp_axis = dp_gradient_traffic(r.config, l);
-  bool first = true;
-  for (int rank : ranks) {
-    DryRunOptions o;
-    o.config = r.config;
-    o.layout = l;
-    o.rank = rank;
-    o.batch = r.batch;
-    o.seq = r.seq;
-    o.mode = dry_mode(r.mode);
-    o.max_new_tokens = std::max<int64_t>(1, r.max_new_tokens);
-    // Unless the request says: a machine that states a bf16 rate (the accelerators' files)
-    // runs bf16 layouts on a backend that stores bf16 itself, as the CUDA backend does; one
-    // without (a CPU's calibrated file) through the bf16 storage decorator, as train does
-    // on the CPU.
-    const bool bf16_rate = l.dtype == DType::kBF16 && r.hardware.peak_tflops_bf16 > 0;
-    o.bf16_native = l.dtype == DType::kBF16 && r.bf16_native.value_or(bf16_rate);
-    o.matmul_takes_bf16 = l.dtype == DType::kBF16 && r.matmul_takes_bf16.value_or(bf16_rate);
-    FP_ASSIGN_OR_RETURN(DryRunResult d, dry_run(o));
-    FP_ASSIGN_OR_RETURN(RankTrace trace, step_timeline_trace(d, rank, r.hardware.devices_per_node));
-    if (dp_axis) {
-      const OpBytes& ar = dp_axis->op(PlanOp::kAllReduce);
-      Result<LinkClass> link = link_class({0, l.model_ranks() * (l.dp - 1)}, r.hardware.devices_per_node);
-      FP_RETURN_IF_ERROR(link.status());
-      trace.events.emplace_back(CommStart{.request = 1 << 30, .kind = CommKind::kAllReduce, .communicator = "dp",
-                                          .comm_size = l.dp, .link = *link, .bytes_sent = ar.bytes_sent,
-                                          .bytes_received = ar.bytes_received, .blocking = true});
-    }
-    FP_ASSIGN_OR_RETURN(RankTimeline tl, simulate_rank(trace, r.hardware));
-    MemoryEstimate m;
-    m.at_peak = d.step.at_peak;
-    m.peak = d.step.peak_total;
-    m.phase = fmt::format("rank {}", rank);
-    StepTraffic traffic;
-    for (const auto& [name, stats] : d.comm) {
-      AxisTraffic a{name, 1, {}};
-      for (const CommTrace::Member& mem : d.comm_trace.comms)
-        if (mem.name == name) a.degree = mem.size;
-      for (int k = 0; k < kNumCommOpKinds; ++k) {
-        const OpCounters& c = stats.op(static_cast<CommOpKind>(k));
-        if (c.calls == 0 || static_cast<CommOpKind>(k) == CommOpKind::kBarrier) continue;
-        OpBytes& o2 = a.ops[static_cast<int>(plan_op(static_cast<CommOpKind>(k)))];
-        o2.calls += c.calls;
-        o2.bytes_sent += c.bytes_sent;
-        o2.bytes_received += c.bytes_received;
-      }
-      if (name == "dp") continue;  // the model step moves nothing over dp
-      traffic.axes.push_back(a);
-    }
-    if (dp_axis) traffic.axes.push_back(*dp_axis);
-    if (first || m.peak > p.memory.peak) p.memory = m;
-    if (first || traffic.total().bytes_sent > p.traffic.total().bytes_sent) p.traffic = traffic;
-    if (first || tl.step_s > p.time.step_s) {
-      p.time.compute_s = tl.compute_s;
-      p.time.exposed_comm_s = tl.exposed_comm_s;
-      p.time.step_s = tl.step_s;
-      p.time.intra_node_s = p.time.inter_node_s = 0;
-      for (const TimelineOp& op : tl.ops)
-        if (op.kind == TimelineOp::Kind::kTransfer)
-          (op.stream == Stream::kCommInter ? p.time.inter_node_s : p.time.intra_node_s) += op.end - op.start;
-    }
-    p.timelines.push_back(std::move(tl));
-    first = false;
+// The world ranks whose dry runs give a layout's figures, in groups simulated together: the
+// first and the last model rank of a stage (zigzag ends, the last vocabulary shard), one
+// group each, holding that rank of every pipeline stage (one rank without pp). Mesh order
+// pp, dp, then the model axes: stage s of replica 0 starts at world rank s * dp * inner.
+std::vector<std::vector<int>> rank_groups(const Layout& l) {
+  const int inner = l.model_ranks() / l.pp;
+  std::vector<int> index{0};
+  if (inner > 1) index.push_back(inner - 1);
+  std::vector<std::vector<int>> groups;
+  for (int i : index) {
+    std::vector<int> g;
+    for (int s = 0; s < l.pp; ++s) g.push_back(s * l.dp * inner + i);
+    groups.push_back(g);
   }
-  const int64_t P_local = local_parameter_elements(r.config, l);
-  if (r.mode == PlanMode::kTrain) p.memory.optimizer = 8 * P_local + (l.storage_bytes() == 4 ? 0 : 4 * P_local);
+  return groups;
+}
+
+// One rank's dry run and its timeline trace, with the trainer's dp gradient all_reduce (one
+// per step, after the backward; traffic_model's dp term) at its end, blocking.
+struct RankRun {
+  int rank = 0, stage = 0;
+  DryRunResult dry;
+  RankTrace trace;
+  StepTraffic traffic;
+};
+
+Result<RankRun> run_rank(const PlanRequest& r, const Layout& l, int rank, int stage, int64_t micro_batch) {
+  RankRun run;
+  run.rank = rank;
+  run.stage = stage;
+  DryRunOptions o;
+  o.config = r.config;
+  o.layout = l;
+  o.rank = rank;
+  o.batch = r.batch;
+  o.seq = r.seq;
+  o.mode = dry_mode(r.mode);
+  o.max_new_tokens = std::max<int64_t>(1, r.max_new_tokens);
+  o.micro_batch = micro_batch;
+  // Unless the request says: a machine that states a bf16 rate (the accelerators' files)
+  // runs bf16 layouts on a backend that stores bf16 itself, as the CUDA backend does; one
+  // without (a CPU's calibrated file) through the bf16 storage decorator, as train does
+  // on the CPU.
+  const bool bf16_rate = l.dtype == DType::kBF16 && r.hardware.peak_tflops_bf16 > 0;
+  o.bf16_native = l.dtype == DType::kBF16 && r.bf16_native.value_or(bf16_rate);
+  o.matmul_takes_bf16 = l.dtype == DType::kBF16 && r.matmul_takes_bf16.value_or(bf16_rate);
+  FP_ASSIGN_OR_RETURN(run.dry, dry_run(o));
+  FP_ASSIGN_OR_RETURN(run.trace, step_timeline_trace(run.dry, rank, r.hardware.devices_per_node));
+  std::optional<AxisTraffic> dp_axis;
+  if (r.mode == PlanMode::kTrain && l.dp > 1) {
+    dp_axis = dp_gradient_traffic(r.config, l, stage);
+    const OpBytes& ar = dp_axis->op(PlanOp::kAllReduce);
+    const int inner = l.model_ranks() / l.pp;  // the dp axis's stride
+    Result<LinkClass> link = link_class({rank, rank + inner * (l.dp - 1)}, r.hardware.devices_per_node);
+    FP_RETURN_IF_ERROR(link.status());
+    run.trace.events.emplace_back(CommStart{.request = 1 << 30, .kind = CommKind::kAllReduce, .communicator = "dp",
+                                            .comm_size = l.dp, .link = *link, .bytes_sent = ar.bytes_sent,
+                                            .bytes_received = ar.bytes_received, .blocking = true});
+  }
+  for (const auto& [name, stats] : run.dry.comm) {
+    AxisTraffic a{name, 1, {}};
+    for (const CommTrace::Member& mem : run.dry.comm_trace.comms)
+      if (mem.name == name) a.degree = mem.size;
+    for (int k = 0; k < kNumCommOpKinds; ++k) {
+      const OpCounters& c = stats.op(static_cast<CommOpKind>(k));
+      if (c.calls == 0 || static_cast<CommOpKind>(k) == CommOpKind::kBarrier) continue;
+      OpBytes& o2 = a.ops[static_cast<int>(plan_op(static_cast<CommOpKind>(k)))];
+      o2.calls += c.calls;
+      o2.bytes_sent += c.bytes_sent;
+      o2.bytes_received += c.bytes_received;
+    }
+    if (name == "dp") continue;  // the model step moves nothing over dp
+    run.traffic.axes.push_back(a);
+  }
+  if (dp_axis) run.traffic.axes.push_back(*dp_axis);
+  return run;
+}
+
+// The figures of one layout from the dry runs of its distinct ranks (rank_groups), the worst
+// of each figure; a pipeline's stages are simulated together (simulate_coupled), so a stage
+// waits for its neighbours, and the memory is the heaviest stage's.
+Status plan_by_dry_run(const PlanRequest& r, LayoutPlan& p, int64_t micro_batch) {
+  const Layout& l = p.layout;
+  const int64_t rows = r.batch / l.dp;
+  p.micro_batch = r.mode != PlanMode::kTrain ? 0 : micro_batch > 0 ? micro_batch : rows;
+  p.micro_batches = p.micro_batch > 0 && rows % p.micro_batch == 0 ? rows / p.micro_batch : 1;
+  bool first = true;
+  double busiest = 0, busiest_other_waits = 0;  // the most compute of a rank so far, its non-pipeline waits
+  for (const std::vector<int>& group : rank_groups(l)) {
+    std::vector<RankRun> runs;
+    std::vector<RankTrace> traces;
+    for (size_t s = 0; s < group.size(); ++s) {
+      FP_ASSIGN_OR_RETURN(RankRun run, run_rank(r, l, group[s], static_cast<int>(s), p.micro_batch));
+      traces.push_back(run.trace);
+      runs.push_back(std::move(run));
+    }
+    std::vector<RankTimeline> timelines;
+    if (l.pp > 1) {
+      FP_ASSIGN_OR_RETURN(timelines, simulate_coupled(traces, r.hardware));
+    } else {
+      FP_ASSIGN_OR_RETURN(RankTimeline tl, simulate_rank(traces.front(), r.hardware));
+      timelines.push_back(std::move(tl));
+    }
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const RankRun& run = runs[i];
+      RankTimeline& tl = timelines[i];
+      MemoryEstimate m;
+      m.at_peak = run.dry.step.at_peak;
+      m.peak = run.dry.step.peak_total;
+      m.phase = l.pp > 1 ? fmt::format("rank {} (stage {})", run.rank, run.stage) : fmt::format("rank {}", run.rank);
+      if (r.mode == PlanMode::kTrain) {
+        const int64_t P_local = local_parameter_elements(r.config, l, run.stage);
+        m.optimizer = 8 * P_local + (l.storage_bytes() == 4 ? 0 : 4 * P_local);
+      }
+      if (first || m.total() > p.memory.total()) {
+        p.memory = m;
+        p.heaviest_stage = run.stage;
+      }
+      if (first || run.traffic.total().bytes_sent > p.traffic.total().bytes_sent) p.traffic = run.traffic;
+      if (first || tl.step_s > p.time.step_s) {
+        p.time.compute_s = tl.compute_s;
+        p.time.exposed_comm_s = tl.exposed_comm_s;
+        p.time.step_s = tl.step_s;
+        p.time.intra_node_s = p.time.inter_node_s = 0;
+        for (const TimelineOp& op : tl.ops)
+          if (op.kind == TimelineOp::Kind::kTransfer)
+            (op.stream == Stream::kCommInter ? p.time.inter_node_s : p.time.intra_node_s) += op.end - op.start;
+      }
+      // The busiest rank: the most compute, and what it waits for besides its neighbour stages.
+      if (first || tl.compute_s > busiest) {
+        busiest = tl.compute_s;
+        busiest_other_waits = 0;
+        for (const KindTotals& k : tl.by_kind)
+          if (k.transfer && !(k.communicator == "pp" && (k.kind == "send" || k.kind == "recv")))
+            busiest_other_waits += k.exposed_s;
+      }
+      p.timelines.push_back(std::move(tl));
+      first = false;
+    }
+  }
+  // The bubble: how long the busiest stage idles in the step for want of its neighbours (its
+  // waits on them, and the end of the step it reaches before the slowest stage does).
+  if (l.pp > 1) p.bubble_s = std::max(0.0, p.time.step_s - busiest - busiest_other_waits);
   const double tokens = r.mode == PlanMode::kDecode ? static_cast<double>(r.batch)
                                                     : static_cast<double>(r.batch) * static_cast<double>(r.seq);
   p.time.tokens_per_s = p.time.step_s > 0 ? tokens / p.time.step_s : 0;
+  return Status();
+}
+
+// A pipeline without a micro-batch size: each size that divides the rows per dp rank and
+// gives m >= p micro-batches, largest m first; the fastest that fits, else the smallest.
+Status plan_pipeline(const PlanRequest& r, LayoutPlan& p) {
+  const int64_t rows = r.batch / std::max(1, p.layout.dp);
+  std::optional<LayoutPlan> best;
+  std::vector<std::pair<int64_t, double>> tried;
+  const int64_t capacity = r.hardware.memory_bytes();
+  for (int64_t micro = 1; micro <= rows; ++micro) {
+    if (rows % micro != 0 || rows / micro < p.layout.pp) continue;
+    LayoutPlan q;
+    q.layout = p.layout;
+    FP_RETURN_IF_ERROR(plan_by_dry_run(r, q, micro));
+    tried.emplace_back(micro, q.time.tokens_per_s);
+    const bool fits = q.memory.total() <= capacity, best_fits = best && best->memory.total() <= capacity;
+    if (!best || (fits && (!best_fits || q.time.tokens_per_s > best->time.tokens_per_s)) ||
+        (!fits && !best_fits && q.memory.total() < best->memory.total()))
+      best = std::move(q);
+  }
+  if (!best)  // the message of the trainer's refusal, with the numbers
+    return validate_micro_batches(p.layout, rows);
+  p = std::move(*best);
+  p.micro_batch_tried = std::move(tried);
   return Status();
 }
 
@@ -202,14 +298,11 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
       report.not_buildable.push_back(fmt::format("{}: uses {} ranks, not {}", l.to_string(), l.ranks(), r.devices));
       continue;
     }
-    if (l.pp > 1) {  // the dry run of one stage would hide the others' work and the bubble
-      report.not_buildable.push_back(fmt::format(
-          "{}: the plan does not model pipeline stages yet (heaviest stage, bubble); foldpar train runs it", l.to_string()));
-      continue;
-    }
     LayoutPlan p;
     p.layout = l;
-    const Status dry = plan_by_dry_run(r, p);  // validate_layout's verdict first (dry_run)
+    // validate_layout's verdict first (dry_run)
+    const bool search = l.pp > 1 && r.mode == PlanMode::kTrain && r.micro_batch == 0;
+    Status dry = search ? plan_pipeline(r, p) : plan_by_dry_run(r, p, r.micro_batch);
     if (!dry.ok()) {
       const std::string name = l.to_string();
       const bool named = dry.message().rfind(name, 0) == 0;
@@ -257,6 +350,22 @@ std::string plan_report_text(const PlanReport& rep) {
                      mem(m.optimizer), mem(m.of(MemCategory::kActivations)), mem(m.of(MemCategory::kComm)),
                      mem(m.of(MemCategory::kWorkspace)), mem(m.of(MemCategory::kKvCache)), mem(m.total()), fits, bytes_text(static_cast<double>(t.bytes_sent)), p.time.step_s,
                      p.time.tokens_per_s, static_cast<int>(i) == rep.recommended ? "  <- recommended" : "");
+  }
+  for (const LayoutPlan& p : rep.layouts) {
+    if (p.layout.pp == 1) continue;
+    // 1F1B's bubble with equal stages: (p - 1) / (m + p - 1) of the step.
+    const double pp = p.layout.pp, m = static_cast<double>(p.micro_batches);
+    std::string line = fmt::format(
+        "pipeline {}: {} micro-batches of {} (train --micro-batch {}), schedule 1f1b; memory peaks on {}; bubble "
+        "{:.4g} s of the busiest stage ({:.0f}% of the step; equal stages: (p-1)/(m+p-1) = {:.0f}%)",
+        p.layout.to_string(), p.micro_batches, p.micro_batch, p.micro_batch, p.memory.phase,
+        p.bubble_s, p.time.step_s > 0 ? 100 * p.bubble_s / p.time.step_s : 0.0, 100 * (pp - 1) / (m + pp - 1));
+    if (p.micro_batch_tried.size() > 1) {
+      std::vector<std::string> t;
+      for (const auto& [micro, tps] : p.micro_batch_tried) t.push_back(fmt::format("{}: {:.4g}", micro, tps));
+      line += fmt::format("; tokens/s by micro-batch {}", fmt::join(t, ", "));
+    }
+    s += line + "\n";
   }
   for (const std::string& n : rep.not_buildable) s += fmt::format("not buildable: {}\n", n);
   if (rep.recommended >= 0) {
@@ -313,6 +422,12 @@ std::string plan_report_json(const PlanReport& rep) {
     l["time"] = {{"compute_s", p.time.compute_s},           {"intra_node_s", p.time.intra_node_s},
                  {"inter_node_s", p.time.inter_node_s},     {"exposed_comm_s", p.time.exposed_comm_s},
                  {"step_s", p.time.step_s},                 {"tokens_per_s", p.time.tokens_per_s}};
+    if (p.layout.pp > 1) {
+      nlohmann::ordered_json tried = nlohmann::json::array();
+      for (const auto& [micro, tps] : p.micro_batch_tried) tried.push_back({{"micro_batch", micro}, {"tokens_per_s", tps}});
+      l["pipeline"] = {{"micro_batches", p.micro_batches}, {"micro_batch", p.micro_batch}, {"schedule", "1f1b"},
+                       {"heaviest_stage", p.heaviest_stage}, {"bubble_s", p.bubble_s}, {"micro_batch_tried", tried}};
+    }
     j["layouts"].push_back(l);
   }
   j["not_buildable"] = rep.not_buildable;

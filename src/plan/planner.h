@@ -62,6 +62,11 @@ struct PlanRequest {
   // true where it states a bf16 rate. A caller that measures on a known backend sets them.
   std::optional<bool> bf16_native, matmul_takes_bf16;
   std::vector<Layout> layouts;  // empty: every layout of `devices` ranks
+  // Training: sequences per forward per data-parallel rank (train --micro-batch). 0: all of
+  // them (one micro-batch), except on a pipeline, which is planned at every size that gives
+  // at least p micro-batches and keeps the fastest that fits (more micro-batches shrink the
+  // bubble; TSP and tp move their weights once per micro-batch).
+  int64_t micro_batch = 0;
 };
 
 struct TimeEstimate {
@@ -79,6 +84,16 @@ struct LayoutPlan {
   StepTraffic traffic;
   TimeEstimate time;
   std::vector<RankTimeline> timelines;  // one per distinct rank simulated
+  // Training: the micro-batches per data-parallel rank and their size (sequences).
+  int64_t micro_batches = 1, micro_batch = 0;
+  // pp > 1: the stage whose rank peaks highest (memory), and the time the rank with the most
+  // compute idles for want of its neighbour stages (the bubble: the step less its compute
+  // and its other waits).
+  int heaviest_stage = 0;
+  double bubble_s = 0;
+  // pp > 1 without PlanRequest::micro_batch: every micro-batch size planned (sequences,
+  // tokens/s), the chosen one among them; its figures are this plan's.
+  std::vector<std::pair<int64_t, double>> micro_batch_tried;
   bool fits = false;
   int64_t over_bytes = 0;  // total() - capacity when it does not fit
 };
@@ -92,7 +107,8 @@ struct PlanReport {
 
 // Every model layout of `devices` ranks, with dp where the batch divides: tsp=m, tp=m,
 // tp=m:seqpar, sp=m, sp=m:ring and each tp=N,sp=M (N*M = m, with and without seqpar).
-// Prefill and decode: tsp=N and tp=N only.
+// Prefill and decode: tsp=N and tp=N only. Pipelined layouts are planned when named
+// (PlanRequest::layouts).
 std::vector<Layout> candidate_layouts(int devices, int64_t batch, PlanMode mode);
 
 // invalid_argument for a request no layout could satisfy (devices < 1, bad sizes) naming

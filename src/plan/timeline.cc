@@ -4,8 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
+#include <limits>
 #include <map>
+#include <memory>
+#include <optional>
 #include <set>
+#include <tuple>
 
 namespace foldpar {
 
@@ -108,12 +113,40 @@ double transfer_seconds(const CommStart& s, const Hardware& hw) {
 
 namespace {
 
+class RankSimulator;
+
+// Point-to-point transfers between ranks simulated together (simulate_coupled): the n-th
+// send from A to B on a communicator meets B's n-th receive from A; both start when the
+// later one is posted.
+class P2pMatcher {
+ public:
+  struct Post {
+    size_t sim = 0, transfer = 0;  // whose transfer (RankSimulator index, its transfers_ index)
+    double posted = 0, seconds = 0;
+  };
+  // Simulators in index order (Post::sim).
+  void add_rank(int world_rank, RankSimulator* sim) {
+    sims_[world_rank] = sim;
+    by_index_.push_back(sim);
+  }
+  bool coupled(int world_rank) const { return sims_.count(world_rank) > 0; }
+  void post(bool send, int from, int to, const std::string& comm, const Post& p);
+
+ private:
+  using Key = std::tuple<int, int, std::string>;  // sender, receiver, communicator
+  std::map<int, RankSimulator*> sims_;  // by world rank
+  std::vector<RankSimulator*> by_index_;
+  std::map<Key, std::deque<Post>> sends_, recvs_;  // posts not matched yet
+};
+
 // The simulation's state for one rank. Compute-stream items (compute ops and stalls) are
 // kept in program order; transfers in posting order, with what each waited for, so the
-// critical path can be walked back from the step's end.
+// critical path can be walked back from the step's end. With a matcher, advance() stops at a
+// wait on a transfer whose peer has not posted yet, and resumes there.
 class RankSimulator {
  public:
-  explicit RankSimulator(const Hardware& hw) : hw_(hw) {
+  RankSimulator(const Hardware& hw, int world_rank = 0, P2pMatcher* matcher = nullptr, size_t index = 0)
+      : hw_(hw), world_rank_(world_rank), matcher_(matcher), index_(index) {
     slots_free_[0].assign(static_cast<size_t>(hw.intra_node_concurrency), 0.0);
     slots_free_[1].assign(static_cast<size_t>(hw.inter_node_concurrency), 0.0);
     slot_last_[0].assign(slots_free_[0].size(), -1);
@@ -121,14 +154,48 @@ class RankSimulator {
   }
 
   Status run(const RankTrace& trace) {
-    for (size_t i = 0; i < trace.events.size(); ++i) {
+    bool progressed = false;
+    FP_RETURN_IF_ERROR(advance(trace, progressed));
+    return finish(trace);
+  }
+
+  // Handles events until the trace ends or a wait blocks on an unmatched transfer.
+  Status advance(const RankTrace& trace, bool& progressed) {
+    if (stuck_) {
+      FP_RETURN_IF_ERROR(handle(CommWait{*stuck_}).with_context(fmt::format("rank {}", trace.rank)));
+      if (stuck_) return Status();
+      progressed = true;
+    }
+    while (next_ < trace.events.size()) {
+      const size_t i = next_++;
       Status st = std::visit([&](const auto& e) { return handle(e); }, trace.events[i]);
       if (!st.ok()) return st.with_context(fmt::format("rank {} event {}", trace.rank, i));
+      progressed = true;
+      if (stuck_) return Status();
     }
+    return Status();
+  }
+  bool done(const RankTrace& trace) const { return !stuck_ && next_ == trace.events.size(); }
+  // The request this rank waits on and the peer it waits for, for a deadlock's message.
+  std::string stuck_on() const {
+    if (!stuck_) return "nothing";
+    const Transfer& t = transfers_[pending_.at(*stuck_)];
+    return fmt::format("request {} ({} on {}, peer {})", *stuck_, t.op.name, t.op.communicator, t.peer);
+  }
+
+  Status finish(const RankTrace& trace) const {
     for (const auto& [request, index] : pending_)
       return invalid_argument("rank {}: request {} ({} on {}) is never waited", trace.rank, request,
                               transfers_[index].op.name, transfers_[index].op.communicator);
     return Status();
+  }
+
+  // The matcher's answer for a coupled transfer.
+  void resolve(size_t transfer, double start, double end) {
+    Transfer& t = transfers_[transfer];
+    t.op.start = start;
+    t.op.end = end;
+    t.resolved = true;
   }
 
   RankTimeline result(int rank) const;
@@ -139,6 +206,8 @@ class RankSimulator {
     double posted = 0;
     size_t posted_after = 0;  // compute-stream items before it was posted
     int64_t slot_prev = -1;   // the transfer it queued behind on its slot, or -1 (started when posted)
+    bool resolved = true;     // false: a coupled transfer whose peer has not posted yet
+    int peer = -1;
   };
 
   Status handle(const ComputeEvent& e) {
@@ -163,28 +232,41 @@ class RankSimulator {
     if (s.comm_size < 1) return invalid_argument("request {}: comm_size ({}) must be at least 1", s.request, s.comm_size);
     seen_.insert(s.request);
     const int link = s.link == LinkClass::kIntraNode ? 0 : 1;
-    std::vector<double>& free = slots_free_[link];
-    const size_t slot = static_cast<size_t>(std::min_element(free.begin(), free.end()) - free.begin());
+    const bool coupled = matcher_ != nullptr && (s.kind == CommKind::kSend || s.kind == CommKind::kRecv) &&
+                         s.peer >= 0 && matcher_->coupled(s.peer);
     Transfer t;
     t.posted = now_;
     t.posted_after = items_.size();
+    t.peer = s.peer;
     t.op.kind = TimelineOp::Kind::kTransfer;
     t.op.name = comm_kind_name(s.kind);
     t.op.op_class = t.op.name;
     t.op.communicator = s.communicator;
     t.op.stream = link == 0 ? Stream::kCommIntra : Stream::kCommInter;
-    t.op.slot = static_cast<int>(slot);
-    t.op.start = std::max(now_, free[slot]);
-    if (free[slot] > now_) t.slot_prev = slot_last_[link][slot];
-    t.op.end = t.op.start + transfer_seconds(s, hw_);
     t.op.bytes = static_cast<double>(std::max(s.bytes_sent, s.bytes_received));
     t.op.bytes_sent = s.bytes_sent;
     t.op.bytes_received = s.bytes_received;
     t.op.request = s.request;
-    free[slot] = t.op.end;
-    slot_last_[link][slot] = static_cast<int64_t>(transfers_.size());
+    if (coupled) {
+      t.resolved = false;
+      t.op.start = t.op.end = std::numeric_limits<double>::quiet_NaN();
+    } else {
+      std::vector<double>& free = slots_free_[link];
+      const size_t slot = static_cast<size_t>(std::min_element(free.begin(), free.end()) - free.begin());
+      t.op.slot = static_cast<int>(slot);
+      t.op.start = std::max(now_, free[slot]);
+      if (free[slot] > now_) t.slot_prev = slot_last_[link][slot];
+      t.op.end = t.op.start + transfer_seconds(s, hw_);
+      free[slot] = t.op.end;
+      slot_last_[link][slot] = static_cast<int64_t>(transfers_.size());
+    }
     pending_[s.request] = transfers_.size();
     transfers_.push_back(t);
+    if (coupled) {
+      const bool send = s.kind == CommKind::kSend;
+      matcher_->post(send, send ? world_rank_ : s.peer, send ? s.peer : world_rank_, s.communicator,
+                     P2pMatcher::Post{index_, transfers_.size() - 1, now_, transfer_seconds(s, hw_)});
+    }
     if (s.blocking) return handle(CommWait{s.request});
     return Status();
   }
@@ -195,6 +277,11 @@ class RankSimulator {
       return invalid_argument("wait on request {}, which is {}", w.request,
                               seen_.count(w.request) ? "already waited (or blocking)" : "never started");
     const Transfer& t = transfers_[it->second];
+    if (!t.resolved) {  // its peer has not posted yet: resume here once it has
+      stuck_ = w.request;
+      return Status();
+    }
+    stuck_.reset();
     if (t.op.end > now_) {
       TimelineOp stall;
       stall.kind = TimelineOp::Kind::kStall;
@@ -215,6 +302,11 @@ class RankSimulator {
   std::vector<TimelineOp> critical_path() const;
 
   const Hardware& hw_;
+  int world_rank_ = 0;
+  P2pMatcher* matcher_ = nullptr;  // simulate_coupled's; null: every peer symmetric and present
+  size_t index_ = 0;               // this simulator's index in the matcher's posts
+  size_t next_ = 0;                // the next trace event
+  std::optional<int64_t> stuck_;   // the request a wait blocks on (coupled, peer not posted)
   double now_ = 0;  // the compute stream's clock
   std::vector<double> slots_free_[2];
   std::vector<int64_t> slot_last_[2];
@@ -224,6 +316,21 @@ class RankSimulator {
   std::set<int64_t> seen_;                   // every request started
   std::map<size_t, size_t> stall_transfer_;  // items_ index of a stall -> the transfer it waited on
 };
+
+void P2pMatcher::post(bool send, int from, int to, const std::string& comm, const Post& p) {
+  const Key key{from, to, comm};
+  auto& mine = send ? sends_[key] : recvs_[key];
+  auto& other = send ? recvs_[key] : sends_[key];
+  if (other.empty()) {
+    mine.push_back(p);
+    return;
+  }
+  const Post o = other.front();
+  other.pop_front();
+  const double start = std::max(p.posted, o.posted), end = start + std::max(p.seconds, o.seconds);
+  by_index_[p.sim]->resolve(p.transfer, start, end);
+  by_index_[o.sim]->resolve(o.transfer, start, end);
+}
 
 // Walks back from the compute stream's end: a compute op leads to the item before it; a
 // stall leads to the transfer that ended it; a transfer leads to the transfer it queued
@@ -301,6 +408,38 @@ Result<RankTimeline> simulate_rank(const RankTrace& trace, const Hardware& hw) {
   RankSimulator sim(hw);
   FP_RETURN_IF_ERROR(sim.run(trace));
   return sim.result(trace.rank);
+}
+
+Result<std::vector<RankTimeline>> simulate_coupled(const std::vector<RankTrace>& traces, const Hardware& hw) {
+  FP_RETURN_IF_ERROR(hw.validate());
+  P2pMatcher matcher;
+  std::vector<std::unique_ptr<RankSimulator>> sims;
+  for (size_t i = 0; i < traces.size(); ++i) {
+    if (matcher.coupled(traces[i].rank))
+      return invalid_argument("simulate_coupled: rank {} is given twice", traces[i].rank);
+    sims.push_back(std::make_unique<RankSimulator>(hw, traces[i].rank, &matcher, i));
+    matcher.add_rank(traces[i].rank, sims.back().get());
+  }
+  while (true) {
+    bool progressed = false, all_done = true;
+    for (size_t i = 0; i < sims.size(); ++i) {
+      FP_RETURN_IF_ERROR(sims[i]->advance(traces[i], progressed));
+      all_done = all_done && sims[i]->done(traces[i]);
+    }
+    if (all_done) break;
+    if (!progressed) {
+      for (size_t i = 0; i < sims.size(); ++i)
+        if (!sims[i]->done(traces[i]))
+          return invalid_argument("simulate_coupled: the ranks wait on each other for ever: rank {} waits on {}",
+                                  traces[i].rank, sims[i]->stuck_on());
+    }
+  }
+  std::vector<RankTimeline> out;
+  for (size_t i = 0; i < sims.size(); ++i) {
+    FP_RETURN_IF_ERROR(sims[i]->finish(traces[i]));
+    out.push_back(sims[i]->result(traces[i].rank));
+  }
+  return out;
 }
 
 Result<std::vector<RankTimeline>> simulate_ranks(const std::vector<RankTrace>& traces, const Hardware& hw) {

@@ -9,8 +9,12 @@
 // Assumptions of the simulation (each rank is simulated alone):
 //  - Peers are symmetric and present: a transfer's peer posts it at the same time, so a
 //    transfer starts as soon as this rank posts it and a slot of its link class is free.
-//    Ranks that differ (pipeline stages, zigzag ends) are simulated one by one; the slowest
-//    gives the step. Waiting for a late peer is not modelled.
+//    Ranks that differ (zigzag ends) are simulated one by one; the slowest gives the step.
+//  - Except point-to-point transfers between ranks simulated together (simulate_coupled:
+//    the stages of a pipeline): a send and the receive it matches (the n-th send from A to
+//    B on a communicator matches B's n-th receive from A, MPI's order) start when the later
+//    of the two is posted and end together; a wait on one blocks until then, which is how
+//    a stage waits for its neighbours (the pipeline's bubble). They take no link slot.
 //  - One compute stream runs compute events in program order, one at a time.
 //  - One communication stream per link class (intra-node, inter-node) with
 //    Hardware::*_concurrency slots; transfers take slots in posting order (first free slot),
@@ -72,6 +76,7 @@ struct CommStart {
   LinkClass link = LinkClass::kIntraNode;  // see link_class()
   uint64_t bytes_sent = 0, bytes_received = 0;
   bool blocking = false;     // start + wait at once (no CommWait follows)
+  int peer = -1;             // kSend: the destination's world rank; kRecv: the source's; else -1
 };
 struct CommWait {
   int64_t request = 0;
@@ -155,6 +160,11 @@ struct RankTimeline {
 Result<RankTimeline> simulate_rank(const RankTrace& trace, const Hardware& hw);
 // simulate_rank of each trace (the distinct ranks of a mesh); the first error, naming its rank.
 Result<std::vector<RankTimeline>> simulate_ranks(const std::vector<RankTrace>& traces, const Hardware& hw);
+// The traces simulated together (RankTrace::rank their world ranks, distinct): sends and
+// receives between them are matched as the header says; everything else as simulate_rank.
+// invalid_argument as simulate_rank, and for ranks that wait on each other for ever (a
+// receive whose send never comes), naming the rank, the request and its peer.
+Result<std::vector<RankTimeline>> simulate_coupled(const std::vector<RankTrace>& traces, const Hardware& hw);
 
 // The Chrome trace format (JSON object with traceEvents; open in Perfetto or
 // chrome://tracing): one "X" event per op, pid = rank, tid = 0 compute, 1 + slot comm

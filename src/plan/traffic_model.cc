@@ -65,9 +65,9 @@ OpBytes StepTraffic::total() const {
   return t;
 }
 
-AxisTraffic dp_gradient_traffic(const LlamaConfig& c, const Layout& l) {
+AxisTraffic dp_gradient_traffic(const LlamaConfig& c, const Layout& l, int stage) {
   AxisTraffic dp{"dp", l.dp, {}};
-  dp.add_all_reduce(1, static_cast<uint64_t>(local_parameter_elements(c, l)), 0, 4);
+  dp.add_all_reduce(1, static_cast<uint64_t>(local_parameter_elements(c, l, stage)), 0, 4);
   return dp;
 }
 

@@ -57,8 +57,9 @@ struct StepTraffic {
 
 // The trainer's data-parallel gradient sum of one step, as rank 0 of the dp axis counts it:
 // every local gradient (f32) summed over dp, taken as one all_reduce of all of them (the
-// per-tensor calls differ from it only by the ring blocks' rounding). layout.dp > 1.
-AxisTraffic dp_gradient_traffic(const LlamaConfig& config, const Layout& layout);
+// per-tensor calls differ from it only by the ring blocks' rounding), on pipeline stage
+// `stage`. layout.dp > 1.
+AxisTraffic dp_gradient_traffic(const LlamaConfig& config, const Layout& layout, int stage = 0);
 
 // docs/tsp.md section 7, forward, per layer per rank, in elements: the byte-free formulas the
 // crossover is read from. TSP: weights (2 + 2/g) h^2 (D-1)/D + 3 h f (D-1)/D plus K/V

@@ -45,12 +45,15 @@ struct Measured {
 };
 
 // One real step of `lo` on this rank, measured as the dry run measures it.
-// `backend`: the CPU backend (under the bf16 storage decorator for bf16 layouts).
-Measured measure(const Layout& lo, int64_t B, int64_t S, DryRunMode mode, Backend& backend) {
+// `backend`: the CPU backend (under the bf16 storage decorator for bf16 layouts). micro > 0:
+// the trainer's micro-batches of that many sequences (a pipeline's schedule).
+Measured measure(const Layout& lo, int64_t B, int64_t S, DryRunMode mode, Backend& backend, int64_t micro = 0) {
   Communicator& world = test::mpi().world();
   Result<Mesh> mesh = Mesh::create(world, lo.mesh());
   FP_CHECK_OK(mesh.status());
-  const Batch global = synthetic_batch(validation_config(), B / lo.dp, S, 3);
+  const int64_t rows = B / lo.dp, m = micro > 0 ? rows / micro : 1;
+  std::vector<Batch> globals;
+  for (int64_t a = 0; a < m; ++a) globals.push_back(synthetic_batch(validation_config(), rows / m, S, 3 + a));
   MemoryTracker& mt = MemoryTracker::process();
   mt.release_cache();
   Measured out;
@@ -61,18 +64,23 @@ Measured measure(const Layout& lo, int64_t B, int64_t S, DryRunMode mode, Backen
     Result<std::unique_ptr<ShardedModel>> m = make_sharded_model(validation_config(), *mesh, S, lo);
     FP_CHECK_OK(m.status());
     (*m)->init_weights(InitOptions{.seed = 1});
-    const Batch local = (*m)->local_batch(global);
-    if (local.input_ids.shares_storage_with(global.input_ids)) {
-      out.aliased_batch_bytes = static_cast<int64_t>(local.input_ids.nbytes() + local.target_ids.nbytes());
+    std::vector<Batch> locals;
+    for (const Batch& global : globals) {
+      locals.push_back((*m)->local_batch(global));
+      const Batch& local = locals.back();
+      if (local.input_ids.shares_storage_with(global.input_ids))
+        out.aliased_batch_bytes += static_cast<int64_t>(local.input_ids.nbytes() + local.target_ids.nbytes());
     }
     std::unique_ptr<Backend> bf16 = lo.dtype == DType::kBF16 ? make_bf16_storage_backend(backend) : nullptr;
     Backend* be = bf16 ? bf16.get() : &backend;
     mt.reset_peaks();
     ScopedCommCounter counter(mesh->communicators());
-    if (mode == DryRunMode::kForwardBackward) {
-      FP_CHECK_OK((*m)->forward_backward(*be, local, B * S).status());
+    if (mode == DryRunMode::kForwardBackward && locals.size() > 1) {
+      FP_CHECK_OK((*m)->forward_backward_micro_batches(*be, locals, B * S).status());
+    } else if (mode == DryRunMode::kForwardBackward) {
+      FP_CHECK_OK((*m)->forward_backward(*be, locals.front(), B * S).status());
     } else {
-      FP_CHECK_OK((*m)->forward(*be, local).status());
+      FP_CHECK_OK((*m)->forward(*be, locals.front()).status());
     }
     out.step = mt.stats();
     for (const Communicator* c : mesh->communicators()) out.axes.emplace_back(c->name(), counter.delta(*c));
@@ -88,6 +96,7 @@ struct Case {
   // bf16: the decorator widens matmul operands too (an inner backend without bf16 GEMMs),
   // whatever this CPU has.
   bool widen_matmul = false;
+  int64_t micro = 0;  // sequences per micro-batch (0: one micro-batch of B / dp)
 };
 
 // One op sequence on the MPI world and on a counting communicator playing this rank: the
@@ -169,7 +178,7 @@ TEST_P(DryRunValidation, PeakAndTrafficEqualTheRealStep) {
   TimedBackend timed(*cpu);
   Backend& inner = c.widen_matmul ? static_cast<Backend&>(timed) : *cpu;
   if (c.widen_matmul && inner.matmul_takes_bf16()) GTEST_SKIP() << "no backend here that widens bf16 GEMM operands";
-  const Measured real = measure(lo, B, S, c.mode, inner);
+  const Measured real = measure(lo, B, S, c.mode, inner, c.micro);
   DryRunOptions o;
   o.config = validation_config();
   o.layout = lo;
@@ -178,6 +187,7 @@ TEST_P(DryRunValidation, PeakAndTrafficEqualTheRealStep) {
   o.seq = S;
   o.mode = c.mode;
   o.matmul_takes_bf16 = inner.matmul_takes_bf16();  // as the real step's backend answers
+  o.micro_batch = c.micro;
   Result<DryRunResult> dry = dry_run(o);
   ASSERT_TRUE(dry.ok()) << dry.status().to_string();
   EXPECT_EQ(dry->step.peak_total, real.step.peak_total - real.base_total + real.aliased_batch_bytes)
@@ -214,10 +224,15 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"tp=2", 2, kF}, Case{"sp=2:recompute", 2, kFB}, Case{"sp=2:ring", 2, kF},
                     Case{"tp=2,sp=1", 2, kFB}, Case{"tp=1,sp=2:ring", 2, kFB}, Case{"tp=2,sp=1:seqpar", 2, kFB},
                     Case{"tsp=4:recompute", 4, kFB}, Case{"tp=2,sp=2:ring:seqpar", 4, kFB}, Case{"tp=4", 4, kFB},
-                    Case{"sp=4:ring", 4, kFB}, Case{"tp=2,sp=2", 4, kF}, Case{"dp=2,tp=2:seqpar", 4, kFB}),
+                    Case{"sp=4:ring", 4, kFB}, Case{"tp=2,sp=2", 4, kF}, Case{"dp=2,tp=2:seqpar", 4, kFB},
+                    // Pipelines: each stage's rank (a heavier and a lighter one), two micro-batches
+                    // through 1F1B; and micro-batches without a pipeline (gradient accumulation).
+                    Case{"pp=2,tsp=1", 2, kFB, nullptr, false, 1}, Case{"pp=2,tsp=2", 4, kFB, nullptr, false, 1},
+                    Case{"pp=2,tp=2", 4, kFB, nullptr, false, 1}, Case{"dp=2,pp=2,tsp=1", 4, kFB, nullptr, false, 1},
+                    Case{"tsp=2", 2, kFB, nullptr, false, 1}),
     [](const testing::TestParamInfo<Case>& i) {
       std::string n = std::string(i.param.layout) + (i.param.widen_matmul ? "_widened" : "") +
-                      (i.param.mode == kF ? "_fwd" : "_train");
+                      (i.param.mode == kF ? "_fwd" : "_train") + (i.param.micro > 0 ? "_micro" : "");
       for (char& ch : n)
         if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;

@@ -217,23 +217,76 @@ TEST(HardwareTest, ErrorsNameTheField) {
   EXPECT_EQ(Hardware::load("/nonexistent/hw.json").status().code(), StatusCode::kNotFound);
 }
 
-TEST(PlannerTest, PipelineLayoutsAreNotPlannedYetAndSaySo) {
-  // One stage's dry run would hide the other stages' work and the bubble: refused by name,
-  // never recommended.
+TEST(PlannerTest, PipelinesArePlannedStageByStageWithTheirMicroBatches) {
+  // Each stage's ranks are dry-run and the stages simulated together: the bubble, the
+  // heaviest stage, the p2p bytes; the micro-batch size is searched (m >= p) and named.
   PlanRequest r;
   r.config = mha_config(4);
   r.hardware = *Hardware::from_json(kHardware);
   r.devices = 4;
-  r.batch = 2;
+  r.batch = 4;
+  r.seq = 1024;
+  r.layouts = {spec("tsp=4"), spec("pp=2,tsp=2")};
+  Result<PlanReport> rep = make_plan(r);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  ASSERT_EQ(rep->layouts.size(), 2u);
+  EXPECT_TRUE(rep->not_buildable.empty());
+  const LayoutPlan& p = rep->layouts[1];
+  EXPECT_EQ(p.layout.to_string(), "pp=2,tsp=2");
+  // Micro-batches of 1 and 2 sequences give m = 4 and 2 >= p; 4 sequences give m = 1 < p.
+  ASSERT_EQ(p.micro_batch_tried.size(), 2u);
+  EXPECT_EQ(p.micro_batch_tried[0].first, 1);
+  EXPECT_EQ(p.micro_batch_tried[1].first, 2);
+  EXPECT_EQ(p.micro_batches * p.micro_batch, 4);
+  const double best = std::max(p.micro_batch_tried[0].second, p.micro_batch_tried[1].second);
+  EXPECT_DOUBLE_EQ(p.time.tokens_per_s, best);
+  EXPECT_GT(p.bubble_s, 0);
+  EXPECT_LT(p.bubble_s, p.time.step_s);
+  EXPECT_NE(p.memory.phase.find("stage"), std::string::npos) << p.memory.phase;
+  // The boundary: m activations one way, m gradients back, [micro * S / D, h] f32 each.
+  const AxisTraffic* pp = nullptr;
+  for (const AxisTraffic& a : p.traffic.axes)
+    if (a.axis == "pp") pp = &a;
+  ASSERT_NE(pp, nullptr);
+  const uint64_t message = static_cast<uint64_t>(p.micro_batch * r.seq / 2 * r.config.hidden_size * 4);
+  EXPECT_EQ(pp->op(PlanOp::kSendRecv).bytes_sent, static_cast<uint64_t>(p.micro_batches) * message);
+  // The text says what it chose.
+  const std::string text = plan_report_text(*rep);
+  EXPECT_NE(text.find(fmt::format("pipeline pp=2,tsp=2: {} micro-batches of {} (train --micro-batch {}), schedule 1f1b",
+                                  p.micro_batches, p.micro_batch, p.micro_batch)),
+            std::string::npos)
+      << text;
+}
+
+TEST(PlannerTest, PipelinesWithTooFewMicroBatchesAreRefusedNamingTheNumbers) {
+  PlanRequest r;
+  r.config = mha_config(4);
+  r.hardware = *Hardware::from_json(kHardware);
+  r.devices = 4;
+  r.batch = 1;  // one sequence: at most one micro-batch for two stages
   r.seq = 1024;
   r.layouts = {spec("tsp=4"), spec("pp=2,tsp=2")};
   Result<PlanReport> rep = make_plan(r);
   ASSERT_TRUE(rep.ok()) << rep.status().to_string();
   ASSERT_EQ(rep->layouts.size(), 1u);
-  EXPECT_EQ(rep->layouts[0].layout.to_string(), "tsp=4");
   ASSERT_EQ(rep->not_buildable.size(), 1u);
-  EXPECT_NE(rep->not_buildable[0].find("pp=2,tsp=2: the plan does not model pipeline stages yet"), std::string::npos)
+  EXPECT_NE(rep->not_buildable[0].find("pp=2,tsp=2: 1 micro-batches per step cannot fill 2 pipeline stages"),
+            std::string::npos)
       << rep->not_buildable[0];
+  // A micro-batch size the user gives is planned as given, and refused the same way.
+  r.batch = 4;
+  r.micro_batch = 4;
+  rep = make_plan(r);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  ASSERT_EQ(rep->not_buildable.size(), 1u);
+  EXPECT_NE(rep->not_buildable[0].find("1 micro-batches per step cannot fill 2 pipeline stages"), std::string::npos)
+      << rep->not_buildable[0];
+  r.micro_batch = 2;
+  rep = make_plan(r);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  ASSERT_EQ(rep->layouts.size(), 2u);
+  EXPECT_EQ(rep->layouts[1].micro_batches, 2);
+  EXPECT_TRUE(rep->layouts[1].micro_batch_tried.empty());
 }
 
 TEST(PlannerTest, RecommendsTheFastestLayoutThatFitsAndSaysByHowMuchOthersDoNot) {

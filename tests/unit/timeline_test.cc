@@ -334,6 +334,75 @@ TEST(TimelineSimulation, SimulatesEachRank) {
   EXPECT_NE(bad.status().to_string().find("rank 4 event 0"), std::string::npos) << bad.status().to_string();
 }
 
+CommStart p2p(int64_t request, CommKind kind, int peer, uint64_t bytes, bool blocking = false) {
+  CommStart s = start(request, kind, "pp", 2, LinkClass::kIntraNode, bytes, blocking);
+  s.peer = peer;
+  return s;
+}
+
+TEST(TimelineCoupled, AReceiveWaitsForItsSend) {
+  // Rank 3 computes 1 s, then sends 1e8 B (10 us + 0.01 s) to rank 7; rank 7 posts the
+  // receive at 0 and waits: it stalls until the send is posted and carried, 1.01001 s.
+  // Simulated alone (peers present), rank 7 would not wait at all.
+  const std::vector<RankTrace> traces{
+      RankTrace{3, {gemm(5e11), p2p(1, CommKind::kSend, 7, 100'000'000), CommWait{1}}},
+      RankTrace{7, {p2p(1, CommKind::kRecv, 3, 100'000'000), CommWait{1}, gemm(1e11)}}};
+  Result<std::vector<RankTimeline>> r = simulate_coupled(traces, test_hardware());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_NEAR((*r)[0].step_s, 1.01001, kTol);  // the sender waits for its send to be carried
+  EXPECT_NEAR((*r)[1].step_s, 1.01001 + 0.2, kTol);
+  EXPECT_NEAR((*r)[1].exposed_comm_s, 1.01001, kTol);
+  ASSERT_NE(totals((*r)[1], "recv", "pp"), nullptr);
+  EXPECT_NEAR(totals((*r)[1], "recv", "pp")->exposed_s, 1.01001, kTol);
+  // Alone, the receive starts when posted: 0.01001 s exposed.
+  Result<RankTimeline> alone = simulate_rank(traces[1], test_hardware());
+  ASSERT_TRUE(alone.ok());
+  EXPECT_NEAR(alone->exposed_comm_s, 0.01001, kTol);
+}
+
+TEST(TimelineCoupled, SendsMatchReceivesInOrderAndTheLaterPostStartsThem) {
+  // Two sends 0 -> 1 posted at 0 and after 1 s; rank 1 posts both receives at 0.5 s. The
+  // first pair starts at 0.5 s (the receive is the later post), the second at 1 s (the send).
+  const std::vector<RankTrace> traces{
+      RankTrace{0, {p2p(1, CommKind::kSend, 1, 10'000'000), gemm(5e11), p2p(2, CommKind::kSend, 1, 10'000'000),
+                    CommWait{1}, CommWait{2}}},
+      RankTrace{1, {gemm(2.5e11), p2p(1, CommKind::kRecv, 0, 10'000'000), p2p(2, CommKind::kRecv, 0, 10'000'000),
+                    CommWait{1}, gemm(1e11), CommWait{2}}}};
+  Result<std::vector<RankTimeline>> r = simulate_coupled(traces, test_hardware());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const double t = 1e-5 + 1e7 / 1e10;  // one transfer: 0.00101 s
+  std::vector<const TimelineOp*> recvs;
+  for (const TimelineOp& op : (*r)[1].ops)
+    if (op.kind == TimelineOp::Kind::kTransfer) recvs.push_back(&op);
+  ASSERT_EQ(recvs.size(), 2u);
+  EXPECT_NEAR(recvs[0]->start, 0.5, kTol);
+  EXPECT_NEAR(recvs[0]->end, 0.5 + t, kTol);
+  EXPECT_NEAR(recvs[1]->start, 1.0, kTol);
+  // Rank 1: 0.5 s, stall to 0.5 + t, 0.2 s GEMM, then the second receive (ends 1 + t) is
+  // later than 0.7 + t: it stalls again.
+  EXPECT_NEAR((*r)[1].step_s, 1.0 + t, kTol);
+  EXPECT_NEAR((*r)[0].step_s, 1.0 + t, kTol);
+}
+
+TEST(TimelineCoupled, RanksThatWaitForEverAreNamed) {
+  // Both ranks wait on a receive from the other before sending: a deadlock, named.
+  const std::vector<RankTrace> traces{
+      RankTrace{0, {p2p(1, CommKind::kRecv, 1, 100), CommWait{1}, p2p(2, CommKind::kSend, 1, 100), CommWait{2}}},
+      RankTrace{1, {p2p(1, CommKind::kRecv, 0, 100), CommWait{1}, p2p(2, CommKind::kSend, 0, 100), CommWait{2}}}};
+  Result<std::vector<RankTimeline>> r = simulate_coupled(traces, test_hardware());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("wait on each other for ever: rank 0 waits on request 1 (recv on pp, peer 1)"),
+            std::string::npos)
+      << r.status().message();
+  // A send to a rank outside the simulated set is carried as in simulate_rank.
+  const std::vector<RankTrace> one{RankTrace{0, {p2p(1, CommKind::kSend, 5, 100'000'000), CommWait{1}}}};
+  Result<std::vector<RankTimeline>> solo = simulate_coupled(one, test_hardware());
+  ASSERT_TRUE(solo.ok()) << solo.status().to_string();
+  EXPECT_NEAR((*solo)[0].step_s, 0.01001, kTol);
+  // Each rank once.
+  EXPECT_FALSE(simulate_coupled({one[0], one[0]}, test_hardware()).ok());
+}
+
 TEST(TimelineLinkClass, FromWorldRanks) {
   EXPECT_EQ(*link_class({0, 1, 2, 3}, 4), LinkClass::kIntraNode);
   EXPECT_EQ(*link_class({4, 5, 6, 7}, 4), LinkClass::kIntraNode);

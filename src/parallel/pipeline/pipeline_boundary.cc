@@ -11,9 +11,9 @@ StageBoundary::StageBoundary(Communicator& pp, int64_t rows, int64_t h, DType dt
     : pp_(pp), stage_(pp.rank()), stages_(pp.size()), rows_(rows), h_(h), dtype_(dtype), timer_(timer) {}
 
 StageBoundary::~StageBoundary() {
-  FP_CHECK(sends_.empty() && activations_in_.empty() && gradients_in_.empty(),
-           "stage {}: a pipeline step ended with {} sends and {} receives in flight", stage_, sends_.size(),
-           activations_in_.size() + gradients_in_.size());
+  FP_CHECK(to_next_.empty() && to_prev_.empty() && activations_in_.empty() && gradients_in_.empty(),
+           "stage {}: a pipeline step ended with {} sends and {} receives in flight", stage_,
+           to_next_.size() + to_prev_.size(), activations_in_.size() + gradients_in_.size());
 }
 
 void StageBoundary::post_recv(std::map<int, Transfer>& pending, int i, int source) {
@@ -32,12 +32,21 @@ Tensor StageBoundary::take(std::map<int, Transfer>& pending, int i, int source) 
   return buffer;
 }
 
-void StageBoundary::send(Tensor t, int peer) {
+// At most p sends of a direction are kept. Waiting for the oldest never waits on a receive
+// its peer posts later: under 1F1B, by the time stage s sends micro-batch j's activation it
+// has taken the gradient of j - (p - s) >= j - p, which stage s+1 computed after receiving
+// activation j - p; and by the time it sends j's gradient, stage s-1 has sent it activation
+// j, which under 1F1B comes after s-1 took gradient j - (p - s + 1) >= j - p.
+void StageBoundary::send(std::deque<Transfer>& in_flight, Tensor t, int peer) {
   FP_CHECK(t.dtype() == dtype_ && t.numel() == rows_ * h_, "stage {}: sends {} across the boundary, expected {}[{}, {}]",
            stage_, t.describe(), dtype_name(dtype_), rows_, h_);
   Transfer s{std::move(t), CommRequest()};
   s.request = pp_.isend(s.buffer.raw_data(), static_cast<size_t>(s.buffer.numel()), dtype_, peer);
-  sends_.push_back(std::move(s));
+  in_flight.push_back(std::move(s));
+  while (static_cast<int>(in_flight.size()) > stages_) {
+    timer_.wait(in_flight.front().request);
+    in_flight.pop_front();
+  }
 }
 
 void StageBoundary::post_activation_recv(int i) {
@@ -60,30 +69,28 @@ Tensor StageBoundary::take_gradient(int i) {
 
 void StageBoundary::send_activation(int /*i*/, Tensor x) {
   FP_CHECK(!last(), "the last stage sends no activation");
-  send(std::move(x), stage_ + 1);
+  send(to_next_, std::move(x), stage_ + 1);
 }
 
 void StageBoundary::send_gradient(int /*i*/, Tensor dx) {
   FP_CHECK(!first(), "the first stage sends no gradient");
-  send(std::move(dx), stage_ - 1);
+  send(to_prev_, std::move(dx), stage_ - 1);
 }
 
 void StageBoundary::progress() {
   for (auto& [i, t] : activations_in_) StepTimer::poke(t.request);
   for (auto& [i, t] : gradients_in_) StepTimer::poke(t.request);
-  for (Transfer& s : sends_) {
-    bool done = false;
-    FP_CHECK_OK(s.request.test(&done));
-    if (done) s.request = CommRequest();
-  }
-  std::erase_if(sends_, [](const Transfer& s) { return !s.request.pending(); });
+  for (std::deque<Transfer>* q : {&to_next_, &to_prev_})
+    for (Transfer& s : *q) StepTimer::poke(s.request);
 }
 
 void StageBoundary::finish() {
   FP_CHECK(activations_in_.empty() && gradients_in_.empty(), "stage {}: {} receives posted and never taken", stage_,
            activations_in_.size() + gradients_in_.size());
-  for (Transfer& s : sends_) timer_.wait(s.request);
-  sends_.clear();
+  for (std::deque<Transfer>* q : {&to_next_, &to_prev_}) {
+    for (Transfer& s : *q) timer_.wait(s.request);
+    q->clear();
+  }
 }
 
 }  // namespace foldpar

@@ -12,8 +12,8 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
-#include <vector>
 
 #include "comm/communicator.h"
 #include "parallel/step_timer.h"
@@ -41,10 +41,13 @@ class StageBoundary {
   Tensor take_activation(int i);
   Tensor take_gradient(int i);
   // Starts sending micro-batch i's output [rows, h] to the next stage, or its input gradient
-  // to the previous one; the tensor is kept until the send completes.
+  // to the previous one. The tensor is kept until a fixed point of the schedule, not until
+  // MPI happens to report the send done, so a stage's memory is the same in every run (and
+  // the plan's dry run predicts it exactly): until p more sends of its direction are posted
+  // (then the oldest is waited, which cannot block under 1F1B: see the .cc) or finish().
   void send_activation(int i, Tensor x);
   void send_gradient(int i, Tensor dx);
-  // Advances the transfers in flight and releases the sends that completed; never blocks.
+  // Advances the transfers in flight; never blocks, releases nothing.
   void progress();
   // Waits for every send; every posted receive must have been taken.
   void finish();
@@ -56,7 +59,7 @@ class StageBoundary {
   };
   void post_recv(std::map<int, Transfer>& pending, int i, int source);
   Tensor take(std::map<int, Transfer>& pending, int i, int source);
-  void send(Tensor t, int peer);
+  void send(std::deque<Transfer>& in_flight, Tensor t, int peer);
 
   Communicator& pp_;
   int stage_, stages_;
@@ -64,7 +67,7 @@ class StageBoundary {
   DType dtype_;
   StepTimer& timer_;
   std::map<int, Transfer> activations_in_, gradients_in_;  // by micro-batch
-  std::vector<Transfer> sends_;
+  std::deque<Transfer> to_next_, to_prev_;                  // sends kept, oldest first
 };
 
 }  // namespace foldpar
