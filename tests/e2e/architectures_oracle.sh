@@ -26,20 +26,22 @@ c.update(json.loads(sys.argv[3]))
 json.dump(c, open(sys.argv[2], "w"))
 PY
 }
-# NAME LAYOUT...: verify --dump on one rank and each layout (2 ranks, 4 for a 2-D one), each against PyTorch.
+# NAME LAYOUT...: verify --dump on one rank and each layout (2 ranks, 4 for a 2-D one); the
+# dumps are checked against PyTorch together at the end (tests/e2e/torch_oracle_many.py: one
+# import of torch for all of them).
+dumps=()
 check() {
   local name=$1
   shift
   "$bin" verify --model "$tmp/$name.json" --batch 2 --seq 80 --seed 5 --dump "$tmp/$name-1" >/dev/null
-  /usr/bin/python3 "$src/scripts/torch_reference.py" "$tmp/$name-1" >"$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
+  dumps+=("$tmp/$name-1")
   for layout in "$@"; do
     local np=2
     [[ $layout == *,* ]] && np=4
     run -np $np "$bin" verify --model "$tmp/$name.json" --layout "$layout" --batch 2 --seq 80 --seed 5 \
       --dump "$tmp/$name-$layout" >/dev/null
-    /usr/bin/python3 "$src/scripts/torch_reference.py" "$tmp/$name-$layout" >"$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
+    dumps+=("$tmp/$name-$layout")
   done
-  echo "$name: single rank and $* match PyTorch"
 }
 for type in linear dynamic llama3 yarn; do
   variant "$type" "{\"max_position_embeddings\": 32, \"rope_theta\": 1e6, \"rope_scaling\": ${scaling[$type]}}"
@@ -50,10 +52,13 @@ check head_dim12 tsp=2 tp=2 sp=2 tp=2,sp=2
 variant head_dim4 '{"head_dim": 4}'
 check head_dim4 tsp=2 tp=2
 # The oracle itself tells the types apart: yarn's dump checked as linear must fail.
-sed 's/"yarn"/"linear"/' "$tmp/yarn-1/config.json" >"$tmp/wrong.json" && mv "$tmp/wrong.json" "$tmp/yarn-1/config.json"
-if /usr/bin/python3 "$src/scripts/torch_reference.py" "$tmp/yarn-1" >"$tmp/out" 2>&1; then
-  echo "FAIL: yarn's dump passed as linear"; cat "$tmp/out"; exit 1
-fi
+cp -r "$tmp/yarn-1" "$tmp/yarn-as-linear"
+sed 's/"yarn"/"linear"/' "$tmp/yarn-1/config.json" >"$tmp/yarn-as-linear/config.json"
+cmp -s "$tmp/yarn-1/config.json" "$tmp/yarn-as-linear/config.json" && { echo "FAIL: no yarn in yarn's config"; exit 1; }
+# Every dump against PyTorch, and the wrong one (!) must fail.
+/usr/bin/python3 "$src/tests/e2e/torch_oracle_many.py" "$src" "${dumps[@]}" "!$tmp/yarn-as-linear" >"$tmp/out" 2>&1 ||
+  { cat "$tmp/out"; exit 1; }
+echo "${#dumps[@]} dumps (single rank and layouts of every variant) match PyTorch; yarn's checked as linear fails"
 # A rope_scaling type foldpar does not implement: one line naming it, exit 2.
 variant longrope '{"rope_scaling": {"rope_type": "longrope", "factor": 2.0, "short_factor": [1.0]}}'
 set +e

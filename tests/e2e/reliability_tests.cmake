@@ -11,6 +11,6 @@ set(FOLDPAR_RELIABILITY_TESTS
 while(FOLDPAR_RELIABILITY_TESTS)
   list(POP_FRONT FOLDPAR_RELIABILITY_TESTS name script)
   add_test(NAME e2e.${name} COMMAND bash ${E2E}/${script} ${MPIEXEC_EXECUTABLE} ${FOLDPAR_BIN} ${PROJECT_SOURCE_DIR})
-  set_tests_properties(e2e.${name} PROPERTIES LABELS "e2e;reliability" TIMEOUT 300 PROCESSORS 2
+  set_tests_properties(e2e.${name} PROPERTIES LABELS "e2e;reliability" TIMEOUT 300 PROCESSORS 2 COST 18
                        ENVIRONMENT "OPENBLAS_NUM_THREADS=1;FOLDPAR_COMM_TIMEOUT=60")
 endwhile()

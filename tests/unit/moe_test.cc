@@ -398,6 +398,7 @@ TEST(MoeConfigTest, QwenFieldsParse) {
 TEST(MoeTorchOracle, Qwen2MoeLikeModelMatchesHuggingFaceRouting) {
   if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
     GTEST_SKIP() << "/usr/bin/python3 has no torch (scripts/setup.sh installs python3-torch)";
+  std::vector<std::string> dirs;
   for (MoeFamily family : {MoeFamily::kQwen2, MoeFamily::kQwen3}) {
     VerifyOptions o;
     o.config = moe_config(family);
@@ -414,11 +415,15 @@ TEST(MoeTorchOracle, Qwen2MoeLikeModelMatchesHuggingFaceRouting) {
     Result<VerifyReport> r = run_verify(o);
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     EXPECT_TRUE(r->passed) << r->worst_name << " " << r->worst;
-    const std::string cmd =
-        std::string("/usr/bin/python3 ") + FOLDPAR_SOURCE_DIR + "/scripts/torch_reference.py " + dir;
-    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    std::filesystem::remove_all(dir);
+    dirs.push_back(dir);
   }
+  // Both dumps in one process (tests/e2e/torch_oracle_many.py: torch_reference.main on each),
+  // so torch is imported once.
+  std::string cmd = std::string("/usr/bin/python3 ") + FOLDPAR_SOURCE_DIR + "/tests/e2e/torch_oracle_many.py " +
+                    FOLDPAR_SOURCE_DIR;
+  for (const std::string& d : dirs) cmd += " " + d;
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  for (const std::string& d : dirs) std::filesystem::remove_all(d);
 }
 
 // ---- export and import of the per-expert tensors ----
