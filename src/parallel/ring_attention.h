@@ -42,8 +42,9 @@ struct RingAttentionArgs {
   StepTimer* timer = nullptr;  // when set, the time blocked on the ring is counted here
 };
 
-// Causal attention of the local queries against the keys of every rank.
-// out (written) [B, Sq, n_h, d], lse (written) [B, n_h, Sq]: equal to Backend::attention_forward
+// Causal attention of the local queries against the keys of every rank. q, k, v: f32, or
+// all bf16 (bf16 storage: the blocks travel in bf16, the running merge is f32).
+// out (written) [B, Sq, n_h, d] f32 or q's dtype, lse (written) [B, n_h, Sq] f32: equal to Backend::attention_forward
 // against the gathered K/V up to summation order. Collective over args.axis (point-to-point
 // only: every rank calls it in the same order with the same shapes).
 void ring_attention_forward(const RingAttentionArgs& args, Tensor& out, Tensor& lse);

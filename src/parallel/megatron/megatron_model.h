@@ -91,8 +91,9 @@ class MegatronModel {
  public:
   // The model of the rank at (tp_rank, sp_rank) of a Megatron layout (tp=<tp>, sp=<sp>, either
   // possibly 1) at sequence length `seq`: validate_layout's verdict first (invalid_argument
-  // naming the numbers), nothing allocated before it; bf16 storage is refused
-  // (unimplemented). Not collective.
+  // naming the numbers), nothing allocated before it. bf16 storage (layout.dtype) keeps
+  // weights, activations and what travels in bf16, per-row statistics and gradients f32
+  // (the f32 masters are the optimizer's). Not collective.
   static Result<MegatronModel> create(const LlamaConfig& config, const Layout& layout, int tp_rank, int sp_rank,
                                       int64_t seq);
 
