@@ -11,8 +11,9 @@
 // reaches r, which adds its own (step 0) partial. Blocks that no local query can see are
 // skipped (contiguous split: the blocks of later ranks), their partial is zero.
 // Storage: the blocks and the dK/dV accumulator travel in q/k/v's dtype (f32, or bf16 under
-// bf16 storage: 2 bytes an element); with bf16 the forward merges into f32 copies of out
-// and lse, so out is rounded once at the end (the merge's statistics stay f32).
+// bf16 storage: 2 bytes an element), out and each block's result are in that dtype too (a
+// backend that stores bf16 computes attention into bf16 and merges like with like), lse
+// is f32 throughout: with bf16, out is rounded once per merge.
 #include "parallel/ring_attention.h"
 
 #include <algorithm>
@@ -111,20 +112,17 @@ class Ring {
 }  // namespace
 
 void merge_attention_block(Backend& be, const Tensor& block_out, const Tensor& block_lse, Tensor& out, Tensor& lse) {
-  FP_CHECK(out.dtype() == DType::kF32 && lse.dtype() == DType::kF32, "merge of block {} / {} into {} / {}",
+  FP_CHECK((out.dtype() == DType::kF32 || out.dtype() == DType::kBF16) && lse.dtype() == DType::kF32, "merge of block {} / {} into {} / {}",
            block_out.describe(), block_lse.describe(), out.describe(), lse.describe());
   be.attention_merge(block_out, block_lse, out, lse);
 }
 
-void ring_attention_forward(const RingAttentionArgs& a, Tensor& out_stored, Tensor& lse) {
+void ring_attention_forward(const RingAttentionArgs& a, Tensor& out, Tensor& lse) {
   Backend& be = *a.backend;
   Ring ring(a);
   const int N = ring.size();
-  FP_CHECK(lse.dtype() == DType::kF32 && (out_stored.dtype() == DType::kF32 || out_stored.dtype() == ring.dtype()),
-           "ring attention into out {}, lse {}", out_stored.describe(), lse.describe());
-  // The running result: out itself in f32, else an f32 copy rounded into out at the end.
-  const bool wide = out_stored.dtype() != DType::kF32;
-  Tensor out = wide ? Tensor::empty(out_stored.shape(), DType::kF32, MemCategory::kWorkspace) : out_stored;
+  FP_CHECK(lse.dtype() == DType::kF32 && out.dtype() == ring.dtype(), "ring attention of {} into out {}, lse {}",
+           dtype_name(ring.dtype()), out.describe(), lse.describe());
   Tensor cur = ring.pack_own();
   for (int j = 0; j < N; ++j) {
     Tensor next;
@@ -142,7 +140,7 @@ void ring_attention_forward(const RingAttentionArgs& a, Tensor& out_stored, Tens
       be.attention_forward(ring.attention_args(cur, r, k, v, pos), out, lse);
       Ring::poke(hop);
     } else if (ring.visible(r)) {
-      Tensor block_out = Tensor::empty(out.shape(), DType::kF32, MemCategory::kWorkspace);
+      Tensor block_out = Tensor::empty(out.shape(), out.dtype(), MemCategory::kWorkspace);
       Tensor block_lse = Tensor::empty(lse.shape(), DType::kF32, MemCategory::kWorkspace);
       be.attention_forward(ring.attention_args(cur, r, k, v, pos), block_out, block_lse);
       Ring::poke(hop);
@@ -153,7 +151,6 @@ void ring_attention_forward(const RingAttentionArgs& a, Tensor& out_stored, Tens
       cur = std::move(next);
     }
   }
-  if (wide) be.copy(out, out_stored);
 }
 
 void ring_attention_backward(const RingAttentionArgs& a, const Tensor& out, const Tensor& lse, const Tensor& d_out,
