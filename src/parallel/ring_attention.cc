@@ -112,7 +112,8 @@ class Ring {
 }  // namespace
 
 void merge_attention_block(Backend& be, const Tensor& block_out, const Tensor& block_lse, Tensor& out, Tensor& lse) {
-  FP_CHECK((out.dtype() == DType::kF32 || out.dtype() == DType::kBF16) && lse.dtype() == DType::kF32, "merge of block {} / {} into {} / {}",
+  FP_CHECK((out.dtype() == DType::kF32 || out.dtype() == DType::kBF16) && lse.dtype() == DType::kF32,
+           "merge of block {} / {} into {} / {}",
            block_out.describe(), block_lse.describe(), out.describe(), lse.describe());
   be.attention_merge(block_out, block_lse, out, lse);
 }

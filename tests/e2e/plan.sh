@@ -85,7 +85,8 @@ check "one of --train" plan --model "$src/configs/tiny.json" --seq 128 --devices
 check "bench: --model is required" bench --seq 128
 
 # ---- bench-layouts at tiny scale, 2 ranks ----
-bench=$("$mpirun" --allow-run-as-root -np 2 "$bin" bench-layouts --layouts tsp=2 tp=2 sp=2:ring --model "$src/configs/tiny.json" \
+# tp=2:bf16: the Megatron strategy's bf16 bytes, measured, equal the plan's.
+bench=$("$mpirun" --allow-run-as-root -np 2 "$bin" bench-layouts --layouts tsp=2 tp=2 sp=2:ring tp=2:bf16 --model "$src/configs/tiny.json" \
   --seq 128,256 --steps 1 --hardware "$src/hardware/this-machine.json" --out "$tmp/bench" 2>&1)
 rc=$?
 [ "$rc" -eq 0 ] || fail "bench --layouts exited $rc:"$'\n'"$bench"
@@ -95,7 +96,8 @@ done
 /usr/bin/python3 - "$tmp/bench/table.json" <<'PY' || fail "bench table.json content"
 import json, sys
 rows = json.load(open(sys.argv[1]))
-assert len(rows) == 6, len(rows)
+assert len(rows) == 8, len(rows)
+assert {r["layout"] for r in rows} == {"tsp=2", "tp=2", "sp=2:ring", "tp=2:bf16"}, rows
 for r in rows:
     assert r["bytes_sent"] == r["predicted_bytes_sent"], r
     assert abs(r["predicted_peak_bytes"] / r["peak_bytes"] - 1) <= 0.10, r
