@@ -113,7 +113,7 @@ Command add_train_command(CLI::App& app) {
       ->transform(choice<Progress>({{"auto", Progress::kAuto}, {"bar", Progress::kBar}, {"lines", Progress::kLines},
                                     {"none", Progress::kNone}}));
   cmd->add_flag("--resume", o.resume, "continue from the newest complete checkpoint in OUT");
-  cmd->add_flag("--bf16", a->bf16, "store weights and activations in bf16 (f32 master weights); tsp layouts");
+  cmd->add_flag("--bf16", a->bf16, "store weights and activations in bf16 (f32 master weights); every layout");
   cmd->add_option("--init-from", o.init_from, "start from a Hugging Face directory (config.json + model.safetensors)");
   add_device_option(cmd, a->device, "each rank: GPU local rank mod GPUs; docs/GPU.md");
   add_layout_flags(cmd, a->layout);

@@ -107,8 +107,6 @@ Status check_options(const LayoutBenchOptions& o, int ranks) {
       return invalid_argument("bench: layout {} uses {} ranks, the job has {} (run under mpirun -np {})", l.to_string(),
                               l.ranks(), ranks, l.ranks());
     if (l.dp > 1) return invalid_argument("bench: layout {}: the layout benchmark runs one replica (no dp axis)", l.to_string());
-    if ((l.dtype == DType::kBF16) && plan_strategy(l) != PlanStrategy::kTsp)
-      return invalid_argument("bench: layout {}: bf16 storage runs on tsp layouts only", l.to_string());
     for (int64_t S : o.seqs) FP_RETURN_IF_ERROR(validate_layout(o.config, l, o.batch, S));
   }
   return Status();

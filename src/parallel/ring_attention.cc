@@ -10,6 +10,10 @@
 // accumulator of block r starts at r+1, picks up each rank's partial and after N-1 hops
 // reaches r, which adds its own (step 0) partial. Blocks that no local query can see are
 // skipped (contiguous split: the blocks of later ranks), their partial is zero.
+// Storage: the blocks and the dK/dV accumulator travel in q/k/v's dtype (f32, or bf16 under
+// bf16 storage: 2 bytes an element), out and each block's result are in that dtype too (a
+// backend that stores bf16 computes attention into bf16 and merges like with like), lse
+// is f32 throughout: with bf16, out is rounded once per merge.
 #include "parallel/ring_attention.h"
 
 #include <algorithm>
@@ -26,8 +30,8 @@ class Ring {
   explicit Ring(const RingAttentionArgs& a) : a_(a), be_(*a.backend), comm_(*a.axis) {
     const Tensor &q = *a.q, &k = *a.k, &v = *a.v;
     FP_CHECK(q.rank() == 4 && k.rank() == 4 && v.shape() == k.shape() && q.dim(0) == k.dim(0) &&
-                 q.dim(3) == k.dim(3) && q.dtype() == DType::kF32 && k.dtype() == DType::kF32 &&
-                 v.dtype() == DType::kF32,
+                 q.dim(3) == k.dim(3) && (q.dtype() == DType::kF32 || q.dtype() == DType::kBF16) &&
+                 k.dtype() == q.dtype() && v.dtype() == q.dtype(),
              "ring attention of q {}, k {}, v {}", q.describe(), k.describe(), v.describe());
     N_ = comm_.size();
     p_ = comm_.rank();
@@ -41,7 +45,9 @@ class Ring {
     const std::span<const int32_t> qp = a.q_positions;
     q_max_ = qp.empty() ? std::numeric_limits<int32_t>::min() : *std::max_element(qp.begin(), qp.end());
     kv_shape_ = k.shape();
+    dtype_ = k.dtype();
   }
+  DType dtype() const { return dtype_; }
 
   int size() const { return N_; }
   // At step j this rank holds the block of rank (p - j) mod N.
@@ -57,7 +63,7 @@ class Ring {
   // K then V in one buffer [2, B, Sk, n_kv, d], so a block moves in one message.
   Tensor packed_buffer() const {
     Shape s({2, kv_shape_[0], kv_shape_[1], kv_shape_[2], kv_shape_[3]});
-    return Tensor::empty(s, DType::kF32, MemCategory::kComm);
+    return Tensor::empty(s, dtype_, MemCategory::kComm);
   }
   Tensor half(const Tensor& packed, int i) const { return packed.narrow(i, i + 1).reshape(kv_shape_); }
   Tensor pack_own() const {
@@ -71,7 +77,7 @@ class Ring {
   // One forward hop: send `send` to p+1 while `recv` arrives from p-1.
   CommRequest start_hop(const Tensor& send, Tensor& recv) {
     CommRequest hop = comm_.isend_recv(send.raw_data(), recv.raw_data(), static_cast<size_t>(send.numel()),
-                                       DType::kF32, (p_ + 1) % N_, (p_ - 1 + N_) % N_);
+                                       send.dtype(), (p_ + 1) % N_, (p_ - 1 + N_) % N_);
     if (!a_.overlap) wait(hop);
     return hop;
   }
@@ -100,12 +106,14 @@ class Ring {
   int64_t sk_ = 0;
   int32_t q_max_ = 0;
   Shape kv_shape_;
+  DType dtype_ = DType::kF32;
 };
 
 }  // namespace
 
 void merge_attention_block(Backend& be, const Tensor& block_out, const Tensor& block_lse, Tensor& out, Tensor& lse) {
-  FP_CHECK(out.dtype() == DType::kF32 && lse.dtype() == DType::kF32, "merge of block {} / {} into {} / {}",
+  FP_CHECK((out.dtype() == DType::kF32 || out.dtype() == DType::kBF16) && lse.dtype() == DType::kF32,
+           "merge of block {} / {} into {} / {}",
            block_out.describe(), block_lse.describe(), out.describe(), lse.describe());
   be.attention_merge(block_out, block_lse, out, lse);
 }
@@ -114,6 +122,8 @@ void ring_attention_forward(const RingAttentionArgs& a, Tensor& out, Tensor& lse
   Backend& be = *a.backend;
   Ring ring(a);
   const int N = ring.size();
+  FP_CHECK(lse.dtype() == DType::kF32 && out.dtype() == ring.dtype(), "ring attention of {} into out {}, lse {}",
+           dtype_name(ring.dtype()), out.describe(), lse.describe());
   Tensor cur = ring.pack_own();
   for (int j = 0; j < N; ++j) {
     Tensor next;
@@ -131,7 +141,7 @@ void ring_attention_forward(const RingAttentionArgs& a, Tensor& out, Tensor& lse
       be.attention_forward(ring.attention_args(cur, r, k, v, pos), out, lse);
       Ring::poke(hop);
     } else if (ring.visible(r)) {
-      Tensor block_out = Tensor::empty(out.shape(), DType::kF32, MemCategory::kWorkspace);
+      Tensor block_out = Tensor::empty(out.shape(), out.dtype(), MemCategory::kWorkspace);
       Tensor block_lse = Tensor::empty(lse.shape(), DType::kF32, MemCategory::kWorkspace);
       be.attention_forward(ring.attention_args(cur, r, k, v, pos), block_out, block_lse);
       Ring::poke(hop);
@@ -165,7 +175,7 @@ void ring_attention_backward(const RingAttentionArgs& a, const Tensor& out, cons
     Tensor partial = ring.packed_buffer();
     if (ring.visible(r)) {
       Tensor k, v, pos;
-      Tensor dq_j = j == 0 ? dq : Tensor::empty(dq.shape(), DType::kF32, MemCategory::kWorkspace);
+      Tensor dq_j = j == 0 ? dq : Tensor::empty(dq.shape(), dq.dtype(), MemCategory::kWorkspace);
       Tensor dk_j = ring.half(partial, 0), dv_j = ring.half(partial, 1);
       be.attention_backward(ring.attention_args(cur, r, k, v, pos), out, lse, d_out, dq_j, dk_j, dv_j);
       if (j > 0) be.add_inplace(dq_j, dq);

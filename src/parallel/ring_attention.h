@@ -21,7 +21,7 @@ namespace foldpar {
 // same queries (Backend::attention_merge): lse' = log(e^lse + e^block_lse), out' = e^(lse -
 // lse') out + e^(block_lse - lse') block_out. A side at lse = -inf (no visible key)
 // contributes nothing; rows where both are -inf stay at out 0, lse -inf.
-// out, block_out: [B, Sq, n_h, d] f32; lse, block_lse: [B, n_h, Sq] f32 (Backend's layout).
+// out, block_out: [B, Sq, n_h, d] f32 or both bf16; lse, block_lse: [B, n_h, Sq] f32 (Backend's layout).
 // out and lse are updated in place. Not collective.
 void merge_attention_block(Backend& be, const Tensor& block_out, const Tensor& block_lse, Tensor& out, Tensor& lse);
 
@@ -42,8 +42,9 @@ struct RingAttentionArgs {
   StepTimer* timer = nullptr;  // when set, the time blocked on the ring is counted here
 };
 
-// Causal attention of the local queries against the keys of every rank.
-// out (written) [B, Sq, n_h, d], lse (written) [B, n_h, Sq]: equal to Backend::attention_forward
+// Causal attention of the local queries against the keys of every rank. q, k, v: f32, or
+// all bf16 (bf16 storage: the blocks travel in bf16).
+// out (written) [B, Sq, n_h, d] in q's dtype, lse (written) [B, n_h, Sq] f32: equal to Backend::attention_forward
 // against the gathered K/V up to summation order. Collective over args.axis (point-to-point
 // only: every rank calls it in the same order with the same shapes).
 void ring_attention_forward(const RingAttentionArgs& args, Tensor& out, Tensor& lse);

@@ -113,9 +113,11 @@ VocabParallelLoss vocab_parallel_cross_entropy(TpComm& tp, const Tensor& xf, con
                                                const Tensor& targets) {
   Backend& be = tp.backend();
   const int64_t n = xf.numel() / xf.dim(-1), vr = head.dim(0);
+  // The logits in the activations' dtype (bf16 storage: as the single-rank model's head);
+  // the row maxima, sums and lse are statistics, always f32.
   auto act = [](const Shape& s) { return Tensor::empty(s, DType::kF32, MemCategory::kActivations); };
   VocabParallelLoss out;
-  out.logits = act({n, vr});
+  out.logits = Tensor::empty({n, vr}, xf.dtype(), MemCategory::kActivations);
   be.matmul(xf, false, head, true, out.logits);
   // This rank's columns: its row maxima, sums of exponentials and target logits.
   Tensor local_max = act({n}), global_max = act({n}), sums = act({2, n});
@@ -162,13 +164,19 @@ void vocab_parallel_head_weight_grad(Backend& be, const VocabParallelLoss& loss,
 Tensor gather_vocab_logits(TpComm& tp, const Tensor& local, std::span<const int64_t> rows) {
   const int T = tp.size();
   const int64_t n = local.dim(0), vr = local.dim(1), V = vr * T, count = static_cast<int64_t>(rows.size());
-  // One rank: its columns are every column (no collective on a communicator of one).
+  // One rank: its columns are every column (no collective on a communicator of one). bf16
+  // logits travel as bf16 and are widened once, here.
   Tensor all = local;
   if (T > 1) {
-    all = Tensor::empty({T, n, vr}, DType::kF32, MemCategory::kComm);
+    all = Tensor::empty({T, n, vr}, local.dtype(), MemCategory::kComm);
     const auto t0 = StepTimer::Clock::now();
-    tp.blocking(tp.comm().all_gather(local.raw_data(), all.raw_data(), static_cast<size_t>(n * vr), DType::kF32),
+    tp.blocking(tp.comm().all_gather(local.raw_data(), all.raw_data(), static_cast<size_t>(n * vr), local.dtype()),
                 t0);
+  }
+  if (all.dtype() != DType::kF32) {
+    Tensor wide = Tensor::empty(all.shape(), DType::kF32, MemCategory::kWorkspace);
+    tp.backend().copy(all, wide);
+    all = wide;
   }
   Tensor out = Tensor::empty({count, V}, DType::kF32, MemCategory::kActivations);
   for (int64_t i = 0; i < count; ++i)

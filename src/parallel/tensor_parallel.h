@@ -86,8 +86,8 @@ void embedding_partial(Backend& backend, int tp_rank, const Tensor& ids, const T
 
 // ---- vocabulary-parallel cross-entropy (Megatron's vocab_parallel_cross_entropy) ----
 struct VocabParallelLoss {
-  Tensor logits;          // [n, V/T] this rank's columns; kept for backward, which overwrites it
-  Tensor lse;             // [n] log-sum-exp over the full vocabulary
+  Tensor logits;          // [n, V/T] this rank's columns in xf's dtype; kept for backward, which overwrites it
+  Tensor lse;             // [n] log-sum-exp over the full vocabulary (f32)
   double loss_sum = 0;    // sum over the valid rows given; the same on every tp rank
   int64_t valid_tokens = 0;
 };
@@ -113,7 +113,7 @@ void vocab_parallel_head_weight_grad(Backend& backend, const VocabParallelLoss& 
                                      Tensor& d_head);
 // Verification only: the full logits [rows.size(), V] of the chosen rows (indices into n)
 // from every rank's columns [n, V/T]: one all_gather of n*V/T elements (none when tp has
-// one rank). Collective over tp.
+// one rank), in the logits' dtype; returned f32. Collective over tp.
 Tensor gather_vocab_logits(TpComm& tp, const Tensor& local_logits, std::span<const int64_t> rows);
 
 }  // namespace foldpar

@@ -7,6 +7,8 @@
 // (tests/unit/dry_run_test.cc finds them).
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "app/synthetic.h"
 #include "backend/bf16_storage_backend.h"
 #include "backend/timed_backend.h"
@@ -229,7 +231,13 @@ INSTANTIATE_TEST_SUITE_P(
                     // through 1F1B; and micro-batches without a pipeline (gradient accumulation).
                     Case{"pp=2,tsp=1", 2, kFB, nullptr, false, 1}, Case{"pp=2,tsp=2", 4, kFB, nullptr, false, 1},
                     Case{"pp=2,tp=2", 4, kFB, nullptr, false, 1}, Case{"dp=2,pp=2,tsp=1", 4, kFB, nullptr, false, 1},
-                    Case{"tsp=2", 2, kFB, nullptr, false, 1}),
+                    Case{"tsp=2", 2, kFB, nullptr, false, 1},
+                    // bf16 storage under Megatron: bf16 rows, K/V and partials travel (2 bytes).
+                    Case{"tp=2:bf16", 2, kFB}, Case{"tp=2:bf16", 2, kF}, Case{"tp=2:bf16:seqpar", 2, kFB},
+                    Case{"tp=2:bf16:seqpar:recompute", 2, kFB}, Case{"sp=2:bf16", 2, kFB},
+                    Case{"sp=2:bf16:ring", 2, kFB}, Case{"tp=2,sp=2:bf16:ring:seqpar", 4, kFB},
+                    Case{"tp=2:bf16", 2, kFB, nullptr, true}, Case{"tp=2,sp=2:bf16:seqpar", 4, kFB},
+                    Case{"tp=2,sp=2:bf16", 4, kF, nullptr, true}),
     [](const testing::TestParamInfo<Case>& i) {
       std::string n = std::string(i.param.layout) + (i.param.widen_matmul ? "_widened" : "") +
                       (i.param.mode == kF ? "_fwd" : "_train") + (i.param.micro > 0 ? "_micro" : "");
@@ -237,6 +245,48 @@ INSTANTIATE_TEST_SUITE_P(
         if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;
     });
+
+// bf16 storage under Megatron moves 2-byte elements where the tensors are bf16 (the rows of
+// the tp mappings, K/V and dK/dV over sp, the ring's blocks and its dK/dV accumulator) and 4
+// or 8 where they are f32 by design (the loss's statistics, the gradients summed over sp,
+// the loss sums): the dry run's counters of one step (equal to the real step's, above)
+// kind by kind, f32 against bf16.
+TEST(DryRunBf16, MegatronMovesBf16WhereItsTensorsAreBf16) {
+  auto bytes = [](const char* layout) {
+    DryRunOptions o;
+    o.config = validation_config();
+    o.layout = parse_layout(layout).value();
+    o.rank = 0;
+    o.batch = 2;
+    o.seq = 256;
+    o.mode = DryRunMode::kForwardBackward;
+    Result<DryRunResult> dry = dry_run(o);
+    FP_CHECK_OK(dry.status());
+    std::map<std::string, CommStats> by_axis(dry->comm.begin(), dry->comm.end());
+    return by_axis;
+  };
+  auto sent = [](const CommStats& s, CommOpKind k) { return s.op(k).bytes_sent; };
+  {  // plain tp: every all_reduce but the loss's [3n] f32 statistics carries bf16 rows
+    auto f32 = bytes("tp=2"), b16 = bytes("tp=2:bf16");
+    const uint64_t f = sent(f32["tp"], CommOpKind::kAllReduce), b = sent(b16["tp"], CommOpKind::kAllReduce);
+    EXPECT_GT(f, 0u);
+    EXPECT_LT(b, f * 52 / 100) << "tp=2: all_reduce " << b << " B in bf16 vs " << f << " B in f32";
+    EXPECT_GT(b, f / 2) << "the loss's statistics stay f32";
+  }
+  {  // sp, all-gather exchange: K/V and dK/dV halve exactly; the gradients' sum stays f32
+    auto f32 = bytes("sp=2"), b16 = bytes("sp=2:bf16");
+    for (CommOpKind k : {CommOpKind::kAllGather, CommOpKind::kReduceScatter}) {
+      EXPECT_GT(sent(f32["sp"], k), 0u) << comm_op_name(k);
+      EXPECT_EQ(2 * sent(b16["sp"], k), sent(f32["sp"], k)) << comm_op_name(k);
+    }
+    EXPECT_EQ(sent(b16["sp"], CommOpKind::kAllReduce), sent(f32["sp"], CommOpKind::kAllReduce));
+  }
+  {  // sp, ring: the blocks and the dK/dV accumulator halve exactly
+    auto f32 = bytes("sp=2:ring"), b16 = bytes("sp=2:ring:bf16");
+    EXPECT_GT(sent(f32["sp"], CommOpKind::kSendRecv), 0u);
+    EXPECT_EQ(2 * sent(b16["sp"], CommOpKind::kSendRecv), sent(f32["sp"], CommOpKind::kSendRecv));
+  }
+}
 
 // Generation: a real prefill of B prompts of S tokens (and, for decode, one decode step
 // after it), measured as the dry run measures it: peaks per category from after the

@@ -13,11 +13,14 @@
 // tp=2,sp=1 and tp=1,sp=2 (W = 2), tp=2,sp=2 (W = 4).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <string>
 
 #include "app/synthetic.h"
+#include "backend/bf16_storage_backend.h"
 #include "comm/mesh.h"
 #include "core/rng.h"
 #include "core/tolerance.h"
@@ -437,6 +440,176 @@ std::vector<Case> cases() {
 INSTANTIATE_TEST_SUITE_P(Layouts, MegatronParity, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
+// ---- bf16 storage (:bf16) against the single-rank model in bf16 ----
+//
+// Both sides store weights and activations in bf16 and compute through the bf16 storage
+// decorator (f32 arithmetic, every bf16 result rounded once; statistics and gradients f32),
+// as `train --bf16` runs them; the reference is the single-rank model with the same bf16
+// weights, and the single-rank model in f32 beside it. The layout rounds where the
+// single-rank model does not: each row-parallel partial is rounded to bf16 before the sum
+// over tp and the residual add (the single-rank GEMM adds into x and rounds once), and in
+// backward each column-parallel dX partial and each sp rank's dK/dV partial before their
+// sums. So the two bf16 runs are two different roundings of the same f32 computation, each
+// as far from exact arithmetic as bf16 storage puts any run.
+//   bf16 keeps 8 significant bits: one rounding moves a value by up to 2^-9 relative, one
+//   ulp is 2^-8 (kBf16Ulp). A step chains about 40 dependent rounded results (2 blocks x
+//   ~10 sub-steps, forward and back); as a random walk that is sqrt(40) x 2^-9 ~ 1.2e-2
+//   typical and about three times that at the worst element of a tensor (the comparison is
+//   normwise: the largest error over the largest reference element, tensor/compare.h).
+//   gradients, logits: 16 ulp = 6.25e-2, against the single-rank bf16 model and against f32
+//         (tests/unit/bf16_test.cc holds the single-rank bf16 model to f32 at the same 6e-2).
+//         Observed: 0.5-2.6e-2 against bf16, 0.8-3.7e-2 against f32 (the single-rank bf16
+//         model itself is up to 3.4e-2 from f32). A lost partial sum shows errors of order
+//         1 (tried: the tp all_reduce of the row partials skipped gives 1.0-1.2). This
+//         bound does not see a lone statistic rounded to bf16 (tried: attention's lse in
+//         bf16 moves the gradients by about 1e-2, within bf16's own noise); the f32
+//         statistics rest on the step's stat() allocations, not on this test.
+//   loss: a mean over B*S = 96 tokens' log-sum-exps, each a few ulp off at most, averages
+//         below one ulp: 1 ulp = 3.9e-3 relative. Observed at most 4.5e-4.
+constexpr double kBf16Ulp = 1.0 / 256;  // 2^-8: the spacing of bf16 values relative to their size
+constexpr double kBf16LossTol = 1 * kBf16Ulp;
+constexpr double kBf16TensorTol = 16 * kBf16Ulp;
+
+struct Bf16Case {
+  std::string name{};
+  Family family = Family::kMesh;
+  Exchange exchange = Exchange::kAllGather;
+  bool sequence_parallel = false;
+  bool tied = false;
+  Recompute recompute = Recompute::kNone;
+};
+
+void PrintTo(const Bf16Case& k, std::ostream* os) { *os << k.name; }
+
+class MegatronBf16Parity : public ::testing::TestWithParam<Bf16Case> {
+ protected:
+  void SetUp() override {
+    if (layouts(GetParam().family).empty()) GTEST_SKIP() << "the 2-D meshes are listed for 1, 2 and 4 ranks";
+  }
+};
+
+void check_bf16_parity(const std::string& layout, const Bf16Case& b) {
+  SCOPED_TRACE(layout + " " + b.name);
+  const int rank = test::mpi().world().rank();
+  const Case k{.family = b.family,
+               .exchange = b.exchange,
+               .recompute = b.recompute,
+               .sequence_parallel = b.sequence_parallel,
+               .tied = b.tied};
+  const int T = degree_of(layout, "tp");
+  const LlamaConfig c = test_config(k.family, T, k.tied, k.gqa, k.layers);
+  const Batch global = synthetic_batch(c, k.batch, k.seq, 11, 0.1);
+  auto cpu = make_cpu_backend();
+  auto bf = make_bf16_storage_backend(*cpu);
+
+  // The single-rank model in bf16, and in f32.
+  StepOptions so;
+  so.keep_logits = true;
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kBF16, MemCategory::kParameters);
+  init_weights(kInit, w);
+  LlamaWeights want_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  want_g.zero();
+  Result<StepResult> want = model_forward_backward(c, *bf, w, global, so, want_g);
+  ASSERT_TRUE(want.ok()) << want.status().to_string();
+  LlamaWeights w32 = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
+  init_weights(kInit, w32);
+  LlamaWeights f32_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  f32_g.zero();
+  Result<StepResult> f32 = model_forward_backward(c, *cpu, w32, global, so, f32_g);
+  ASSERT_TRUE(f32.ok()) << f32.status().to_string();
+
+  // The layout in bf16.
+  Result<Mesh> mesh = Mesh::create(test::mpi().world(), layout);
+  ASSERT_TRUE(mesh.ok()) << mesh.status().to_string();
+  Layout o = test::megatron_layout_with(layout, k);
+  o.dtype = DType::kBF16;
+  o.keep_logits = true;
+  Result<std::unique_ptr<ShardedModel>> made = make_sharded_model(c, *mesh, k.seq, o);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  ShardedModel& model = **made;
+  model.init_weights(kInit);
+  // bf16 storage: the parameters are bf16, their gradients f32.
+  for (const ParamRef& p : model.parameters()) {
+    EXPECT_EQ(p.param.dtype(), DType::kBF16) << p.name;
+    EXPECT_EQ(p.grad.dtype(), DType::kF32) << p.name;
+  }
+  // The same bf16 weights as the single-rank model's, bit for bit.
+  LlamaWeights got_w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kWorkspace);
+  ASSERT_TRUE(model.assemble_weights(got_w).ok());
+  std::vector<Tensor> want_w;
+  w.for_each([&](const std::string&, const Tensor& t) { want_w.push_back(t); });
+  size_t i = 0;
+  got_w.for_each([&](const std::string& name, Tensor& t) { EXPECT_EQ(max_rel_error(t, want_w[i++]), 0.0) << name; });
+
+  const Batch local = model.local_batch(global);
+  Result<StepResult> got = model.forward_backward(*bf, local, 0);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(got->valid_tokens, want->valid_tokens);
+  EXPECT_NEAR(got->loss, want->loss, kBf16LossTol * want->loss) << "against the single-rank bf16 model";
+  EXPECT_NEAR(got->loss, f32->loss, kBf16LossTol * f32->loss) << "against the single-rank f32 model";
+  Tensor global_logits = Tensor::empty(want->logits.shape(), DType::kF32, MemCategory::kWorkspace);
+  ASSERT_TRUE(model.assemble_logits(got->logits, global_logits).ok());
+  EXPECT_LE(max_rel_error(global_logits, want->logits), kBf16TensorTol)
+      << "assembled logits on rank " << rank << "\n"
+      << describe_mismatches(global_logits, want->logits, kBf16TensorTol);
+  EXPECT_LE(max_rel_error(global_logits, f32->logits), kBf16TensorTol) << "assembled logits against f32";
+  LlamaWeights got_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ASSERT_TRUE(model.assemble_grads(got_g).ok());
+  std::vector<Tensor> want_gs, f32_gs;
+  want_g.for_each([&](const std::string&, const Tensor& t) { want_gs.push_back(t); });
+  f32_g.for_each([&](const std::string&, const Tensor& t) { f32_gs.push_back(t); });
+  i = 0;
+  double worst = 0, worst_f32 = 0;
+  got_g.for_each([&](const std::string& name, Tensor& t) {
+    ASSERT_LT(i, want_gs.size());
+    const double e = max_rel_error(t, want_gs[i]), e32 = max_rel_error(t, f32_gs[i]);
+    worst = std::max(worst, e);
+    worst_f32 = std::max(worst_f32, e32);
+    EXPECT_LE(e, kBf16TensorTol) << name << " on rank " << rank << " against bf16\n"
+                                 << describe_mismatches(t, want_gs[i], kBf16TensorTol);
+    EXPECT_LE(e32, kBf16TensorTol) << name << " on rank " << rank << " against f32\n"
+                                   << describe_mismatches(t, f32_gs[i], kBf16TensorTol);
+    ++i;
+  });
+  EXPECT_EQ(i, want_gs.size());
+  // Forward alone: the same loss.
+  Result<StepResult> fwd = model.forward(*bf, local);
+  ASSERT_TRUE(fwd.ok()) << fwd.status().to_string();
+  EXPECT_NEAR(fwd->loss, want->loss, kBf16LossTol * want->loss);
+  if (rank == 0)
+    std::printf("%s %s: loss %.6f (bf16 %.6f, f32 %.6f); worst gradient error %.2e against bf16, %.2e against f32\n",
+                layout.c_str(), b.name.c_str(), got->loss, want->loss, f32->loss, worst, worst_f32);
+}
+
+TEST_P(MegatronBf16Parity, LossLogitsAndGradientsMatchTheSingleRankBf16Model) {
+  for (const std::string& layout : layouts(GetParam().family)) check_bf16_parity(layout, GetParam());
+}
+
+std::vector<Bf16Case> bf16_cases() {
+  return {Bf16Case{.name = "tp_bf16_plain", .family = Family::kTp},
+          Bf16Case{.name = "tp_bf16_seqpar_tied", .family = Family::kTp, .sequence_parallel = true, .tied = true},
+          Bf16Case{.name = "tp_bf16_seqpar_recompute",
+                   .family = Family::kTp,
+                   .sequence_parallel = true,
+                   .recompute = Recompute::kBlock},
+          Bf16Case{.name = "sp_bf16_allgather", .family = Family::kSp},
+          Bf16Case{.name = "sp_bf16_allgather_tied_recompute",
+                   .family = Family::kSp,
+                   .tied = true,
+                   .recompute = Recompute::kBlock},
+          Bf16Case{.name = "sp_bf16_ring", .family = Family::kSp, .exchange = Exchange::kRing},
+          Bf16Case{.name = "mesh_bf16_plain", .family = Family::kMesh},
+          Bf16Case{.name = "mesh_bf16_seqpar", .family = Family::kMesh, .sequence_parallel = true},
+          Bf16Case{.name = "mesh_bf16_ring_seqpar_recompute",
+                   .family = Family::kMesh,
+                   .exchange = Exchange::kRing,
+                   .sequence_parallel = true,
+                   .recompute = Recompute::kBlock}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Bf16, MegatronBf16Parity, ::testing::ValuesIn(bf16_cases()),
+                         [](const ::testing::TestParamInfo<Bf16Case>& i) { return i.param.name; });
+
 // Two steps without zeroing: only each step's partial is summed over sp, so the gradients
 // are twice one step's (summing everything again would give 1 + S_). Then a loss normalizer:
 // the gradient of loss_sum / N is the reference's (of loss_sum / valid) times valid / N, and
@@ -767,18 +940,6 @@ TEST(MegatronErrors, MeshSizesThatDoNotDivideNameTheNumbers) {
       EXPECT_EQ(code, StatusCode::kInvalidArgument);
     }
   }
-}
-
-// bf16 storage is tsp's: refused by name.
-TEST(MegatronErrors, Bf16StorageIsRefused) {
-  for (Family f : {Family::kTp, Family::kSp})
-    for (const std::string& layout : layouts(f)) {
-      StatusCode code = StatusCode::kOk;
-      const std::string msg =
-          factory_error(layout, test_config(f, degree_of(layout, "tp"), false, true, 1), 48, ":bf16", &code);
-      EXPECT_EQ(code, StatusCode::kUnimplemented) << layout << ": " << msg;
-      EXPECT_NE(msg.find("bf16 storage runs under tsp"), std::string::npos) << msg;
-    }
 }
 
 // A batch that is not this rank's rows is refused before any communication.

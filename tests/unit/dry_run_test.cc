@@ -78,7 +78,12 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"tsp=2", 0, kDec, nullptr}, Case{"tp=2", 1, kPre, nullptr},
                     Case{"tp=2", 0, kDec, nullptr}, Case{"tsp=2:bf16", 1, kFB}, Case{"tsp=4:bf16:recompute", 3, kFB},
                     Case{"dp=2,tsp=2:bf16", 2, kF}, Case{"tsp=2:bf16", 0, kFB, nullptr, true},
-                    Case{"tsp=4:bf16", 1, kF, nullptr, true}),
+                    Case{"tsp=4:bf16", 1, kF, nullptr, true},
+                    // The Megatron strategy in bf16: through the decorator and on a backend
+                    // that stores bf16 itself (the CUDA backend's op rules).
+                    Case{"tp=2:seqpar:bf16", 0, kFB}, Case{"tp=2:bf16", 1, kFB, nullptr, true},
+                    Case{"sp=2:ring:bf16", 1, kFB, nullptr, true},
+                    Case{"tp=2,sp=2:seqpar:bf16", 3, kFB, nullptr, true}),
     [](const testing::TestParamInfo<Case>& i) {
       std::string n = std::string(i.param.layout) + (i.param.bf16_native ? "_native" : "") + "_r" +
                       std::to_string(i.param.rank) +

@@ -327,32 +327,40 @@ TEST(PlannerTest, RecommendsTheFastestLayoutThatFitsAndSaysByHowMuchOthersDoNot)
   EXPECT_FALSE(make_plan(r).ok());
 }
 
-// --bf16: every layout is dry-run in bf16; tsp runs it (through the storage decorator), the
-// Megatron layouts refuse it, and the plan lists them as not buildable, naming the layout.
+// --bf16: every layout is dry-run in bf16 and every strategy runs it (tsp and the Megatron
+// layouts alike): the bf16 plan holds the f32 plan's layouts, each with :bf16.
 TEST(PlannerTest, Bf16PlansTheLayoutsThatRunIt) {
   PlanRequest r;
   r.config = mha_config(2);
   r.hardware = *Hardware::from_json(kHardware);
   r.devices = 2;
   r.seq = 512;
+  Result<PlanReport> f32 = make_plan(r);
+  ASSERT_TRUE(f32.ok()) << f32.status().to_string();
   r.bf16 = true;
   Result<PlanReport> rep = make_plan(r);
   ASSERT_TRUE(rep.ok()) << rep.status().to_string();
-  ASSERT_EQ(rep->layouts.size(), 1u);
-  EXPECT_EQ(rep->layouts[0].layout.to_string(), "tsp=2:bf16");
-  EXPECT_GT(rep->layouts[0].time.step_s, 0);
-  bool tp_named = false;
-  for (const std::string& n : rep->not_buildable) tp_named = tp_named || n.rfind("tp=2:bf16: ", 0) == 0;
-  EXPECT_TRUE(tp_named) << plan_report_text(*rep);
+  ASSERT_EQ(rep->layouts.size(), f32->layouts.size()) << plan_report_text(*rep);
+  EXPECT_EQ(rep->not_buildable, f32->not_buildable) << plan_report_text(*rep);
+  bool tp_planned = false;
+  for (size_t i = 0; i < rep->layouts.size(); ++i) {
+    Layout want = f32->layouts[i].layout;
+    want.dtype = DType::kBF16;
+    EXPECT_EQ(rep->layouts[i].layout.to_string(), want.to_string());
+    EXPECT_GT(rep->layouts[i].time.step_s, 0);
+    tp_planned = tp_planned || rep->layouts[i].layout.to_string() == "tp=2:bf16";
+  }
+  EXPECT_TRUE(tp_planned) << plan_report_text(*rep);
+  ASSERT_EQ(rep->layouts[0].layout.to_string(), "tsp=2:bf16");
   // The hardware states a bf16 rate: native bf16 unless the request names the decorator
   // (bench-layouts does: it measures on the CPU backend under it).
   r.bf16_native = false;
   Result<PlanReport> widened = make_plan(r);
-  ASSERT_TRUE(widened.ok() && widened->layouts.size() == 1u);
+  ASSERT_TRUE(widened.ok() && widened->layouts.size() == rep->layouts.size());
   EXPECT_GT(widened->layouts[0].memory.of(MemCategory::kWorkspace), rep->layouts[0].memory.of(MemCategory::kWorkspace));
   r.matmul_takes_bf16 = false;
   Result<PlanReport> no_bf16_gemm = make_plan(r);
-  ASSERT_TRUE(no_bf16_gemm.ok() && no_bf16_gemm->layouts.size() == 1u);
+  ASSERT_TRUE(no_bf16_gemm.ok() && no_bf16_gemm->layouts.size() == rep->layouts.size());
   // Widened GEMM operands are f32 GEMMs, priced at the f32 rate.
   EXPECT_GT(no_bf16_gemm->layouts[0].time.compute_s, widened->layouts[0].time.compute_s);
 }

@@ -64,7 +64,7 @@ Tensor MegatronStep::attention_forward(int l, const Tensor& x, AttnSaved* saved,
     if (gather_) requests = start_gather_kv_pair(k, v, k_full, v_full);  // fwd: all_gather over sp
   });
   s.attn = act({B, Sl, hl, d});
-  s.lse = act({B, hl, Sl});
+  s.lse = stat({B, hl, Sl});  // f32 whatever the storage
   if (local_) {
     const AttentionArgs args{&s.qkv.q, &s.qkv.k, &s.qkv.v, &q_pos_, &k_pos_, attention_scale()};
     be_.attention_forward(args, s.attn, s.lse);

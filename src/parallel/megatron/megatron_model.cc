@@ -31,8 +31,6 @@ Result<MegatronModel> MegatronModel::create(const LlamaConfig& config, const Lay
                                             int64_t seq) {
   FP_CHECK(layout.strategy == Strategy::kMegatron, "MegatronModel for layout {}", layout.to_string());
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));
-  if (layout.dtype != DType::kF32)
-    return unimplemented("this layout stores weights and activations in f32 only; bf16 storage runs under tsp");
   FP_CHECK(t >= 0 && t < layout.tp && p >= 0 && p < layout.sp, "rank ({}, {}) of layout {}", t, p,
            layout.to_string());
   // One sp rank holds every position in order, whatever the split.
@@ -117,6 +115,8 @@ Result<Tensor> MegatronModel::prefill(Backend& be, const MegatronAxes& axes, con
                                       const Tensor& ids, KvCache& cache, double* exposed_comm_seconds) const {
   if (seq_par_ || sp_degree() != 1)
     return invalid_argument("prefill runs plain tensor parallelism (sp degree 1, not sequence-parallel)");
+  if (options_.dtype != DType::kF32)
+    return unimplemented("prefill of {}: generation's KV cache is f32; drop :bf16", options_.to_string());
   if (ids.rank() != 2 || ids.dtype() != DType::kI32 || ids.dim(1) != shard_.seq())
     return invalid_argument("prefill ids {}: expected i32 [B, {}]", ids.describe(), shard_.seq());
   // No head: the targets are never read.

@@ -61,7 +61,10 @@
 //                          all_reduce of every gradient this rank holds, L (attn + mlp shard
 //                          elements) + (1 or 2) V/tp*h + (2L+1) h (chunks of 2^30 elements)
 //   keep_logits            (verification) adds an all_gather over tp of the rows' [rows, V/tp]
-// On an axis of one rank every term of that axis is zero, calls included.
+// On an axis of one rank every term of that axis is zero, calls included. Bytes: elements
+// times the storage dtype's size (bf16 under :bf16: 2) for the rows, K/V, dK/dV, the ring's
+// blocks and keep_logits; 4 for the loss's statistics and the gradients over sp, whatever
+// the storage; 8 for the loss sums.
 // tests/parallel/megatron_traffic_test.cc holds every term per communicator and kind.
 //
 // Collective over both communicators: every rank calls forward/forward_backward with the
@@ -91,8 +94,9 @@ class MegatronModel {
  public:
   // The model of the rank at (tp_rank, sp_rank) of a Megatron layout (tp=<tp>, sp=<sp>, either
   // possibly 1) at sequence length `seq`: validate_layout's verdict first (invalid_argument
-  // naming the numbers), nothing allocated before it; bf16 storage is refused
-  // (unimplemented). Not collective.
+  // naming the numbers), nothing allocated before it. bf16 storage (layout.dtype) keeps
+  // weights, activations and what travels in bf16, per-row statistics and gradients f32
+  // (the f32 masters are the optimizer's). Not collective.
   static Result<MegatronModel> create(const LlamaConfig& config, const Layout& layout, int tp_rank, int sp_rank,
                                       int64_t seq);
 

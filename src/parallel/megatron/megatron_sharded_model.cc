@@ -1,5 +1,5 @@
 // Megatron (tp=N, sp=M, tp=N,sp=M) behind the ShardedModel interface: WeightShardedModel
-// owns the tp slices of the weights (replicated across sp) and their gradients (one flat
+// owns the tp slices of the weights (replicated across sp; in the layout's storage dtype) and their gradients (one flat
 // ShardedGrads buffer, summed over sp in one all_reduce); this adds the step over sequence-
 // sharded tokens. A layout without one of the axes runs over
 // a communicator of one rank for it (comm/self_communicator.h), which is never called.
@@ -26,7 +26,7 @@ class MegatronShardedModel final : public WeightShardedModel {
   // step, the same summed gradients), so each group assembles the whole model on its own.
   MegatronShardedModel(MegatronModel model, Communicator& tp, Communicator& sp, std::string layout,
                        std::unique_ptr<Communicator> self)
-      : WeightShardedModel(model.config(), model.dims(), tp, std::move(layout), DType::kF32,
+      : WeightShardedModel(model.config(), model.dims(), tp, std::move(layout), model.options().dtype,
                            Counting{tp.rank() == 0 && sp.rank() == 0, sp.rank() == 0}),
         self_(std::move(self)),
         model_(std::move(model)),

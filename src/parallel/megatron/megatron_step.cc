@@ -13,7 +13,8 @@ namespace foldpar::megatron_detail {
 MegatronStep::MegatronStep(const MegatronModel& model, Backend& backend, const MegatronAxes& axes, const Batch& local,
                            TpStepInputs in)
     : TpStepBase(model.config(), model.dims(), backend, *axes.tp, model.tp_rank(), model.options().overlap,
-                 model.sequence_parallel(), TpRows{local.batch(), model.sp_seq(), model.local_seq()}, local, in),
+                 model.sequence_parallel(), model.options().dtype,
+                 TpRows{local.batch(), model.sp_seq(), model.local_seq()}, local, in),
       model_(model),
       opt_(model.options()),
       sp_(*axes.sp),

@@ -12,13 +12,14 @@
 namespace foldpar::megatron_detail {
 
 TpStepBase::TpStepBase(const LlamaConfig& config, const ShardDims& dims, Backend& backend, Communicator& tp,
-                       int tp_rank, bool overlap, bool sequence_parallel, TpRows rows, const Batch& local,
-                       TpStepInputs in)
+                       int tp_rank, bool overlap, bool sequence_parallel, DType dtype, TpRows rows,
+                       const Batch& local, TpStepInputs in)
     : c_(config),
       dims_(dims),
       be_(backend),
       tp_(tp, backend, overlap),
       seq_par_(sequence_parallel),
+      dtype_(dtype),
       batch_(rows.batch),
       tp_seq_(rows.tp_seq),
       local_seq_(rows.local_seq),

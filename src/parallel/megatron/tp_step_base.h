@@ -14,7 +14,13 @@
 //
 // Rows: N = B * tp_seq, the tp group's token rows, which the column- and row-parallel GEMMs
 // see; R = B * local_seq, this rank's rows of the residual stream and the norms (N, or N/tp
-// with sequence parallelism). The plan's replay (plan/tpsp_memory.cc) follows every
+// with sequence parallelism).
+//
+// Storage (as the single-rank model and TSP): activations, their gradients, the row-parallel
+// partials and everything that travels over tp and sp (rows, K/V, dK/dV) in the layout's
+// dtype (bf16 under :bf16, so the collectives move 2-byte elements, reduced in f32 by the
+// communicator and rounded once); per-row statistics (rstd, lse, the loss's maxima and sums)
+// and the weights' gradients always f32. The plan's replay (plan/tpsp_memory.cc) follows every
 // allocation here (tests/parallel/plan_validation_test holds the two together).
 #pragma once
 
@@ -100,8 +106,9 @@ class TpStepBase : public ModelStep {
  protected:
   // With sequence parallelism gathers every row's ids and targets over tp (one all_gather,
   // packed). FP_CHECKs that `tp` is the model's tp axis (degree, rank).
+  // dtype: the storage of the weights and activations (Layout::dtype).
   TpStepBase(const LlamaConfig& config, const ShardDims& dims, Backend& backend, Communicator& tp, int tp_rank,
-             bool overlap, bool sequence_parallel, TpRows rows, const Batch& local, TpStepInputs in);
+             bool overlap, bool sequence_parallel, DType dtype, TpRows rows, const Batch& local, TpStepInputs in);
   // The positions and RoPE table of the rows the GEMMs see, once the subclass has them.
   void set_positions(const Tensor* positions, const Tensor* rope_table);
 
@@ -116,11 +123,13 @@ class TpStepBase : public ModelStep {
   Tensor mlp_forward(int layer, const Tensor& x_mid, TpMlpSaved* saved, bool keep_gathered);
   Tensor mlp_backward(int layer, const TpMlpSaved& s, const Tensor& d_out);
 
-  Tensor act(const Shape& shape) const { return Tensor::empty(shape, DType::kF32, MemCategory::kActivations); }
-  Tensor comm_buffer(const Shape& shape) const { return Tensor::empty(shape, DType::kF32, MemCategory::kComm); }
+  // Activations and what travels in the storage dtype; per-row statistics always f32.
+  Tensor act(const Shape& shape) const { return Tensor::empty(shape, dtype_, MemCategory::kActivations); }
+  Tensor stat(const Shape& shape) const { return Tensor::empty(shape, DType::kF32, MemCategory::kActivations); }
+  Tensor comm_buffer(const Shape& shape) const { return Tensor::empty(shape, dtype_, MemCategory::kComm); }
   // A row-parallel GEMM's partial [N, h]: in a communication buffer when g' reduce-scatters it.
   MemCategory partial_category() const { return seq_par_ ? MemCategory::kComm : MemCategory::kActivations; }
-  Tensor row_partial() const { return Tensor::empty({all_rows_, dims_.h}, DType::kF32, partial_category()); }
+  Tensor row_partial() const { return Tensor::empty({all_rows_, dims_.h}, dtype_, partial_category()); }
   // [R, h] -> [N, h]: f' (all_gather over tp) with sequence parallelism; identity otherwise.
   Tensor gather_rows(const Tensor& local);
   TpComm::Pending start_gather_rows(const Tensor& local, Tensor& full);
@@ -157,6 +166,7 @@ class TpStepBase : public ModelStep {
   Backend& be_;
   TpComm tp_;
   bool seq_par_;           // Megatron sequence parallelism inside the tp group
+  DType dtype_;            // storage of the weights and activations
   int64_t batch_;          // B
   int64_t tp_seq_;         // positions per sequence the tp GEMMs see
   int64_t local_seq_;      // positions per sequence of the residual stream
