@@ -209,9 +209,18 @@ class LlamaCfg:
 
         # Refuse options that change the math rather than silently ignoring them.
         self.rope = hf_rope_scaling(d)
-        for key in ("attention_bias", "mlp_bias"):
-            if d.get(key):
-                raise BadInput(f"config.json: {key}=true is not supported by the oracle")
+        if d.get("mlp_bias"):
+            raise BadInput("config.json: mlp_bias=true is not supported by the oracle")
+        # The attention variants as the transformers modeling files define them: Qwen2 always
+        # has q/k/v biases (no o_proj bias); Llama's and Qwen3's attention_bias puts a bias on
+        # q, k, v and o; Qwen3 always has the per-head q/k RMSNorm before RoPE.
+        mtype = d.get("model_type", "llama")
+        bias = bool(d.get("attention_bias", False))
+        self.qkv_bias = mtype == "qwen2" or (bias and mtype in ("llama", "qwen3"))
+        self.o_bias = bias and mtype in ("llama", "qwen3")
+        self.qk_norm = mtype == "qwen3"
+        if bias and mtype not in ("llama", "qwen3", "qwen2"):
+            raise BadInput(f"config.json: attention_bias=true with model_type {mtype!r} is not supported")
         act = d.get("hidden_act", "silu")
         if act != "silu":
             raise BadInput(f"config.json: hidden_act {act!r} is not supported (only silu)")
@@ -227,6 +236,15 @@ class LlamaCfg:
             shapes[p + "self_attn.k_proj.weight"] = (self.n_kv * d, h)
             shapes[p + "self_attn.v_proj.weight"] = (self.n_kv * d, h)
             shapes[p + "self_attn.o_proj.weight"] = (h, self.n_heads * d)
+            if self.qkv_bias:
+                shapes[p + "self_attn.q_proj.bias"] = (self.n_heads * d,)
+                shapes[p + "self_attn.k_proj.bias"] = (self.n_kv * d,)
+                shapes[p + "self_attn.v_proj.bias"] = (self.n_kv * d,)
+            if self.o_bias:
+                shapes[p + "self_attn.o_proj.bias"] = (h,)
+            if self.qk_norm:
+                shapes[p + "self_attn.q_norm.weight"] = (d,)
+                shapes[p + "self_attn.k_norm.weight"] = (d,)
             shapes[p + "post_attention_layernorm.weight"] = (h,)
             if self.moe is not None and self.moe.is_sparse(i):
                 shapes.update(self.moe.param_shapes(p, h))
@@ -348,9 +366,14 @@ def rope_cos_sin(seq, head_dim, theta, dtype, cfg=None):
 def attention(x, p, cfg, cos, sin):
     B, S, _ = x.shape
     d, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv
-    q = (x @ p["self_attn.q_proj.weight"].t()).view(B, S, nh, d).transpose(1, 2)    # [B, nh, S, d]
-    k = (x @ p["self_attn.k_proj.weight"].t()).view(B, S, nkv, d).transpose(1, 2)   # [B, nkv, S, d]
-    v = (x @ p["self_attn.v_proj.weight"].t()).view(B, S, nkv, d).transpose(1, 2)
+    def proj(name):
+        y = x @ p[f"self_attn.{name}.weight"].t()
+        return y + p[f"self_attn.{name}.bias"] if cfg.qkv_bias else y
+    q, k, v = proj("q_proj").view(B, S, nh, d), proj("k_proj").view(B, S, nkv, d), proj("v_proj").view(B, S, nkv, d)
+    if cfg.qk_norm:  # Qwen3: RMSNorm over each head's d, gains shared by the heads
+        q = rms_norm(q, p["self_attn.q_norm.weight"], cfg.eps)
+        k = rms_norm(k, p["self_attn.k_norm.weight"], cfg.eps)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)   # [B, n, S, d]
     q = q * cos + rotate_half(q) * sin
     k = k * cos + rotate_half(k) * sin
     g = nh // nkv
@@ -362,7 +385,8 @@ def attention(x, p, cfg, cos, sin):
     scores = scores.masked_fill(causal, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     out = (probs @ v).transpose(1, 2).reshape(B, S, nh * d)
-    return out @ p["self_attn.o_proj.weight"].t()
+    out = out @ p["self_attn.o_proj.weight"].t()
+    return out + p["self_attn.o_proj.bias"] if cfg.o_bias else out
 
 
 def mlp(x, p):
@@ -866,7 +890,7 @@ def self_test(tol):
 def main(argv=None, out=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("dump_dir", nargs="?", help="directory written by `foldpar verify --dump`")
+    ap.add_argument("dump_dir", nargs="*", help="directories written by `foldpar verify --dump` (each checked)")
     ap.add_argument("--tol", type=float, default=1e-4, help="max relative error per tensor (default 1e-4)")
     ap.add_argument("--json", action="store_true",
                     help="print a JSON summary on stdout (the table then goes to stderr)")
@@ -886,16 +910,19 @@ def main(argv=None, out=None):
         return 2
     if out is None:
         out = sys.stderr if args.json else sys.stdout
-    try:
-        code, summary = compare(args.dump_dir, args.tol, out=out)
-    except BadInput as e:
-        print(f"error: {e}", file=sys.stderr)
+    worst = 0
+    for dump_dir in args.dump_dir:  # several in one process: torch starts once
+        try:
+            code, summary = compare(dump_dir, args.tol, out=out)
+        except BadInput as e:
+            print(f"error: {dump_dir}: {e}", file=sys.stderr)
+            if args.json:
+                print(json.dumps({"pass": False, "error": str(e)}))
+            return 2
         if args.json:
-            print(json.dumps({"pass": False, "error": str(e)}))
-        return 2
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    return code
+            print(json.dumps(summary, indent=2))
+        worst = max(worst, code)
+    return worst
 
 
 if __name__ == "__main__":

@@ -138,6 +138,11 @@ Status write_gguf_model(const std::string& path, const LlamaConfig& c, const Lla
                          rope_type_name(c.rope_scaling.type));
   if (c.moe.enabled())
     return unimplemented("GGUF export of a mixture-of-experts model ({}) is not supported", c.moe.model_type());
+  // llama.cpp reads q/k norms under its qwen3 architecture (NeoX RoPE, other keys) and biases
+  // with rows permuted like their weights'; neither is written or checked against llama.cpp yet.
+  if (c.qk_norm) return unimplemented("GGUF export of per-head q/k norms (qwen3: attn_q_norm.weight) is not supported");
+  if (c.qkv_bias || c.o_bias)
+    return unimplemented("GGUF export of attention biases (qwen2, attention_bias: attn_q.bias) is not supported");
   if (static_cast<int64_t>(vocab.tokens.size()) != c.vocab_size || vocab.token_types.size() != vocab.tokens.size())
     return invalid_argument("the GGUF vocabulary has {} tokens ({} types), the model {}", vocab.tokens.size(),
                             vocab.token_types.size(), c.vocab_size);

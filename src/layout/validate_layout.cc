@@ -145,6 +145,11 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
   if (config.moe.enabled() && (layout.ranks() != 1 || layout.dtype != DType::kF32))
     return unimplemented("layout {}: mixture-of-experts models ({}, {} experts) run on one rank in f32 only so far",
                          name, config.moe.model_type(), config.moe.num_experts);
+  // So do the attention variants (q/k/v/o biases, q/k norms): the sharded weights carry them for
+  // decode (parallel/decode_block.h), but the TSP and Megatron training steps do not yet.
+  if ((config.qkv_bias || config.o_bias || config.qk_norm) && (layout.ranks() != 1 || layout.dtype != DType::kF32))
+    return unimplemented("layout {}: attention {} run on one rank in f32 only so far", name,
+                         config.qk_norm ? "q/k norms (qwen3)" : "biases (qwen2, attention_bias)");
   FP_RETURN_IF_ERROR(check_axes(layout, name));
   FP_RETURN_IF_ERROR(check_knobs(layout, name));
   if (layout.pp == 1 && !layout.stage_layers.empty())

@@ -8,8 +8,8 @@
 
 namespace foldpar {
 
-QkvWeights qkv_weights(const LayerWeights& w) { return QkvWeights{w.wq, w.wk, w.wv}; }
-LinearView wo_view(const LayerWeights& w) { return LinearView{w.wo, false}; }
+QkvWeights qkv_weights(const LayerWeights& w) { return QkvWeights{w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, w.q_norm, w.k_norm}; }
+LinearView wo_view(const LayerWeights& w) { return LinearView{w.wo, false, w.bo}; }
 MlpWeights mlp_weights(const LayerWeights& w) { return MlpWeights{w.w_gate, w.w_up, LinearView{w.w_down, false}}; }
 
 namespace {
@@ -71,8 +71,8 @@ Tensor block_backward(const BlockContext& ctx, const LayerWeights& w, const Bloc
   d_attn = Tensor();
   QkvWeights g_qkv = qkv_weights(g);
   Tensor d_a1;  // [T, h]
-  q_backward(ctx, qkv_weights(w), s.attn_norm.a, dq, d_a1, g_qkv, 1.0f);
-  kv_backward(ctx, qkv_weights(w), s.attn_norm.a, dk, dv, d_a1, g_qkv, 1.0f);
+  q_backward(ctx, qkv_weights(w), s.attn_norm.a, dq, d_a1, g_qkv, 1.0f, &s.qkv);
+  kv_backward(ctx, qkv_weights(w), s.attn_norm.a, dk, dv, d_a1, g_qkv, 1.0f, &s.qkv);
   return norm_backward(ctx, w.attn_norm, s.attn_norm, d_a1, &dx_mid, g.attn_norm);
 }
 

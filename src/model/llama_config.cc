@@ -45,19 +45,20 @@ Status refuse_unimplemented(const nlohmann::json& j) {
   if (auto it = j.find("model_type"); it != j.end()) {
     if (!it->is_string()) return invalid_argument("config: \"model_type\" must be a string, got {}", quote(*it));
     const std::string t = it->get<std::string>();
-    if (t == "qwen2" || t == "qwen2_moe")
-      return unimplemented("config: model_type \"{}\" has q/k/v biases, which foldpar does not implement", t);
-    if (t == "qwen3" || t == "qwen3_moe")
-      return unimplemented("config: model_type \"{}\" has per-head q/k RMSNorm, which foldpar does not implement",
+    if (t == "qwen2_moe")
+      return unimplemented("config: model_type \"{}\" has q/k/v biases, which foldpar's MoE layers do not implement",
                            t);
-    if (t != "llama" && t != "mistral" && t != "mixtral")
+    if (t == "qwen3_moe")
       return unimplemented(
-          "config: model_type {} is not supported (foldpar implements \"llama\", \"mistral\" and \"mixtral\")",
+          "config: model_type \"{}\" has per-head q/k RMSNorm, which foldpar's MoE layers do not implement", t);
+    if (t != "llama" && t != "mistral" && t != "mixtral" && t != "qwen2" && t != "qwen3")
+      return unimplemented(
+          "config: model_type {} is not supported (foldpar implements \"llama\", \"mistral\", \"mixtral\", "
+          "\"qwen2\" and \"qwen3\")",
           quote(*it));
   }
-  for (const char* key : {"attention_bias", "mlp_bias"})
-    if (auto it = j.find(key); it != j.end() && !(it->is_boolean() && !it->get<bool>()))
-      return unimplemented("config: \"{}\" {} is not supported (foldpar's layers have no biases)", key, quote(*it));
+  if (auto it = j.find("mlp_bias"); it != j.end() && !(it->is_boolean() && !it->get<bool>()))
+    return unimplemented("config: \"mlp_bias\" {} is not supported (foldpar's MLP has no biases)", quote(*it));
   if (auto it = j.find("hidden_act"); it != j.end() && !(it->is_string() && it->get<std::string>() == "silu"))
     return unimplemented("config: hidden_act {} is not supported (foldpar implements \"silu\")", quote(*it));
   // Qwen configs carry a window with use_sliding_window false; Mistral's is always on.
@@ -68,11 +69,35 @@ Status refuse_unimplemented(const nlohmann::json& j) {
                          quote(*it));
   return Status();
 }
+
+// The attention variants the model type and "attention_bias" select, as Hugging Face's
+// modeling files define them: Qwen2 always has q/k/v biases and no o_proj bias (its
+// attention_bias field is not read); Llama's and Qwen3's attention_bias puts a bias on all
+// four projections; Qwen3 always has the q/k norms. Mistral and Mixtral have no biases.
+Status read_attention_variant(const nlohmann::json& j, LlamaConfig* c) {
+  std::string type = "llama";
+  if (auto it = j.find("model_type"); it != j.end()) type = it->get<std::string>();
+  bool bias = false;
+  if (auto it = j.find("attention_bias"); it != j.end()) {
+    if (!it->is_boolean()) return invalid_argument("config: \"attention_bias\" must be true or false, got {}", quote(*it));
+    bias = it->get<bool>();
+  }
+  if (type == "qwen2") {
+    c->qkv_bias = true;
+    return Status();
+  }
+  if (bias && type != "llama" && type != "qwen3")
+    return unimplemented("config: \"attention_bias\" true is not supported with model_type \"{}\"", type);
+  c->qkv_bias = c->o_bias = bias;
+  c->qk_norm = type == "qwen3";
+  return Status();
+}
 }  // namespace
 
 int64_t LlamaConfig::parameter_count() const {
   const int64_t h = hidden_size, f = intermediate_size;
-  const int64_t per_layer = 2 * h + 2 * h * q_dim() + 2 * h * kv_dim() + 3 * h * f;
+  const int64_t per_layer = 2 * h + 2 * h * q_dim() + 2 * h * kv_dim() + 3 * h * f +
+                            (qkv_bias ? q_dim() + 2 * kv_dim() : 0) + (o_bias ? h : 0) + (qk_norm ? 2 * head_dim() : 0);
   // A sparse layer has a router [E, h], E experts and the shared expert with its gate instead of the MLP.
   const int64_t shared = moe.shared_expert_intermediate_size;
   const int64_t moe_delta = moe.num_experts * h + moe.num_experts * 3 * h * moe.moe_intermediate_size +
@@ -106,6 +131,9 @@ Status LlamaConfig::validate() const {
   if (!(rope_theta > 1)) return invalid_argument("config: rope_theta ({}) must be above 1", rope_theta);
   if (rope_scaling.type == RopeScaling::Type::kDynamic && head_dim() <= 2)
     return invalid_argument("config: dynamic rope_scaling needs head dim ({}) above 2", head_dim());
+  if (o_bias && !qkv_bias) return invalid_argument("config: an o_proj bias without q/k/v biases has no Hugging Face form");
+  if (moe.enabled() && (qkv_bias || qk_norm))
+    return unimplemented("config: attention biases or q/k norms with experts are not implemented");
   return moe.validate(num_hidden_layers);
 }
 
@@ -149,6 +177,7 @@ Result<LlamaConfig> LlamaConfig::from_json(const std::string& text) {
                               c.explicit_head_dim, c.num_attention_heads);
   }
   FP_RETURN_IF_ERROR(refuse_unimplemented(j));
+  FP_RETURN_IF_ERROR(read_attention_variant(j, &c));
   MoeFamily family = MoeFamily::kMixtral;
   if (auto it = j.find("model_type"); it != j.end() && moe_family_of(it->get<std::string>(), &family)) {
     FP_ASSIGN_OR_RETURN(c.moe, MoeConfig::from_json(j, family));
@@ -170,8 +199,12 @@ Result<LlamaConfig> LlamaConfig::load(const std::string& path) {
 
 std::string LlamaConfig::to_json() const {
   nlohmann::ordered_json j;
-  j["architectures"] = {moe.enabled() ? moe.architecture() : "LlamaForCausalLM"};
-  j["model_type"] = moe.enabled() ? moe.model_type() : "llama";
+  // The dense families by their attention variant (read_attention_variant's inverse).
+  const bool qwen2 = qkv_bias && !o_bias && !qk_norm;
+  const char* dense_arch = qk_norm ? "Qwen3ForCausalLM" : (qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
+  const char* dense_type = qk_norm ? "qwen3" : (qwen2 ? "qwen2" : "llama");
+  j["architectures"] = {moe.enabled() ? moe.architecture() : dense_arch};
+  j["model_type"] = moe.enabled() ? moe.model_type() : dense_type;
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
   j["num_attention_heads"] = num_attention_heads;
@@ -185,7 +218,8 @@ std::string LlamaConfig::to_json() const {
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["rope_scaling"] = rope_scaling_json(rope_scaling);
   j["hidden_act"] = "silu";
-  j["attention_bias"] = false;
+  j["attention_bias"] = o_bias;
+  if (qwen2) j["use_sliding_window"] = false;
   j["torch_dtype"] = "float32";
   moe.to_json(j);
   return j.dump(2) + "\n";

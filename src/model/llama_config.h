@@ -26,6 +26,9 @@ struct LlamaConfig {
   // ---- attention variants of the Hugging Face families (issue 21) ----
   RopeScaling rope_scaling;             // "rope_scaling": linear, dynamic, llama3, yarn
   int64_t explicit_head_dim = 0;        // "head_dim" (Qwen3: 128 with h / n_h = 64); 0: h / n_h
+  bool qkv_bias = false;                // q_proj, k_proj, v_proj have biases (qwen2; "attention_bias")
+  bool o_bias = false;                  // o_proj has a bias ("attention_bias" of llama and qwen3)
+  bool qk_norm = false;                 // per-head RMSNorm of q and k before RoPE, gains [d] (qwen3)
   MoeConfig moe;                        // experts (model_type mixtral, qwen2_moe, qwen3_moe); none: dense
 
   // d: q proj [n_h*d, h], o proj [h, n_h*d], k and v proj [n_kv*d, h].

@@ -26,6 +26,16 @@ LlamaWeights LlamaWeights::allocate(const LlamaConfig& c, DType dtype, MemCatego
     lw.wk = Tensor::empty({kv, h}, dtype, category);
     lw.wv = Tensor::empty({kv, h}, dtype, category);
     lw.wo = Tensor::empty({h, q}, dtype, category);
+    if (c.qkv_bias) {
+      lw.bq = Tensor::empty({q}, dtype, category);
+      lw.bk = Tensor::empty({kv}, dtype, category);
+      lw.bv = Tensor::empty({kv}, dtype, category);
+    }
+    if (c.o_bias) lw.bo = Tensor::empty({h}, dtype, category);
+    if (c.qk_norm) {
+      lw.q_norm = Tensor::empty({c.head_dim()}, dtype, category);
+      lw.k_norm = Tensor::empty({c.head_dim()}, dtype, category);
+    }
     lw.mlp_norm = Tensor::empty({h}, dtype, category);
     if (c.moe.is_sparse_layer(l)) {
       lw.moe = allocate_moe_layer(c, dtype, category, sparse++);
@@ -50,7 +60,17 @@ void LlamaWeights::for_each(const std::function<void(const std::string&, Tensor&
     fn(p + "self_attn.q_proj.weight", lw.wq);
     fn(p + "self_attn.k_proj.weight", lw.wk);
     fn(p + "self_attn.v_proj.weight", lw.wv);
+    if (lw.bq.defined()) {
+      fn(p + "self_attn.q_proj.bias", lw.bq);
+      fn(p + "self_attn.k_proj.bias", lw.bk);
+      fn(p + "self_attn.v_proj.bias", lw.bv);
+    }
     fn(p + "self_attn.o_proj.weight", lw.wo);
+    if (lw.bo.defined()) fn(p + "self_attn.o_proj.bias", lw.bo);
+    if (lw.q_norm.defined()) {
+      fn(p + "self_attn.q_norm.weight", lw.q_norm);
+      fn(p + "self_attn.k_norm.weight", lw.k_norm);
+    }
     fn(p + "post_attention_layernorm.weight", lw.mlp_norm);
     if (lw.moe.defined()) {
       for_each_moe_tensor(p, moe_family, lw.moe, fn);

@@ -37,6 +37,13 @@ struct LayerWeights {
   Tensor wk;         // [n_kv*d, h]    self_attn.k_proj.weight
   Tensor wv;         // [n_kv*d, h]    self_attn.v_proj.weight
   Tensor wo;         // [h, n_h*d]     self_attn.o_proj.weight
+  // Attention variants (undefined when the config has none): biases, q/k RMSNorm gains.
+  Tensor bq;         // [n_h*d]        self_attn.q_proj.bias   (qkv_bias)
+  Tensor bk;         // [n_kv*d]       self_attn.k_proj.bias
+  Tensor bv;         // [n_kv*d]       self_attn.v_proj.bias
+  Tensor bo;         // [h]            self_attn.o_proj.bias   (o_bias)
+  Tensor q_norm;     // [d]            self_attn.q_norm.weight (qk_norm), shared by every head
+  Tensor k_norm;     // [d]            self_attn.k_norm.weight
   Tensor mlp_norm;   // [h]            post_attention_layernorm.weight
   Tensor w_gate;     // [f, h]         mlp.gate_proj.weight
   Tensor w_up;       // [f, h]         mlp.up_proj.weight

@@ -30,10 +30,53 @@ void run(const std::function<void()>& hook) {
   if (hook) hook();
 }
 
+// A column of T ones: a bias add is the rank-1 product ones b^T, its gradient ones^T dy.
+Tensor ones_column(Backend& be, int64_t rows, const Tensor& like) {
+  Tensor ones = act_like({rows, 1}, like);
+  be.fill(1.0, ones);
+  return ones;
+}
+
+// y [T, out] += b [out] on every row.
+void add_bias(Backend& be, const Tensor& b, Tensor& y) {
+  const int64_t out = b.numel(), rows = y.numel() / out;
+  Tensor y2 = y.reshape({rows, out});
+  be.matmul(ones_column(be, rows, y), false, b.reshape({1, out}), false, y2, 1.0f, 1.0f);
+}
+
+// g_b [out] = the column sums of dy [T, out] + beta g_b.
+void bias_grad(Backend& be, const Tensor& dy, Tensor& g_b, float beta) {
+  const int64_t out = g_b.numel(), rows = dy.numel() / out;
+  Tensor g2 = g_b.reshape({1, out});
+  be.matmul(ones_column(be, rows, dy), true, dy.reshape({rows, out}), false, g2, 1.0f, beta);
+}
+
+// Per-head RMSNorm over the last axis d of x [B, S, n, d]: y = x / rms(x) * gain [d].
+void head_norm_forward(const BlockContext& ctx, const Tensor& gain, const Tensor& x, Tensor& y, Tensor& rstd) {
+  const int64_t d = gain.numel(), rows = x.numel() / d;
+  Tensor y2 = y.reshape({rows, d});
+  ctx.backend->rmsnorm_forward(x.reshape({rows, d}), gain, ctx.config->rms_norm_eps, y2, rstd);
+}
+
+// dy [B, S, n, d] (after RoPE's adjoint) -> the gradient before the norm; g_gain = its
+// gradient + g_beta g_gain.
+Tensor head_norm_backward(const BlockContext& ctx, const Tensor& gain, const Tensor& x, const Tensor& rstd,
+                          const Tensor& dy, Tensor& g_gain, float g_beta) {
+  Backend& be = *ctx.backend;
+  const int64_t d = gain.numel(), rows = x.numel() / d;
+  if (g_beta == 0.0f) be.fill(0.0, g_gain);
+  else if (g_beta != 1.0f) be.scale_inplace(g_beta, g_gain);
+  Tensor dx = act_like(dy.shape(), dy);
+  Tensor dx2 = dx.reshape({rows, d});
+  be.rmsnorm_backward(x.reshape({rows, d}), gain, rstd, dy.reshape({rows, d}), dx2, g_gain);
+  return dx;
+}
+
 }  // namespace
 
 void linear_forward(Backend& be, const LinearView& w, const Tensor& x, Tensor& y, float beta) {
   be.matmul(x, false, w.w, !w.transposed, y, 1.0f, beta);
+  if (w.b.defined()) add_bias(be, w.b, y);
 }
 
 void linear_backward_input(Backend& be, const LinearView& w, const Tensor& dy, Tensor& dx, float beta) {
@@ -46,6 +89,7 @@ void linear_backward_weight(Backend& be, LinearView& g, const Tensor& dy, const 
   } else {
     be.matmul(dy, true, x, false, g.w, 1.0f, beta);  // dW = dy^T x
   }
+  if (g.b.defined()) bias_grad(be, dy, g.b, beta);  // db = 1^T dy
 }
 
 NormSaved norm_forward(const BlockContext& ctx, const Tensor& gain, const Tensor& x) {
@@ -70,13 +114,26 @@ QkvSaved qkv_forward(const BlockContext& ctx, const QkvWeights& w, const Tensor&
   Backend& be = *ctx.backend;
   const int64_t B = ctx.batch, S = ctx.seq, T = ctx.rows(), d = ctx.config->head_dim();
   const int64_t n_q = w.wq.dim(0) / d, n_k = w.wk.dim(0) / d;
+  const bool normed = w.q_norm.defined();
+  FP_CHECK(normed == w.k_norm.defined() && w.bq.defined() == w.bk.defined() && w.bk.defined() == w.bv.defined(),
+           "q/k/v variant weights defined in part");
   QkvSaved s{act_like({B, S, n_q, d}, a), act_like({B, S, n_k, d}, a), act_like({B, S, n_k, d}, a)};
-  Tensor q2 = s.q.reshape({T, n_q * d}), k2 = s.k.reshape({T, n_k * d}), v2 = s.v.reshape({T, n_k * d});
-  be.matmul(a, false, w.wk, true, k2);
-  be.matmul(a, false, w.wv, true, v2);
+  if (normed) {
+    s.q_raw = act_like({B, S, n_q, d}, a);
+    s.k_raw = act_like({B, S, n_k, d}, a);
+    s.q_rstd = stat_like({T * n_q}, a);
+    s.k_rstd = stat_like({T * n_k}, a);
+  }
+  // The projections land in the raw tensors when a norm follows, else in q, k directly.
+  Tensor q2 = (normed ? s.q_raw : s.q).reshape({T, n_q * d}), k2 = (normed ? s.k_raw : s.k).reshape({T, n_k * d});
+  Tensor v2 = s.v.reshape({T, n_k * d});
+  linear_forward(be, LinearView{w.wk, false, w.bk}, a, k2, 0.0f);
+  linear_forward(be, LinearView{w.wv, false, w.bv}, a, v2, 0.0f);
+  if (normed) head_norm_forward(ctx, w.k_norm, s.k_raw, s.k, s.k_rstd);
   be.rope_forward(*ctx.rope_table, s.k);
   if (kv_ready) kv_ready(s.k, s.v);
-  be.matmul(a, false, w.wq, true, q2);
+  linear_forward(be, LinearView{w.wq, false, w.bq}, a, q2, 0.0f);
+  if (normed) head_norm_forward(ctx, w.q_norm, s.q_raw, s.q, s.q_rstd);
   be.rope_forward(*ctx.rope_table, s.q);
   return s;
 }
@@ -88,7 +145,7 @@ void q_input_grad(const BlockContext& ctx, const QkvWeights& w, const Tensor& dq
   linear_backward_input(*ctx.backend, LinearView{w.wq}, dq.reshape({ctx.rows(), w.wq.dim(0)}), d_a, beta);
 }
 void q_weight_grad(const BlockContext& ctx, const Tensor& dq, const Tensor& a, QkvWeights& g, float g_beta) {
-  LinearView gq{g.wq};
+  LinearView gq{g.wq, false, g.bq};
   linear_backward_weight(*ctx.backend, gq, dq.reshape({ctx.rows(), g.wq.dim(0)}), a, g_beta);
 }
 // k = rope(a Wk^T), v = a Wv^T: with dk rotated back, d_a (+)= dk Wk + dv Wv.
@@ -99,35 +156,54 @@ void kv_input_grad(const BlockContext& ctx, const QkvWeights& w, const Tensor& d
   linear_backward_input(be, LinearView{w.wv}, dv.reshape({ctx.rows(), w.wv.dim(0)}), d_a, 1.0f);
 }
 void k_weight_grad(const BlockContext& ctx, const Tensor& dk, const Tensor& a, QkvWeights& g, float g_beta) {
-  LinearView gk{g.wk};
+  LinearView gk{g.wk, false, g.bk};
   linear_backward_weight(*ctx.backend, gk, dk.reshape({ctx.rows(), g.wk.dim(0)}), a, g_beta);
 }
 void v_weight_grad(const BlockContext& ctx, const Tensor& dv, const Tensor& a, QkvWeights& g, float g_beta) {
-  LinearView gv{g.wv};
+  LinearView gv{g.wv, false, g.bv};
   linear_backward_weight(*ctx.backend, gv, dv.reshape({ctx.rows(), g.wv.dim(0)}), a, g_beta);
+}
+
+// dq (dk) after RoPE's adjoint, back through the q (k) norm when there is one: the gradient
+// at the projection's output, in place of `d`.
+void unnorm_q(const BlockContext& ctx, const QkvWeights& w, const QkvSaved* s, Tensor& dq, QkvWeights& g,
+              float g_beta) {
+  if (!w.q_norm.defined()) return;
+  FP_CHECK(s != nullptr && s->q_raw.defined(), "q norm backward without the forward's saved state");
+  dq = head_norm_backward(ctx, w.q_norm, s->q_raw, s->q_rstd, dq, g.q_norm, g_beta);
+}
+void unnorm_k(const BlockContext& ctx, const QkvWeights& w, const QkvSaved* s, Tensor& dk, QkvWeights& g,
+              float g_beta) {
+  if (!w.k_norm.defined()) return;
+  FP_CHECK(s != nullptr && s->k_raw.defined(), "k norm backward without the forward's saved state");
+  dk = head_norm_backward(ctx, w.k_norm, s->k_raw, s->k_rstd, dk, g.k_norm, g_beta);
 }
 
 }  // namespace
 
 void q_backward(const BlockContext& ctx, const QkvWeights& w, const Tensor& a, Tensor& dq, Tensor& d_a,
-                QkvWeights& g, float g_beta) {
+                QkvWeights& g, float g_beta, const QkvSaved* saved) {
   ctx.backend->rope_backward(*ctx.rope_table, dq);
+  unnorm_q(ctx, w, saved, dq, g, g_beta);
   q_input_grad(ctx, w, dq, d_a, allocate_or_accumulate(d_a, a.shape(), dq));
   q_weight_grad(ctx, dq, a, g, g_beta);
 }
 
 void kv_backward(const BlockContext& ctx, const QkvWeights& w, const Tensor& a, Tensor& dk, const Tensor& dv,
-                 Tensor& d_a, QkvWeights& g, float g_beta) {
+                 Tensor& d_a, QkvWeights& g, float g_beta, const QkvSaved* saved) {
   ctx.backend->rope_backward(*ctx.rope_table, dk);
+  unnorm_k(ctx, w, saved, dk, g, g_beta);
   kv_input_grad(ctx, w, dk, dv, d_a, allocate_or_accumulate(d_a, a.shape(), dk));
   k_weight_grad(ctx, dk, a, g, g_beta);
   v_weight_grad(ctx, dv, a, g, g_beta);
 }
 
 void qkv_backward(const BlockContext& ctx, const QkvWeights& w, const Tensor& a, const QkvGrads& d, Tensor& d_a,
-                  QkvWeights& g, float g_beta, const BackwardSchedule& sched) {
+                  QkvWeights& g, float g_beta, const BackwardSchedule& sched, const QkvSaved* saved) {
   ctx.backend->rope_backward(*ctx.rope_table, *d.dq);
   ctx.backend->rope_backward(*ctx.rope_table, *d.dk);
+  unnorm_q(ctx, w, saved, *d.dq, g, g_beta);
+  unnorm_k(ctx, w, saved, *d.dk, g, g_beta);
   q_input_grad(ctx, w, *d.dq, d_a, allocate_or_accumulate(d_a, a.shape(), *d.dq, sched.d_input_category));
   kv_input_grad(ctx, w, *d.dk, *d.dv, d_a, 1.0f);
   run(sched.input_done);

@@ -37,9 +37,11 @@ struct BlockContext {
 
 // A linear layer y = x W^T over a weight view: W as Hugging Face stores it [out, in], or its
 // transpose [in, out] (TSP packs o_proj and down_proj so that a shard's columns are rows).
+// An optional bias b [out] is added to every row (undefined: none).
 struct LinearView {
   Tensor w;                 // [out, in], or [in, out] when transposed
   bool transposed = false;
+  Tensor b{};               // [out] or undefined
 };
 // What a strategy adds to a sub-block's backward; the defaults are the single-rank block's.
 struct BackwardSchedule {
@@ -53,11 +55,12 @@ struct BackwardSchedule {
   std::function<void()> between;
 };
 
-// y = x W^T + beta y. x: [T, in], y: [T, out].
+// y = x W^T (+ b) + beta y. x: [T, in], y: [T, out].
 void linear_forward(Backend& be, const LinearView& w, const Tensor& x, Tensor& y, float beta);
 // dx = dy W + beta dx. dy: [T, out], dx: [T, in].
 void linear_backward_input(Backend& be, const LinearView& w, const Tensor& dy, Tensor& dx, float beta);
-// g = dy^T x + beta g, in g's storage (g.transposed: x^T dy). dy: [T, out], x: [T, in].
+// g = dy^T x + beta g, in g's storage (g.transposed: x^T dy); g.b (when defined) = the column
+// sums of dy + beta g.b. dy: [T, out], x: [T, in].
 void linear_backward_weight(Backend& be, LinearView& g, const Tensor& dy, const Tensor& x, float beta);
 
 // ---- pre-norm: a = rmsnorm(x) * gain (before attention, before the MLP, before the head) ----
@@ -73,26 +76,37 @@ Tensor norm_backward(const BlockContext& ctx, const Tensor& gain, const NormSave
                      const Tensor* d_residual, Tensor& g_gain);
 
 // ---- attention input: q, k, v of a slice of heads (n_q query, n_k KV heads), RoPE on q, k ----
+// The optional parts (undefined: absent) are the Hugging Face variants: q/k/v biases (Qwen2,
+// Llama's attention_bias) and Qwen3's per-head RMSNorm of q and k (gains [d] shared by every
+// head, eps rms_norm_eps) between the projection and RoPE:
+//   q = rope(norm_d(a Wq^T + bq) * q_norm), k likewise, v = a Wv^T + bv.
 struct QkvWeights {
   Tensor wq;  // [n_q*d, h]
   Tensor wk;  // [n_k*d, h]
   Tensor wv;  // [n_k*d, h]
+  Tensor bq{}, bk{}, bv{};      // [n_q*d], [n_k*d], [n_k*d] or undefined
+  Tensor q_norm{}, k_norm{};  // [d] or undefined
 };
 struct QkvSaved {
   Tensor q;  // [B, S, n_q, d] after RoPE
   Tensor k;  // [B, S, n_k, d] after RoPE
   Tensor v;  // [B, S, n_k, d]
+  // With q/k norms: the projections before the norm and the per-head-row statistics.
+  Tensor q_raw{}, k_raw{};    // [B, S, n, d]
+  Tensor q_rstd{}, k_rstd{};  // [T * n]
 };
 // a: [T, h] the normed input. k and v come first: `kv_ready`, when set, runs with them
 // (k after RoPE) before the q projection, so that a strategy's K/V exchange overlaps it.
 QkvSaved qkv_forward(const BlockContext& ctx, const QkvWeights& w, const Tensor& a,
                      const std::function<void(const Tensor& k, const Tensor& v)>& kv_ready = {});
-// The query side: dq [B, S, n_q, d] (rotated back in place); d_a (+)= dq Wq, g.wq.
+// The query side: dq [B, S, n_q, d] (rotated back in place, then through the q norm when
+// there is one); d_a (+)= dq Wq, g.wq (g.bq, g.q_norm). `saved` (qkv_forward's) is needed
+// only with q/k norms.
 void q_backward(const BlockContext& ctx, const QkvWeights& w, const Tensor& a, Tensor& dq, Tensor& d_a,
-                QkvWeights& g, float g_beta);
+                QkvWeights& g, float g_beta, const QkvSaved* saved = nullptr);
 // The key/value side: dk (rotated back in place), dv [B, S, n_k, d]; d_a += dk Wk + dv Wv.
 void kv_backward(const BlockContext& ctx, const QkvWeights& w, const Tensor& a, Tensor& dk, const Tensor& dv,
-                 Tensor& d_a, QkvWeights& g, float g_beta);
+                 Tensor& d_a, QkvWeights& g, float g_beta, const QkvSaved* saved = nullptr);
 // Both sides at once, every input-gradient GEMM before the weight gradients (the same sums
 // as q_backward then kv_backward): d_a (+)= dq Wq + dk Wk + dv Wv, then sched.input_done,
 // then g.wq, g.wk, g.wv (sched.between between them). dq, dk rotated back in place.
@@ -102,9 +116,9 @@ struct QkvGrads {
   const Tensor* dv;  // [B, S, n_k, d]
 };
 void qkv_backward(const BlockContext& ctx, const QkvWeights& w, const Tensor& a, const QkvGrads& d, Tensor& d_a,
-                  QkvWeights& g, float g_beta, const BackwardSchedule& sched = {});
+                  QkvWeights& g, float g_beta, const BackwardSchedule& sched = {}, const QkvSaved* saved = nullptr);
 
-// ---- attention output: y += attn Wo^T (y starts as the residual, a copy of the input) ----
+// ---- attention output: y += attn Wo^T (+ bo) (y starts as the residual, a copy of the input) ----
 // attn: [B, S, n_q, d]; wo: [h, n_q*d] (or transposed); y: [T, h] = attn Wo^T + y_beta y.
 void attn_output_forward(const BlockContext& ctx, const LinearView& wo, const Tensor& attn, Tensor& y,
                          float y_beta = 1.0f);

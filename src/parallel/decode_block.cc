@@ -13,6 +13,24 @@ namespace {
 
 Tensor act(const Shape& shape) { return Tensor::empty(shape, DType::kF32, MemCategory::kActivations); }
 
+// y [B, n] += b [n] on every row (the rank-1 product ones b^T).
+void add_rows(Backend& be, const Tensor& b, Tensor& y) {
+  const int64_t n = b.numel(), rows = y.numel() / n;
+  Tensor ones = act({rows, 1});
+  be.fill(1.0, ones);
+  Tensor y2 = y.reshape({rows, n});
+  be.matmul(ones, false, b.reshape({1, n}), false, y2, 1.0f, 1.0f);
+}
+
+// x [..., d] = rmsnorm over each d-row * gain [d], in place of x.
+void head_norm(Backend& be, const Tensor& gain, double eps, Tensor& x) {
+  const int64_t d = gain.numel(), rows = x.numel() / d;
+  Tensor in = act({rows, d}), rstd = act({rows});
+  be.copy(x.reshape({rows, d}), in);
+  Tensor out = x.reshape({rows, d});
+  be.rmsnorm_forward(in, gain, eps, out, rstd);
+}
+
 // x [B, h] -> x + attention(norm(x)) Wo^T, summed over the axis.
 Tensor attention_block(const DecodeContext& ctx, const ShardedWeights& w, int l, const Tensor& x, const Tensor& rope,
                        DecodeAttention& attention) {
@@ -29,6 +47,18 @@ Tensor attention_block(const DecodeContext& ctx, const ShardedWeights& w, int l,
   be.matmul(a1, false, a.wq, true, q2);
   be.matmul(a1, false, a.wk, true, k2);
   be.matmul(a1, false, a.wv, true, v2);
+  QkvWeights variants;  // this rank's heads' biases, the q/k norm gains (sharded_weights.h)
+  const int r = ctx.comm->rank();
+  attach_attn_variants(w, l, r * dm.heads, dm.heads, r * dm.kv_heads, dm.kv_heads, variants);
+  if (variants.bq.defined()) {
+    add_rows(be, variants.bq, q2);
+    add_rows(be, variants.bk, k2);
+    add_rows(be, variants.bv, v2);
+  }
+  if (variants.q_norm.defined()) {  // per-head q/k RMSNorm before RoPE
+    head_norm(be, variants.q_norm, ctx.config->rms_norm_eps, q);
+    head_norm(be, variants.k_norm, ctx.config->rms_norm_eps, k);
+  }
   be.rope_forward(rope, q);
   be.rope_forward(rope, k);
   Tensor attn = act({B, dm.q_rows});
@@ -37,6 +67,7 @@ Tensor attention_block(const DecodeContext& ctx, const ShardedWeights& w, int l,
   Tensor y = act({B, h});
   be.matmul(attn, false, a.wo_t, false, y);
   ctx.comm->all_reduce(y);
+  if (l < static_cast<int>(w.o_bias.size())) add_rows(be, w.o_bias[l], y);  // replicated: once, after the sum
   be.add_inplace(x, y);
   return y;
 }

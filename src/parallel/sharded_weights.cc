@@ -54,6 +54,36 @@ void copy_cols_t(Tensor block, const Tensor& global, int64_t col0, bool to_globa
   }
 }
 
+// Copies between a local vector (or part of one) and a global 1-D tensor's elements [at, at + n).
+void copy_span(Tensor local, const Tensor& global, int64_t at, bool to_global) {
+  const int64_t n = local.numel();
+  Tensor g = global.reshape({global.numel()}).narrow(at, at + n);
+  Tensor l = local.reshape({n});
+  if (to_global) {
+    write_host_f32(read_host_f32(l), g);
+  } else {
+    write_host_f32(read_host_f32(g), l);
+  }
+}
+
+Tensor element_of(const std::vector<Tensor>& v, size_t i) { return i < v.size() ? v[i] : Tensor(); }
+
+// The attention variants' tensors of layer l (sharded_weights.h): to or from the global ones.
+void move_variants(ShardedWeights& s, size_t l, LayerWeights& lw, bool to_global, bool replicated) {
+  if (!replicated) return;
+  const int64_t q = lw.bq.defined() ? lw.bq.numel() : 0, kv = lw.bk.defined() ? lw.bk.numel() : 0;
+  if (Tensor b = element_of(s.qkv_bias, l); b.defined()) {
+    copy_span(b.narrow(0, q), lw.bq, 0, to_global);
+    copy_span(b.narrow(q, q + kv), lw.bk, 0, to_global);
+    copy_span(b.narrow(q + kv, q + 2 * kv), lw.bv, 0, to_global);
+  }
+  if (Tensor b = element_of(s.o_bias, l); b.defined()) copy_span(b, lw.bo, 0, to_global);
+  if (Tensor n = element_of(s.qk_norm, l); n.defined()) {
+    copy_span(n.narrow(0, 1), lw.q_norm, 0, to_global);
+    copy_span(n.narrow(1, 2), lw.k_norm, 0, to_global);
+  }
+}
+
 void move_shards(ShardedWeights& s, LlamaWeights& g, bool to_global, bool replicated) {
   const ShardDims& d = s.dims;
   const int r = s.owner;
@@ -65,6 +95,7 @@ void move_shards(ShardedWeights& s, LlamaWeights& g, bool to_global, bool replic
     copy_rows(a.wk, lw.wk, r * d.kv_rows, to_global);
     copy_rows(a.wv, lw.wv, r * d.kv_rows, to_global);
     copy_cols_t(a.wo_t, lw.wo, r * d.q_rows, to_global);
+    move_variants(s, l, g.layers[l], to_global, replicated);
     MlpPieces m = mlp_pieces(d, s.mlp[l]);
     copy_rows(m.w_gate, lw.w_gate, r * d.f_rows, to_global);
     copy_rows(m.w_up, lw.w_up, r * d.f_rows, to_global);
@@ -143,6 +174,9 @@ ShardedWeights ShardedWeights::allocate(const LlamaConfig& c, const ShardDims& d
     w.mlp.push_back(make({d.mlp_rows(), d.h}, held));
     w.attn_norm.push_back(make({d.h}, held));
     w.mlp_norm.push_back(make({d.h}, held));
+    if (c.qkv_bias) w.qkv_bias.push_back(make({c.q_dim() + 2 * c.kv_dim()}, held));
+    if (c.o_bias) w.o_bias.push_back(make({d.h}, held));
+    if (c.qk_norm) w.qk_norm.push_back(make({2, d.d}, held));
   }
   w.final_norm = make({d.h}, stage.head);
   w.embed = make({d.v_rows, d.h}, holds_embed(stage, w.tied));
@@ -163,6 +197,9 @@ void ShardedWeights::for_each(const std::function<void(const std::string&, Tenso
   for (size_t l = 0; l < attn.size(); ++l) {
     each(fmt::format("layers.{}.attn_norm", l), attn_norm[l], true);
     each(fmt::format("layers.{}.mlp_norm", l), mlp_norm[l], true);
+    if (l < qkv_bias.size()) each(fmt::format("layers.{}.qkv_bias", l), qkv_bias[l], true);
+    if (l < o_bias.size()) each(fmt::format("layers.{}.o_bias", l), o_bias[l], true);
+    if (l < qk_norm.size()) each(fmt::format("layers.{}.qk_norm", l), qk_norm[l], true);
   }
   each("final_norm", final_norm, true);
 }
@@ -268,6 +305,22 @@ void init_sharded_weights(const InitOptions& o, ShardedWeights& w) {
     fill_cols_t(m.w_down_t, pre + "mlp.down_proj.weight", r * d.f_rows, f);
     fill_rows(w.attn_norm[l], pre + "input_layernorm.weight", 0);
     fill_rows(w.mlp_norm[l], pre + "post_attention_layernorm.weight", 0);
+    auto fill_span = [&](Tensor t, const std::string& name, int64_t at) {
+      std::vector<float> v(static_cast<size_t>(t.numel()));
+      for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = static_cast<float>(init_value(o, name, at + i));
+      write_host_f32(v, t);
+    };
+    const int64_t q = d.q_rows * d.degree, kv = d.kv_rows * d.degree;
+    if (Tensor b = element_of(w.qkv_bias, l); b.defined()) {
+      fill_span(b.narrow(0, q), pre + "self_attn.q_proj.bias", 0);
+      fill_span(b.narrow(q, q + kv), pre + "self_attn.k_proj.bias", 0);
+      fill_span(b.narrow(q + kv, q + 2 * kv), pre + "self_attn.v_proj.bias", 0);
+    }
+    if (Tensor b = element_of(w.o_bias, l); b.defined()) fill_span(b, pre + "self_attn.o_proj.bias", 0);
+    if (Tensor n = element_of(w.qk_norm, l); n.defined()) {
+      fill_span(n.narrow(0, 1), pre + "self_attn.q_norm.weight", 0);
+      fill_span(n.narrow(1, 2), pre + "self_attn.k_norm.weight", 0);
+    }
   }
   if (w.final_norm.defined()) fill_rows(w.final_norm, "model.norm.weight", 0);
   if (w.embed.defined()) fill_rows(w.embed, "model.embed_tokens.weight", r * d.v_rows);
@@ -340,11 +393,43 @@ std::vector<ParamRef> sharded_param_refs(ShardedWeights& w, ShardedWeights& g, b
                             count_replicated, {whole(pre + "input_layernorm.weight", w.attn_norm[l])}});
     refs.push_back(ParamRef{fmt::format("layers.{}.mlp_norm", l), w.mlp_norm[l], g.mlp_norm[l], false,
                             count_replicated, {whole(pre + "post_attention_layernorm.weight", w.mlp_norm[l])}});
+    if (Tensor b = element_of(w.qkv_bias, l); b.defined()) {
+      const int64_t q = d.q_rows * d.degree, kv = d.kv_rows * d.degree;
+      refs.push_back(ParamRef{fmt::format("layers.{}.qkv_bias", l), b, element_of(g.qkv_bias, l), false,
+                              count_replicated,
+                              {GlobalSlice{pre + "self_attn.q_proj.bias", 0, 1, 0, q, false, 0},
+                               GlobalSlice{pre + "self_attn.k_proj.bias", 0, 1, 0, kv, false, q},
+                               GlobalSlice{pre + "self_attn.v_proj.bias", 0, 1, 0, kv, false, q + kv}}});
+    }
+    if (Tensor b = element_of(w.o_bias, l); b.defined())
+      refs.push_back(ParamRef{fmt::format("layers.{}.o_bias", l), b, element_of(g.o_bias, l), false,
+                              count_replicated, {whole(pre + "self_attn.o_proj.bias", b)}});
+    if (Tensor n = element_of(w.qk_norm, l); n.defined())
+      refs.push_back(ParamRef{fmt::format("layers.{}.qk_norm", l), n, element_of(g.qk_norm, l), false,
+                              count_replicated,
+                              {GlobalSlice{pre + "self_attn.q_norm.weight", 0, 1, 0, d.d, false, 0},
+                               GlobalSlice{pre + "self_attn.k_norm.weight", 0, 1, 0, d.d, false, d.d}}});
   }
   if (w.final_norm.defined())
     refs.push_back(ParamRef{"final_norm", w.final_norm, g.final_norm, false, count_replicated,
                             {whole("model.norm.weight", w.final_norm)}});
   return refs;
+}
+
+void attach_attn_variants(const ShardedWeights& s, int l, int64_t q_head0, int64_t n_q, int64_t kv_head0,
+                          int64_t n_kv, QkvWeights& w) {
+  const ShardDims& d = s.dims;
+  const size_t i = static_cast<size_t>(l);
+  if (Tensor b = element_of(s.qkv_bias, i); b.defined()) {
+    const int64_t q = d.q_rows * d.degree, kv = d.kv_rows * d.degree;
+    w.bq = b.narrow(q_head0 * d.d, (q_head0 + n_q) * d.d);
+    w.bk = b.narrow(q + kv_head0 * d.d, q + (kv_head0 + n_kv) * d.d);
+    w.bv = b.narrow(q + kv + kv_head0 * d.d, q + kv + (kv_head0 + n_kv) * d.d);
+  }
+  if (Tensor n = element_of(s.qk_norm, i); n.defined()) {
+    w.q_norm = n.narrow(0, 1).reshape({d.d});
+    w.k_norm = n.narrow(1, 2).reshape({d.d});
+  }
 }
 
 std::vector<ParamRef> sharded_weight_refs(ShardedWeights& w, bool count_replicated) {
@@ -360,7 +445,7 @@ std::vector<ParamRef> replicated_param_refs(LlamaWeights& w, LlamaWeights& g, bo
   size_t i = 0;
   w.for_each([&](const std::string& name, Tensor& t) {
     const bool norm = name.ends_with("norm.weight");
-    refs.push_back(ParamRef{name, t, grads[i++], !norm, counted, {whole(name, t)}});
+    refs.push_back(ParamRef{name, t, grads[i++], !norm && !name.ends_with(".bias"), counted, {whole(name, t)}});
   });
   return refs;
 }

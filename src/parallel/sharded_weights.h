@@ -22,6 +22,7 @@
 #include "backend/backend.h"
 #include "model/llama_config.h"
 #include "model/llama_weights.h"
+#include "model/sub_blocks.h"
 #include "parallel/param_ref.h"
 
 namespace foldpar {
@@ -80,6 +81,14 @@ struct ShardedWeights {
   std::vector<Tensor> mlp;        // L x [mlp_rows, h]
   std::vector<Tensor> attn_norm;  // L x [h], replicated
   std::vector<Tensor> mlp_norm;   // L x [h], replicated
+  // The attention variants (empty vectors when the config has none), all replicated (they are
+  // small, and so a TSP rank has every head's biases at hand whichever shard it computes):
+  // the q, k, v biases [bq; bk; bv] of every head, the o_proj bias [h] and the q/k norm gains
+  // [2, d] (q then k). The training steps do not use them yet (validate_layout keeps such
+  // models on one rank); the forward of prefill and decode do.
+  std::vector<Tensor> qkv_bias;   // L x [n_h d + 2 n_kv d]
+  std::vector<Tensor> o_bias;     // L x [h]
+  std::vector<Tensor> qk_norm;    // L x [2, d]
   Tensor final_norm;              // [h], replicated
   Tensor embed;                   // [V/D, h] rows [r*V/D, (r+1)*V/D)
   Tensor lm_head;                 // [V/D, h]; the embed tensor when tied
@@ -149,6 +158,11 @@ Status assemble_global(const ShardedWeights& shard, Communicator& axis, LlamaWei
 // The ParamRefs of sharded weights and their gradients: packed shards with their global
 // slices; the replicated norm gains counted only when `count_replicated` (one rank of the
 // axis passes true).
+// The attention variants of layer l (ShardedWeights::qkv_bias, qk_norm) for the query heads
+// [q_head0, q_head0 + n_q) and KV heads [kv_head0, kv_head0 + n_kv) into `w` (a no-op without them).
+void attach_attn_variants(const ShardedWeights& weights, int l, int64_t q_head0, int64_t n_q, int64_t kv_head0,
+                          int64_t n_kv, QkvWeights& w);
+
 std::vector<ParamRef> sharded_param_refs(ShardedWeights& weights, ShardedWeights& grads, bool count_replicated,
                                          bool count_sharded = true);
 // Inference: the ParamRefs of weights alone (ParamRef::grad undefined), for the loaders.

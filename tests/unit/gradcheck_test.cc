@@ -195,5 +195,66 @@ INSTANTIATE_TEST_SUITE_P(TiedAndRecompute, ModelGradCheck,
                                            std::make_tuple(true, Recompute::kNone),
                                            std::make_tuple(false, Recompute::kBlock)));
 
+// The Hugging Face attention variants (issue 21): q/k/v biases (qwen2), q/k/v/o biases
+// (llama attention_bias), per-head q/k RMSNorm with head_dim != h / n_h (qwen3, also under
+// block recompute). Every parameter, the biases and norm gains included, against central
+// differences.
+struct AttnVariant {
+  const char* name;
+  bool qkv_bias, o_bias, qk_norm;
+  int64_t head_dim;
+  Recompute recompute;
+};
+
+class AttnVariantGradCheck : public ::testing::TestWithParam<AttnVariant> {};
+
+TEST_P(AttnVariantGradCheck, EveryParameterIncludingBiasesAndQkNorms) {
+  const AttnVariant v = GetParam();
+  LlamaConfig c = tiny_config(false);
+  c.qkv_bias = v.qkv_bias;
+  c.o_bias = v.o_bias;
+  c.qk_norm = v.qk_norm;
+  c.explicit_head_dim = v.head_dim;
+  ASSERT_TRUE(c.validate().ok()) << c.validate().to_string();
+  auto be = make_reference_backend();
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kF64, MemCategory::kParameters);
+  init_weights(InitOptions{.seed = 4, .std = 0.5, .norm_jitter = 0.3}, w);
+  LlamaWeights g = LlamaWeights::allocate(c, DType::kF64, MemCategory::kGradients);
+  g.zero();
+  const Batch batch = tiny_batch();
+  StepOptions opts;
+  opts.recompute = v.recompute;
+  Result<StepResult> r = model_forward_backward(c, *be, w, batch, opts, g);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  auto loss = [&] { return model_forward(c, *be, w, batch, {}).value().loss; };
+  EXPECT_NEAR(loss(), r->loss, 1e-14);
+  std::vector<std::pair<std::string, Tensor>> grads;
+  g.for_each([&](const std::string& name, Tensor& t) { grads.emplace_back(name, t); });
+  size_t i = 0;
+  int variant_tensors = 0;
+  w.for_each([&](const std::string& name, Tensor& t) {
+    ASSERT_EQ(grads[i].first, name);
+    if (name.ends_with(".bias") || name.ends_with("q_norm.weight") || name.ends_with("k_norm.weight")) {
+      ++variant_tensors;
+      double largest = 0;
+      for (int64_t k = 0; k < grads[i].second.numel(); ++k)
+        largest = std::max(largest, std::abs(grads[i].second.data<double>()[k]));
+      EXPECT_GT(largest, 1e-6) << name << ": a zero gradient checks nothing";
+    }
+    expect_gradient(name, t, grads[i].second, loss, 24);
+    ++i;
+  });
+  EXPECT_EQ(variant_tensors, c.num_hidden_layers * ((v.qkv_bias ? 3 : 0) + (v.o_bias ? 1 : 0) + (v.qk_norm ? 2 : 0)));
+  EXPECT_EQ(static_cast<int64_t>(w.layers[0].wq.dim(0)), c.num_attention_heads * c.head_dim());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    HuggingFaceFamilies, AttnVariantGradCheck,
+    ::testing::Values(AttnVariant{"qwen2", true, false, false, 0, Recompute::kNone},
+                      AttnVariant{"llama_attention_bias", true, true, false, 0, Recompute::kNone},
+                      AttnVariant{"qwen3", false, false, true, 6, Recompute::kNone},
+                      AttnVariant{"qwen3_bias_recompute", true, true, true, 6, Recompute::kBlock}),
+    [](const ::testing::TestParamInfo<AttnVariant>& p) { return std::string(p.param.name); });
+
 }  // namespace
 }  // namespace foldpar

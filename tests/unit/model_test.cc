@@ -169,9 +169,12 @@ TEST(Config, RefusesUnimplementedArchitectureFieldsByName) {
       "num_hidden_layers": 1, "vocab_size": 10, "max_position_embeddings": 16)";
   auto load = [&](const std::string& extra) { return LlamaConfig::from_json(base + ", " + extra + "}"); };
   const std::pair<const char*, const char*> refused[] = {
-      {R"("model_type": "qwen2")", "model_type \"qwen2\" has q/k/v biases"},
+      {R"("model_type": "qwen2_moe")", "model_type \"qwen2_moe\" has q/k/v biases"},
+      {R"("model_type": "qwen3_moe")", "model_type \"qwen3_moe\" has per-head q/k RMSNorm"},
       {R"("model_type": "gpt2")", "model_type \"gpt2\" is not supported"},
-      {R"("attention_bias": true)", "\"attention_bias\" true is not supported"},
+      {R"("model_type": "mistral", "attention_bias": true)",
+       "\"attention_bias\" true is not supported with model_type \"mistral\""},
+      {R"("attention_bias": 1)", "\"attention_bias\" must be true or false"},
       {R"("mlp_bias": true)", "\"mlp_bias\" true is not supported"},
       {R"("hidden_act": "gelu")", "hidden_act \"gelu\" is not supported"},
       {R"("sliding_window": 4)", "sliding_window 4 is not supported"},
@@ -180,13 +183,51 @@ TEST(Config, RefusesUnimplementedArchitectureFieldsByName) {
   for (const auto& [extra, words] : refused) {
     Result<LlamaConfig> c = load(extra);
     ASSERT_FALSE(c.ok()) << extra;
-    EXPECT_EQ(c.status().code(), StatusCode::kUnimplemented) << extra;
+    const bool malformed = std::string(words).find("must be") != std::string::npos;
+    EXPECT_EQ(c.status().code(), malformed ? StatusCode::kInvalidArgument : StatusCode::kUnimplemented) << extra;
     EXPECT_NE(c.status().message().find(words), std::string::npos) << extra << ": " << c.status().message();
   }
   for (const char* extra : {R"("model_type": "llama")", R"("model_type": "mistral", "sliding_window": null)",
                             R"("attention_bias": false, "mlp_bias": false, "hidden_act": "silu")",
                             R"("sliding_window": 32768, "use_sliding_window": false)"})
     EXPECT_TRUE(load(extra).ok()) << extra << ": " << load(extra).status().message();
+}
+
+// The attention variants each family's modeling file defines (issue 21): what each model
+// type and attention_bias select, and that to_json writes a file that reads back the same.
+TEST(Config, AttentionVariantsOfTheHuggingFaceFamilies) {
+  const std::string base = R"({"hidden_size": 8, "num_attention_heads": 2, "intermediate_size": 8,
+      "num_hidden_layers": 1, "vocab_size": 10, "max_position_embeddings": 16)";
+  struct Case {
+    const char* extra;
+    bool qkv_bias, o_bias, qk_norm;
+  };
+  const Case cases[] = {
+      {R"("model_type": "llama")", false, false, false},
+      {R"("model_type": "llama", "attention_bias": true)", true, true, false},
+      {R"("model_type": "qwen2", "attention_bias": false, "use_sliding_window": false, "sliding_window": 4096)", true,
+       false, false},  // Qwen2's biases do not follow attention_bias
+      {R"("model_type": "qwen3", "head_dim": 6)", false, false, true},
+      {R"("model_type": "qwen3", "attention_bias": true)", true, true, true},
+  };
+  for (const Case& k : cases) {
+    Result<LlamaConfig> c = LlamaConfig::from_json(base + ", " + k.extra + "}");
+    ASSERT_TRUE(c.ok()) << k.extra << ": " << c.status().message();
+    EXPECT_EQ(c->qkv_bias, k.qkv_bias) << k.extra;
+    EXPECT_EQ(c->o_bias, k.o_bias) << k.extra;
+    EXPECT_EQ(c->qk_norm, k.qk_norm) << k.extra;
+    Result<LlamaConfig> back = LlamaConfig::from_json(c->to_json());
+    ASSERT_TRUE(back.ok()) << c->to_json();
+    EXPECT_EQ(back->qkv_bias, k.qkv_bias) << c->to_json();
+    EXPECT_EQ(back->o_bias, k.o_bias) << c->to_json();
+    EXPECT_EQ(back->qk_norm, k.qk_norm) << c->to_json();
+    EXPECT_EQ(back->head_dim(), c->head_dim());
+    // Biases [n_h d + 2 n_kv d (+ h)], gains 2 d per layer.
+    LlamaConfig plain = *c;
+    plain.qkv_bias = plain.o_bias = plain.qk_norm = false;
+    EXPECT_EQ(c->parameter_count() - plain.parameter_count(),
+              (k.qkv_bias ? c->q_dim() + 2 * c->kv_dim() : 0) + (k.o_bias ? 8 : 0) + (k.qk_norm ? 2 * c->head_dim() : 0));
+  }
 }
 
 TEST(Config, JsonRoundTrip) {

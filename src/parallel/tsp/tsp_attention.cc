@@ -63,7 +63,9 @@ Tensor TspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& 
   auto project = [&](int u) {
     const int r = u / nb, b = u % nb;
     const BucketWeights bw = bucket_weights(shard[r], b);
-    QkvSaved qkv = qkv_forward(ctx_, qkv_view(bw), a1);  // the bucket's heads
+    QkvWeights qw = qkv_view(bw);  // the bucket's heads, with their biases and the q/k norms if any
+    attach_attn_variants(w, l, r * dims_.heads + b * heads_b_, heads_b_, r * dims_.kv_heads + b * kvh_b_, kvh_b_, qw);
+    QkvSaved qkv = qkv_forward(ctx_, qw, a1);
     UnitTensors t;
     t.q = std::move(qkv.q);
     t.k = std::move(qkv.k);
@@ -99,7 +101,9 @@ Tensor TspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& 
     const AttentionArgs args{&cur.q, &cur.k_full, &cur.v_full, &q_pos_, &k_pos_, scale};
     be_.attention_forward(args, attn, lse);
     poke(next.gather);
-    attn_output_forward(ctx_, wo_view(bucket_weights(shard[r], u % nb)), attn, y);
+    LinearView wo = wo_view(bucket_weights(shard[r], u % nb));
+    if (u == 0 && static_cast<size_t>(l) < w.o_bias.size()) wo.b = w.o_bias[l];  // once per row
+    attn_output_forward(ctx_, wo, attn, y);
     // Shard r's buffer is free once its last unit is done: prefetch shard r+2 into it.
     if (opt_.overlap && u % nb == nb - 1 && r + 2 < D_) start_bcast(r + 2);
     if (s != nullptr) {
