@@ -316,12 +316,11 @@ void backward_q_block(const Plan& p, const float* q, const Grads& gr, const KvHe
 
 }  // namespace
 
-AttentionScratch cpu_flash_attention_scratch(const AttentionDims& d, bool backward) {
+AttentionScratch cpu_flash_attention_scratch(const AttentionDims& d, bool backward, DType dtype) {
+  if (dtype == DType::kBF16) return flash_attention_bf16_scratch(d, backward);
   const BufferSizes b = buffer_sizes(d);
   AttentionScratch s;
   s.floats = (backward ? 3 : 2) * b.mat + (backward ? 2 : 1) * b.sc + 2 * b.vec + (backward ? 4 : 2) * b.head;
-  // The bf16 kernel (flash_attention_bf16.cc) carves its buffers from the same workspace.
-  s.floats = std::max(s.floats, flash_attention_bf16_scratch_floats(d, backward));
   s.range_ints = 2 * ((d.sk + keys_per_block(d) - 1) / keys_per_block(d));
   return s;
 }

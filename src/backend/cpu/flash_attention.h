@@ -42,8 +42,7 @@ void flash_attention_backward_bf16(const AttentionDims& dims, const FlashBf16Inp
 void flash_attention_backward_bf16(const AttentionDims& dims, const FlashBf16Inputs& in, const bf16* out,
                                    const bf16* lse, const bf16* d_out, float scale, bf16* dq, bf16* dk, bf16* dv);
 
-// Floats of workspace the bf16 kernel carves its buffers from; cpu_flash_attention_scratch
-// (op_checks.h) is the larger of this and the f32 kernel's need, so one formula serves both.
-int64_t flash_attention_bf16_scratch_floats(const AttentionDims& d, bool backward);
+// The bf16 kernel's scratch, what cpu_flash_attention_scratch (op_checks.h) answers for bf16.
+AttentionScratch flash_attention_bf16_scratch(const AttentionDims& d, bool backward);
 
 }  // namespace foldpar

@@ -1,12 +1,13 @@
 // Blocked ("flash") causal attention with bf16 operands and f32 accumulation on one CPU thread:
 // the tiling, visibility and softmax of the f32 kernel (flash_attention_tiles.h), with every
 // tile product on oneDNN's bf16 matmul (gemm_bf16, gemm_engine.h; AVX512_BF16 or AMX
-// instructions, f32 accumulation and output). Q, K, V and dO are read as bf16 (K, V in place,
-// strided); scores, softmax, lse, the row statistics and the O, dQ, dK, dV accumulators stay
+// instructions, f32 accumulation and output). Q, K, V and dO are read as bf16 (K, V packed
+// per kv head when n_kv > 1); scores, softmax, lse, the row statistics and the O, dQ, dK, dV accumulators stay
 // f32. P and dS are rounded to bf16 once, as operands of the next product (as FlashAttention
 // and cuDNN's bf16 kernels do); the outputs are rounded to bf16 once at the end, as the bf16
-// storage decorator rounds the f32 kernel's. Scratch: one f32 workspace of
-// cpu_flash_attention_scratch floats (the same for both kernels, so the dry run counts it).
+// storage decorator rounds the f32 kernel's. Scratch: one f32 workspace carved into f32 and
+// bf16 buffers plus the k blocks' position ranges, sized by cpu_flash_attention_scratch(bf16),
+// which the dry run's meta backend allocates alike.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -25,10 +26,13 @@ using flash::kNegInf;
 using flash::Tile;
 using flash::Visibility;
 
-// The f32 kernel's block sizes (flash_attention.cc), not tuned separately: oneDNN's brgemm
-// kernels reach most of their rate at 256 x 256 x d, and the working set is half the f32 one.
-constexpr int64_t kStackedRows = 256;  // rows of a q block: query tokens x GQA group
-constexpr int64_t kKeyBlock = 256;     // keys of a k block
+// Twice the f32 kernel's blocks (bench/attention_bench --bf16, d = 64): oneDNN's bf16 calls
+// cost more fixed time per call (B reordered for AMX, the primitive's dispatch) than sgemm's,
+// so larger blocks pay: with 512 x 512, S = 4096, d = 64 ran 141 / 131 GFLOP/s fwd / bwd, 1.4
+// / 1.5x the f32 kernel in the same run; 256 x 256 gave 1.3 / 1.15x at S = 1024 (a loaded
+// machine; not yet swept per size). The bf16 working set is half the f32 one per element.
+constexpr int64_t kStackedRows = 512;  // rows of a q block: query tokens x GQA group
+constexpr int64_t kKeyBlock = 512;     // keys of a k block
 
 int64_t tokens_per_q_block(const AttentionDims& d) { return std::max<int64_t>(1, std::min(kStackedRows / d.group(), d.sq)); }
 int64_t keys_per_block(const AttentionDims& d) { return std::max<int64_t>(1, std::min(kKeyBlock, d.sk)); }
@@ -36,21 +40,23 @@ int64_t keys_per_block(const AttentionDims& d) { return std::max<int64_t>(1, std
 // Buffer sizes in floats, each a whole number of 64-byte lines; a bf16 buffer of n elements
 // takes n / 2 floats.
 struct Sizes {
-  int64_t mat, mat_bf, sc, sc_bf, vec, head;
+  int64_t mat, mat_bf, sc, sc_bf, vec, head, head_bf;
 };
 Sizes sizes_of(const AttentionDims& d) {
   auto line = [](int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; };
   const int64_t rows = tokens_per_q_block(d) * d.group(), keys = keys_per_block(d);
   return {line(rows * d.d), line((rows * d.d + 1) / 2), line(rows * keys), line((rows * keys + 1) / 2), line(rows),
-          line(d.sk * d.d)};
+          line(d.sk * d.d), d.n_kv == 1 ? 0 : line((d.sk * d.d + 1) / 2)};
 }
 
 // Forward: q (bf16), acc, scores, P (bf16), m, l. Backward: q, dO (bf16), dq, scores, P
-// (bf16), dP, dS (bf16), lse, delta, and one kv head's dK, dV accumulators [Sk, d].
+// (bf16), dP, dS (bf16), lse, delta, and one kv head's dK, dV accumulators [Sk, d]. Both:
+// when n_kv > 1, one kv head's K and V packed contiguous in bf16 (oneDNN 2.6 runs a strided
+// bf16 operand on its slow gemm:jit path instead of AMX/AVX512_BF16 brgemm, ~3x slower).
 int64_t floats_needed(const AttentionDims& d, bool backward) {
   const Sizes s = sizes_of(d);
-  if (!backward) return s.mat_bf + s.mat + s.sc + s.sc_bf + 2 * s.vec;
-  return 2 * s.mat_bf + s.mat + 2 * s.sc + 2 * s.sc_bf + 2 * s.vec + 2 * s.head;
+  if (!backward) return s.mat_bf + s.mat + s.sc + s.sc_bf + 2 * s.vec + 2 * s.head_bf;
+  return 2 * s.mat_bf + s.mat + 2 * s.sc + 2 * s.sc_bf + 2 * s.vec + 2 * s.head + 2 * s.head_bf;
 }
 
 struct Plan {
@@ -73,6 +79,7 @@ struct Plan {
   float* row_a = nullptr;  // [rows]: running max m (forward) / lse (backward)
   float* row_b = nullptr;  // [rows]: running sum l (forward) / delta = rowsum(dO * O) (backward)
   float *dk_acc = nullptr, *dv_acc = nullptr;  // [Sk, d] each (backward)
+  bf16 *k_head = nullptr, *v_head = nullptr;   // [Sk, d] each, when n_kv > 1: K, V packed
 };
 
 Plan make_plan(const AttentionDims& d, const int32_t* q_pos, const int32_t* k_pos, float scale, bool backward) {
@@ -87,9 +94,7 @@ Plan make_plan(const AttentionDims& d, const int32_t* q_pos, const int32_t* k_po
   p.q_stride = d.n_h * d.d;
   p.kv_stride = d.n_kv * d.d;
   const Sizes s = sizes_of(d);
-  const AttentionScratch scratch = cpu_flash_attention_scratch(d, backward);
-  FP_CHECK(scratch.floats >= floats_needed(d, backward), "flash attention bf16: scratch {} < {} floats",
-           scratch.floats, floats_needed(d, backward));
+  const AttentionScratch scratch = cpu_flash_attention_scratch(d, backward, DType::kBF16);
   p.workspace = Tensor::empty({scratch.floats}, DType::kF32, MemCategory::kWorkspace);
   float* w = p.workspace.data<float>();
   auto take = [&w](int64_t n) { return std::exchange(w, w + n); };
@@ -106,6 +111,10 @@ Plan make_plan(const AttentionDims& d, const int32_t* q_pos, const int32_t* k_po
     p.ds_bf = take_bf(s.sc_bf);
     p.dk_acc = take(s.head);
     p.dv_acc = take(s.head);
+  }
+  if (s.head_bf > 0) {
+    p.k_head = take_bf(s.head_bf);
+    p.v_head = take_bf(s.head_bf);
   }
   const int64_t k_blocks = (d.sk + p.keys_per_block - 1) / p.keys_per_block;
   p.k_range_storage = Tensor::empty({scratch.range_ints}, DType::kI32, MemCategory::kWorkspace);
@@ -151,18 +160,28 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
   gemm_bf16(MatmulDims{m, n, k, lda, ldb}, ta, tb, a, b, DType::kF32, c, alpha, beta);
 }
 
-// K and V of one (batch, kv head), read in place: rows [Sk, d], kv_stride elements apart.
+// K and V of one (batch, kv head): rows [Sk, d], `stride` elements apart (in place when
+// n_kv == 1, packed otherwise, stride d either way).
 struct KvHead {
   const bf16 *k, *v;
+  int64_t stride;
 };
+
+KvHead view_kv_head(const Plan& p, const FlashBf16Inputs& in, int64_t b, int64_t hk) {
+  const size_t off = kv_head_offset(p, b, hk);
+  if (p.k_head == nullptr) return {in.k + off, in.v + off, p.kv_stride};
+  pack_rows(in.k + off, p.dims.sk, p.dims.d, p.kv_stride, p.k_head);
+  pack_rows(in.v + off, p.dims.sk, p.dims.d, p.kv_stride, p.v_head);
+  return {p.k_head, p.v_head, p.dims.d};
+}
 
 // ---- forward ----
 
 void forward_tile(const Plan& p, const KvHead& kv, int64_t i0, const Tile& tile, Visibility vis) {
   const int64_t g = p.dims.group(), d = p.dims.d, keys = tile.keys;
-  const int64_t r0 = tile.t0 * g, rows = tile.tokens * g, kv_off = tile.j0 * p.kv_stride;
+  const int64_t r0 = tile.t0 * g, rows = tile.tokens * g, kv_off = tile.j0 * kv.stride;
   // S = scale * Q K^T: [rows, keys].
-  gemm(false, true, rows, keys, d, p.scale, p.q_rows + r0 * d, d, kv.k + kv_off, p.kv_stride, 0.0f, p.scores);
+  gemm(false, true, rows, keys, d, p.scale, p.q_rows + r0 * d, d, kv.k + kv_off, kv.stride, 0.0f, p.scores);
   for (int64_t t = tile.t0; t < tile.t0 + tile.tokens; ++t)
     for (int64_t r = t * g; r < (t + 1) * g; ++r) {
       float* s = p.scores + (r - r0) * keys;
@@ -175,7 +194,7 @@ void forward_tile(const Plan& p, const KvHead& kv, int64_t i0, const Tile& tile,
     }
   // acc += P V: [rows, d], P rounded to bf16.
   round_into(p.scores, rows * keys, p.p_bf);
-  gemm(false, false, rows, d, keys, 1.0f, p.p_bf, keys, kv.v + kv_off, p.kv_stride, 1.0f, p.acc_rows + r0 * d);
+  gemm(false, false, rows, d, keys, 1.0f, p.p_bf, keys, kv.v + kv_off, kv.stride, 1.0f, p.acc_rows + r0 * d);
 }
 
 template <typename LseT>
@@ -212,9 +231,9 @@ struct Grads {
 
 void backward_tile(const Plan& p, const KvHead& kv, int64_t i0, const Tile& tile, Visibility vis) {
   const int64_t g = p.dims.group(), d = p.dims.d, keys = tile.keys;
-  const int64_t r0 = tile.t0 * g, rows = tile.tokens * g, kv_off = tile.j0 * p.kv_stride;
+  const int64_t r0 = tile.t0 * g, rows = tile.tokens * g, kv_off = tile.j0 * kv.stride;
   const bf16 *q = p.q_rows + r0 * d, *d_out = p.do_rows + r0 * d;
-  gemm(false, true, rows, keys, d, p.scale, q, d, kv.k + kv_off, p.kv_stride, 0.0f, p.scores);
+  gemm(false, true, rows, keys, d, p.scale, q, d, kv.k + kv_off, kv.stride, 0.0f, p.scores);
   for (int64_t t = tile.t0; t < tile.t0 + tile.tokens; ++t)
     for (int64_t r = t * g; r < (t + 1) * g; ++r) {
       float* s = p.scores + (r - r0) * keys;
@@ -228,12 +247,12 @@ void backward_tile(const Plan& p, const KvHead& kv, int64_t i0, const Tile& tile
   // dV += P^T dO: [keys, d].
   gemm(true, false, keys, d, rows, 1.0f, p.p_bf, keys, d_out, d, 1.0f, p.dv_acc + tile.j0 * d);
   // dP = dO V^T: [rows, keys]; then dS = P * (dP - delta) from the f32 P, rounded to bf16.
-  gemm(false, true, rows, keys, d, 1.0f, d_out, d, kv.v + kv_off, p.kv_stride, 0.0f, p.d_scores);
+  gemm(false, true, rows, keys, d, 1.0f, d_out, d, kv.v + kv_off, kv.stride, 0.0f, p.d_scores);
   for (int64_t r = r0; r < r0 + rows; ++r)
     flash::score_grads_row(p.scores + (r - r0) * keys, p.d_scores + (r - r0) * keys, p.row_b[r], keys);
   round_into(p.d_scores, rows * keys, p.ds_bf);
   // dQ += scale * dS K: [rows, d]; dK += scale * dS^T Q: [keys, d].
-  gemm(false, false, rows, d, keys, p.scale, p.ds_bf, keys, kv.k + kv_off, p.kv_stride, 1.0f, p.acc_rows + r0 * d);
+  gemm(false, false, rows, d, keys, p.scale, p.ds_bf, keys, kv.k + kv_off, kv.stride, 1.0f, p.acc_rows + r0 * d);
   gemm(true, false, keys, d, rows, p.scale, p.ds_bf, keys, q, d, 1.0f, p.dk_acc + tile.j0 * d);
 }
 
@@ -272,8 +291,7 @@ void forward_all(const AttentionDims& dims, const FlashBf16Inputs& in, float sca
   const Plan p = make_plan(dims, in.q_pos, in.k_pos, scale, /*backward=*/false);
   for (int64_t b = 0; b < dims.batch; ++b)
     for (int64_t hk = 0; hk < dims.n_kv; ++hk) {
-      const size_t off = kv_head_offset(p, b, hk);
-      const KvHead kv{in.k + off, in.v + off};
+      const KvHead kv = view_kv_head(p, in, b, hk);
       for (int64_t i0 = 0; i0 < dims.sq; i0 += p.tokens_per_q_block) forward_q_block(p, in.q, kv, b, hk, i0, out, lse);
     }
 }
@@ -294,7 +312,7 @@ void backward_all(const AttentionDims& dims, const FlashBf16Inputs& in, const bf
   for (int64_t b = 0; b < dims.batch; ++b)
     for (int64_t hk = 0; hk < dims.n_kv; ++hk) {
       const size_t off = kv_head_offset(p, b, hk);
-      const KvHead kv{in.k + off, in.v + off};
+      const KvHead kv = view_kv_head(p, in, b, hk);
       std::fill_n(p.dk_acc, head, 0.0f);
       std::fill_n(p.dv_acc, head, 0.0f);
       for (int64_t i0 = 0; i0 < dims.sq; i0 += p.tokens_per_q_block) backward_q_block(p, in.q, gr, kv, b, hk, i0);
@@ -305,8 +323,8 @@ void backward_all(const AttentionDims& dims, const FlashBf16Inputs& in, const bf
 
 }  // namespace
 
-int64_t flash_attention_bf16_scratch_floats(const AttentionDims& d, bool backward) {
-  return floats_needed(d, backward);
+AttentionScratch flash_attention_bf16_scratch(const AttentionDims& d, bool backward) {
+  return {floats_needed(d, backward), 2 * ((d.sk + keys_per_block(d) - 1) / keys_per_block(d))};
 }
 
 void flash_attention_forward_bf16(const AttentionDims& dims, const FlashBf16Inputs& in, float scale, bf16* out,
