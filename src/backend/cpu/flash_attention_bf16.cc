@@ -26,12 +26,13 @@ using flash::kNegInf;
 using flash::Tile;
 using flash::Visibility;
 
-// Twice the f32 kernel's blocks (bench/attention_bench --bf16, d = 64): oneDNN's bf16 calls
-// cost more fixed time per call (B reordered for AMX, the primitive's dispatch) than sgemm's,
-// so larger blocks pay: with 512 x 512, S = 4096, d = 64 ran 141 / 131 GFLOP/s fwd / bwd, 1.4
-// / 1.5x the f32 kernel in the same run; 256 x 256 gave 1.3 / 1.15x at S = 1024 (a loaded
-// machine; not yet swept per size). The bf16 working set is half the f32 one per element.
-constexpr int64_t kStackedRows = 512;  // rows of a q block: query tokens x GQA group
+// Twice the f32 kernel's key block (bench/attention_bench --bf16, a loaded machine, thread
+// CPU time): oneDNN's bf16 calls cost more fixed time per call (B reordered for AMX, the
+// primitive's dispatch) than sgemm's, so longer products pay. At S = 4096, fwd / bwd GFLOP/s:
+// d = 64: 256 x 256 blocks not swept at this size, 512 x 512 118 / 119, 256 x 512 172 / 124;
+// d = 128: 512 x 512 242 / 193, 256 x 512 259 / 211. The bf16 working set per element is half
+// the f32 one, so a 256 x 512 block pair still fits in L2 (2 MiB).
+constexpr int64_t kStackedRows = 256;  // rows of a q block: query tokens x GQA group
 constexpr int64_t kKeyBlock = 512;     // keys of a k block
 
 int64_t tokens_per_q_block(const AttentionDims& d) { return std::max<int64_t>(1, std::min(kStackedRows / d.group(), d.sq)); }
