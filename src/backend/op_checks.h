@@ -32,8 +32,7 @@ struct AttentionScratch {
   int64_t floats = 0;
   int64_t range_ints = 0;
 };
-// `dtype`: q's, which picks the kernel (bf16: flash_attention_bf16.cc, its own buffers).
-AttentionScratch cpu_flash_attention_scratch(const AttentionDims& dims, bool backward, DType dtype = DType::kF32);
+AttentionScratch cpu_flash_attention_scratch(const AttentionDims& dims, bool backward);
 
 // The shape rules of the other ops, one per op (dtype policy, f32 only or f32/f64, stays
 // with each backend). Each FP_CHECKs what Backend's comment for the op states.

@@ -316,13 +316,16 @@ void backward_q_block(const Plan& p, const float* q, const Grads& gr, const KvHe
 
 }  // namespace
 
-AttentionScratch cpu_flash_attention_scratch(const AttentionDims& d, bool backward, DType dtype) {
-  if (dtype == DType::kBF16) return flash_attention_bf16_scratch(d, backward);
+// One scratch for both kernels, the larger need of each part: a bf16 layout's dry run (the
+// meta backend allocates this whatever the dtype) then counts what either kernel takes, and a
+// bf16 run that needs no widened copies takes the workspace of the f32 run.
+AttentionScratch cpu_flash_attention_scratch(const AttentionDims& d, bool backward) {
   const BufferSizes b = buffer_sizes(d);
   AttentionScratch s;
   s.floats = (backward ? 3 : 2) * b.mat + (backward ? 2 : 1) * b.sc + 2 * b.vec + (backward ? 4 : 2) * b.head;
   s.range_ints = 2 * ((d.sk + keys_per_block(d) - 1) / keys_per_block(d));
-  return s;
+  const AttentionScratch bf = flash_attention_bf16_scratch(d, backward);
+  return {std::max(s.floats, bf.floats), std::max(s.range_ints, bf.range_ints)};
 }
 
 void flash_attention_forward(const AttentionDims& dims, const float* q, const float* k, const float* v,

@@ -42,7 +42,8 @@ void flash_attention_backward_bf16(const AttentionDims& dims, const FlashBf16Inp
 void flash_attention_backward_bf16(const AttentionDims& dims, const FlashBf16Inputs& in, const bf16* out,
                                    const bf16* lse, const bf16* d_out, float scale, bf16* dq, bf16* dk, bf16* dv);
 
-// The bf16 kernel's scratch, what cpu_flash_attention_scratch (op_checks.h) answers for bf16.
+// The bf16 kernel's own need; cpu_flash_attention_scratch (op_checks.h), what both kernels
+// allocate, is the larger of it and the f32 kernel's.
 AttentionScratch flash_attention_bf16_scratch(const AttentionDims& d, bool backward);
 
 }  // namespace foldpar

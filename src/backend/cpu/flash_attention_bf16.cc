@@ -6,8 +6,8 @@
 // f32. P and dS are rounded to bf16 once, as operands of the next product (as FlashAttention
 // and cuDNN's bf16 kernels do); the outputs are rounded to bf16 once at the end, as the bf16
 // storage decorator rounds the f32 kernel's. Scratch: one f32 workspace carved into f32 and
-// bf16 buffers plus the k blocks' position ranges, sized by cpu_flash_attention_scratch(bf16),
-// which the dry run's meta backend allocates alike.
+// bf16 buffers plus the k blocks' position ranges, both cpu_flash_attention_scratch (the same
+// for both kernels), which the dry run's meta backend allocates alike.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -95,7 +95,7 @@ Plan make_plan(const AttentionDims& d, const int32_t* q_pos, const int32_t* k_po
   p.q_stride = d.n_h * d.d;
   p.kv_stride = d.n_kv * d.d;
   const Sizes s = sizes_of(d);
-  const AttentionScratch scratch = cpu_flash_attention_scratch(d, backward, DType::kBF16);
+  const AttentionScratch scratch = cpu_flash_attention_scratch(d, backward);
   p.workspace = Tensor::empty({scratch.floats}, DType::kF32, MemCategory::kWorkspace);
   float* w = p.workspace.data<float>();
   auto take = [&w](int64_t n) { return std::exchange(w, w + n); };

@@ -192,7 +192,7 @@ void MetaBackend::attention(std::string_view op, const AttentionArgs& a, const T
   s.d = d.d;
   if (options_.cpu_attention_scratch && d.batch > 0 && d.sq > 0 && d.n_h > 0 && d.sk > 0) {
     // Live for the call, as the kernel's: allocated and released in its order.
-    const AttentionScratch sc = cpu_flash_attention_scratch(d, op == "attention_backward", a.q->dtype());
+    const AttentionScratch sc = cpu_flash_attention_scratch(d, op == "attention_backward");
     Tensor work = Tensor::empty({sc.floats}, DType::kF32, MemCategory::kWorkspace);
     Tensor ranges = Tensor::empty({sc.range_ints}, DType::kI32, MemCategory::kWorkspace);
   }
