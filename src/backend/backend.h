@@ -68,7 +68,8 @@ class Backend {
                       float alpha = 1.0f, float beta = 0.0f) = 0;
   // Whether matmul also takes bf16 a and b (c bf16 or f32), multiplying bf16 x bf16 with f32
   // accumulation at bf16 speed. Where false, bf16 operands must be widened first; the bf16
-  // storage decorator asks before it widens.
+  // storage decorator asks before it widens. Where true, attention_forward/backward take
+  // bf16 q, k, v too (out, d_out, dq, dk, dv bf16; lse f32 or bf16): bf16 products, f32 softmax.
   virtual bool matmul_takes_bf16() const { return false; }
 
   // ---- elementwise ----

@@ -1,6 +1,8 @@
 // bf16 storage over an f32 backend: widen, compute, round.
 #include "backend/bf16_storage_backend.h"
 
+#include <initializer_list>
+
 namespace foldpar {
 namespace {
 
@@ -114,7 +116,11 @@ class Bf16StorageBackend final : public Backend {
     in_.rope_backward(widen(in_, table), o.f32());
     o.finish();
   }
+  // bf16 q, k, v straight to an inner backend that multiplies bf16 natively (its attention
+  // then runs the products in bf16 with f32 accumulation and softmax, rounding out, dq, dk,
+  // dv once, as below); elsewhere widened and run by the f32 kernel.
   void attention_forward(const AttentionArgs& a, Tensor& out, Tensor& lse) override {
+    if (bf16_attention(a, {&out})) return in_.attention_forward(a, out, lse);
     const Tensor q = widen(in_, *a.q), k = widen(in_, *a.k), v = widen(in_, *a.v);
     const AttentionArgs w{&q, &k, &v, a.q_pos, a.k_pos, a.scale};
     Out oo(in_, out, false), ol(in_, lse, false);
@@ -124,6 +130,7 @@ class Bf16StorageBackend final : public Backend {
   }
   void attention_backward(const AttentionArgs& a, const Tensor& out, const Tensor& lse, const Tensor& d_out,
                           Tensor& dq, Tensor& dk, Tensor& dv) override {
+    if (bf16_attention(a, {&out, &d_out, &dq, &dk, &dv})) return in_.attention_backward(a, out, lse, d_out, dq, dk, dv);
     const Tensor q = widen(in_, *a.q), k = widen(in_, *a.k), v = widen(in_, *a.v);
     const AttentionArgs w{&q, &k, &v, a.q_pos, a.k_pos, a.scale};
     Out oq(in_, dq, false), ok(in_, dk, false), ov(in_, dv, false);
@@ -240,6 +247,13 @@ class Bf16StorageBackend final : public Backend {
   }
 
  private:
+  bool bf16_attention(const AttentionArgs& a, std::initializer_list<const Tensor*> others) const {
+    if (!in_.matmul_takes_bf16() || !is_bf16(*a.q) || !is_bf16(*a.k) || !is_bf16(*a.v)) return false;
+    for (const Tensor* t : others)
+      if (!is_bf16(*t)) return false;
+    return true;
+  }
+
   Backend& in_;
 };
 

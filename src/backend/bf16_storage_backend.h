@@ -3,7 +3,8 @@
 // computed in f32 and rounded to bf16 once (accumulated outputs are widened first), and
 // f32 tensors pass through untouched, so an all-f32 call costs nothing extra. matmul is the
 // exception where the inner backend multiplies bf16 natively (Backend::matmul_takes_bf16):
-// bf16 operands go to it as they are, products accumulate in f32 there. This is how
+// bf16 operands go to it as they are, products accumulate in f32 there; so are attention's
+// forward and backward (bf16 tile products, f32 softmax, backend.h). This is how
 // `train --bf16` halves the bytes of stored weights, activations and the shards that
 // travel, while arithmetic (and the parity tests' references) stay f32. Widening and
 // rounding are the inner backend's copy (Backend::copy converts f32 <-> bf16), so the

@@ -1,17 +1,23 @@
 // Parity of the blocked flash attention kernel (the fast CPU backend) with the reference
 // backend (plain loops, fp64 accumulation): forward out and lse, backward dq, dk and dv, on
 // shapes that are not multiples of any block, GQA groups, zigzag and unsorted positions and
-// queries that see no key; plus the bound on the kernel's workspace.
+// queries that see no key; plus the bound on the kernel's workspace. The bf16 kernel (bf16
+// operands, f32 accumulation) on the same cases against the reference on bf16-rounded
+// inputs, and the bf16 storage decorator's widening path against the f32 kernel.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/bf16_storage_backend.h"
+#include "backend/cpu/gemm_engine.h"
+#include "backend/timed_backend.h"
 #include "core/rng.h"
 #include "core/tolerance.h"
 #include "tensor/memory_tracker.h"
@@ -185,6 +191,141 @@ std::vector<AttnCase> parity_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Cases, FlashAttentionParity, testing::ValuesIn(parity_cases()),
                          [](const testing::TestParamInfo<AttnCase>& p) { return p.param.name; });
+
+// ---- the bf16 kernel ----
+
+Tensor to_bf16(const Tensor& t) {  // rounded to nearest even
+  Tensor o = Tensor::empty(t.shape(), DType::kBF16, MemCategory::kActivations);
+  for (int64_t i = 0; i < t.numel(); ++i) o.data<bf16>()[i] = f32_to_bf16(t.data<float>()[i]);
+  return o;
+}
+Tensor to_f32(const Tensor& t) {
+  Tensor o = Tensor::empty(t.shape(), DType::kF32, MemCategory::kActivations);
+  for (int64_t i = 0; i < t.numel(); ++i) o.data<float>()[i] = bf16_to_f32(t.data<bf16>()[i]);
+  return o;
+}
+Tensor nan_bf16_like(const Tensor& t) { return to_bf16(nan_like(t)); }
+
+// Where the bf16 tolerances come from (u = 2^-8, the relative rounding error of bf16, whose
+// significand has 8 bits; both sides see the same bf16-rounded q, k, v, dO, and the reference
+// accumulates in fp64). Products of two bf16 numbers are exact in f32 and the sums are f32, so
+// S and dP carry only f32 error (tol::kF32Op above). What bf16 adds:
+//  - out: P rounded to bf16 perturbs each term of sum_j P_j V_j / l by at most u relative,
+//    at most u * max|V| in all, but the roundings are independent, so the sum moves like
+//    u * max|V| * sqrt(sum_j P_j^2) / l, far less once a row spreads over many keys; and out
+//    itself is rounded once, u * |out|. With max|V| about 4 for N(0, 1) values and max|out|
+//    at least about 1 (the first query sees one key: out = V_0), the normwise bound is
+//    u * (1 + 4) ~ 2e-2 worst case; observed up to 3.3e-3 (out), 4.0e-3 (dV): the final rounding
+//    dominates. kBf16Out = 2u = 7.8e-3.
+//  - dV = sum_rows P^T dO: the same argument, P and dV rounded: kBf16Out.
+//  - dQ, dK = sum scale * dS K (dS^T Q): dS = P (dP - delta) is rounded to bf16 (u relative
+//    per term) and the terms of each row cancel (they sum to zero), so the error is relative
+//    to sum |dS| |K|, not to |dQ|: several u worst case; observed up to 4.8e-3. kBf16Grad = 4u = 1.6e-2, measured against
+//    max(max|ref|, kCancelMinScale) as above. A wrong mask, scale, head mapping or block
+//    boundary shows errors of 1e-1 to 1, above both.
+//  - lse is computed from f32 scores and stays f32: kTol.
+constexpr double kBf16U = 1.0 / 256;
+constexpr double kBf16Out = 2 * kBf16U;
+constexpr double kBf16Grad = 4 * kBf16U;
+
+bool bf16_native() { return gemm_engine_report().bf16_native; }
+
+class FlashAttentionBf16Parity : public testing::TestWithParam<AttnCase> {};
+
+TEST_P(FlashAttentionBf16Parity, ForwardAndBackwardMatchReferenceOnRoundedInputs) {
+  if (!bf16_native()) GTEST_SKIP() << "no bf16 instructions here: " << gemm_engine_report().summary();
+  const AttnCase& c = GetParam();
+  const int64_t sq = static_cast<int64_t>(c.q_pos.size()), sk = static_cast<int64_t>(c.k_pos.size());
+  const Tensor qb = to_bf16(random_tensor({c.batch, sq, c.n_h, c.d}, "q"));
+  const Tensor kb = to_bf16(random_tensor({c.batch, sk, c.n_kv, c.d}, "k"));
+  const Tensor vb = to_bf16(random_tensor({c.batch, sk, c.n_kv, c.d}, "v"));
+  const Tensor dob = to_bf16(random_tensor({c.batch, sq, c.n_h, c.d}, "d_out"));
+  const Tensor q = to_f32(qb), k = to_f32(kb), v = to_f32(vb), d_out = to_f32(dob);
+  const Tensor q_pos = i32_tensor(c.q_pos), k_pos = i32_tensor(c.k_pos);
+  const double scale = c.scale != 0 ? c.scale : 1.0 / std::sqrt(double(c.d));
+  const AttentionArgs args{&q, &k, &v, &q_pos, &k_pos, scale};
+  const AttentionArgs args_bf{&qb, &kb, &vb, &q_pos, &k_pos, scale};
+  auto ref = make_reference_backend();
+  auto fast = make_cpu_backend();
+
+  const Tensor lse_shape = Tensor::empty({c.batch, c.n_h, sq}, DType::kF32, MemCategory::kActivations);
+  Tensor ref_out = nan_like(q), ref_lse = nan_like(lse_shape);
+  Tensor out = nan_bf16_like(q), lse = nan_like(lse_shape);
+  ref->attention_forward(args, ref_out, ref_lse);
+  fast->attention_forward(args_bf, out, lse);
+  EXPECT_TRUE(close_to(to_f32(out), ref_out, kBf16Out, 0.0, "out"));
+  EXPECT_TRUE(close_to(lse, ref_lse, kTol, kLseMinScale, "lse"));
+
+  // Both backwards start from the reference forward, out rounded to bf16 as it is stored.
+  const Tensor out_bf = to_bf16(ref_out), out_wide = to_f32(out_bf);
+  Tensor ref_dq = nan_like(q), ref_dk = nan_like(k), ref_dv = nan_like(v);
+  Tensor dq = nan_bf16_like(q), dk = nan_bf16_like(k), dv = nan_bf16_like(v);
+  ref->attention_backward(args, out_wide, ref_lse, d_out, ref_dq, ref_dk, ref_dv);
+  fast->attention_backward(args_bf, out_bf, ref_lse, dob, dq, dk, dv);
+  EXPECT_TRUE(close_to(to_f32(dq), ref_dq, kBf16Grad, kCancelMinScale, "dq"));
+  EXPECT_TRUE(close_to(to_f32(dk), ref_dk, kBf16Grad, kCancelMinScale, "dk"));
+  EXPECT_TRUE(close_to(to_f32(dv), ref_dv, kBf16Out, 0.0, "dv"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, FlashAttentionBf16Parity, testing::ValuesIn(parity_cases()),
+                         [](const testing::TestParamInfo<AttnCase>& p) { return p.param.name; });
+
+testing::AssertionResult bitwise_equal(const Tensor& a, const Tensor& b, const char* what) {
+  if (a.numel() == b.numel() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0)
+    return testing::AssertionSuccess();
+  return testing::AssertionFailure() << what << " differs";
+}
+
+// The bf16 storage decorator over a backend that does not multiply bf16 (TimedBackend answers
+// matmul_takes_bf16 false, as a CPU without bf16 instructions does) widens q, k, v and runs the
+// f32 kernel: bit for bit the f32 kernel on the widened inputs, outputs rounded once. Over the
+// CPU backend itself (bf16 instructions here) the same call takes the bf16 kernel, which stays
+// within the bf16 tolerances above of the widened result.
+TEST(FlashAttentionBf16, DecoratorWidensWithoutBf16ProductsAndOtherwiseTakesTheBf16Kernel) {
+  const AttnCase c = parity_cases()[4];  // s300_gqa4_d128_b2
+  const int64_t sq = static_cast<int64_t>(c.q_pos.size()), sk = static_cast<int64_t>(c.k_pos.size());
+  const Tensor qb = to_bf16(random_tensor({c.batch, sq, c.n_h, c.d}, "q"));
+  const Tensor kb = to_bf16(random_tensor({c.batch, sk, c.n_kv, c.d}, "k"));
+  const Tensor vb = to_bf16(random_tensor({c.batch, sk, c.n_kv, c.d}, "v"));
+  const Tensor dob = to_bf16(random_tensor({c.batch, sq, c.n_h, c.d}, "d_out"));
+  const Tensor q = to_f32(qb), k = to_f32(kb), v = to_f32(vb), d_out = to_f32(dob);
+  const Tensor pos = i32_tensor(c.q_pos);
+  const double scale = 1.0 / std::sqrt(double(c.d));
+  const AttentionArgs args{&q, &k, &v, &pos, &pos, scale}, args_bf{&qb, &kb, &vb, &pos, &pos, scale};
+  auto cpu = make_cpu_backend();
+  TimedBackend timed(*cpu);
+  ASSERT_FALSE(timed.matmul_takes_bf16());
+  auto widening = make_bf16_storage_backend(timed);
+
+  const Tensor lse_shape = Tensor::empty({c.batch, c.n_h, sq}, DType::kF32, MemCategory::kActivations);
+  Tensor f32_out = nan_like(q), f32_lse = nan_like(lse_shape);
+  cpu->attention_forward(args, f32_out, f32_lse);
+  Tensor out = nan_bf16_like(q), lse = nan_like(lse_shape);
+  widening->attention_forward(args_bf, out, lse);
+  EXPECT_TRUE(bitwise_equal(out, to_bf16(f32_out), "widened out"));
+  EXPECT_TRUE(bitwise_equal(lse, f32_lse, "widened lse"));
+
+  const Tensor out_bf = to_bf16(f32_out), out_wide = to_f32(out_bf);
+  Tensor f32_dq = nan_like(q), f32_dk = nan_like(k), f32_dv = nan_like(v);
+  cpu->attention_backward(args, out_wide, f32_lse, d_out, f32_dq, f32_dk, f32_dv);
+  Tensor dq = nan_bf16_like(q), dk = nan_bf16_like(k), dv = nan_bf16_like(v);
+  widening->attention_backward(args_bf, out_bf, f32_lse, dob, dq, dk, dv);
+  EXPECT_TRUE(bitwise_equal(dq, to_bf16(f32_dq), "widened dq"));
+  EXPECT_TRUE(bitwise_equal(dk, to_bf16(f32_dk), "widened dk"));
+  EXPECT_TRUE(bitwise_equal(dv, to_bf16(f32_dv), "widened dv"));
+
+  if (!bf16_native()) GTEST_SKIP() << "widening checked; no bf16 instructions here for the bf16 kernel";
+  auto native = make_bf16_storage_backend(*cpu);
+  Tensor nout = nan_bf16_like(q), nlse = nan_like(lse_shape);
+  native->attention_forward(args_bf, nout, nlse);
+  EXPECT_FALSE(bitwise_equal(nout, out, "bf16 kernel out")) << "the decorator did not take the bf16 kernel";
+  EXPECT_TRUE(close_to(to_f32(nout), to_f32(out), kBf16Out, 0.0, "bf16 kernel out vs widened"));
+  Tensor ndq = nan_bf16_like(q), ndk = nan_bf16_like(k), ndv = nan_bf16_like(v);
+  native->attention_backward(args_bf, out_bf, f32_lse, dob, ndq, ndk, ndv);
+  EXPECT_TRUE(close_to(to_f32(ndq), to_f32(dq), kBf16Grad, kCancelMinScale, "bf16 kernel dq vs widened"));
+  EXPECT_TRUE(close_to(to_f32(ndk), to_f32(dk), kBf16Grad, kCancelMinScale, "bf16 kernel dk vs widened"));
+  EXPECT_TRUE(close_to(to_f32(ndv), to_f32(dv), kBf16Out, 0.0, "bf16 kernel dv vs widened"));
+}
 
 struct WorkspacePeaks {
   int64_t forward, backward;  // bytes of kWorkspace above what was live before the call

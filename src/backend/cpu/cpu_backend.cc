@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <vector>
 
@@ -201,8 +202,11 @@ class CpuBackend final : public Backend {
   void rope_forward(const Tensor& table, Tensor& x) override { rope(table, x, 1.0f); }
   void rope_backward(const Tensor& table, Tensor& dx) override { rope(table, dx, -1.0f); }
 
+  // f32, and bf16 q, k, v (bf16 out, dO, dq, dk, dv; lse f32 or bf16) where the CPU
+  // multiplies bf16 natively (matmul_takes_bf16): the bf16 kernel, flash_attention.h.
   void attention_forward(const AttentionArgs& a, Tensor& out, Tensor& lse) override {
     const AttentionDims d = check_attention(a, out, lse);
+    if (out.dtype() == DType::kBF16) return attention_forward_bf16(a, d, out, lse);
     check_f32(out, "attention");
     flash_attention_forward(d, a.q->data<float>(), a.k->data<float>(), a.v->data<float>(),
                             a.q_pos->data<int32_t>(), a.k_pos->data<int32_t>(), static_cast<float>(a.scale),
@@ -211,11 +215,45 @@ class CpuBackend final : public Backend {
   void attention_backward(const AttentionArgs& a, const Tensor& out, const Tensor& lse, const Tensor& d_out,
                           Tensor& dq, Tensor& dk, Tensor& dv) override {
     const AttentionDims d = check_attention_backward(a, out, lse, d_out, dq, dk, dv);
+    if (out.dtype() == DType::kBF16) return attention_backward_bf16(a, d, out, lse, d_out, dq, dk, dv);
     check_f32(out, "attention_backward");
     flash_attention_backward(d, a.q->data<float>(), a.k->data<float>(), a.v->data<float>(), out.data<float>(),
                              lse.data<float>(), d_out.data<float>(), a.q_pos->data<int32_t>(),
                              a.k_pos->data<int32_t>(), static_cast<float>(a.scale), dq.data<float>(),
                              dk.data<float>(), dv.data<float>());
+  }
+
+  void check_bf16_attention(const Tensor& lse, std::initializer_list<const Tensor*> bf16s) const {
+    FP_CHECK(matmul_takes_bf16(), "cpu backend attention: bf16 operands on a CPU without bf16 compute ({})",
+             gemm_engine_report().onednn_isa);
+    for (const Tensor* t : bf16s)
+      FP_CHECK(t->dtype() == DType::kBF16, "cpu backend bf16 attention: {} is not bf16", t->describe());
+    FP_CHECK(lse.dtype() == DType::kF32 || lse.dtype() == DType::kBF16, "cpu backend attention lse {}", lse.describe());
+  }
+  static FlashBf16Inputs bf16_inputs(const AttentionArgs& a) {
+    return {a.q->data<bf16>(), a.k->data<bf16>(), a.v->data<bf16>(), a.q_pos->data<int32_t>(),
+            a.k_pos->data<int32_t>()};
+  }
+  void attention_forward_bf16(const AttentionArgs& a, const AttentionDims& d, Tensor& out, Tensor& lse) {
+    check_bf16_attention(lse, {&out});
+    const float scale = static_cast<float>(a.scale);
+    if (lse.dtype() == DType::kF32) {
+      flash_attention_forward_bf16(d, bf16_inputs(a), scale, out.data<bf16>(), lse.data<float>());
+    } else {
+      flash_attention_forward_bf16(d, bf16_inputs(a), scale, out.data<bf16>(), lse.data<bf16>());
+    }
+  }
+  void attention_backward_bf16(const AttentionArgs& a, const AttentionDims& d, const Tensor& out, const Tensor& lse,
+                               const Tensor& d_out, Tensor& dq, Tensor& dk, Tensor& dv) {
+    check_bf16_attention(lse, {&out, &d_out, &dq, &dk, &dv});
+    const float scale = static_cast<float>(a.scale);
+    if (lse.dtype() == DType::kF32) {
+      flash_attention_backward_bf16(d, bf16_inputs(a), out.data<bf16>(), lse.data<float>(), d_out.data<bf16>(), scale,
+                                    dq.data<bf16>(), dk.data<bf16>(), dv.data<bf16>());
+    } else {
+      flash_attention_backward_bf16(d, bf16_inputs(a), out.data<bf16>(), lse.data<bf16>(), d_out.data<bf16>(), scale,
+                                    dq.data<bf16>(), dk.data<bf16>(), dv.data<bf16>());
+    }
   }
 
   void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) override {

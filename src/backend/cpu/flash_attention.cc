@@ -14,17 +14,19 @@
 #include <limits>
 #include <utility>
 
+#include "backend/cpu/flash_attention_tiles.h"
 #include "backend/cpu/gemm_engine.h"
 #include "backend/cpu/vec_math.h"
 #include "tensor/tensor.h"
 
-// The softmax loops below are written for 16 f32 lanes (the build adds
-// -mprefer-vector-width=512, cmake/flags.cmake, so GCC uses them on AVX-512 CPUs).
-
 namespace foldpar {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+using flash::kLanes;
+using flash::kNegInf;
+using flash::range_of;
+using flash::Tile;
+using flash::Visibility;
 
 // Block sizes, tuned with bench/attention_bench.cc on Sapphire Rapids (48 KiB L1d, 2 MiB L2).
 // OpenBLAS's efficiency grows with the block (256 x 256 x 128 runs at ~85% of its large-matrix
@@ -36,31 +38,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // S = 2048 against no split; 32 beat 64 and 128 at S <= 2048.
 constexpr int64_t kStackedRows = 256;  // rows of a q block: query tokens x GQA group
 constexpr int64_t kKeyBlock = 256;     // keys of a k block
-constexpr int64_t kMinTile = 32;       // smallest rows / keys of a split tile
-constexpr int64_t kLanes = 16;         // f32 lanes of an AVX-512 register: width of the manual reductions
-
-struct PosRange {
-  int32_t lo, hi;
-};
-
-PosRange range_of(const int32_t* pos, int64_t n) {
-  PosRange r{pos[0], pos[0]};
-  for (int64_t i = 1; i < n; ++i) {
-    r.lo = std::min(r.lo, pos[i]);
-    r.hi = std::max(r.hi, pos[i]);
-  }
-  return r;
-}
-
-enum class Visibility { kNone, kPartial, kFull };
-
-// Key j is visible to query i iff k_pos[j] <= q_pos[i]; over a whole tile this needs only the
-// position ranges, whatever the order of the positions inside them.
-Visibility classify(PosRange q, PosRange k) {
-  if (k.lo > q.hi) return Visibility::kNone;
-  if (k.hi <= q.lo) return Visibility::kFull;
-  return Visibility::kPartial;
-}
 
 // Everything the block steps need about one call, and the workspace carved into buffers.
 struct Plan {
@@ -141,7 +118,7 @@ Plan make_plan(const AttentionDims& d, const int32_t* q_pos, const int32_t* k_po
   int32_t* ranges = p.k_range_storage.data<int32_t>();
   for (int64_t kb = 0; kb < k_blocks; ++kb) {
     const int64_t j0 = kb * p.keys_per_block;
-    const PosRange r = range_of(k_pos + j0, std::min(p.keys_per_block, d.sk - j0));
+    const flash::PosRange r = range_of(k_pos + j0, std::min(p.keys_per_block, d.sk - j0));
     ranges[2 * kb] = r.lo;
     ranges[2 * kb + 1] = r.hi;
   }
@@ -183,128 +160,16 @@ struct KvHead {
   int64_t stride = 0;
 };
 
-// Query tokens [t0, t0 + tokens) of the current q block (stacked rows t0 * g onwards) against
-// keys [j0, j0 + keys).
-struct Tile {
-  int64_t t0, tokens, j0, keys;
-};
-
-// Calls step(tile, visibility) on the visible parts of `tile`. A partially visible tile with
-// an invisible quadrant (the upper right of a causal diagonal block) is split into quadrants,
-// recursively down to kMinTile rows or keys; other tiles are processed whole.
-template <typename Step>
-void for_visible_tiles(const Plan& p, int64_t i0, const Tile& tile, Visibility vis, const Step& step) {
-  if (vis == Visibility::kNone) return;
-  const int64_t g = p.dims.group();
-  auto half = [](int64_t n) { return std::min(n - 1, ((n + 1) / 2 + kLanes - 1) / kLanes * kLanes); };
-  if (vis == Visibility::kPartial && tile.tokens >= 2 && tile.tokens * g >= 2 * kMinTile &&
-      tile.keys >= 2 * kMinTile) {
-    const int64_t th = half(tile.tokens), kh = half(tile.keys);
-    const Tile quads[4] = {{tile.t0, th, tile.j0, kh},
-                           {tile.t0, th, tile.j0 + kh, tile.keys - kh},
-                           {tile.t0 + th, tile.tokens - th, tile.j0, kh},
-                           {tile.t0 + th, tile.tokens - th, tile.j0 + kh, tile.keys - kh}};
-    Visibility sub[4];
-    bool any_none = false;
-    for (int i = 0; i < 4; ++i) {
-      const Tile& q = quads[i];
-      sub[i] = classify(range_of(p.q_pos + i0 + q.t0, q.tokens), range_of(p.k_pos + q.j0, q.keys));
-      any_none = any_none || sub[i] == Visibility::kNone;
-    }
-    if (any_none) {  // otherwise splitting would only make the products smaller
-      for (int i = 0; i < 4; ++i) for_visible_tiles(p, i0, quads[i], sub[i], step);
-      return;
-    }
-  }
-  step(tile, vis);
-}
-
-// ---- softmax loops ----
-// Reductions keep kLanes independent partial results so the loops vectorize without
-// reassociating a sum; `unroll 1` keeps each lane loop whole for GCC's loop vectorizer
-// (unrolled first, the SLP pass leaves these scalar).
-
-// Max of x[0, n) after masking x[j] = -inf where k_pos[j] > q_pos.
-template <bool kMasked>
-float mask_and_max(float* x, const int32_t* k_pos, int32_t q_pos, int64_t n) {
-  float lanes[kLanes];
-  std::fill_n(lanes, kLanes, kNegInf);
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-#pragma GCC unroll 1
-    for (int64_t l = 0; l < kLanes; ++l) {
-      const float v = kMasked && k_pos[j + l] > q_pos ? kNegInf : x[j + l];
-      if (kMasked) x[j + l] = v;
-      lanes[l] = std::max(lanes[l], v);
-    }
-  }
-  for (; j < n; ++j) {
-    const float v = kMasked && k_pos[j] > q_pos ? kNegInf : x[j];
-    if (kMasked) x[j] = v;
-    lanes[0] = std::max(lanes[0], v);
-  }
-  return *std::max_element(lanes, lanes + kLanes);
-}
-
-// x[j] = e^(x[j] - shift) in place; returns their sum.
-float exp_and_sum(float* x, float shift, int64_t n) {
-  float lanes[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-#pragma GCC unroll 1
-    for (int64_t l = 0; l < kLanes; ++l) {
-      const float e = vec::exp(x[j + l] - shift);
-      x[j + l] = e;
-      lanes[l] += e;
-    }
-  }
-  for (; j < n; ++j) {
-    const float e = vec::exp(x[j] - shift);
-    x[j] = e;
-    lanes[0] += e;
-  }
-  float sum = 0;
-  for (float v : lanes) sum += v;
-  return sum;
-}
-
-float dot(const float* a, const float* b, int64_t n) {
-  float lanes[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-#pragma GCC unroll 1
-    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += a[j + l] * b[j + l];
-  }
-  for (; j < n; ++j) lanes[0] += a[j] * b[j];
-  float sum = 0;
-  for (float v : lanes) sum += v;
-  return sum;
-}
-
 // ---- forward ----
 
-// The online-softmax step of one tile: its scores become probabilities relative to the
-// updated running max m of each row; the running sum l and the accumulator row are rescaled
-// to that max.
+// The online-softmax step of one tile (flash_attention_tiles.h), row by row.
 template <bool kMasked>
 void online_softmax(const Plan& p, int64_t i0, const Tile& tile) {
   const int64_t g = p.dims.group(), d = p.dims.d, ld = p.keys_per_block;
   for (int64_t t = tile.t0; t < tile.t0 + tile.tokens; ++t)
-    for (int64_t r = t * g; r < (t + 1) * g; ++r) {
-      float* s = p.scores + r * ld + tile.j0 % ld;
-      const float m_old = p.row_a[r];
-      const float m_new =
-          std::max(m_old, mask_and_max<kMasked>(s, p.k_pos + tile.j0, p.q_pos[i0 + t], tile.keys));
-      // A row that has seen no key yet keeps m = -inf; shifting by 0 keeps its e^-inf = 0.
-      const float shift = m_new == kNegInf ? 0.0f : m_new;
-      const float correction = vec::exp(m_old - shift);
-      p.row_b[r] = p.row_b[r] * correction + exp_and_sum(s, shift, tile.keys);
-      p.row_a[r] = m_new;
-      if (correction != 1.0f) {
-        float* acc = p.acc_rows + r * d;
-        for (int64_t e = 0; e < d; ++e) acc[e] *= correction;
-      }
-    }
+    for (int64_t r = t * g; r < (t + 1) * g; ++r)
+      flash::online_softmax_row<kMasked>(p.scores + r * ld + tile.j0 % ld, p.k_pos + tile.j0, p.q_pos[i0 + t],
+                                         tile.keys, p.row_a[r], p.row_b[r], p.acc_rows + r * d, d);
 }
 
 void forward_tile(const Plan& p, const KvHead& kv, int64_t i0, const Tile& tile, Visibility vis) {
@@ -339,15 +204,10 @@ void finish_q_block(const Plan& p, int64_t b, int64_t hk, int64_t i0, int64_t to
   unpack_rows(p.acc_rows, tokens, g * d, p.q_stride, out + group_offset(p, b, i0, hk));
 }
 
-// Calls step(tile, visibility) for the visible tiles of the q block at token i0 against every
-// k block.
 template <typename Step>
 void for_each_k_block(const Plan& p, int64_t i0, int64_t tokens, const Step& step) {
-  const PosRange qr = range_of(p.q_pos + i0, tokens);
-  for (int64_t j0 = 0, kb = 0; j0 < p.dims.sk; j0 += p.keys_per_block, ++kb) {
-    const Tile tile{0, tokens, j0, std::min(p.keys_per_block, p.dims.sk - j0)};
-    for_visible_tiles(p, i0, tile, classify(qr, {p.k_ranges[2 * kb], p.k_ranges[2 * kb + 1]}), step);
-  }
+  flash::for_each_k_block(p.q_pos, p.k_pos, p.k_ranges, p.dims.sk, p.keys_per_block, p.dims.group(), i0, tokens,
+                          step);
 }
 
 void forward_q_block(const Plan& p, const float* q, const KvHead& kv, int64_t b, int64_t hk, int64_t i0,
@@ -388,34 +248,22 @@ struct Grads {
   float* dq;
 };
 
-// P = e^(S - lse) (0 where masked) in place on the tile's scores. A query that sees no key
-// has lse = -inf, but every tile holding it is partial and masks all of its row.
+// P = e^(S - lse) (0 where masked) in place on the tile's scores.
 template <bool kMasked>
 void probabilities(const Plan& p, int64_t i0, const Tile& tile) {
   const int64_t g = p.dims.group(), ld = p.keys_per_block;
-  const int32_t* k_pos = p.k_pos + tile.j0;
-  for (int64_t t = tile.t0; t < tile.t0 + tile.tokens; ++t) {
-    const int32_t q_pos = p.q_pos[i0 + t];
-    for (int64_t r = t * g; r < (t + 1) * g; ++r) {
-      float* s = p.scores + r * ld + tile.j0 % ld;
-      const float lse = p.row_a[r];
-      for (int64_t j = 0; j < tile.keys; ++j) {
-        const float e = vec::exp(s[j] - lse);
-        s[j] = kMasked && k_pos[j] > q_pos ? 0.0f : e;
-      }
-    }
-  }
+  for (int64_t t = tile.t0; t < tile.t0 + tile.tokens; ++t)
+    for (int64_t r = t * g; r < (t + 1) * g; ++r)
+      flash::probabilities_row<kMasked>(p.scores + r * ld + tile.j0 % ld, p.k_pos + tile.j0, p.q_pos[i0 + t],
+                                        tile.keys, p.row_a[r]);
 }
 
 // dS = P * (dP - delta) in place on the tile's dP.
 void score_grads(const Plan& p, const Tile& tile) {
   const int64_t g = p.dims.group(), ld = p.keys_per_block;
-  for (int64_t r = tile.t0 * g; r < (tile.t0 + tile.tokens) * g; ++r) {
-    const float* pr = p.scores + r * ld + tile.j0 % ld;
-    float* ds = p.d_scores + r * ld + tile.j0 % ld;
-    const float delta = p.row_b[r];
-    for (int64_t j = 0; j < tile.keys; ++j) ds[j] = pr[j] * (ds[j] - delta);
-  }
+  for (int64_t r = tile.t0 * g; r < (tile.t0 + tile.tokens) * g; ++r)
+    flash::score_grads_row(p.scores + r * ld + tile.j0 % ld, p.d_scores + r * ld + tile.j0 % ld, p.row_b[r],
+                           tile.keys);
 }
 
 void backward_tile(const Plan& p, const KvHead& kv, int64_t i0, const Tile& tile, Visibility vis) {
@@ -452,7 +300,7 @@ void prepare_q_block(const Plan& p, const float* q, const Grads& gr, int64_t b, 
     for (int64_t gi = 0; gi < g; ++gi) {
       const int64_t r = t * g + gi;
       p.row_a[r] = gr.lse[(b * p.dims.n_h + hk * g + gi) * p.dims.sq + i0 + t];
-      p.row_b[r] = dot(p.acc_rows + r * d, gr.out + off + t * p.q_stride + gi * d, d);
+      p.row_b[r] = flash::dot(p.acc_rows + r * d, gr.out + off + t * p.q_stride + gi * d, d);
     }
   std::fill_n(p.dq_rows, tokens * g * d, 0.0f);
 }
@@ -468,12 +316,16 @@ void backward_q_block(const Plan& p, const float* q, const Grads& gr, const KvHe
 
 }  // namespace
 
+// One scratch for both kernels, the larger need of each part: a bf16 layout's dry run (the
+// meta backend allocates this whatever the dtype) then counts what either kernel takes, and a
+// bf16 run that needs no widened copies takes the workspace of the f32 run.
 AttentionScratch cpu_flash_attention_scratch(const AttentionDims& d, bool backward) {
   const BufferSizes b = buffer_sizes(d);
   AttentionScratch s;
   s.floats = (backward ? 3 : 2) * b.mat + (backward ? 2 : 1) * b.sc + 2 * b.vec + (backward ? 4 : 2) * b.head;
   s.range_ints = 2 * ((d.sk + keys_per_block(d) - 1) / keys_per_block(d));
-  return s;
+  const AttentionScratch bf = flash_attention_bf16_scratch(d, backward);
+  return {std::max(s.floats, bf.floats), std::max(s.range_ints, bf.range_ints)};
 }
 
 void flash_attention_forward(const AttentionDims& dims, const float* q, const float* k, const float* v,

@@ -1,0 +1,349 @@
+// Blocked ("flash") causal attention with bf16 operands and f32 accumulation on one CPU thread:
+// the tiling, visibility and softmax of the f32 kernel (flash_attention_tiles.h), with every
+// tile product on oneDNN's bf16 matmul (gemm_bf16, gemm_engine.h; AVX512_BF16 or AMX
+// instructions, f32 accumulation and output). Q, K, V and dO are read as bf16 (K, V packed
+// per kv head when n_kv > 1); scores, softmax, lse, the row statistics and the O, dQ, dK, dV accumulators stay
+// f32. P and dS are rounded to bf16 once, as operands of the next product (as FlashAttention
+// and cuDNN's bf16 kernels do); the outputs are rounded to bf16 once at the end, as the bf16
+// storage decorator rounds the f32 kernel's. Scratch: one f32 workspace carved into f32 and
+// bf16 buffers plus the k blocks' position ranges, both cpu_flash_attention_scratch (the same
+// for both kernels), which the dry run's meta backend allocates alike.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "backend/cpu/flash_attention.h"
+#include "backend/cpu/flash_attention_tiles.h"
+#include "backend/cpu/gemm_engine.h"
+#include "tensor/tensor.h"
+
+namespace foldpar {
+namespace {
+
+using flash::kLanes;
+using flash::kNegInf;
+using flash::Tile;
+using flash::Visibility;
+
+// Twice the f32 kernel's key block (bench/attention_bench --bf16, a loaded machine, thread
+// CPU time): oneDNN's bf16 calls cost more fixed time per call (B reordered for AMX, the
+// primitive's dispatch) than sgemm's, so longer products pay. At S = 4096, fwd / bwd GFLOP/s:
+// d = 64: 256 x 256 blocks not swept at this size, 512 x 512 118 / 119, 256 x 512 172 / 124;
+// d = 128: 512 x 512 242 / 193, 256 x 512 259 / 211. The bf16 working set per element is half
+// the f32 one, so a 256 x 512 block pair still fits in L2 (2 MiB).
+constexpr int64_t kStackedRows = 256;  // rows of a q block: query tokens x GQA group
+constexpr int64_t kKeyBlock = 512;     // keys of a k block
+
+int64_t tokens_per_q_block(const AttentionDims& d) { return std::max<int64_t>(1, std::min(kStackedRows / d.group(), d.sq)); }
+int64_t keys_per_block(const AttentionDims& d) { return std::max<int64_t>(1, std::min(kKeyBlock, d.sk)); }
+
+// Buffer sizes in floats, each a whole number of 64-byte lines; a bf16 buffer of n elements
+// takes n / 2 floats.
+struct Sizes {
+  int64_t mat, mat_bf, sc, sc_bf, vec, head, head_bf;
+};
+Sizes sizes_of(const AttentionDims& d) {
+  auto line = [](int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; };
+  const int64_t rows = tokens_per_q_block(d) * d.group(), keys = keys_per_block(d);
+  return {line(rows * d.d), line((rows * d.d + 1) / 2), line(rows * keys), line((rows * keys + 1) / 2), line(rows),
+          line(d.sk * d.d), d.n_kv == 1 ? 0 : line((d.sk * d.d + 1) / 2)};
+}
+
+// Forward: q (bf16), acc, scores, P (bf16), m, l. Backward: q, dO (bf16), dq, scores, P
+// (bf16), dP, dS (bf16), lse, delta, and one kv head's dK, dV accumulators [Sk, d]. Both:
+// when n_kv > 1, one kv head's K and V packed contiguous in bf16 (oneDNN 2.6 runs a strided
+// bf16 operand on its slow gemm:jit path instead of AMX/AVX512_BF16 brgemm, ~3x slower).
+int64_t floats_needed(const AttentionDims& d, bool backward) {
+  const Sizes s = sizes_of(d);
+  if (!backward) return s.mat_bf + s.mat + s.sc + s.sc_bf + 2 * s.vec + 2 * s.head_bf;
+  return 2 * s.mat_bf + s.mat + 2 * s.sc + 2 * s.sc_bf + 2 * s.vec + 2 * s.head + 2 * s.head_bf;
+}
+
+struct Plan {
+  AttentionDims dims{};
+  float scale = 0;
+  const int32_t *q_pos = nullptr, *k_pos = nullptr;
+  int64_t tokens_per_q_block = 0, keys_per_block = 0;
+  int64_t q_stride = 0, kv_stride = 0;  // elements between consecutive tokens: n_h * d, n_kv * d
+  Tensor workspace, k_range_storage;
+  const int32_t* k_ranges = nullptr;  // (lo, hi) position range of each k block
+  bf16* q_rows = nullptr;             // [rows, d]: the packed q block
+  bf16* do_rows = nullptr;            // [rows, d]: the packed dO block (backward)
+  float* acc_rows = nullptr;          // [rows, d]: O accumulator (forward) / dQ accumulator (backward)
+  // One tile's [rows, keys] matrices, contiguous (leading dimension keys): S then P in f32,
+  // P in bf16, and in the backward dP then dS in f32 and dS in bf16.
+  float* scores = nullptr;
+  bf16* p_bf = nullptr;
+  float* d_scores = nullptr;
+  bf16* ds_bf = nullptr;
+  float* row_a = nullptr;  // [rows]: running max m (forward) / lse (backward)
+  float* row_b = nullptr;  // [rows]: running sum l (forward) / delta = rowsum(dO * O) (backward)
+  float *dk_acc = nullptr, *dv_acc = nullptr;  // [Sk, d] each (backward)
+  bf16 *k_head = nullptr, *v_head = nullptr;   // [Sk, d] each, when n_kv > 1: K, V packed
+};
+
+Plan make_plan(const AttentionDims& d, const int32_t* q_pos, const int32_t* k_pos, float scale, bool backward) {
+  FP_CHECK(d.d > 0, "flash attention bf16: head dim {} must be positive", d.d);
+  Plan p;
+  p.dims = d;
+  p.scale = scale;
+  p.q_pos = q_pos;
+  p.k_pos = k_pos;
+  p.tokens_per_q_block = tokens_per_q_block(d);
+  p.keys_per_block = keys_per_block(d);
+  p.q_stride = d.n_h * d.d;
+  p.kv_stride = d.n_kv * d.d;
+  const Sizes s = sizes_of(d);
+  const AttentionScratch scratch = cpu_flash_attention_scratch(d, backward);
+  p.workspace = Tensor::empty({scratch.floats}, DType::kF32, MemCategory::kWorkspace);
+  float* w = p.workspace.data<float>();
+  auto take = [&w](int64_t n) { return std::exchange(w, w + n); };
+  auto take_bf = [&take](int64_t n) { return reinterpret_cast<bf16*>(take(n)); };
+  p.q_rows = take_bf(s.mat_bf);
+  p.acc_rows = take(s.mat);
+  p.scores = take(s.sc);
+  p.p_bf = take_bf(s.sc_bf);
+  p.row_a = take(s.vec);
+  p.row_b = take(s.vec);
+  if (backward) {
+    p.do_rows = take_bf(s.mat_bf);
+    p.d_scores = take(s.sc);
+    p.ds_bf = take_bf(s.sc_bf);
+    p.dk_acc = take(s.head);
+    p.dv_acc = take(s.head);
+  }
+  if (s.head_bf > 0) {
+    p.k_head = take_bf(s.head_bf);
+    p.v_head = take_bf(s.head_bf);
+  }
+  const int64_t k_blocks = (d.sk + p.keys_per_block - 1) / p.keys_per_block;
+  p.k_range_storage = Tensor::empty({scratch.range_ints}, DType::kI32, MemCategory::kWorkspace);
+  int32_t* ranges = p.k_range_storage.data<int32_t>();
+  for (int64_t kb = 0; kb < k_blocks; ++kb) {
+    const int64_t j0 = kb * p.keys_per_block;
+    const flash::PosRange r = flash::range_of(k_pos + j0, std::min(p.keys_per_block, d.sk - j0));
+    ranges[2 * kb] = r.lo;
+    ranges[2 * kb + 1] = r.hi;
+  }
+  p.k_ranges = ranges;
+  return p;
+}
+
+size_t group_offset(const Plan& p, int64_t b, int64_t i0, int64_t hk) {
+  return static_cast<size_t>(((b * p.dims.sq + i0) * p.dims.n_h + hk * p.dims.group()) * p.dims.d);
+}
+size_t kv_head_offset(const Plan& p, int64_t b, int64_t hk) {
+  return static_cast<size_t>((b * p.dims.sk * p.dims.n_kv + hk) * p.dims.d);
+}
+
+void pack_rows(const bf16* src, int64_t rows, int64_t row_elems, int64_t stride, bf16* dst) {
+  for (int64_t t = 0; t < rows; ++t)
+    std::memcpy(dst + t * row_elems, src + t * stride, static_cast<size_t>(row_elems) * sizeof(bf16));
+}
+// f32 rows rounded to bf16 (to nearest even) into rows `stride` elements apart.
+void round_rows(const float* src, int64_t rows, int64_t row_elems, int64_t stride, bf16* dst) {
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t e = 0; e < row_elems; ++e) dst[t * stride + e] = f32_to_bf16(src[t * row_elems + e]);
+}
+void round_into(const float* src, int64_t n, bf16* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+}
+
+float load(const float* x, int64_t i) { return x[i]; }
+float load(const bf16* x, int64_t i) { return bf16_to_f32(x[i]); }
+void store(float v, float* x, int64_t i) { x[i] = v; }
+void store(float v, bf16* x, int64_t i) { x[i] = f32_to_bf16(v); }
+
+// c [m, n] f32 contiguous = alpha op(a) op(b) + beta c; a, b bf16 with leading dims lda, ldb.
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const bf16* a, int64_t lda,
+          const bf16* b, int64_t ldb, float beta, float* c) {
+  gemm_bf16(MatmulDims{m, n, k, lda, ldb}, ta, tb, a, b, DType::kF32, c, alpha, beta);
+}
+
+// K and V of one (batch, kv head): rows [Sk, d], `stride` elements apart (in place when
+// n_kv == 1, packed otherwise, stride d either way).
+struct KvHead {
+  const bf16 *k, *v;
+  int64_t stride;
+};
+
+KvHead view_kv_head(const Plan& p, const FlashBf16Inputs& in, int64_t b, int64_t hk) {
+  const size_t off = kv_head_offset(p, b, hk);
+  if (p.k_head == nullptr) return {in.k + off, in.v + off, p.kv_stride};
+  pack_rows(in.k + off, p.dims.sk, p.dims.d, p.kv_stride, p.k_head);
+  pack_rows(in.v + off, p.dims.sk, p.dims.d, p.kv_stride, p.v_head);
+  return {p.k_head, p.v_head, p.dims.d};
+}
+
+// ---- forward ----
+
+void forward_tile(const Plan& p, const KvHead& kv, int64_t i0, const Tile& tile, Visibility vis) {
+  const int64_t g = p.dims.group(), d = p.dims.d, keys = tile.keys;
+  const int64_t r0 = tile.t0 * g, rows = tile.tokens * g, kv_off = tile.j0 * kv.stride;
+  // S = scale * Q K^T: [rows, keys].
+  gemm(false, true, rows, keys, d, p.scale, p.q_rows + r0 * d, d, kv.k + kv_off, kv.stride, 0.0f, p.scores);
+  for (int64_t t = tile.t0; t < tile.t0 + tile.tokens; ++t)
+    for (int64_t r = t * g; r < (t + 1) * g; ++r) {
+      float* s = p.scores + (r - r0) * keys;
+      float* acc = p.acc_rows + r * d;
+      if (vis == Visibility::kPartial) {
+        flash::online_softmax_row<true>(s, p.k_pos + tile.j0, p.q_pos[i0 + t], keys, p.row_a[r], p.row_b[r], acc, d);
+      } else {
+        flash::online_softmax_row<false>(s, p.k_pos + tile.j0, p.q_pos[i0 + t], keys, p.row_a[r], p.row_b[r], acc, d);
+      }
+    }
+  // acc += P V: [rows, d], P rounded to bf16.
+  round_into(p.scores, rows * keys, p.p_bf);
+  gemm(false, false, rows, d, keys, 1.0f, p.p_bf, keys, kv.v + kv_off, kv.stride, 1.0f, p.acc_rows + r0 * d);
+}
+
+template <typename LseT>
+void forward_q_block(const Plan& p, const bf16* q, const KvHead& kv, int64_t b, int64_t hk, int64_t i0, bf16* out,
+                     LseT* lse) {
+  const int64_t g = p.dims.group(), d = p.dims.d;
+  const int64_t tokens = std::min(p.tokens_per_q_block, p.dims.sq - i0), rows = tokens * g;
+  const size_t off = group_offset(p, b, i0, hk);
+  pack_rows(q + off, tokens, g * d, p.q_stride, p.q_rows);
+  std::fill_n(p.row_a, rows, kNegInf);
+  std::fill_n(p.row_b, rows, 0.0f);
+  std::fill_n(p.acc_rows, rows * d, 0.0f);
+  flash::for_each_k_block(p.q_pos, p.k_pos, p.k_ranges, p.dims.sk, p.keys_per_block, g, i0, tokens,
+                          [&](const Tile& tile, Visibility vis) { forward_tile(p, kv, i0, tile, vis); });
+  // out = acc / l, lse = m + log l; rows that saw no key (l == 0) get 0 and -inf.
+  for (int64_t r = 0; r < rows; ++r) {
+    const float l = p.row_b[r], inv = l > 0 ? 1.0f / l : 0.0f;
+    float* acc = p.acc_rows + r * d;
+    for (int64_t e = 0; e < d; ++e) acc[e] *= inv;
+    const int64_t h = hk * g + r % g, i = i0 + r / g;
+    store(l > 0 ? p.row_a[r] + std::log(l) : kNegInf, lse, (b * p.dims.n_h + h) * p.dims.sq + i);
+  }
+  round_rows(p.acc_rows, tokens, g * d, p.q_stride, out + off);
+}
+
+// ---- backward ----
+
+template <typename LseT>
+struct Grads {
+  const bf16 *out, *d_out;
+  const LseT* lse;
+  bf16* dq;
+};
+
+void backward_tile(const Plan& p, const KvHead& kv, int64_t i0, const Tile& tile, Visibility vis) {
+  const int64_t g = p.dims.group(), d = p.dims.d, keys = tile.keys;
+  const int64_t r0 = tile.t0 * g, rows = tile.tokens * g, kv_off = tile.j0 * kv.stride;
+  const bf16 *q = p.q_rows + r0 * d, *d_out = p.do_rows + r0 * d;
+  gemm(false, true, rows, keys, d, p.scale, q, d, kv.k + kv_off, kv.stride, 0.0f, p.scores);
+  for (int64_t t = tile.t0; t < tile.t0 + tile.tokens; ++t)
+    for (int64_t r = t * g; r < (t + 1) * g; ++r) {
+      float* s = p.scores + (r - r0) * keys;
+      if (vis == Visibility::kPartial) {
+        flash::probabilities_row<true>(s, p.k_pos + tile.j0, p.q_pos[i0 + t], keys, p.row_a[r]);
+      } else {
+        flash::probabilities_row<false>(s, p.k_pos + tile.j0, p.q_pos[i0 + t], keys, p.row_a[r]);
+      }
+    }
+  round_into(p.scores, rows * keys, p.p_bf);
+  // dV += P^T dO: [keys, d].
+  gemm(true, false, keys, d, rows, 1.0f, p.p_bf, keys, d_out, d, 1.0f, p.dv_acc + tile.j0 * d);
+  // dP = dO V^T: [rows, keys]; then dS = P * (dP - delta) from the f32 P, rounded to bf16.
+  gemm(false, true, rows, keys, d, 1.0f, d_out, d, kv.v + kv_off, kv.stride, 0.0f, p.d_scores);
+  for (int64_t r = r0; r < r0 + rows; ++r)
+    flash::score_grads_row(p.scores + (r - r0) * keys, p.d_scores + (r - r0) * keys, p.row_b[r], keys);
+  round_into(p.d_scores, rows * keys, p.ds_bf);
+  // dQ += scale * dS K: [rows, d]; dK += scale * dS^T Q: [keys, d].
+  gemm(false, false, rows, d, keys, p.scale, p.ds_bf, keys, kv.k + kv_off, kv.stride, 1.0f, p.acc_rows + r0 * d);
+  gemm(true, false, keys, d, rows, p.scale, p.ds_bf, keys, q, d, 1.0f, p.dk_acc + tile.j0 * d);
+}
+
+template <typename LseT>
+void backward_q_block(const Plan& p, const bf16* q, const Grads<LseT>& gr, const KvHead& kv, int64_t b, int64_t hk,
+                      int64_t i0) {
+  const int64_t g = p.dims.group(), d = p.dims.d;
+  const int64_t tokens = std::min(p.tokens_per_q_block, p.dims.sq - i0);
+  const size_t off = group_offset(p, b, i0, hk);
+  pack_rows(q + off, tokens, g * d, p.q_stride, p.q_rows);
+  pack_rows(gr.d_out + off, tokens, g * d, p.q_stride, p.do_rows);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t gi = 0; gi < g; ++gi) {
+      const int64_t r = t * g + gi;
+      p.row_a[r] = load(gr.lse, (b * p.dims.n_h + hk * g + gi) * p.dims.sq + i0 + t);
+      const bf16 *o = gr.out + off + t * p.q_stride + gi * d, *dout = p.do_rows + r * d;
+      float delta = 0;
+      for (int64_t e = 0; e < d; ++e) delta += bf16_to_f32(o[e]) * bf16_to_f32(dout[e]);
+      p.row_b[r] = delta;
+    }
+  std::fill_n(p.acc_rows, tokens * g * d, 0.0f);
+  flash::for_each_k_block(p.q_pos, p.k_pos, p.k_ranges, p.dims.sk, p.keys_per_block, g, i0, tokens,
+                          [&](const Tile& tile, Visibility vis) { backward_tile(p, kv, i0, tile, vis); });
+  round_rows(p.acc_rows, tokens, g * d, p.q_stride, gr.dq + off);
+}
+
+template <typename LseT>
+void forward_all(const AttentionDims& dims, const FlashBf16Inputs& in, float scale, bf16* out, LseT* lse) {
+  const int64_t n_out = dims.batch * dims.sq * dims.n_h * dims.d;
+  if (dims.batch == 0 || dims.sq == 0 || dims.n_h == 0) return;
+  if (dims.sk == 0) {  // no key at all: every query sees nothing
+    std::fill_n(out, n_out, f32_to_bf16(0.0f));
+    for (int64_t i = 0; i < dims.batch * dims.n_h * dims.sq; ++i) store(kNegInf, lse, i);
+    return;
+  }
+  const Plan p = make_plan(dims, in.q_pos, in.k_pos, scale, /*backward=*/false);
+  for (int64_t b = 0; b < dims.batch; ++b)
+    for (int64_t hk = 0; hk < dims.n_kv; ++hk) {
+      const KvHead kv = view_kv_head(p, in, b, hk);
+      for (int64_t i0 = 0; i0 < dims.sq; i0 += p.tokens_per_q_block) forward_q_block(p, in.q, kv, b, hk, i0, out, lse);
+    }
+}
+
+template <typename LseT>
+void backward_all(const AttentionDims& dims, const FlashBf16Inputs& in, const bf16* out, const LseT* lse,
+                  const bf16* d_out, float scale, bf16* dq, bf16* dk, bf16* dv) {
+  const int64_t n_q = dims.batch * dims.sq * dims.n_h * dims.d, n_kv = dims.batch * dims.sk * dims.n_kv * dims.d;
+  if (dims.batch == 0 || dims.sq == 0 || dims.n_h == 0 || dims.sk == 0) {
+    std::fill_n(dq, n_q, f32_to_bf16(0.0f));
+    std::fill_n(dk, n_kv, f32_to_bf16(0.0f));
+    std::fill_n(dv, n_kv, f32_to_bf16(0.0f));
+    return;
+  }
+  const Plan p = make_plan(dims, in.q_pos, in.k_pos, scale, /*backward=*/true);
+  const Grads<LseT> gr{out, d_out, lse, dq};
+  const int64_t head = dims.sk * dims.d;
+  for (int64_t b = 0; b < dims.batch; ++b)
+    for (int64_t hk = 0; hk < dims.n_kv; ++hk) {
+      const size_t off = kv_head_offset(p, b, hk);
+      const KvHead kv = view_kv_head(p, in, b, hk);
+      std::fill_n(p.dk_acc, head, 0.0f);
+      std::fill_n(p.dv_acc, head, 0.0f);
+      for (int64_t i0 = 0; i0 < dims.sq; i0 += p.tokens_per_q_block) backward_q_block(p, in.q, gr, kv, b, hk, i0);
+      round_rows(p.dk_acc, dims.sk, dims.d, p.kv_stride, dk + off);
+      round_rows(p.dv_acc, dims.sk, dims.d, p.kv_stride, dv + off);
+    }
+}
+
+}  // namespace
+
+AttentionScratch flash_attention_bf16_scratch(const AttentionDims& d, bool backward) {
+  return {floats_needed(d, backward), 2 * ((d.sk + keys_per_block(d) - 1) / keys_per_block(d))};
+}
+
+void flash_attention_forward_bf16(const AttentionDims& dims, const FlashBf16Inputs& in, float scale, bf16* out,
+                                  float* lse) {
+  forward_all(dims, in, scale, out, lse);
+}
+void flash_attention_forward_bf16(const AttentionDims& dims, const FlashBf16Inputs& in, float scale, bf16* out,
+                                  bf16* lse) {
+  forward_all(dims, in, scale, out, lse);
+}
+
+void flash_attention_backward_bf16(const AttentionDims& dims, const FlashBf16Inputs& in, const bf16* out,
+                                   const float* lse, const bf16* d_out, float scale, bf16* dq, bf16* dk, bf16* dv) {
+  backward_all(dims, in, out, lse, d_out, scale, dq, dk, dv);
+}
+void flash_attention_backward_bf16(const AttentionDims& dims, const FlashBf16Inputs& in, const bf16* out,
+                                   const bf16* lse, const bf16* d_out, float scale, bf16* dq, bf16* dk, bf16* dv) {
+  backward_all(dims, in, out, lse, d_out, scale, dq, dk, dv);
+}
+
+}  // namespace foldpar

@@ -1,0 +1,188 @@
+// What the f32 and bf16 flash attention kernels (flash_attention.cc, flash_attention_bf16.cc)
+// share: the visibility of tiles from position ranges, the recursive split of partially
+// visible tiles, and the per-row softmax steps, all in f32 (the statistics of either kernel).
+// Internal to those two files; nothing here allocates.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "backend/cpu/vec_math.h"
+
+// The softmax loops below are written for 16 f32 lanes (the build adds
+// -mprefer-vector-width=512, cmake/flags.cmake, so GCC uses them on AVX-512 CPUs).
+
+namespace foldpar::flash {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int64_t kMinTile = 32;  // smallest rows / keys of a split tile
+constexpr int64_t kLanes = 16;    // f32 lanes of an AVX-512 register: width of the manual reductions
+
+struct PosRange {
+  int32_t lo, hi;
+};
+
+inline PosRange range_of(const int32_t* pos, int64_t n) {
+  PosRange r{pos[0], pos[0]};
+  for (int64_t i = 1; i < n; ++i) {
+    r.lo = std::min(r.lo, pos[i]);
+    r.hi = std::max(r.hi, pos[i]);
+  }
+  return r;
+}
+
+enum class Visibility { kNone, kPartial, kFull };
+
+// Key j is visible to query i iff k_pos[j] <= q_pos[i]; over a whole tile this needs only the
+// position ranges, whatever the order of the positions inside them.
+inline Visibility classify(PosRange q, PosRange k) {
+  if (k.lo > q.hi) return Visibility::kNone;
+  if (k.hi <= q.lo) return Visibility::kFull;
+  return Visibility::kPartial;
+}
+
+// Query tokens [t0, t0 + tokens) of the current q block (stacked rows t0 * g onwards) against
+// keys [j0, j0 + keys).
+struct Tile {
+  int64_t t0, tokens, j0, keys;
+};
+
+// Calls step(tile, visibility) on the visible parts of `tile` of the q block at token i0
+// (g stacked rows per token). A partially visible tile with an invisible quadrant (the upper
+// right of a causal diagonal block) is split into quadrants, recursively down to kMinTile
+// rows or keys; other tiles are processed whole.
+template <typename Step>
+void for_visible_tiles(const int32_t* q_pos, const int32_t* k_pos, int64_t g, int64_t i0, const Tile& tile,
+                       Visibility vis, const Step& step) {
+  if (vis == Visibility::kNone) return;
+  auto half = [](int64_t n) { return std::min(n - 1, ((n + 1) / 2 + kLanes - 1) / kLanes * kLanes); };
+  if (vis == Visibility::kPartial && tile.tokens >= 2 && tile.tokens * g >= 2 * kMinTile &&
+      tile.keys >= 2 * kMinTile) {
+    const int64_t th = half(tile.tokens), kh = half(tile.keys);
+    const Tile quads[4] = {{tile.t0, th, tile.j0, kh},
+                           {tile.t0, th, tile.j0 + kh, tile.keys - kh},
+                           {tile.t0 + th, tile.tokens - th, tile.j0, kh},
+                           {tile.t0 + th, tile.tokens - th, tile.j0 + kh, tile.keys - kh}};
+    Visibility sub[4];
+    bool any_none = false;
+    for (int i = 0; i < 4; ++i) {
+      const Tile& q = quads[i];
+      sub[i] = classify(range_of(q_pos + i0 + q.t0, q.tokens), range_of(k_pos + q.j0, q.keys));
+      any_none = any_none || sub[i] == Visibility::kNone;
+    }
+    if (any_none) {  // otherwise splitting would only make the products smaller
+      for (int i = 0; i < 4; ++i) for_visible_tiles(q_pos, k_pos, g, i0, quads[i], sub[i], step);
+      return;
+    }
+  }
+  step(tile, vis);
+}
+
+// Calls step(tile, visibility) for the visible tiles of the q block at token i0 (`tokens`
+// tokens) against every k block of `keys_per_block` keys; k_ranges holds each k block's
+// (lo, hi) position range.
+template <typename Step>
+void for_each_k_block(const int32_t* q_pos, const int32_t* k_pos, const int32_t* k_ranges, int64_t sk,
+                      int64_t keys_per_block, int64_t g, int64_t i0, int64_t tokens, const Step& step) {
+  const PosRange qr = range_of(q_pos + i0, tokens);
+  for (int64_t j0 = 0, kb = 0; j0 < sk; j0 += keys_per_block, ++kb) {
+    const Tile tile{0, tokens, j0, std::min(keys_per_block, sk - j0)};
+    for_visible_tiles(q_pos, k_pos, g, i0, tile, classify(qr, {k_ranges[2 * kb], k_ranges[2 * kb + 1]}), step);
+  }
+}
+
+// ---- per-row softmax steps ----
+// Reductions keep kLanes independent partial results so the loops vectorize without
+// reassociating a sum; `unroll 1` keeps each lane loop whole for GCC's loop vectorizer
+// (unrolled first, the SLP pass leaves these scalar).
+
+// Max of x[0, n) after masking x[j] = -inf where k_pos[j] > q_pos.
+template <bool kMasked>
+float mask_and_max(float* x, const int32_t* k_pos, int32_t q_pos, int64_t n) {
+  float lanes[kLanes];
+  std::fill_n(lanes, kLanes, kNegInf);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+#pragma GCC unroll 1
+    for (int64_t l = 0; l < kLanes; ++l) {
+      const float v = kMasked && k_pos[j + l] > q_pos ? kNegInf : x[j + l];
+      if (kMasked) x[j + l] = v;
+      lanes[l] = std::max(lanes[l], v);
+    }
+  }
+  for (; j < n; ++j) {
+    const float v = kMasked && k_pos[j] > q_pos ? kNegInf : x[j];
+    if (kMasked) x[j] = v;
+    lanes[0] = std::max(lanes[0], v);
+  }
+  return *std::max_element(lanes, lanes + kLanes);
+}
+
+// x[j] = e^(x[j] - shift) in place; returns their sum.
+inline float exp_and_sum(float* x, float shift, int64_t n) {
+  float lanes[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+#pragma GCC unroll 1
+    for (int64_t l = 0; l < kLanes; ++l) {
+      const float e = vec::exp(x[j + l] - shift);
+      x[j + l] = e;
+      lanes[l] += e;
+    }
+  }
+  for (; j < n; ++j) {
+    const float e = vec::exp(x[j] - shift);
+    x[j] = e;
+    lanes[0] += e;
+  }
+  float sum = 0;
+  for (float v : lanes) sum += v;
+  return sum;
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float lanes[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+#pragma GCC unroll 1
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += a[j + l] * b[j + l];
+  }
+  for (; j < n; ++j) lanes[0] += a[j] * b[j];
+  float sum = 0;
+  for (float v : lanes) sum += v;
+  return sum;
+}
+
+// The online-softmax step of one row of a tile: its scores s[0, keys) become probabilities
+// relative to the updated running max m; the running sum l and the accumulator row acc[0, d)
+// are rescaled to that max.
+template <bool kMasked>
+void online_softmax_row(float* s, const int32_t* k_pos, int32_t q_pos, int64_t keys, float& m, float& l, float* acc,
+                        int64_t d) {
+  const float m_new = std::max(m, mask_and_max<kMasked>(s, k_pos, q_pos, keys));
+  // A row that has seen no key yet keeps m = -inf; shifting by 0 keeps its e^-inf = 0.
+  const float shift = m_new == kNegInf ? 0.0f : m_new;
+  const float correction = vec::exp(m - shift);
+  l = l * correction + exp_and_sum(s, shift, keys);
+  m = m_new;
+  if (correction != 1.0f)
+    for (int64_t e = 0; e < d; ++e) acc[e] *= correction;
+}
+
+// P = e^(S - lse) (0 where masked) in place on one row of scores. A query that sees no key
+// has lse = -inf, but every tile holding it is partial and masks all of its row.
+template <bool kMasked>
+void probabilities_row(float* s, const int32_t* k_pos, int32_t q_pos, int64_t keys, float lse) {
+  for (int64_t j = 0; j < keys; ++j) {
+    const float e = vec::exp(s[j] - lse);
+    s[j] = kMasked && k_pos[j] > q_pos ? 0.0f : e;
+  }
+}
+
+// dS = P * (dP - delta) in place on one row of dP.
+inline void score_grads_row(const float* p, float* ds, float delta, int64_t keys) {
+  for (int64_t j = 0; j < keys; ++j) ds[j] = p[j] * (ds[j] - delta);
+}
+
+}  // namespace foldpar::flash
