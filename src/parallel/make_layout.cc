@@ -30,7 +30,8 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
                                                          const Layout& layout) {
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
-  if (config.moe.enabled()) return make_single_rank_model(config, layout);  // validate_layout: one rank
+  // validate_layout: a MoE model runs on one rank or on tsp=D alone
+  if (config.moe.enabled() && layout.ranks() == 1) return make_single_rank_model(config, layout);
   if (layout.pp > 1) {
     Result<std::unique_ptr<StageStrategy>> stage =
         layout.strategy == Strategy::kTsp ? make_tsp_stage_strategy(config, mesh.comm("tsp"), seq, layout)
