@@ -403,6 +403,7 @@ std::vector<ParamRef> sharded_param_refs(ShardedWeights& w, ShardedWeights& g, b
          GlobalSlice{pre + "self_attn.v_proj.weight", r * kv, kv, 0, h, false, (q + kv) * h},
          GlobalSlice{pre + "self_attn.o_proj.weight", 0, h, r * q, q, true, (q + 2 * kv) * h}}});
     const int64_t f = d.f_rows;
+    if (!w.mlp[l].defined()) continue;  // a sparse layer: its MoE tensors follow below
     refs.push_back(ParamRef{fmt::format("layers.{}.mlp", l), w.mlp[l], g.mlp[l], true, count_sharded,
                             {GlobalSlice{pre + "mlp.gate_proj.weight", r * f, f, 0, h, false, 0},
                              GlobalSlice{pre + "mlp.up_proj.weight", r * f, f, 0, h, false, f * h},
