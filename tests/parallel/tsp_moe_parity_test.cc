@@ -170,6 +170,55 @@ TEST(TspMoeParity, NegativeControlSwappedExperts) {
   check_parity(Case{MoeFamily::kMixtral, kGather, false, false, Recompute::kNone, /*swap_experts=*/true});
 }
 
+// Scheme A's and B's bytes for a known routing: with a zero router every token picks experts 0
+// and 1 (ties to the lower index), so what each rank sends is known exactly. Forward only.
+TEST(TspMoeTraffic, BytesPerSchemeForACountedRouting) {
+  Communicator& world = test::mpi().world();
+  const int D = world.size(), p = world.rank();
+  LlamaConfig c = moe_config(MoeFamily::kMixtral);
+  const int64_t B = 2, S = 16, T = B * S / D, h = c.hidden_size, k = 2, E = 4, El = E / D;
+  const int64_t sparse = c.moe.sparse_layer_count(c.num_hidden_layers);
+  Batch global = synthetic_batch(c, B, S, 13, 0.1);
+  auto be = make_cpu_backend();
+  auto run = [&](Layout::MoeDispatchOption dispatch) {
+    Layout opt;
+    opt.tsp = D;
+    opt.moe_dispatch = dispatch;
+    Result<TspModel> model = TspModel::create(c, opt, p, S);
+    FP_CHECK(model.ok(), "{}", model.status().to_string());
+    ShardedWeights tw = ShardedWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kParameters);
+    init_sharded_weights(kInit, tw);
+    for (auto& m : tw.moe)
+      if (m.defined()) m.router.zero();
+    const CommStats before = world.stats();
+    Result<StepResult> r = model->forward(*be, world, tw, model->shard().local_batch(global));
+    FP_CHECK(r.ok(), "{}", r.status().to_string());
+    return world.stats() - before;
+  };
+  const CommStats a2a = run(Layout::MoeDispatchOption::kAllToAll);
+  const CommStats gather = run(Layout::MoeDispatchOption::kGather);
+  auto owner = [&](int64_t e) { return static_cast<int>(e / El); };
+  // A: this rank's rows for experts 0 and 1 owned elsewhere go out; the rows other ranks sent
+  // to this rank's experts go back. Point-to-point sends carry nothing else in a forward
+  // (the weight rings are send_recv).
+  int64_t rows_out = 0;
+  for (int64_t e = 0; e < k; ++e) {
+    if (owner(e) != p) rows_out += T;
+    if (owner(e) == p) rows_out += (D - 1) * T;
+  }
+  EXPECT_EQ(a2a.op(CommOpKind::kSend).bytes_sent, static_cast<uint64_t>(sparse * rows_out * h * 4));
+  EXPECT_EQ(a2a.op(CommOpKind::kAllToAll).calls, static_cast<uint64_t>(sparse));
+  EXPECT_EQ(a2a.op(CommOpKind::kAllToAll).bytes_sent, static_cast<uint64_t>(sparse * (D - 1) * El * 8));
+  EXPECT_EQ(gather.op(CommOpKind::kSend).bytes_sent, 0u);
+  EXPECT_EQ(gather.op(CommOpKind::kAllToAll).calls, 0u);
+  // B: the rows, weights and ids of every rank gathered, the outputs reduce-scattered, per
+  // sparse layer; attention's all-gathers are the same in both runs.
+  EXPECT_EQ(gather.op(CommOpKind::kAllGather).bytes_sent - a2a.op(CommOpKind::kAllGather).bytes_sent,
+            static_cast<uint64_t>(sparse * (D - 1) * (T * h + 2 * T * k) * 4));
+  EXPECT_EQ(gather.op(CommOpKind::kReduceScatter).bytes_sent - a2a.op(CommOpKind::kReduceScatter).bytes_sent,
+            static_cast<uint64_t>(sparse * (D - 1) * T * h * 4));
+}
+
 TEST(TspMoeErrors, ExpertsThatDoNotDivideAndTheRing) {
   const int D = test::mpi().world().size();
   if (D == 1) GTEST_SKIP() << "every expert count divides by 1";
