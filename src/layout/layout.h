@@ -68,8 +68,9 @@ struct Layout {
   // balances them (`--stage-layers 5,6,6,5`, or `:stages=5/6/6/5` in the layout string).
   std::vector<int> stage_layers;
   // tsp with a MoE model: all-to-all dispatch and combine (a2a), all-gather of the tokens with a
-  // reduce-scatter of the outputs (gather), the expert-weight ring (ring: not built yet), or
-  // auto: spec COMPOSITION.md 3's forward-bytes break-even, gather iff D < k, else a2a.
+  // reduce-scatter of the outputs (gather), the expert-weight ring (ring), or auto: spec
+  // COMPOSITION.md 3's training break-evens, ring iff T > 2.25 E f_e / k, else gather iff D < k,
+  // else a2a (T = B S / D local rows).
   enum class MoeDispatchOption { kAuto, kAllToAll, kGather, kRing };
   MoeDispatchOption moe_dispatch = MoeDispatchOption::kAuto;
 

@@ -143,10 +143,8 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
   const std::string name = layout.to_string();
   // The MoE layer runs in the single-rank model (parallel/single_rank_model.h) and on a plain
   // tsp=D axis with whole experts per rank (parallel/tsp/tsp_moe.h), in f32.
-  if (layout.moe_dispatch == Layout::MoeDispatchOption::kRing)
-    return unimplemented("layout {}: the expert-weight ring (moe=ring) is not built yet: moe=a2a, gather or auto", name);
   if (layout.moe_dispatch != Layout::MoeDispatchOption::kAuto && layout.strategy != Strategy::kTsp)
-    return invalid_argument("{}: moe=a2a|gather chooses the dispatch of a tsp=N layout", name);
+    return invalid_argument("{}: moe=a2a|gather|ring chooses the dispatch of a tsp=N layout", name);
   if (config.moe.enabled()) {
     const MoeConfig& m = config.moe;
     const bool tsp_only = layout.strategy == Strategy::kTsp && layout.ranks() == layout.tsp;

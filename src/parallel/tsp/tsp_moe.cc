@@ -14,6 +14,11 @@
 // combines them with the routing weights. Adjoint: the same two exchanges carry d(out) to
 // the owners and d(in) back.
 //
+// Scheme C (MoeDispatch::kRing): each rank's E/D experts, packed in one block, travel TSP's
+// weight ring (tsp_step.cc); at step j a rank applies the visiting block's experts to its own
+// rows routed to them (no token moves, static shapes, exact balance). Adjoint: the weight
+// ring again plus the gradient ring that carries each block's summed gradient home.
+//
 // Scheme B (MoeDispatch::kGather): the normed rows, expert ids and routing weights of every
 // rank are all-gathered (T rows per rank, static shapes); each rank runs its own experts on
 // every token routed to them and the partial outputs [D*T, h] are reduce-scattered home.
@@ -76,19 +81,45 @@ const char* moe_dispatch_name(MoeDispatch d) {
   switch (d) {
     case MoeDispatch::kAllToAll: return "a2a";
     case MoeDispatch::kGather: return "gather";
+    case MoeDispatch::kRing: return "ring";
   }
   return "?";
 }
 
 MoeDispatch TspStep::moe_scheme() const {
-  // auto (docs: spec 3's break-even for A against B): B beats A iff D < k.
   switch (opt_.moe_dispatch) {
     case Layout::MoeDispatchOption::kAllToAll: return MoeDispatch::kAllToAll;
     case Layout::MoeDispatchOption::kGather: return MoeDispatch::kGather;
+    case Layout::MoeDispatchOption::kRing: return MoeDispatch::kRing;
     case Layout::MoeDispatchOption::kAuto: break;
-    case Layout::MoeDispatchOption::kRing: FP_CHECK(false, "moe=ring (validate_layout refuses it)");
   }
-  return D_ < c_.moe.num_experts_per_tok ? MoeDispatch::kGather : MoeDispatch::kAllToAll;
+  // auto: the training break-evens of spec COMPOSITION.md 3 on forward+backward bytes: the
+  // ring beats A iff T > 2.25 E f_e / k; else B beats A iff D < k. T, D, E, f_e, k are the
+  // same on every rank, so every rank picks the same scheme.
+  const MoeConfig& m = c_.moe;
+  if (static_cast<double>(rows_) > 2.25 * static_cast<double>(m.num_experts * m.moe_intermediate_size) /
+                                       static_cast<double>(m.num_experts_per_tok))
+    return MoeDispatch::kRing;
+  return D_ < m.num_experts_per_tok ? MoeDispatch::kGather : MoeDispatch::kAllToAll;
+}
+
+Tensor TspStep::pack_experts(const std::vector<ExpertWeights>& experts) const {
+  const int64_t h = dims_.h, fe = c_.moe.moe_intermediate_size, El = dims_.experts;
+  Tensor block = Tensor::empty({El * 3 * fe, h}, experts.empty() ? DType::kF32 : experts[0].w_gate.dtype(),
+                               MemCategory::kComm);
+  for (int64_t j = 0; j < El; ++j) {
+    ExpertWeights v = expert_block(block, j);
+    be_.copy(experts[j].w_gate, v.w_gate);
+    be_.copy(experts[j].w_up, v.w_up);
+    be_.copy(experts[j].w_down, v.w_down);
+  }
+  return block;
+}
+
+ExpertWeights TspStep::expert_block(const Tensor& block, int64_t j) const {
+  const int64_t h = dims_.h, fe = c_.moe.moe_intermediate_size, r0 = j * 3 * fe;
+  return ExpertWeights{block.narrow(r0, r0 + fe), block.narrow(r0 + fe, r0 + 2 * fe),
+                       block.narrow(r0 + 2 * fe, r0 + 3 * fe).reshape({h, fe})};
 }
 
 Tensor TspStep::exchange_rows(const Tensor& src, const std::vector<int64_t>& send_rows,
@@ -254,6 +285,27 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
     expert_out = Tensor();
     r.expert_out = exchange_rows(back, s.recv_rows, s.send_rows);  // [M, h] in dispatch order
     be_.scatter_add_rows(r.expert_out, r.token_rows, &r.row_weights, y);
+  } else if (s.scheme == MoeDispatch::kRing) {
+    // ---- the experts come to the tokens: rank q's block of E/D experts at ring step j ----
+    r.dispatched = act({M, h});
+    be_.gather_rows(a, r.token_rows, nullptr, r.dispatched);
+    r.expert_out = act({M, h});
+    r.expert_mlp.resize(static_cast<size_t>(E));
+    WeightRing ring = weight_ring(pack_experts(mw.experts));
+    for (int j = 0; j < D_; ++j) {
+      weight_ring_send(ring, j);
+      const int q = ring_owner(j);
+      for (int64_t i = 0; i < El; ++i) {
+        const int64_t e = q * El + i, begin = r.offsets[e], end = r.offsets[e + 1];
+        if (begin == end) continue;
+        Tensor out = r.expert_out.narrow(begin, end);
+        foldpar::mlp_forward(group_context(ctx_, end - begin), expert_view(expert_block(ring.cur, i)),
+                             r.dispatched.narrow(begin, end), out, saved != nullptr ? &r.expert_mlp[e] : nullptr, {},
+                             0.0f);
+      }
+      weight_ring_advance(ring, j);
+    }
+    be_.scatter_add_rows(r.expert_out, r.token_rows, &r.row_weights, y);
   } else {
     // ---- every rank's rows, ids and weights; this rank's experts over all of them ----
     Tensor all_a = comm_buffer({D_ * T, h}, a.dtype());
@@ -367,6 +419,48 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
     Tensor d_back = act({R, h});
     if (R > 0) be_.gather_rows(d_expert_in, s.to_source, nullptr, d_back);
     Tensor d_dispatched = exchange_rows(d_back, s.recv_rows, s.send_rows);  // [M, h] in dispatch order
+    be_.scatter_add_rows(d_dispatched, r.token_rows, nullptr, d_a);
+  } else if (s.scheme == MoeDispatch::kRing) {
+    // The combine's adjoint as in A; then the weight ring again, and the gradient ring (the
+    // weight ring's adjoint) carrying each block's summed gradient home.
+    Tensor dy_rows = act({M, h}), d_out = act({M, h}), d_row_w = act({M, 1});
+    be_.gather_rows(dy, r.token_rows, nullptr, dy_rows);
+    be_.rows_dot(dy_rows, r.expert_out, d_row_w);
+    be_.gather_rows(dy, r.token_rows, &r.row_weights, d_out);
+    dy_rows = Tensor();
+    be_.scatter_add_rows(d_row_w, r.slot_rows, nullptr, d_weights_rows);
+    Tensor d_dispatched = act({M, h});
+    be_.fill(0.0, d_dispatched);
+    WeightRing ring = weight_ring(pack_experts(mw.experts));
+    const Shape block_shape = ring.cur.shape();
+    Tensor own_grad = comm_buffer(block_shape, DType::kF32);
+    be_.fill(0.0, own_grad);
+    GradRing gring;
+    for (int j = 0; j < D_; ++j) {
+      weight_ring_send(ring, j);
+      const int q = ring_owner(j);
+      Tensor partial = grad_ring_partial(own_grad, j, block_shape);
+      if (j > 0) be_.fill(0.0, partial);
+      for (int64_t i = 0; i < El; ++i) {
+        const int64_t e = q * El + i, begin = r.offsets[e], end = r.offsets[e + 1];
+        if (begin == end) continue;
+        Tensor d_rows = d_dispatched.narrow(begin, end);
+        ExpertWeights gb = expert_block(partial, i);
+        MlpWeights ge = expert_view(gb);
+        foldpar::mlp_backward(group_context(ctx_, end - begin), expert_view(expert_block(ring.cur, i)),
+                              r.expert_mlp[e], r.dispatched.narrow(begin, end), d_out.narrow(begin, end), d_rows, ge,
+                              1.0f);
+      }
+      grad_ring_send(gring, j, partial);
+      weight_ring_advance(ring, j);
+    }
+    grad_ring_finish(gring, own_grad);
+    for (int64_t i = 0; i < El; ++i) {
+      const ExpertWeights g = expert_block(own_grad, i);
+      be_.add_inplace(g.w_gate, gw.experts[i].w_gate);
+      be_.add_inplace(g.w_up, gw.experts[i].w_up);
+      be_.add_inplace(g.w_down, gw.experts[i].w_down);
+    }
     be_.scatter_add_rows(d_dispatched, r.token_rows, nullptr, d_a);
   } else {
     // all_gather's adjoint is reduce_scatter and back.

@@ -34,7 +34,7 @@ struct RingMlpSaved {
 };
 
 // How a sparse layer's tokens meet their experts (tsp_moe.cc).
-enum class MoeDispatch { kAllToAll, kGather };
+enum class MoeDispatch { kAllToAll, kGather, kRing };
 const char* moe_dispatch_name(MoeDispatch d);
 
 // What a sparse layer keeps for backward (tsp_moe.cc).
@@ -142,6 +142,10 @@ class TspStep {
   // MoE scheme A: rows src [sum send_rows, h] in destination blocks to every rank; returns
   // [sum recv_rows, h] in source blocks (point-to-point, zero-size blocks skipped).
   Tensor exchange_rows(const Tensor& src, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows);
+  // Scheme C: a rank's E/D experts packed in one ring block [E/D * 3 f_e, h] (per expert
+  // gate, up, down), and expert j's views into such a block.
+  Tensor pack_experts(const std::vector<ExpertWeights>& experts) const;
+  ExpertWeights expert_block(const Tensor& block, int64_t j) const;
   void record_moe_stats(const MoeLayerWeights& w, const std::vector<int64_t>& offsets, const Tensor& probs);
   // grad += the sum over the axis of partial (a replicated tensor's gradient; blocking).
   void sum_into(Tensor& partial, Tensor& grad);
