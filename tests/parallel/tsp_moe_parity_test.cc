@@ -260,3 +260,22 @@ TEST(TspMoeErrors, ExpertsThatDoNotDivide) {
 
 }  // namespace
 }  // namespace foldpar
+
+namespace foldpar {
+namespace {
+
+TEST(TspMoeLayout, TheDispatchOptionParsesAndSpellsBack) {
+  for (const char* text : {"tsp=2:moe=a2a", "tsp=4:moe=gather", "tsp=2:moe=ring"}) {
+    Result<Layout> l = parse_layout(text);
+    ASSERT_TRUE(l.ok()) << l.status().to_string();
+    EXPECT_EQ(l->to_string(), text);
+  }
+  Result<Layout> dflt = parse_layout("tsp=2:moe=auto");
+  ASSERT_TRUE(dflt.ok());
+  EXPECT_EQ(dflt->moe_dispatch, Layout::MoeDispatchOption::kAuto);
+  EXPECT_EQ(dflt->to_string(), "tsp=2");
+  EXPECT_EQ(parse_layout("tsp=2:moe=alltoall").status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace foldpar
