@@ -69,6 +69,20 @@ void dispatch_order(const std::vector<int32_t>& experts, int64_t k, int64_t E, s
   }
 }
 
+// Host values into a communication buffer of the backend (device memory where the
+// communicator is NCCL) and back.
+template <typename T>
+Tensor comm_from_host(Backend& be, const std::vector<T>& v, DType dtype) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, dtype, MemCategory::kComm);
+  if (!v.empty()) be.copy_from_host(std::as_bytes(std::span<const T>(v)), t);
+  return t;
+}
+template <typename T>
+void comm_to_host(Backend& be, const Tensor& t, std::vector<T>& v) {
+  v.resize(static_cast<size_t>(t.numel()));
+  if (!v.empty()) be.copy_to_host(t, std::as_writable_bytes(std::span<T>(v)));
+}
+
 std::vector<double> host_f64(Backend& be, const Tensor& t) {
   std::vector<float> f(static_cast<size_t>(t.numel()));
   be.copy_to_host(t, std::as_writable_bytes(std::span<float>(f)));
@@ -181,8 +195,11 @@ MoeAux TspStep::sum_moe_stats() {
     packed.push_back(static_cast<double>(sum.rows[l]));
   }
   const auto t0 = std::chrono::steady_clock::now();
-  if (!packed.empty())
-    blocking(comm_.all_reduce(packed.data(), packed.data(), packed.size(), DType::kF64, ReduceOp::kSum), t0);
+  if (!packed.empty()) {
+    Tensor buf = comm_from_host(be_, packed, DType::kF64);
+    blocking(comm_.all_reduce(buf.raw_data(), buf.raw_data(), packed.size(), DType::kF64, ReduceOp::kSum), t0);
+    comm_to_host(be_, buf, packed);
+  }
   size_t i = 0;
   for (size_t l = 0; l < layers; ++l) {
     sum.counts[l].assign(static_cast<size_t>(E), 0);
@@ -237,7 +254,9 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
     std::vector<int64_t> send_counts(static_cast<size_t>(E)), recv_counts(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e) send_counts[e] = r.offsets[e + 1] - r.offsets[e];
     const auto t0 = std::chrono::steady_clock::now();
-    blocking(comm_.all_to_all(send_counts.data(), recv_counts.data(), static_cast<size_t>(El), DType::kI64), t0);
+    Tensor send_buf = comm_from_host(be_, send_counts, DType::kI64), recv_buf = comm_from_host(be_, recv_counts, DType::kI64);
+    blocking(comm_.all_to_all(send_buf.raw_data(), recv_buf.raw_data(), static_cast<size_t>(El), DType::kI64), t0);
+    comm_to_host(be_, recv_buf, recv_counts);
     s.send_rows.assign(static_cast<size_t>(D_), 0);
     s.recv_rows.assign(static_cast<size_t>(D_), 0);
     for (int q = 0; q < D_; ++q)
@@ -314,7 +333,9 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
     const auto t0 = std::chrono::steady_clock::now();
     blocking(comm_.all_gather(a.raw_data(), all_a.raw_data(), static_cast<size_t>(a.numel()), a.dtype()), t0);
     blocking(comm_.all_gather(r.weights.raw_data(), all_w.raw_data(), static_cast<size_t>(M), r.weights.dtype()), t0);
-    blocking(comm_.all_gather(host_experts.data(), all_experts.data(), static_cast<size_t>(M), DType::kI32), t0);
+    Tensor all_ids = comm_buffer({D_ * M}, DType::kI32);
+    blocking(comm_.all_gather(r.experts.raw_data(), all_ids.raw_data(), static_cast<size_t>(M), DType::kI32), t0);
+    comm_to_host(be_, all_ids, all_experts);
     // The slots of the gathered tokens routed to this rank's experts, grouped by expert.
     std::vector<int32_t> g_token, g_slot;
     s.expert_offsets.assign(static_cast<size_t>(El) + 1, 0);
