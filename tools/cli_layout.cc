@@ -24,6 +24,15 @@ void add_layout_flags(CLI::App* cmd, LayoutArgs& a, bool generation) {
       ->transform(choice<SeqSplit>({{"zigzag", SeqSplit::kZigzag}, {"contiguous", SeqSplit::kContiguous}}));
   cmd->add_option("--head-buckets", a.head_buckets, "tsp: all-gather each attention shard's K/V in this many buckets")
       ->check(positive());
+  if (!generation)
+    cmd->add_option("--moe-dispatch", a.moe_dispatch,
+                    "tsp, MoE models: a2a (all-to-all), gather (all-gather + reduce-scatter), ring (expert weights "
+                    "circulate) or auto (ring iff local tokens > 2.25 E f_e / k, else gather iff tsp degree < k, "
+                    "else a2a)")
+        ->transform(choice<Layout::MoeDispatchOption>({{"auto", Layout::MoeDispatchOption::kAuto},
+                                                       {"a2a", Layout::MoeDispatchOption::kAllToAll},
+                                                       {"gather", Layout::MoeDispatchOption::kGather},
+                                                       {"ring", Layout::MoeDispatchOption::kRing}}));
   cmd->add_flag("--no-overlap", a.no_overlap, "finish every transfer before the computation that follows it");
   if (generation) return;
   add_recompute_option(cmd, a.recompute);
@@ -51,6 +60,7 @@ Result<Layout> layout_of(const LayoutArgs& a, int ranks) {
   if (a.keep_kv) l.keep_kv = true;
   if (a.sequence_parallel) l.sequence_parallel = true;
   if (a.head_buckets != 1) l.head_buckets = a.head_buckets;
+  if (a.moe_dispatch != Layout::MoeDispatchOption::kAuto) l.moe_dispatch = a.moe_dispatch;
   if (!a.stage_layers.empty()) l.stage_layers = a.stage_layers;
   return l;
 }

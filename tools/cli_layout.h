@@ -22,6 +22,7 @@ struct LayoutArgs {
   Recompute recompute = Recompute::kNone;
   bool no_overlap = false, keep_weights = false, keep_kv = false, sequence_parallel = false;
   int head_buckets = 1;
+  Layout::MoeDispatchOption moe_dispatch = Layout::MoeDispatchOption::kAuto;
   std::vector<int> stage_layers;  // pp: --stage-layers 5,6,6,5
 };
 

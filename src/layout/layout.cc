@@ -51,12 +51,20 @@ Status apply_option(std::string_view opt, std::string_view text, Layout& l) {
       FP_ASSIGN_OR_RETURN(int layers, parse_degree(n, text, "the layers of a stage"));
       l.stage_layers.push_back(layers);
     }
+  } else if (opt == "moe=auto") {
+    l.moe_dispatch = Layout::MoeDispatchOption::kAuto;
+  } else if (opt == "moe=a2a") {
+    l.moe_dispatch = Layout::MoeDispatchOption::kAllToAll;
+  } else if (opt == "moe=gather") {
+    l.moe_dispatch = Layout::MoeDispatchOption::kGather;
+  } else if (opt == "moe=ring") {
+    l.moe_dispatch = Layout::MoeDispatchOption::kRing;
   } else if (opt.starts_with("buckets=")) {
     FP_ASSIGN_OR_RETURN(l.head_buckets, parse_degree(opt.substr(8), text, "the head buckets"));
   } else {
     return invalid_argument(
         "layout '{}': unknown option '{}' (ring, seqpar, contiguous, nooverlap, keepw, keepkv, buckets=N, recompute, "
-        "bf16, stages=A/B/..)",
+        "bf16, stages=A/B/.., moe=a2a|gather|ring|auto)",
         text, opt);
   }
   return Status();
@@ -193,6 +201,9 @@ std::string Layout::to_string() const {
   if (recompute == Recompute::kBlock) n += ":recompute";
   if (dtype == DType::kBF16) n += ":bf16";
   if (!stage_layers.empty()) n += fmt::format(":stages={}", fmt::join(stage_layers, "/"));
+  if (moe_dispatch == MoeDispatchOption::kAllToAll) n += ":moe=a2a";
+  if (moe_dispatch == MoeDispatchOption::kGather) n += ":moe=gather";
+  if (moe_dispatch == MoeDispatchOption::kRing) n += ":moe=ring";
   return n;
 }
 

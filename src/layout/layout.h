@@ -9,7 +9,8 @@
 // ep (experts). Options: ring (K/V around the sp ring instead of an all-gather), seqpar
 // (Megatron sequence-parallel norms), contiguous (sequence split; zigzag by default),
 // nooverlap, keepw / keepkv (TSP backward policies), buckets=N (TSP head buckets),
-// recompute (Recompute::kBlock), bf16 (storage dtype), stages=A/B/.. (pp: layers per stage).
+// recompute (Recompute::kBlock), bf16 (storage dtype), stages=A/B/.. (pp: layers per stage),
+// moe=a2a|gather|ring|auto (tsp, MoE models: how tokens meet their experts; parallel/tsp/tsp_moe.cc).
 // The old plan spelling with '+' between axes ("tp=2+sp=2") is still read, with a note
 // naming the canonical form.
 #pragma once
@@ -66,6 +67,12 @@ struct Layout {
   // pp: the decoder layers of each stage, first stage first (sum L); empty: stage_layers()
   // balances them (`--stage-layers 5,6,6,5`, or `:stages=5/6/6/5` in the layout string).
   std::vector<int> stage_layers;
+  // tsp with a MoE model: all-to-all dispatch and combine (a2a), all-gather of the tokens with a
+  // reduce-scatter of the outputs (gather), the expert-weight ring (ring), or auto: spec
+  // COMPOSITION.md 3's training break-evens, ring iff T > 2.25 E f_e / k, else gather iff D < k,
+  // else a2a (T = B S / D local rows).
+  enum class MoeDispatchOption { kAuto, kAllToAll, kGather, kRing };
+  MoeDispatchOption moe_dispatch = MoeDispatchOption::kAuto;
 
   // ---- not part of the layout's name: a verification request ----
   bool keep_logits = false;  // also return this rank's logits rows [B, S_local, V]

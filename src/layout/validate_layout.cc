@@ -141,10 +141,22 @@ std::vector<int64_t> stage_bounds(const LlamaConfig& c, const Layout& l) {
 Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t batch, int64_t seq) {
   FP_RETURN_IF_ERROR(config.validate());
   const std::string name = layout.to_string();
-  // The MoE layer runs in the single-rank model only (model/moe_layer.h, parallel/single_rank_model.h).
-  if (config.moe.enabled() && (layout.ranks() != 1 || layout.dtype != DType::kF32))
-    return unimplemented("layout {}: mixture-of-experts models ({}, {} experts) run on one rank in f32 only so far",
-                         name, config.moe.model_type(), config.moe.num_experts);
+  // The MoE layer runs in the single-rank model (parallel/single_rank_model.h) and on a plain
+  // tsp=D axis with whole experts per rank (parallel/tsp/tsp_moe.h), in f32.
+  if (layout.moe_dispatch != Layout::MoeDispatchOption::kAuto && layout.strategy != Strategy::kTsp)
+    return invalid_argument("{}: moe=a2a|gather|ring chooses the dispatch of a tsp=N layout", name);
+  if (config.moe.enabled()) {
+    const MoeConfig& m = config.moe;
+    const bool tsp_only = layout.strategy == Strategy::kTsp && layout.ranks() == layout.tsp;
+    if ((layout.ranks() != 1 && !tsp_only) || layout.dtype != DType::kF32)
+      return unimplemented(
+          "layout {}: mixture-of-experts models ({}, {} experts) run on one rank or on tsp=D alone, in f32, so far", name,
+          m.model_type(), m.num_experts);
+    if (layout.tsp > 1 && (layout.tsp > m.num_experts || m.num_experts % layout.tsp != 0))
+      return unimplemented("layout {}: the {} experts must divide over the {} TSP ranks (experts split within one expert, "
+                           "D > E, are not built yet)",
+                           name, m.num_experts, layout.tsp);
+  }
   // So do the attention variants (q/k/v/o biases, q/k norms): the sharded weights carry them for
   // decode (parallel/decode_block.h), but the TSP and Megatron training steps do not yet.
   if ((config.qkv_bias || config.o_bias || config.qk_norm) && (layout.ranks() != 1 || layout.dtype != DType::kF32))

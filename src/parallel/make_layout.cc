@@ -30,8 +30,9 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
                                                          const Layout& layout) {
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
-  // validate_layout: one rank
-  if (config.moe.enabled() || config.qkv_bias || config.o_bias || config.qk_norm)
+  // validate_layout: a MoE model runs on one rank or on tsp=D alone; the attention variants
+  // (biases, q/k norms) on one rank
+  if (layout.ranks() == 1 && (config.moe.enabled() || config.qkv_bias || config.o_bias || config.qk_norm))
     return make_single_rank_model(config, layout);
   if (layout.pp > 1) {
     Result<std::unique_ptr<StageStrategy>> stage =

@@ -4,8 +4,28 @@
 #include <fmt/format.h>
 
 #include "comm/communicator.h"
+#include "model/moe_weights.h"
 
 namespace foldpar {
+
+void for_each_moe_shard(ShardedWeights& w, size_t l,
+                        const std::function<void(const std::string&, Tensor&, bool replicated)>& fn) {
+  if (l >= w.moe.size() || !w.moe[l].defined()) return;
+  MoeLayerWeights& m = w.moe[l];
+  // A view of the whole layer with only this rank's experts defined, for the family's names.
+  MoeLayerWeights all;
+  all.router = m.router;
+  all.shared = m.shared;
+  all.shared_gate = m.shared_gate;
+  const int64_t local = static_cast<int64_t>(m.experts.size());
+  all.experts.resize(static_cast<size_t>(local * w.dims.degree));
+  for (int64_t j = 0; j < local; ++j) all.experts[static_cast<size_t>(w.owner * local + j)] = m.experts[j];
+  for_each_moe_tensor(fmt::format("model.layers.{}.", l), w.moe_family, all,
+                      [&](const std::string& name, Tensor& t) {
+                        if (t.defined()) fn(name, t, name.find(".experts.") == std::string::npos);
+                      });
+}
+
 namespace {
 
 // Element (i, j) of a [rows, h] row block `dst` corresponds to global element
@@ -96,10 +116,28 @@ void move_shards(ShardedWeights& s, LlamaWeights& g, bool to_global, bool replic
     copy_rows(a.wv, lw.wv, r * d.kv_rows, to_global);
     copy_cols_t(a.wo_t, lw.wo, r * d.q_rows, to_global);
     move_variants(s, l, g.layers[l], to_global, replicated);
-    MlpPieces m = mlp_pieces(d, s.mlp[l]);
-    copy_rows(m.w_gate, lw.w_gate, r * d.f_rows, to_global);
-    copy_rows(m.w_up, lw.w_up, r * d.f_rows, to_global);
-    copy_cols_t(m.w_down_t, lw.w_down, r * d.f_rows, to_global);
+    if (s.mlp[l].defined()) {
+      MlpPieces m = mlp_pieces(d, s.mlp[l]);
+      copy_rows(m.w_gate, lw.w_gate, r * d.f_rows, to_global);
+      copy_rows(m.w_up, lw.w_up, r * d.f_rows, to_global);
+      copy_cols_t(m.w_down_t, lw.w_down, r * d.f_rows, to_global);
+    }
+    if (l < s.moe.size() && s.moe[l].defined()) {
+      // Whole tensors by name: the layer's global tensors visited under the same names.
+      std::vector<std::pair<std::string, Tensor>> global;
+      for_each_moe_tensor(fmt::format("model.layers.{}.", l), g.moe_family, g.layers[l].moe,
+                          [&](const std::string& name, Tensor& t) { global.emplace_back(name, t); });
+      for_each_moe_shard(s, l, [&](const std::string& name, Tensor& t, bool rep) {
+        if (rep && !replicated) return;
+        for (auto& [gname, gt] : global)
+          if (gname == name) {
+            if (to_global) write_host_f32(read_host_f32(t), gt);
+            else write_host_f32(read_host_f32(gt), t);
+            return;
+          }
+        FP_CHECK(false, "no global tensor {}", name);
+      });
+    }
     if (replicated) {
       copy_rows(s.attn_norm[l].reshape({1, d.h}), lw.attn_norm.reshape({1, d.h}), 0, to_global);
       copy_rows(s.mlp_norm[l].reshape({1, d.h}), lw.mlp_norm.reshape({1, d.h}), 0, to_global);
@@ -130,6 +168,7 @@ ShardDims shard_dims(const LlamaConfig& c, int D) {
   d.kv_rows = d.kv_heads * d.d;
   d.f_rows = c.intermediate_size / D;
   d.v_rows = c.vocab_size / D;
+  d.experts = c.moe.enabled() && c.moe.num_experts % D == 0 ? c.moe.num_experts / D : 0;
   return d;
 }
 
@@ -156,6 +195,16 @@ MlpPieces mlp_pieces(const ShardDims& d, const Tensor& p) {
 
 namespace {
 
+// A sparse layer's part on one rank: the router (and shared expert) whole, dims.experts experts.
+MoeLayerWeights allocate_moe_shard(const LlamaConfig& c, const ShardDims& d, DType dtype, MemCategory category,
+                                   int64_t sparse_index) {
+  FP_CHECK(d.experts > 0, "MoE shard of E={} over {} ranks (validate_layout passes first)", c.moe.num_experts,
+           d.degree);
+  MoeLayerWeights w = allocate_moe_layer(c, dtype, category, sparse_index);
+  w.experts.resize(static_cast<size_t>(d.experts));
+  return w;
+}
+
 // A stage's embedding: the first stage's, and the last's LM head when tied.
 bool holds_embed(const StageLayers& s, bool tied) { return s.embed || (tied && s.head); }
 
@@ -167,11 +216,16 @@ ShardedWeights ShardedWeights::allocate(const LlamaConfig& c, const ShardDims& d
   w.dims = d;
   w.owner = owner;
   w.tied = c.tie_word_embeddings;
+  w.moe_family = c.moe.family;
   auto make = [&](const Shape& shape, bool held) { return held ? Tensor::empty(shape, dtype, category) : Tensor(); };
+  int64_t sparse = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const bool held = stage.holds_layer(l);
+    const bool moe = c.moe.is_sparse_layer(l);
     w.attn.push_back(make({d.attn_rows(), d.h}, held));
-    w.mlp.push_back(make({d.mlp_rows(), d.h}, held));
+    w.mlp.push_back(make({d.mlp_rows(), d.h}, held && !moe));
+    w.moe.push_back(moe && held ? allocate_moe_shard(c, d, dtype, category, sparse) : MoeLayerWeights());
+    if (moe) ++sparse;
     w.attn_norm.push_back(make({d.h}, held));
     w.mlp_norm.push_back(make({d.h}, held));
     if (c.qkv_bias) w.qkv_bias.push_back(make({c.q_dim() + 2 * c.kv_dim()}, held));
@@ -191,6 +245,7 @@ void ShardedWeights::for_each(const std::function<void(const std::string&, Tenso
   for (size_t l = 0; l < attn.size(); ++l) {
     each(fmt::format("layers.{}.attn", l), attn[l], false);
     each(fmt::format("layers.{}.mlp", l), mlp[l], false);
+    for_each_moe_shard(*this, l, fn);
   }
   each("embed", embed, false);
   if (!tied) each("lm_head", lm_head, false);
@@ -216,8 +271,19 @@ ShardedGrads ShardedGrads::allocate(const LlamaConfig& c, const ShardDims& dims,
   int64_t layers = 0;  // this stage's
   for (int64_t l = 0; l < L; ++l) layers += stage.holds_layer(l) ? 1 : 0;
   const int64_t vocab_tensors = (holds_embed(stage, tied) ? 1 : 0) + (!tied && stage.head ? 1 : 0);
-  const int64_t total = layers * (dims.attn_elems() + dims.mlp_elems()) + vocab_tensors * dims.vocab_elems() +
-                        (2 * layers + (stage.head ? 1 : 0)) * h;
+  // The MoE tensors of the sparse layers, in the sharded region after each layer's MLP.
+  const MoeConfig& mc = c.moe;
+  const int64_t fe = mc.moe_intermediate_size, fs = mc.shared_expert_intermediate_size;
+  const int64_t moe_layer_elems =
+      mc.enabled() ? mc.num_experts * h + dims.experts * 3 * fe * h + (fs > 0 ? 3 * fs * h + h : 0) : 0;
+  int64_t moe_elems = 0, dense_layers = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    if (!stage.holds_layer(l)) continue;
+    if (mc.is_sparse_layer(l)) moe_elems += moe_layer_elems;
+    else ++dense_layers;
+  }
+  const int64_t total = layers * dims.attn_elems() + dense_layers * dims.mlp_elems() + moe_elems +
+                        vocab_tensors * dims.vocab_elems() + (2 * layers + (stage.head ? 1 : 0)) * h;
   ShardedGrads g;
   g.flat_ = Tensor::zeros({total}, DType::kF32, category);  // storage-less: no fill (a dry run)
   g.known_zero_ = true;
@@ -233,9 +299,21 @@ ShardedGrads ShardedGrads::allocate(const LlamaConfig& c, const ShardDims& dims,
   w.dims = dims;
   w.owner = owner;
   w.tied = tied;
+  w.moe_family = c.moe.family;
   for (int64_t l = 0; l < L; ++l) {
     w.attn.push_back(take({dims.attn_rows(), h}, stage.holds_layer(l)));
-    w.mlp.push_back(take({dims.mlp_rows(), h}, stage.holds_layer(l)));
+    w.mlp.push_back(take({dims.mlp_rows(), h}, stage.holds_layer(l) && !c.moe.is_sparse_layer(l)));
+    MoeLayerWeights m;
+    if (stage.holds_layer(l) && mc.is_sparse_layer(l)) {
+      auto expert = [&](int64_t f) { return ExpertWeights{take({f, h}, true), take({f, h}, true), take({h, f}, true)}; };
+      m.router = take({mc.num_experts, h}, true);
+      for (int64_t e = 0; e < dims.experts; ++e) m.experts.push_back(expert(fe));
+      if (fs > 0) {
+        m.shared = expert(fs);
+        m.shared_gate = take({1, h}, true);
+      }
+    }
+    w.moe.push_back(std::move(m));
   }
   w.embed = take({dims.v_rows, h}, holds_embed(stage, tied));
   w.lm_head = tied ? (stage.head ? w.embed : Tensor()) : take({dims.v_rows, h}, stage.head);
@@ -299,10 +377,13 @@ void init_sharded_weights(const InitOptions& o, ShardedWeights& w) {
     fill_rows(a.wk, pre + "self_attn.k_proj.weight", r * d.kv_rows);
     fill_rows(a.wv, pre + "self_attn.v_proj.weight", r * d.kv_rows);
     fill_cols_t(a.wo_t, pre + "self_attn.o_proj.weight", r * d.q_rows, q_cols);
-    MlpPieces m = mlp_pieces(d, w.mlp[l]);
-    fill_rows(m.w_gate, pre + "mlp.gate_proj.weight", r * d.f_rows);
-    fill_rows(m.w_up, pre + "mlp.up_proj.weight", r * d.f_rows);
-    fill_cols_t(m.w_down_t, pre + "mlp.down_proj.weight", r * d.f_rows, f);
+    if (w.mlp[l].defined()) {
+      MlpPieces m = mlp_pieces(d, w.mlp[l]);
+      fill_rows(m.w_gate, pre + "mlp.gate_proj.weight", r * d.f_rows);
+      fill_rows(m.w_up, pre + "mlp.up_proj.weight", r * d.f_rows);
+      fill_cols_t(m.w_down_t, pre + "mlp.down_proj.weight", r * d.f_rows, f);
+    }
+    for_each_moe_shard(w, l, [&](const std::string& name, Tensor& t, bool) { fill_rows(t, name, 0); });
     fill_rows(w.attn_norm[l], pre + "input_layernorm.weight", 0);
     fill_rows(w.mlp_norm[l], pre + "post_attention_layernorm.weight", 0);
     auto fill_span = [&](Tensor t, const std::string& name, int64_t at) {
@@ -375,10 +456,22 @@ std::vector<ParamRef> sharded_param_refs(ShardedWeights& w, ShardedWeights& g, b
          GlobalSlice{pre + "self_attn.v_proj.weight", r * kv, kv, 0, h, false, (q + kv) * h},
          GlobalSlice{pre + "self_attn.o_proj.weight", 0, h, r * q, q, true, (q + 2 * kv) * h}}});
     const int64_t f = d.f_rows;
+    if (!w.mlp[l].defined()) continue;  // a sparse layer: its MoE tensors follow below
     refs.push_back(ParamRef{fmt::format("layers.{}.mlp", l), w.mlp[l], g.mlp[l], true, count_sharded,
                             {GlobalSlice{pre + "mlp.gate_proj.weight", r * f, f, 0, h, false, 0},
                              GlobalSlice{pre + "mlp.up_proj.weight", r * f, f, 0, h, false, f * h},
                              GlobalSlice{pre + "mlp.down_proj.weight", 0, h, r * f, f, true, 2 * f * h}}});
+  }
+  for (size_t l = 0; l < w.moe.size(); ++l) {
+    // Whole Hugging Face tensors: this rank's experts, and the replicated router and shared expert.
+    std::vector<std::pair<std::string, Tensor>> grads;
+    for_each_moe_shard(g, l, [&](const std::string& name, Tensor& t, bool) { grads.emplace_back(name, t); });
+    size_t i = 0;
+    for_each_moe_shard(w, l, [&](const std::string& name, Tensor& t, bool rep) {
+      FP_CHECK(i < grads.size() && grads[i].first == name, "MoE gradient for {}", name);
+      refs.push_back(ParamRef{name, t, grads[i++].second, true, rep ? count_replicated : count_sharded,
+                              {whole(name, t)}});
+    });
   }
   if (w.embed.defined())
     refs.push_back(ParamRef{"embed", w.embed, g.embed, true, count_sharded,

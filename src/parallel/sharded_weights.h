@@ -38,6 +38,7 @@ struct ShardDims {
   int64_t v_rows = 0;   // V/D
   int64_t heads = 0;    // n_h/D
   int64_t kv_heads = 0; // n_kv/D
+  int64_t experts = 0;  // E/D: the routed experts each rank owns (MoE models on TSP; 0 for a dense model)
 
   int64_t attn_rows() const { return 2 * q_rows + 2 * kv_rows; }
   int64_t mlp_rows() const { return 3 * f_rows; }
@@ -78,7 +79,12 @@ struct ShardedWeights {
   ShardDims dims;
   int owner = 0;                  // r: the rank whose shards these are
   std::vector<Tensor> attn;       // L x [attn_rows, h]
-  std::vector<Tensor> mlp;        // L x [mlp_rows, h]
+  std::vector<Tensor> mlp;        // L x [mlp_rows, h]; undefined in a MoE model's sparse layers
+  // L entries, defined in the sparse layers of a MoE model only (TSP, parallel/tsp/tsp_moe.h):
+  // the owner's dims.experts routed experts, global ids [owner*E/D, (owner+1)*E/D), whole
+  // Hugging Face tensors; the router, shared expert and its gate replicated (gradients summed
+  // over the axis by the strategy).
+  std::vector<MoeLayerWeights> moe;
   std::vector<Tensor> attn_norm;  // L x [h], replicated
   std::vector<Tensor> mlp_norm;   // L x [h], replicated
   // The attention variants (empty vectors when the config has none), all replicated (they are
@@ -93,6 +99,7 @@ struct ShardedWeights {
   Tensor embed;                   // [V/D, h] rows [r*V/D, (r+1)*V/D)
   Tensor lm_head;                 // [V/D, h]; the embed tensor when tied
   bool tied = false;
+  MoeFamily moe_family = MoeFamily::kMixtral;  // the Hugging Face names of the MoE tensors
 
   // Tensors outside `stage` stay undefined (and everything below skips them).
   static ShardedWeights allocate(const LlamaConfig& config, const ShardDims& dims, int owner, DType dtype,
@@ -101,6 +108,12 @@ struct ShardedWeights {
   void for_each(const std::function<void(const std::string& name, Tensor& t, bool replicated)>& fn);
   void zero();
 };
+
+// The MoE tensors of layer l held by this rank (none in a dense layer) under their Hugging
+// Face names ("model.layers.1.block_sparse_moe.experts.2.w1.weight": global expert ids);
+// `replicated` for the router, shared expert and its gate.
+void for_each_moe_shard(ShardedWeights& weights, size_t layer,
+                        const std::function<void(const std::string& name, Tensor& t, bool replicated)>& fn);
 
 // Fills the shards of `owner` exactly as init_weights fills the global tensors (the same
 // counter-based values at the same global indices).

@@ -1,6 +1,6 @@
-// The single-rank model (model/llama_model.h) as a ShardedModel, for the configs no
-// strategy runs yet: mixture-of-experts models train, checkpoint and resume on one rank
-// through it (make_layout.cc picks it for a MoE config on a layout of one rank). No
+// The single-rank model (model/llama_model.h) as a ShardedModel: mixture-of-experts models
+// train, checkpoint and resume on one rank through it (make_layout.cc picks it for a MoE
+// config on a layout of one rank; tsp=D runs them through parallel/tsp/tsp_moe.cc). No
 // communication; the full Hugging Face tensors are this rank's parameters.
 #pragma once
 

@@ -29,13 +29,17 @@ for c in "${cases[@]}"; do
     failures=$((failures + 1))
   fi
 done
-# A good MoE config on a parallel layout: refused by name until a strategy runs experts.
-"$mpirun" --allow-run-as-root -np 2 "$bin" verify --model "$base" --layout tsp=2 >/dev/null 2>"$tmp/err"
-rc=$?
-if [ "$rc" -ne 2 ] || ! grep -qF "mixture-of-experts models (mixtral, 4 experts) run on one rank in f32 only so far" "$tmp/err"; then
-  echo "FAIL layout: exit $rc" >&2
-  cat "$tmp/err" >&2
-  failures=$((failures + 1))
-fi
+# A good MoE config on a layout no strategy runs experts on (tsp=D alone does): refused by name.
+refused() {  # LAYOUT WORDS
+  "$mpirun" --allow-run-as-root -np 2 "$bin" verify --model "$base" --layout "$1" >/dev/null 2>"$tmp/err"
+  local rc=$?
+  if [ "$rc" -ne 2 ] || ! grep -qF -- "$2" "$tmp/err"; then
+    echo "FAIL layout $1: exit $rc, wanted 2 and '$2':" >&2
+    cat "$tmp/err" >&2
+    failures=$((failures + 1))
+  fi
+}
+refused tp=2 "mixture-of-experts models (mixtral, 4 experts) run on one rank or on tsp=D alone, in f32, so far"
+refused tp=2:moe=a2a "moe=a2a|gather|ring chooses the dispatch of a tsp=N layout"
 [ "$failures" -eq 0 ] && echo "moe errors: PASS"
 exit $((failures > 0))

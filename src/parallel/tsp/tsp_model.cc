@@ -28,7 +28,12 @@ Result<TspModel> TspModel::create(const LlamaConfig& config, const Layout& layou
 
 namespace {
 
-Status check_local_batch(Backend& be, const TspModel& m, const Batch& b) {
+Status check_local_batch(Backend& be, const TspModel& m, const Batch& b, bool w_storage = true) {
+  // The dry run's storage-less tensors would route every token to expert 0 (its copies to the
+  // host read zeros): the plan does not model MoE routing yet.
+  if (m.config().moe.enabled() && !(b.input_ids.has_storage() && b.input_ids.numel() > 0 && w_storage))
+    return unimplemented("layout {}: the plan does not model mixture-of-experts routing yet",
+                         m.options().to_string());
   FP_RETURN_IF_ERROR(validate_batch(be, m.config(), b));
   if (b.seq() != m.shard().local_seq())
     return invalid_argument("local batch has {} tokens per sequence, the TSP shard holds {} (S {} / D {})", b.seq(),
@@ -54,6 +59,7 @@ class TspModelStep final : public ModelStep {
   Tensor block_forward(int64_t l, const Tensor& x, bool save) override {
     LayerSaved* s = save ? &saved_[l] : nullptr;
     Tensor x_mid = step_.attention_forward(static_cast<int>(l), w_, x, s != nullptr ? &s->attn : nullptr);
+    if (w_.moe[l].defined()) return step_.moe_forward(static_cast<int>(l), w_, x_mid, s != nullptr ? &s->moe : nullptr);
     return step_.mlp_forward(static_cast<int>(l), w_, x_mid, s != nullptr ? &s->mlp : nullptr);
   }
 
@@ -61,12 +67,23 @@ class TspModelStep final : public ModelStep {
     const bool keep_logits = m_.options().keep_logits;
     Tensor logits;
     StepResult r = step_.head_forward(w_, x, in_.targets, hs_, keep_logits ? &logits : nullptr);
+    const MoeConfig& moe = m_.config().moe;
+    if (moe.enabled()) {
+      // The routing statistics of the whole axis: the single-rank model's aux loss.
+      aux_ = std::make_unique<MoeAux>(step_.sum_moe_stats());
+      r.aux_loss = aux_->loss(moe.aux_per_layer);
+      r.expert_load = aux_->load();
+      if (moe.output_router_logits) r.loss += moe.router_aux_loss_coef * r.aux_loss;
+    }
     if (keep_logits) r.logits = logits.reshape({in_.batch, m_.shard().local_seq(), m_.config().vocab_size});
     return r;
   }
 
   Tensor head_backward(const StepResult& r) override {
     const int64_t normalizer = in_.loss_normalizer > 0 ? in_.loss_normalizer : r.valid_tokens;
+    const MoeConfig& moe = m_.config().moe;
+    if (moe.enabled() && moe.output_router_logits && aux_ != nullptr)
+      step_.set_moe_prob_grad(aux_->prob_grad(moe.router_aux_loss_coef, moe.aux_per_layer));
     Tensor dx = step_.head_backward(w_, hs_, in_.targets, normalizer, *in_.grads);
     hs_ = HeadSaved();
     return dx;
@@ -74,7 +91,8 @@ class TspModelStep final : public ModelStep {
 
   Tensor block_backward(int64_t l, Tensor dx) override {
     LayerSaved& s = saved_[l];
-    dx = step_.mlp_backward(static_cast<int>(l), w_, s.mlp, dx, *in_.grads);  // frees d(x_out)
+    dx = w_.moe[l].defined() ? step_.moe_backward(static_cast<int>(l), w_, s.moe, dx, *in_.grads)
+                             : step_.mlp_backward(static_cast<int>(l), w_, s.mlp, dx, *in_.grads);  // frees d(x_out)
     dx = step_.attention_backward(static_cast<int>(l), w_, s.attn, dx, *in_.grads);
     s = LayerSaved();
     return dx;
@@ -89,6 +107,7 @@ class TspModelStep final : public ModelStep {
   StepInputs in_;
   std::vector<LayerSaved> saved_;  // per layer
   HeadSaved hs_;
+  std::unique_ptr<MoeAux> aux_;    // MoE: the step's routing statistics summed over the axis
 };
 
 }  // namespace
@@ -110,7 +129,7 @@ Status check_local_batch(Backend& be, const TspModel& m, const Batch& local) {
 }  // namespace tsp_detail
 
 Result<StepResult> TspModel::forward(Backend& be, Communicator& tsp, const ShardedWeights& w, const Batch& batch) const {
-  FP_RETURN_IF_ERROR(check_local_batch(be, *this, batch));
+  FP_RETURN_IF_ERROR(check_local_batch(be, *this, batch, w.attn_norm.empty() || w.attn_norm[0].has_storage()));
   TspStep step(*this, be, tsp, batch.batch());
   const int64_t T = batch.input_ids.numel();
   TspModelStep parts(step, *this, w, {batch.input_ids.reshape({T}), batch.target_ids.reshape({T}), batch.batch()});
@@ -134,7 +153,7 @@ Result<Tensor> TspModel::prefill(Backend& be, Communicator& tsp, const ShardedWe
 
 Result<StepResult> TspModel::forward_backward(Backend& be, Communicator& tsp, const ShardedWeights& w,
                                               const Batch& batch, ShardedWeights& g, int64_t loss_normalizer) const {
-  FP_RETURN_IF_ERROR(check_local_batch(be, *this, batch));
+  FP_RETURN_IF_ERROR(check_local_batch(be, *this, batch, w.attn_norm.empty() || w.attn_norm[0].has_storage()));
   TspStep step(*this, be, tsp, batch.batch());
   const int64_t T = batch.input_ids.numel();
   TspModelStep parts(step, *this, w,

@@ -19,16 +19,32 @@ class TspShardedModel final : public WeightShardedModel {
 
   Batch local_batch(const Batch& global) const override { return model_.shard().local_batch(global); }
   Result<StepResult> forward_backward(Backend& be, const Batch& local, int64_t loss_normalizer) override {
-    return model_.forward_backward(be, comm_, weights_, local, grads_.views(), loss_normalizer);
+    FP_ASSIGN_OR_RETURN(StepResult r, model_.forward_backward(be, comm_, weights_, local, grads_.views(), loss_normalizer));
+    const MoeConfig& moe = model_.config().moe;
+    if (moe.enabled() && loss_normalizer != 0 && loss_normalizer != r.valid_tokens)
+      return unimplemented(
+          "layout {}: a mixture-of-experts model trains on the whole batch per step (its aux loss is over one "
+          "batch), but this micro-batch has {} of the step's {} valid tokens: drop --micro-batch",
+          layout(), r.valid_tokens, loss_normalizer);
+    return with_aux_in_sum(std::move(r));
   }
   Result<StepResult> forward(Backend& be, const Batch& local) override {
-    return model_.forward(be, comm_, weights_, local);
+    FP_ASSIGN_OR_RETURN(StepResult r, model_.forward(be, comm_, weights_, local));
+    return with_aux_in_sum(std::move(r));
   }
   Status assemble_logits(const Tensor& local, Tensor& global) override {
     return model_.assemble_logits(comm_, local, global);
   }
 
  private:
+  // loss_sum carries the MoE aux term, as the single-rank model's does (single_rank_model.cc).
+  StepResult with_aux_in_sum(StepResult r) const {
+    const MoeConfig& moe = model_.config().moe;
+    if (moe.enabled() && moe.output_router_logits)
+      r.loss_sum += moe.router_aux_loss_coef * r.aux_loss * static_cast<double>(r.valid_tokens);
+    return r;
+  }
+
   TspModel model_;
   Communicator& comm_;
 };

@@ -19,7 +19,8 @@ TspStep::TspStep(const TspModel& model, Backend& backend, Communicator& comm, in
       local_seq_(model.shard().local_seq()),
       rows_(batch * model.shard().local_seq()),
       p_(comm.rank()),
-      D_(comm.size()) {
+      D_(comm.size()),
+      moe_stats_(model.config().moe.num_experts, model.config().moe.sparse_layer_count(model.config().num_hidden_layers)) {
   FP_CHECK(D_ == dims_.degree && p_ == model.shard().rank(), "TSP model for rank {} of {} on communicator {}",
            model.shard().rank(), dims_.degree, comm.describe());
   kvh_b_ = dims_.kv_heads / opt_.head_buckets;

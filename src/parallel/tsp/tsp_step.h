@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "comm/communicator.h"
+#include "model/moe_layer.h"
 #include "model/step_order.h"
 #include "model/sub_blocks.h"
 #include "parallel/step_timer.h"
@@ -32,9 +33,27 @@ struct RingMlpSaved {
   std::vector<foldpar::MlpSaved> chunks;  // per step: gate, up, act [T, f/D]
 };
 
+// How a sparse layer's tokens meet their experts (tsp_moe.cc).
+enum class MoeDispatch { kAllToAll, kGather, kRing };
+const char* moe_dispatch_name(MoeDispatch d);
+
+// What a sparse layer keeps for backward (tsp_moe.cc).
+struct MoeShardSaved {
+  MoeDispatch scheme = MoeDispatch::kAllToAll;
+  NormSaved norm;                          // x_mid [T, h], rstd [T], a2 [T, h]
+  MoeSaved route;                          // this rank's routing, dispatch order, combine rows, shared expert
+  std::vector<int64_t> send_rows, recv_rows;  // A: rows to / from each rank
+  Tensor to_expert, to_source;             // A: i32 [R] received (source-major) <-> expert-major rows
+  std::vector<int64_t> expert_offsets;     // [E/D + 1] first row of each own expert in expert_in
+  Tensor expert_in;                        // [R, h] the rows this rank's experts computed on
+  std::vector<foldpar::MlpSaved> expert_mlp;  // E/D
+  Tensor g_token, g_slot, g_weight, g_out;  // B: gathered token / slot of each row, its weight, expert output
+};
+
 struct LayerSaved {
   AttnSaved attn;
   RingMlpSaved mlp;
+  MoeShardSaved moe;
 };
 
 // The vocabulary-sharded head: what the backward needs.
@@ -59,6 +78,18 @@ class TspStep {
   Tensor mlp_forward(int layer, const ShardedWeights& w, const Tensor& x_mid, RingMlpSaved* saved);
   Tensor mlp_backward(int layer, const ShardedWeights& w, const RingMlpSaved& s, const Tensor& d_out,
                       ShardedWeights& grads);
+
+  // A MoE model's sparse layer instead of the MLP (tsp_moe.cc): x_out = x_mid + moe(norm(x_mid)).
+  Tensor moe_forward(int layer, const ShardedWeights& w, const Tensor& x_mid, MoeShardSaved* saved);
+  Tensor moe_backward(int layer, const ShardedWeights& w, const MoeShardSaved& s, const Tensor& d_out,
+                      ShardedWeights& grads);
+  // This step's routing statistics summed over the axis (one all-reduce): the single-rank
+  // model's. Collective.
+  MoeAux sum_moe_stats();
+  // The aux loss's gradient on the router probabilities (MoeAux::prob_grad of the summed
+  // statistics), read by moe_backward; empty: none.
+  void set_moe_prob_grad(std::vector<std::vector<double>> g) { moe_prob_grad_ = std::move(g); }
+  MoeDispatch moe_scheme() const;
 
   // Embedding by the vocabulary ring: x [T, h].
   Tensor embed(const ShardedWeights& w, const Tensor& ids);
@@ -108,6 +139,16 @@ class TspStep {
   void blocking(const Status& status, StepTimer::Clock::time_point started) { timer_.blocking(status, started); }
   // Advances in-flight transfers (MPI progresses only inside MPI calls).
   static void poke(std::vector<CommRequest>& requests) { StepTimer::poke(requests); }
+  // MoE scheme A: rows src [sum send_rows, h] in destination blocks to every rank; returns
+  // [sum recv_rows, h] in source blocks (point-to-point, zero-size blocks skipped).
+  Tensor exchange_rows(const Tensor& src, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows);
+  // Scheme C: a rank's E/D experts packed in one ring block [E/D * 3 f_e, h] (per expert
+  // gate, up, down), and expert j's views into such a block.
+  Tensor pack_experts(const std::vector<ExpertWeights>& experts) const;
+  ExpertWeights expert_block(const Tensor& block, int64_t j) const;
+  void record_moe_stats(const MoeLayerWeights& w, const std::vector<int64_t>& offsets, const Tensor& probs);
+  // grad += the sum over the axis of partial (a replicated tensor's gradient; blocking).
+  void sum_into(Tensor& partial, Tensor& grad);
   // At ring step j this rank holds the shard of rank (p - j) mod D.
   int ring_owner(int step) const;
 
@@ -171,6 +212,8 @@ class TspStep {
   BlockContext ctx_;     // the local rows (B, S/D), q_pos_ and rope_ for the model's sub-blocks
   std::vector<Tensor> norm_partials_;  // attn_norm[L], mlp_norm[L], final_norm: partial gradients
   KvCache* kv_cache_ = nullptr;        // prefill only
+  MoeAux moe_stats_;                   // this rank's routing statistics per sparse layer
+  std::vector<std::vector<double>> moe_prob_grad_;
   StepTimer timer_;
 };
 

@@ -1,0 +1,557 @@
+// TSP mixture of experts (spec COMPOSITION.md section 3): attention stays TSP; in a sparse
+// layer rank r owns the routed experts [r*E/D, (r+1)*E/D) whole, the router [E, h] and the
+// shared expert (with its gate) are replicated like the norm gains, their gradients summed
+// over the axis. Each rank routes its own T tokens exactly as the single-rank layer does
+// (model/moe_layer.cc: softmax, top k, ties to the lower index, dispatch order sorted by
+// expert, stably), so the routing is that of the single-rank model, row for row.
+//
+// Scheme A (MoeDispatch::kAllToAll): the dispatch order sorted by global expert id puts the
+// rows for rank r's experts in one contiguous block; the per-expert counts go first (one
+// all_to_all of E/D counts per peer), then each block to its owner (point-to-point, rows of
+// h, zero-size blocks skipped on both sides, which both know from the counts). The owner
+// reorders what came source-major into expert-major groups (gather_rows), runs each expert
+// as one GEMM group, reorders back and returns the rows the same way; the home rank
+// combines them with the routing weights. Adjoint: the same two exchanges carry d(out) to
+// the owners and d(in) back.
+//
+// Scheme C (MoeDispatch::kRing): each rank's E/D experts, packed in one block, travel TSP's
+// weight ring (tsp_step.cc); at step j a rank applies the visiting block's experts to its own
+// rows routed to them (no token moves, static shapes, exact balance). Adjoint: the weight
+// ring again plus the gradient ring that carries each block's summed gradient home.
+//
+// Scheme B (MoeDispatch::kGather): the normed rows, expert ids and routing weights of every
+// rank are all-gathered (T rows per rank, static shapes); each rank runs its own experts on
+// every token routed to them and the partial outputs [D*T, h] are reduce-scattered home.
+// Adjoint: all-gather of dy, the experts' backward, reduce-scatter of d(rows) and of the
+// routing-weight gradients [D*T, k].
+//
+// The aux-loss statistics of a layer (per-expert counts and probability sums of this rank's
+// tokens) are kept per rank and summed over the axis once per step (sum_moe_stats), before
+// the loss: the count vector and the probability sums are then those of the single-rank model.
+#include <numeric>
+
+#include "parallel/tsp/tsp_step.h"
+
+namespace foldpar::tsp_detail {
+namespace {
+
+Tensor upload_i32(Backend& be, const std::vector<int32_t>& v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI32, MemCategory::kActivations);
+  if (!v.empty()) be.copy_from_host(std::as_bytes(std::span<const int32_t>(v)), t);
+  return t;
+}
+
+BlockContext group_context(const BlockContext& ctx, int64_t rows) {
+  BlockContext g = ctx;
+  g.batch = 1;
+  g.seq = rows;
+  return g;
+}
+
+MlpWeights expert_view(const ExpertWeights& e) { return MlpWeights{e.w_gate, e.w_up, LinearView{e.w_down, false}}; }
+
+// The T * k slots sorted by expert, stably (moe_layer.cc's dispatch order).
+void dispatch_order(const std::vector<int32_t>& experts, int64_t k, int64_t E, std::vector<int64_t>& offsets,
+                    std::vector<int32_t>& token_rows, std::vector<int32_t>& slot_rows) {
+  offsets.assign(static_cast<size_t>(E + 1), 0);
+  for (int32_t e : experts) {
+    FP_CHECK(e >= 0 && e < E, "routing chose expert {} of {}", e, E);
+    ++offsets[e + 1];
+  }
+  std::partial_sum(offsets.begin(), offsets.end(), offsets.begin());
+  std::vector<int64_t> next(offsets.begin(), offsets.end() - 1);
+  token_rows.resize(experts.size());
+  slot_rows.resize(experts.size());
+  for (size_t p = 0; p < experts.size(); ++p) {
+    const int64_t at = next[experts[p]]++;
+    token_rows[at] = static_cast<int32_t>(p / k);
+    slot_rows[at] = static_cast<int32_t>(p);
+  }
+}
+
+// Host values into a communication buffer of the backend (device memory where the
+// communicator is NCCL) and back.
+template <typename T>
+Tensor comm_from_host(Backend& be, const std::vector<T>& v, DType dtype) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, dtype, MemCategory::kComm);
+  if (!v.empty()) be.copy_from_host(std::as_bytes(std::span<const T>(v)), t);
+  return t;
+}
+template <typename T>
+void comm_to_host(Backend& be, const Tensor& t, std::vector<T>& v) {
+  v.resize(static_cast<size_t>(t.numel()));
+  if (!v.empty()) be.copy_to_host(t, std::as_writable_bytes(std::span<T>(v)));
+}
+
+std::vector<double> host_f64(Backend& be, const Tensor& t) {
+  std::vector<float> f(static_cast<size_t>(t.numel()));
+  be.copy_to_host(t, std::as_writable_bytes(std::span<float>(f)));
+  return std::vector<double>(f.begin(), f.end());
+}
+
+}  // namespace
+
+const char* moe_dispatch_name(MoeDispatch d) {
+  switch (d) {
+    case MoeDispatch::kAllToAll: return "a2a";
+    case MoeDispatch::kGather: return "gather";
+    case MoeDispatch::kRing: return "ring";
+  }
+  return "?";
+}
+
+MoeDispatch TspStep::moe_scheme() const {
+  switch (opt_.moe_dispatch) {
+    case Layout::MoeDispatchOption::kAllToAll: return MoeDispatch::kAllToAll;
+    case Layout::MoeDispatchOption::kGather: return MoeDispatch::kGather;
+    case Layout::MoeDispatchOption::kRing: return MoeDispatch::kRing;
+    case Layout::MoeDispatchOption::kAuto: break;
+  }
+  // auto: the training break-evens of spec COMPOSITION.md 3 on forward+backward bytes: the
+  // ring beats A iff T > 2.25 E f_e / k; else B beats A iff D < k. T, D, E, f_e, k are the
+  // same on every rank, so every rank picks the same scheme.
+  const MoeConfig& m = c_.moe;
+  if (static_cast<double>(rows_) > 2.25 * static_cast<double>(m.num_experts * m.moe_intermediate_size) /
+                                       static_cast<double>(m.num_experts_per_tok))
+    return MoeDispatch::kRing;
+  return D_ < m.num_experts_per_tok ? MoeDispatch::kGather : MoeDispatch::kAllToAll;
+}
+
+Tensor TspStep::pack_experts(const std::vector<ExpertWeights>& experts) const {
+  const int64_t h = dims_.h, fe = c_.moe.moe_intermediate_size, El = dims_.experts;
+  Tensor block = Tensor::empty({El * 3 * fe, h}, experts.empty() ? DType::kF32 : experts[0].w_gate.dtype(),
+                               MemCategory::kComm);
+  for (int64_t j = 0; j < El; ++j) {
+    ExpertWeights v = expert_block(block, j);
+    be_.copy(experts[j].w_gate, v.w_gate);
+    be_.copy(experts[j].w_up, v.w_up);
+    be_.copy(experts[j].w_down, v.w_down);
+  }
+  return block;
+}
+
+ExpertWeights TspStep::expert_block(const Tensor& block, int64_t j) const {
+  const int64_t h = dims_.h, fe = c_.moe.moe_intermediate_size, r0 = j * 3 * fe;
+  return ExpertWeights{block.narrow(r0, r0 + fe), block.narrow(r0 + fe, r0 + 2 * fe),
+                       block.narrow(r0 + 2 * fe, r0 + 3 * fe).reshape({h, fe})};
+}
+
+Tensor TspStep::exchange_rows(const Tensor& src, const std::vector<int64_t>& send_rows,
+                              const std::vector<int64_t>& recv_rows) {
+  const int64_t h = src.dim(1);
+  int64_t total = 0;
+  for (int64_t n : recv_rows) total += n;
+  Tensor dst = comm_buffer({total, h}, src.dtype());
+  std::vector<int64_t> send_at(static_cast<size_t>(D_) + 1, 0), recv_at(static_cast<size_t>(D_) + 1, 0);
+  for (int r = 0; r < D_; ++r) {
+    send_at[r + 1] = send_at[r] + send_rows[r];
+    recv_at[r + 1] = recv_at[r] + recv_rows[r];
+  }
+  FP_CHECK(send_at[D_] == src.dim(0), "exchange of {} rows from {}", send_at[D_], src.describe());
+  std::vector<CommRequest> requests;
+  for (int r = 0; r < D_; ++r) {
+    if (r == p_ || recv_rows[r] == 0) continue;
+    Tensor block = dst.narrow(recv_at[r], recv_at[r + 1]);
+    requests.push_back(comm_.irecv(block.raw_data(), static_cast<size_t>(block.numel()), dst.dtype(), r));
+  }
+  for (int r = 0; r < D_; ++r) {
+    if (r == p_ || send_rows[r] == 0) continue;
+    Tensor block = src.narrow(send_at[r], send_at[r + 1]);
+    requests.push_back(comm_.isend(block.raw_data(), static_cast<size_t>(block.numel()), src.dtype(), r));
+  }
+  if (send_rows[p_] > 0) {
+    Tensor own = dst.narrow(recv_at[p_], recv_at[p_ + 1]);
+    be_.copy(src.narrow(send_at[p_], send_at[p_ + 1]), own);
+  }
+  wait_all(requests);
+  return dst;
+}
+
+void TspStep::record_moe_stats(const MoeLayerWeights& w, const std::vector<int64_t>& offsets, const Tensor& probs) {
+  const int64_t E = c_.moe.num_experts, T = rows_;
+  Tensor ones = act({1, T}), sums = act({1, E});
+  be_.fill(1.0, ones);
+  be_.matmul(ones, false, probs, false, sums);
+  auto& counts = moe_stats_.counts[w.sparse_index];
+  counts.assign(static_cast<size_t>(E), 0);
+  for (int64_t e = 0; e < E; ++e) counts[e] = offsets[e + 1] - offsets[e];
+  moe_stats_.prob_sums[w.sparse_index] = host_f64(be_, sums);
+  moe_stats_.rows[w.sparse_index] = T;
+}
+
+MoeAux TspStep::sum_moe_stats() {
+  MoeAux sum = moe_stats_;
+  const size_t layers = sum.counts.size();
+  const int64_t E = sum.experts;
+  // Counts (exact in f64), probability sums and rows of every layer in one all-reduce.
+  std::vector<double> packed;
+  for (size_t l = 0; l < layers; ++l) {
+    std::vector<int64_t> c = sum.counts[l];
+    std::vector<double> pr = sum.prob_sums[l];
+    c.resize(static_cast<size_t>(E), 0);
+    pr.resize(static_cast<size_t>(E), 0.0);
+    for (int64_t e = 0; e < E; ++e) packed.push_back(static_cast<double>(c[e]));
+    for (int64_t e = 0; e < E; ++e) packed.push_back(pr[e]);
+    packed.push_back(static_cast<double>(sum.rows[l]));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!packed.empty()) {
+    Tensor buf = comm_from_host(be_, packed, DType::kF64);
+    blocking(comm_.all_reduce(buf.raw_data(), buf.raw_data(), packed.size(), DType::kF64, ReduceOp::kSum), t0);
+    comm_to_host(be_, buf, packed);
+  }
+  size_t i = 0;
+  for (size_t l = 0; l < layers; ++l) {
+    sum.counts[l].assign(static_cast<size_t>(E), 0);
+    sum.prob_sums[l].assign(static_cast<size_t>(E), 0.0);
+    for (int64_t e = 0; e < E; ++e) sum.counts[l][e] = static_cast<int64_t>(packed[i++]);
+    for (int64_t e = 0; e < E; ++e) sum.prob_sums[l][e] = packed[i++];
+    sum.rows[l] = static_cast<int64_t>(packed[i++]);
+  }
+  return sum;
+}
+
+void TspStep::sum_into(Tensor& partial, Tensor& grad) {
+  const auto t0 = std::chrono::steady_clock::now();
+  blocking(comm_.all_reduce(partial.raw_data(), partial.raw_data(), static_cast<size_t>(partial.numel()), DType::kF32,
+                            ReduceOp::kSum),
+           t0);
+  be_.add_inplace(partial, grad);
+}
+
+// ---- forward ----
+
+Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid, MoeShardSaved* saved) {
+  const MoeLayerWeights& mw = w.moe[l];
+  const MoeConfig& m = c_.moe;
+  const int64_t T = rows_, h = dims_.h, E = m.num_experts, k = m.num_experts_per_tok, M = T * k, El = dims_.experts;
+  MoeShardSaved s;
+  s.scheme = moe_scheme();
+  s.norm = norm_forward(ctx_, w.mlp_norm[l], x_mid);  // a2 [T, h]
+  const Tensor& a = s.norm.a;
+  Tensor y = residual_forward(ctx_, x_mid);
+  // ---- routing of this rank's tokens ----
+  Tensor logits = act({T, E});
+  be_.matmul(a, false, mw.router, true, logits);
+  MoeSaved& r = s.route;
+  r.probs = act({T, E});
+  r.weights = act({T, k});
+  r.experts = Tensor::empty({T, k}, DType::kI32, MemCategory::kActivations);
+  be_.moe_route_forward(logits, m.norm_topk_prob, r.probs, r.weights, r.experts);
+  logits = Tensor();
+  std::vector<int32_t> host_experts(static_cast<size_t>(M));
+  be_.copy_to_host(r.experts, std::as_writable_bytes(std::span<int32_t>(host_experts)));
+  std::vector<int32_t> token_rows, slot_rows;
+  dispatch_order(host_experts, k, E, r.offsets, token_rows, slot_rows);
+  r.token_rows = upload_i32(be_, token_rows);
+  r.slot_rows = upload_i32(be_, slot_rows);
+  record_moe_stats(mw, r.offsets, r.probs);
+  r.row_weights = act({M, 1});
+  be_.gather_rows(r.weights.reshape({M, 1}), r.slot_rows, nullptr, r.row_weights);
+
+  if (s.scheme == MoeDispatch::kAllToAll) {
+    // ---- counts: block r of this rank's E counts goes to rank r ----
+    std::vector<int64_t> send_counts(static_cast<size_t>(E)), recv_counts(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) send_counts[e] = r.offsets[e + 1] - r.offsets[e];
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor send_buf = comm_from_host(be_, send_counts, DType::kI64), recv_buf = comm_from_host(be_, recv_counts, DType::kI64);
+    blocking(comm_.all_to_all(send_buf.raw_data(), recv_buf.raw_data(), static_cast<size_t>(El), DType::kI64), t0);
+    comm_to_host(be_, recv_buf, recv_counts);
+    s.send_rows.assign(static_cast<size_t>(D_), 0);
+    s.recv_rows.assign(static_cast<size_t>(D_), 0);
+    for (int q = 0; q < D_; ++q)
+      for (int64_t j = 0; j < El; ++j) {
+        s.send_rows[q] += send_counts[q * El + j];
+        s.recv_rows[q] += recv_counts[q * El + j];
+      }
+    // ---- the received rows, source-major, into expert-major groups ----
+    std::vector<int64_t> source_at(static_cast<size_t>(D_) + 1, 0);
+    for (int q = 0; q < D_; ++q) source_at[q + 1] = source_at[q] + s.recv_rows[q];
+    const int64_t R = source_at[D_];
+    std::vector<int32_t> to_expert, to_source(static_cast<size_t>(R));
+    s.expert_offsets.assign(static_cast<size_t>(El) + 1, 0);
+    for (int64_t j = 0; j < El; ++j) {
+      for (int q = 0; q < D_; ++q) {
+        int64_t first = source_at[q];
+        for (int64_t i = 0; i < j; ++i) first += recv_counts[q * El + i];
+        for (int64_t i = 0; i < recv_counts[q * El + j]; ++i) {
+          to_source[static_cast<size_t>(first + i)] = static_cast<int32_t>(to_expert.size());
+          to_expert.push_back(static_cast<int32_t>(first + i));
+        }
+      }
+      s.expert_offsets[j + 1] = static_cast<int64_t>(to_expert.size());
+    }
+    s.to_expert = upload_i32(be_, to_expert);
+    s.to_source = upload_i32(be_, to_source);
+    Tensor dispatched = act({M, h});
+    be_.gather_rows(a, r.token_rows, nullptr, dispatched);
+    Tensor received = exchange_rows(dispatched, s.send_rows, s.recv_rows);
+    dispatched = Tensor();
+    s.expert_in = act({R, h});
+    if (R > 0) be_.gather_rows(received, s.to_expert, nullptr, s.expert_in);
+    received = Tensor();
+    Tensor expert_out = act({R, h});
+    s.expert_mlp.resize(static_cast<size_t>(El));
+    for (int64_t j = 0; j < El; ++j) {
+      const int64_t begin = s.expert_offsets[j], end = s.expert_offsets[j + 1];
+      if (begin == end) continue;
+      Tensor out = expert_out.narrow(begin, end);
+      foldpar::mlp_forward(group_context(ctx_, end - begin), expert_view(mw.experts[j]), s.expert_in.narrow(begin, end),
+                           out, saved != nullptr ? &s.expert_mlp[j] : nullptr, {}, 0.0f);
+    }
+    Tensor back = act({R, h});
+    if (R > 0) be_.gather_rows(expert_out, s.to_source, nullptr, back);
+    expert_out = Tensor();
+    r.expert_out = exchange_rows(back, s.recv_rows, s.send_rows);  // [M, h] in dispatch order
+    be_.scatter_add_rows(r.expert_out, r.token_rows, &r.row_weights, y);
+  } else if (s.scheme == MoeDispatch::kRing) {
+    // ---- the experts come to the tokens: rank q's block of E/D experts at ring step j ----
+    r.dispatched = act({M, h});
+    be_.gather_rows(a, r.token_rows, nullptr, r.dispatched);
+    r.expert_out = act({M, h});
+    r.expert_mlp.resize(static_cast<size_t>(E));
+    WeightRing ring = weight_ring(pack_experts(mw.experts));
+    for (int j = 0; j < D_; ++j) {
+      weight_ring_send(ring, j);
+      const int q = ring_owner(j);
+      for (int64_t i = 0; i < El; ++i) {
+        const int64_t e = q * El + i, begin = r.offsets[e], end = r.offsets[e + 1];
+        if (begin == end) continue;
+        Tensor out = r.expert_out.narrow(begin, end);
+        foldpar::mlp_forward(group_context(ctx_, end - begin), expert_view(expert_block(ring.cur, i)),
+                             r.dispatched.narrow(begin, end), out, saved != nullptr ? &r.expert_mlp[e] : nullptr, {},
+                             0.0f);
+      }
+      weight_ring_advance(ring, j);
+    }
+    be_.scatter_add_rows(r.expert_out, r.token_rows, &r.row_weights, y);
+  } else {
+    // ---- every rank's rows, ids and weights; this rank's experts over all of them ----
+    Tensor all_a = comm_buffer({D_ * T, h}, a.dtype());
+    Tensor all_w = comm_buffer({D_ * T, k}, r.weights.dtype());
+    std::vector<int32_t> all_experts(static_cast<size_t>(D_ * M));
+    const auto t0 = std::chrono::steady_clock::now();
+    blocking(comm_.all_gather(a.raw_data(), all_a.raw_data(), static_cast<size_t>(a.numel()), a.dtype()), t0);
+    blocking(comm_.all_gather(r.weights.raw_data(), all_w.raw_data(), static_cast<size_t>(M), r.weights.dtype()), t0);
+    Tensor all_ids = comm_buffer({D_ * M}, DType::kI32);
+    blocking(comm_.all_gather(r.experts.raw_data(), all_ids.raw_data(), static_cast<size_t>(M), DType::kI32), t0);
+    comm_to_host(be_, all_ids, all_experts);
+    // The slots of the gathered tokens routed to this rank's experts, grouped by expert.
+    std::vector<int32_t> g_token, g_slot;
+    s.expert_offsets.assign(static_cast<size_t>(El) + 1, 0);
+    for (int64_t j = 0; j < El; ++j) {
+      const int32_t e = static_cast<int32_t>(p_ * El + j);
+      for (size_t q = 0; q < all_experts.size(); ++q)
+        if (all_experts[q] == e) {
+          g_token.push_back(static_cast<int32_t>(q / k));
+          g_slot.push_back(static_cast<int32_t>(q));
+        }
+      s.expert_offsets[j + 1] = static_cast<int64_t>(g_token.size());
+    }
+    const int64_t R = static_cast<int64_t>(g_token.size());
+    s.g_token = upload_i32(be_, g_token);
+    s.g_slot = upload_i32(be_, g_slot);
+    s.expert_in = act({R, h});
+    s.g_weight = act({R, 1});
+    if (R > 0) {
+      be_.gather_rows(all_a, s.g_token, nullptr, s.expert_in);
+      be_.gather_rows(all_w.reshape({D_ * M, 1}), s.g_slot, nullptr, s.g_weight);
+    }
+    all_a = Tensor();
+    s.g_out = act({R, h});
+    s.expert_mlp.resize(static_cast<size_t>(El));
+    for (int64_t j = 0; j < El; ++j) {
+      const int64_t begin = s.expert_offsets[j], end = s.expert_offsets[j + 1];
+      if (begin == end) continue;
+      Tensor out = s.g_out.narrow(begin, end);
+      foldpar::mlp_forward(group_context(ctx_, end - begin), expert_view(mw.experts[j]), s.expert_in.narrow(begin, end),
+                           out, saved != nullptr ? &s.expert_mlp[j] : nullptr, {}, 0.0f);
+    }
+    Tensor partial = comm_buffer({D_ * T, h}, a.dtype());
+    be_.fill(0.0, partial);
+    if (R > 0) be_.scatter_add_rows(s.g_out, s.g_token, &s.g_weight, partial);
+    Tensor mine = comm_buffer({T, h}, a.dtype());
+    const auto t1 = std::chrono::steady_clock::now();
+    blocking(comm_.reduce_scatter(partial.raw_data(), mine.raw_data(), static_cast<size_t>(T * h), a.dtype(),
+                                  ReduceOp::kSum),
+             t1);
+    be_.add_inplace(mine, y);
+  }
+  if (mw.shared_gate.defined()) {
+    // y += sigmoid(a Wsg^T) * shared(a): replicated weights, this rank's rows.
+    r.shared_out = act({T, h});
+    foldpar::mlp_forward(ctx_, expert_view(mw.shared), a, r.shared_out, saved != nullptr ? &r.shared_mlp : nullptr, {},
+                         0.0f);
+    Tensor gate_logit = act({T, 1});
+    be_.matmul(a, false, mw.shared_gate, true, gate_logit);
+    r.shared_gate = act({T, 1});
+    be_.sigmoid_forward(gate_logit, r.shared_gate);
+    std::vector<int32_t> identity(static_cast<size_t>(T));
+    std::iota(identity.begin(), identity.end(), 0);
+    r.identity_rows = upload_i32(be_, identity);
+    be_.scatter_add_rows(r.shared_out, r.identity_rows, &r.shared_gate, y);
+  }
+  if (saved != nullptr) *saved = std::move(s);
+  return y;
+}
+
+// ---- backward ----
+
+Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved& s, const Tensor& dy,
+                             ShardedWeights& grads) {
+  const MoeLayerWeights& mw = w.moe[l];
+  MoeLayerWeights& gw = grads.moe[l];
+  const MoeConfig& m = c_.moe;
+  const MoeSaved& r = s.route;
+  const int64_t T = rows_, h = dims_.h, E = m.num_experts, k = m.num_experts_per_tok, M = T * k, El = dims_.experts;
+  const Tensor& a = s.norm.a;
+  Tensor d_a = act({T, h});
+  be_.fill(0.0, d_a);
+  Tensor d_weights = act({T, k});
+  be_.fill(0.0, d_weights);
+  Tensor d_weights_rows = d_weights.reshape({M, 1});
+
+  auto experts_backward = [&](const Tensor& d_out, Tensor& d_in) {
+    for (int64_t j = 0; j < El; ++j) {
+      const int64_t begin = s.expert_offsets[j], end = s.expert_offsets[j + 1];
+      if (begin == end) continue;
+      Tensor d_rows = d_in.narrow(begin, end);
+      MlpWeights ge = expert_view(gw.experts[j]);  // the owner's gradient: no sum needed
+      foldpar::mlp_backward(group_context(ctx_, end - begin), expert_view(mw.experts[j]), s.expert_mlp[j],
+                            s.expert_in.narrow(begin, end), d_out.narrow(begin, end), d_rows, ge, 1.0f);
+    }
+  };
+
+  if (s.scheme == MoeDispatch::kAllToAll) {
+    // The combine's adjoint at home, then d(out) to the owners.
+    Tensor dy_rows = act({M, h}), d_out = act({M, h}), d_row_w = act({M, 1});
+    be_.gather_rows(dy, r.token_rows, nullptr, dy_rows);
+    be_.rows_dot(dy_rows, r.expert_out, d_row_w);
+    be_.gather_rows(dy, r.token_rows, &r.row_weights, d_out);
+    dy_rows = Tensor();
+    be_.scatter_add_rows(d_row_w, r.slot_rows, nullptr, d_weights_rows);
+    Tensor d_received = exchange_rows(d_out, s.send_rows, s.recv_rows);
+    d_out = Tensor();
+    const int64_t R = d_received.dim(0);
+    Tensor d_expert_out = act({R, h}), d_expert_in = act({R, h});
+    if (R > 0) be_.gather_rows(d_received, s.to_expert, nullptr, d_expert_out);
+    be_.fill(0.0, d_expert_in);
+    experts_backward(d_expert_out, d_expert_in);
+    Tensor d_back = act({R, h});
+    if (R > 0) be_.gather_rows(d_expert_in, s.to_source, nullptr, d_back);
+    Tensor d_dispatched = exchange_rows(d_back, s.recv_rows, s.send_rows);  // [M, h] in dispatch order
+    be_.scatter_add_rows(d_dispatched, r.token_rows, nullptr, d_a);
+  } else if (s.scheme == MoeDispatch::kRing) {
+    // The combine's adjoint as in A; then the weight ring again, and the gradient ring (the
+    // weight ring's adjoint) carrying each block's summed gradient home.
+    Tensor dy_rows = act({M, h}), d_out = act({M, h}), d_row_w = act({M, 1});
+    be_.gather_rows(dy, r.token_rows, nullptr, dy_rows);
+    be_.rows_dot(dy_rows, r.expert_out, d_row_w);
+    be_.gather_rows(dy, r.token_rows, &r.row_weights, d_out);
+    dy_rows = Tensor();
+    be_.scatter_add_rows(d_row_w, r.slot_rows, nullptr, d_weights_rows);
+    Tensor d_dispatched = act({M, h});
+    be_.fill(0.0, d_dispatched);
+    WeightRing ring = weight_ring(pack_experts(mw.experts));
+    const Shape block_shape = ring.cur.shape();
+    Tensor own_grad = comm_buffer(block_shape, DType::kF32);
+    be_.fill(0.0, own_grad);
+    GradRing gring;
+    for (int j = 0; j < D_; ++j) {
+      weight_ring_send(ring, j);
+      const int q = ring_owner(j);
+      Tensor partial = grad_ring_partial(own_grad, j, block_shape);
+      if (j > 0) be_.fill(0.0, partial);
+      for (int64_t i = 0; i < El; ++i) {
+        const int64_t e = q * El + i, begin = r.offsets[e], end = r.offsets[e + 1];
+        if (begin == end) continue;
+        Tensor d_rows = d_dispatched.narrow(begin, end);
+        ExpertWeights gb = expert_block(partial, i);
+        MlpWeights ge = expert_view(gb);
+        foldpar::mlp_backward(group_context(ctx_, end - begin), expert_view(expert_block(ring.cur, i)),
+                              r.expert_mlp[e], r.dispatched.narrow(begin, end), d_out.narrow(begin, end), d_rows, ge,
+                              1.0f);
+      }
+      grad_ring_send(gring, j, partial);
+      weight_ring_advance(ring, j);
+    }
+    grad_ring_finish(gring, own_grad);
+    for (int64_t i = 0; i < El; ++i) {
+      const ExpertWeights g = expert_block(own_grad, i);
+      be_.add_inplace(g.w_gate, gw.experts[i].w_gate);
+      be_.add_inplace(g.w_up, gw.experts[i].w_up);
+      be_.add_inplace(g.w_down, gw.experts[i].w_down);
+    }
+    be_.scatter_add_rows(d_dispatched, r.token_rows, nullptr, d_a);
+  } else {
+    // all_gather's adjoint is reduce_scatter and back.
+    Tensor all_dy = comm_buffer({D_ * T, h}, dy.dtype());
+    const auto t0 = std::chrono::steady_clock::now();
+    blocking(comm_.all_gather(dy.raw_data(), all_dy.raw_data(), static_cast<size_t>(dy.numel()), dy.dtype()), t0);
+    const int64_t R = s.expert_in.dim(0);
+    Tensor dy_rows = act({R, h}), d_out = act({R, h}), d_row_w = act({R, 1}), d_in = act({R, h});
+    Tensor d_all_a = comm_buffer({D_ * T, h}, dy.dtype()), d_all_w = comm_buffer({D_ * M, 1}, dy.dtype());
+    be_.fill(0.0, d_all_a);
+    be_.fill(0.0, d_all_w);
+    be_.fill(0.0, d_in);
+    if (R > 0) {
+      be_.gather_rows(all_dy, s.g_token, nullptr, dy_rows);
+      be_.rows_dot(dy_rows, s.g_out, d_row_w);
+      be_.gather_rows(all_dy, s.g_token, &s.g_weight, d_out);
+      be_.scatter_add_rows(d_row_w, s.g_slot, nullptr, d_all_w);
+    }
+    all_dy = Tensor();
+    experts_backward(d_out, d_in);
+    if (R > 0) be_.scatter_add_rows(d_in, s.g_token, nullptr, d_all_a);
+    Tensor mine_a = comm_buffer({T, h}, dy.dtype()), mine_w = comm_buffer({M, 1}, dy.dtype());
+    const auto t1 = std::chrono::steady_clock::now();
+    blocking(comm_.reduce_scatter(d_all_a.raw_data(), mine_a.raw_data(), static_cast<size_t>(T * h), dy.dtype(),
+                                  ReduceOp::kSum),
+             t1);
+    blocking(comm_.reduce_scatter(d_all_w.raw_data(), mine_w.raw_data(), static_cast<size_t>(M), dy.dtype(),
+                                  ReduceOp::kSum),
+             t1);
+    be_.add_inplace(mine_a, d_a);
+    be_.add_inplace(mine_w, d_weights_rows);
+  }
+  // ---- the router (replicated): through top-k and softmax, plus the aux loss's gradient ----
+  Tensor bias;
+  if (!moe_prob_grad_.empty()) {
+    const std::vector<double>& pg = moe_prob_grad_[static_cast<size_t>(mw.sparse_index)];
+    FP_CHECK(static_cast<int64_t>(pg.size()) == E, "aux gradient of {} experts for E={}", pg.size(), E);
+    bias = Tensor::empty({E}, DType::kF32, MemCategory::kActivations);
+    std::vector<float> f(pg.begin(), pg.end());
+    be_.copy_from_host(std::as_bytes(std::span<const float>(f)), bias);
+  }
+  Tensor d_logits = act({T, E});
+  Backend::MoeRouteGrad rg{&r.probs, &r.weights, &r.experts, &d_weights, bias.defined() ? &bias : nullptr,
+                           m.norm_topk_prob};
+  be_.moe_route_backward(rg, d_logits);
+  be_.matmul(d_logits, false, mw.router, false, d_a, 1.0f, 1.0f);
+  Tensor d_router = comm_buffer({E, h}, DType::kF32);
+  be_.matmul(d_logits, true, a, false, d_router, 1.0f, 0.0f);
+  sum_into(d_router, gw.router);
+  if (mw.shared_gate.defined()) {
+    // y += gate * z: d_z = gate * dy, d_gate = <dy, z>, d_logit = gate (1 - gate) d_gate
+    Tensor d_z = act({T, h}), d_gate = act({T, 1}), d_logit = act({T, 1});
+    be_.gather_rows(dy, r.identity_rows, &r.shared_gate, d_z);
+    be_.rows_dot(dy, r.shared_out, d_gate);
+    be_.sigmoid_backward(r.shared_gate, d_gate, d_logit);
+    be_.matmul(d_logit, false, mw.shared_gate, false, d_a, 1.0f, 1.0f);
+    Tensor d_sg = comm_buffer({1, h}, DType::kF32);
+    be_.matmul(d_logit, true, a, false, d_sg, 1.0f, 0.0f);
+    const int64_t fs = mw.shared.w_gate.dim(0);
+    ExpertWeights part{comm_buffer({fs, h}, DType::kF32), comm_buffer({fs, h}, DType::kF32),
+                       comm_buffer({h, fs}, DType::kF32)};
+    for (Tensor* t : {&part.w_gate, &part.w_up, &part.w_down}) be_.fill(0.0, *t);
+    MlpWeights gs = expert_view(part);
+    foldpar::mlp_backward(ctx_, expert_view(mw.shared), r.shared_mlp, a, d_z, d_a, gs, 1.0f);
+    sum_into(d_sg, gw.shared_gate);
+    sum_into(part.w_gate, gw.shared.w_gate);
+    sum_into(part.w_up, gw.shared.w_up);
+    sum_into(part.w_down, gw.shared.w_down);
+  }
+  return norm_backward(ctx_, w.mlp_norm[l], s.norm, d_a, &dy, norm_partials_[c_.num_hidden_layers + l]);
+}
+
+}  // namespace foldpar::tsp_detail

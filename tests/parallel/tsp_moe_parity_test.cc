@@ -1,0 +1,281 @@
+// TSP with mixture-of-experts layers against the single-rank MoE model: loss (with the aux
+// loss), this rank's logits rows and every gradient assembled from the shards, within
+// kF32Parallel, for each dispatch scheme (a2a, gather, ring, auto), Mixtral-, Qwen2-MoE- (shared expert,
+// a dense layer among the sparse ones) and Qwen3-MoE-like (decoder_sparse_step) configs,
+// both aux-loss modes, recompute, and a zero router (ties to the lower index send every
+// token to experts 0 and 1, so the ranks owning experts 2 and 3 receive no rows at all and
+// still take part). Run under mpirun at 1, 2 and 4 ranks (E = 4 divides over them).
+#include <gtest/gtest.h>
+
+#include "app/synthetic.h"
+#include "core/tolerance.h"
+#include "mpi_test_main.h"
+#include "parallel/tsp/tsp_model.h"
+#include "tensor/compare.h"
+
+namespace foldpar {
+namespace {
+
+LlamaConfig moe_config(MoeFamily family) {
+  LlamaConfig c;
+  c.hidden_size = 32;  // d = 8
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 4;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 2;
+  c.vocab_size = 64;
+  c.max_position_embeddings = 256;
+  c.rms_norm_eps = 1e-5;
+  MoeConfig& m = c.moe;
+  m.family = family;
+  m.num_experts = 4;
+  m.num_experts_per_tok = 2;
+  m.moe_intermediate_size = family == MoeFamily::kMixtral ? c.intermediate_size : 12;
+  m.norm_topk_prob = family != MoeFamily::kQwen2;
+  m.router_aux_loss_coef = 0.25;  // large, so that the aux gradient shows in every comparison
+  m.output_router_logits = true;
+  if (family == MoeFamily::kQwen2) {
+    c.num_hidden_layers = 3;
+    m.shared_expert_intermediate_size = 16;
+    m.mlp_only_layers = {2};  // layers 0 and 1 sparse, 2 dense (TSP's MLP ring)
+  }
+  if (family == MoeFamily::kQwen3) {
+    c.num_hidden_layers = 3;
+    m.decoder_sparse_step = 2;  // only layer 1 sparse
+  }
+  return c;
+}
+
+struct Case {
+  MoeFamily family = MoeFamily::kMixtral;
+  Layout::MoeDispatchOption dispatch = Layout::MoeDispatchOption::kAllToAll;
+  bool per_layer = false;
+  bool zero_router = false;
+  Recompute recompute = Recompute::kNone;
+  bool swap_experts = false;  // negative control: each rank's first two experts trade places
+  int64_t expert_width = 0;   // f_e instead of the config's (0: keep)
+};
+
+const InitOptions kInit{.seed = 5, .std = 0.1, .norm_jitter = 0.2};
+
+void check_parity(const Case& k) {
+  Communicator& world = test::mpi().world();
+  const int D = world.size(), p = world.rank();
+  LlamaConfig c = moe_config(k.family);
+  c.moe.aux_per_layer = k.per_layer;
+  if (k.expert_width > 0) c.moe.moe_intermediate_size = k.expert_width;
+  const int64_t B = 2, S = 16;
+
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
+  init_weights(kInit, w);
+  if (k.zero_router)
+    for (auto& l : w.layers)
+      if (l.moe.defined()) l.moe.router.zero();
+  Batch global = synthetic_batch(c, B, S, 13, 0.1);
+  auto be = make_cpu_backend();
+  LlamaWeights ref_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ref_g.zero();
+  StepOptions so;
+  so.keep_logits = true;
+  Result<StepResult> ref = model_forward_backward(c, *be, w, global, so, ref_g);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  ASSERT_GT(ref->aux_loss, 0.0);
+
+  Layout opt;
+  opt.tsp = D;
+  opt.keep_logits = true;
+  opt.moe_dispatch = k.dispatch;
+  opt.recompute = k.recompute;
+  Result<TspModel> model = TspModel::create(c, opt, p, S);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  ShardedWeights tw = ShardedWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kParameters);
+  init_sharded_weights(kInit, tw);
+  for (auto& m : tw.moe)
+    if (m.defined() && k.zero_router) m.router.zero();
+  if (k.swap_experts)
+    for (auto& m : tw.moe)
+      if (m.defined()) std::swap(m.experts[0], m.experts[1]);
+  ShardedWeights tg = ShardedWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kGradients);
+  tg.zero();
+  const Batch local = model->shard().local_batch(global);
+  Result<StepResult> got = model->forward_backward(*be, world, tw, local, tg);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  if (k.swap_experts) {
+    // An off-by-one expert id must fail the comparison this test makes.
+    EXPECT_GT(std::abs(got->loss - ref->loss), 10 * tol::kF32Parallel * ref->loss);
+    return;
+  }
+
+  EXPECT_EQ(got->valid_tokens, ref->valid_tokens);
+  EXPECT_NEAR(got->loss, ref->loss, tol::kF32Parallel * ref->loss);
+  EXPECT_NEAR(got->aux_loss, ref->aux_loss, tol::kF32Parallel * ref->aux_loss);
+  EXPECT_EQ(got->expert_load, ref->expert_load);
+  if (k.zero_router) {
+    // Every choice went to experts 0 and 1: the owners of 2 and 3 got nothing.
+    ASSERT_EQ(ref->expert_load.size(), 4u);
+    EXPECT_EQ(ref->expert_load[2] + ref->expert_load[3], 0);
+  }
+  Tensor ref_rows = Tensor::empty(got->logits.shape(), DType::kF32, MemCategory::kWorkspace);
+  const std::vector<int32_t>& pos = model->shard().positions();
+  for (int64_t b = 0; b < B; ++b)
+    for (size_t i = 0; i < pos.size(); ++i)
+      std::copy_n(ref->logits.data<float>() + (b * S + pos[i]) * c.vocab_size, c.vocab_size,
+                  ref_rows.data<float>() + (b * static_cast<int64_t>(pos.size()) + static_cast<int64_t>(i)) * c.vocab_size);
+  EXPECT_LE(max_rel_error(got->logits, ref_rows), tol::kF32Parallel) << "logits of rank " << p;
+
+  LlamaWeights assembled = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ASSERT_TRUE(assemble_global(tg, world, assembled).ok());
+  std::vector<std::pair<std::string, Tensor>> ref_list;
+  ref_g.for_each([&](const std::string& n, Tensor& t) { ref_list.emplace_back(n, t); });
+  size_t i = 0, moe_tensors = 0;
+  assembled.for_each([&](const std::string& name, Tensor& t) {
+    ASSERT_EQ(name, ref_list[i].first);
+    if (name.find("expert") != std::string::npos || name.find(".gate.weight") != std::string::npos) ++moe_tensors;
+    const double err = max_rel_error(t, ref_list[i].second);
+    EXPECT_LE(err, tol::kF32Parallel) << name << " on rank " << p << "\n"
+                                      << describe_mismatches(t, ref_list[i].second, tol::kF32Parallel);
+    ++i;
+  });
+  EXPECT_GT(moe_tensors, 0u);
+  // The shards initialized on their own equal the slices of the global weights.
+  ShardedWeights sliced = ShardedWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kWorkspace);
+  shard_from_global(w, sliced);
+  std::vector<Tensor> own;
+  tw.for_each([&](const std::string&, Tensor& t, bool) { own.push_back(t); });
+  size_t j = 0;
+  sliced.for_each([&](const std::string& name, Tensor& t, bool) { EXPECT_EQ(max_rel_error(own[j++], t), 0.0) << name; });
+  EXPECT_EQ(j, own.size());
+}
+
+constexpr auto kA2A = Layout::MoeDispatchOption::kAllToAll;
+constexpr auto kGather = Layout::MoeDispatchOption::kGather;
+constexpr auto kRing = Layout::MoeDispatchOption::kRing;
+
+TEST(TspMoeParity, MixtralAllToAll) { check_parity(Case{MoeFamily::kMixtral, kA2A}); }
+TEST(TspMoeParity, MixtralGather) { check_parity(Case{MoeFamily::kMixtral, kGather}); }
+TEST(TspMoeParity, Qwen2SharedExpertAndDenseLayerAllToAll) { check_parity(Case{MoeFamily::kQwen2, kA2A}); }
+TEST(TspMoeParity, Qwen2SharedExpertAndDenseLayerGather) { check_parity(Case{MoeFamily::kQwen2, kGather}); }
+TEST(TspMoeParity, MixtralRing) { check_parity(Case{MoeFamily::kMixtral, kRing}); }
+TEST(TspMoeParity, Qwen2SharedExpertAndDenseLayerRing) { check_parity(Case{MoeFamily::kQwen2, kRing}); }
+TEST(TspMoeParity, Qwen3SparseStepPerLayerAux) {
+  check_parity(Case{MoeFamily::kQwen3, kA2A, /*per_layer=*/true});
+  check_parity(Case{MoeFamily::kQwen3, kGather, /*per_layer=*/true});
+  check_parity(Case{MoeFamily::kQwen3, kRing, /*per_layer=*/true});
+}
+TEST(TspMoeParity, RanksWithNoTokensForTheirExperts) {
+  check_parity(Case{MoeFamily::kMixtral, kA2A, false, /*zero_router=*/true});
+  check_parity(Case{MoeFamily::kQwen2, kGather, false, /*zero_router=*/true});
+  check_parity(Case{MoeFamily::kMixtral, kRing, false, /*zero_router=*/true});
+}
+TEST(TspMoeParity, RecomputeBlocks) {
+  check_parity(Case{MoeFamily::kQwen2, kA2A, false, false, Recompute::kBlock});
+  check_parity(Case{MoeFamily::kMixtral, kRing, false, false, Recompute::kBlock});
+}
+TEST(TspMoeParity, Auto) {
+  // T = 2*16/D local rows against 2.25 E f_e / k: 108 rows at f_e = 24 (a2a at D = 2 and 4,
+  // D >= k), 9 rows at f_e = 2 (the ring at D = 1 and 2, a2a at D = 4).
+  check_parity(Case{MoeFamily::kMixtral, Layout::MoeDispatchOption::kAuto});
+  Case narrow{MoeFamily::kMixtral, Layout::MoeDispatchOption::kAuto};
+  narrow.expert_width = 2;
+  check_parity(narrow);
+}
+
+TEST(TspMoeParity, NegativeControlSwappedExperts) {
+  if (test::mpi().world().size() > 2) GTEST_SKIP() << "one expert per rank: nothing to swap within a rank";
+  check_parity(Case{MoeFamily::kMixtral, kA2A, false, false, Recompute::kNone, /*swap_experts=*/true});
+  check_parity(Case{MoeFamily::kMixtral, kGather, false, false, Recompute::kNone, /*swap_experts=*/true});
+  check_parity(Case{MoeFamily::kMixtral, kRing, false, false, Recompute::kNone, /*swap_experts=*/true});
+}
+
+// Scheme A's and B's bytes for a known routing: with a zero router every token picks experts 0
+// and 1 (ties to the lower index), so what each rank sends is known exactly. Forward only.
+TEST(TspMoeTraffic, BytesPerSchemeForACountedRouting) {
+  Communicator& world = test::mpi().world();
+  const int D = world.size(), p = world.rank();
+  LlamaConfig c = moe_config(MoeFamily::kMixtral);
+  const int64_t B = 2, S = 16, T = B * S / D, h = c.hidden_size, k = 2, E = 4, El = E / D;
+  const int64_t sparse = c.moe.sparse_layer_count(c.num_hidden_layers);
+  Batch global = synthetic_batch(c, B, S, 13, 0.1);
+  auto be = make_cpu_backend();
+  auto run = [&](Layout::MoeDispatchOption dispatch) {
+    Layout opt;
+    opt.tsp = D;
+    opt.moe_dispatch = dispatch;
+    Result<TspModel> model = TspModel::create(c, opt, p, S);
+    FP_CHECK(model.ok(), "{}", model.status().to_string());
+    ShardedWeights tw = ShardedWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kParameters);
+    init_sharded_weights(kInit, tw);
+    for (auto& m : tw.moe)
+      if (m.defined()) m.router.zero();
+    const CommStats before = world.stats();
+    Result<StepResult> r = model->forward(*be, world, tw, model->shard().local_batch(global));
+    FP_CHECK(r.ok(), "{}", r.status().to_string());
+    return world.stats() - before;
+  };
+  const CommStats a2a = run(Layout::MoeDispatchOption::kAllToAll);
+  const CommStats gather = run(Layout::MoeDispatchOption::kGather);
+  const CommStats ring = run(Layout::MoeDispatchOption::kRing);
+  auto owner = [&](int64_t e) { return static_cast<int>(e / El); };
+  // A: this rank's rows for experts 0 and 1 owned elsewhere go out; the rows other ranks sent
+  // to this rank's experts go back. Point-to-point sends carry nothing else in a forward
+  // (the weight rings are send_recv).
+  int64_t rows_out = 0;
+  for (int64_t e = 0; e < k; ++e) {
+    if (owner(e) != p) rows_out += T;
+    if (owner(e) == p) rows_out += (D - 1) * T;
+  }
+  EXPECT_EQ(a2a.op(CommOpKind::kSend).bytes_sent, static_cast<uint64_t>(sparse * rows_out * h * 4));
+  EXPECT_EQ(a2a.op(CommOpKind::kAllToAll).calls, static_cast<uint64_t>(sparse));
+  EXPECT_EQ(a2a.op(CommOpKind::kAllToAll).bytes_sent, static_cast<uint64_t>(sparse * (D - 1) * El * 8));
+  EXPECT_EQ(gather.op(CommOpKind::kSend).bytes_sent, 0u);
+  EXPECT_EQ(gather.op(CommOpKind::kAllToAll).calls, 0u);
+  // B: the rows, weights and ids of every rank gathered, the outputs reduce-scattered, per
+  // sparse layer; attention's all-gathers are the same in both runs.
+  EXPECT_EQ(gather.op(CommOpKind::kAllGather).bytes_sent - a2a.op(CommOpKind::kAllGather).bytes_sent,
+            static_cast<uint64_t>(sparse * (D - 1) * (T * h + 2 * T * k) * 4));
+  EXPECT_EQ(gather.op(CommOpKind::kReduceScatter).bytes_sent - a2a.op(CommOpKind::kReduceScatter).bytes_sent,
+            static_cast<uint64_t>(sparse * (D - 1) * T * h * 4));
+  // C: (D-1) hops of a block of E/D experts (3 f_e h each) per sparse layer, whatever the
+  // routing; the other rings (embedding, head) are the same in both runs.
+  const int64_t fe = c.moe.moe_intermediate_size;
+  EXPECT_EQ(ring.op(CommOpKind::kSend).bytes_sent, 0u);
+  EXPECT_EQ(ring.op(CommOpKind::kSendRecv).bytes_sent - a2a.op(CommOpKind::kSendRecv).bytes_sent,
+            static_cast<uint64_t>(sparse * (D - 1) * El * 3 * fe * h * 4));
+}
+
+TEST(TspMoeErrors, ExpertsThatDoNotDivide) {
+  const int D = test::mpi().world().size();
+  if (D == 1) GTEST_SKIP() << "every expert count divides by 1";
+  LlamaConfig c = moe_config(MoeFamily::kMixtral);
+  c.moe.num_experts = D + 1;  // neither divisible by D nor (for D = 2, 4) below it
+  Layout o;
+  o.tsp = D;
+  Result<TspModel> m = TspModel::create(c, o, 0, 16);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("the " + std::to_string(D + 1) + " experts must divide over the " +
+                                      std::to_string(D) + " TSP ranks"),
+            std::string::npos)
+      << m.status().message();
+}
+
+}  // namespace
+}  // namespace foldpar
+
+namespace foldpar {
+namespace {
+
+TEST(TspMoeLayout, TheDispatchOptionParsesAndSpellsBack) {
+  for (const char* text : {"tsp=2:moe=a2a", "tsp=4:moe=gather", "tsp=2:moe=ring"}) {
+    Result<Layout> l = parse_layout(text);
+    ASSERT_TRUE(l.ok()) << l.status().to_string();
+    EXPECT_EQ(l->to_string(), text);
+  }
+  Result<Layout> dflt = parse_layout("tsp=2:moe=auto");
+  ASSERT_TRUE(dflt.ok());
+  EXPECT_EQ(dflt->moe_dispatch, Layout::MoeDispatchOption::kAuto);
+  EXPECT_EQ(dflt->to_string(), "tsp=2");
+  EXPECT_EQ(parse_layout("tsp=2:moe=alltoall").status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace foldpar
