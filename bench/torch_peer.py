@@ -126,7 +126,7 @@ def forward_loss(cfg, p, ids, targets, cos, sin, mask):
 # One sequence length, in this process
 # --------------------------------------------------------------------------
 
-def run_one(cfg, seq, batch, threads, steps, warmup, seed):
+def run_one(cfg, seq, batch, threads, steps, warmup, seed, bf16=False):
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     p = init_params(cfg, seed)
@@ -148,7 +148,10 @@ def run_one(cfg, seq, batch, threads, steps, warmup, seed):
         for t in params:
             t.grad = None
         t0 = time.perf_counter()
-        loss = forward_loss(cfg, p, ids, targets, cos, sin, mask)
+        # --bf16: the forward under torch.autocast("cpu", bfloat16), PyTorch's own mixed
+        # precision (matmuls in bf16, reductions and the loss in f32; f32 master weights).
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = forward_loss(cfg, p, ids, targets, cos, sin, mask)
         loss.backward()
         dt = time.perf_counter() - t0
         loss_val = float(loss.item())
@@ -164,6 +167,7 @@ def run_one(cfg, seq, batch, threads, steps, warmup, seed):
         "step_s_min": min(times), "step_s_max": max(times), "steps": steps, "warmup": warmup,
         "peak_rss_bytes": peak_kb * 1024,
         "loss": loss_val,
+        "dtype": "bf16 autocast" if bf16 else "f32",
         "torch": torch.__version__,
     }
 
@@ -195,6 +199,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="one JSON object per S on stdout")
+    ap.add_argument("--bf16", action="store_true", help='the forward under torch.autocast("cpu", bfloat16)')
     ap.add_argument("--in-process", action="store_true",
                     help="run every S in this process (peak RSS then accumulates over S)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -210,7 +215,7 @@ def main():
         cfg = Cfg(json.load(f))
 
     if args.child:
-        res = run_one(cfg, seqs[0], args.batch, args.threads, args.steps, args.warmup, args.seed)
+        res = run_one(cfg, seqs[0], args.batch, args.threads, args.steps, args.warmup, args.seed, args.bf16)
         print(json.dumps(res), flush=True)
         return 0
 
@@ -219,11 +224,13 @@ def main():
         if cfg.max_pos and s > cfg.max_pos:
             print(f"warning: S={s} exceeds max_position_embeddings {cfg.max_pos}", file=sys.stderr)
         if args.in_process:
-            res = run_one(cfg, s, args.batch, args.threads, args.steps, args.warmup, args.seed)
+            res = run_one(cfg, s, args.batch, args.threads, args.steps, args.warmup, args.seed, args.bf16)
         else:
             cmd = [sys.executable, os.path.abspath(__file__), "--child", "--config", args.config,
                    "--seq", str(s), "--batch", str(args.batch), "--threads", str(args.threads),
                    "--steps", str(args.steps), "--warmup", str(args.warmup), "--seed", str(args.seed)]
+            if args.bf16:
+                cmd.append("--bf16")
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
             if proc.returncode != 0:
                 print(f"error: S={s} child exited {proc.returncode}", file=sys.stderr)
@@ -237,7 +244,8 @@ def main():
                   f"peak RSS {res['peak_rss_bytes'] / 2**30:.2f} GiB", file=sys.stderr, flush=True)
 
     table = sys.stderr if args.json else sys.stdout
-    print(f"\ntorch_peer (torch {torch.__version__}, fp32, materialized attention), config {args.config}",
+    print(f"\ntorch_peer (torch {torch.__version__}, {'bf16 autocast' if args.bf16 else 'fp32'}, materialized attention), "
+          f"config {args.config}",
           file=table)
     hdr = f"{'seq':>6} {'batch':>5} {'thr':>3} {'tokens/s':>10} {'median s':>9} {'min s':>8} {'max s':>8} {'peak RSS':>10}"
     print(hdr, file=table)

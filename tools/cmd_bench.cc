@@ -118,6 +118,7 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--threads", a->threads, "BLAS threads")->check(positive());
   add_recompute_option(cmd, o.recompute);
   cmd->add_flag("--profile", o.profile, "print the time spent in each backend op");
+  cmd->add_flag("--bf16", o.bf16, "bf16 weights and activations, as train --bf16 on one rank");
   add_device_option(cmd, a->device, "GPU 0; built with -DFOLDPAR_WITH_CUDA=ON");
   const std::string old = "Old spellings, kept for now";
   cmd->add_option("--layouts", a->layouts, "now `foldpar bench-layouts --layouts`")->group(old);

@@ -7,6 +7,7 @@
 
 #include "app/synthetic.h"
 #include "backend/backend.h"
+#include "backend/bf16_storage_backend.h"
 #include "core/timing.h"
 #include "model/flop_count.h"
 
@@ -18,12 +19,14 @@ Result<StepBenchReport> run_step_bench(const StepBenchOptions& o) {
     return invalid_argument("bench: batch ({}), seq ({}) and steps ({}) must be positive, warmup ({}) not negative",
                             o.batch, o.seq, o.steps, o.warmup);
   MemoryTracker::process().reset_peaks();
-  LlamaWeights w = LlamaWeights::allocate(o.config, DType::kF32, MemCategory::kParameters);
+  LlamaWeights w = LlamaWeights::allocate(o.config, o.bf16 ? DType::kBF16 : DType::kF32, MemCategory::kParameters);
   init_weights(InitOptions{.seed = o.seed}, w);
   LlamaWeights g = LlamaWeights::allocate(o.config, DType::kF32, MemCategory::kGradients);
   const Batch batch = synthetic_batch(o.config, o.batch, o.seq, o.seed + 1);
   std::unique_ptr<Backend> cpu = o.backend != nullptr ? nullptr : make_cpu_backend();
-  Backend& base = o.backend != nullptr ? *o.backend : *cpu;
+  Backend& inner = o.backend != nullptr ? *o.backend : *cpu;
+  std::unique_ptr<Backend> bf16 = o.bf16 ? make_bf16_storage_backend(inner) : nullptr;
+  Backend& base = bf16 ? *bf16 : inner;
   TimedBackend timed(base);
   Backend& be = o.profile ? static_cast<Backend&>(timed) : base;
   StepOptions step;
