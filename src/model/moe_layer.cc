@@ -19,21 +19,7 @@ Tensor act(const Shape& shape, const Tensor& like) {
   return Tensor::empty(shape, like.dtype(), MemCategory::kActivations);
 }
 
-Tensor upload_i32(Backend& be, const std::vector<int32_t>& v) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI32, MemCategory::kActivations);
-  be.copy_from_host(std::as_bytes(std::span<const int32_t>(v)), t);
-  return t;
-}
 
-// A context over `rows` rows of the dispatched tokens (one expert's group).
-BlockContext group_context(const BlockContext& ctx, int64_t rows) {
-  BlockContext g = ctx;
-  g.batch = 1;
-  g.seq = rows;
-  return g;
-}
-
-MlpWeights expert_view(const ExpertWeights& e) { return MlpWeights{e.w_gate, e.w_up, LinearView{e.w_down, false}}; }
 
 // Sorts the T * k slots by expert (stably: token order within an expert).
 void dispatch_order(const std::vector<int32_t>& experts, int64_t k, int64_t E, MoeSaved& s,
@@ -90,14 +76,14 @@ void shared_forward(const BlockContext& ctx, const MoeLayerWeights& w, const Ten
   const int64_t T = ctx.rows(), h = a.dim(-1);
   // y += sigmoid(a Wsg^T) * shared(a)
   s.shared_out = act({T, h}, a);
-  mlp_forward(ctx, expert_view(w.shared), a, s.shared_out, keep ? &s.shared_mlp : nullptr, {}, 0.0f);
+  mlp_forward(ctx, expert_mlp_weights(w.shared), a, s.shared_out, keep ? &s.shared_mlp : nullptr, {}, 0.0f);
   Tensor gate_logit = act({T, 1}, a);
   be.matmul(a, false, w.shared_gate, true, gate_logit);
   s.shared_gate = act({T, 1}, a);
   be.sigmoid_forward(gate_logit, s.shared_gate);
   std::vector<int32_t> identity(static_cast<size_t>(T));
   std::iota(identity.begin(), identity.end(), 0);
-  s.identity_rows = upload_i32(be, identity);
+  s.identity_rows = moe_upload_i32(be, identity);
   be.scatter_add_rows(s.shared_out, s.identity_rows, &s.shared_gate, y);
 }
 
@@ -198,8 +184,8 @@ void moe_forward(const BlockContext& ctx, const MoeLayerWeights& w, const Tensor
   std::vector<int32_t> host_experts(static_cast<size_t>(M)), token_rows, slot_rows;
   be.copy_to_host(s.experts, std::as_writable_bytes(std::span<int32_t>(host_experts)));
   dispatch_order(host_experts, k, E, s, token_rows, slot_rows);
-  s.token_rows = upload_i32(be, token_rows);
-  s.slot_rows = upload_i32(be, slot_rows);
+  s.token_rows = moe_upload_i32(be, token_rows);
+  s.slot_rows = moe_upload_i32(be, slot_rows);
   if (aux != nullptr) record_stats(ctx, w, s, *aux);
   // ---- dispatch, the experts (one GEMM group each), the weighted combine ----
   s.dispatched = act({M, h}, a);
@@ -212,7 +198,7 @@ void moe_forward(const BlockContext& ctx, const MoeLayerWeights& w, const Tensor
     const int64_t begin = s.offsets[e], end = s.offsets[e + 1];
     if (begin == end) continue;
     Tensor out = s.expert_out.narrow(begin, end);
-    mlp_forward(group_context(ctx, end - begin), expert_view(w.experts[e]), s.dispatched.narrow(begin, end), out,
+    mlp_forward(moe_group_context(ctx, end - begin), expert_mlp_weights(w.experts[e]), s.dispatched.narrow(begin, end), out,
                 saved != nullptr ? &s.expert_mlp[e] : nullptr, {}, 0.0f);
   }
   be.scatter_add_rows(s.expert_out, s.token_rows, &s.row_weights, y);
@@ -234,8 +220,8 @@ void shared_backward(const BlockContext& ctx, const MoeLayerWeights& w, const Mo
   // logit = a Wsg^T: d_a += d_logit Wsg, dWsg += d_logit^T a
   be.matmul(d_logit, false, w.shared_gate, false, d_a, 1.0f, 1.0f);
   be.matmul(d_logit, true, a, false, g.shared_gate, 1.0f, 1.0f);
-  MlpWeights gs = expert_view(g.shared);
-  mlp_backward(ctx, expert_view(w.shared), s.shared_mlp, a, d_z, d_a, gs, 1.0f);
+  MlpWeights gs = expert_mlp_weights(g.shared);
+  mlp_backward(ctx, expert_mlp_weights(w.shared), s.shared_mlp, a, d_z, d_a, gs, 1.0f);
 }
 
 }  // namespace
@@ -262,8 +248,8 @@ void moe_backward(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSa
     const int64_t begin = s.offsets[e], end = s.offsets[e + 1];
     if (begin == end) continue;
     Tensor d_rows = d_dispatched.narrow(begin, end);
-    MlpWeights ge = expert_view(g.experts[e]);
-    mlp_backward(group_context(ctx, end - begin), expert_view(w.experts[e]), s.expert_mlp[e],
+    MlpWeights ge = expert_mlp_weights(g.experts[e]);
+    mlp_backward(moe_group_context(ctx, end - begin), expert_mlp_weights(w.experts[e]), s.expert_mlp[e],
                  s.dispatched.narrow(begin, end), d_out.narrow(begin, end), d_rows, ge, 1.0f);
   }
   d_out = Tensor();
@@ -292,6 +278,23 @@ void moe_backward(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSa
   be.matmul(d_logits, false, w.router, false, d_a, 1.0f, 1.0f);
   be.matmul(d_logits, true, a, false, g.router, 1.0f, 1.0f);
   if (w.shared_gate.defined()) shared_backward(ctx, w, s, a, dy, d_a, g);
+}
+
+Tensor moe_upload_i32(Backend& be, const std::vector<int32_t>& v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI32, MemCategory::kActivations);
+  if (!v.empty()) be.copy_from_host(std::as_bytes(std::span<const int32_t>(v)), t);
+  return t;
+}
+
+BlockContext moe_group_context(const BlockContext& ctx, int64_t rows) {
+  BlockContext g = ctx;
+  g.batch = 1;
+  g.seq = rows;
+  return g;
+}
+
+MlpWeights expert_mlp_weights(const ExpertWeights& e) {
+  return MlpWeights{e.w_gate, e.w_up, LinearView{e.w_down, false}};
 }
 
 }  // namespace foldpar

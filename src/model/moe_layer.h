@@ -71,4 +71,11 @@ void moe_forward(const BlockContext& ctx, const MoeLayerWeights& w, const Tensor
 void moe_backward(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSaved& s, const Tensor& a,
                   const Tensor& dy, Tensor& d_a, MoeLayerWeights& g, const std::vector<double>& prob_grad);
 
+// Pieces the layer shares with its sharded forms (parallel/tsp/tsp_moe.cc): host ids as a
+// tensor of the backend (nothing moves for an empty list), the context of one expert's
+// group of `rows` dispatched rows, and an expert as the gated MLP the sub-blocks run.
+Tensor moe_upload_i32(Backend& be, const std::vector<int32_t>& v);
+BlockContext moe_group_context(const BlockContext& ctx, int64_t rows);
+MlpWeights expert_mlp_weights(const ExpertWeights& e);
+
 }  // namespace foldpar

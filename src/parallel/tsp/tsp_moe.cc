@@ -35,21 +35,6 @@
 namespace foldpar::tsp_detail {
 namespace {
 
-Tensor upload_i32(Backend& be, const std::vector<int32_t>& v) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI32, MemCategory::kActivations);
-  if (!v.empty()) be.copy_from_host(std::as_bytes(std::span<const int32_t>(v)), t);
-  return t;
-}
-
-BlockContext group_context(const BlockContext& ctx, int64_t rows) {
-  BlockContext g = ctx;
-  g.batch = 1;
-  g.seq = rows;
-  return g;
-}
-
-MlpWeights expert_view(const ExpertWeights& e) { return MlpWeights{e.w_gate, e.w_up, LinearView{e.w_down, false}}; }
-
 // The T * k slots sorted by expert, stably (moe_layer.cc's dispatch order).
 void dispatch_order(const std::vector<int32_t>& experts, int64_t k, int64_t E, std::vector<int64_t>& offsets,
                     std::vector<int32_t>& token_rows, std::vector<int32_t>& slot_rows) {
@@ -243,8 +228,8 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
   be_.copy_to_host(r.experts, std::as_writable_bytes(std::span<int32_t>(host_experts)));
   std::vector<int32_t> token_rows, slot_rows;
   dispatch_order(host_experts, k, E, r.offsets, token_rows, slot_rows);
-  r.token_rows = upload_i32(be_, token_rows);
-  r.slot_rows = upload_i32(be_, slot_rows);
+  r.token_rows = moe_upload_i32(be_, token_rows);
+  r.slot_rows = moe_upload_i32(be_, slot_rows);
   record_moe_stats(mw, r.offsets, r.probs);
   r.row_weights = act({M, 1});
   be_.gather_rows(r.weights.reshape({M, 1}), r.slot_rows, nullptr, r.row_weights);
@@ -281,8 +266,8 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
       }
       s.expert_offsets[j + 1] = static_cast<int64_t>(to_expert.size());
     }
-    s.to_expert = upload_i32(be_, to_expert);
-    s.to_source = upload_i32(be_, to_source);
+    s.to_expert = moe_upload_i32(be_, to_expert);
+    s.to_source = moe_upload_i32(be_, to_source);
     Tensor dispatched = act({M, h});
     be_.gather_rows(a, r.token_rows, nullptr, dispatched);
     Tensor received = exchange_rows(dispatched, s.send_rows, s.recv_rows);
@@ -296,7 +281,7 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
       const int64_t begin = s.expert_offsets[j], end = s.expert_offsets[j + 1];
       if (begin == end) continue;
       Tensor out = expert_out.narrow(begin, end);
-      foldpar::mlp_forward(group_context(ctx_, end - begin), expert_view(mw.experts[j]), s.expert_in.narrow(begin, end),
+      foldpar::mlp_forward(moe_group_context(ctx_, end - begin), expert_mlp_weights(mw.experts[j]), s.expert_in.narrow(begin, end),
                            out, saved != nullptr ? &s.expert_mlp[j] : nullptr, {}, 0.0f);
     }
     Tensor back = act({R, h});
@@ -318,7 +303,7 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
         const int64_t e = q * El + i, begin = r.offsets[e], end = r.offsets[e + 1];
         if (begin == end) continue;
         Tensor out = r.expert_out.narrow(begin, end);
-        foldpar::mlp_forward(group_context(ctx_, end - begin), expert_view(expert_block(ring.cur, i)),
+        foldpar::mlp_forward(moe_group_context(ctx_, end - begin), expert_mlp_weights(expert_block(ring.cur, i)),
                              r.dispatched.narrow(begin, end), out, saved != nullptr ? &r.expert_mlp[e] : nullptr, {},
                              0.0f);
       }
@@ -349,8 +334,8 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
       s.expert_offsets[j + 1] = static_cast<int64_t>(g_token.size());
     }
     const int64_t R = static_cast<int64_t>(g_token.size());
-    s.g_token = upload_i32(be_, g_token);
-    s.g_slot = upload_i32(be_, g_slot);
+    s.g_token = moe_upload_i32(be_, g_token);
+    s.g_slot = moe_upload_i32(be_, g_slot);
     s.expert_in = act({R, h});
     s.g_weight = act({R, 1});
     if (R > 0) {
@@ -364,7 +349,7 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
       const int64_t begin = s.expert_offsets[j], end = s.expert_offsets[j + 1];
       if (begin == end) continue;
       Tensor out = s.g_out.narrow(begin, end);
-      foldpar::mlp_forward(group_context(ctx_, end - begin), expert_view(mw.experts[j]), s.expert_in.narrow(begin, end),
+      foldpar::mlp_forward(moe_group_context(ctx_, end - begin), expert_mlp_weights(mw.experts[j]), s.expert_in.narrow(begin, end),
                            out, saved != nullptr ? &s.expert_mlp[j] : nullptr, {}, 0.0f);
     }
     Tensor partial = comm_buffer({D_ * T, h}, a.dtype());
@@ -380,7 +365,7 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
   if (mw.shared_gate.defined()) {
     // y += sigmoid(a Wsg^T) * shared(a): replicated weights, this rank's rows.
     r.shared_out = act({T, h});
-    foldpar::mlp_forward(ctx_, expert_view(mw.shared), a, r.shared_out, saved != nullptr ? &r.shared_mlp : nullptr, {},
+    foldpar::mlp_forward(ctx_, expert_mlp_weights(mw.shared), a, r.shared_out, saved != nullptr ? &r.shared_mlp : nullptr, {},
                          0.0f);
     Tensor gate_logit = act({T, 1});
     be_.matmul(a, false, mw.shared_gate, true, gate_logit);
@@ -388,7 +373,7 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
     be_.sigmoid_forward(gate_logit, r.shared_gate);
     std::vector<int32_t> identity(static_cast<size_t>(T));
     std::iota(identity.begin(), identity.end(), 0);
-    r.identity_rows = upload_i32(be_, identity);
+    r.identity_rows = moe_upload_i32(be_, identity);
     be_.scatter_add_rows(r.shared_out, r.identity_rows, &r.shared_gate, y);
   }
   if (saved != nullptr) *saved = std::move(s);
@@ -416,8 +401,8 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
       const int64_t begin = s.expert_offsets[j], end = s.expert_offsets[j + 1];
       if (begin == end) continue;
       Tensor d_rows = d_in.narrow(begin, end);
-      MlpWeights ge = expert_view(gw.experts[j]);  // the owner's gradient: no sum needed
-      foldpar::mlp_backward(group_context(ctx_, end - begin), expert_view(mw.experts[j]), s.expert_mlp[j],
+      MlpWeights ge = expert_mlp_weights(gw.experts[j]);  // the owner's gradient: no sum needed
+      foldpar::mlp_backward(moe_group_context(ctx_, end - begin), expert_mlp_weights(mw.experts[j]), s.expert_mlp[j],
                             s.expert_in.narrow(begin, end), d_out.narrow(begin, end), d_rows, ge, 1.0f);
     }
   };
@@ -467,8 +452,8 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
         if (begin == end) continue;
         Tensor d_rows = d_dispatched.narrow(begin, end);
         ExpertWeights gb = expert_block(partial, i);
-        MlpWeights ge = expert_view(gb);
-        foldpar::mlp_backward(group_context(ctx_, end - begin), expert_view(expert_block(ring.cur, i)),
+        MlpWeights ge = expert_mlp_weights(gb);
+        foldpar::mlp_backward(moe_group_context(ctx_, end - begin), expert_mlp_weights(expert_block(ring.cur, i)),
                               r.expert_mlp[e], r.dispatched.narrow(begin, end), d_out.narrow(begin, end), d_rows, ge,
                               1.0f);
       }
@@ -544,8 +529,8 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
     ExpertWeights part{comm_buffer({fs, h}, DType::kF32), comm_buffer({fs, h}, DType::kF32),
                        comm_buffer({h, fs}, DType::kF32)};
     for (Tensor* t : {&part.w_gate, &part.w_up, &part.w_down}) be_.fill(0.0, *t);
-    MlpWeights gs = expert_view(part);
-    foldpar::mlp_backward(ctx_, expert_view(mw.shared), r.shared_mlp, a, d_z, d_a, gs, 1.0f);
+    MlpWeights gs = expert_mlp_weights(part);
+    foldpar::mlp_backward(ctx_, expert_mlp_weights(mw.shared), r.shared_mlp, a, d_z, d_a, gs, 1.0f);
     sum_into(d_sg, gw.shared_gate);
     sum_into(part.w_gate, gw.shared.w_gate);
     sum_into(part.w_up, gw.shared.w_up);
