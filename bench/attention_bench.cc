@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "backend/backend.h"
@@ -67,16 +68,34 @@ double sgemm_gflops(int m, int n, int k, bool trans_b, const Options& o) {
   return 2.0 * m * n * k / t * 1e-9;
 }
 
-void run_attention(int64_t S, int64_t d, const Options& o) {
-  const int64_t n_h = o.hidden / d, n_kv = n_h / o.group;
-  if (n_h < 1 || n_kv < 1 || n_h % n_kv != 0) {
+// One row's causal inputs: Q, K, V, dO and the positions 0..S-1; none (with a line saying
+// so) when h and the group do not give whole heads.
+struct RowInputs {
+  int64_t n_h = 0, n_kv = 0;
+  Tensor q, k, v, d_out, pos;
+};
+std::optional<RowInputs> row_inputs(int64_t S, int64_t d, const Options& o) {
+  RowInputs r;
+  r.n_h = o.hidden / d;
+  r.n_kv = r.n_h / o.group;
+  if (r.n_h < 1 || r.n_kv < 1 || r.n_h % r.n_kv != 0) {
     std::printf("skip S=%ld d=%ld: h=%ld, group=%ld do not give whole heads\n", S, d, o.hidden, o.group);
-    return;
+    return std::nullopt;
   }
-  const Tensor q = random_tensor({1, S, n_h, d}, 3), k = random_tensor({1, S, n_kv, d}, 4);
-  const Tensor v = random_tensor({1, S, n_kv, d}, 5), d_out = random_tensor({1, S, n_h, d}, 6);
-  Tensor pos = Tensor::empty({S}, DType::kI32, MemCategory::kActivations);
-  for (int64_t i = 0; i < S; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i);
+  r.q = random_tensor({1, S, r.n_h, d}, 3);
+  r.k = random_tensor({1, S, r.n_kv, d}, 4);
+  r.v = random_tensor({1, S, r.n_kv, d}, 5);
+  r.d_out = random_tensor({1, S, r.n_h, d}, 6);
+  r.pos = Tensor::empty({S}, DType::kI32, MemCategory::kActivations);
+  for (int64_t i = 0; i < S; ++i) r.pos.data<int32_t>()[i] = static_cast<int32_t>(i);
+  return r;
+}
+
+void run_attention(int64_t S, int64_t d, const Options& o) {
+  std::optional<RowInputs> in = row_inputs(S, d, o);
+  if (!in) return;
+  const int64_t n_h = in->n_h, n_kv = in->n_kv;
+  const Tensor &q = in->q, &k = in->k, &v = in->v, &d_out = in->d_out, &pos = in->pos;
   Tensor out = Tensor::empty(q.shape(), DType::kF32, MemCategory::kActivations);
   Tensor lse = Tensor::empty({1, n_h, S}, DType::kF32, MemCategory::kActivations);
   Tensor dq = Tensor::empty(q.shape(), DType::kF32, MemCategory::kActivations);
@@ -122,15 +141,10 @@ Problem make_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Te
 // f32, bf16 (native where the CPU multiplies bf16) and bf16 widened, forward and backward,
 // each timed once per round in turn, `reps` rounds.
 void run_bf16_row(int64_t S, int64_t d, const Options& o) {
-  const int64_t n_h = o.hidden / d, n_kv = n_h / o.group;
-  if (n_h < 1 || n_kv < 1 || n_h % n_kv != 0) {
-    std::printf("skip S=%ld d=%ld: h=%ld, group=%ld do not give whole heads\n", S, d, o.hidden, o.group);
-    return;
-  }
-  const Tensor q = random_tensor({1, S, n_h, d}, 3), k = random_tensor({1, S, n_kv, d}, 4);
-  const Tensor v = random_tensor({1, S, n_kv, d}, 5), d_out = random_tensor({1, S, n_h, d}, 6);
-  Tensor pos = Tensor::empty({S}, DType::kI32, MemCategory::kActivations);
-  for (int64_t i = 0; i < S; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i);
+  std::optional<RowInputs> in = row_inputs(S, d, o);
+  if (!in) return;
+  const int64_t n_h = in->n_h, n_kv = in->n_kv;
+  const Tensor &q = in->q, &k = in->k, &v = in->v, &d_out = in->d_out, &pos = in->pos;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   Problem f32 = make_problem(q, k, v, d_out, pos, scale);
   Problem b16 = make_problem(rounded(q), rounded(k), rounded(v), rounded(d_out), pos, scale);
