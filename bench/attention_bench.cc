@@ -1,6 +1,7 @@
 // Single-thread throughput of the blocked flash attention kernel (the fast CPU backend's
-// attention_forward / attention_backward), in useful GFLOP/s beside the single-thread
-// cblas_sgemm rate (2048^3) measured just before each row. Useful FLOPs per head and visible
+// attention_forward / attention_backward), in useful GFLOP/s beside the best single-thread
+// f32 GEMM (2048^3, the faster of OpenBLAS and oneDNN: sgemm_rate.h) measured just before
+// each row. Useful FLOPs per head and visible
 // (query, key) pair: forward 4d (QK^T, PV), backward 8d (dV, dP, dQ, dK; recomputing S is not
 // counted). Causal, B = 1, n_h = h / d, n_kv = n_h / group, positions 0..S-1: S(S+1)/2 pairs.
 //
@@ -26,6 +27,7 @@
 #include "backend/backend.h"
 #include "backend/bf16_storage_backend.h"
 #include "backend/cpu/gemm_engine.h"
+#include "backend/machine_rates.h"
 #include "backend/timed_backend.h"
 #include "bench_cli.h"
 #include "core/rng.h"
@@ -106,14 +108,16 @@ void run_attention(int64_t S, int64_t d, const Options& o) {
 
   // The reference rate is measured again for every row: the machine is shared, and a ratio
   // is only meaningful against a rate taken at the same time.
-  const double sgemm_rate = sgemm_gflops(2048, 2048, 2048, false, o);
+  const GemmYardstick best = measure_gemm_yardstick(2048, std::max(o.reps, 3));
+  const double sgemm_rate = best.best_gflops;
   const double fwd_s = cpu_median_seconds([&] { backend->attention_forward(args, out, lse); }, o);
   const double bwd_s =
       cpu_median_seconds([&] { backend->attention_backward(args, out, lse, d_out, dq, dk, dv); }, o);
   const double pairs = static_cast<double>(S) * (S + 1) / 2;
   const double fwd = 4.0 * d * pairs * n_h / fwd_s * 1e-9, bwd = 8.0 * d * pairs * n_h / bwd_s * 1e-9;
-  std::printf("%6ld %4ld %4ld %4ld %9.1f %10.2f %9.1f %6.0f%% %10.2f %9.1f %6.0f%%\n", S, d, n_h, n_kv, sgemm_rate,
-              fwd_s * 1e3, fwd, 100 * fwd / sgemm_rate, bwd_s * 1e3, bwd, 100 * bwd / sgemm_rate);
+  std::printf("%6ld %4ld %4ld %4ld %9.1f %-8s %10.2f %9.1f %6.0f%% %10.2f %9.1f %6.0f%%\n", S, d, n_h, n_kv,
+              sgemm_rate, best.best_engine.c_str(), fwd_s * 1e3, fwd, 100 * fwd / sgemm_rate, bwd_s * 1e3, bwd,
+              100 * bwd / sgemm_rate);
   std::fflush(stdout);
 }
 
@@ -207,10 +211,11 @@ int run(const Options& o) {
   openblas_set_num_threads(1);
   std::printf("OpenBLAS %s, core %s, 1 thread\n", openblas_get_config(), openblas_get_corename());
   const double qk = sgemm_gflops(4096, 4096, 128, true, o);
-  std::printf("for reference: sgemm 4096x4096x128 (NT, shaped like Q K^T at S = 4096, d = 128): %.1f GFLOP/s\n", qk);
-  std::printf("sgemm: 2048x2048x2048 NN, measured just before each row; ratios are against it\n");
-  std::printf("%6s %4s %4s %4s %9s %10s %9s %7s %10s %9s %7s\n", "S", "d", "n_h", "n_kv", "sgemm GF", "fwd ms",
-              "fwd GF/s", "fwd/sg", "bwd ms", "bwd GF/s", "bwd/sg");
+  std::printf("for reference: OpenBLAS sgemm 4096x4096x128 (NT, shaped like Q K^T at S = 4096, d = 128): %.1f GFLOP/s\n",
+              qk);
+  std::printf("gemm: the best engine's 2048x2048x2048 NN, measured just before each row; ratios are against it\n");
+  std::printf("%6s %4s %4s %4s %9s %-8s %10s %9s %7s %10s %9s %7s\n", "S", "d", "n_h", "n_kv", "gemm GF", "engine",
+              "fwd ms", "fwd GF/s", "fwd/gemm", "bwd ms", "bwd GF/s", "bwd/gemm");
   for (int64_t d : o.head_dims)
     for (int64_t S : o.seq_lens) run_attention(S, d, o);
   return 0;
@@ -221,7 +226,7 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   foldpar::Options o;
-  CLI::App app{"Single-thread throughput of the CPU backend's flash attention beside cblas_sgemm", "attention_bench"};
+  CLI::App app{"Single-thread throughput of the CPU backend's flash attention beside the best f32 GEMM", "attention_bench"};
   app.add_option("--S", o.seq_lens, "sequence lengths, comma-separated")->delimiter(',')->check(foldpar::bench::kPositive);
   app.add_option("--d", o.head_dims, "head dims, comma-separated")->delimiter(',')->check(foldpar::bench::kPositive);
   app.add_option("--h", o.hidden, "hidden size n_h * d")->check(foldpar::bench::kPositive);

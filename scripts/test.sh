@@ -38,7 +38,7 @@ fi
 
 if [ "$sanitize" = 1 ]; then
   # -O1 -g1 (the build type "Sanitize"): line numbers in reports, and half the compile time
-  # of -O2 -g. Only the test programs are built: the e2e tests (the program under real
+  # of -O2 -g; the test programs' own code at -O0 (cmake/flags.cmake, FOLDPAR_GLUE). Only the test programs are built: the e2e tests (the program under real
   # workloads) and the benchmarks stay with the normal pass.
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Sanitize -DCMAKE_CXX_FLAGS_SANITIZE=-O1 \
     -DFOLDPAR_SANITIZE=address,undefined -DFOLDPAR_BUILD_BENCH=OFF >/dev/null
