@@ -235,11 +235,15 @@ void MpiWatchdog::diagnose(const Expired& e) {
     if (op.peer >= 0 && op.peer != e.rank) ranks.push_back(op.peer);
     if (op.source >= 0 && op.source != e.rank && op.source != op.peer) ranks.push_back(op.source);
   }
+  // The communicator's ranks first, then the rest of the job, in one query (one grace period).
   std::vector<int> world_targets;
   for (int r : ranks) world_targets.push_back(e.world_ranks[r]);
+  std::vector<int> others;
+  for (int w = 0; w < ctx_.world_size; ++w)
+    if (w != ctx_.world_rank && std::find(world_targets.begin(), world_targets.end(), w) == world_targets.end())
+      others.push_back(w);
+  world_targets.insert(world_targets.end(), others.begin(), others.end());
   const std::vector<Answer> answers = query(op.key, world_targets);
-  std::vector<int> asked = world_targets;
-  asked.push_back(ctx_.world_rank);
 
   std::string message = "watchdog: " + e.what;
   if (!can_query_) {
@@ -266,15 +270,11 @@ void MpiWatchdog::diagnose(const Expired& e) {
                      "FOLDPAR_COMM_CHECK=1)"
                    : fmt::format("; ranks not arrived: {}", join_ranks(not_arrived));
   }
-  fatal_error(__FILE__, __LINE__, message + details + describe_elsewhere(e, asked));
+  const std::vector<Answer> elsewhere(answers.begin() + static_cast<std::ptrdiff_t>(ranks.size()), answers.end());
+  fatal_error(__FILE__, __LINE__, message + details + describe_elsewhere(others, elsewhere));
 }
 
-std::string MpiWatchdog::describe_elsewhere(const Expired& e, const std::vector<int>& asked_world) {
-  std::vector<int> others;
-  for (int w = 0; w < ctx_.world_size; ++w)
-    if (std::find(asked_world.begin(), asked_world.end(), w) == asked_world.end()) others.push_back(w);
-  if (others.empty()) return "";
-  const std::vector<Answer> answers = query(e.op.key, others);
+std::string MpiWatchdog::describe_elsewhere(const std::vector<int>& others, const std::vector<Answer>& answers) const {
   std::string out;
   for (size_t i = 0; i < others.size(); ++i) {
     const Answer& a = answers[i];

@@ -124,9 +124,9 @@ class MpiWatchdog {
   [[noreturn]] void diagnose(const Expired& expired);
   std::vector<Answer> query(uint64_t key, const std::vector<int>& world_targets);
   std::string rank_name(const Expired& e, int rank) const;
-  // The rest of the job: world ranks outside `asked` that wait in an operation with a
-  // purpose or do not answer.
-  std::string describe_elsewhere(const Expired& e, const std::vector<int>& asked_world);
+  // The rest of the job (world ranks `others`, answers in the same order): those that wait
+  // in an operation with a purpose or do not answer.
+  std::string describe_elsewhere(const std::vector<int>& others, const std::vector<Answer>& answers) const;
 
   const MpiContext& ctx_;
   const double timeout_s_;
