@@ -1,6 +1,8 @@
 // Names of operation kinds and reductions, as every message spells them.
 #include "comm/comm_op.h"
 
+#include <fmt/format.h>
+
 namespace foldpar {
 
 const char* comm_op_name(CommOpKind kind) {
@@ -27,6 +29,17 @@ const char* reduce_op_name(ReduceOp op) {
     case ReduceOp::kMax: return "max";
   }
   return "?";
+}
+
+std::string describe_purpose(const CommPurpose& purpose) {
+  if (purpose.format == nullptr) return "";
+  const auto& a = purpose.args;
+  try {
+    return fmt::format(fmt::runtime(purpose.format), a[0], a[1], a[2], a[3], a[4], a[5],
+                       purpose.text != nullptr ? purpose.text : "");
+  } catch (const fmt::format_error&) {
+    return purpose.format;
+  }
 }
 
 }  // namespace foldpar

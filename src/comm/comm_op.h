@@ -4,9 +4,11 @@
 // types (MPI, NCCL) appear here; a backend translates a CommOp into its own calls.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "tensor/dtype.h"
 
@@ -48,6 +50,20 @@ struct CommStream {
   void* native = nullptr;
 };
 
+// What an operation is for, in its caller's words, for the watchdog's report of one that
+// never completes (comm/mpi_watchdog.h), e.g. "pipeline: stage 1 (world rank 3, tsp index 1)
+// never sent the activation of micro-batch 2 to stage 2". `format` is fmt syntax over the
+// six `args` ({0}..{5}) and `text` ({6}); unused ones are ignored. Plain values copied with
+// the op: giving an operation a purpose allocates nothing; the text is made only when a
+// report needs it. Both strings must outlive the operation.
+struct CommPurpose {
+  const char* format = nullptr;  // null: no purpose
+  std::array<int64_t, 6> args{};
+  const char* text = "";
+};
+// The purpose's text; "" when it has none; the format itself when it does not parse.
+std::string describe_purpose(const CommPurpose& purpose);
+
 // One operation as the entry points describe it. Field meaning per kind ("N" = the
 // communicator size, "beta" = dtype_size(dtype)):
 //   broadcast        recv_buf: count elements, in and out (in at root)
@@ -76,6 +92,7 @@ struct CommOp {
   int peer = -1;    // send, send_recv: the destination
   int source = -1;  // recv, send_recv: the source
   CommStream stream;
+  CommPurpose purpose;  // optional; only the watchdog reads it
   // Assigned by the communicator when the operation is submitted: the 1-based sequence
   // number of this collective on its communicator (or of this point-to-point operation
   // among the communicator's point-to-point operations).

@@ -78,7 +78,7 @@ class MpiCommunicator;
 class WatchdogScope {
  public:
   WatchdogScope(MpiWatchdog* watchdog, const Communicator& comm, uint64_t key, const CommOp& op)
-      : watchdog_(watchdog), token_(watchdog ? watchdog->begin(comm, key, op) : 0) {}
+      : watchdog_(watchdog), token_(watchdog ? watchdog->begin(comm, key, op, /*waiting=*/true) : 0) {}
   ~WatchdogScope() {
     if (watchdog_ != nullptr) watchdog_->end(token_);
   }
@@ -123,6 +123,7 @@ class MpiRequest final : public CommRequestImpl {
     op_.counts = {};  // the caller's counts[] need not outlive the call; the plan has them
   }
   Status wait() override {
+    if (watchdog_ != nullptr) watchdog_->wait_begins(token_);
     FP_MPI_CHECK(MPI_Waitall(plan_->n_requests, plan_->requests, plan_->statuses));
     complete();
     return Status::ok_status();
@@ -355,7 +356,7 @@ Status MpiCommunicator::run_validated(const CommOp& op) {
 
 CommRequest MpiCommunicator::start_validated(const CommOp& op) {
   MpiWatchdog* watchdog = ctx_->watchdog.get();
-  const uint64_t token = watchdog != nullptr ? watchdog->begin(*this, key_, op) : 0;
+  const uint64_t token = watchdog != nullptr ? watchdog->begin(*this, key_, op, /*waiting=*/false) : 0;
   if (is_collective(op.kind) && ctx_->check.load(std::memory_order_relaxed)) check_collective(op);
   auto plan = std::make_unique<Plan>();
   prepare(op, *plan);

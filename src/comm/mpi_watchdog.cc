@@ -21,8 +21,9 @@ struct QueryMsg {
   uint64_t key;
 };
 struct AnswerMsg {
-  int64_t entered;  // -1: this rank does not know the communicator
-  char state[248];
+  int64_t entered;     // -1: this rank does not know the communicator
+  int32_t purposeful;  // 1: it waits in an operation with a purpose
+  char state[1012];    // room for a few operations with their purposes
 };
 
 double seconds_since(CoarseClock::time_point t, CoarseClock::time_point now) {
@@ -55,12 +56,21 @@ MpiWatchdog::~MpiWatchdog() {
   FP_MPI_CHECK(MPI_Comm_free(&comm_));
 }
 
-uint64_t MpiWatchdog::begin(const Communicator& comm, uint64_t key, const CommOp& op) {
+uint64_t MpiWatchdog::begin(const Communicator& comm, uint64_t key, const CommOp& op, bool waiting) {
   const Clock::time_point now = Clock::now();
   std::lock_guard lock(registry_);
   const uint64_t token = next_token_++;
-  inflight_.push_back({token, &comm, key, op.kind, op.seq, op.peer, op.source, now});
+  inflight_.push_back({token, &comm, key, op.kind, op.seq, op.peer, op.source, op.purpose, now, waiting, now});
   return token;
+}
+
+void MpiWatchdog::wait_begins(uint64_t token) {
+  const Clock::time_point now = Clock::now();
+  std::lock_guard lock(registry_);
+  auto it = std::find_if(inflight_.begin(), inflight_.end(), [&](const Inflight& op) { return op.token == token; });
+  FP_CHECK(it != inflight_.end(), "watchdog token {} is not in flight", token);
+  if (!it->waiting) it->waiting_since = now;
+  it->waiting = true;
 }
 
 void MpiWatchdog::end(uint64_t token) {
@@ -98,7 +108,8 @@ void MpiWatchdog::loop() {
       const Clock::time_point now = Clock::now();
       const Inflight* oldest = nullptr;
       for (const Inflight& op : inflight_) {
-        if (seconds_since(op.start, now) >= timeout_s_ && (oldest == nullptr || op.start < oldest->start)) {
+        if (op.waiting && seconds_since(op.waiting_since, now) >= timeout_s_ &&
+            (oldest == nullptr || op.waiting_since < oldest->waiting_since)) {
           oldest = &op;
         }
       }
@@ -113,17 +124,27 @@ std::string MpiWatchdog::describe_op(const Inflight& op, Clock::time_point now) 
   std::string peers;
   if (op.kind == CommOpKind::kSend || op.kind == CommOpKind::kSendRecv) peers += fmt::format(" to rank {}", op.peer);
   if (op.kind == CommOpKind::kRecv || op.kind == CommOpKind::kSendRecv) peers += fmt::format(" from rank {}", op.source);
-  return fmt::format("{} #{}{} on {} for {:.1f} s", comm_op_name(op.kind), op.seq, peers, op.comm->name(),
-                     seconds_since(op.start, now));
+  std::string out = fmt::format("{} #{}{} on {} for {:.1f} s", comm_op_name(op.kind), op.seq, peers, op.comm->name(),
+                                seconds_since(op.waiting ? op.waiting_since : op.start, now));
+  // The purpose says what never arrived: true only of an operation the rank waits for.
+  if (op.waiting && op.purpose.format != nullptr) out += fmt::format(" ({})", describe_purpose(op.purpose));
+  return out;
 }
 
-std::string MpiWatchdog::describe_self(uint64_t key, int64_t* entered) {
+std::string MpiWatchdog::describe_self(uint64_t key, int64_t* entered, bool* purposeful) {
   auto it = comms_.find(key);
   *entered = it == comms_.end() ? -1 : static_cast<int64_t>(it->second->collectives_submitted());
+  *purposeful = false;
   const Clock::time_point now = Clock::now();
-  std::string state;
-  for (const Inflight& op : inflight_) state += fmt::format("{}{}", state.empty() ? "in " : ", ", describe_op(op, now));
-  return state.empty() ? "not inside any communication" : state;
+  std::string waiting, started;
+  for (const Inflight& op : inflight_) {
+    std::string& list = op.waiting ? waiting : started;
+    list += fmt::format("{}{}", list.empty() ? "" : ", ", describe_op(op, now));
+    *purposeful = *purposeful || (op.waiting && op.purpose.format != nullptr);
+  }
+  if (waiting.empty() && started.empty()) return "not inside any communication";
+  if (waiting.empty()) return "not waiting in any communication; started, not yet waited for: " + started;
+  return "in " + waiting + (started.empty() ? "" : "; started, not yet waited for: " + started);
 }
 
 MpiWatchdog::Expired MpiWatchdog::snapshot(const Inflight& op, Clock::time_point now) const {
@@ -131,9 +152,16 @@ MpiWatchdog::Expired MpiWatchdog::snapshot(const Inflight& op, Clock::time_point
   std::string peers;
   if (op.kind == CommOpKind::kSend || op.kind == CommOpKind::kSendRecv) peers += fmt::format(" to rank {}", op.peer);
   if (op.kind == CommOpKind::kRecv || op.kind == CommOpKind::kSendRecv) peers += fmt::format(" from rank {}", op.source);
-  e.what = fmt::format("{} {} #{}{} on communicator {} has not completed after {:.1f} s (timeout {} s)",
-                       is_collective(op.kind) ? "collective" : "point-to-point", comm_op_name(op.kind), op.seq, peers,
-                       op.comm->describe(), seconds_since(op.start, now), timeout_s_);
+  const double waited = seconds_since(op.waiting_since, now);
+  const char* kind = is_collective(op.kind) ? "collective" : "point-to-point";
+  if (op.purpose.format != nullptr) {
+    e.what = fmt::format("{} after {:.1f} s: {} {} #{}{} on communicator {} has not completed (timeout {} s)",
+                         describe_purpose(op.purpose), waited, kind, comm_op_name(op.kind), op.seq, peers,
+                         op.comm->describe(), timeout_s_);
+  } else {
+    e.what = fmt::format("{} {} #{}{} on communicator {} has not completed after {:.1f} s (timeout {} s)", kind,
+                         comm_op_name(op.kind), op.seq, peers, op.comm->describe(), waited, timeout_s_);
+  }
   return e;
 }
 
@@ -147,10 +175,12 @@ void MpiWatchdog::answer_queries() {
     FP_MPI_CHECK(MPI_Recv(&query, sizeof query, MPI_BYTE, status.MPI_SOURCE, kQueryTag, comm_, MPI_STATUS_IGNORE));
     AnswerMsg answer{};
     std::string state;
+    bool purposeful = false;
     {
       std::lock_guard lock(registry_);
-      state = describe_self(query.key, &answer.entered);
+      state = describe_self(query.key, &answer.entered, &purposeful);
     }
+    answer.purposeful = purposeful ? 1 : 0;
     std::strncpy(answer.state, state.c_str(), sizeof answer.state - 1);
     FP_MPI_CHECK(MPI_Send(&answer, sizeof answer, MPI_BYTE, status.MPI_SOURCE, kAnswerTag, comm_));
   }
@@ -179,7 +209,7 @@ std::vector<MpiWatchdog::Answer> MpiWatchdog::query(uint64_t key, const std::vec
       FP_MPI_CHECK(MPI_Test(&recvs[i], &done, MPI_STATUS_IGNORE));
       if (!done) continue;
       msgs[i].state[sizeof msgs[i].state - 1] = '\0';
-      answers[i] = {true, msgs[i].entered, msgs[i].state};
+      answers[i] = {true, msgs[i].entered, msgs[i].purposeful != 0, msgs[i].state};
       ++answered;
     }
     answer_queries();
@@ -205,8 +235,14 @@ void MpiWatchdog::diagnose(const Expired& e) {
     if (op.peer >= 0 && op.peer != e.rank) ranks.push_back(op.peer);
     if (op.source >= 0 && op.source != e.rank && op.source != op.peer) ranks.push_back(op.source);
   }
+  // The communicator's ranks first, then the rest of the job, in one query (one grace period).
   std::vector<int> world_targets;
   for (int r : ranks) world_targets.push_back(e.world_ranks[r]);
+  std::vector<int> others;
+  for (int w = 0; w < ctx_.world_size; ++w)
+    if (w != ctx_.world_rank && std::find(world_targets.begin(), world_targets.end(), w) == world_targets.end())
+      others.push_back(w);
+  world_targets.insert(world_targets.end(), others.begin(), others.end());
   const std::vector<Answer> answers = query(op.key, world_targets);
 
   std::string message = "watchdog: " + e.what;
@@ -234,7 +270,19 @@ void MpiWatchdog::diagnose(const Expired& e) {
                      "FOLDPAR_COMM_CHECK=1)"
                    : fmt::format("; ranks not arrived: {}", join_ranks(not_arrived));
   }
-  fatal_error(__FILE__, __LINE__, message + details);
+  const std::vector<Answer> elsewhere(answers.begin() + static_cast<std::ptrdiff_t>(ranks.size()), answers.end());
+  fatal_error(__FILE__, __LINE__, message + details + describe_elsewhere(others, elsewhere));
+}
+
+std::string MpiWatchdog::describe_elsewhere(const std::vector<int>& others, const std::vector<Answer>& answers) const {
+  std::string out;
+  for (size_t i = 0; i < others.size(); ++i) {
+    const Answer& a = answers[i];
+    if (a.answered && !a.purposeful) continue;
+    out += fmt::format("; elsewhere, world rank {} on {}: {}", others[i], ctx_.hosts[others[i]],
+                       a.answered ? a.state : "no answer (dead, or its process is stopped)");
+  }
+  return out;
 }
 
 }  // namespace foldpar::mpi_detail

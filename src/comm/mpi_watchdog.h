@@ -1,16 +1,21 @@
 // The watchdog of the MPI backend (internal; includes mpi.h through mpi_internal.h).
 //
 // The main thread registers every operation when it starts and removes it when it
-// completes (a spin lock, a coarse clock and a vector; no MPI call). A background thread wakes every
+// completes (a spin lock, a coarse clock and a vector; no MPI call), and marks a
+// non-blocking one when it starts waiting for it. A background thread wakes every
 // min(100 ms, timeout/4) and
 //  - answers status queries from other ranks' watchdogs on its own duplicate of
 //    MPI_COMM_WORLD: for a communicator, how many collectives this rank has entered on it,
 //    and which operations it has in flight (this needs MPI_THREAD_MULTIPLE);
-//  - when an operation has been in flight longer than the timeout, asks the other ranks
-//    involved (all ranks of the communicator for a collective, the peer and source for
-//    point-to-point), waits up to a grace period for answers, prints the operation, its
-//    sequence number, the communicator, the ranks that have not arrived and what every peer
-//    is doing, and aborts the job (the fatal path: MPI_Abort).
+//  - when the main thread has been waiting for an operation (a blocking call, or wait() on
+//    a request) longer than the timeout, asks the other ranks involved (all ranks of the
+//    communicator for a collective, the peer and source for point-to-point), and the rest
+//    of the job, waits up to a grace period for answers, prints the operation (its purpose
+//    first when the caller gave one: CommPurpose), its sequence number, the communicator,
+//    the ranks that have not arrived, what every peer is doing and which other ranks wait
+//    in an operation with a purpose or do not answer, and aborts the job (MPI_Abort).
+// A request started but not yet waited for never expires: a rank that computes while its
+// sends drain is not hung, and the ranks that wait for it report it.
 // A rank has arrived at collective #s when it has entered at least s collectives on that
 // communicator; a rank that does not answer (dead, or its process stopped) is listed as not
 // arrived, with "no answer".
@@ -71,8 +76,10 @@ class MpiWatchdog {
   MpiWatchdog& operator=(const MpiWatchdog&) = delete;
 
   // Main thread. `comm` was added under `key` and outlives the operation. Returns a token
-  // for end().
-  uint64_t begin(const Communicator& comm, uint64_t key, const CommOp& op);
+  // for end(). `waiting`: the caller blocks in it from the start (a blocking call);
+  // otherwise from wait_begins().
+  uint64_t begin(const Communicator& comm, uint64_t key, const CommOp& op, bool waiting);
+  void wait_begins(uint64_t token);
   void end(uint64_t token);
   // A communicator, under the key its members agree on (same name, members and ordinal).
   // It must have no operation in flight when removed.
@@ -89,7 +96,10 @@ class MpiWatchdog {
     uint64_t seq;
     int peer;
     int source;
+    CommPurpose purpose;
     Clock::time_point start;
+    bool waiting;                      // the main thread blocks in it
+    Clock::time_point waiting_since;   // meaningful when waiting
   };
   // What a diagnosis needs of a timed-out operation, copied while the lock is held.
   struct Expired {
@@ -101,18 +111,22 @@ class MpiWatchdog {
   };
   struct Answer {
     bool answered = false;
-    int64_t entered = -1;  // collectives the peer has entered on the communicator
-    std::string state;     // what the peer is doing
+    int64_t entered = -1;      // collectives the peer has entered on the communicator
+    bool purposeful = false;   // the peer waits in an operation with a purpose
+    std::string state;         // what the peer is doing
   };
 
   void loop();
   void answer_queries();
-  std::string describe_self(uint64_t key, int64_t* entered);  // registry_ held
+  std::string describe_self(uint64_t key, int64_t* entered, bool* purposeful);  // registry_ held
   std::string describe_op(const Inflight& op, Clock::time_point now) const;
   Expired snapshot(const Inflight& op, Clock::time_point now) const;  // registry_ held
   [[noreturn]] void diagnose(const Expired& expired);
   std::vector<Answer> query(uint64_t key, const std::vector<int>& world_targets);
   std::string rank_name(const Expired& e, int rank) const;
+  // The rest of the job (world ranks `others`, answers in the same order): those that wait
+  // in an operation with a purpose or do not answer.
+  std::string describe_elsewhere(const std::vector<int>& others, const std::vector<Answer>& answers) const;
 
   const MpiContext& ctx_;
   const double timeout_s_;

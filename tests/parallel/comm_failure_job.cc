@@ -13,6 +13,10 @@
 //   fatal     3 ranks: rank 1 fails an FP_CHECK while the others wait in a barrier
 //   truncate  2 ranks: rank 1 receives 5 elements of a 10-element message (an MPI error)
 //   short     2 ranks: rank 1 expects 10 elements of a 5-element message
+//   purpose_elsewhere 3 ranks: rank 0 waits in an all_reduce on {0,2}; rank 2 sleeps; rank 1,
+//             a second later, waits in a recv from rank 2 that has a purpose
+//   pp_stall  4 ranks, pp=2,tsp=2, m = 4: world rank 1 (stage 0, tsp index 1) stalls before
+//             it sends the activation of micro-batch 2 (a boundary hook)
 #include <unistd.h>
 
 #include <csignal>
@@ -22,13 +26,51 @@
 #include <thread>
 #include <vector>
 
+#include "app/synthetic.h"
+#include "backend/backend.h"
+#include "comm/mesh.h"
 #include "comm/mpi_runtime.h"
 #include "core/check.h"
+#include "parallel/make_layout.h"
+#include "parallel/pipeline/pipeline_model.h"
 
 namespace foldpar {
 namespace {
 
 void sleep_s(int seconds) { std::this_thread::sleep_for(std::chrono::seconds(seconds)); }
+
+// One 1F1B step of a tiny model under pp=2,tsp=2 with m = 4 micro-batches; world rank 1
+// sleeps before sending micro-batch 2's activation to stage 1.
+void run_pipeline_stall(Communicator& world) {
+  LlamaConfig c;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.intermediate_size = 64;
+  c.vocab_size = 64;
+  c.num_hidden_layers = 2;
+  c.max_position_embeddings = 64;
+  const int64_t seq = 16, m = 4;
+  const Layout layout = parse_layout("pp=2,tsp=2").value();
+  Result<Mesh> mesh = Mesh::create(world, layout.mesh());
+  FP_CHECK_OK(mesh.status());
+  Result<std::unique_ptr<ShardedModel>> made = make_sharded_model(c, *mesh, seq, layout);
+  FP_CHECK_OK(made.status());
+  auto* model = dynamic_cast<PipelineModel*>(made->get());
+  FP_CHECK(model != nullptr, "pp=2,tsp=2 should build a PipelineModel");
+  const int me = world.rank();
+  model->set_boundary_hooks({[me](BoundaryDirection direction, int i) {
+    if (me == 1 && direction == BoundaryDirection::kActivation && i == 2) sleep_s(60);
+  }});
+  auto be = make_cpu_backend();
+  model->init_weights(InitOptions{.seed = 3, .std = 0.1});
+  model->zero_grads(*be);
+  const Batch global = synthetic_batch(c, m, seq, 5, 0.0);
+  std::vector<Batch> locals;
+  for (int64_t i = 0; i < m; ++i)
+    locals.push_back(model->local_batch(Batch{global.input_ids.narrow(i, i + 1), global.target_ids.narrow(i, i + 1)}));
+  FP_CHECK_OK(model->forward_backward_micro_batches(*be, locals, m * seq).status());
+}
 
 void run_scenario(const std::string& scenario, Communicator& world) {
   const int p = world.rank();
@@ -62,6 +104,24 @@ void run_scenario(const std::string& scenario, Communicator& world) {
     if (p == 0) FP_CHECK_OK(world.send(x.data(), sent, DType::kF32, 1));
     if (p == 1) FP_CHECK_OK(world.recv(y.data(), expected, DType::kF32, 0));
     FP_CHECK_OK(world.barrier());
+  } else if (scenario == "purpose_elsewhere") {
+    std::unique_ptr<Communicator> pair = world.split(p == 1 ? 1 : 0, p, "pair");
+    if (p == 2) sleep_s(60);
+    if (p == 0) FP_CHECK_OK(pair->all_reduce(x.data(), x.data(), 100, DType::kF32, ReduceOp::kSum));
+    if (p == 1) {
+      sleep_s(1);
+      CommOp op;
+      op.kind = CommOpKind::kRecv;
+      op.recv_buf = x.data();
+      op.count = 100;
+      op.source = 2;
+      op.purpose.format = "test: rank {0} never sent token {1} ({6})";
+      op.purpose.args = {2, 17};
+      op.purpose.text = "a purpose";
+      FP_CHECK_OK(world.run(op));
+    }
+  } else if (scenario == "pp_stall") {
+    run_pipeline_stall(world);
   } else {
     FP_CHECK(false, "unknown scenario {}", scenario);
   }

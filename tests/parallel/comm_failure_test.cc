@@ -205,6 +205,30 @@ TEST(CommFailure, WatchdogNamesThePeerOfAHungReceive) {
   expect_contains(out, "now not inside any communication");
 }
 
+// The report of a collective held up by a sleeping rank also names the ranks outside the
+// collective that wait in an operation with a purpose (rank 1 starts waiting a second after
+// rank 0, so rank 0's watchdog reports first).
+TEST(CommFailure, WatchdogReportsTheJobsWaitsThatHaveAPurpose) {
+  const std::string out = expect_whole_job_failed("purpose_elsewhere", 3, 2, false, kMargin);
+  expect_contains(out, "watchdog: collective all_reduce #1 on communicator pair (world ranks 0,2) has not completed");
+  expect_contains(out, "ranks not arrived: 1; rank 1 (world 2 on ");
+  expect_contains(out, "; elsewhere, world rank 1 on ");
+  expect_contains(out, ": in recv #1 from rank 2 on world for ");
+  expect_contains(out, "(test: rank 2 never sent token 17 (a purpose))");
+}
+
+// A pipeline rank that never arrives at a boundary: whichever rank's watchdog fires first
+// (stage 1's TSP index 1 waits for the activation itself; the others wait in TSP collectives
+// for ranks that are stalled or wait for it), its report names the stalled rank by stage,
+// world rank, TSP index, micro-batch and direction: the waiting receive carries that purpose
+// and every report lists the job's ranks that wait in an operation with a purpose.
+TEST(CommFailure, WatchdogNamesThePipelineStageThatNeverSends) {
+  const std::string out = expect_whole_job_failed("pp_stall", 4, 2, false, kMargin);
+  expect_contains(out, "watchdog: ");
+  expect_contains(out, "pipeline: stage 0 (world rank 1, tsp index 1) never sent the activation of micro-batch 2 "
+                       "to stage 1");
+}
+
 // mpirun notices the death and kills the other ranks.
 TEST(CommFailure, ARankKilledMidCollectiveEndsTheWholeJob) {
   expect_whole_job_failed("sigkill", 3, 5, false, kMargin);

@@ -107,6 +107,22 @@ TEST(OpCheck, NamesWorldRanksOfASubCommunicator) {
   EXPECT_NE(message.find("disagreeing: rank 1 (world 6)"), std::string::npos) << message;
 }
 
+// ---- purposes (what the watchdog's report says an operation was for) ----
+
+TEST(CommPurpose, FormatsItsArgumentsOnlyWhenAsked) {
+  EXPECT_EQ(describe_purpose(CommPurpose{}), "");
+  CommPurpose p;
+  p.format = "pipeline: stage {0} (world rank {1}, {6} index {2}) never sent the gradient of micro-batch {3} to stage {4}";
+  p.args = {1, 3, 1, 2, 0, 0};
+  p.text = "tsp";
+  EXPECT_EQ(describe_purpose(p),
+            "pipeline: stage 1 (world rank 3, tsp index 1) never sent the gradient of micro-batch 2 to stage 0");
+  p.format = "unused arguments are ignored: {5}";
+  EXPECT_EQ(describe_purpose(p), "unused arguments are ignored: 0");
+  p.format = "a bad format {9} is reported as written";
+  EXPECT_EQ(describe_purpose(p), "a bad format {9} is reported as written");
+}
+
 // ---- options ----
 
 TEST(CommOptions, ReadsTheEnvironmentAndRejectsBadValues) {

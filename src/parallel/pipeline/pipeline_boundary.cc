@@ -6,6 +6,21 @@
 #include "core/check.h"
 
 namespace foldpar {
+namespace {
+
+// {0} the peer's stage, {1} its world rank, {6} the model axis and {2} the index on it,
+// {3} the micro-batch, {4} this rank's stage.
+constexpr const char* kNeverSentActivation =
+    "pipeline: stage {0} (world rank {1}, {6} index {2}) never sent the activation of micro-batch {3} to stage {4}";
+constexpr const char* kNeverSentGradient =
+    "pipeline: stage {0} (world rank {1}, {6} index {2}) never sent the gradient of micro-batch {3} to stage {4}";
+constexpr const char* kNeverReceivedActivation =
+    "pipeline: stage {0} (world rank {1}, {6} index {2}) never received the activation of micro-batch {3} from "
+    "stage {4}";
+constexpr const char* kNeverReceivedGradient =
+    "pipeline: stage {0} (world rank {1}, {6} index {2}) never received the gradient of micro-batch {3} from stage {4}";
+
+}  // namespace
 
 StageBoundary::StageBoundary(Communicator& pp, int64_t rows, int64_t h, DType dtype, StepTimer& timer)
     : pp_(pp), stage_(pp.rank()), stages_(pp.size()), rows_(rows), h_(h), dtype_(dtype), timer_(timer) {}
@@ -16,15 +31,33 @@ StageBoundary::~StageBoundary() {
            to_next_.size() + to_prev_.size(), activations_in_.size() + gradients_in_.size());
 }
 
-void StageBoundary::post_recv(std::map<int, Transfer>& pending, int i, int source) {
+CommPurpose StageBoundary::purpose(bool receive, BoundaryDirection direction, int i, int peer) const {
+  const bool activation = direction == BoundaryDirection::kActivation;
+  CommPurpose p;
+  p.format = receive ? (activation ? kNeverSentActivation : kNeverSentGradient)
+                     : (activation ? kNeverReceivedActivation : kNeverReceivedGradient);
+  p.args = {peer, pp_.world_ranks()[peer], place_.index, i, stage_, 0};
+  p.text = place_.axis;
+  return p;
+}
+
+void StageBoundary::post_recv(std::map<int, Transfer>& pending, int i, BoundaryDirection direction) {
   if (pending.count(i) != 0) return;
+  const int source = direction == BoundaryDirection::kActivation ? stage_ - 1 : stage_ + 1;
   Transfer t{Tensor::empty({rows_, h_}, dtype_, MemCategory::kComm), CommRequest()};
-  t.request = pp_.irecv(t.buffer.raw_data(), static_cast<size_t>(t.buffer.numel()), dtype_, source);
+  CommOp op;
+  op.kind = CommOpKind::kRecv;
+  op.recv_buf = t.buffer.raw_data();
+  op.count = static_cast<size_t>(t.buffer.numel());
+  op.dtype = dtype_;
+  op.source = source;
+  op.purpose = purpose(/*receive=*/true, direction, i, source);
+  t.request = pp_.start(op);
   pending.emplace(i, std::move(t));
 }
 
-Tensor StageBoundary::take(std::map<int, Transfer>& pending, int i, int source) {
-  post_recv(pending, i, source);
+Tensor StageBoundary::take(std::map<int, Transfer>& pending, int i, BoundaryDirection direction) {
+  post_recv(pending, i, direction);
   auto it = pending.find(i);
   timer_.wait(it->second.request);
   Tensor buffer = std::move(it->second.buffer);
@@ -37,11 +70,20 @@ Tensor StageBoundary::take(std::map<int, Transfer>& pending, int i, int source) 
 // has taken the gradient of j - (p - s) >= j - p, which stage s+1 computed after receiving
 // activation j - p; and by the time it sends j's gradient, stage s-1 has sent it activation
 // j, which under 1F1B comes after s-1 took gradient j - (p - s + 1) >= j - p.
-void StageBoundary::send(std::deque<Transfer>& in_flight, Tensor t, int peer) {
+void StageBoundary::send(std::deque<Transfer>& in_flight, Tensor t, int i, BoundaryDirection direction) {
   FP_CHECK(t.dtype() == dtype_ && t.numel() == rows_ * h_, "stage {}: sends {} across the boundary, expected {}[{}, {}]",
            stage_, t.describe(), dtype_name(dtype_), rows_, h_);
+  if (hooks_ != nullptr && hooks_->before_send) hooks_->before_send(direction, i);
+  const int peer = direction == BoundaryDirection::kActivation ? stage_ + 1 : stage_ - 1;
   Transfer s{std::move(t), CommRequest()};
-  s.request = pp_.isend(s.buffer.raw_data(), static_cast<size_t>(s.buffer.numel()), dtype_, peer);
+  CommOp op;
+  op.kind = CommOpKind::kSend;
+  op.send_buf = s.buffer.raw_data();
+  op.count = static_cast<size_t>(s.buffer.numel());
+  op.dtype = dtype_;
+  op.peer = peer;
+  op.purpose = purpose(/*receive=*/false, direction, i, peer);
+  s.request = pp_.start(op);
   in_flight.push_back(std::move(s));
   while (static_cast<int>(in_flight.size()) > stages_) {
     timer_.wait(in_flight.front().request);
@@ -50,31 +92,31 @@ void StageBoundary::send(std::deque<Transfer>& in_flight, Tensor t, int peer) {
 }
 
 void StageBoundary::post_activation_recv(int i) {
-  if (!first()) post_recv(activations_in_, i, stage_ - 1);
+  if (!first()) post_recv(activations_in_, i, BoundaryDirection::kActivation);
 }
 
 void StageBoundary::post_gradient_recv(int i) {
-  if (!last()) post_recv(gradients_in_, i, stage_ + 1);
+  if (!last()) post_recv(gradients_in_, i, BoundaryDirection::kGradient);
 }
 
 Tensor StageBoundary::take_activation(int i) {
   FP_CHECK(!first(), "the first stage receives no activation");
-  return take(activations_in_, i, stage_ - 1);
+  return take(activations_in_, i, BoundaryDirection::kActivation);
 }
 
 Tensor StageBoundary::take_gradient(int i) {
   FP_CHECK(!last(), "the last stage receives no gradient");
-  return take(gradients_in_, i, stage_ + 1);
+  return take(gradients_in_, i, BoundaryDirection::kGradient);
 }
 
-void StageBoundary::send_activation(int /*i*/, Tensor x) {
+void StageBoundary::send_activation(int i, Tensor x) {
   FP_CHECK(!last(), "the last stage sends no activation");
-  send(to_next_, std::move(x), stage_ + 1);
+  send(to_next_, std::move(x), i, BoundaryDirection::kActivation);
 }
 
-void StageBoundary::send_gradient(int /*i*/, Tensor dx) {
+void StageBoundary::send_gradient(int i, Tensor dx) {
   FP_CHECK(!first(), "the first stage sends no gradient");
-  send(to_prev_, std::move(dx), stage_ - 1);
+  send(to_prev_, std::move(dx), i, BoundaryDirection::kGradient);
 }
 
 void StageBoundary::progress() {

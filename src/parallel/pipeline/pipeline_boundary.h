@@ -9,11 +9,15 @@
 // the ones of a micro-batch are matched by that order.
 // Per step and boundary: m activations one way and m gradients the other, each
 // T*h*beta bytes: 2*m*B*(S/D)*h*beta in all.
+// Every transfer carries its purpose for the watchdog (CommPurpose): a rank that never
+// arrives is named by stage, world rank, model-axis index, micro-batch and direction.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
+#include <string>
 
 #include "comm/communicator.h"
 #include "parallel/step_timer.h"
@@ -21,11 +25,33 @@
 
 namespace foldpar {
 
+// What crosses: a micro-batch's activation (forward, to stage s+1) or its gradient
+// (backward, to stage s-1).
+enum class BoundaryDirection { kActivation, kGradient };
+
+// Fault injection for tests (as CheckpointHooks): library code never reads the environment
+// for it. Called on the main thread.
+struct BoundaryHooks {
+  // Before micro-batch `i`'s activation or gradient is sent; may sleep (a stalled rank).
+  std::function<void(BoundaryDirection direction, int i)> before_send;
+};
+
+// Where this rank is on the model axis of its stage, for the watchdog's messages: every
+// rank of a pp group has the same index on that axis. `axis` must outlive the boundary.
+struct BoundaryPlace {
+  const char* axis = "tsp";
+  int index = 0;
+};
+
 class StageBoundary {
  public:
   // pp: the pipeline communicator (rank = stage); rows x h elements of `dtype` per message.
   // `timer` counts the time blocked on receives. Both borrowed for the step.
   StageBoundary(Communicator& pp, int64_t rows, int64_t h, DType dtype, StepTimer& timer);
+  // Optional, before the first transfer: how messages name this rank, and test hooks
+  // (borrowed; null: none).
+  void set_place(BoundaryPlace place) { place_ = place; }
+  void set_hooks(const BoundaryHooks* hooks) { hooks_ = hooks; }
   StageBoundary(const StageBoundary&) = delete;
   StageBoundary& operator=(const StageBoundary&) = delete;
   ~StageBoundary();  // FP_CHECKs that finish() ran: a send left in flight is a bug
@@ -57,15 +83,19 @@ class StageBoundary {
     Tensor buffer;
     CommRequest request;
   };
-  void post_recv(std::map<int, Transfer>& pending, int i, int source);
-  Tensor take(std::map<int, Transfer>& pending, int i, int source);
-  void send(std::deque<Transfer>& in_flight, Tensor t, int peer);
+  void post_recv(std::map<int, Transfer>& pending, int i, BoundaryDirection direction);
+  Tensor take(std::map<int, Transfer>& pending, int i, BoundaryDirection direction);
+  void send(std::deque<Transfer>& in_flight, Tensor t, int i, BoundaryDirection direction);
+  // "stage s (world rank w, tsp index r) never sent/received ... of micro-batch i ...".
+  CommPurpose purpose(bool receive, BoundaryDirection direction, int i, int peer) const;
 
   Communicator& pp_;
   int stage_, stages_;
   int64_t rows_, h_;
   DType dtype_;
   StepTimer& timer_;
+  BoundaryPlace place_;
+  const BoundaryHooks* hooks_ = nullptr;
   std::map<int, Transfer> activations_in_, gradients_in_;  // by micro-batch
   std::deque<Transfer> to_next_, to_prev_;                  // sends kept, oldest first
 };

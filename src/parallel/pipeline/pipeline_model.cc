@@ -2,7 +2,6 @@
 // the loss and tied-embedding sums between stages, and assembly over pp.
 #include "parallel/pipeline/pipeline_model.h"
 
-#include "parallel/pipeline/pipeline_boundary.h"
 #include "parallel/pipeline/pipeline_schedule.h"
 #include "parallel/strategies.h"
 
@@ -57,6 +56,7 @@ Result<StepResult> PipelineModel::run_schedule(Backend& be, const std::vector<Ba
   }
   StepTimer timer;
   StageBoundary boundary(pp_, locals[0].input_ids.numel(), config_.hidden_size, layout_.dtype, timer);
+  configure(boundary);
   std::vector<std::vector<Tensor>> inputs(static_cast<size_t>(m));  // Recompute::kBlock: block inputs
   std::vector<StepResult> results(static_cast<size_t>(m));         // last stage
   const std::vector<PipelineOp> ops = one_f_one_b(stages_, stage_index_, m);
@@ -107,6 +107,7 @@ Result<StepResult> PipelineModel::forward(Backend& be, const Batch& local) {
   FP_ASSIGN_OR_RETURN(std::unique_ptr<ModelStep> step, steps->micro_batch(local, 0));
   StepTimer timer;
   StageBoundary boundary(pp_, local.input_ids.numel(), config_.hidden_size, layout_.dtype, timer);
+  configure(boundary);
   Tensor x = boundary.first() ? step->embed_forward() : boundary.take_activation(0);
   for (int64_t l = layers_.first; l < layers_.end; ++l) x = step->block_forward(l, x, false);
   StepResult last;
@@ -117,6 +118,12 @@ Result<StepResult> PipelineModel::forward(Backend& be, const Batch& local) {
   r.exposed_comm_seconds = timer.seconds() + steps->wait_seconds();
   r.logits = last.logits;
   return r;
+}
+
+void PipelineModel::configure(StageBoundary& boundary) {
+  Communicator& axis = stage_->weight_axis();
+  boundary.set_place({axis.name().c_str(), axis.rank()});
+  boundary.set_hooks(&hooks_);
 }
 
 StepResult PipelineModel::share_loss(double loss_sum, int64_t valid_tokens) {

@@ -18,6 +18,7 @@
 
 #include <memory>
 
+#include "parallel/pipeline/pipeline_boundary.h"
 #include "parallel/sharded_model.h"
 #include "parallel/stage_strategy.h"
 
@@ -48,6 +49,8 @@ class PipelineModel final : public ShardedModel {
   Status assemble_logits(const Tensor& local, Tensor& global) override;
 
   int stage() const { return stage_index_; }
+  // Fault injection for tests: the boundary calls these in every later step.
+  void set_boundary_hooks(BoundaryHooks hooks) { hooks_ = std::move(hooks); }
   const StageLayers& stage_layers() const { return layers_; }
 
  private:
@@ -59,6 +62,8 @@ class PipelineModel final : public ShardedModel {
   // Tied embeddings: the end stages add each other's embedding gradient.
   void sum_tied_embedding(Backend& backend);
   Status assemble(const ShardedWeights& shard, LlamaWeights& global);
+  // This step's boundary, naming this rank by its place on the stage's weight axis.
+  void configure(StageBoundary& boundary);
 
   LlamaConfig config_;
   Communicator& pp_;
@@ -69,6 +74,7 @@ class PipelineModel final : public ShardedModel {
   StageLayers layers_;
   ShardedWeights weights_;
   ShardedGrads grads_;
+  BoundaryHooks hooks_;
 };
 
 }  // namespace foldpar
