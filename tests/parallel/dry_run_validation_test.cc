@@ -15,6 +15,7 @@
 #include "backend/timed_backend.h"
 #include "comm/counting_communicator.h"
 #include "comm/mesh.h"
+#include "comm/self_communicator.h"
 #include "mpi_test_main.h"
 #include "parallel/make_layout.h"
 #include "plan/dry_run.h"
@@ -51,8 +52,8 @@ struct Measured {
 // `backend`: the CPU backend (under the bf16 storage decorator for bf16 layouts). micro > 0:
 // the trainer's micro-batches of that many sequences (a pipeline's schedule).
 Measured measure(const Layout& lo, int64_t B, int64_t S, DryRunMode mode, Backend& backend, int64_t micro = 0,
-                 const LlamaConfig& config = validation_config()) {
-  Communicator& world = test::mpi().world();
+                 const LlamaConfig& config = validation_config(), Communicator* one_rank = nullptr) {
+  Communicator& world = one_rank != nullptr ? *one_rank : test::mpi().world();
   Result<Mesh> mesh = Mesh::create(world, lo.mesh());
   FP_CHECK_OK(mesh.status());
   const int64_t rows = B / lo.dp, m = micro > 0 ? rows / micro : 1;
@@ -338,19 +339,21 @@ class DryRunMoe : public testing::TestWithParam<MoeCase> {};
 TEST_P(DryRunMoe, PeakAndTrafficEqualTheRealStepOnTheAssumedRouting) {
   const MoeCase c = GetParam();
   Communicator& world = test::mpi().world();
-  if (world.size() != c.ranks) GTEST_SKIP() << c.layout << " runs at " << c.ranks << " ranks";
+  // One rank (the single-rank model): each process runs it alone, on a communicator of its own.
+  SelfCommunicator self("world", 0);
+  if (c.ranks != 1 && world.size() != c.ranks) GTEST_SKIP() << c.layout << " runs at " << c.ranks << " ranks";
   const Layout lo = parse_layout(c.layout).value();
   const LlamaConfig config = moe_validation_config();
   const int64_t B = 2, S = 256;
   std::unique_ptr<Backend> cpu = make_cpu_backend();
   ForcedRouting forced(*cpu, c.imbalance);
-  const Measured real = measure(lo, B, S, c.mode, forced, 0, config);
+  const Measured real = measure(lo, B, S, c.mode, forced, 0, config, c.ranks == 1 ? &self : nullptr);
   ASSERT_EQ(forced.routed(), static_cast<int>(config.moe.sparse_layer_count(config.num_hidden_layers)))
       << "the real step routed through the forced backend once per sparse layer";
   DryRunOptions o;
   o.config = config;
   o.layout = lo;
-  o.rank = world.rank();
+  o.rank = c.ranks == 1 ? 0 : world.rank();
   o.batch = B;
   o.seq = S;
   o.mode = c.mode;
@@ -410,7 +413,8 @@ TEST(DryRunMoe, TheAssumedRoutingChangesTheA2aMessagesAndPeak) {
 
 INSTANTIATE_TEST_SUITE_P(
     Schemes, DryRunMoe,
-    testing::Values(MoeCase{"tsp=2:moe=a2a", 2, kFB}, MoeCase{"tsp=2:moe=gather", 2, kFB},
+    testing::Values(MoeCase{"tsp=1", 1, kFB}, MoeCase{"tsp=1", 1, kF}, MoeCase{"tsp=1", 1, kFB, 1.5},
+                    MoeCase{"tsp=2:moe=a2a", 2, kFB}, MoeCase{"tsp=2:moe=gather", 2, kFB},
                     MoeCase{"tsp=2:moe=ring", 2, kFB}, MoeCase{"tsp=2:moe=a2a", 2, kF},
                     MoeCase{"tsp=2:moe=gather", 2, kF}, MoeCase{"tsp=2:moe=ring", 2, kF},
                     MoeCase{"tsp=2:moe=a2a", 2, kFB, 1.5}, MoeCase{"tsp=2:moe=gather", 2, kFB, 1.5},
