@@ -480,8 +480,8 @@ std::string plan_report_text(const PlanReport& rep) {
                        sc.exposed_comm_s, bytes_text(static_cast<double>(sc.memory_total)),
                        sc.fits ? "fits" : "does not fit", sc.scheme == m.chosen ? "  <- auto" : "");
     s += fmt::format(
-        "  auto: {} (the least simulated step time{}); bytes break-even of the ring against a2a T = {} E f_e / k = "
-        "{:.4g} tokens per rank, at which train --moe-dispatch auto picks {} for T={}\n",
+        "  auto: {} (the least simulated step time{}); the bytes break-even of the ring against a2a is T = {} E f_e / k "
+        "= {:.4g} tokens per rank; by that rule train --moe-dispatch auto takes {} at T={}\n",
         m.chosen, m.schemes.size() > 1 ? " of the three" : ", the one named",
         r.mode == PlanMode::kTrain ? "2.25" : "1.5", m.ring_break_even_tokens, m.formula_choice, m.tokens_per_rank);
   }
