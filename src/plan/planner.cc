@@ -286,11 +286,8 @@ MoePlan moe_plan_base(const PlanRequest& r, const Layout& l, int64_t micro_batch
   mp.rows_busiest = *std::max_element(load.begin(), load.end());
   const double factor = r.mode == PlanMode::kTrain ? 2.25 : 1.5;
   mp.ring_break_even_tokens = factor * static_cast<double>(mp.experts * mp.expert_width) / static_cast<double>(mp.top_k);
-  // TspStep::moe_scheme's rule (tsp_moe.cc), which uses the training factor in every mode.
-  const double train_break_even = 2.25 * static_cast<double>(mp.experts * mp.expert_width) / static_cast<double>(mp.top_k);
-  mp.formula_choice = static_cast<double>(mp.tokens_per_rank) > train_break_even ? "ring"
-                      : l.tsp < mp.top_k                                          ? "gather"
-                                                                                  : "a2a";
+  // What moe=auto runs without a plan (tsp_moe.cc: the training rule in every mode).
+  mp.formula_choice = dispatch_name(moe_dispatch_by_bytes(m, mp.tokens_per_rank, l.tsp));
   return mp;
 }
 
@@ -481,7 +478,8 @@ std::string plan_report_text(const PlanReport& rep) {
                        sc.fits ? "fits" : "does not fit", sc.scheme == m.chosen ? "  <- auto" : "");
     s += fmt::format(
         "  auto: {} (the least simulated step time{}); the bytes break-even of the ring against a2a is T = {} E f_e / k "
-        "= {:.4g} tokens per rank; by that rule train --moe-dispatch auto takes {} at T={}\n",
+        "= {:.4g} tokens per rank; without a plan moe=auto (T > 2.25 E f_e / k: ring, else gather if D < k, else "
+        "a2a) runs {} at T={}\n",
         m.chosen, m.schemes.size() > 1 ? " of the three" : ", the one named",
         r.mode == PlanMode::kTrain ? "2.25" : "1.5", m.ring_break_even_tokens, m.formula_choice, m.tokens_per_rank);
   }

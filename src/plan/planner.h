@@ -100,9 +100,9 @@ struct MoePlan {
   double imbalance = 1.0;             // the routing assumption
   int64_t rows_balanced = 0;          // T * k / E per expert per rank
   int64_t rows_busiest = 0;           // the busiest expert's rows per rank under the assumption
-  // The bytes break-even of spec COMPOSITION.md 3 that train --moe-dispatch auto uses
-  // (TspStep::moe_scheme): the ring moves fewer bytes than the all-to-all iff T > this
-  // (2.25 E f_e / k training, 1.5 E f_e / k forward); what it picks at this T.
+  // The bytes break-even of spec COMPOSITION.md 3: the ring moves fewer bytes than the
+  // all-to-all iff T > this (2.25 E f_e / k training, 1.5 E f_e / k forward); and what
+  // moe=auto runs without a plan at this T (moe_dispatch_by_bytes, the training rule).
   double ring_break_even_tokens = 0;
   std::string formula_choice;
   std::vector<MoeSchemePlan> schemes;  // each planned scheme

@@ -418,6 +418,7 @@ INSTANTIATE_TEST_SUITE_P(
                     MoeCase{"tsp=2:moe=ring", 2, kFB}, MoeCase{"tsp=2:moe=a2a", 2, kF},
                     MoeCase{"tsp=2:moe=gather", 2, kF}, MoeCase{"tsp=2:moe=ring", 2, kF},
                     MoeCase{"tsp=2:moe=a2a", 2, kFB, 1.5}, MoeCase{"tsp=2:moe=gather", 2, kFB, 1.5},
+                    MoeCase{"tsp=2:moe=ring", 2, kFB, 1.5},
                     MoeCase{"tsp=4:moe=a2a", 4, kFB}, MoeCase{"tsp=4:moe=gather", 4, kFB},
                     MoeCase{"tsp=4:moe=ring", 4, kFB}, MoeCase{"tsp=4:moe=a2a", 4, kFB, 1.5}),
     [](const testing::TestParamInfo<MoeCase>& i) {
