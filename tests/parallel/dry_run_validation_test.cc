@@ -95,6 +95,29 @@ Measured measure(const Layout& lo, int64_t B, int64_t S, DryRunMode mode, Backen
   return out;
 }
 
+// Each axis's counters of the dry run equal the real step's, axis by axis.
+void expect_same_traffic(const DryRunResult& dry, const Measured& real, const std::string& what) {
+  ASSERT_EQ(dry.comm.size(), real.axes.size());
+  for (size_t i = 0; i < real.axes.size(); ++i) {
+    EXPECT_EQ(dry.comm[i].first, real.axes[i].first);
+    EXPECT_EQ(dry.comm[i].second, real.axes[i].second)
+        << what << " axis " << real.axes[i].first << "\ndry:\n"
+        << dry.comm[i].second.to_string() << "real:\n" << real.axes[i].second.to_string();
+  }
+}
+
+// A training-side step: the peak (total and per category, from the real base; an aliased
+// batch counted as the dry run counts it) and the traffic.
+void expect_same_step(const DryRunResult& dry, const Measured& real, const std::string& what) {
+  EXPECT_EQ(dry.step.peak_total, real.step.peak_total - real.base_total + real.aliased_batch_bytes) << what;
+  for (int k = 0; k < kNumMemCategories; ++k) {
+    const int64_t alias = k == static_cast<int>(MemCategory::kActivations) ? real.aliased_batch_bytes : 0;
+    EXPECT_EQ(dry.step.peak[k], real.step.peak[k] - real.base[k] + alias)
+        << what << ": " << mem_category_name(static_cast<MemCategory>(k));
+  }
+  expect_same_traffic(dry, real, what);
+}
+
 struct Case {
   const char* layout;
   int ranks;
@@ -197,20 +220,7 @@ TEST_P(DryRunValidation, PeakAndTrafficEqualTheRealStep) {
   o.micro_batch = c.micro;
   Result<DryRunResult> dry = dry_run(o);
   ASSERT_TRUE(dry.ok()) << dry.status().to_string();
-  EXPECT_EQ(dry->step.peak_total, real.step.peak_total - real.base_total + real.aliased_batch_bytes)
-      << c.layout << " rank " << world.rank();
-  for (int k = 0; k < kNumMemCategories; ++k) {
-    const int64_t alias = k == static_cast<int>(MemCategory::kActivations) ? real.aliased_batch_bytes : 0;
-    EXPECT_EQ(dry->step.peak[k], real.step.peak[k] - real.base[k] + alias)
-        << c.layout << " rank " << world.rank() << ": " << mem_category_name(static_cast<MemCategory>(k));
-  }
-  ASSERT_EQ(dry->comm.size(), real.axes.size());
-  for (size_t i = 0; i < real.axes.size(); ++i) {
-    EXPECT_EQ(dry->comm[i].first, real.axes[i].first);
-    EXPECT_EQ(dry->comm[i].second, real.axes[i].second)
-        << c.layout << " axis " << real.axes[i].first << " rank " << world.rank() << "\ndry:\n"
-        << dry->comm[i].second.to_string() << "real:\n" << real.axes[i].second.to_string();
-  }
+  expect_same_step(*dry, real, fmt::format("{} rank {}", c.layout, world.rank()));
 }
 
 constexpr DryRunMode kFB = DryRunMode::kForwardBackward, kF = DryRunMode::kForward;
@@ -361,19 +371,7 @@ TEST_P(DryRunMoe, PeakAndTrafficEqualTheRealStepOnTheAssumedRouting) {
   Result<DryRunResult> dry = dry_run(o);
   ASSERT_TRUE(dry.ok()) << dry.status().to_string();
   const std::string what = fmt::format("{} imbalance {} rank {}", c.layout, c.imbalance, world.rank());
-  EXPECT_EQ(dry->step.peak_total, real.step.peak_total - real.base_total + real.aliased_batch_bytes) << what;
-  for (int k = 0; k < kNumMemCategories; ++k) {
-    const int64_t alias = k == static_cast<int>(MemCategory::kActivations) ? real.aliased_batch_bytes : 0;
-    EXPECT_EQ(dry->step.peak[k], real.step.peak[k] - real.base[k] + alias)
-        << what << ": " << mem_category_name(static_cast<MemCategory>(k));
-  }
-  ASSERT_EQ(dry->comm.size(), real.axes.size());
-  for (size_t i = 0; i < real.axes.size(); ++i) {
-    EXPECT_EQ(dry->comm[i].first, real.axes[i].first);
-    EXPECT_EQ(dry->comm[i].second, real.axes[i].second)
-        << what << " axis " << real.axes[i].first << "\ndry:\n"
-        << dry->comm[i].second.to_string() << "real:\n" << real.axes[i].second.to_string();
-  }
+  expect_same_step(*dry, real, what);
 }
 
 // Negative control: the assumption reaches the traffic. Under expert 0 at 2x its share the
@@ -547,13 +545,7 @@ TEST_P(DryRunGeneration, PeakAndTrafficEqualTheRealCall) {
     EXPECT_EQ(dry->step.current[k] - dry->after_build.current[k], real.step.current[k] - real.before_call[k])
         << what << ": " << mem_category_name(static_cast<MemCategory>(k)) << " after the call";
   }
-  ASSERT_EQ(dry->comm.size(), real.axes.size());
-  for (size_t i = 0; i < real.axes.size(); ++i) {
-    EXPECT_EQ(dry->comm[i].first, real.axes[i].first);
-    EXPECT_EQ(dry->comm[i].second, real.axes[i].second)
-        << what << " axis " << real.axes[i].first << "\ndry:\n"
-        << dry->comm[i].second.to_string() << "real:\n" << real.axes[i].second.to_string();
-  }
+  expect_same_traffic(*dry, real, what);
 }
 
 constexpr DryRunMode kPre = DryRunMode::kPrefill, kDec = DryRunMode::kDecode;
