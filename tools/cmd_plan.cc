@@ -3,7 +3,7 @@
 //
 //   foldpar plan --model configs/paper-7b.json --seq 131072 --batch 1 --devices 8
 //       --hardware hardware/mi300x-8.json [--train|--forward|--prefill|--decode] [--bf16]
-//       [--recompute block] [--layouts tsp=8 tp=8] [--micro-batch M] [--max-new-tokens N] [--json] [--trace F]
+//       [--recompute block] [--moe-imbalance X] [--layouts tsp=8 tp=8] [--micro-batch M] [--max-new-tokens N] [--json] [--trace F]
 //       [--explain]
 #include <cerrno>
 #include <cstdio>
@@ -87,6 +87,10 @@ Command add_plan_command(CLI::App& app) {
       ->check(non_negative());
   cmd->add_flag("--bf16", r.bf16, "bf16 storage of weights and activations (f32 gradients, statistics, masters)");
   add_recompute_option(cmd, r.recompute);
+  cmd->add_option("--moe-imbalance", r.moe_imbalance,
+                  "MoE models: the routing the plan assumes (it has no data): 1 balanced (default); X > 1 gives "
+                  "expert 0 X times its balanced share on every rank")
+      ->check(CLI::Range(1.0, 1e9));
   cmd->add_option("--layouts", a->layouts, "only these layouts, space-separated: tsp=8 tp=4,sp=2:seqpar sp=8:ring (',' joins axes, ':' adds options)");
   cmd->add_flag("--json", a->json, "print the plan as JSON");
   cmd->add_option("--trace", a->trace, "write the recommended layout's simulated step (every distinct rank) as a Chrome trace (open in Perfetto)");

@@ -61,6 +61,8 @@ Status CountingCommunicator::supports(const CommOp& op) const {
 }
 
 uint64_t CountingCommunicator::record_start(const CommOp& op, bool blocking) {
+  if (trace_.on_exchange && (op.kind == CommOpKind::kAllGather || op.kind == CommOpKind::kAllToAll))
+    trace_.on_exchange(op, rank(), size());
   CommEvent e;
   e.type = CommEvent::Type::kStart;
   e.seq = order_.next();

@@ -11,10 +11,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "comm/comm_op.h"
 #include "comm/comm_stats.h"
 #include "comm/communicator.h"
 #include "comm/mesh.h"
@@ -50,6 +52,10 @@ struct CommTrace {
   std::vector<Member> comms;
   std::vector<CommEvent> events;
   uint64_t operations = 0;  // request ids handed out
+  // Called for each all_gather and all_to_all as it is submitted, with the communicator's
+  // rank and size: the dry run uses it to know small integer results (the MoE counts and
+  // expert ids, MetaBackend::deliver_collective). Null: buffers are never looked at.
+  std::function<void(const CommOp& op, int rank, int size)> on_exchange;
 };
 
 class CountingCommunicator final : public Communicator {

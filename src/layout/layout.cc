@@ -226,4 +226,11 @@ int64_t local_parameter_elements(const LlamaConfig& c, const Layout& l, int stag
   return n;
 }
 
+Layout::MoeDispatchOption moe_dispatch_by_bytes(const MoeConfig& m, int64_t tokens_per_rank, int degree) {
+  const double ring_break_even = 2.25 * static_cast<double>(m.num_experts * m.moe_intermediate_size) /
+                                 static_cast<double>(m.num_experts_per_tok);
+  if (static_cast<double>(tokens_per_rank) > ring_break_even) return Layout::MoeDispatchOption::kRing;
+  return degree < m.num_experts_per_tok ? Layout::MoeDispatchOption::kGather : Layout::MoeDispatchOption::kAllToAll;
+}
+
 }  // namespace foldpar

@@ -136,4 +136,10 @@ Status validate_micro_batches(const Layout& layout, int64_t micro_batches);
 // stage the final norm and the LM head (with tied embeddings, a copy of the embedding).
 int64_t local_parameter_elements(const LlamaConfig& config, const Layout& layout, int stage = 0);
 
+// The dispatch `moe=auto` runs without a plan (tsp_moe.cc): the training bytes break-evens
+// of spec COMPOSITION.md 3 at T tokens per rank on D ranks: the expert ring iff
+// T > 2.25 E f_e / k, else the all-gather iff D < k, else the all-to-all. Never kAuto.
+// `foldpar plan` times each scheme instead (plan/planner.h, LayoutPlan::moe).
+Layout::MoeDispatchOption moe_dispatch_by_bytes(const MoeConfig& moe, int64_t tokens_per_rank, int degree);
+
 }  // namespace foldpar

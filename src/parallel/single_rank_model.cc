@@ -26,7 +26,6 @@ class SingleRankModel final : public ShardedModel {
   }
 
   Result<StepResult> forward_backward(Backend& be, const Batch& local, int64_t loss_normalizer) override {
-    FP_RETURN_IF_ERROR(check_runnable());
     const int64_t valid = be.count_valid_targets(local.target_ids, kIgnoreIndex);
     if (loss_normalizer != 0 && loss_normalizer != valid)
       return unimplemented(
@@ -41,7 +40,6 @@ class SingleRankModel final : public ShardedModel {
   }
 
   Result<StepResult> forward(Backend& be, const Batch& local) override {
-    FP_RETURN_IF_ERROR(check_runnable());
     StepOptions o;
     o.keep_logits = keep_logits_;
     FP_ASSIGN_OR_RETURN(StepResult r, model_forward(c_, be, w_, local, o));
@@ -59,14 +57,6 @@ class SingleRankModel final : public ShardedModel {
   }
 
  private:
-  // The dry run's storage-less tensors would route every token to expert 0 (its copies to
-  // the host read zeros): the plan does not model MoE routing yet.
-  Status check_runnable() const {
-    if (!w_.embed.has_storage())
-      return unimplemented("layout {}: the plan does not model mixture-of-experts routing yet", layout_);
-    return Status();
-  }
-
   StepResult with_aux_in_sum(StepResult r) const {
     if (c_.moe.enabled() && c_.moe.output_router_logits)
       r.loss_sum += c_.moe.router_aux_loss_coef * r.aux_loss * static_cast<double>(r.valid_tokens);

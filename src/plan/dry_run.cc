@@ -2,6 +2,8 @@
 // of the real strategy.
 #include "plan/dry_run.h"
 
+#include <cmath>
+
 #include "backend/bf16_storage_backend.h"
 #include "parallel/make_layout.h"
 #include "tensor/storageless_allocator.h"
@@ -34,7 +36,11 @@ Status run_model_step(const DryRunOptions& o, ShardedModel& model, const std::ve
   if (o.mode == DryRunMode::kForwardBackward && locals.size() > 1) {
     FP_ASSIGN_OR_RETURN(out.result, model.forward_backward_micro_batches(backend, locals, o.batch * o.seq));
   } else if (o.mode == DryRunMode::kForwardBackward) {
-    FP_ASSIGN_OR_RETURN(out.result, model.forward_backward(backend, locals.front(), o.batch * o.seq));
+    // A MoE model refuses a normalizer other than the step's own valid count (its aux loss is
+    // over the whole batch), which a dry run's all_reduce cannot sum (it returns this rank's):
+    // 0 says "the step's own", the same shapes and traffic (only the gradients' scale).
+    const int64_t normalizer = o.config.moe.enabled() ? 0 : o.batch * o.seq;
+    FP_ASSIGN_OR_RETURN(out.result, model.forward_backward(backend, locals.front(), normalizer));
   } else {
     FP_ASSIGN_OR_RETURN(out.result, model.forward(backend, locals.front()));
   }
@@ -77,13 +83,26 @@ Result<DryRunResult> dry_run(const DryRunOptions& o) {
   FP_RETURN_IF_ERROR(validate_layout(o.config, o.layout, o.batch, o.seq));
   if (o.bf16_native && !o.matmul_takes_bf16)
     return invalid_argument("dry run: bf16_native needs matmul_takes_bf16 (a backend that stores bf16 multiplies it)");
+  if (!(o.moe_imbalance >= 1.0) || !std::isfinite(o.moe_imbalance))
+    return invalid_argument("--moe-imbalance ({}) must be a finite factor of at least 1", o.moe_imbalance);
+  if (o.moe_imbalance > 1.0 && o.config.moe.enabled() && o.config.moe.num_experts_per_tok >= o.config.moe.num_experts)
+    return invalid_argument("--moe-imbalance ({}) needs fewer experts per token ({}) than experts ({}): every token "
+                            "already goes to every expert",
+                            o.moe_imbalance, o.config.moe.num_experts_per_tok, o.config.moe.num_experts);
   FP_ASSIGN_OR_RETURN(MeshLayout mesh_layout, MeshLayout::parse(o.layout.mesh()));
   install_storageless_fault_handler();
   DryRunResult out;
   EventOrder order;
   FP_ASSIGN_OR_RETURN(CountingMesh cm, make_counting_mesh(mesh_layout, o.rank, order, out.comm_trace));
   std::unique_ptr<MemoryTracker> meta = MemoryTracker::make_storageless();
-  MetaBackend meta_backend(MetaBackendOptions{.order = &order, .matmul_takes_bf16 = o.matmul_takes_bf16});
+  MetaBackend meta_backend(MetaBackendOptions{
+      .order = &order, .matmul_takes_bf16 = o.matmul_takes_bf16, .moe_imbalance = o.moe_imbalance});
+  // Every rank is assumed to hold what this one holds (the same routing): what an
+  // all_gather or all_to_all of known integers delivers is known too.
+  out.comm_trace.on_exchange = [&meta_backend](const CommOp& op, int rank, int size) {
+    meta_backend.deliver_collective(op.kind == CommOpKind::kAllToAll, op.send_buf, op.recv_buf,
+                                    op.count * dtype_size(op.dtype), rank, size);
+  };
   // bf16 layouts run as train runs them: through the bf16 storage decorator, whose widened
   // copies are the inner backend's copy ops (counted and recorded like any other).
   std::unique_ptr<Backend> bf16 =
@@ -112,6 +131,7 @@ Result<DryRunResult> dry_run(const DryRunOptions& o) {
     }
   }
   out.ops = meta_backend.records();
+  out.comm_trace.on_exchange = nullptr;  // it names this frame's backend
   return out;
 }
 

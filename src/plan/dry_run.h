@@ -48,6 +48,14 @@ struct DryRunOptions {
   // 0: all of them, one micro-batch. m = (batch / dp) / micro_batch micro-batches run as the
   // trainer runs them (forward_backward_micro_batches: a pipeline's schedule).
   int64_t micro_batch = 0;
+  // MoE models: routing is data-dependent and a dry run has no data; it assumes the routing
+  // of planned_moe_routing (backend/meta/meta_backend.h) on every rank: balanced at 1
+  // (each expert T*k/E rows, each rank T*k/D rows to each rank), expert 0 this many times
+  // its balanced share above 1 (needs k < E). The counts and expert ids the TSP schemes
+  // exchange are then known to the meta backend, as every rank holding the same routing
+  // would deliver them, so every transfer and buffer has the size a real run with that
+  // routing gives.
+  double moe_imbalance = 1.0;
 };
 
 struct DryRunResult {
@@ -63,7 +71,7 @@ struct DryRunResult {
 // Runs one step of `options.layout` as world rank `options.rank`. Errors: the layout's
 // verdict (validate_layout for every mode, then make_sharded_decoder's for the generation modes),
 // a micro_batch that does not divide batch / dp or gives fewer micro-batches than stages
-// (validate_micro_batches), or a rank outside the mesh. Not collective; no MPI.
+// (validate_micro_batches), a bad moe_imbalance, or a rank outside the mesh. Not collective; no MPI.
 Result<DryRunResult> dry_run(const DryRunOptions& options);
 
 // The step's records (seq >= step_first_seq) as the timeline's input (plan/timeline.h), in

@@ -111,6 +111,7 @@ Result<RankRun> run_rank(const PlanRequest& r, const Layout& l, int rank, int st
   o.mode = dry_mode(r.mode);
   o.max_new_tokens = std::max<int64_t>(1, r.max_new_tokens);
   o.micro_batch = micro_batch;
+  o.moe_imbalance = r.moe_imbalance;
   // Unless the request says: a machine that states a bf16 rate (the accelerators' files)
   // runs bf16 layouts on a backend that stores bf16 itself, as the CUDA backend does; one
   // without (a CPU's calibrated file) through the bf16 storage decorator, as train does
@@ -183,7 +184,12 @@ Status plan_by_dry_run(const PlanRequest& r, LayoutPlan& p, int64_t micro_batch)
       m.peak = run.dry.step.peak_total;
       m.phase = l.pp > 1 ? fmt::format("rank {} (stage {})", run.rank, run.stage) : fmt::format("rank {}", run.rank);
       if (r.mode == PlanMode::kTrain) {
-        const int64_t P_local = local_parameter_elements(r.config, l, run.stage);
+        // MoE: the parameters the dry run built (the router, E/D experts, the shared
+        // expert), which local_parameter_elements' dense formula does not describe.
+        const int64_t P_local =
+            r.config.moe.enabled()
+                ? run.dry.after_build.current[static_cast<int>(MemCategory::kParameters)] / l.storage_bytes()
+                : local_parameter_elements(r.config, l, run.stage);
         m.optimizer = 8 * P_local + (l.storage_bytes() == 4 ? 0 : 4 * P_local);
       }
       if (first || m.total() > p.memory.total()) {
@@ -246,6 +252,88 @@ Status plan_pipeline(const PlanRequest& r, LayoutPlan& p) {
   return Status();
 }
 
+const char* dispatch_name(Layout::MoeDispatchOption d) {
+  switch (d) {
+    case Layout::MoeDispatchOption::kAllToAll: return "a2a";
+    case Layout::MoeDispatchOption::kGather: return "gather";
+    case Layout::MoeDispatchOption::kRing: return "ring";
+    case Layout::MoeDispatchOption::kAuto: break;
+  }
+  return "auto";
+}
+
+// The expert memory and the assumption's figures of a MoE model on tsp=D (MoePlan).
+MoePlan moe_plan_base(const PlanRequest& r, const Layout& l, int64_t micro_batch) {
+  const LlamaConfig& c = r.config;
+  const MoeConfig& m = c.moe;
+  MoePlan mp;
+  mp.experts = m.num_experts;
+  mp.experts_per_rank = m.num_experts / l.tsp;
+  mp.top_k = m.num_experts_per_tok;
+  mp.expert_width = m.moe_intermediate_size;
+  mp.sparse_layers = m.sparse_layer_count(c.num_hidden_layers);
+  const int64_t elements = mp.sparse_layers * mp.experts_per_rank * 3 * c.hidden_size * m.moe_intermediate_size;
+  mp.expert_param_bytes = elements * l.storage_bytes();
+  mp.expert_grad_bytes = r.mode == PlanMode::kTrain ? elements * 4 : 0;
+  mp.expert_optimizer_bytes = r.mode == PlanMode::kTrain ? elements * 8 : 0;
+  const int64_t rows = micro_batch > 0 ? micro_batch : r.batch / l.dp;
+  mp.tokens_per_rank = rows * r.seq / l.tsp;
+  mp.imbalance = r.moe_imbalance;
+  const int64_t slots = mp.tokens_per_rank * mp.top_k;
+  mp.rows_balanced = slots / mp.experts;
+  std::vector<int64_t> load(static_cast<size_t>(mp.experts), 0);
+  for (int32_t e : planned_moe_routing(mp.tokens_per_rank, mp.top_k, mp.experts, r.moe_imbalance)) ++load[e];
+  mp.rows_busiest = *std::max_element(load.begin(), load.end());
+  const double factor = r.mode == PlanMode::kTrain ? 2.25 : 1.5;
+  mp.ring_break_even_tokens = factor * static_cast<double>(mp.experts * mp.expert_width) / static_cast<double>(mp.top_k);
+  // What moe=auto runs without a plan (tsp_moe.cc: the training rule in every mode).
+  mp.formula_choice = dispatch_name(moe_dispatch_by_bytes(m, mp.tokens_per_rank, l.tsp));
+  return mp;
+}
+
+MoeSchemePlan scheme_figures(const LayoutPlan& q, const PlanRequest& r) {
+  MoeSchemePlan s;
+  s.scheme = dispatch_name(q.layout.moe_dispatch);
+  for (const AxisTraffic& a : q.traffic.axes)
+    if (a.axis == "tsp") s.tsp_bytes_sent = static_cast<int64_t>(a.total().bytes_sent);
+  s.step_s = q.time.step_s;
+  s.compute_s = q.time.compute_s;
+  s.exposed_comm_s = q.time.exposed_comm_s;
+  s.memory_total = q.memory.total();
+  s.fits = q.memory.total() <= r.hardware.memory_bytes();
+  return s;
+}
+
+// A MoE model on tsp=D: each scheme (or the one named) by its own dry run; the plan keeps
+// the least simulated step time among those that fit (else the least memory).
+Status plan_moe(const PlanRequest& r, LayoutPlan& p) {
+  std::vector<Layout::MoeDispatchOption> schemes;
+  if (p.layout.moe_dispatch == Layout::MoeDispatchOption::kAuto) {
+    schemes = {Layout::MoeDispatchOption::kAllToAll, Layout::MoeDispatchOption::kGather,
+               Layout::MoeDispatchOption::kRing};
+  } else {
+    schemes = {p.layout.moe_dispatch};
+  }
+  std::optional<LayoutPlan> best;
+  MoePlan mp = moe_plan_base(r, p.layout, r.micro_batch);
+  const int64_t capacity = r.hardware.memory_bytes();
+  for (Layout::MoeDispatchOption d : schemes) {
+    LayoutPlan q;
+    q.layout = p.layout;
+    q.layout.moe_dispatch = d;
+    FP_RETURN_IF_ERROR(plan_by_dry_run(r, q, r.micro_batch));
+    mp.schemes.push_back(scheme_figures(q, r));
+    const bool fits = q.memory.total() <= capacity, best_fits = best && best->memory.total() <= capacity;
+    if (!best || (fits && (!best_fits || q.time.step_s < best->time.step_s)) ||
+        (!fits && !best_fits && q.memory.total() < best->memory.total()))
+      best = std::move(q);
+  }
+  p = std::move(*best);
+  mp.chosen = dispatch_name(p.layout.moe_dispatch);
+  p.moe = std::move(mp);
+  return Status();
+}
+
 }  // namespace
 
 std::vector<Layout> candidate_layouts(int devices, int64_t batch, PlanMode mode) {
@@ -302,7 +390,9 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
     p.layout = l;
     // validate_layout's verdict first (dry_run)
     const bool search = l.pp > 1 && r.mode == PlanMode::kTrain && r.micro_batch == 0;
-    Status dry = search ? plan_pipeline(r, p) : plan_by_dry_run(r, p, r.micro_batch);
+    const bool moe = r.config.moe.enabled() && plan_strategy(l) == PlanStrategy::kTsp && l.ranks() == l.tsp &&
+                     l.tsp > 1;
+    Status dry = search ? plan_pipeline(r, p) : moe ? plan_moe(r, p) : plan_by_dry_run(r, p, r.micro_batch);
     if (!dry.ok()) {
       const std::string name = l.to_string();
       const bool named = dry.message().rfind(name, 0) == 0;
@@ -367,6 +457,32 @@ std::string plan_report_text(const PlanReport& rep) {
     }
     s += line + "\n";
   }
+  for (const LayoutPlan& p : rep.layouts) {
+    if (!p.moe) continue;
+    const MoePlan& m = *p.moe;
+    s += fmt::format(
+        "moe {}: {} of {} experts per rank (k={}, f_e={}, {} sparse layers): expert weights {}, grads {}, optimizer "
+        "{} per rank\n",
+        p.layout.to_string(), m.experts_per_rank, m.experts, m.top_k, m.expert_width, m.sparse_layers,
+        bytes_text(static_cast<double>(m.expert_param_bytes)), bytes_text(static_cast<double>(m.expert_grad_bytes)),
+        bytes_text(static_cast<double>(m.expert_optimizer_bytes)));
+    s += fmt::format(
+        "  routing assumed (no data in a dry run): {}, every rank alike: T={} tokens per rank, {} rows per expert "
+        "balanced, the busiest {}\n",
+        m.imbalance > 1 ? fmt::format("expert 0 at {:.3g}x its share", m.imbalance) : std::string("balanced"),
+        m.tokens_per_rank, m.rows_balanced, m.rows_busiest);
+    for (const MoeSchemePlan& sc : m.schemes)
+      s += fmt::format("  {:<7} tsp sent/step {:>11}  step {:.4g} s (compute {:.4g} s, exposed comm {:.4g} s)  {} {}{}\n",
+                       sc.scheme, bytes_text(static_cast<double>(sc.tsp_bytes_sent)), sc.step_s, sc.compute_s,
+                       sc.exposed_comm_s, bytes_text(static_cast<double>(sc.memory_total)),
+                       sc.fits ? "fits" : "does not fit", sc.scheme == m.chosen ? "  <- auto" : "");
+    s += fmt::format(
+        "  auto: {} (the least simulated step time{}); the bytes break-even of the ring against a2a is T = {} E f_e / k "
+        "= {:.4g} tokens per rank; without a plan moe=auto (T > 2.25 E f_e / k: ring, else gather if D < k, else "
+        "a2a) runs {} at T={}\n",
+        m.chosen, m.schemes.size() > 1 ? " of the three" : ", the one named",
+        r.mode == PlanMode::kTrain ? "2.25" : "1.5", m.ring_break_even_tokens, m.formula_choice, m.tokens_per_rank);
+  }
   for (const std::string& n : rep.not_buildable) s += fmt::format("not buildable: {}\n", n);
   if (rep.recommended >= 0) {
     const LayoutPlan& p = rep.layouts[rep.recommended];
@@ -427,6 +543,31 @@ std::string plan_report_json(const PlanReport& rep) {
       for (const auto& [micro, tps] : p.micro_batch_tried) tried.push_back({{"micro_batch", micro}, {"tokens_per_s", tps}});
       l["pipeline"] = {{"micro_batches", p.micro_batches}, {"micro_batch", p.micro_batch}, {"schedule", "1f1b"},
                        {"heaviest_stage", p.heaviest_stage}, {"bubble_s", p.bubble_s}, {"micro_batch_tried", tried}};
+    }
+    if (p.moe) {
+      const MoePlan& m = *p.moe;
+      nlohmann::ordered_json schemes = nlohmann::json::array();
+      for (const MoeSchemePlan& sc : m.schemes)
+        schemes.push_back({{"scheme", sc.scheme}, {"tsp_bytes_sent", sc.tsp_bytes_sent}, {"step_s", sc.step_s},
+                           {"compute_s", sc.compute_s}, {"exposed_comm_s", sc.exposed_comm_s},
+                           {"memory_total_bytes", sc.memory_total}, {"fits", sc.fits}});
+      l["moe"] = {{"experts", m.experts},
+                  {"experts_per_rank", m.experts_per_rank},
+                  {"top_k", m.top_k},
+                  {"expert_intermediate_size", m.expert_width},
+                  {"sparse_layers", m.sparse_layers},
+                  {"expert_param_bytes", m.expert_param_bytes},
+                  {"expert_grad_bytes", m.expert_grad_bytes},
+                  {"expert_optimizer_bytes", m.expert_optimizer_bytes},
+                  {"routing", m.imbalance > 1 ? "imbalanced" : "balanced"},
+                  {"imbalance", m.imbalance},
+                  {"tokens_per_rank", m.tokens_per_rank},
+                  {"rows_per_expert_balanced", m.rows_balanced},
+                  {"rows_busiest_expert", m.rows_busiest},
+                  {"schemes", schemes},
+                  {"auto", m.chosen},
+                  {"ring_break_even_tokens", m.ring_break_even_tokens},
+                  {"formula_choice", m.formula_choice}};
     }
     j["layouts"].push_back(l);
   }

@@ -67,6 +67,9 @@ struct PlanRequest {
   // at least p micro-batches and keeps the fastest that fits (more micro-batches shrink the
   // bubble; TSP and tp move their weights once per micro-batch).
   int64_t micro_batch = 0;
+  // MoE models: the routing the dry run assumes (DryRunOptions::moe_imbalance): 1 balanced,
+  // X > 1 expert 0 X times its balanced share on every rank (plan --moe-imbalance).
+  double moe_imbalance = 1.0;
 };
 
 struct TimeEstimate {
@@ -76,6 +79,34 @@ struct TimeEstimate {
   double exposed_comm_s = 0;
   double step_s = 0;
   double tokens_per_s = 0;
+};
+
+// A MoE model on a tsp=D layout: the expert part of the memory per rank and each dispatch
+// scheme of tsp_moe.cc planned by its own dry run (PlanRequest::moe_imbalance's routing).
+struct MoeSchemePlan {
+  std::string scheme;           // "a2a", "gather", "ring"
+  int64_t tsp_bytes_sent = 0;   // the tsp axis's bytes of the step (the worst rank's)
+  double step_s = 0, compute_s = 0, exposed_comm_s = 0;
+  int64_t memory_total = 0;     // MemoryEstimate::total() of the worst rank
+  bool fits = false;
+};
+struct MoePlan {
+  int64_t experts = 0, experts_per_rank = 0, top_k = 0, expert_width = 0;  // E, E/D, k, f_e
+  int64_t sparse_layers = 0;
+  // The routed experts this rank owns, over the sparse layers: f32 weights, gradients, AdamW
+  // m and v (the router and the shared expert are replicated and not counted here).
+  int64_t expert_param_bytes = 0, expert_grad_bytes = 0, expert_optimizer_bytes = 0;
+  int64_t tokens_per_rank = 0;        // T = B * S / D (per micro-batch)
+  double imbalance = 1.0;             // the routing assumption
+  int64_t rows_balanced = 0;          // T * k / E per expert per rank
+  int64_t rows_busiest = 0;           // the busiest expert's rows per rank under the assumption
+  // The bytes break-even of spec COMPOSITION.md 3: the ring moves fewer bytes than the
+  // all-to-all iff T > this (2.25 E f_e / k training, 1.5 E f_e / k forward); and what
+  // moe=auto runs without a plan at this T (moe_dispatch_by_bytes, the training rule).
+  double ring_break_even_tokens = 0;
+  std::string formula_choice;
+  std::vector<MoeSchemePlan> schemes;  // each planned scheme
+  std::string chosen;                  // the least simulated step time among those that fit
 };
 
 struct LayoutPlan {
@@ -96,6 +127,11 @@ struct LayoutPlan {
   std::vector<std::pair<int64_t, double>> micro_batch_tried;
   bool fits = false;
   int64_t over_bytes = 0;  // total() - capacity when it does not fit
+  // MoE models on tsp: the schemes planned. A layout asked for with moe=auto (the default)
+  // plans a2a, gather and ring and keeps the one with the least simulated step time that
+  // fits (this plan's figures and layout are that scheme's: tsp=D:moe=ring); one named
+  // moe=X plans X alone.
+  std::optional<MoePlan> moe;
 };
 
 struct PlanReport {

@@ -5,6 +5,7 @@
 // the ranks of Mesh's documented order, at 1024 ranks too.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "backend/meta/meta_backend.h"
@@ -219,6 +220,77 @@ TEST(MetaBackendTest, ScalarOpsReturnZeroAndTokenwiseOpsRecordRows) {
   EXPECT_EQ(be.records()[1].shape.rows, 12);
   EXPECT_EQ(be.records()[1].shape.width, 16);
   EXPECT_EQ(be.records()[1].bytes_written, (192 + 12) * 4);
+}
+
+// The routing a dry run assumes: balanced, each expert T*k/E rows (+-1), k distinct experts
+// per token; under imbalance X expert 0 takes min(T, X*T*k/E) rows and the others share the
+// rest (+-1), still k distinct per token.
+TEST(PlannedMoeRoutingTest, BalancedOrExpertZeroAtTheFactor) {
+  auto loads = [](int64_t T, int64_t k, int64_t E, double x) {
+    const std::vector<int32_t> r = planned_moe_routing(T, k, E, x);
+    EXPECT_EQ(static_cast<int64_t>(r.size()), T * k);
+    std::vector<int64_t> n(static_cast<size_t>(E), 0);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> row(r.begin() + t * k, r.begin() + (t + 1) * k);
+      std::sort(row.begin(), row.end());
+      EXPECT_EQ(std::adjacent_find(row.begin(), row.end()), row.end()) << "token " << t << " repeats an expert";
+      for (int32_t e : row) {
+        EXPECT_GE(e, 0);
+        EXPECT_LT(e, E);
+        ++n[e];
+      }
+    }
+    return n;
+  };
+  EXPECT_EQ(loads(256, 2, 4, 1.0), (std::vector<int64_t>{128, 128, 128, 128}));
+  EXPECT_EQ(loads(10, 2, 8, 1.0), (std::vector<int64_t>{3, 3, 3, 3, 2, 2, 2, 2}));  // 20 slots over 8
+  EXPECT_EQ(loads(4, 4, 4, 1.0), (std::vector<int64_t>{4, 4, 4, 4}));                 // k = E
+  const std::vector<int64_t> skew = loads(300, 2, 4, 1.5);  // expert 0: 1.5 * 150 = 225
+  EXPECT_EQ(skew[0], 225);
+  for (int e = 1; e < 4; ++e) EXPECT_EQ(skew[e], 125) << e;  // (600 - 225) / 3
+  EXPECT_EQ(loads(100, 2, 4, 9.0)[0], 100);  // at most one slot per token
+  EXPECT_EQ(planned_moe_routing(8, 2, 4, 1.0), planned_moe_routing(8, 2, 4, 1.0));
+}
+
+// What the dry run knows of integer contents: an upload reads back, the routing reads back as
+// planned_moe_routing, and a counting communicator's all_gather / all_to_all delivers what
+// ranks holding the same would (DryRunOptions' symmetric assumption); anything else reads 0.
+TEST(MetaBackendTest, KnownIntegersReadBackAndTravelAsFromIdenticalRanks) {
+  std::unique_ptr<MemoryTracker> mt = MemoryTracker::make_storageless();
+  EventOrder order;
+  MetaBackend be(MetaBackendOptions{.order = &order});
+  CommTrace trace;
+  trace.on_exchange = [&be](const CommOp& op, int rank, int size) {
+    be.deliver_collective(op.kind == CommOpKind::kAllToAll, op.send_buf, op.recv_buf, op.count * dtype_size(op.dtype),
+                          rank, size);
+  };
+  CountingCommunicator comm(1, 2, "tsp", {0, 1}, order, trace);
+  const std::vector<int64_t> counts{5, 6, 7, 8};  // blocks of 2 per rank
+  Tensor send = meta_tensor(*mt, {4}, DType::kI64), recv = meta_tensor(*mt, {4}, DType::kI64);
+  be.copy_from_host(std::as_bytes(std::span<const int64_t>(counts)), send);
+  std::vector<int64_t> back(4, -1);
+  be.copy_to_host(send, std::as_writable_bytes(std::span<int64_t>(back)));
+  EXPECT_EQ(back, counts);
+  be.copy_to_host(recv, std::as_writable_bytes(std::span<int64_t>(back)));
+  EXPECT_EQ(back, (std::vector<int64_t>{0, 0, 0, 0})) << "unknown contents read 0";
+  ASSERT_TRUE(comm.all_to_all(send.raw_data(), recv.raw_data(), 2, DType::kI64).ok());
+  be.copy_to_host(recv, std::as_writable_bytes(std::span<int64_t>(back)));
+  EXPECT_EQ(back, (std::vector<int64_t>{7, 8, 7, 8})) << "rank 1 gets every rank's block 1";
+  Tensor logits = meta_tensor(*mt, {6, 4}), probs = meta_tensor(*mt, {6, 4}), w = meta_tensor(*mt, {6, 2});
+  Tensor ids = meta_tensor(*mt, {6, 2}, DType::kI32), all = meta_tensor(*mt, {24}, DType::kI32);
+  be.moe_route_forward(logits, true, probs, w, ids);
+  std::vector<int32_t> got(12), want = planned_moe_routing(6, 2, 4, 1.0);
+  be.copy_to_host(ids, std::as_writable_bytes(std::span<int32_t>(got)));
+  EXPECT_EQ(got, want);
+  ASSERT_TRUE(comm.all_gather(ids.raw_data(), all.raw_data(), 12, DType::kI32).ok());
+  std::vector<int32_t> gathered(24);
+  be.copy_to_host(all, std::as_writable_bytes(std::span<int32_t>(gathered)));
+  want.insert(want.end(), want.begin(), want.end());
+  EXPECT_EQ(gathered, want);
+  Tensor unknown = meta_tensor(*mt, {4}, DType::kI64);
+  be.copy(unknown, recv);  // a write of unknown contents forgets
+  be.copy_to_host(recv, std::as_writable_bytes(std::span<int64_t>(back)));
+  EXPECT_EQ(back, (std::vector<int64_t>{0, 0, 0, 0}));
 }
 
 // The same bad arguments kill the meta backend and the real ones.

@@ -2,6 +2,7 @@
 #include "backend/meta/meta_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <iterator>
 #include <vector>
@@ -36,7 +37,34 @@ int64_t visible_pairs(const int32_t* q, int64_t nq, const int32_t* kp, int64_t n
 
 const std::byte* address_of(const Tensor& t) { return static_cast<const std::byte*>(t.raw_data()); }
 
+// The most integer words kept per tensor: bounded memory for long sequences.
+constexpr size_t kMaxKeptInts = size_t{1} << 22;
+
 }  // namespace
+
+std::vector<int32_t> planned_moe_routing(int64_t T, int64_t k, int64_t E, double imbalance) {
+  std::vector<int32_t> out(static_cast<size_t>(T * k));
+  if (imbalance <= 1.0 || k >= E) {
+    for (int64_t p = 0; p < T * k; ++p) out[static_cast<size_t>(p)] = static_cast<int32_t>(p % E);
+    return out;
+  }
+  const int64_t heavy = std::min<int64_t>(T, std::llround(imbalance * static_cast<double>(T * k) / static_cast<double>(E)));
+  int64_t cursor = 0;  // round-robin over experts 1..E-1
+  for (int64_t t = 0; t < T; ++t) {
+    int32_t* row = out.data() + t * k;
+    int64_t i = 0;
+    if (t < heavy) row[i++] = 0;
+    const int64_t first = i;
+    for (; i < k; ++i) {
+      int32_t e = static_cast<int32_t>(1 + cursor % (E - 1));
+      // distinct within the token: k - first <= E - 1 slots from E - 1 experts
+      while (std::find(row + first, row + i, e) != row + i) e = static_cast<int32_t>(1 + (e % (E - 1)));
+      row[i] = e;
+      ++cursor;
+    }
+  }
+  return out;
+}
 
 MetaBackend::MetaBackend(MetaBackendOptions options) : options_(options) {}
 
@@ -93,10 +121,10 @@ void MetaBackend::matmul(const Tensor& a, bool ta, const Tensor& b, bool tb, Ten
 
 void MetaBackend::copy(const Tensor& src, Tensor& dst) {
   check_copy(src, dst);
-  // An i32 copy of known contents (a view of uploaded positions) stays known.
-  const int32_t* known = dst.has_storage() ? nullptr : known_i32(src);
+  // A copy of known contents (a view of uploaded positions) stays known.
+  const int32_t* known = dst.has_storage() ? nullptr : known_words(src);
   std::vector<int32_t> values;
-  if (known != nullptr) values.assign(known, known + src.numel());
+  if (known != nullptr) values.assign(known, known + src.nbytes() / sizeof(int32_t));
   forget_written(dst);
   if (known != nullptr) host_i32_[address_of(dst)] = std::move(values);
   record_tokenwise("copy", src, 0, {&src}, {&dst});
@@ -259,25 +287,52 @@ void MetaBackend::softmax_chunk_update(const Tensor& logits, const Tensor& targe
 }
 
 const int32_t* MetaBackend::known_i32(const Tensor& t) const {
-  if (t.dtype() != DType::kI32 || host_i32_.empty()) return nullptr;
-  const std::byte* p = address_of(t);
+  return t.dtype() == DType::kI32 ? known_words(t) : nullptr;
+}
+
+const int32_t* MetaBackend::known_words(const Tensor& t) const {
+  if ((t.dtype() != DType::kI32 && t.dtype() != DType::kI64)) return nullptr;
+  return known_range(address_of(t), t.nbytes());
+}
+
+const int32_t* MetaBackend::known_range(const std::byte* p, size_t nbytes) const {
+  if (host_i32_.empty() || nbytes % sizeof(int32_t) != 0) return nullptr;
   auto it = host_i32_.upper_bound(p);
   if (it == host_i32_.begin()) return nullptr;
   --it;
   const int64_t offset = (p - it->first) / static_cast<int64_t>(sizeof(int32_t));
-  if (offset + t.numel() > static_cast<int64_t>(it->second.size())) return nullptr;
+  if ((p - it->first) % static_cast<int64_t>(sizeof(int32_t)) != 0) return nullptr;
+  if (offset + static_cast<int64_t>(nbytes / sizeof(int32_t)) > static_cast<int64_t>(it->second.size())) return nullptr;
   return it->second.data() + offset;
 }
 
-void MetaBackend::forget_written(const Tensor& t) {
+void MetaBackend::forget_range(const std::byte* lo, size_t nbytes) {
   if (host_i32_.empty()) return;
-  const std::byte* lo = address_of(t);
-  const std::byte* hi = lo + t.nbytes();
+  const std::byte* hi = lo + nbytes;
   for (auto it = host_i32_.begin(); it != host_i32_.end();) {
     const std::byte* end = it->first + it->second.size() * sizeof(int32_t);
     it = (it->first < hi && lo < end) ? host_i32_.erase(it) : std::next(it);
   }
 }
+
+void MetaBackend::deliver_collective(bool all_to_all, const void* send, void* recv, size_t bytes_per_rank, int rank,
+                                     int size) {
+  const std::byte* out = static_cast<const std::byte*>(recv);
+  const size_t total = bytes_per_rank * static_cast<size_t>(size);
+  // What is not known stays unknown (read back as zeros), as before.
+  const int32_t* known = all_to_all ? known_range(static_cast<const std::byte*>(send) + bytes_per_rank * rank, bytes_per_rank)
+                                    : known_range(static_cast<const std::byte*>(send), bytes_per_rank);
+  std::vector<int32_t> block;
+  if (known != nullptr) block.assign(known, known + bytes_per_rank / sizeof(int32_t));
+  forget_range(out, total);
+  if (known == nullptr || bytes_per_rank == 0) return;
+  std::vector<int32_t> all;
+  all.reserve(block.size() * static_cast<size_t>(size));
+  for (int q = 0; q < size; ++q) all.insert(all.end(), block.begin(), block.end());
+  host_i32_[out] = std::move(all);
+}
+
+void MetaBackend::forget_written(const Tensor& t) { forget_range(address_of(t), t.nbytes()); }
 
 void MetaBackend::copy_strided(const Tensor& src, Tensor& dst, const StridedCopy& c) {
   if (!check_copy_strided(src, dst, c)) return;
@@ -294,9 +349,9 @@ void MetaBackend::copy_strided(const Tensor& src, Tensor& dst, const StridedCopy
 void MetaBackend::copy_from_host(std::span<const std::byte> src, Tensor& dst) {
   check_host_copy(dst, src.size(), "copy_from_host");
   forget_written(dst);
-  // Small i32 uploads only (positions and ids): bounded memory for long sequences.
-  constexpr size_t kMaxKeptInts = size_t{1} << 22;
-  if (dst.dtype() == DType::kI32 && !dst.has_storage() && src.size() / sizeof(int32_t) <= kMaxKeptInts) {
+  // Small integer uploads only (positions, ids, the MoE counts): bounded memory for long sequences.
+  if ((dst.dtype() == DType::kI32 || dst.dtype() == DType::kI64) && !dst.has_storage() &&
+      src.size() / sizeof(int32_t) <= kMaxKeptInts) {
     std::vector<int32_t> v(src.size() / sizeof(int32_t));
     std::memcpy(v.data(), src.data(), src.size());
     host_i32_[address_of(dst)] = std::move(v);
@@ -306,7 +361,12 @@ void MetaBackend::copy_from_host(std::span<const std::byte> src, Tensor& dst) {
 
 void MetaBackend::copy_to_host(const Tensor& src, std::span<std::byte> dst) {
   check_host_copy(src, dst.size(), "copy_to_host");
-  std::fill(dst.begin(), dst.end(), std::byte{0});
+  const int32_t* known = src.has_storage() ? nullptr : known_words(src);
+  if (known != nullptr && src.nbytes() == dst.size()) {
+    std::memcpy(dst.data(), known, dst.size());
+  } else {
+    std::fill(dst.begin(), dst.end(), std::byte{0});
+  }
   record_tokenwise("copy_to_host", src, 0, {&src}, {});
 }
 
@@ -352,6 +412,10 @@ void MetaBackend::moe_route_forward(const Tensor& logits, bool /*normalize*/, Te
   check_moe_route_forward(logits, probs, weights, experts);
   check_floating(logits, "moe_route_forward");
   forget_written(experts);
+  // The routing a dry run assumes (planned_moe_routing), readable by copy_to_host.
+  const int64_t T = experts.dim(0), k = experts.dim(1), E = logits.dim(1);
+  if (!experts.has_storage() && static_cast<size_t>(T * k) <= kMaxKeptInts)
+    host_i32_[address_of(experts)] = planned_moe_routing(T, k, E, options_.moe_imbalance);
   record_tokenwise("moe_route_forward", logits, 0, {&logits}, {&probs, &weights, &experts});
 }
 void MetaBackend::moe_route_backward(const MoeRouteGrad& g, Tensor& d_logits) {

@@ -10,6 +10,7 @@
 // its name, shape class, FLOPs and bytes.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <span>
@@ -50,7 +51,21 @@ struct MetaBackendOptions {
   // takes (cpu_flash_attention_scratch, backend/op_checks.h), so that tracked peaks equal a
   // CPU run's. Off: ops allocate nothing (a backend whose scratch is not tracked).
   bool cpu_attention_scratch = true;
+  // The routing moe_route_forward assumes (planned_moe_routing): 1 balanced; X > 1 gives
+  // expert 0 X times its balanced share.
+  double moe_imbalance = 1.0;
 };
+
+// The routing a dry run assumes, since it has no data to route (docs/design.md, Planning /
+// dry run, MoE): the experts [T, k] (row-major, i32) of T tokens' top-k. Balanced
+// (imbalance 1): slot i of token t goes to expert (t*k + i) mod E, so each expert receives
+// T*k/E rows (+-1) and, every rank routing its T tokens the same way, each rank sends
+// T*k/D rows to each rank. imbalance X > 1 (needs k < E): the first min(T, round(X*T*k/E))
+// tokens take expert 0 in their first slot and every other slot goes round-robin over
+// experts 1..E-1 (skipping one already in the token), so expert 0 is the busiest, X times
+// the balanced share, and the others share the rest evenly (+-1). Deterministic; the same
+// on every rank. Callers validate: 1 <= k <= E, imbalance >= 1 (and k < E when > 1).
+std::vector<int32_t> planned_moe_routing(int64_t T, int64_t k, int64_t E, double imbalance);
 
 class MetaBackend final : public Backend {
  public:
@@ -108,10 +123,21 @@ class MetaBackend final : public Backend {
   void sigmoid_forward(const Tensor& x, Tensor& y) override;
   void sigmoid_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
 
+  // A counting communicator's all_gather (all_to_all) of `bytes_per_rank` per rank between
+  // storage-less buffers, under the dry run's assumption that every rank holds what this
+  // one does (the same routing everywhere): recv's known contents become `size` copies of
+  // send's (of send's block `rank`, which is what every rank sends this one). Unknown
+  // contents stay unknown (read back as zeros).
+  void deliver_collective(bool all_to_all, const void* send, void* recv, size_t bytes_per_rank, int rank, int size);
+
  private:
   // The uploaded i32 contents a storage-less tensor (or view) at `t` holds, or null.
   const int32_t* known_i32(const Tensor& t) const;
+  // The known words of an i32 or i64 tensor (i64: two words per element), or null.
+  const int32_t* known_words(const Tensor& t) const;
+  const int32_t* known_range(const std::byte* p, size_t nbytes) const;
   void forget_written(const Tensor& t);
+  void forget_range(const std::byte* p, size_t nbytes);
   // Appends a record; reads and writes are the tensors' byte sizes summed.
   OpRecord& record(std::string_view op, DType dtype, OpShape shape, double flops,
                    std::initializer_list<const Tensor*> read, std::initializer_list<const Tensor*> written);
@@ -124,7 +150,8 @@ class MetaBackend final : public Backend {
   MetaBackendOptions options_;
   EventOrder own_order_;
   std::vector<OpRecord> records_;
-  // Start address -> the i32 values copy_from_host wrote there; an entry is dropped when
+  // Start address -> the i32 words (i64 values: two each) copy_from_host, the routing or a
+  // delivered collective wrote there; an entry is dropped when
   // another op writes into its range. Lookups find the entry a view's address falls in.
   std::map<const std::byte*, std::vector<int32_t>> host_i32_;
 };

@@ -28,12 +28,9 @@ Result<TspModel> TspModel::create(const LlamaConfig& config, const Layout& layou
 
 namespace {
 
-Status check_local_batch(Backend& be, const TspModel& m, const Batch& b, bool w_storage = true) {
-  // The dry run's storage-less tensors would route every token to expert 0 (its copies to the
-  // host read zeros): the plan does not model MoE routing yet.
-  if (m.config().moe.enabled() && !(b.input_ids.has_storage() && b.input_ids.numel() > 0 && w_storage))
-    return unimplemented("layout {}: the plan does not model mixture-of-experts routing yet",
-                         m.options().to_string());
+// A dry run's MoE layers route as the meta backend assumes (planned_moe_routing,
+// backend/meta/meta_backend.h): the copies of expert ids and counts to the host read that.
+Status check_local_batch(Backend& be, const TspModel& m, const Batch& b) {
   FP_RETURN_IF_ERROR(validate_batch(be, m.config(), b));
   if (b.seq() != m.shard().local_seq())
     return invalid_argument("local batch has {} tokens per sequence, the TSP shard holds {} (S {} / D {})", b.seq(),
@@ -129,7 +126,7 @@ Status check_local_batch(Backend& be, const TspModel& m, const Batch& local) {
 }  // namespace tsp_detail
 
 Result<StepResult> TspModel::forward(Backend& be, Communicator& tsp, const ShardedWeights& w, const Batch& batch) const {
-  FP_RETURN_IF_ERROR(check_local_batch(be, *this, batch, w.attn_norm.empty() || w.attn_norm[0].has_storage()));
+  FP_RETURN_IF_ERROR(check_local_batch(be, *this, batch));
   TspStep step(*this, be, tsp, batch.batch());
   const int64_t T = batch.input_ids.numel();
   TspModelStep parts(step, *this, w, {batch.input_ids.reshape({T}), batch.target_ids.reshape({T}), batch.batch()});
@@ -153,7 +150,7 @@ Result<Tensor> TspModel::prefill(Backend& be, Communicator& tsp, const ShardedWe
 
 Result<StepResult> TspModel::forward_backward(Backend& be, Communicator& tsp, const ShardedWeights& w,
                                               const Batch& batch, ShardedWeights& g, int64_t loss_normalizer) const {
-  FP_RETURN_IF_ERROR(check_local_batch(be, *this, batch, w.attn_norm.empty() || w.attn_norm[0].has_storage()));
+  FP_RETURN_IF_ERROR(check_local_batch(be, *this, batch));
   TspStep step(*this, be, tsp, batch.batch());
   const int64_t T = batch.input_ids.numel();
   TspModelStep parts(step, *this, w,

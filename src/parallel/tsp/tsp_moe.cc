@@ -86,20 +86,19 @@ const char* moe_dispatch_name(MoeDispatch d) {
 }
 
 MoeDispatch TspStep::moe_scheme() const {
-  switch (opt_.moe_dispatch) {
+  // auto: the training break-evens of spec COMPOSITION.md 3 on forward+backward bytes
+  // (moe_dispatch_by_bytes). T, D, E, f_e, k are the same on every rank, so every rank picks
+  // the same scheme.
+  const Layout::MoeDispatchOption d = opt_.moe_dispatch == Layout::MoeDispatchOption::kAuto
+                                          ? moe_dispatch_by_bytes(c_.moe, rows_, D_)
+                                          : opt_.moe_dispatch;
+  switch (d) {
     case Layout::MoeDispatchOption::kAllToAll: return MoeDispatch::kAllToAll;
     case Layout::MoeDispatchOption::kGather: return MoeDispatch::kGather;
     case Layout::MoeDispatchOption::kRing: return MoeDispatch::kRing;
     case Layout::MoeDispatchOption::kAuto: break;
   }
-  // auto: the training break-evens of spec COMPOSITION.md 3 on forward+backward bytes: the
-  // ring beats A iff T > 2.25 E f_e / k; else B beats A iff D < k. T, D, E, f_e, k are the
-  // same on every rank, so every rank picks the same scheme.
-  const MoeConfig& m = c_.moe;
-  if (static_cast<double>(rows_) > 2.25 * static_cast<double>(m.num_experts * m.moe_intermediate_size) /
-                                       static_cast<double>(m.num_experts_per_tok))
-    return MoeDispatch::kRing;
-  return D_ < m.num_experts_per_tok ? MoeDispatch::kGather : MoeDispatch::kAllToAll;
+  return MoeDispatch::kAllToAll;  // not reached: moe_dispatch_by_bytes never answers auto
 }
 
 Tensor TspStep::pack_experts(const std::vector<ExpertWeights>& experts) const {
