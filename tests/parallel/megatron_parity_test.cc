@@ -98,6 +98,7 @@ struct Case {
   int layers = 2;
   Ignore ignore = Ignore::kNone;
   Variant variant = Variant::kNone;
+  int64_t head_dim = 0;  // > 0: head_dim independent of hidden_size / heads (qwen3)
 };
 
 void PrintTo(const Case& k, std::ostream* os) { *os << k.name; }
@@ -128,6 +129,7 @@ Reference reference(const Case& k, const std::string& layout) {
   ref.config.qkv_bias = k.variant == Variant::kQwen2 || k.variant == Variant::kAttentionBias;
   ref.config.o_bias = k.variant == Variant::kAttentionBias;
   ref.config.qk_norm = k.variant == Variant::kQwen3;
+  if (k.head_dim > 0) ref.config.explicit_head_dim = k.head_dim;
   const LlamaConfig& c = ref.config;
   ref.weights = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
   init_weights(kInit, ref.weights);
@@ -359,7 +361,8 @@ void add_tp_cases(std::vector<Case>& out) {
     k = base;
     k.variant = Variant::kQwen3;
     k.recompute = sp ? Recompute::kBlock : Recompute::kNone;
-    out.push_back(named(k, p + (sp ? "_qwen3_qk_norms_recompute" : "_qwen3_qk_norms")));
+    k.head_dim = sp ? 0 : 12;
+    out.push_back(named(k, p + (sp ? "_qwen3_qk_norms_recompute" : "_qwen3_qk_norms_head_dim_12")));
   }
 }
 
@@ -452,7 +455,11 @@ void add_mesh_cases(std::vector<Case>& out) {
                      .family = m,
                      .sequence_parallel = true,
                      .variant = Variant::kAttentionBias});
-  out.push_back(Case{.name = "mesh_ring_qwen3_qk_norms", .family = m, .exchange = ring, .variant = Variant::kQwen3});
+  out.push_back(Case{.name = "mesh_ring_qwen3_qk_norms_head_dim_12",
+                     .family = m,
+                     .exchange = ring,
+                     .variant = Variant::kQwen3,
+                     .head_dim = 12});
   out.push_back(Case{.name = "mesh_seqpar_ring_sp0_targets_ignored",
                      .family = m,
                      .exchange = ring,

@@ -56,6 +56,7 @@ struct Case {
   int layers = 2;
   bool ignore_rank0 = false;  // every target of rank 0's tokens is ignored
   Variant variant = Variant::kNone;
+  int64_t head_dim = 0;  // > 0: head_dim independent of hidden_size / heads (qwen3)
 };
 
 // Weights with std 0.1 so that attention is far from uniform and every path matters.
@@ -67,6 +68,7 @@ void check_parity(const Case& k) {
   LlamaConfig c = test_config(D, k.tied, k.gqa);
   c.num_hidden_layers = k.layers;
   apply_variant(k.variant, c);
+  if (k.head_dim > 0) c.explicit_head_dim = k.head_dim;
 
   // The reference: the single-rank model on the same seed.
   LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
@@ -245,6 +247,7 @@ TEST(TspParity, Qwen3QkNorms) {
   k.options.recompute = Recompute::kBlock;
   k.gqa = false;
   k.batch = 2;
+  k.head_dim = 12;
   check_parity(k);
 }
 
