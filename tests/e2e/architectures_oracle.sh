@@ -89,6 +89,33 @@ run -np 4 "$bin" verify --model "$tmp/qwen3_bias.json" --layout tp=2,sp=2 --batc
   --dump "$tmp/qwen3_bias-tp=2,sp=2" >/dev/null
 dumps+=("$tmp/qwen3_bias-tp=2,sp=2")
 # (bf16, pp and dp layouts refuse them by name: tests/unit/layout_test.cc.)
+# Training (AdamW over the biases and gains too): 8 steps of qwen3 with attention_bias on one
+# rank, and the same steps as 4 under tsp=2 then 4 under tp=2 from its checkpoint, give the
+# same losses (2e-5 relative, as tests/e2e/train_layouts.sh).
+"$bin" prepare-data --out "$tmp/data" >/dev/null
+train() {  # train NP LAYOUT OUT [extra flags]
+  local np=$1 layout=$2 out=$3; shift 3
+  run -np "$np" "$bin" train --model "$tmp/qwen3_bias.json" --data "$tmp/data" --out "$out" --layout "$layout" \
+    --steps 8 --seq 64 --batch 4 --lr 3e-3 --warmup 2 --eval-every 0 --eval-batches 1 --print-every 100 --seed 7 \
+    "$@" >/dev/null
+}
+train 1 tsp=1 "$tmp/train-1"
+train 2 tsp=2 "$tmp/train-resume" --stop-after 4
+train 2 tp=2 "$tmp/train-resume" --resume
+/usr/bin/python3 - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+def losses(name):
+    return [json.loads(l)["loss"] for l in open(f"{tmp}/{name}/metrics.jsonl")]
+want = losses("train-1")
+assert len(want) == 8 and want[-1] < want[0], want
+for name in ["train-resume"]:
+    got = losses(name)
+    assert len(got) == 8, (name, len(got))
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got, want))
+    assert worst <= 2e-5, f"{name}: losses differ from one rank's by {worst:.2e}"
+PY
+echo "qwen3 with attention_bias trains alike on one rank and on tsp=2 resumed under tp=2"
 # The oracle itself tells the types apart: yarn's dump checked as linear must fail.
 cp -r "$tmp/yarn-1" "$tmp/yarn-as-linear"
 sed 's/"yarn"/"linear"/' "$tmp/yarn-1/config.json" >"$tmp/yarn-as-linear/config.json"
