@@ -12,6 +12,11 @@
 // With sequence parallelism the weight gradients need every row's norm output: gathered
 // again during the attention / SwiGLU backward (Megatron's choice: activations stay 1/tp),
 // unless a recompute rerun kept it.
+// The attention variants (replicated, sharded_weights.h): this rank's heads' q/k/v bias
+// slices and the q/k norm gains ride in the model's q/k/v sub-block (qkv_view); the o bias in
+// tp rank 0's row-parallel partial, so g / g' adds it once. Gradients: the o bias's from dy
+// (every row on every tp rank, so no tp sum), the rest into per-step partials summed over tp
+// (sum_variant_grads).
 #include "parallel/megatron/tp_step_base.h"
 
 namespace foldpar::megatron_detail {
