@@ -157,11 +157,17 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
                            "D > E, are not built yet)",
                            name, m.num_experts, layout.tsp);
   }
-  // So do the attention variants (q/k/v/o biases, q/k norms): the sharded weights carry them for
-  // decode (parallel/decode_block.h), but the TSP and Megatron training steps do not yet.
-  if ((config.qkv_bias || config.o_bias || config.qk_norm) && (layout.ranks() != 1 || layout.dtype != DType::kF32))
-    return unimplemented("layout {}: attention {} run on one rank in f32 only so far", name,
-                         config.qk_norm ? "q/k norms (qwen3)" : "biases (qwen2, attention_bias)");
+  // The attention variants (q/k/v/o biases, q/k norms) run on one rank, on tsp=D, and on the
+  // Megatron axes (tp, sp, tp x sp, sequence parallelism), in f32; not yet in bf16, on a
+  // pipeline or with data parallelism.
+  if (config.qkv_bias || config.o_bias || config.qk_norm) {
+    const char* what = config.qk_norm ? "q/k norms (qwen3)" : "biases (qwen2, attention_bias)";
+    if (layout.dtype != DType::kF32)
+      return unimplemented("layout {}: attention {} run in f32 only so far (drop :bf16)", name, what);
+    if (layout.pp > 1 || layout.dp > 1)
+      return unimplemented("layout {}: attention {} run on tsp, tp and sp alone so far, not with pp ({}) or dp ({})",
+                           name, what, layout.pp, layout.dp);
+  }
   FP_RETURN_IF_ERROR(check_axes(layout, name));
   FP_RETURN_IF_ERROR(check_knobs(layout, name));
   if (layout.pp == 1 && !layout.stage_layers.empty())

@@ -30,9 +30,9 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
                                                          const Layout& layout) {
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
-  // validate_layout: a MoE model runs on one rank or on tsp=D alone; the attention variants
-  // (biases, q/k norms) on one rank
-  if (layout.ranks() == 1 && (config.moe.enabled() || config.qkv_bias || config.o_bias || config.qk_norm))
+  // validate_layout: a MoE model runs on one rank (in the single-rank model) or on tsp=D
+  // alone. The attention variants (biases, q/k norms) run in the strategies, one rank included.
+  if (layout.ranks() == 1 && config.moe.enabled())
     return make_single_rank_model(config, layout);
   if (layout.pp > 1) {
     Result<std::unique_ptr<StageStrategy>> stage =
@@ -54,10 +54,6 @@ Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& 
                          config.moe.model_type());
   if (layout.pp > 1) return unimplemented("layout {}: generation does not run on a pp axis yet", name);
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, 0));
-  // TP's prefill is the Megatron forward, which has no biases or q/k norms yet (TSP's has).
-  if ((config.qkv_bias || config.o_bias || config.qk_norm) && layout.strategy != Strategy::kTsp)
-    return unimplemented("layout {}: generation of a model with attention biases or q/k norms runs on tsp=1 only so far",
-                         name);
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
   if (layout.strategy == Strategy::kTsp) return make_tsp_decoder(config, mesh.comm("tsp"), layout);
   if (layout.sp == 1 && mesh.has_axis("tp")) return make_tp_decoder(config, mesh.comm("tp"), layout);

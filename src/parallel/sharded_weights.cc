@@ -282,8 +282,14 @@ ShardedGrads ShardedGrads::allocate(const LlamaConfig& c, const ShardDims& dims,
     if (mc.is_sparse_layer(l)) moe_elems += moe_layer_elems;
     else ++dense_layers;
   }
+  // The replicated attention variants (qwen2 / attention_bias biases, qwen3 q/k norms) of each
+  // held layer, between the sharded region and the norm gains (which stay contiguous: Megatron
+  // sums them over tp on their own).
+  const int64_t variant_elems = (c.qkv_bias ? c.q_dim() + 2 * c.kv_dim() : 0) + (c.o_bias ? h : 0) +
+                                (c.qk_norm ? 2 * dims.d : 0);
   const int64_t total = layers * dims.attn_elems() + dense_layers * dims.mlp_elems() + moe_elems +
-                        vocab_tensors * dims.vocab_elems() + (2 * layers + (stage.head ? 1 : 0)) * h;
+                        vocab_tensors * dims.vocab_elems() + layers * variant_elems +
+                        (2 * layers + (stage.head ? 1 : 0)) * h;
   ShardedGrads g;
   g.flat_ = Tensor::zeros({total}, DType::kF32, category);  // storage-less: no fill (a dry run)
   g.known_zero_ = true;
@@ -317,6 +323,12 @@ ShardedGrads ShardedGrads::allocate(const LlamaConfig& c, const ShardDims& dims,
   }
   w.embed = take({dims.v_rows, h}, holds_embed(stage, tied));
   w.lm_head = tied ? (stage.head ? w.embed : Tensor()) : take({dims.v_rows, h}, stage.head);
+  for (int64_t l = 0; l < L; ++l) {
+    const bool held = stage.holds_layer(l);
+    if (c.qkv_bias) w.qkv_bias.push_back(take({c.q_dim() + 2 * c.kv_dim()}, held));
+    if (c.o_bias) w.o_bias.push_back(take({h}, held));
+    if (c.qk_norm) w.qk_norm.push_back(take({2, dims.d}, held));
+  }
   g.norm_offset_ = offset;
   for (int64_t l = 0; l < L; ++l) {
     w.attn_norm.push_back(take({h}, stage.holds_layer(l)));
@@ -350,6 +362,50 @@ void sum_norm_partials(Backend& be, const std::vector<Tensor>& partials, Sharded
   }
   reduce(packed);
   for (int64_t j = 0; j < k; ++j) be.add_inplace(packed.narrow(j, j + 1), dst(held[j]));
+}
+
+ShardedWeights allocate_variant_partials(Backend& be, const LlamaConfig& c, const ShardDims& d, bool with_o_bias) {
+  ShardedWeights p;
+  p.dims = d;
+  auto zero = [&](const Shape& shape) {
+    Tensor t = Tensor::empty(shape, DType::kF32, MemCategory::kGradients);
+    be.fill(0.0, t);
+    return t;
+  };
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.qkv_bias) p.qkv_bias.push_back(zero({c.q_dim() + 2 * c.kv_dim()}));
+    if (c.o_bias && with_o_bias) p.o_bias.push_back(zero({d.h}));
+    if (c.qk_norm) p.qk_norm.push_back(zero({2, d.d}));
+  }
+  return p;
+}
+
+void sum_variant_partials(Backend& be, const ShardedWeights& partials, ShardedWeights& grads,
+                          const std::function<void(Tensor& packed)>& reduce) {
+  std::vector<std::pair<Tensor, Tensor>> pairs;  // (partial, gradient) of the layers this rank holds
+  auto collect = [&](const std::vector<Tensor>& from, const std::vector<Tensor>& to) {
+    for (size_t l = 0; l < from.size(); ++l)
+      if (Tensor g = element_of(to, l); g.defined()) pairs.emplace_back(from[l], g);
+  };
+  collect(partials.qkv_bias, grads.qkv_bias);
+  collect(partials.o_bias, grads.o_bias);
+  collect(partials.qk_norm, grads.qk_norm);
+  int64_t n = 0;
+  for (const auto& [p, g] : pairs) n += p.numel();
+  if (n == 0) return;
+  Tensor packed = Tensor::empty({n}, DType::kF32, MemCategory::kComm);
+  int64_t at = 0;
+  for (const auto& [p, g] : pairs) {
+    Tensor slot = packed.narrow(at, at + p.numel()).reshape(p.shape());
+    be.copy(p, slot);
+    at += p.numel();
+  }
+  reduce(packed);
+  at = 0;
+  for (auto& [p, g] : pairs) {
+    be.add_inplace(packed.narrow(at, at + p.numel()).reshape(p.shape()), g);
+    at += p.numel();
+  }
 }
 
 void init_sharded_weights(const InitOptions& o, ShardedWeights& w) {

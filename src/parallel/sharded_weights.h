@@ -90,8 +90,9 @@ struct ShardedWeights {
   // The attention variants (empty vectors when the config has none), all replicated (they are
   // small, and so a TSP rank has every head's biases at hand whichever shard it computes):
   // the q, k, v biases [bq; bk; bv] of every head, the o_proj bias [h] and the q/k norm gains
-  // [2, d] (q then k). The training steps do not use them yet (validate_layout keeps such
-  // models on one rank); the forward of prefill and decode do.
+  // [2, d] (q then k). Their gradients are summed over the axis by the strategy (TSP: every
+  // rank's partial over its tokens; Megatron: each tp rank's heads, over sp the tokens), so
+  // every rank applies the same update.
   std::vector<Tensor> qkv_bias;   // L x [n_h d + 2 n_kv d]
   std::vector<Tensor> o_bias;     // L x [h]
   std::vector<Tensor> qk_norm;    // L x [2, d]
@@ -126,8 +127,9 @@ void shard_from_global(const LlamaWeights& global, ShardedWeights& shard);
 void unshard_into_global(const ShardedWeights& shard, bool replicated, LlamaWeights& global);
 
 // The gradients of a rank's ShardedWeights in ONE flat f32 buffer, ShardedWeights views into
-// it in ShardedWeights::for_each's order (sharded tensors first, then the (2L+1) norm gains
-// contiguous), so that a sum over an axis is one all_reduce (a few when it exceeds one MPI
+// it: the sharded tensors first, then the attention variants' replicated gradients
+// (qkv_bias, o_bias, qk_norm per layer; none without them), then the (2L+1) norm gains
+// contiguous (norm_region()), so that a sum over an axis is one all_reduce (a few when it exceeds one MPI
 // message; Megatron's over sp) and the gains' sum one more (over tp).
 class ShardedGrads {
  public:
@@ -159,6 +161,18 @@ class ShardedGrads {
 // `grads`. Collective as `reduce` is.
 void sum_norm_partials(Backend& backend, const std::vector<Tensor>& partials, ShardedWeights& grads,
                        const std::function<void(Tensor& packed)>& reduce);
+
+// A step's partial gradients of the replicated attention variants (qkv_bias, o_bias (when
+// with_o_bias), qk_norm of every layer; f32, zeroed), in a ShardedWeights that holds nothing
+// else, so attach_attn_variants gives views into it. Kept apart from the gradients, which
+// hold earlier micro-batches' sums, until sum_variant_partials.
+ShardedWeights allocate_variant_partials(Backend& backend, const LlamaConfig& config, const ShardDims& dims,
+                                         bool with_o_bias);
+// Packs the partials of the layers `grads` holds into one f32 buffer, sums it across ranks by
+// `reduce` (the strategy's all_reduce over its axis) and adds it into grads. Collective as
+// `reduce` is; issues nothing when there are no variants.
+void sum_variant_partials(Backend& backend, const ShardedWeights& partials, ShardedWeights& grads,
+                          const std::function<void(Tensor& packed)>& reduce);
 
 class Communicator;
 // Collective over the sharding communicator: every rank receives the full tensors assembled from

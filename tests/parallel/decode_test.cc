@@ -191,37 +191,19 @@ TEST(DecodeParity, RopeScaledLlama3AndYarnOnTspAndTp) {
 TEST(DecodeParity, TpMhaTied) { check_parity(make_case("tp", false, true)); }
 
 // The Hugging Face attention variants (issue 21): q/k/v biases (qwen2), q/k/v/o biases
-// (llama attention_bias), per-head q/k norms with head_dim 12 != h / n_h (qwen3): the TSP
-// prefill and every decode step against the single-rank full forward. They run on one rank
-// so far; elsewhere, and on the tp decoder, the decoder is refused by name.
-TEST(DecodeParity, AttentionBiasesAndQkNormsOnOneRank) {
-  for (int variant = 0; variant < 3; ++variant) {
-    Case s = make_case("tsp");
-    s.config.qkv_bias = true;
-    s.config.o_bias = variant >= 1;
-    s.config.qk_norm = variant == 2;
-    if (variant == 2) s.config.explicit_head_dim = 12;
-    SCOPED_TRACE("variant " + std::to_string(variant));
-    if (test::mpi().world().size() == 1) {
+// (llama attention_bias), per-head q/k norms with head_dim 12 != h / n_h (qwen3): the TSP and
+// tp prefill and every decode step against the single-rank full forward, at every world size.
+TEST(DecodeParity, AttentionBiasesAndQkNormsOnTspAndTp) {
+  for (const char* layout : {"tsp", "tp"})
+    for (int variant = 0; variant < 3; ++variant) {
+      Case s = make_case(layout);
+      s.config.qkv_bias = true;
+      s.config.o_bias = variant >= 1;
+      s.config.qk_norm = variant == 2;
+      if (variant == 2) s.config.explicit_head_dim = 12;
+      SCOPED_TRACE(std::string(layout) + " variant " + std::to_string(variant));
       check_parity(s);
-    } else {
-      Communicator& world = test::mpi().world();
-      const Layout layout = parse_layout("tsp=" + std::to_string(world.size())).value();
-      Result<Mesh> mesh = Mesh::create(world, layout.mesh());
-      ASSERT_TRUE(mesh.ok());
-      Result<std::unique_ptr<ShardedDecoder>> d = make_sharded_decoder(s.config, *mesh, layout);
-      ASSERT_FALSE(d.ok());
-      EXPECT_EQ(d.status().code(), StatusCode::kUnimplemented);
-      EXPECT_NE(d.status().message().find("one rank"), std::string::npos) << d.status().message();
     }
-    Communicator& world = test::mpi().world();
-    const Layout tp = parse_layout("tp=" + std::to_string(world.size())).value();
-    Result<Mesh> mesh = Mesh::create(world, tp.mesh());
-    ASSERT_TRUE(mesh.ok());
-    Result<std::unique_ptr<ShardedDecoder>> d = make_sharded_decoder(s.config, *mesh, tp);
-    ASSERT_FALSE(d.ok());
-    EXPECT_EQ(d.status().code(), StatusCode::kUnimplemented) << d.status().message();
-  }
 }
 
 // Greedy decoding: each chosen token is the argmax of the logits (lowest id on ties).

@@ -79,6 +79,10 @@ LlamaConfig test_config(Family f, int T, bool tied, bool gqa, int layers) {
 // parallelism).
 enum class Ignore { kNone, kSp0, kFirstTpBlock };
 
+// The Hugging Face attention variants (model/llama_config.h): none, Qwen2's q/k/v biases,
+// Llama's attention_bias (q/k/v and o biases), Qwen3's per-head q/k RMSNorm.
+enum class Variant { kNone, kQwen2, kAttentionBias, kQwen3 };
+
 struct Case {
   std::string name{};
   Family family = Family::kMesh;
@@ -93,6 +97,8 @@ struct Case {
   int64_t seq = 48;
   int layers = 2;
   Ignore ignore = Ignore::kNone;
+  Variant variant = Variant::kNone;
+  int64_t head_dim = 0;  // > 0: head_dim independent of hidden_size / heads (qwen3)
 };
 
 void PrintTo(const Case& k, std::ostream* os) { *os << k.name; }
@@ -120,6 +126,10 @@ Reference reference(const Case& k, const std::string& layout) {
   const int T = degree_of(layout, "tp"), P = degree_of(layout, "sp");
   Reference ref;
   ref.config = test_config(k.family, T, k.tied, k.gqa, k.layers);
+  ref.config.qkv_bias = k.variant == Variant::kQwen2 || k.variant == Variant::kAttentionBias;
+  ref.config.o_bias = k.variant == Variant::kAttentionBias;
+  ref.config.qk_norm = k.variant == Variant::kQwen3;
+  if (k.head_dim > 0) ref.config.explicit_head_dim = k.head_dim;
   const LlamaConfig& c = ref.config;
   ref.weights = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
   init_weights(kInit, ref.weights);
@@ -222,7 +232,7 @@ void expect_parameters(ShardedModel& model, const Reference& ref) {
   int64_t counted = 0;
   for (const ParamRef& p : model.parameters()) {
     if (p.counted) counted += p.param.numel();
-    EXPECT_EQ(p.decay, !p.name.ends_with("norm")) << p.name;
+    EXPECT_EQ(p.decay, !p.name.ends_with("norm") && !p.name.ends_with("bias")) << p.name;
     int64_t covered = 0;
     for (const GlobalSlice& s : p.slices) {
       ASSERT_TRUE(grads.count(s.tensor)) << s.tensor;
@@ -338,6 +348,21 @@ void add_tp_cases(std::vector<Case>& out) {
     k = base;
     k.ignore = Ignore::kFirstTpBlock;
     out.push_back(named(k, p + "_rank0_rows_ignored"));
+    // The attention variants: q/k/v biases sharded by heads with the column-parallel weight,
+    // the o bias once after the row-parallel sum, the q/k norms per local head; the bias
+    // and norm gradients summed over tp (every ParamRef checked on every rank).
+    k = base;
+    k.variant = Variant::kQwen2;
+    out.push_back(named(k, p + "_qwen2_biases"));
+    k = base;
+    k.variant = Variant::kAttentionBias;
+    k.tied = true;
+    out.push_back(named(k, p + "_attention_bias_tied"));
+    k = base;
+    k.variant = Variant::kQwen3;
+    k.recompute = sp ? Recompute::kBlock : Recompute::kNone;
+    k.head_dim = sp ? 0 : 12;
+    out.push_back(named(k, p + (sp ? "_qwen3_qk_norms_recompute" : "_qwen3_qk_norms_head_dim_12")));
   }
 }
 
@@ -378,6 +403,10 @@ void add_sp_cases(std::vector<Case>& out) {
     k = base;
     k.ignore = Ignore::kSp0;
     out.push_back(named(k, p + "_rank0_targets_ignored"));
+    // The attention variants: their gradients summed over sp with the rest.
+    k = base;
+    k.variant = x == Exchange::kRing ? Variant::kQwen3 : Variant::kAttentionBias;
+    out.push_back(named(k, p + (x == Exchange::kRing ? "_qwen3_qk_norms" : "_attention_bias")));
   }
 }
 
@@ -422,6 +451,15 @@ void add_mesh_cases(std::vector<Case>& out) {
                      .gqa = false});
   out.push_back(Case{.name = "mesh_one_layer_one_sequence", .family = m, .batch = 1, .seq = 24, .layers = 1});
   out.push_back(Case{.name = "mesh_sp0_targets_ignored", .family = m, .ignore = Ignore::kSp0});
+  out.push_back(Case{.name = "mesh_seqpar_attention_bias",
+                     .family = m,
+                     .sequence_parallel = true,
+                     .variant = Variant::kAttentionBias});
+  out.push_back(Case{.name = "mesh_ring_qwen3_qk_norms_head_dim_12",
+                     .family = m,
+                     .exchange = ring,
+                     .variant = Variant::kQwen3,
+                     .head_dim = 12});
   out.push_back(Case{.name = "mesh_seqpar_ring_sp0_targets_ignored",
                      .family = m,
                      .exchange = ring,

@@ -43,8 +43,9 @@ using test::Family;
 // The layouts a policy runs on: those of the family it was written for.
 std::vector<std::string> layouts(Family f) { return test::megatron_layouts(f); }
 
-LlamaConfig traffic_config(int layers, bool tied, int kv_heads) {
+LlamaConfig traffic_config(int layers, bool tied, int kv_heads, bool variants = false) {
   LlamaConfig c;
+  c.qkv_bias = c.o_bias = c.qk_norm = variants;  // qwen3 with attention_bias: every variant at once
   c.hidden_size = 96;
   c.num_attention_heads = 12;
   c.num_key_value_heads = kv_heads;  // 4: g = 3, two KV heads per rank at T = 2; 6 at T = 3
@@ -94,11 +95,11 @@ struct Counted {
 };
 
 // One step's counters on each axis the mesh has (nothing on an axis it lacks).
-Counted run(const std::string& layout, int layers, const Policy& pol, bool backward) {
+Counted run(const std::string& layout, int layers, const Policy& pol, bool backward, bool variants = false) {
   Result<Mesh> mesh = Mesh::create(test::mpi().world(), layout);
   FP_CHECK_OK(mesh.status());
   const Sizes z = sizes(*mesh, pol.family);
-  const LlamaConfig c = traffic_config(layers, pol.tied, z.kv_heads);
+  const LlamaConfig c = traffic_config(layers, pol.tied, z.kv_heads, variants);
   const Layout o = test::megatron_layout_with(layout, pol);
   Result<std::unique_ptr<ShardedModel>> m = make_sharded_model(c, *mesh, z.seq, o);
   FP_CHECK_OK(m.status());
@@ -348,6 +349,33 @@ TEST_P(MegatronTraffic, WholeStepEqualsTheSumOfItsTerms) {
   }
 }
 
+// The attention variants (q/k/v and o biases, q/k norms; replicated) against the plain model
+// on the same layout: the forward moves the same; the backward adds one all_reduce over tp of
+// the q/k/v bias and q/k norm partials, L (n_h d + 2 n_kv d + 2d) elements (the o bias needs
+// none: every tp rank holds every row's dy), and their L (n_h d + 2 n_kv d + h + 2d) gradient
+// elements grow the step's gradient all_reduce over sp.
+class MegatronTrafficVariants : public MegatronTraffic {};
+
+TEST_P(MegatronTrafficVariants, AddOneTpAllReduceAndGrowTheSpGradientSum) {
+  const Policy pol = GetParam();
+  for (const std::string& layout : layouts(pol.family)) {
+    SCOPED_TRACE(layout);
+    const Formulas F = formulas(layout, pol);
+    const Sizes z = sizes(Mesh::create(test::mpi().world(), layout).value(), pol.family);
+    const LlamaConfig c = traffic_config(1, pol.tied, z.kv_heads, true);
+    const uint64_t qkv = static_cast<uint64_t>(c.q_dim() + 2 * c.kv_dim()), d = static_cast<uint64_t>(c.head_dim());
+    for (bool backward : {false, true}) {
+      const std::string what = backward ? "forward+backward" : "forward";
+      const Counted plain = run(layout, 1, pol, backward), variants = run(layout, 1, pol, backward, true);
+      Expected tp, sp;
+      if (backward && F.T > 1) tp.add_all_reduce(1, qkv + 2 * d, F.T, F.t);
+      if (backward && F.P > 1) sp.add_all_reduce_growth(F.grad_elems(1), F.grad_elems(1) + qkv + F.h + 2 * d, F.P, F.p);
+      expect_counters(variants.tp - plain.tp, tp, "tp, " + what);
+      expect_counters(variants.sp - plain.sp, sp, "sp, " + what);
+    }
+  }
+}
+
 constexpr Exchange kGather = Exchange::kAllGather, kRing = Exchange::kRing;
 constexpr Recompute kKeep = Recompute::kNone, kRerun = Recompute::kBlock;
 constexpr SeqSplit kZigzag = SeqSplit::kZigzag, kContiguous = SeqSplit::kContiguous;
@@ -379,6 +407,14 @@ INSTANTIATE_TEST_SUITE_P(
         Policy{"mesh_seqpar_allgather_recompute_no_overlap", Family::kMesh, kGather, true, kRerun, false, kZigzag,
                true},
         Policy{"mesh_seqpar_ring_recompute", Family::kMesh, kRing, true, kRerun, true, kZigzag, false}),
+    [](const ::testing::TestParamInfo<Policy>& i) { return std::string(i.param.name); });
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, MegatronTrafficVariants,
+    ::testing::Values(Policy{"tp_plain", Family::kTp, kGather, false, kKeep, true, kZigzag, false},
+                      Policy{"tp_seqpar", Family::kTp, kGather, true, kKeep, true, kZigzag, false},
+                      Policy{"sp_ring", Family::kSp, kRing, false, kKeep, true, kZigzag, false},
+                      Policy{"mesh_seqpar_allgather", Family::kMesh, kGather, true, kKeep, true, kZigzag, false}),
     [](const ::testing::TestParamInfo<Policy>& i) { return std::string(i.param.name); });
 
 }  // namespace

@@ -37,6 +37,16 @@ LlamaConfig test_config(int D, bool tied, bool gqa) {
   return c;
 }
 
+// The Hugging Face attention variants (model/llama_config.h): none, Qwen2's q/k/v biases,
+// Llama's attention_bias (q/k/v and o biases), Qwen3's per-head q/k RMSNorm.
+enum class Variant { kNone, kQwen2, kAttentionBias, kQwen3 };
+
+void apply_variant(Variant v, LlamaConfig& c) {
+  c.qkv_bias = v == Variant::kQwen2 || v == Variant::kAttentionBias;
+  c.o_bias = v == Variant::kAttentionBias;
+  c.qk_norm = v == Variant::kQwen3;
+}
+
 struct Case {
   Layout options;  // tsp is set to the world size
   bool tied = false;
@@ -45,6 +55,8 @@ struct Case {
   int64_t seq = 48;
   int layers = 2;
   bool ignore_rank0 = false;  // every target of rank 0's tokens is ignored
+  Variant variant = Variant::kNone;
+  int64_t head_dim = 0;  // > 0: head_dim independent of hidden_size / heads (qwen3)
 };
 
 // Weights with std 0.1 so that attention is far from uniform and every path matters.
@@ -55,6 +67,8 @@ void check_parity(const Case& k) {
   const int D = world.size(), p = world.rank();
   LlamaConfig c = test_config(D, k.tied, k.gqa);
   c.num_hidden_layers = k.layers;
+  apply_variant(k.variant, c);
+  if (k.head_dim > 0) c.explicit_head_dim = k.head_dim;
 
   // The reference: the single-rank model on the same seed.
   LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
@@ -110,6 +124,23 @@ void check_parity(const Case& k) {
     EXPECT_LE(err, tol::kF32Parallel) << name << " on rank " << p << "\n"
                                       << describe_mismatches(t, ref_list[i - 1].second, tol::kF32Parallel);
   });
+  // The replicated variants' gradients are complete on every rank, not only on rank 0 (which
+  // assemble_global reads): each rank's own copies against the reference.
+  LlamaWeights own_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  own_g.zero();
+  unshard_into_global(tg, /*replicated=*/true, own_g);
+  size_t variants = 0;
+  i = 0;
+  own_g.for_each([&](const std::string& name, Tensor& t) {
+    const Tensor& want = ref_list[i++].second;
+    if (!name.ends_with("_proj.bias") && !name.ends_with("_norm.weight") ) return;
+    if (name.find("self_attn") == std::string::npos) return;
+    ++variants;
+    EXPECT_LE(max_rel_error(t, want), tol::kF32Parallel) << name << " held by rank " << p << "\n"
+                                                         << describe_mismatches(t, want, tol::kF32Parallel);
+  });
+  EXPECT_EQ(static_cast<int64_t>(variants),
+            c.num_hidden_layers * ((c.qkv_bias ? 3 : 0) + (c.o_bias ? 1 : 0) + (c.qk_norm ? 2 : 0)));
   // The shards initialized on their own equal the slices of the global weights.
   ShardedWeights sliced = ShardedWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kWorkspace);
   shard_from_global(w, sliced);
@@ -181,6 +212,42 @@ TEST(TspParity, RankWithOnlyIgnoredTargets) {
   // The mean runs over the valid tokens of the whole sequence, counted across ranks.
   Case k;
   k.ignore_rank0 = true;
+  check_parity(k);
+}
+
+// The attention variants: each shard's bias slices on its heads' projections of the local
+// tokens, the o bias once per token, the q/k norms per head before RoPE; their gradients
+// summed over the axis (checked on every rank above).
+TEST(TspParity, Qwen2QkvBiases) {
+  Case k;
+  k.variant = Variant::kQwen2;
+  check_parity(k);
+}
+
+TEST(TspParity, LlamaAttentionBiasWithBucketsAndNoOverlap) {
+  Case k;
+  k.variant = Variant::kAttentionBias;
+  check_parity(k);
+  k.options.head_buckets = test::mpi().world().size() == 3 ? 1 : 2;
+  k.options.overlap = false;
+  k.tied = true;
+  check_parity(k);
+}
+
+TEST(TspParity, Qwen3QkNorms) {
+  Case k;
+  k.variant = Variant::kQwen3;
+  check_parity(k);
+  k.options.head_buckets = test::mpi().world().size() == 3 ? 1 : 2;
+  k.options.keep_weights = true;
+  k.options.keep_kv = true;
+  check_parity(k);
+  k = Case{};
+  k.variant = Variant::kQwen3;
+  k.options.recompute = Recompute::kBlock;
+  k.gqa = false;
+  k.batch = 2;
+  k.head_dim = 12;
   check_parity(k);
 }
 

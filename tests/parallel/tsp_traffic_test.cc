@@ -14,8 +14,9 @@
 namespace foldpar {
 namespace {
 
-LlamaConfig traffic_config(int D, int layers, int64_t head_dim = 0) {
+LlamaConfig traffic_config(int D, int layers, int64_t head_dim = 0, bool variants = false) {
   LlamaConfig c;
+  c.qkv_bias = c.o_bias = c.qk_norm = variants;  // qwen3 with attention_bias: every variant at once
   c.explicit_head_dim = head_dim;  // 0: h / n_h = 8
   c.hidden_size = 96;  // divisible by every D here, so the norm all-reduce splits evenly
   c.num_attention_heads = 12;
@@ -27,10 +28,11 @@ LlamaConfig traffic_config(int D, int layers, int64_t head_dim = 0) {
   return c;
 }
 
-CommStats run(int layers, Layout opt, bool backward, int64_t B, int64_t S, int64_t head_dim = 0) {
+CommStats run(int layers, Layout opt, bool backward, int64_t B, int64_t S, int64_t head_dim = 0,
+              bool variants = false) {
   Communicator& world = test::mpi().world();
   const int D = world.size(), p = world.rank();
-  const LlamaConfig c = traffic_config(D, layers, head_dim);
+  const LlamaConfig c = traffic_config(D, layers, head_dim, variants);
   opt.tsp = D;
   Result<TspModel> m = TspModel::create(c, opt, p, S);
   EXPECT_TRUE(m.ok()) << m.status().to_string();
@@ -141,6 +143,32 @@ INSTANTIATE_TEST_SUITE_P(Policies, TspTraffic,
                                            Policy{"keep_both_buckets", true, true, 2, true},
                                            Policy{"buckets_no_overlap", false, false, 2, false}),
                          [](const ::testing::TestParamInfo<Policy>& i) { return std::string(i.param.name); });
+
+// The attention variants are replicated: nothing of them travels with the shards, the
+// forward moves what the plain model's does, and the backward adds one all-reduce of their
+// gradients, n = L (n_h d + 2 n_kv d + h + 2d) elements (ring convention: 2 n (D-1)/D).
+TEST(TspTrafficVariants, BiasAndNormGradientsAddOneAllReduce) {
+  const int D = test::mpi().world().size();
+  const int64_t B = 2, S = 12 * D, L = 3;  // L = 3: n divides by every D here
+  const LlamaConfig c = traffic_config(D, static_cast<int>(L), 0, true);
+  const uint64_t n = static_cast<uint64_t>(L * (c.q_dim() + 2 * c.kv_dim() + c.hidden_size + 2 * c.head_dim()));
+  ASSERT_EQ(n % static_cast<uint64_t>(D), 0u);
+  for (bool backward : {false, true}) {
+    SCOPED_TRACE(backward ? "forward and backward" : "forward");
+    const CommStats plain = run(static_cast<int>(L), Layout{}, backward, B, S);
+    const CommStats variants = run(static_cast<int>(L), Layout{}, backward, B, S, 0, true);
+    for (CommOpKind kind : {CommOpKind::kBroadcast, CommOpKind::kAllGather, CommOpKind::kReduce,
+                            CommOpKind::kReduceScatter, CommOpKind::kSendRecv}) {
+      EXPECT_EQ(variants.op(kind).bytes_sent, plain.op(kind).bytes_sent) << comm_op_name(kind);
+      EXPECT_EQ(variants.op(kind).calls, plain.op(kind).calls) << comm_op_name(kind);
+    }
+    const OpCounters a = plain.op(CommOpKind::kAllReduce), b = variants.op(CommOpKind::kAllReduce);
+    EXPECT_EQ(b.calls - a.calls, backward ? 1u : 0u);
+    const uint64_t extra = backward ? 2 * n * static_cast<uint64_t>(D - 1) / static_cast<uint64_t>(D) : 0;
+    EXPECT_EQ(b.bytes_sent - a.bytes_sent, extra * 4);
+    EXPECT_EQ(b.bytes_received - a.bytes_received, extra * 4);
+  }
+}
 
 TEST(TspTrafficVocab, RingsMoveOneVocabularyShardPerHop) {
   // With one layer the send_recv traffic is the layer's MLP rings plus the vocabulary rings:

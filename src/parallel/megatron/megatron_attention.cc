@@ -59,7 +59,7 @@ Tensor MegatronStep::attention_forward(int l, const Tensor& x, AttnSaved* saved,
   // their exchange over sp overlaps the q projection.
   Tensor k_full, v_full;
   std::vector<CommRequest> requests;
-  s.qkv = qkv_forward(ctx_, qkv_view(w_.attn[l]), a1_full, [&](const Tensor& k, const Tensor& v) {
+  s.qkv = qkv_forward(ctx_, qkv_view(w_, l), a1_full, [&](const Tensor& k, const Tensor& v) {
     if (kv_cache_ != nullptr) kv_cache_->store_prefill(be_, l, 0, k, v);
     if (gather_) requests = start_gather_kv_pair(k, v, k_full, v_full);  // fwd: all_gather over sp
   });

@@ -49,6 +49,7 @@ Tensor& MegatronStep::norm_grad(Tensor& grad, int index) {
 // ---- the sums of a step's partial gradients ----
 
 void MegatronStep::sum_partials(ShardedGrads& partial) {
+  sum_variant_grads(partial.views());  // over tp; over sp with the rest of the flat buffer below
   if (local_) {
     if (norm_partials_.empty()) return;
     // One all_reduce of every gain's partial over tp, packed: [(2L+1) * h], then into the

@@ -12,6 +12,11 @@
 // With sequence parallelism the weight gradients need every row's norm output: gathered
 // again during the attention / SwiGLU backward (Megatron's choice: activations stay 1/tp),
 // unless a recompute rerun kept it.
+// The attention variants (replicated, sharded_weights.h): this rank's heads' q/k/v bias
+// slices and the q/k norm gains ride in the model's q/k/v sub-block (qkv_view); the o bias in
+// tp rank 0's row-parallel partial, so g / g' adds it once. Gradients: the o bias's from dy
+// (every row on every tp rank, so no tp sum), the rest into per-step partials summed over tp
+// (sum_variant_grads).
 #include "parallel/megatron/tp_step_base.h"
 
 namespace foldpar::megatron_detail {
@@ -19,7 +24,11 @@ namespace foldpar::megatron_detail {
 Tensor TpStepBase::output_projection(int l, const Tensor& attn, const Tensor& x) {
   // Row-parallel: this rank's part of attn Wo^T, summed over tp.
   Tensor partial = row_partial();
-  attn_output_forward(ctx_, wo_view(w_.attn[l]), attn, partial, /*y_beta=*/0.0f);
+  LinearView wo = wo_view(w_.attn[l]);
+  // The o bias (replicated) rides in tp rank 0's partial: the sum (g or g') adds it once to
+  // every row, with no extra pass.
+  if (tp_.rank() == 0 && static_cast<size_t>(l) < w_.o_bias.size()) wo.b = w_.o_bias[l];
+  attn_output_forward(ctx_, wo, attn, partial, /*y_beta=*/0.0f);
   Tensor y = reduce_rows(partial);  // fwd: g (all_reduce) or g' (reduce_scatter)
   be_.add_inplace(x, y);
   return y;
@@ -37,6 +46,9 @@ Tensor TpStepBase::output_projection_backward(int l, AttnSaved& s, const Tensor&
   }
   // y = attn Wo_t (row-parallel): d_attn = dy Wo_t^T, dWo_t += attn^T dy. No communication.
   LinearView g_wo = wo_view(in_.grads->attn[l]);
+  // dy holds every row of the tp group on every tp rank: the o bias's gradient (its column
+  // sums) is the same on each, complete over tp without a sum.
+  if (static_cast<size_t>(l) < in_.grads->o_bias.size()) g_wo.b = in_.grads->o_bias[l];
   return attn_output_backward(ctx_, wo_view(w_.attn[l]), s.attn, dy, g_wo, 1.0f, [&] {
     tp_.progress(*a1_req);
     between();
@@ -47,6 +59,8 @@ Tensor TpStepBase::qkv_backward(int l, const AttnSaved& s, const QkvGrads& d, co
                                 TpComm::Pending& a1_req, const Tensor& d_out) {
   ShardedWeights& grads = *in_.grads;
   QkvWeights g = qkv_view(grads.attn[l]);
+  attach_attn_variants(variant_partials_, l, tp_.rank() * dims_.heads, dims_.heads, tp_.rank() * dims_.kv_heads,
+                       dims_.kv_heads, g);
   // Column-parallel q, k, v = a1 W^T: this rank's part of d_a1, summed over tp (f^T) while
   // the weight gradients compute.
   Tensor d_a1_partial, d_a1;  // [N, h], [R, h]
@@ -58,7 +72,7 @@ Tensor TpStepBase::qkv_backward(int l, const AttnSaved& s, const QkvGrads& d, co
     tp_.wait(a1_req);
   };
   sched.between = [&] { tp_.progress(dx_req); };
-  foldpar::qkv_backward(ctx_, qkv_view(w_.attn[l]), a1_full, d, d_a1_partial, g, 1.0f, sched);
+  foldpar::qkv_backward(ctx_, qkv_view(w_, l), a1_full, d, d_a1_partial, g, 1.0f, sched, &s.qkv);
   tp_.wait(dx_req);
   // a1 = norm(x_in) on this rank's rows; dx = d_out + norm^T(d_a1).
   return norm_backward(row_ctx_, w_.attn_norm[l], s.norm, d_a1, &d_out, norm_grad(grads.attn_norm[l], l));

@@ -32,6 +32,7 @@ TpStepBase::TpStepBase(const LlamaConfig& config, const ShardDims& dims, Backend
       saved_(in.grads != nullptr ? static_cast<size_t>(config.num_hidden_layers) : 0) {
   FP_CHECK(tp.size() == dims_.degree && tp.rank() == tp_rank, "tp rank {} of {} on communicator {}", tp_rank,
            dims_.degree, tp.describe());
+  if (in.grads != nullptr) variant_partials_ = allocate_variant_partials(backend, config, dims, /*with_o_bias=*/false);
   if (seq_par_) {
     // Every tp rank needs every row's ids (vocabulary-parallel embedding) and targets (the
     // loss runs on every row): one all_gather of both, packed [B, local, 2] -> [B, tp_seq, 2].
@@ -96,6 +97,19 @@ void TpStepBase::set_positions(const Tensor* positions, const Tensor* rope_table
 QkvWeights TpStepBase::qkv_view(const Tensor& packed_attn) const {
   const AttnPieces a = attn_pieces(dims_, packed_attn);
   return QkvWeights{a.wq, a.wk, a.wv};
+}
+
+QkvWeights TpStepBase::qkv_view(const ShardedWeights& w, int layer) const {
+  QkvWeights q = qkv_view(w.attn[static_cast<size_t>(layer)]);
+  const int r = tp_.rank();
+  attach_attn_variants(w, layer, r * dims_.heads, dims_.heads, r * dims_.kv_heads, dims_.kv_heads, q);
+  return q;
+}
+
+void TpStepBase::sum_variant_grads(ShardedWeights& grads) {
+  sum_variant_partials(be_, variant_partials_, grads, [this](Tensor& packed) {
+    if (tp_.size() > 1) tp_.all_reduce(packed);
+  });
 }
 
 LinearView TpStepBase::wo_view(const Tensor& packed_attn) const {

@@ -156,8 +156,11 @@ class TpStepBase : public ModelStep {
   Tensor qkv_backward(int layer, const AttnSaved& s, const QkvGrads& d, const Tensor& a1_full,
                       TpComm::Pending& a1_req, const Tensor& d_out);
 
-  // This rank's heads and MLP columns of layer l as the model's sub-block weights.
+  // This rank's heads and MLP columns of layer l as the model's sub-block weights; qkv_view
+  // of a whole ShardedWeights also attaches this rank's heads' q/k/v bias slices and the q/k
+  // norm gains (attach_attn_variants), when the model has them.
   QkvWeights qkv_view(const Tensor& packed_attn) const;
+  QkvWeights qkv_view(const ShardedWeights& w, int layer) const;
   LinearView wo_view(const Tensor& packed_attn) const;
   MlpWeights mlp_view(const Tensor& packed_mlp) const;
 
@@ -177,6 +180,14 @@ class TpStepBase : public ModelStep {
   BlockContext row_ctx_;   // the R rows of the norms (B, local_seq)
   const ShardedWeights& w_;
   TpStepInputs in_;
+  // A training step's partial gradients of the q/k/v biases (this rank's heads' slices, the
+  // rest zero) and the q/k norms (this rank's heads): summed over tp by sum_variant_grads.
+  // The o bias's gradient needs no tp sum (every tp rank sees every row's dy) and goes to the
+  // gradients directly.
+  ShardedWeights variant_partials_;
+  // Adds variant_partials_ summed over tp into `grads` (one all_reduce; nothing without
+  // variants). Collective over tp.
+  void sum_variant_grads(ShardedWeights& grads);
 
  private:
   std::vector<LayerSaved> saved_;  // per layer, training steps only

@@ -5,6 +5,11 @@
 //   q, k, v = norm(x_p) Wq/Wk/Wv of the bucket's heads; RoPE at global positions
 //   K, V = all_gather(k, v) in rank order                  fwd: all_gather; bwd: reduce_scatter
 //   y_p += attention(q, K, V) Wo^T of those heads          (local; no all-reduce)
+// The attention variants are replicated (sharded_weights.h): a unit applies its heads' q/k/v
+// bias slices and the shared q/k norm gains (per head, before RoPE) to its projections of
+// the local tokens, and the o bias is added once per token (with unit 0). Their gradients
+// are every head's over the local tokens, summed over the axis after the step
+// (sum_norm_partials), so every rank applies the same update.
 // With overlap the broadcast of shard r+1 starts once shard r-1 is done with its buffer,
 // and the all-gather of unit u+1 starts before the attention of unit u.
 #include <cmath>
@@ -18,6 +23,7 @@ namespace {
 struct UnitTensors {
   Tensor q, k, v;            // [B, S/D, heads_b | kvh_b, d]
   Tensor k_full, v_full;     // [B, S, kvh_b, d]
+  QkvSaved normed;           // q/k norms: q_raw, k_raw and their rstd (q, k, v moved out)
   std::vector<CommRequest> gather;
 };
 
@@ -50,7 +56,7 @@ Tensor TspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& 
   const NormSaved norm = norm_forward(ctx_, w.attn_norm[l], x);  // a1 [T, h]
   const Tensor& a1 = norm.a;
   Tensor y = residual_forward(ctx_, x);  // [T, h]
-  if (s != nullptr) *s = AttnSaved{norm, {}, {}, {}, {}, {}, {}, {}, std::vector<Tensor>(static_cast<size_t>(D_))};
+  if (s != nullptr) *s = AttnSaved{norm, {}, {}, {}, {}, {}, {}, {}, std::vector<Tensor>(static_cast<size_t>(D_)), {}};
 
   // ---- weights: shard r lives in the owner's parameter tensor or in a broadcast buffer ----
   ShardBroadcast bc(D_);
@@ -70,6 +76,7 @@ Tensor TspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& 
     t.q = std::move(qkv.q);
     t.k = std::move(qkv.k);
     t.v = std::move(qkv.v);
+    if (qw.q_norm.defined()) t.normed = std::move(qkv);
     if (kv_cache_ != nullptr) kv_cache_->store_prefill(be_, l, r * dims_.kv_heads + b * kvh_b_, t.k, t.v);
     t.k_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
     t.v_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
@@ -102,7 +109,7 @@ Tensor TspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& 
     be_.attention_forward(args, attn, lse);
     poke(next.gather);
     LinearView wo = wo_view(bucket_weights(shard[r], u % nb));
-    if (u == 0 && static_cast<size_t>(l) < w.o_bias.size()) wo.b = w.o_bias[l];  // once per row
+    if (u == 0 && static_cast<size_t>(l) < w.o_bias.size()) wo.b = w.o_bias[l];  // once per token, not per shard
     attn_output_forward(ctx_, wo, attn, y);
     // Shard r's buffer is free once its last unit is done: prefetch shard r+2 into it.
     if (opt_.overlap && u % nb == nb - 1 && r + 2 < D_) start_bcast(r + 2);
@@ -112,6 +119,7 @@ Tensor TspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& 
       s->v.push_back(cur.v);
       s->attn.push_back(attn);
       s->lse.push_back(lse);
+      if (cur.normed.q_raw.defined()) s->normed.push_back(std::move(cur.normed));
       if (opt_.keep_kv) {
         s->k_full.push_back(cur.k_full);
         s->v_full.push_back(cur.v_full);
@@ -173,6 +181,8 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
         wait_all(gather);
       }
       LinearView g_wo = wo_view(gw);
+      // The o bias was added once per token (unit 0): its gradient, d_out's column sums, once.
+      if (u == 0 && static_cast<size_t>(l) < variant_partials_.o_bias.size()) g_wo.b = variant_partials_.o_bias[l];
       Tensor d_attn = attn_output_backward(ctx_, wo_view(bw), s.attn[u], d_out, g_wo, g_beta);  // [B, S/D, heads_b, d]
       Tensor dq = act({B, Sl, heads_b_, d});
       Tensor dk_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype), dv_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
@@ -186,12 +196,25 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
       std::vector<CommRequest> rsv = start_reduce_scatter(dv_full, dv);
       for (CommRequest& req : rsv) rs.push_back(std::move(req));
       if (!opt_.overlap) wait_all(rs);
-      // While dK/dV travel: the query side.
-      QkvWeights g_qkv = qkv_view(gw);
-      q_backward(ctx_, qkv_view(bw), s.norm.a, dq, d_a1, g_qkv, g_beta);
+      // While dK/dV travel: the query side. The unit's heads' biases and the q/k norms (as the
+      // forward attached them) with their gradients in this step's replicated partials: the
+      // bias slices are this unit's alone (written once, with g_beta), the norm gains every
+      // unit's (its part goes through unit_norm_grad_ and is added).
+      const int64_t q_head0 = r * dims_.heads + b * heads_b_, kv_head0 = r * dims_.kv_heads + b * kvh_b_;
+      QkvWeights qw = qkv_view(bw), g_qkv = qkv_view(gw);
+      attach_attn_variants(w, l, q_head0, heads_b_, kv_head0, kvh_b_, qw);
+      attach_attn_variants(variant_partials_, l, q_head0, heads_b_, kv_head0, kvh_b_, g_qkv);
+      const QkvSaved* normed = qw.q_norm.defined() ? &s.normed[u] : nullptr;
+      if (normed != nullptr) {
+        be_.fill(0.0, unit_norm_grad_);
+        g_qkv.q_norm = unit_norm_grad_.narrow(0, 1).reshape({d});
+        g_qkv.k_norm = unit_norm_grad_.narrow(1, 2).reshape({d});
+      }
+      q_backward(ctx_, qw, s.norm.a, dq, d_a1, g_qkv, g_beta, normed);
       poke(rs);
       wait_all(rs);
-      kv_backward(ctx_, qkv_view(bw), s.norm.a, dk, dv, d_a1, g_qkv, g_beta);
+      kv_backward(ctx_, qw, s.norm.a, dk, dv, d_a1, g_qkv, g_beta, normed);
+      if (normed != nullptr) be_.add_inplace(unit_norm_grad_, variant_partials_.qk_norm[static_cast<size_t>(l)]);
     }
     // fwd: broadcast from r; bwd: reduce to r (in place at the owner).
     wait(g_req);

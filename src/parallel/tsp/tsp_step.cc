@@ -37,6 +37,8 @@ TspStep::TspStep(const TspModel& model, Backend& backend, Communicator& comm, in
     norm_partials_.push_back(Tensor::empty({dims_.h}, DType::kF32, MemCategory::kGradients));
     be_.fill(0.0, norm_partials_.back());
   }
+  variant_partials_ = allocate_variant_partials(be_, c_, dims_, /*with_o_bias=*/true);
+  if (c_.qk_norm) unit_norm_grad_ = Tensor::empty({2, dims_.d}, DType::kF32, MemCategory::kGradients);
 }
 
 TspStep::BucketWeights TspStep::bucket_weights(const Tensor& packed, int bucket) const {
@@ -65,6 +67,14 @@ int TspStep::ring_owner(int step) const { return ((p_ - step) % D_ + D_) % D_; }
 void TspStep::sum_norm_partials(ShardedWeights& grads) {
   // One all-reduce of every norm gain's partial gradient, packed: [(2L+1) * h].
   foldpar::sum_norm_partials(be_, norm_partials_, grads, [this](Tensor& packed) {
+    const auto t0 = std::chrono::steady_clock::now();
+    blocking(comm_.all_reduce(packed.raw_data(), packed.raw_data(), static_cast<size_t>(packed.numel()), DType::kF32,
+                              ReduceOp::kSum),
+             t0);
+  });
+  // The biases and q/k norms are replicated (every rank computes with every head's, whichever
+  // shard it holds): a sum over the axis, not a reduce to an owner.
+  foldpar::sum_variant_partials(be_, variant_partials_, grads, [this](Tensor& packed) {
     const auto t0 = std::chrono::steady_clock::now();
     blocking(comm_.all_reduce(packed.raw_data(), packed.raw_data(), static_cast<size_t>(packed.numel()), DType::kF32,
                               ReduceOp::kSum),

@@ -25,6 +25,7 @@ struct AttnSaved {
   std::vector<Tensor> attn, lse;  // per unit [B, S/D, heads_b, d], [B, heads_b, S/D]
   std::vector<Tensor> k_full, v_full;  // keep_kv: per unit [B, S, kvh_b, d]
   std::vector<Tensor> weights;    // keep_weights: per shard r, the broadcast copy (undefined for r == p)
+  std::vector<QkvSaved> normed;   // q/k norms (qwen3): per unit the pre-norm q_raw, k_raw and their rstd
 };
 
 // What the MLP keeps for backward, per layer. Steps j = 0..D-1 visit shard (p - j) mod D.
@@ -103,7 +104,9 @@ class TspStep {
                        ShardedWeights& grads);
 
   // Partial norm-gain gradients of this rank's tokens; sum_norm_partials() all-reduces them
-  // over the axis and adds them into grads.
+  // over the axis and adds them into grads. So for the attention variants' replicated
+  // gradients (q/k/v and o biases, q/k norms: every head's over this rank's tokens), in a
+  // second all-reduce of L (n_h d + 2 n_kv d + h + 2d) floats at most.
   void sum_norm_partials(ShardedWeights& grads);
 
   // Generation: attention_forward also stores each unit's K (after RoPE) and V of the local
@@ -211,6 +214,8 @@ class TspStep {
   Tensor rope_;          // [S/D, 2, d/2] at the local positions
   BlockContext ctx_;     // the local rows (B, S/D), q_pos_ and rope_ for the model's sub-blocks
   std::vector<Tensor> norm_partials_;  // attn_norm[L], mlp_norm[L], final_norm: partial gradients
+  ShardedWeights variant_partials_;    // qkv_bias, o_bias, qk_norm of this step's tokens (none without them)
+  Tensor unit_norm_grad_;              // [2, d]: one unit's q/k norm gradient, before it joins the partial
   KvCache* kv_cache_ = nullptr;        // prefill only
   MoeAux moe_stats_;                   // this rank's routing statistics per sparse layer
   std::vector<std::vector<double>> moe_prob_grad_;
