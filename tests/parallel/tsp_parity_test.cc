@@ -45,6 +45,7 @@ struct Case {
   int64_t seq = 48;
   int layers = 2;
   bool ignore_rank0 = false;  // every target of rank 0's tokens is ignored
+  int64_t window = 0;         // LlamaConfig::sliding_window
 };
 
 // Weights with std 0.1 so that attention is far from uniform and every path matters.
@@ -55,6 +56,7 @@ void check_parity(const Case& k) {
   const int D = world.size(), p = world.rank();
   LlamaConfig c = test_config(D, k.tied, k.gqa);
   c.num_hidden_layers = k.layers;
+  c.sliding_window = k.window;
 
   // The reference: the single-rank model on the same seed.
   LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
@@ -120,6 +122,23 @@ void check_parity(const Case& k) {
 }
 
 TEST(TspParity, ZigzagGqaUntiedOverlap) { check_parity(Case{}); }
+
+// Mistral's sliding window (issue 21): the mask is on global positions, so the zigzag and the
+// contiguous shards get it from their position arrays. Windows under one rank's chunk, odd,
+// and across a chunk boundary. (Not 1: each query would see only itself, the q and k
+// gradients would be exactly 0 and the parity would compare rounding noise; the kernel test
+// covers window 1.)
+TEST(TspParity, SlidingWindow) {
+  for (int64_t window : {2, 5, 17}) {
+    Case k;
+    k.window = window;
+    check_parity(k);
+  }
+  Case contiguous;
+  contiguous.window = 7;
+  contiguous.options.split = SeqSplit::kContiguous;
+  check_parity(contiguous);
+}
 
 TEST(TspParity, Contiguous) {
   Case k;
