@@ -14,7 +14,7 @@ verdicts=(
   "llama-3.2-1b.json|loads|"
   "qwen2.5-0.5b.json|refused|attention biases (qwen2, attention_bias) run on one rank in f32 only so far"
   "qwen3-0.6b.json|refused|attention q/k norms (qwen3) run on one rank in f32 only so far"
-  "mistral-7b-v0.1.json|refused|config: sliding_window 4096 is not supported"
+  "mistral-7b-v0.1.json|loads|"
   "tinyllama-1.1b.json|loads|"
 )
 for v in "${verdicts[@]}"; do
