@@ -372,6 +372,11 @@ def hf_sliding_window(d, mtype, layers):
     if mtype in ("mistral", "mixtral"):
         return int(w) if w is not None else 0
     if mtype in ("qwen2", "qwen3") and d.get("use_sliding_window", False) and w is not None:
+        types = d.get("layer_types")
+        if types is not None:
+            if any(t != "full_attention" for t in types):
+                raise BadInput("config.json: per-layer sliding windows (layer_types) are not supported by the oracle")
+            return 0
         if d.get("max_window_layers", 28) < layers:
             raise BadInput("config.json: per-layer sliding windows (max_window_layers) are not supported by the oracle")
     return 0

@@ -68,7 +68,8 @@ Status refuse_unimplemented(const nlohmann::json& j) {
 // key j visible to query i iff i - W < j <= i). Mistral and Mixtral window every layer by
 // "sliding_window" (null: none; absent: MistralConfig's default 4096, MixtralConfig's none).
 // Qwen2 and Qwen3 window only with "use_sliding_window" true, and then only the layers from
-// "max_window_layers" on: that per-layer rule is refused unless it leaves every layer full.
+// "max_window_layers" on (or those "layer_types" names "sliding_attention"): that per-layer
+// rule is refused unless it leaves every layer full.
 // Llama's modeling file never reads the key, so a window there is refused rather than guessed.
 Status read_sliding_window(const nlohmann::json& j, const std::string& type, int64_t layers, int64_t* window) {
   auto it = j.find("sliding_window");
@@ -89,6 +90,15 @@ Status read_sliding_window(const nlohmann::json& j, const std::string& type, int
     if (use != j.end() && !use->is_boolean())
       return invalid_argument("config: \"use_sliding_window\" must be true or false, got {}", quote(*use));
     if (use == j.end() || !use->get<bool>() || !present) return Status();
+    if (auto types = j.find("layer_types"); types != j.end()) {  // given, it replaces max_window_layers
+      if (!types->is_array()) return invalid_argument("config: \"layer_types\" must be a list, got {}", quote(*types));
+      for (const auto& t : *types)
+        if (!(t.is_string() && t.get<std::string>() == "full_attention"))
+          return unimplemented("config: layer_types entry {} with use_sliding_window true is not supported: foldpar "
+                               "windows every layer or none",
+                               quote(t));
+      return Status();
+    }
     int64_t first = 28;  // Qwen2Config's and Qwen3Config's default max_window_layers
     FP_RETURN_IF_ERROR(read_int(j, "max_window_layers", false, &first));
     if (first >= layers) return Status();  // no layer reaches the window

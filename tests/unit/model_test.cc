@@ -181,6 +181,9 @@ TEST(Config, RefusesUnimplementedArchitectureFieldsByName) {
       {R"("sliding_window": 4, "use_sliding_window": true)", "sliding_window 4 with model_type \"llama\""},
       {R"("model_type": "qwen2", "sliding_window": 4, "use_sliding_window": true, "max_window_layers": 0)",
        "max_window_layers 0 < num_hidden_layers 1"},
+      {R"("model_type": "qwen3", "sliding_window": 4, "use_sliding_window": true,
+          "layer_types": ["full_attention", "sliding_attention"])",
+       "layer_types entry \"sliding_attention\" with use_sliding_window true"},
       {R"("model_type": "mistral", "sliding_window": 0)", "sliding_window (0) must be positive or null"},
       {R"("model_type": "mistral", "sliding_window": "4")", "\"sliding_window\" must be an integer or null"},
   };
@@ -211,6 +214,8 @@ TEST(Config, SlidingWindowOfTheHuggingFaceFamilies) {
       {R"("model_type": "qwen2", "sliding_window": 4, "use_sliding_window": false)", 0},
       {R"("model_type": "qwen2", "sliding_window": 4, "use_sliding_window": true, "max_window_layers": 2)", 0},
       {R"("model_type": "qwen3", "sliding_window": 4, "use_sliding_window": true)", 0},  // default 28 layers full
+      {R"("model_type": "qwen2", "sliding_window": 4, "use_sliding_window": true, "max_window_layers": 0,
+          "layer_types": ["full_attention", "full_attention"])", 0},
   };
   for (const auto& [extra, window] : cases) {
     Result<LlamaConfig> c = LlamaConfig::from_json(base + ", " + extra + "}");
