@@ -1,7 +1,8 @@
 // Causal flash attention on the GPU with explicit positions (key j visible to query i iff
-// k_pos[j] <= q_pos[i], and q_pos[i] - k_pos[j] < W with a sliding window W) and GQA. A straightforward tiled kernel, correctness first: f32
-// CUDA-core arithmetic on f32 or bf16 storage, tiles of 32 queries x 32 keys staged in
-// shared memory, the online softmax of FlashAttention (running max and sum per row, f32).
+// k_pos[j] <= q_pos[i], and q_pos[i] - k_pos[j] < W with a sliding window W) and GQA. A
+// straightforward tiled kernel, correctness first: f32 CUDA-core arithmetic on f32 or bf16
+// storage, tiles of 32 queries x 32 keys staged in shared memory, the online softmax of
+// FlashAttention (running max and sum per row, f32).
 // Each warp owns 4 rows of its tile; a lane owns one column of the score tile and d/32
 // columns of the accumulators, in registers. Tiles whose smallest key position exceeds
 // the largest query position, or whose largest key position lies behind the window of the

@@ -2,8 +2,9 @@
 // 64 and 128: bf16 mma.sync m16n8k16 with f32 accumulation, the online softmax in f32 in
 // registers, K/V (forward, dQ) or Q/dO (dK/dV) tiles double-buffered in shared memory with
 // cp.async. Same contract as flash_attention.cu (the plain reference kept beside it): key j
-// visible to query i iff k_pos[j] <= q_pos[i], GQA, lse = natural log of the softmax
-// denominator of the scaled scores, a row that sees no key gives out = 0, lse = -inf, dq = 0.
+// visible to query i iff k_pos[j] <= q_pos[i] (and q_pos[i] - k_pos[j] < W under a sliding
+// window W), GQA, lse = natural log of the softmax denominator of the scaled scores, a row
+// that sees no key gives out = 0, lse = -inf, dq = 0.
 // Not here: f32 storage, other head dims (attention_tc_supported), WGMMA/TMA (sm_90 only).
 // One file because the three kernels share the fragment helpers and tile machinery below.
 #include <climits>
@@ -267,7 +268,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1) attention_forward_tc_kernel(Tc
     if (next < n_k) load_kv(next, stage ^ 1);
     cp_async_commit();
     const int64_t k0 = int64_t{kt} * kTileRows;
-    const bool masked = kb[kt].y > q_min || k0 + kTileRows > s.sk || behind_window(q_max, kb[kt].x, s.window);  // uniform
+    // uniform: some key ahead of a query, past Sk, or behind a query's window
+    const bool masked = kb[kt].y > q_min || k0 + kTileRows > s.sk || behind_window(q_max, kb[kt].x, s.window);
     const nv_bf16* ks = smem + L::kK + stage * L::kTile;
     const nv_bf16* vs = smem + L::kV + stage * L::kTile;
 
