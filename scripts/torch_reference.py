@@ -221,6 +221,7 @@ class LlamaCfg:
         self.qk_norm = mtype == "qwen3"
         if bias and mtype not in ("llama", "qwen3", "qwen2"):
             raise BadInput(f"config.json: attention_bias=true with model_type {mtype!r} is not supported")
+        self.window = hf_sliding_window(d, mtype, self.n_layers)
         act = d.get("hidden_act", "silu")
         if act != "silu":
             raise BadInput(f"config.json: hidden_act {act!r} is not supported (only silu)")
@@ -363,6 +364,24 @@ def rope_cos_sin(seq, head_dim, theta, dtype, cfg=None):
     return emb.cos() * scale, emb.sin() * scale
 
 
+def hf_sliding_window(d, mtype, layers):
+    """The window every layer uses, as transformers applies it (0: none). MistralConfig defaults
+    sliding_window to 4096, MixtralConfig to None; Qwen2/Qwen3 window only with
+    use_sliding_window, and only layers >= max_window_layers (default 28); Llama ignores it."""
+    w = d.get("sliding_window", 4096 if mtype == "mistral" else None)
+    if mtype in ("mistral", "mixtral"):
+        return int(w) if w is not None else 0
+    if mtype in ("qwen2", "qwen3") and d.get("use_sliding_window", False) and w is not None:
+        types = d.get("layer_types")
+        if types is not None:
+            if any(t != "full_attention" for t in types):
+                raise BadInput("config.json: per-layer sliding windows (layer_types) are not supported by the oracle")
+            return 0
+        if d.get("max_window_layers", 28) < layers:
+            raise BadInput("config.json: per-layer sliding windows (max_window_layers) are not supported by the oracle")
+    return 0
+
+
 def attention(x, p, cfg, cos, sin):
     B, S, _ = x.shape
     d, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv
@@ -382,6 +401,8 @@ def attention(x, p, cfg, cos, sin):
     v = v.repeat_interleave(g, dim=1)
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(d)                              # [B, nh, S, S]
     causal = torch.ones(S, S, dtype=torch.bool).triu(1)
+    if cfg.window:  # transformers masking_utils: key j visible to query i iff i - W < j <= i
+        causal = causal | torch.ones(S, S, dtype=torch.bool).tril(-cfg.window)
     scores = scores.masked_fill(causal, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     out = (probs @ v).transpose(1, 2).reshape(B, S, nh * d)

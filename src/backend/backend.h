@@ -26,8 +26,11 @@
 namespace foldpar {
 
 // Arguments of causal attention with explicit global positions: key j is visible to query i
-// iff k_pos[j] <= q_pos[i]. Positions need not be contiguous or sorted (a TSP rank holds two
-// zigzag chunks). A query that sees no key gets output 0 and lse -inf.
+// iff k_pos[j] <= q_pos[i], and with a sliding window W > 0 also q_pos[i] - k_pos[j] < W
+// (Mistral's window: the W most recent positions, the query's own included). Positions need
+// not be contiguous or sorted (a TSP rank holds two zigzag chunks); the rule is on positions
+// alone, so every layout and the KV cache get the window for free. A query that sees no key
+// gets output 0 and lse -inf.
 struct AttentionArgs {
   const Tensor* q = nullptr;      // [B, Sq, n_h, d]
   const Tensor* k = nullptr;      // [B, Sk, n_kv, d], n_h % n_kv == 0 (GQA: head i uses kv head i / (n_h/n_kv))
@@ -35,6 +38,7 @@ struct AttentionArgs {
   const Tensor* q_pos = nullptr;  // i32 [Sq]: global position of each query row (same for every batch)
   const Tensor* k_pos = nullptr;  // i32 [Sk]
   double scale = 0;               // softmax scale, usually 1/sqrt(d)
+  int64_t window = 0;             // sliding window W >= 0 in positions; 0: full causal
 };
 
 // A block of a row-major matrix: `rows` rows of `cols` elements, element (i, j) at

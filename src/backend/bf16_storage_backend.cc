@@ -122,7 +122,7 @@ class Bf16StorageBackend final : public Backend {
   void attention_forward(const AttentionArgs& a, Tensor& out, Tensor& lse) override {
     if (bf16_attention(a, {&out})) return in_.attention_forward(a, out, lse);
     const Tensor q = widen(in_, *a.q), k = widen(in_, *a.k), v = widen(in_, *a.v);
-    const AttentionArgs w{&q, &k, &v, a.q_pos, a.k_pos, a.scale};
+    const AttentionArgs w{&q, &k, &v, a.q_pos, a.k_pos, a.scale, a.window};
     Out oo(in_, out, false), ol(in_, lse, false);
     in_.attention_forward(w, oo.f32(), ol.f32());
     oo.finish();
@@ -132,7 +132,7 @@ class Bf16StorageBackend final : public Backend {
                           Tensor& dq, Tensor& dk, Tensor& dv) override {
     if (bf16_attention(a, {&out, &d_out, &dq, &dk, &dv})) return in_.attention_backward(a, out, lse, d_out, dq, dk, dv);
     const Tensor q = widen(in_, *a.q), k = widen(in_, *a.k), v = widen(in_, *a.v);
-    const AttentionArgs w{&q, &k, &v, a.q_pos, a.k_pos, a.scale};
+    const AttentionArgs w{&q, &k, &v, a.q_pos, a.k_pos, a.scale, a.window};
     Out oq(in_, dq, false), ok(in_, dk, false), ov(in_, dv, false);
     in_.attention_backward(w, widen(in_, out), widen(in_, lse), widen(in_, d_out), oq.f32(), ok.f32(), ov.f32());
     oq.finish();

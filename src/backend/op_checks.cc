@@ -58,7 +58,8 @@ AttentionDims check_attention(const AttentionArgs& args, const Tensor& out, cons
   const Tensor &q = *args.q, &k = *args.k, &v = *args.v;
   FP_CHECK(q.rank() == 4 && k.rank() == 4 && v.rank() == 4, "attention ranks {} {} {}", q.describe(),
            k.describe(), v.describe());
-  AttentionDims d{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3)};
+  AttentionDims d{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), args.window};
+  FP_CHECK(d.window >= 0, "attention window {} must be 0 (off) or positive", d.window);
   FP_CHECK(k.shape() == v.shape() && k.dim(0) == d.batch && k.dim(3) == d.d, "attention k {} v {} q {}",
            k.describe(), v.describe(), q.describe());
   FP_CHECK(d.n_kv > 0 && d.n_h > 0 && d.n_h % d.n_kv == 0, "attention heads {} not a multiple of kv heads {}", d.n_h, d.n_kv);

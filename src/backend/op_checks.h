@@ -19,6 +19,7 @@ MatmulDims check_matmul_bf16(const Tensor& a, bool trans_a, const Tensor& b, boo
 
 struct AttentionDims {
   int64_t batch, sq, sk, n_h, n_kv, d;
+  int64_t window = 0;  // AttentionArgs::window: 0 full causal, else keys with q_pos - k_pos < window
   int64_t group() const { return n_h / n_kv; }
 };
 AttentionDims check_attention(const AttentionArgs& args, const Tensor& out, const Tensor& lse);

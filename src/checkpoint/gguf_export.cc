@@ -143,6 +143,10 @@ Status write_gguf_model(const std::string& path, const LlamaConfig& c, const Lla
   if (c.qk_norm) return unimplemented("GGUF export of per-head q/k norms (qwen3: attn_q_norm.weight) is not supported");
   if (c.qkv_bias || c.o_bias)
     return unimplemented("GGUF export of attention biases (qwen2, attention_bias: attn_q.bias) is not supported");
+  // The llama architecture of llama.cpp attends over the whole causal context: a windowed
+  // model written as it would generate differently from foldpar without a word.
+  if (c.sliding_window > 0)
+    return unimplemented("GGUF export of a sliding window (sliding_window {}) is not supported", c.sliding_window);
   if (static_cast<int64_t>(vocab.tokens.size()) != c.vocab_size || vocab.token_types.size() != vocab.tokens.size())
     return invalid_argument("the GGUF vocabulary has {} tokens ({} types), the model {}", vocab.tokens.size(),
                             vocab.token_types.size(), c.vocab_size);

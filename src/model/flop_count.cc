@@ -12,7 +12,11 @@ double forward_matmul_flops(const LlamaConfig& c, int64_t tokens) {
 }
 
 double forward_attention_flops(const LlamaConfig& c, int64_t batch, int64_t seq) {
-  const double pairs = static_cast<double>(seq) * static_cast<double>(seq + 1) / 2.0;
+  // Causal: S(S+1)/2. A window W < S: query i sees min(i + 1, W) keys, S(S+1)/2 less the
+  // (S-W)(S-W+1)/2 pairs behind the window.
+  const double S = static_cast<double>(seq), W = static_cast<double>(c.sliding_window);
+  double pairs = S * (S + 1) / 2.0;
+  if (c.sliding_window > 0 && c.sliding_window < seq) pairs -= (S - W) * (S - W + 1) / 2.0;
   return 4.0 * static_cast<double>(c.head_dim()) * static_cast<double>(c.num_attention_heads) * pairs *
          static_cast<double>(batch) * static_cast<double>(c.num_hidden_layers);
 }

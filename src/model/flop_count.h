@@ -1,7 +1,7 @@
 // Useful floating-point operations of the Llama model, for throughput reports. "Useful"
 // means the math a non-recomputing implementation must do: 2 FLOPs per multiply-add of
 // every matmul; attention counts only visible (query, key) pairs (causal: S(S+1)/2 per
-// sequence), 4*d per pair per head forward and 8*d backward (dV, dP, dQ, dK; recomputing
+// sequence, fewer under a sliding window), 4*d per pair per head forward and 8*d backward (dV, dP, dQ, dK; recomputing
 // the scores is not counted). Norms, RoPE, SiLU and softmax exponentials are not counted.
 #pragma once
 

@@ -16,7 +16,7 @@ namespace {
 
 AttentionArgs attention_args(const BlockContext& ctx, const QkvSaved& qkv) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(ctx.config->head_dim()));
-  return AttentionArgs{&qkv.q, &qkv.k, &qkv.v, ctx.positions, ctx.positions, scale};
+  return AttentionArgs{&qkv.q, &qkv.k, &qkv.v, ctx.positions, ctx.positions, scale, ctx.config->sliding_window};
 }
 
 }  // namespace

@@ -61,12 +61,58 @@ Status refuse_unimplemented(const nlohmann::json& j) {
     return unimplemented("config: \"mlp_bias\" {} is not supported (foldpar's MLP has no biases)", quote(*it));
   if (auto it = j.find("hidden_act"); it != j.end() && !(it->is_string() && it->get<std::string>() == "silu"))
     return unimplemented("config: hidden_act {} is not supported (foldpar implements \"silu\")", quote(*it));
-  // Qwen configs carry a window with use_sliding_window false; Mistral's is always on.
-  const auto use = j.find("use_sliding_window");
-  const bool window_on = use == j.end() || !(use->is_boolean() && !use->get<bool>());
-  if (auto it = j.find("sliding_window"); window_on && it != j.end() && !it->is_null())
-    return unimplemented("config: sliding_window {} is not supported (foldpar's attention is full causal)",
-                         quote(*it));
+  return Status();
+}
+
+// The sliding window as Hugging Face's modeling files apply it (transformers masking_utils:
+// key j visible to query i iff i - W < j <= i). Mistral and Mixtral window every layer by
+// "sliding_window" (null: none; absent: MistralConfig's default 4096, MixtralConfig's none).
+// Qwen2 and Qwen3 window only with "use_sliding_window" true, and then only the layers from
+// "max_window_layers" on (or those "layer_types" names "sliding_attention"): that per-layer
+// rule is refused unless it leaves every layer full.
+// Llama's modeling file never reads the key, so a window there is refused rather than guessed.
+Status read_sliding_window(const nlohmann::json& j, const std::string& type, int64_t layers, int64_t* window) {
+  auto it = j.find("sliding_window");
+  const bool present = it != j.end() && !it->is_null();
+  if (present && !it->is_number_integer())
+    return invalid_argument("config: \"sliding_window\" must be an integer or null, got {}", quote(*it));
+  if (type == "mistral" || type == "mixtral") {
+    if (!present) {
+      *window = it == j.end() && type == "mistral" ? 4096 : 0;
+      return Status();
+    }
+    *window = it->get<int64_t>();
+    if (*window <= 0) return invalid_argument("config: sliding_window ({}) must be positive or null", *window);
+    return Status();
+  }
+  if (type == "qwen2" || type == "qwen3") {
+    const auto use = j.find("use_sliding_window");
+    if (use != j.end() && !use->is_boolean())
+      return invalid_argument("config: \"use_sliding_window\" must be true or false, got {}", quote(*use));
+    if (use == j.end() || !use->get<bool>() || !present) return Status();
+    if (auto types = j.find("layer_types"); types != j.end()) {  // given, it replaces max_window_layers
+      if (!types->is_array()) return invalid_argument("config: \"layer_types\" must be a list, got {}", quote(*types));
+      for (const auto& t : *types)
+        if (!(t.is_string() && t.get<std::string>() == "full_attention"))
+          return unimplemented("config: layer_types entry {} with use_sliding_window true is not supported: foldpar "
+                               "windows every layer or none",
+                               quote(t));
+      return Status();
+    }
+    int64_t first = 28;  // Qwen2Config's and Qwen3Config's default max_window_layers
+    FP_RETURN_IF_ERROR(read_int(j, "max_window_layers", false, &first));
+    if (first >= layers) return Status();  // no layer reaches the window
+    return unimplemented(
+        "config: use_sliding_window true with max_window_layers {} < num_hidden_layers {} (model_type \"{}\" windows "
+        "layers {} on by sliding_window {}) is not supported: foldpar windows every layer or none",
+        first, layers, type, first, quote(*it));
+  }
+  const auto use = j.find("use_sliding_window");  // false keeps a carried window off, as in Qwen's files
+  if (present && !(use != j.end() && use->is_boolean() && !use->get<bool>()))
+    return unimplemented(
+        "config: sliding_window {} with model_type \"{}\" is not supported (Hugging Face's {} ignores it; a windowed "
+        "model is model_type \"mistral\")",
+        quote(*it), type, type);
   return Status();
 }
 
@@ -132,6 +178,9 @@ Status LlamaConfig::validate() const {
   if (rope_scaling.type == RopeScaling::Type::kDynamic && head_dim() <= 2)
     return invalid_argument("config: dynamic rope_scaling needs head dim ({}) above 2", head_dim());
   if (o_bias && !qkv_bias) return invalid_argument("config: an o_proj bias without q/k/v biases has no Hugging Face form");
+  if (sliding_window < 0) return invalid_argument("config: sliding_window ({}) must be 0 (off) or positive", sliding_window);
+  if (sliding_window > 0 && (qkv_bias || qk_norm))
+    return unimplemented("config: a sliding window with attention biases or q/k norms (qwen2, qwen3) is not implemented");
   if (moe.enabled() && (qkv_bias || qk_norm))
     return unimplemented("config: attention biases or q/k norms with experts are not implemented");
   return moe.validate(num_hidden_layers);
@@ -178,6 +227,11 @@ Result<LlamaConfig> LlamaConfig::from_json(const std::string& text) {
   }
   FP_RETURN_IF_ERROR(refuse_unimplemented(j));
   FP_RETURN_IF_ERROR(read_attention_variant(j, &c));
+  {
+    std::string type = "llama";
+    if (auto it = j.find("model_type"); it != j.end()) type = it->get<std::string>();
+    FP_RETURN_IF_ERROR(read_sliding_window(j, type, c.num_hidden_layers, &c.sliding_window));
+  }
   MoeFamily family = MoeFamily::kMixtral;
   if (auto it = j.find("model_type"); it != j.end() && moe_family_of(it->get<std::string>(), &family)) {
     FP_ASSIGN_OR_RETURN(c.moe, MoeConfig::from_json(j, family));
@@ -201,8 +255,10 @@ std::string LlamaConfig::to_json() const {
   nlohmann::ordered_json j;
   // The dense families by their attention variant (read_attention_variant's inverse).
   const bool qwen2 = qkv_bias && !o_bias && !qk_norm;
-  const char* dense_arch = qk_norm ? "Qwen3ForCausalLM" : (qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
-  const char* dense_type = qk_norm ? "qwen3" : (qwen2 ? "qwen2" : "llama");
+  const bool mistral = sliding_window > 0;  // validate() keeps the window off qwen2 and qwen3
+  const char* dense_arch = qk_norm ? "Qwen3ForCausalLM"
+                                   : (qwen2 ? "Qwen2ForCausalLM" : (mistral ? "MistralForCausalLM" : "LlamaForCausalLM"));
+  const char* dense_type = qk_norm ? "qwen3" : (qwen2 ? "qwen2" : (mistral ? "mistral" : "llama"));
   j["architectures"] = {moe.enabled() ? moe.architecture() : dense_arch};
   j["model_type"] = moe.enabled() ? moe.model_type() : dense_type;
   j["hidden_size"] = hidden_size;
@@ -220,6 +276,8 @@ std::string LlamaConfig::to_json() const {
   j["hidden_act"] = "silu";
   j["attention_bias"] = o_bias;
   if (qwen2) j["use_sliding_window"] = false;
+  // Written always for the windowed families: a mistral file without the key means 4096.
+  if (mistral || moe.enabled()) j["sliding_window"] = mistral ? nlohmann::ordered_json(sliding_window) : nullptr;
   j["torch_dtype"] = "float32";
   moe.to_json(j);
   return j.dump(2) + "\n";

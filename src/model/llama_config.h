@@ -29,6 +29,9 @@ struct LlamaConfig {
   bool qkv_bias = false;                // q_proj, k_proj, v_proj have biases (qwen2; "attention_bias")
   bool o_bias = false;                  // o_proj has a bias ("attention_bias" of llama and qwen3)
   bool qk_norm = false;                 // per-head RMSNorm of q and k before RoPE, gains [d] (qwen3)
+  // Sliding-window attention W (mistral, mixtral: "sliding_window"), every layer: query i sees
+  // keys j with i - W < j <= i. 0: full causal.
+  int64_t sliding_window = 0;
   MoeConfig moe;                        // experts (model_type mixtral, qwen2_moe, qwen3_moe); none: dense
 
   // d: q proj [n_h*d, h], o proj [h, n_h*d], k and v proj [n_kv*d, h].

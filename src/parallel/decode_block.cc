@@ -133,7 +133,7 @@ void attend_cached(Backend& be, const KvCache& cache, int layer, int64_t b, int3
     const Tensor k = cache.keys(layer, b, j), v = cache.values(layer, b, j);
     Tensor oj = out.narrow(j * g, (j + 1) * g).reshape({1, 1, g, d});
     Tensor lj = lse.reshape({n}).narrow(j * g, (j + 1) * g).reshape({1, g, 1});
-    const AttentionArgs args{&qj, &k, &v, &q_pos, &k_pos, 1.0 / std::sqrt(static_cast<double>(d))};
+    const AttentionArgs args{&qj, &k, &v, &q_pos, &k_pos, 1.0 / std::sqrt(static_cast<double>(d)), cache.window()};
     be.attention_forward(args, oj, lj);
   }
 }

@@ -31,6 +31,11 @@ class KvCache {
   int64_t kv_heads() const { return kv_heads_; }
   int64_t head_dim() const { return head_dim_; }
   int64_t length(int64_t b) const { return length_[static_cast<size_t>(b)]; }  // filled slots of sequence b
+  // The sliding window of the model's attention (LlamaConfig::sliding_window; 0: none):
+  // attend_cached lets a token see only the slots whose positions lie inside it. Every slot
+  // is still kept (no rolling buffer): the capacity is the full sequence's.
+  int64_t window() const { return window_; }
+  void set_window(int64_t window) { window_ = window; }
   // Bytes of K and V storage: 2 * L * B * capacity * kv_heads * d * 4.
   int64_t bytes() const;
 
@@ -64,7 +69,7 @@ class KvCache {
   void copy_heads(Backend& be, const Tensor& src, int64_t src_offset, int64_t src_row_stride, int64_t rows,
                   Tensor& dst_layer, int64_t b, int64_t slot, int64_t kv_head0, int64_t n);
 
-  int64_t batch_ = 0, capacity_ = 0, kv_heads_ = 0, head_dim_ = 0;
+  int64_t batch_ = 0, capacity_ = 0, kv_heads_ = 0, head_dim_ = 0, window_ = 0;
   std::vector<Tensor> k_, v_;    // L x [B, kv_heads, capacity, d]
   Tensor positions_;             // i32 [B, capacity]
   std::vector<int64_t> length_;  // [B]

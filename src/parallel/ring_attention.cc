@@ -95,7 +95,7 @@ class Ring {
     k = half(block, 0);
     v = half(block, 1);
     pos = block_pos(r);
-    return AttentionArgs{a_.q, &k, &v, a_.q_pos, &pos, a_.scale};
+    return AttentionArgs{a_.q, &k, &v, a_.q_pos, &pos, a_.scale, a_.window};
   }
 
  private:

@@ -36,6 +36,7 @@ struct RingAttentionArgs {
   // The same positions on the host, for the schedule (which blocks any query can see).
   std::span<const int32_t> q_positions, k_positions;
   double scale = 0;               // softmax scale, usually 1/sqrt(d)
+  int64_t window = 0;             // sliding window (AttentionArgs::window); 0: full causal
   // Start each hop before the attention of the block at hand (it overlaps the compute);
   // false: every hop completes before the computation that follows it.
   bool overlap = true;

@@ -6,7 +6,8 @@
 # variants (biases, q/k norms) included.
 # RoPE scaling (linear, dynamic, llama3, yarn): the sequence (80) outruns each config's
 # pretrained context, so every type's scaling is active. head_dim independent of h / n_h
-# (h = 64, n_h = 8): 12 (q width 96 > h) and 4 (32 < h), also on the 2-D mesh.
+# (h = 64, n_h = 8): 12 (q width 96 > h) and 4 (32 < h), also on the 2-D mesh. Mistral's
+# sliding window on one rank, tsp=2, tp=2 and sp=2.
 set -euo pipefail
 mpirun=$1 bin=$2 src=$3
 tmp=$(mktemp -d)
@@ -52,6 +53,9 @@ variant head_dim12 '{"head_dim": 12}'
 check head_dim12 tsp=2 tp=2 sp=2 tp=2,sp=2
 variant head_dim4 '{"head_dim": 4}'
 check head_dim4 tsp=2 tp=2
+# Mistral's sliding window (9 < the sequence's 80): zigzag TSP, TP and the sequence ring.
+variant mistral_window '{"model_type": "mistral", "sliding_window": 9}'
+check mistral_window tsp=2 tp=2 sp=2
 # Attention variants (issue 21), nonzero random biases and q/k gains (init_weights): Qwen2's
 # q/k/v biases, Llama's attention_bias (q/k/v/o), Qwen3's per-head q/k RMSNorm with head_dim
 # 12 != h / n_h = 8 (with attention_bias too): on one rank, on tsp=2 and tp=2, and qwen3 with
@@ -120,11 +124,15 @@ echo "qwen3 with attention_bias trains alike on one rank and on tsp=2 resumed un
 cp -r "$tmp/yarn-1" "$tmp/yarn-as-linear"
 sed 's/"yarn"/"linear"/' "$tmp/yarn-1/config.json" >"$tmp/yarn-as-linear/config.json"
 cmp -s "$tmp/yarn-1/config.json" "$tmp/yarn-as-linear/config.json" && { echo "FAIL: no yarn in yarn's config"; exit 1; }
+# The oracle sees the window: the windowed dump checked as full causal must fail.
+cp -r "$tmp/mistral_window-1" "$tmp/window-as-full"
+sed 's/"sliding_window": 9/"sliding_window": null/' "$tmp/mistral_window-1/config.json" >"$tmp/window-as-full/config.json"
+cmp -s "$tmp/mistral_window-1/config.json" "$tmp/window-as-full/config.json" && { echo "FAIL: no window in its config"; exit 1; }
 # Every dump against PyTorch, and the wrong one (!) must fail.
 /usr/bin/python3 "$src/tests/e2e/torch_oracle_many.py" "$src" "${dumps[@]}" "!$tmp/yarn-as-linear" \
-  "!$tmp/qwen2-as-llama" >"$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
+  "!$tmp/qwen2-as-llama" "!$tmp/window-as-full" >"$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }
 echo "${#dumps[@]} dumps (single rank and layouts of every variant) match PyTorch; yarn's checked as linear and"
-echo "qwen2's as llama fail"
+echo "qwen2's as llama and the sliding window's as full causal fail"
 # A rope_scaling type foldpar does not implement: one line naming it, exit 2.
 variant longrope '{"rope_scaling": {"rope_type": "longrope", "factor": 2.0, "short_factor": [1.0]}}'
 set +e

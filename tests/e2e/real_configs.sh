@@ -14,7 +14,7 @@ verdicts=(
   "llama-3.2-1b.json|loads|"
   "qwen2.5-0.5b.json|loads|"
   "qwen3-0.6b.json|loads|"
-  "mistral-7b-v0.1.json|refused|config: sliding_window 4096 is not supported"
+  "mistral-7b-v0.1.json|loads|"
   "tinyllama-1.1b.json|loads|"
 )
 for v in "${verdicts[@]}"; do

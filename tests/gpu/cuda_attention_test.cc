@@ -26,6 +26,7 @@ struct Case {
   int64_t batch, n_h, n_kv, d;
   std::vector<int32_t> q_pos, k_pos;
   DType dtype = DType::kF32;
+  int64_t window = 0;  // sliding window; 0: causal
 };
 
 std::vector<int32_t> range(int32_t lo, int32_t hi) {
@@ -59,7 +60,7 @@ void check_case(const Case& c, Backend& ref, Backend& cuda) {
   // these exact cases (docs/GPU.md) measured at most 5.2e-3 against 7.8e-3.
   const double tol = c.dtype == DType::kF32 ? kCudaF32Op : kCudaBf16Op;
 
-  const AttentionArgs ra{&q, &k, &v, &qp, &kp, scale};
+  const AttentionArgs ra{&q, &k, &v, &qp, &kp, scale, c.window};
   Tensor o_ref = Tensor::empty(q.shape(), DType::kF32, MemCategory::kWorkspace);
   Tensor lse_ref = Tensor::empty({c.batch, c.n_h, sq}, DType::kF32, MemCategory::kWorkspace);
   ref.attention_forward(ra, o_ref, lse_ref);
@@ -70,7 +71,7 @@ void check_case(const Case& c, Backend& ref, Backend& cuda) {
 
   const Tensor qd = q.to(c.dtype, MemCategory::kWorkspace), kd = k.to(c.dtype, MemCategory::kWorkspace),
                vd = v.to(c.dtype, MemCategory::kWorkspace), dod = d_out.to(c.dtype, MemCategory::kWorkspace);
-  const AttentionArgs ca{&qd, &kd, &vd, &qp, &kp, scale};
+  const AttentionArgs ca{&qd, &kd, &vd, &qp, &kp, scale, c.window};
   Tensor o = Tensor::empty(q.shape(), c.dtype, MemCategory::kWorkspace);
   Tensor lse = Tensor::empty({c.batch, c.n_h, sq}, DType::kF32, MemCategory::kWorkspace);
   cuda.attention_forward(ca, o, lse);
@@ -188,6 +189,23 @@ TEST_F(CudaAttention, TensorCoreUnsortedKeyPositions) {
   // Every key tile mixes early and late positions: masked, never skipped.
   check_case(bf16({"tc shuffled keys", 1, 4, 2, 64, range(0, 150), shuffled(0, 150)}), *ref_, *tc_);
   check_case(bf16({"tc shuffled both", 1, 2, 1, 128, shuffled(20, 170), shuffled(0, 150)}), *ref_, *tc_);
+}
+
+// Sliding windows (issue 21) on both kernels: under a tile (key tiles behind it skipped), odd
+// across tiles, two keys (one would make dq and dk exactly 0, rounding compared to rounding),
+// and on a zigzag shard.
+TEST_F(CudaAttention, SlidingWindowBothKernels) {
+  const std::vector<int32_t> keys = concat({range(0, 50), range(150, 200), range(50, 100), range(100, 150)});
+  for (const int64_t window : {2, 17, 40, 97}) {
+    Case plain{"window", 1, 4, 2, 64, range(0, 300), range(0, 300)};
+    plain.window = window;
+    check_case(plain, *ref_, *cuda_);
+    check_case(bf16(plain), *ref_, *tc_);
+    Case zigzag{"window zigzag rank 1", 1, 8, 2, 128, concat({range(50, 100), range(100, 150)}), keys};
+    zigzag.window = window;
+    check_case(zigzag, *ref_, *cuda_);
+    check_case(bf16(zigzag), *ref_, *tc_);
+  }
 }
 
 // The choice itself is a pure function (no GPU needed): kAuto takes the tensor cores for bf16

@@ -188,6 +188,17 @@ TEST(DecodeParity, RopeScaledLlama3AndYarnOnTspAndTp) {
       check_parity(s);
     }
 }
+// Mistral's sliding window (issue 21): prefill and every decode step attend only to the
+// cached keys within the window, as the full windowed forward does. Window 4 is shorter than
+// the prompts of 5 and 13 and than every fed sequence.
+TEST(DecodeParity, SlidingWindowOnTspAndTp) {
+  for (const char* layout : {"tsp", "tp"}) {
+    Case s = make_case(layout);
+    s.config.sliding_window = 4;
+    check_parity(s);
+  }
+}
+
 TEST(DecodeParity, TpMhaTied) { check_parity(make_case("tp", false, true)); }
 
 // The Hugging Face attention variants (issue 21): q/k/v biases (qwen2), q/k/v/o biases

@@ -57,6 +57,7 @@ struct Case {
   bool ignore_rank0 = false;  // every target of rank 0's tokens is ignored
   Variant variant = Variant::kNone;
   int64_t head_dim = 0;  // > 0: head_dim independent of hidden_size / heads (qwen3)
+  int64_t window = 0;    // LlamaConfig::sliding_window
 };
 
 // Weights with std 0.1 so that attention is far from uniform and every path matters.
@@ -69,6 +70,7 @@ void check_parity(const Case& k) {
   c.num_hidden_layers = k.layers;
   apply_variant(k.variant, c);
   if (k.head_dim > 0) c.explicit_head_dim = k.head_dim;
+  c.sliding_window = k.window;
 
   // The reference: the single-rank model on the same seed.
   LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
@@ -151,6 +153,23 @@ void check_parity(const Case& k) {
 }
 
 TEST(TspParity, ZigzagGqaUntiedOverlap) { check_parity(Case{}); }
+
+// Mistral's sliding window (issue 21): the mask is on global positions, so the zigzag and the
+// contiguous shards get it from their position arrays. Windows under one rank's chunk, odd,
+// and across a chunk boundary. (Not 1: each query would see only itself, the q and k
+// gradients would be exactly 0 and the parity would compare rounding noise; the kernel test
+// covers window 1.)
+TEST(TspParity, SlidingWindow) {
+  for (int64_t window : {2, 5, 17}) {
+    Case k;
+    k.window = window;
+    check_parity(k);
+  }
+  Case contiguous;
+  contiguous.window = 7;
+  contiguous.options.split = SeqSplit::kContiguous;
+  check_parity(contiguous);
+}
 
 TEST(TspParity, Contiguous) {
   Case k;

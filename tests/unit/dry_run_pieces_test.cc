@@ -170,6 +170,17 @@ TEST(MetaBackendTest, AttentionFlopsAreFlopCountsForCausalPositions) {
   be.attention_forward(AttentionArgs{&q, &k, &v, &meta_pos, &meta_pos, 0.125}, out, lse);
   EXPECT_FALSE(be.records()[2].pairs_exact);
   EXPECT_DOUBLE_EQ(be.records()[2].flops, 4.0 * d * 4 * S * S * B);
+  // A sliding window (issue 21): the pairs the meta backend counts on the positions are the
+  // ones the FLOP count derives in closed form, windows under, at and above S. Hand-counted
+  // at W = 5: 1 + 2 + 3 + 4 + 5 * (S - 4) keys.
+  for (const int64_t window : {1, 5, 47, 48, 100}) {
+    c.sliding_window = window;
+    const AttentionArgs windowed{&q, &k, &v, &pos, &pos, 0.125, window};
+    be.attention_forward(windowed, out, lse);
+    EXPECT_DOUBLE_EQ(be.records().back().flops, forward_attention_flops(c, B, S)) << "window " << window;
+  }
+  c.sliding_window = 5;
+  EXPECT_DOUBLE_EQ(forward_attention_flops(c, B, S), 4.0 * d * 4 * (10 + 5 * (S - 4)) * B);
 }
 
 // The meta backend takes the CPU flash attention's scratch for the call: same workspace peak.

@@ -177,8 +177,15 @@ TEST(Config, RefusesUnimplementedArchitectureFieldsByName) {
       {R"("attention_bias": 1)", "\"attention_bias\" must be true or false"},
       {R"("mlp_bias": true)", "\"mlp_bias\" true is not supported"},
       {R"("hidden_act": "gelu")", "hidden_act \"gelu\" is not supported"},
-      {R"("sliding_window": 4)", "sliding_window 4 is not supported"},
-      {R"("sliding_window": 4, "use_sliding_window": true)", "sliding_window 4 is not supported"},
+      {R"("sliding_window": 4)", "sliding_window 4 with model_type \"llama\" is not supported"},
+      {R"("sliding_window": 4, "use_sliding_window": true)", "sliding_window 4 with model_type \"llama\""},
+      {R"("model_type": "qwen2", "sliding_window": 4, "use_sliding_window": true, "max_window_layers": 0)",
+       "max_window_layers 0 < num_hidden_layers 1"},
+      {R"("model_type": "qwen3", "sliding_window": 4, "use_sliding_window": true,
+          "layer_types": ["full_attention", "sliding_attention"])",
+       "layer_types entry \"sliding_attention\" with use_sliding_window true"},
+      {R"("model_type": "mistral", "sliding_window": 0)", "sliding_window (0) must be positive or null"},
+      {R"("model_type": "mistral", "sliding_window": "4")", "\"sliding_window\" must be an integer or null"},
   };
   for (const auto& [extra, words] : refused) {
     Result<LlamaConfig> c = load(extra);
@@ -191,6 +198,34 @@ TEST(Config, RefusesUnimplementedArchitectureFieldsByName) {
                             R"("attention_bias": false, "mlp_bias": false, "hidden_act": "silu")",
                             R"("sliding_window": 32768, "use_sliding_window": false)"})
     EXPECT_TRUE(load(extra).ok()) << extra << ": " << load(extra).status().message();
+}
+
+// The sliding window as each family's Hugging Face config defines it (issue 21): Mistral's
+// default when the key is absent, null as none, Qwen's use_sliding_window switch and its
+// max_window_layers (no layer at or past it: no window), and the window surviving to_json.
+TEST(Config, SlidingWindowOfTheHuggingFaceFamilies) {
+  const std::string base = R"({"hidden_size": 8, "num_attention_heads": 2, "intermediate_size": 8,
+      "num_hidden_layers": 2, "vocab_size": 10, "max_position_embeddings": 16)";
+  const std::pair<const char*, int64_t> cases[] = {
+      {R"("model_type": "mistral")", 4096},
+      {R"("model_type": "mistral", "sliding_window": 7)", 7},
+      {R"("model_type": "mistral", "sliding_window": null)", 0},
+      {R"("model_type": "llama")", 0},
+      {R"("model_type": "qwen2", "sliding_window": 4, "use_sliding_window": false)", 0},
+      {R"("model_type": "qwen2", "sliding_window": 4, "use_sliding_window": true, "max_window_layers": 2)", 0},
+      {R"("model_type": "qwen3", "sliding_window": 4, "use_sliding_window": true)", 0},  // default 28 layers full
+      {R"("model_type": "qwen2", "sliding_window": 4, "use_sliding_window": true, "max_window_layers": 0,
+          "layer_types": ["full_attention", "full_attention"])", 0},
+  };
+  for (const auto& [extra, window] : cases) {
+    Result<LlamaConfig> c = LlamaConfig::from_json(base + ", " + extra + "}");
+    ASSERT_TRUE(c.ok()) << extra << ": " << c.status().message();
+    EXPECT_EQ(c->sliding_window, window) << extra;
+    Result<LlamaConfig> back = LlamaConfig::from_json(c->to_json());
+    ASSERT_TRUE(back.ok()) << c->to_json() << ": " << back.status().message();
+    EXPECT_EQ(back->sliding_window, window) << c->to_json();
+    EXPECT_EQ(back->qkv_bias, c->qkv_bias) << c->to_json();
+  }
 }
 
 // The attention variants each family's modeling file defines (issue 21): what each model

@@ -4,8 +4,9 @@
 // once for all of them. Products are GEMM-engine calls (gemm_engine.h) on packed blocks; the
 // softmax loops are plain loops that GCC vectorizes. Invariants: no Sq x Sk matrix is ever
 // formed; the workspace is allocated (tracked) once per call: O(block) plus one kv head's K
-// and V (and dK, dV) packed contiguous, i.e. O(Sk * d); a tile that no query sees is
-// skipped, and one that every query sees whole is not masked.
+// and V (and dK, dV) packed contiguous, i.e. O(Sk * d); a tile that no query sees (ahead of
+// every query, or behind every query's sliding window) is skipped, and one that every query
+// sees whole is not masked.
 #include "backend/cpu/flash_attention.h"
 
 #include <algorithm>
@@ -168,8 +169,9 @@ void online_softmax(const Plan& p, int64_t i0, const Tile& tile) {
   const int64_t g = p.dims.group(), d = p.dims.d, ld = p.keys_per_block;
   for (int64_t t = tile.t0; t < tile.t0 + tile.tokens; ++t)
     for (int64_t r = t * g; r < (t + 1) * g; ++r)
-      flash::online_softmax_row<kMasked>(p.scores + r * ld + tile.j0 % ld, p.k_pos + tile.j0, p.q_pos[i0 + t],
-                                         tile.keys, p.row_a[r], p.row_b[r], p.acc_rows + r * d, d);
+      flash::online_softmax_row<kMasked>(p.scores + r * ld + tile.j0 % ld, p.k_pos + tile.j0,
+                                         flash::key_bound(p.q_pos[i0 + t], p.dims.window), tile.keys, p.row_a[r],
+                                         p.row_b[r], p.acc_rows + r * d, d);
 }
 
 void forward_tile(const Plan& p, const KvHead& kv, int64_t i0, const Tile& tile, Visibility vis) {
@@ -206,8 +208,8 @@ void finish_q_block(const Plan& p, int64_t b, int64_t hk, int64_t i0, int64_t to
 
 template <typename Step>
 void for_each_k_block(const Plan& p, int64_t i0, int64_t tokens, const Step& step) {
-  flash::for_each_k_block(p.q_pos, p.k_pos, p.k_ranges, p.dims.sk, p.keys_per_block, p.dims.group(), i0, tokens,
-                          step);
+  const flash::BlockPositions bp{p.q_pos, p.k_pos, p.k_ranges, p.dims.sk, p.keys_per_block, p.dims.window};
+  flash::for_each_k_block(bp, p.dims.group(), i0, tokens, step);
 }
 
 void forward_q_block(const Plan& p, const float* q, const KvHead& kv, int64_t b, int64_t hk, int64_t i0,
@@ -254,8 +256,8 @@ void probabilities(const Plan& p, int64_t i0, const Tile& tile) {
   const int64_t g = p.dims.group(), ld = p.keys_per_block;
   for (int64_t t = tile.t0; t < tile.t0 + tile.tokens; ++t)
     for (int64_t r = t * g; r < (t + 1) * g; ++r)
-      flash::probabilities_row<kMasked>(p.scores + r * ld + tile.j0 % ld, p.k_pos + tile.j0, p.q_pos[i0 + t],
-                                        tile.keys, p.row_a[r]);
+      flash::probabilities_row<kMasked>(p.scores + r * ld + tile.j0 % ld, p.k_pos + tile.j0,
+                                        flash::key_bound(p.q_pos[i0 + t], p.dims.window), tile.keys, p.row_a[r]);
 }
 
 // dS = P * (dP - delta) in place on the tile's dP.

@@ -130,6 +130,10 @@ Plan make_plan(const AttentionDims& d, const int32_t* q_pos, const int32_t* k_po
   return p;
 }
 
+flash::BlockPositions block_positions(const Plan& p) {
+  return {p.q_pos, p.k_pos, p.k_ranges, p.dims.sk, p.keys_per_block, p.dims.window};
+}
+
 size_t group_offset(const Plan& p, int64_t b, int64_t i0, int64_t hk) {
   return static_cast<size_t>(((b * p.dims.sq + i0) * p.dims.n_h + hk * p.dims.group()) * p.dims.d);
 }
@@ -187,10 +191,11 @@ void forward_tile(const Plan& p, const KvHead& kv, int64_t i0, const Tile& tile,
     for (int64_t r = t * g; r < (t + 1) * g; ++r) {
       float* s = p.scores + (r - r0) * keys;
       float* acc = p.acc_rows + r * d;
+      const flash::KeyBound bound = flash::key_bound(p.q_pos[i0 + t], p.dims.window);
       if (vis == Visibility::kPartial) {
-        flash::online_softmax_row<true>(s, p.k_pos + tile.j0, p.q_pos[i0 + t], keys, p.row_a[r], p.row_b[r], acc, d);
+        flash::online_softmax_row<true>(s, p.k_pos + tile.j0, bound, keys, p.row_a[r], p.row_b[r], acc, d);
       } else {
-        flash::online_softmax_row<false>(s, p.k_pos + tile.j0, p.q_pos[i0 + t], keys, p.row_a[r], p.row_b[r], acc, d);
+        flash::online_softmax_row<false>(s, p.k_pos + tile.j0, bound, keys, p.row_a[r], p.row_b[r], acc, d);
       }
     }
   // acc += P V: [rows, d], P rounded to bf16.
@@ -208,7 +213,7 @@ void forward_q_block(const Plan& p, const bf16* q, const KvHead& kv, int64_t b, 
   std::fill_n(p.row_a, rows, kNegInf);
   std::fill_n(p.row_b, rows, 0.0f);
   std::fill_n(p.acc_rows, rows * d, 0.0f);
-  flash::for_each_k_block(p.q_pos, p.k_pos, p.k_ranges, p.dims.sk, p.keys_per_block, g, i0, tokens,
+  flash::for_each_k_block(block_positions(p), g, i0, tokens,
                           [&](const Tile& tile, Visibility vis) { forward_tile(p, kv, i0, tile, vis); });
   // out = acc / l, lse = m + log l; rows that saw no key (l == 0) get 0 and -inf.
   for (int64_t r = 0; r < rows; ++r) {
@@ -238,10 +243,11 @@ void backward_tile(const Plan& p, const KvHead& kv, int64_t i0, const Tile& tile
   for (int64_t t = tile.t0; t < tile.t0 + tile.tokens; ++t)
     for (int64_t r = t * g; r < (t + 1) * g; ++r) {
       float* s = p.scores + (r - r0) * keys;
+      const flash::KeyBound bound = flash::key_bound(p.q_pos[i0 + t], p.dims.window);
       if (vis == Visibility::kPartial) {
-        flash::probabilities_row<true>(s, p.k_pos + tile.j0, p.q_pos[i0 + t], keys, p.row_a[r]);
+        flash::probabilities_row<true>(s, p.k_pos + tile.j0, bound, keys, p.row_a[r]);
       } else {
-        flash::probabilities_row<false>(s, p.k_pos + tile.j0, p.q_pos[i0 + t], keys, p.row_a[r]);
+        flash::probabilities_row<false>(s, p.k_pos + tile.j0, bound, keys, p.row_a[r]);
       }
     }
   round_into(p.scores, rows * keys, p.p_bf);
@@ -275,7 +281,7 @@ void backward_q_block(const Plan& p, const bf16* q, const Grads<LseT>& gr, const
       p.row_b[r] = delta;
     }
   std::fill_n(p.acc_rows, tokens * g * d, 0.0f);
-  flash::for_each_k_block(p.q_pos, p.k_pos, p.k_ranges, p.dims.sk, p.keys_per_block, g, i0, tokens,
+  flash::for_each_k_block(block_positions(p), g, i0, tokens,
                           [&](const Tile& tile, Visibility vis) { backward_tile(p, kv, i0, tile, vis); });
   round_rows(p.acc_rows, tokens, g * d, p.q_stride, gr.dq + off);
 }

@@ -34,13 +34,27 @@ inline PosRange range_of(const int32_t* pos, int64_t n) {
 
 enum class Visibility { kNone, kPartial, kFull };
 
-// Key j is visible to query i iff k_pos[j] <= q_pos[i]; over a whole tile this needs only the
-// position ranges, whatever the order of the positions inside them.
-inline Visibility classify(PosRange q, PosRange k) {
+// Key j is visible to query i iff k_pos[j] <= q_pos[i] and, with a sliding window W > 0,
+// q_pos[i] - k_pos[j] < W; over a whole tile this needs only the position ranges, whatever
+// the order of the positions inside them. Differences in 64 bits: positions span all of i32.
+inline Visibility classify(PosRange q, PosRange k, int64_t window) {
   if (k.lo > q.hi) return Visibility::kNone;
-  if (k.hi <= q.lo) return Visibility::kFull;
+  if (window > 0 && int64_t{q.lo} - k.hi >= window) return Visibility::kNone;  // behind every window
+  if (k.hi <= q.lo && (window == 0 || int64_t{q.hi} - k.lo < window)) return Visibility::kFull;
   return Visibility::kPartial;
 }
+
+// The key positions one query sees: [lo, hi]. hi is the query's position; lo that minus
+// W - 1 with a window W, else the lowest i32.
+struct KeyBound {
+  int32_t lo, hi;
+};
+inline KeyBound key_bound(int32_t q_pos, int64_t window) {
+  constexpr int64_t kLowest = std::numeric_limits<int32_t>::min();
+  const int64_t lo = window > 0 ? std::max(kLowest, int64_t{q_pos} - window + 1) : kLowest;
+  return {static_cast<int32_t>(lo), q_pos};
+}
+inline bool hidden(int32_t k_pos, KeyBound b) { return k_pos > b.hi || k_pos < b.lo; }
 
 // Query tokens [t0, t0 + tokens) of the current q block (stacked rows t0 * g onwards) against
 // keys [j0, j0 + keys).
@@ -53,8 +67,8 @@ struct Tile {
 // right of a causal diagonal block) is split into quadrants, recursively down to kMinTile
 // rows or keys; other tiles are processed whole.
 template <typename Step>
-void for_visible_tiles(const int32_t* q_pos, const int32_t* k_pos, int64_t g, int64_t i0, const Tile& tile,
-                       Visibility vis, const Step& step) {
+void for_visible_tiles(const int32_t* q_pos, const int32_t* k_pos, int64_t window, int64_t g, int64_t i0,
+                       const Tile& tile, Visibility vis, const Step& step) {
   if (vis == Visibility::kNone) return;
   auto half = [](int64_t n) { return std::min(n - 1, ((n + 1) / 2 + kLanes - 1) / kLanes * kLanes); };
   if (vis == Visibility::kPartial && tile.tokens >= 2 && tile.tokens * g >= 2 * kMinTile &&
@@ -68,11 +82,11 @@ void for_visible_tiles(const int32_t* q_pos, const int32_t* k_pos, int64_t g, in
     bool any_none = false;
     for (int i = 0; i < 4; ++i) {
       const Tile& q = quads[i];
-      sub[i] = classify(range_of(q_pos + i0 + q.t0, q.tokens), range_of(k_pos + q.j0, q.keys));
+      sub[i] = classify(range_of(q_pos + i0 + q.t0, q.tokens), range_of(k_pos + q.j0, q.keys), window);
       any_none = any_none || sub[i] == Visibility::kNone;
     }
     if (any_none) {  // otherwise splitting would only make the products smaller
-      for (int i = 0; i < 4; ++i) for_visible_tiles(q_pos, k_pos, g, i0, quads[i], sub[i], step);
+      for (int i = 0; i < 4; ++i) for_visible_tiles(q_pos, k_pos, window, g, i0, quads[i], sub[i], step);
       return;
     }
   }
@@ -81,14 +95,19 @@ void for_visible_tiles(const int32_t* q_pos, const int32_t* k_pos, int64_t g, in
 
 // Calls step(tile, visibility) for the visible tiles of the q block at token i0 (`tokens`
 // tokens) against every k block of `keys_per_block` keys; k_ranges holds each k block's
-// (lo, hi) position range.
+// (lo, hi) position range. Tiles wholly behind the window are skipped like those ahead of
+// every query.
+struct BlockPositions {
+  const int32_t *q_pos, *k_pos, *k_ranges;
+  int64_t sk, keys_per_block, window;
+};
 template <typename Step>
-void for_each_k_block(const int32_t* q_pos, const int32_t* k_pos, const int32_t* k_ranges, int64_t sk,
-                      int64_t keys_per_block, int64_t g, int64_t i0, int64_t tokens, const Step& step) {
-  const PosRange qr = range_of(q_pos + i0, tokens);
-  for (int64_t j0 = 0, kb = 0; j0 < sk; j0 += keys_per_block, ++kb) {
-    const Tile tile{0, tokens, j0, std::min(keys_per_block, sk - j0)};
-    for_visible_tiles(q_pos, k_pos, g, i0, tile, classify(qr, {k_ranges[2 * kb], k_ranges[2 * kb + 1]}), step);
+void for_each_k_block(const BlockPositions& bp, int64_t g, int64_t i0, int64_t tokens, const Step& step) {
+  const PosRange qr = range_of(bp.q_pos + i0, tokens);
+  for (int64_t j0 = 0, kb = 0; j0 < bp.sk; j0 += bp.keys_per_block, ++kb) {
+    const Tile tile{0, tokens, j0, std::min(bp.keys_per_block, bp.sk - j0)};
+    const PosRange kr{bp.k_ranges[2 * kb], bp.k_ranges[2 * kb + 1]};
+    for_visible_tiles(bp.q_pos, bp.k_pos, bp.window, g, i0, tile, classify(qr, kr, bp.window), step);
   }
 }
 
@@ -97,22 +116,22 @@ void for_each_k_block(const int32_t* q_pos, const int32_t* k_pos, const int32_t*
 // reassociating a sum; `unroll 1` keeps each lane loop whole for GCC's loop vectorizer
 // (unrolled first, the SLP pass leaves these scalar).
 
-// Max of x[0, n) after masking x[j] = -inf where k_pos[j] > q_pos.
+// Max of x[0, n) after masking x[j] = -inf where key j is hidden from the query (bound).
 template <bool kMasked>
-float mask_and_max(float* x, const int32_t* k_pos, int32_t q_pos, int64_t n) {
+float mask_and_max(float* x, const int32_t* k_pos, KeyBound bound, int64_t n) {
   float lanes[kLanes];
   std::fill_n(lanes, kLanes, kNegInf);
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
 #pragma GCC unroll 1
     for (int64_t l = 0; l < kLanes; ++l) {
-      const float v = kMasked && k_pos[j + l] > q_pos ? kNegInf : x[j + l];
+      const float v = kMasked && hidden(k_pos[j + l], bound) ? kNegInf : x[j + l];
       if (kMasked) x[j + l] = v;
       lanes[l] = std::max(lanes[l], v);
     }
   }
   for (; j < n; ++j) {
-    const float v = kMasked && k_pos[j] > q_pos ? kNegInf : x[j];
+    const float v = kMasked && hidden(k_pos[j], bound) ? kNegInf : x[j];
     if (kMasked) x[j] = v;
     lanes[0] = std::max(lanes[0], v);
   }
@@ -158,9 +177,9 @@ inline float dot(const float* a, const float* b, int64_t n) {
 // relative to the updated running max m; the running sum l and the accumulator row acc[0, d)
 // are rescaled to that max.
 template <bool kMasked>
-void online_softmax_row(float* s, const int32_t* k_pos, int32_t q_pos, int64_t keys, float& m, float& l, float* acc,
+void online_softmax_row(float* s, const int32_t* k_pos, KeyBound bound, int64_t keys, float& m, float& l, float* acc,
                         int64_t d) {
-  const float m_new = std::max(m, mask_and_max<kMasked>(s, k_pos, q_pos, keys));
+  const float m_new = std::max(m, mask_and_max<kMasked>(s, k_pos, bound, keys));
   // A row that has seen no key yet keeps m = -inf; shifting by 0 keeps its e^-inf = 0.
   const float shift = m_new == kNegInf ? 0.0f : m_new;
   const float correction = vec::exp(m - shift);
@@ -173,10 +192,10 @@ void online_softmax_row(float* s, const int32_t* k_pos, int32_t q_pos, int64_t k
 // P = e^(S - lse) (0 where masked) in place on one row of scores. A query that sees no key
 // has lse = -inf, but every tile holding it is partial and masks all of its row.
 template <bool kMasked>
-void probabilities_row(float* s, const int32_t* k_pos, int32_t q_pos, int64_t keys, float lse) {
+void probabilities_row(float* s, const int32_t* k_pos, KeyBound bound, int64_t keys, float lse) {
   for (int64_t j = 0; j < keys; ++j) {
     const float e = vec::exp(s[j] - lse);
-    s[j] = kMasked && k_pos[j] > q_pos ? 0.0f : e;
+    s[j] = kMasked && hidden(k_pos[j], bound) ? 0.0f : e;
   }
 }
 

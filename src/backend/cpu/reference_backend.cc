@@ -98,7 +98,8 @@ void ref_rope(const Tensor& table, Tensor& x, double sign) {
       }
 }
 
-// Scores of query row `qi` (head hq) against every key, scaled; -inf where not visible.
+// Scores of query row `qi` (head hq) against every key, scaled; -inf where not visible
+// (a later position, or one at least the sliding window behind).
 template <typename T>
 void ref_scores(const AttentionArgs& a, const AttentionDims& d, int64_t b, int64_t qi, int64_t hq,
                 std::vector<double>& s) {
@@ -107,7 +108,8 @@ void ref_scores(const AttentionArgs& a, const AttentionDims& d, int64_t b, int64
   const int64_t hk = hq / d.group();
   const T* qrow = Q + ((b * d.sq + qi) * d.n_h + hq) * d.d;
   for (int64_t j = 0; j < d.sk; ++j) {
-    if (kp[j] > qp[qi]) {
+    const int64_t behind = int64_t{qp[qi]} - kp[j];  // how far the key lies behind the query
+    if (behind < 0 || (a.window > 0 && behind >= a.window)) {
       s[j] = -std::numeric_limits<double>::infinity();
       continue;
     }

@@ -389,12 +389,14 @@ class CudaBackendImpl final : public CudaBackend {
     const Tensor &q = *args.q, &k = *args.k, &v = *args.v;
     FP_CHECK(q.rank() == 4 && k.rank() == 4 && v.rank() == 4, "attention ranks {} {} {}", q.describe(), k.describe(),
              v.describe());
-    const cuda::AttentionShape s{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), static_cast<float>(args.scale)};
+    const cuda::AttentionShape s{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), static_cast<float>(args.scale),
+                                 args.window};
     FP_CHECK(k.shape() == v.shape() && k.dim(0) == s.batch && k.dim(3) == s.d, "attention k {} v {} q {}",
              k.describe(), v.describe(), q.describe());
     FP_CHECK(s.n_kv > 0 && s.n_h > 0 && s.n_h % s.n_kv == 0, "attention heads {} not a multiple of kv heads {}", s.n_h,
              s.n_kv);
     FP_CHECK(s.d <= cuda::kMaxHeadDim, "attention head dim {} exceeds the CUDA kernel's {}", s.d, cuda::kMaxHeadDim);
+    FP_CHECK(args.window >= 0, "attention window {} must be 0 (off) or positive", args.window);
     FP_CHECK(q.dtype() == k.dtype() && k.dtype() == v.dtype() && o.dtype() == q.dtype(), "attention dtypes");
     check_cuda_float(q, "attention q");
     check_stat(lse, "attention lse");

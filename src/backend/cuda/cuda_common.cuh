@@ -28,6 +28,15 @@ __device__ __forceinline__ void store(FloatOut x, int64_t i, float v) {
   }
 }
 
+// Key at k_pos visible to the query at q_pos under a sliding window (0: causal only).
+__device__ __forceinline__ bool sees(int q_pos, int k_pos, int64_t window) {
+  return k_pos <= q_pos && (window == 0 || int64_t{q_pos} - k_pos < window);
+}
+// Every key of positions <= k_hi behind the window of every query of positions >= q_lo.
+__device__ __forceinline__ bool behind_window(int q_lo, int k_hi, int64_t window) {
+  return window > 0 && int64_t{q_lo} - k_hi >= window;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

@@ -107,6 +107,7 @@ void launch_attention_merge(FloatPtr block_out, const float* block_lse, FloatOut
 struct AttentionShape {
   int64_t batch, sq, sk, n_h, n_kv, d;
   float scale;
+  int64_t window = 0;  // AttentionArgs::window: key j visible iff 0 <= q_pos - k_pos < window; 0: causal
 };
 // q [B, Sq, n_h, d], k/v [B, Sk, n_kv, d], out like q (all the same float dtype);
 // lse f32 [B, n_h, Sq]; q_pos [Sq], k_pos [Sk]. d <= kMaxHeadDim.

@@ -1,10 +1,12 @@
 // Causal flash attention on the GPU with explicit positions (key j visible to query i iff
-// k_pos[j] <= q_pos[i]) and GQA. A straightforward tiled kernel, correctness first: f32
-// CUDA-core arithmetic on f32 or bf16 storage, tiles of 32 queries x 32 keys staged in
-// shared memory, the online softmax of FlashAttention (running max and sum per row, f32).
+// k_pos[j] <= q_pos[i], and q_pos[i] - k_pos[j] < W with a sliding window W) and GQA. A
+// straightforward tiled kernel, correctness first: f32 CUDA-core arithmetic on f32 or bf16
+// storage, tiles of 32 queries x 32 keys staged in shared memory, the online softmax of
+// FlashAttention (running max and sum per row, f32).
 // Each warp owns 4 rows of its tile; a lane owns one column of the score tile and d/32
 // columns of the accumulators, in registers. Tiles whose smallest key position exceeds
-// the largest query position are skipped (positions need not be sorted).
+// the largest query position, or whose largest key position lies behind the window of the
+// smallest query position, are skipped (positions need not be sorted).
 // Backward follows FlashAttention-2 without atomics: one kernel per key tile writes dK and
 // dV (looping over every query tile of every head of the GQA group), one per query tile
 // writes dQ; both recompute P from the forward's lse. Not tensor-core code: see docs/GPU.md.
@@ -80,7 +82,8 @@ __global__ void attention_forward_kernel(AttentionShape s, FloatPtr q, FloatPtr 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
   load_tile(q, lq, b, q0, hq, Qs, d);
-  const int q_max = load_positions(q_pos, q0, s.sq, INT_MIN, qp, false, scratch);
+  const int q_min = load_positions(q_pos, q0, s.sq, INT_MAX, qp, true, scratch);
+  const int q_max = load_positions(q_pos, q0, s.sq, INT_MIN, qp, false, scratch);  // leaves INT_MIN past Sq
   float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kCols];
   for (int r = 0; r < kRowsPerWarp; ++r) {
     m[r] = -INFINITY;
@@ -89,14 +92,15 @@ __global__ void attention_forward_kernel(AttentionShape s, FloatPtr q, FloatPtr 
   }
   for (int64_t k0 = 0; k0 < s.sk; k0 += kTile) {
     __syncthreads();  // the previous tile's Ks, Vs, Ps, kp are no longer read
+    const int k_max = load_positions(k_pos, k0, s.sk, INT_MIN, kp, false, scratch);
     const int k_min = load_positions(k_pos, k0, s.sk, INT_MAX, kp, true, scratch);
-    if (k_min > q_max) continue;  // uniform across the block
+    if (k_min > q_max || behind_window(q_min, k_max, s.window)) continue;  // uniform across the block
     load_tile(k, lk, b, k0, hk, Ks, dp);
     load_tile(v, lk, b, k0, hk, Vs, d);
     __syncthreads();
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const int i = warp * kRowsPerWarp + r;
-      const bool visible = k0 + lane < s.sk && kp[lane] <= qp[i];
+      const bool visible = k0 + lane < s.sk && sees(qp[i], kp[lane], s.window);
       const float score = visible ? dot_row(Qs + i * d, Ks + lane * dp, d) * s.scale : -INFINITY;
       const float m_new = fmaxf(m[r], warp_max(score));
       const float p = m_new == -INFINITY ? 0.0f : __expf(score - m_new);
@@ -165,13 +169,15 @@ __global__ void attention_dkdv_kernel(AttentionShape s, FloatPtr q, FloatPtr k, 
 
   load_tile(k, lk, b, k0, hk, Ks, d);
   load_tile(v, lk, b, k0, hk, Vs, d);
+  const int k_max = load_positions(k_pos, k0, s.sk, INT_MIN, kp, false, scratch);
   const int k_min = load_positions(k_pos, k0, s.sk, INT_MAX, kp, true, scratch);
   float dk_acc[kRowsPerWarp][kCols] = {}, dv_acc[kRowsPerWarp][kCols] = {};
   for (int64_t hq = hk * group; hq < (hk + 1) * group; ++hq) {
     for (int64_t q0 = 0; q0 < s.sq; q0 += kTile) {
       __syncthreads();
+      const int q_min = load_positions(q_pos, q0, s.sq, INT_MAX, qp, true, scratch);
       const int q_max = load_positions(q_pos, q0, s.sq, INT_MIN, qp, false, scratch);
-      if (k_min > q_max) continue;
+      if (k_min > q_max || behind_window(q_min, k_max, s.window)) continue;
       load_tile(q, lq, b, q0, hq, Qs, dp);
       load_tile(d_out, lq, b, q0, hq, dOs, dp);
       __syncthreads();
@@ -180,7 +186,7 @@ __global__ void attention_dkdv_kernel(AttentionShape s, FloatPtr q, FloatPtr k, 
       const float row_delta = qi < s.sq ? delta[(b * s.n_h + hq) * s.sq + qi] : 0.0f;
       for (int r = 0; r < kRowsPerWarp; ++r) {
         const int j = warp * kRowsPerWarp + r;
-        const bool visible = qi < s.sq && k0 + j < s.sk && kp[j] <= qp[lane] && row_lse != -INFINITY;
+        const bool visible = qi < s.sq && k0 + j < s.sk && sees(qp[lane], kp[j], s.window) && row_lse != -INFINITY;
         float p = 0, ds = 0;
         if (visible) {
           p = __expf(dot_row(Ks + j * d, Qs + lane * dp, d) * s.scale - row_lse);
@@ -238,6 +244,7 @@ __global__ void attention_dq_kernel(AttentionShape s, FloatPtr q, FloatPtr k, Fl
 
   load_tile(q, lq, b, q0, hq, Qs, d);
   load_tile(d_out, lq, b, q0, hq, dOs, d);
+  const int q_min = load_positions(q_pos, q0, s.sq, INT_MAX, qp, true, scratch);
   const int q_max = load_positions(q_pos, q0, s.sq, INT_MIN, qp, false, scratch);
   float row_lse[kRowsPerWarp], row_delta[kRowsPerWarp], acc[kRowsPerWarp][kCols] = {};
   for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -247,14 +254,15 @@ __global__ void attention_dq_kernel(AttentionShape s, FloatPtr q, FloatPtr k, Fl
   }
   for (int64_t k0 = 0; k0 < s.sk; k0 += kTile) {
     __syncthreads();
+    const int k_max = load_positions(k_pos, k0, s.sk, INT_MIN, kp, false, scratch);
     const int k_min = load_positions(k_pos, k0, s.sk, INT_MAX, kp, true, scratch);
-    if (k_min > q_max) continue;
+    if (k_min > q_max || behind_window(q_min, k_max, s.window)) continue;
     load_tile(k, lk, b, k0, hk, Ks, dp);
     load_tile(v, lk, b, k0, hk, Vs, dp);
     __syncthreads();
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const int i = warp * kRowsPerWarp + r;
-      const bool visible = k0 + lane < s.sk && kp[lane] <= qp[i] && row_lse[r] != -INFINITY;
+      const bool visible = k0 + lane < s.sk && sees(qp[i], kp[lane], s.window) && row_lse[r] != -INFINITY;
       float ds = 0;
       if (visible) {
         const float p = __expf(dot_row(Qs + i * d, Ks + lane * dp, d) * s.scale - row_lse[r]);

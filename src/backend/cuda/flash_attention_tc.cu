@@ -2,8 +2,9 @@
 // 64 and 128: bf16 mma.sync m16n8k16 with f32 accumulation, the online softmax in f32 in
 // registers, K/V (forward, dQ) or Q/dO (dK/dV) tiles double-buffered in shared memory with
 // cp.async. Same contract as flash_attention.cu (the plain reference kept beside it): key j
-// visible to query i iff k_pos[j] <= q_pos[i], GQA, lse = natural log of the softmax
-// denominator of the scaled scores, a row that sees no key gives out = 0, lse = -inf, dq = 0.
+// visible to query i iff k_pos[j] <= q_pos[i] (and q_pos[i] - k_pos[j] < W under a sliding
+// window W), GQA, lse = natural log of the softmax denominator of the scaled scores, a row
+// that sees no key gives out = 0, lse = -inf, dq = 0.
 // Not here: f32 storage, other head dims (attention_tc_supported), WGMMA/TMA (sm_90 only).
 // One file because the three kernels share the fragment helpers and tile machinery below.
 #include <climits>
@@ -231,7 +232,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) attention_forward_tc_kernel(Tc
     q_min = min(q_min, a.q_bounds()[qt].x);
     q_max = max(q_max, a.q_bounds()[qt].y);
   }
-  auto visible = [&](int kt) { return kb[kt].x <= q_max; };
+  auto visible = [&](int kt) { return kb[kt].x <= q_max && !behind_window(q_min, kb[kt].y, s.window); };
   auto load_kv = [&](int kt, int stage) {
     const int64_t k0 = int64_t{kt} * kTileRows;
     load_tile<D, kFwdThreads>(a.k, b, k0, s.sk, s.n_kv, hk, kTileRows, smem + L::kK + stage * L::kTile);
@@ -267,7 +268,8 @@ __global__ void __launch_bounds__(kFwdThreads, 1) attention_forward_tc_kernel(Tc
     if (next < n_k) load_kv(next, stage ^ 1);
     cp_async_commit();
     const int64_t k0 = int64_t{kt} * kTileRows;
-    const bool masked = kb[kt].y > q_min || k0 + kTileRows > s.sk;  // uniform
+    // uniform: some key ahead of a query, past Sk, or behind a query's window
+    const bool masked = kb[kt].y > q_min || k0 + kTileRows > s.sk || behind_window(q_max, kb[kt].x, s.window);
     const nv_bf16* ks = smem + L::kK + stage * L::kTile;
     const nv_bf16* vs = smem + L::kV + stage * L::kTile;
 
@@ -289,7 +291,7 @@ __global__ void __launch_bounds__(kFwdThreads, 1) attention_forward_tc_kernel(Tc
         const int64_t key = k0 + 8 * j + 2 * t + e;
         const int kpos = masked && key < s.sk ? a.k_pos[key] : INT_MIN;
         for (int h = 0; h < 2; ++h) {
-          const bool vis = !masked || (key < s.sk && kpos <= qp[h]);
+          const bool vis = !masked || (key < s.sk && sees(qp[h], kpos, s.window));
           sc[j][2 * h + e] = vis ? sc[j][2 * h + e] * c : -INFINITY;
         }
       }
@@ -401,7 +403,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2) attention_dkdv_tc_kernel(TcArg
   const int n_q = a.q_tiles(), n_iter = static_cast<int>(group) * n_q;
   const int2 kbound = a.k_bounds()[blockIdx.x];
   const int2* qb = a.q_bounds();
-  auto visible = [&](int it) { return qb[it % n_q].y >= kbound.x; };
+  auto visible = [&](int it) { return qb[it % n_q].y >= kbound.x && !behind_window(qb[it % n_q].x, kbound.y, s.window); };
   auto load_q = [&](int it, int stage) {
     const int64_t hq = hk * group + it / n_q, q0 = int64_t{it % n_q} * kTileRows;
     load_tile<D, kBwdThreads>(a.q, b, q0, s.sq, s.n_h, hq, kTileRows, smem + L::kC + stage * L::kTile);
@@ -437,7 +439,8 @@ __global__ void __launch_bounds__(kBwdThreads, 2) attention_dkdv_tc_kernel(TcArg
     cp_async_commit();
     const int qt = it % n_q;
     const int2 qbound = qb[qt];
-    const bool masked = qbound.x < kbound.y || int64_t{qt + 1} * kTileRows > s.sq || k0 + kTileRows > s.sk;
+    const bool masked = qbound.x < kbound.y || int64_t{qt + 1} * kTileRows > s.sq || k0 + kTileRows > s.sk ||
+                        behind_window(qbound.y, kbound.x, s.window);
     const nv_bf16* qs = smem + L::kC + stage * L::kTile;
     const nv_bf16* dos = smem + L::kD + stage * L::kTile;
     const float* lse2 = lse2_s + stage * kTileRows;
@@ -468,7 +471,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2) attention_dkdv_tc_kernel(TcArg
         for (int e = 0; e < 4; ++e) {
           const int col = 32 * half + 8 * j + 2 * t + (e & 1), h = e >> 1;  // query col, key row g + 8h
           float p = exp2f(st[j][e] * c - lse2[col]);
-          if (masked && !(key_ok[h] && kpos[h] <= qpos[col])) p = 0.0f;
+          if (masked && !(key_ok[h] && sees(qpos[col], kpos[h], s.window))) p = 0.0f;
           st[j][e] = p;
           dpt[j][e] = p * (dpt[j][e] - delta[col]) * s.scale;
         }
@@ -516,7 +519,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2) attention_dq_tc_kernel(TcArgs 
   const int n_k = a.k_tiles();
   const int2 qbound = a.q_bounds()[qt];
   const int2* kb = a.k_bounds();
-  auto visible = [&](int kt) { return kb[kt].x <= qbound.y; };
+  auto visible = [&](int kt) { return kb[kt].x <= qbound.y && !behind_window(qbound.x, kb[kt].y, s.window); };
   auto load_kv = [&](int kt, int stage) {
     const int64_t k0 = int64_t{kt} * kTileRows;
     load_tile<D, kBwdThreads>(a.k, b, k0, s.sk, s.n_kv, hk, kTileRows, smem + L::kC + stage * L::kTile);
@@ -546,7 +549,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2) attention_dq_tc_kernel(TcArgs 
     if (next < n_k) load_kv(next, stage ^ 1);
     cp_async_commit();
     const int64_t k0 = int64_t{kt} * kTileRows;
-    const bool masked = kb[kt].y > qbound.x || k0 + kTileRows > s.sk;
+    const bool masked = kb[kt].y > qbound.x || k0 + kTileRows > s.sk || behind_window(qbound.y, kb[kt].x, s.window);
     const nv_bf16* ks = smem + L::kC + stage * L::kTile;
     const nv_bf16* vs = smem + L::kD + stage * L::kTile;
 
@@ -575,7 +578,7 @@ __global__ void __launch_bounds__(kBwdThreads, 2) attention_dq_tc_kernel(TcArgs 
         const int kpos = masked && key < s.sk ? a.k_pos[key] : INT_MIN;
         for (int h = 0; h < 2; ++h) {
           float p = exp2f(sc[j][2 * h + e] * c - lse2[h]);
-          if (masked && !(key < s.sk && kpos <= qp[h])) p = 0.0f;
+          if (masked && !(key < s.sk && sees(qp[h], kpos, s.window))) p = 0.0f;
           sc[j][2 * h + e] = p * (dp[j][2 * h + e] - delta[h]) * s.scale;  // dS
         }
       }

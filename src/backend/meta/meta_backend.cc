@@ -26,12 +26,16 @@ int64_t bytes_of(std::initializer_list<const Tensor*> ts) {
 }
 
 // Visible (query, key) pairs of one sequence: key j is visible to query i iff
-// k_pos[j] <= q_pos[i].
-int64_t visible_pairs(const int32_t* q, int64_t nq, const int32_t* kp, int64_t nk) {
-  std::vector<int32_t> k(kp, kp + nk);
+// k_pos[j] <= q_pos[i] and, with a sliding window W > 0, q_pos[i] - k_pos[j] < W.
+int64_t visible_pairs(const int32_t* q, int64_t nq, const int32_t* kp, int64_t nk, int64_t window) {
+  std::vector<int64_t> k(kp, kp + nk);
   std::sort(k.begin(), k.end());
   int64_t pairs = 0;
-  for (int64_t i = 0; i < nq; ++i) pairs += std::upper_bound(k.begin(), k.end(), q[i]) - k.begin();
+  for (int64_t i = 0; i < nq; ++i) {
+    const auto hi = std::upper_bound(k.begin(), k.end(), int64_t{q[i]});
+    const auto lo = window > 0 ? std::lower_bound(k.begin(), hi, int64_t{q[i]} - window + 1) : k.begin();
+    pairs += hi - lo;
+  }
   return pairs;
 }
 
@@ -230,7 +234,7 @@ void MetaBackend::attention(std::string_view op, const AttentionArgs& a, const T
   const int32_t* q = positions(*a.q_pos);
   const int32_t* k = positions(*a.k_pos);
   const bool exact = q != nullptr && k != nullptr;
-  const int64_t pairs = exact ? visible_pairs(q, a.q_pos->numel(), k, a.k_pos->numel()) : d.sq * d.sk;
+  const int64_t pairs = exact ? visible_pairs(q, a.q_pos->numel(), k, a.k_pos->numel(), d.window) : d.sq * d.sk;
   const double flops = flops_per_pair_and_head * static_cast<double>(d.d) * static_cast<double>(d.n_h) *
                        static_cast<double>(pairs) * static_cast<double>(d.batch);
   record(op, out.dtype(), s, flops, read, written).pairs_exact = exact;

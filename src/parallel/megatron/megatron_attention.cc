@@ -43,6 +43,7 @@ RingAttentionArgs MegatronStep::ring_args(const AttnSaved& s) {
   a.q_positions = q_positions_;
   a.k_positions = local_ ? q_positions_ : k_positions_;
   a.scale = attention_scale();
+  a.window = ctx_.config->sliding_window;
   a.overlap = opt_.overlap;
   a.timer = &tp_.timer();
   return a;
@@ -66,11 +67,11 @@ Tensor MegatronStep::attention_forward(int l, const Tensor& x, AttnSaved* saved,
   s.attn = act({B, Sl, hl, d});
   s.lse = stat({B, hl, Sl});  // f32 whatever the storage
   if (local_) {
-    const AttentionArgs args{&s.qkv.q, &s.qkv.k, &s.qkv.v, &q_pos_, &k_pos_, attention_scale()};
+    const AttentionArgs args{&s.qkv.q, &s.qkv.k, &s.qkv.v, &q_pos_, &k_pos_, attention_scale(), ctx_.config->sliding_window};
     be_.attention_forward(args, s.attn, s.lse);
   } else if (gather_) {
     tp_.timer().wait_all(requests);
-    const AttentionArgs args{&s.qkv.q, &k_full, &v_full, &q_pos_, &k_pos_, attention_scale()};
+    const AttentionArgs args{&s.qkv.q, &k_full, &v_full, &q_pos_, &k_pos_, attention_scale(), ctx_.config->sliding_window};
     be_.attention_forward(args, s.attn, s.lse);
     if (keep_gathered) {
       s.k_full = k_full;
@@ -98,13 +99,13 @@ Tensor MegatronStep::attention_backward(int l, AttnSaved& s, const Tensor& d_out
   Tensor d_attn = output_projection_backward(l, s, d_out, &a1_full, &a1_req, [&kv_req] { StepTimer::poke(kv_req); });
   Tensor dq = act({B, Sl, hl, d}), dk = act({B, Sl, kvl, d}), dv = act({B, Sl, kvl, d});
   if (local_) {
-    const AttentionArgs args{&s.qkv.q, &s.qkv.k, &s.qkv.v, &q_pos_, &k_pos_, attention_scale()};
+    const AttentionArgs args{&s.qkv.q, &s.qkv.k, &s.qkv.v, &q_pos_, &k_pos_, attention_scale(), ctx_.config->sliding_window};
     be_.attention_backward(args, s.attn, s.lse, d_attn, dq, dk, dv);
     tp_.progress(a1_req);
   } else if (gather_) {
     timer.wait_all(kv_req);
     Tensor dk_full = comm_buffer(k_full.shape()), dv_full = comm_buffer(v_full.shape());
-    const AttentionArgs args{&s.qkv.q, &k_full, &v_full, &q_pos_, &k_pos_, attention_scale()};
+    const AttentionArgs args{&s.qkv.q, &k_full, &v_full, &q_pos_, &k_pos_, attention_scale(), ctx_.config->sliding_window};
     be_.attention_backward(args, s.attn, s.lse, d_attn, dq, dk_full, dv_full);
     k_full = Tensor();
     v_full = Tensor();

@@ -86,6 +86,7 @@ Result<Tensor> TpDecoder::prefill(Backend& be, const std::vector<std::vector<int
   cache_ = KvCache();
   cache_ = KvCache::allocate(config_.num_hidden_layers, B, *std::max_element(lengths_.begin(), lengths_.end()) + max_new,
                              dims_.kv_heads, dims_.d);
+  cache_.set_window(config_.sliding_window);
   cache_.keep_prefill_rows(be, rows, lengths_);
   decoded_ = 0;
   max_new_ = max_new;

@@ -105,7 +105,7 @@ Tensor TspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& 
     }
     wait_all(cur.gather);
     Tensor attn = act({B, Sl, heads_b_, d}), lse = stat({B, heads_b_, Sl});
-    const AttentionArgs args{&cur.q, &cur.k_full, &cur.v_full, &q_pos_, &k_pos_, scale};
+    const AttentionArgs args{&cur.q, &cur.k_full, &cur.v_full, &q_pos_, &k_pos_, scale, ctx_.config->sliding_window};
     be_.attention_forward(args, attn, lse);
     poke(next.gather);
     LinearView wo = wo_view(bucket_weights(shard[r], u % nb));
@@ -186,7 +186,7 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
       Tensor d_attn = attn_output_backward(ctx_, wo_view(bw), s.attn[u], d_out, g_wo, g_beta);  // [B, S/D, heads_b, d]
       Tensor dq = act({B, Sl, heads_b_, d});
       Tensor dk_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype), dv_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
-      const AttentionArgs args{&s.q[u], &k_full, &v_full, &q_pos_, &k_pos_, scale};
+      const AttentionArgs args{&s.q[u], &k_full, &v_full, &q_pos_, &k_pos_, scale, ctx_.config->sliding_window};
       be_.attention_backward(args, s.attn[u], s.lse[u], d_attn, dq, dk_full, dv_full);
       k_full = Tensor();
       v_full = Tensor();

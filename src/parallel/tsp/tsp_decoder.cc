@@ -210,6 +210,7 @@ Result<Tensor> TspDecoder::prefill(Backend& be, const std::vector<std::vector<in
   }
   cache_ = KvCache();
   cache_ = KvCache::allocate(config_.num_hidden_layers, B, plan_capacity(max_new), config_.num_key_value_heads, dims_.d);
+  cache_.set_window(config_.sliding_window);
   cache_.keep_prefill_rows(be, model.shard().positions(), lengths_);
   decoded_ = 0;
   max_new_ = max_new;

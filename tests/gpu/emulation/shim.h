@@ -201,7 +201,12 @@ enum class DType : uint8_t { kF32, kF64, kBF16, kI32, kI64 };
 namespace cuda {
 struct FloatPtr { const void* p; DType dtype; };
 struct FloatOut { void* p; DType dtype; };
-struct AttentionShape { int64_t batch, sq, sk, n_h, n_kv, d; float scale; };
+struct AttentionShape { int64_t batch, sq, sk, n_h, n_kv, d; float scale; int64_t window = 0; };
+// cuda_common.cuh's visibility helpers (the transform drops that include).
+inline bool sees(int q_pos, int k_pos, int64_t window) {
+  return k_pos <= q_pos && (window == 0 || int64_t{q_pos} - k_pos < window);
+}
+inline bool behind_window(int q_lo, int k_hi, int64_t window) { return window > 0 && int64_t{q_lo} - k_hi >= window; }
 [[noreturn]] inline void kernel_contract_violated(const char*, int, const char* what) { fprintf(stderr, "%s\n", what); abort(); }
 bool attention_tc_supported(const AttentionShape& s, DType dtype);
 constexpr int kThreads = 256;

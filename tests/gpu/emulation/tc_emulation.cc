@@ -26,7 +26,10 @@ struct Case {
   std::string name;
   int64_t B, n_h, n_kv, d;
   std::vector<int32_t> qp, kp;
+  int64_t window = 0;  // sliding window; 0: causal
 };
+// The reference's visibility: causal, and inside the window when there is one.
+static bool visible(const Case& c, int32_t q, int32_t k) { return k <= q && (c.window == 0 || int64_t{q} - k < c.window); }
 
 static std::vector<int32_t> range(int a, int b) { std::vector<int32_t> v; for (int i = a; i < b; ++i) v.push_back(i); return v; }
 static std::vector<int32_t> cat(std::vector<std::vector<int32_t>> ps) { std::vector<int32_t> v; for (auto& p : ps) v.insert(v.end(), p.begin(), p.end()); return v; }
@@ -63,7 +66,7 @@ static bool run(const Case& c, bool immediate) {
         std::vector<double> s(sk, -INFINITY);
         double mx = -INFINITY;
         for (int64_t j = 0; j < sk; ++j) {
-          if (c.kp[j] > c.qp[i]) continue;
+          if (!visible(c, c.qp[i], c.kp[j])) continue;
           double dot = 0;
           for (int64_t e = 0; e < d; ++e) dot += (double)bf2f(Q[qi(b, i, h) + e]) * bf2f(K[ki(b, j, hk) + e]);
           s[j] = dot * scale;
@@ -90,7 +93,7 @@ static bool run(const Case& c, bool immediate) {
         double delta = 0;
         for (int64_t e = 0; e < d; ++e) delta += (double)bf2f(dO[qi(b, i, h) + e]) * (float)O[qi(b, i, h) + e];
         for (int64_t j = 0; j < sk; ++j) {
-          if (c.kp[j] > c.qp[i]) continue;
+          if (!visible(c, c.qp[i], c.kp[j])) continue;
           double dot = 0, dp = 0;
           for (int64_t e = 0; e < d; ++e) {
             dot += (double)bf2f(Q[qi(b, i, h) + e]) * bf2f(K[ki(b, j, hk) + e]);
@@ -105,7 +108,7 @@ static bool run(const Case& c, bool immediate) {
         }
       }
   // kernels (garbage-filled outputs)
-  const AttentionShape s{c.B, sq, sk, c.n_h, c.n_kv, d, (float)scale};
+  const AttentionShape s{c.B, sq, sk, c.n_h, c.n_kv, d, (float)scale, c.window};
   std::vector<uint16_t> o(Q.size(), 0x7fc1), dq(Q.size(), 0x7fc1), dk(K.size(), 0x7fc1), dv(V.size(), 0x7fc1);
   std::vector<float> lse(L.size(), NAN), lse_in(L.size()), delta(L.size(), NAN);
   std::vector<int32_t> ws(attention_tc_workspace_words(s), 12345);
@@ -152,6 +155,13 @@ int main(int argc, char** argv) {
       {"no key d64", 1, 2, 1, 64, range(0, 100), range(10, 130)},
       {"shuffled d64", 1, 2, 1, 64, range(0, 150), shuffled(0, 150)},
       {"shuffled both d128", 1, 1, 1, 128, shuffled(20, 170), shuffled(0, 150)},
+      // Sliding windows (issue 21): under one 64-row tile (whole key tiles behind it skipped),
+      // odd across tiles, two keys, on the zigzag shard and on shuffled positions.
+      {"window 40 d64 300", 1, 2, 1, 64, range(0, 300), range(0, 300), 40},
+      {"window 97 d128 gqa", 1, 4, 2, 128, range(0, 260), range(0, 260), 97},
+      {"window 2 d64", 1, 2, 2, 64, range(0, 130), range(0, 130), 2},  // (1 would make dq, dk exactly 0: rel() has no scale)
+      {"window 30 zigzag rank1", 1, 2, 1, 64, cat({range(50, 100), range(100, 150)}), cat({range(0, 50), range(150, 200), range(50, 100), range(100, 150)}), 30},
+      {"window 25 shuffled both", 1, 2, 1, 128, shuffled(20, 170), shuffled(0, 150), 25},
   };
   std::vector<size_t> chosen;
   bool both = false;
