@@ -56,9 +56,9 @@ Measured measure(const Layout& lo, int64_t B, int64_t S, DryRunMode mode, Backen
   Communicator& world = one_rank != nullptr ? *one_rank : test::mpi().world();
   Result<Mesh> mesh = Mesh::create(world, lo.mesh());
   FP_CHECK_OK(mesh.status());
-  const int64_t rows = B / lo.dp, m = micro > 0 ? rows / micro : 1;
+  const int64_t rows = B / lo.dp, n_micro = micro > 0 ? rows / micro : 1;
   std::vector<Batch> globals;
-  for (int64_t a = 0; a < m; ++a) globals.push_back(synthetic_batch(config, rows / m, S, 3 + a));
+  for (int64_t a = 0; a < n_micro; ++a) globals.push_back(synthetic_batch(config, rows / n_micro, S, 3 + a));
   MemoryTracker& mt = MemoryTracker::process();
   mt.release_cache();
   Measured out;
