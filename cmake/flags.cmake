@@ -32,3 +32,14 @@ if(FOLDPAR_SANITIZE)
                          $<${foldpar_glue}:-O0>)
   target_link_options(foldpar_flags INTERFACE -fsanitize=${FOLDPAR_SANITIZE})
 endif()
+
+# Single source files that are glue in a library target (JSON parsers of configs, hardware
+# files and headers): the glue levels above, set per file. Call it in the directory that
+# adds the target.
+function(foldpar_glue_sources)
+  if(FOLDPAR_SANITIZE)
+    set_property(SOURCE ${ARGN} APPEND PROPERTY COMPILE_OPTIONS -O0)
+  else()
+    set_property(SOURCE ${ARGN} APPEND PROPERTY COMPILE_OPTIONS $<$<CONFIG:Release>:-O1>)
+  endif()
+endfunction()

@@ -38,11 +38,13 @@ assert names["tsp=8:bf16"]["time"]["tokens_per_s"] > 0
 # tp=8 and tsp=8 each hold an eighth of the weights, both in bf16.
 assert names["tp=8:bf16"]["memory_bytes"]["parameters"] == t["memory_bytes"]["parameters"]
 PY
+# The table's wording of those verdicts. Only tp=8's row is planned again (tsp=8's dry run at
+# 128K is most of this test's time, and the JSON above holds its verdict and the
+# recommendation); the recommendation's marker is read from a tiny plan below.
 out=$("$bin" plan --model "$src/configs/paper-7b.json" --seq 131072 --devices 8 --hardware "$src/hardware/mi300x-8.json" \
-  --bf16 --layouts tsp=8 tp=8)
+  --bf16 --layouts tp=8)
 rc=$?
 [ "$rc" -eq 0 ] || fail "plan exited $rc"
-grep -q '^tsp=8:bf16 .*<- recommended' <<<"$out" || fail "tsp=8 is not recommended over tp=8 at 128K on mi300x-8:"$'\n'"$out"
 grep -q '^tp=8:bf16 .*no, over by [0-9.]* GB' <<<"$out" || fail "tp=8:bf16 is not planned in bf16:"$'\n'"$out"
 # Generation modes and dp.
 "$bin" plan --model "$src/configs/paper-7b.json" --seq 32768 --devices 8 --hardware "$src/hardware/h200-8.json" \
@@ -68,6 +70,7 @@ grep -qF "note: the layout list 'tsp=4,tp=2+sp=2' is written 'tsp=4 tp=2,sp=2'" 
 grep -q "^tp=2,sp=2 " <<<"$old" || fail "old list gave no tp=2,sp=2 row: $old"
 new=$("$bin" plan --model "$src/configs/tiny.json" --seq 128 --devices 4 --hardware "$hw" --layouts tp=2,sp=2 tsp=4 2>&1)
 { grep -q "^tp=2,sp=2 " <<<"$new" && grep -q "^tsp=4 " <<<"$new" && ! grep -q "note:" <<<"$new"; } || fail "new list: $new"
+[ "$(grep -c '<- recommended' <<<"$new")" = 1 ] || fail "not exactly one row of the tiny plan is recommended: $new"
 # The seqpar case the old plan recommended and the strategy refused (S=20, tp=4 x sp=2).
 seqpar=$("$bin" plan --model "$src/configs/tiny.json" --seq 20 --devices 8 --hardware "$hw" 2>&1)
 grep -q "^tp=4,sp=2:seqpar " <<<"$seqpar" && fail "plan lists tp=4,sp=2:seqpar at S=20: $seqpar"
