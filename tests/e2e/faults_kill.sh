@@ -29,24 +29,7 @@ kill_rank() {
   local out=$1 timeout=$2 rank=$3
   shift 3
   FOLDPAR_COMM_TIMEOUT=$timeout train "$@" "$bin" "${args[@]}" --out "$out" >"$out.log" 2>&1 &
-  local job=$! start
-  start=$(now)
-  until victim=$(rank_pid "--out $out" "$rank"); do
-    less_than "$(elapsed_since "$start")" 60 || die "rank $rank of $out not found"
-    sleep 0.05
-  done
-  wait_for_step "$out/metrics.jsonl" 5 120 "$job"
-  kill -9 "$victim"
-  local killed_at
-  killed_at=$(now)
-  killed_in=$(($(wc -l <"$out/metrics.jsonl") + 1))
-  job_rc=0
-  wait "$job" || job_rc=$?
-  job_s=$(elapsed_since "$killed_at")
-  less_than "$job_s" $((timeout + 15)) || die "the job took $job_s s to end (watchdog timeout $timeout s)"
-  no_process_left "--out $out"
-  grep -q "trained to step" "$out.log" && die "rank 0 finished training after rank $rank died"
-  return 0
+  kill_rank_of_job $! "$out" "$timeout" "$rank" 5
 }
 kill_rank_1() { kill_rank "$1" "$2" 1 "${@:3}"; }
 

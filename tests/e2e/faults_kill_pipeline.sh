@@ -28,23 +28,7 @@ kill_rank3() {
   shift 2
   FOLDPAR_COMM_TIMEOUT=$timeout pp_train "$@" "$bin" "${args[@]}" --layout pp=2,tsp=2 --out "$out" \
     >"$out.log" 2>&1 &
-  local job=$! start victim killed_at
-  start=$(now)
-  until victim=$(rank_pid "--out $out" 3); do
-    less_than "$(elapsed_since "$start")" 60 || die "rank 3 of $out not found"
-    sleep 0.05
-  done
-  wait_for_step "$out/metrics.jsonl" 4 120 "$job"
-  kill -9 "$victim"
-  killed_at=$(now)
-  killed_in=$(($(wc -l <"$out/metrics.jsonl") + 1))
-  job_rc=0
-  wait "$job" || job_rc=$?
-  job_s=$(elapsed_since "$killed_at")
-  less_than "$job_s" $((timeout + 15)) || die "the job took $job_s s to end (watchdog timeout $timeout s)"
-  no_process_left "--out $out"
-  grep -q "trained to step" "$out.log" && die "rank 0 finished training after rank 3 died"
-  return 0
+  kill_rank_of_job $! "$out" "$timeout" 3 4
 }
 
 # 1. mpirun ends the job.

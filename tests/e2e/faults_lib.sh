@@ -76,3 +76,28 @@ for step in range(first, last + 1):
 print(f"losses of steps {first}-{last}: {run.split('/')[-1]} == {ref.split('/')[-1]}, bit for bit")
 PY
 }
+
+# kill_rank_of_job JOB OUT TIMEOUT RANK STEP: for a training job just started in the
+# background (mpirun's pid JOB, --out OUT, watchdog TIMEOUT s), kills RANK as soon as step
+# STEP is done and waits for mpirun; sets victim, killed_in (the step it died in), job_s
+# (seconds from the kill to mpirun's exit) and job_rc. Dies if the job outlives the watchdog
+# by 15 s, leaves a process behind, or rank 0 finishes training.
+kill_rank_of_job() {
+  local job=$1 out=$2 timeout=$3 rank=$4 step=$5 start killed_at
+  start=$(now)
+  until victim=$(rank_pid "--out $out" "$rank"); do
+    less_than "$(elapsed_since "$start")" 60 || die "rank $rank of $out not found"
+    sleep 0.05
+  done
+  wait_for_step "$out/metrics.jsonl" "$step" 120 "$job"
+  kill -9 "$victim"
+  killed_at=$(now)
+  killed_in=$(($(wc -l <"$out/metrics.jsonl") + 1))
+  job_rc=0
+  wait "$job" || job_rc=$?
+  job_s=$(elapsed_since "$killed_at")
+  less_than "$job_s" $((timeout + 15)) || die "the job took $job_s s to end (watchdog timeout $timeout s)"
+  no_process_left "--out $out"
+  grep -q "trained to step" "$out.log" && die "rank 0 finished training after rank $rank died"
+  return 0
+}
