@@ -70,12 +70,15 @@ template <typename T>
 void fill_and_upload(Backend& be, std::span<const int32_t> positions, const RopeFrequencies& rf, Tensor& table) {
   const int64_t half = static_cast<int64_t>(rf.inv_freq.size()), n = static_cast<int64_t>(positions.size());
   std::vector<T> t(static_cast<size_t>(n * 2 * half));
-  for (int64_t p = 0; p < n; ++p)
-    for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(positions[p]) * rf.inv_freq[static_cast<size_t>(i)];
-      t[static_cast<size_t>((p * 2 + 0) * half + i)] = static_cast<T>(std::cos(angle) * rf.attention_factor);
-      t[static_cast<size_t>((p * 2 + 1) * half + i)] = static_cast<T>(std::sin(angle) * rf.attention_factor);
-    }
+  // A table without storage (the plan's dry run) is never read: the upload is recorded with
+  // its bytes, and the angles (most of a 128K-token plan's time) are skipped.
+  if (table.has_storage())
+    for (int64_t p = 0; p < n; ++p)
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = static_cast<double>(positions[p]) * rf.inv_freq[static_cast<size_t>(i)];
+        t[static_cast<size_t>((p * 2 + 0) * half + i)] = static_cast<T>(std::cos(angle) * rf.attention_factor);
+        t[static_cast<size_t>((p * 2 + 1) * half + i)] = static_cast<T>(std::sin(angle) * rf.attention_factor);
+      }
   be.copy_from_host(std::as_bytes(std::span<const T>(t)), table);
 }
 

@@ -183,6 +183,47 @@ TEST(MetaBackendTest, AttentionFlopsAreFlopCountsForCausalPositions) {
   EXPECT_DOUBLE_EQ(forward_attention_flops(c, B, S), 4.0 * d * 4 * (10 + 5 * (S - 4)) * B);
 }
 
+// The counted pairs against a count over every (query, key) pair, for positions in the
+// orders the strategies produce (zigzag chunks gathered rank by rank, a decode step's
+// single query) and for keys spread far wider than their number (the sorting fallback),
+// windows off and on.
+TEST(MetaBackendTest, AttentionPairsMatchABruteForceCount) {
+  const int64_t d = 8;
+  auto brute = [](const std::vector<int32_t>& q, const std::vector<int32_t>& k, int64_t window) {
+    int64_t n = 0;
+    for (int32_t qi : q)
+      for (int32_t kj : k) n += kj <= qi && (window <= 0 || qi - kj < window);
+    return n;
+  };
+  std::vector<int32_t> zigzag;  // 4 ranks, 8 chunks of 6: rank r holds chunks r and 7 - r
+  for (int r = 0; r < 4; ++r)
+    for (int c : {r, 7 - r})
+      for (int i = 0; i < 6; ++i) zigzag.push_back(c * 6 + i);
+  std::vector<int32_t> wide;  // 40 keys over a range of about 10^6: sorted, not counted
+  for (int i = 0; i < 40; ++i) wide.push_back((i * 7919 * 31) % 1000003);
+  const std::vector<int32_t> own_q(zigzag.begin() + 12, zigzag.begin() + 24);  // rank 1's queries
+  const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> cases = {
+      {own_q, zigzag}, {{47}, zigzag}, {{0, 3, 500000, 999999}, wide}, {wide, wide}, {{-3, 2}, {-5, -4, 0, 2, 9}}};
+  std::unique_ptr<MemoryTracker> mt = MemoryTracker::make_storageless();
+  MetaBackend be;
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const auto& [qv, kv] = cases[ci];
+    const int64_t sq = static_cast<int64_t>(qv.size()), sk = static_cast<int64_t>(kv.size());
+    Tensor q = meta_tensor(*mt, {1, sq, 1, d}), k = meta_tensor(*mt, {1, sk, 1, d}), v = meta_tensor(*mt, {1, sk, 1, d});
+    Tensor out = meta_tensor(*mt, {1, sq, 1, d}), lse = meta_tensor(*mt, {1, 1, sq});
+    Tensor qp = Tensor::empty({sq}, DType::kI32, MemCategory::kWorkspace);
+    Tensor kp = Tensor::empty({sk}, DType::kI32, MemCategory::kWorkspace);
+    std::copy(qv.begin(), qv.end(), qp.data<int32_t>());
+    std::copy(kv.begin(), kv.end(), kp.data<int32_t>());
+    for (const int64_t window : {0, 1, 7, 30, 1 << 20}) {
+      be.attention_forward(AttentionArgs{&q, &k, &v, &qp, &kp, 0.125, window}, out, lse);
+      ASSERT_TRUE(be.records().back().pairs_exact);
+      EXPECT_DOUBLE_EQ(be.records().back().flops, 4.0 * d * static_cast<double>(brute(qv, kv, window)))
+          << "case " << ci << " window " << window;
+    }
+  }
+}
+
 // The meta backend takes the CPU flash attention's scratch for the call: same workspace peak.
 TEST(MetaBackendTest, AttentionScratchPeaksAsTheCpuKernels) {
   const int64_t B = 1, Sq = 40, Sk = 300, d = 16;
