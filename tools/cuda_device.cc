@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "backend/cuda/cuda_backend.h"
+#include "comm/comm_options.h"
 #include "comm/nccl/device_communicator.h"
 #include "device.h"
 #include "tensor/memory_tracker.h"
@@ -21,7 +22,9 @@ Result<Device> open_cuda_device(int local_rank) {
   options.device = local_rank % count;
   use_cuda_memory(MemoryTracker::process(), CudaMemory::kDevice);
   std::unique_ptr<CudaBackend> cuda = make_cuda_backend(options);
-  const DeviceCommOptions comm{.device = options.device, .compute_stream = cuda->stream()};
+  FP_ASSIGN_OR_RETURN(const CommOptions comm_options, CommOptions::from_env());
+  const DeviceCommOptions comm{
+      .device = options.device, .compute_stream = cuda->stream(), .timeout_s = comm_options.timeout_s};
   Device device;
   device.axis_comm = [comm](Communicator& host) { return make_device_communicator(host, comm); };
   device.backend = std::move(cuda);

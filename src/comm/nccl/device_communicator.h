@@ -25,6 +25,10 @@ struct DeviceCommOptions {
   int device = 0;                  // this rank's CUDA device ordinal
   void* compute_stream = nullptr;  // cudaStream_t of the compute kernels (CudaBackend::stream()); null: the
                                    // caller orders transfers after compute itself (e.g. sync_each_op)
+  // NCCL's watchdog (device_watchdog.h): an operation still pending this many seconds after
+  // it was enqueued ends the job with a report; <= 0: only asynchronous errors do.
+  // CommOptions::timeout_s (FOLDPAR_COMM_TIMEOUT) in the program.
+  double timeout_s = 300;
 };
 
 // Collective over `host`. `host` must outlive the result (communicators split from the

@@ -1,13 +1,19 @@
 // The NCCL backend of Communicator: one rank per GPU. The ncclUniqueId is broadcast over
 // the host communicator (MPI) as 32 i32 words; each operation is enqueued on the transfer
 // stream after an event recorded on the compute stream, and an event recorded after it
-// completes the request. Host-only buffers are staged through device memory first.
+// completes the request. Host-only buffers are staged through device memory first. Every
+// enqueued operation is registered with the communicator's watchdog (device_watchdog.h),
+// which polls its event and ncclCommGetAsyncError, so a dead peer ends the job with a
+// report instead of a hang.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
+#include <memory>
 #include <vector>
 
 #include "comm/nccl/device_communicator.h"
+#include "comm/nccl/device_watchdog.h"
 #include "comm/nccl/staging.h"
 #include "cuda/cuda_check.h"
 
@@ -59,25 +65,37 @@ bool host_memory(const void* p) {
 const char* at(const void* base, size_t elems, DType t) { return static_cast<const char*>(base) + elems * dtype_size(t); }
 char* at(void* base, size_t elems, DType t) { return static_cast<char*>(base) + elems * dtype_size(t); }
 
+// An event shared by the request and the watchdog's registry, destroyed with the last.
+using SharedEvent = std::shared_ptr<CUevent_st>;
+SharedEvent make_event() {
+  cudaEvent_t e = nullptr;
+  FP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return SharedEvent(e, [](cudaEvent_t x) { (void)cudaEventDestroy(x); });
+}
+// Done, or failed (the error surfaces where the event is synchronized): anything but not-ready.
+bool event_passed(const SharedEvent& e) { return cudaEventQuery(e.get()) != cudaErrorNotReady; }
+
 // Completes when the transfer stream has passed `done`. wait() makes the compute stream wait
 // for it (cudaStreamWaitEvent: kernels enqueued after wait() see the received data, and the
 // host goes on), unless the host itself must see the result: no compute stream to order,
-// or a host-only buffer that the transfer stream copies back into.
+// or a host-only buffer that the transfer stream copies back into. The host then polls the
+// event through the watchdog, which ends the wait if the operation never completes.
 class NcclRequest final : public CommRequestImpl {
  public:
-  NcclRequest(cudaEvent_t done, cudaStream_t compute, bool host_reads)
-      : done_(done), compute_(compute), host_reads_(host_reads) {}
-  ~NcclRequest() override { (void)cudaEventDestroy(done_); }
+  NcclRequest(SharedEvent done, cudaStream_t compute, bool host_reads, nccl_detail::DeviceWatchdog& watchdog)
+      : done_(std::move(done)), compute_(compute), host_reads_(host_reads), watchdog_(watchdog) {}
   Status wait() override {
     if (compute_ == nullptr || host_reads_) {
-      FP_CUDA_CHECK(cudaEventSynchronize(done_));
+      const SharedEvent& e = done_;
+      FP_RETURN_IF_ERROR(watchdog_.wait_host([&e] { return event_passed(e); }));
+      FP_CUDA_CHECK(cudaEventSynchronize(done_.get()));  // completed: returns at once, or names the CUDA error
     } else {
-      FP_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+      FP_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_.get(), 0));
     }
     return Status::ok_status();
   }
   Status test(bool* done) override {
-    const cudaError_t rc = cudaEventQuery(done_);
+    const cudaError_t rc = cudaEventQuery(done_.get());
     if (rc == cudaErrorNotReady) {
       *done = false;
       return Status::ok_status();
@@ -88,9 +106,10 @@ class NcclRequest final : public CommRequestImpl {
   }
 
  private:
-  cudaEvent_t done_;
+  SharedEvent done_;
   cudaStream_t compute_;
   bool host_reads_;
+  nccl_detail::DeviceWatchdog& watchdog_;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -109,8 +128,26 @@ class NcclCommunicator final : public Communicator {
     FP_NCCL_CHECK(ncclCommInitRank(&comm_, size(), id, rank()));
     FP_CUDA_CHECK(cudaStreamCreateWithFlags(&transfer_, cudaStreamNonBlocking));
     FP_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    nccl_detail::DeviceWatchdogHooks hooks;
+    hooks.async_error = [this]() -> std::string {
+      ncclResult_t state = ncclSuccess;
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) return "ncclCommGetAsyncError failed";
+      if (state == ncclSuccess || state == ncclInProgress) return "";
+      const char* last = ncclGetLastError(comm_);
+      return fmt::format("{} ({}){}", ncclGetErrorString(state), static_cast<int>(state),
+                         last != nullptr && *last != 0 ? fmt::format(": {}", last) : std::string());
+    };
+    hooks.abort = [this] {
+      aborted_.store(true);
+      (void)ncclCommAbort(comm_);
+    };
+    hooks.fail = [](const std::string& report) { fatal_error(__FILE__, __LINE__, report); };
+    watchdog_ = std::make_unique<nccl_detail::DeviceWatchdog>(host_.name(), rank(), size(), options_.timeout_s,
+                                                              std::move(hooks));
   }
   ~NcclCommunicator() override {
+    watchdog_.reset();  // its thread stops before the communicator goes
+    if (aborted_.load()) return;  // the watchdog's report is ending the process
     (void)cudaStreamSynchronize(transfer_);
     (void)ncclCommDestroy(comm_);
     (void)cudaEventDestroy(ready_);
@@ -152,11 +189,11 @@ class NcclCommunicator final : public Communicator {
     enqueue(staged_op, stream);
     if (back.bytes > 0) FP_CUDA_CHECK(cudaMemcpyAsync(back.user, back.staged, back.bytes, cudaMemcpyDefault, stream));
     for (void* p : scratch) FP_CUDA_CHECK(cudaFreeAsync(p, stream));
-    cudaEvent_t done = nullptr;
-    FP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    FP_CUDA_CHECK(cudaEventRecord(done, stream));
+    SharedEvent done = make_event();
+    FP_CUDA_CHECK(cudaEventRecord(done.get(), stream));
+    watchdog_->begin(op, [done] { return event_passed(done); });
     const bool host_reads = !scratch.empty() || stream == compute_ || host_memory(op.recv_buf);
-    return CommRequest(std::make_unique<NcclRequest>(done, compute_, host_reads));
+    return CommRequest(std::make_unique<NcclRequest>(std::move(done), compute_, host_reads, *watchdog_));
   }
 
  private:
@@ -240,6 +277,8 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t transfer_ = nullptr;
   cudaEvent_t ready_ = nullptr;
   ncclComm_t comm_ = nullptr;
+  std::atomic<bool> aborted_{false};
+  std::unique_ptr<nccl_detail::DeviceWatchdog> watchdog_;
 };
 
 }  // namespace
