@@ -336,7 +336,7 @@ Status plan_moe(const PlanRequest& r, LayoutPlan& p) {
 
 }  // namespace
 
-std::vector<Layout> candidate_layouts(int devices, int64_t batch, PlanMode mode) {
+std::vector<Layout> candidate_layouts(int devices, int64_t batch, PlanMode mode, int devices_per_node) {
   std::vector<Layout> out;
   auto add = [&](const std::string& text) {
     Result<Layout> s = parse_layout(text);
@@ -362,6 +362,14 @@ std::vector<Layout> candidate_layouts(int devices, int64_t batch, PlanMode mode)
       add(fmt::format("{}tp={},sp={}", pre, tp, m / tp));
       add(fmt::format("{}tp={},sp={}:seqpar", pre, tp, m / tp));
     }
+    // A model axis wider than a node: the weight-moving axis inside the node, pipeline
+    // stages across nodes (docs/composition.md section 1), where the replica's batch gives
+    // every stage a micro-batch.
+    const int n = devices_per_node;
+    if (n > 1 && m > n && m % n == 0 && batch / dp >= m / n) {
+      add(fmt::format("{}pp={},tsp={}", pre, m / n, n));
+      add(fmt::format("{}pp={},tp={}", pre, m / n, n));
+    }
   }
   return out;
 }
@@ -376,7 +384,7 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
                             r.config.max_position_embeddings);
   PlanReport report;
   report.request = r;
-  std::vector<Layout> layouts = r.layouts.empty() ? candidate_layouts(r.devices, r.batch, r.mode) : r.layouts;
+  std::vector<Layout> layouts = r.layouts.empty() ? candidate_layouts(r.devices, r.batch, r.mode, r.hardware.devices_per_node) : r.layouts;
   for (Layout l : layouts) {
     if (r.layouts.empty()) {
       l.dtype = r.bf16 ? DType::kBF16 : DType::kF32;

@@ -143,9 +143,11 @@ struct PlanReport {
 
 // Every model layout of `devices` ranks, with dp where the batch divides: tsp=m, tp=m,
 // tp=m:seqpar, sp=m, sp=m:ring and each tp=N,sp=M (N*M = m, with and without seqpar).
-// Prefill and decode: tsp=N and tp=N only. Pipelined layouts are planned when named
-// (PlanRequest::layouts).
-std::vector<Layout> candidate_layouts(int devices, int64_t batch, PlanMode mode);
+// Where the model axis m spans several nodes of `devices_per_node` (m > n, n divides m) and
+// each replica's batch has at least m/n sequences: also pp=m/n with tsp=n and with tp=n,
+// the weight-moving axis inside a node and the stages across nodes. Prefill and decode:
+// tsp=N and tp=N only. Other pipelined layouts are planned when named (PlanRequest::layouts).
+std::vector<Layout> candidate_layouts(int devices, int64_t batch, PlanMode mode, int devices_per_node = 0);
 
 // invalid_argument for a request no layout could satisfy (devices < 1, bad sizes) naming
 // the values; layouts that do not divide are listed in not_buildable.

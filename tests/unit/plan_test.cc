@@ -4,6 +4,8 @@
 // against measurement is tests/parallel/dry_run_validation_test.cc.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "plan/dry_run.h"
 #include "plan/planner.h"
 
@@ -325,6 +327,21 @@ TEST(PlannerTest, RecommendsTheFastestLayoutThatFitsAndSaysByHowMuchOthersDoNot)
   bool dp2 = false;
   for (const Layout& l : c4) dp2 = dp2 || l.to_string() == "dp=2,tsp=2";
   EXPECT_TRUE(dp2);
+  // Pipelines only where the model axis spans nodes and the batch feeds every stage: 16
+  // devices in nodes of 8, batch 4 (2 per replica at dp=2).
+  auto names = [](const std::vector<Layout>& ls) {
+    std::vector<std::string> out;
+    for (const Layout& l : ls) out.push_back(l.to_string());
+    return out;
+  };
+  const std::vector<std::string> c16 = names(candidate_layouts(16, 4, PlanMode::kTrain, 8));
+  for (const char* want : {"pp=2,tsp=8", "pp=2,tp=8", "dp=2,tsp=8"})
+    EXPECT_NE(std::find(c16.begin(), c16.end(), want), c16.end()) << want;
+  for (const std::string& l : c16) EXPECT_TRUE(l.find("pp=") == std::string::npos || l.find("pp=2,") != std::string::npos) << l;
+  for (const std::string& l : names(candidate_layouts(16, 1, PlanMode::kTrain, 8)))  // one sequence: no stage fed
+    EXPECT_EQ(l.find("pp="), std::string::npos) << l;
+  for (const std::string& l : names(candidate_layouts(8, 8, PlanMode::kTrain, 8)))  // one node
+    EXPECT_EQ(l.find("pp="), std::string::npos) << l;
   r.devices = 0;
   EXPECT_FALSE(make_plan(r).ok());
 }
