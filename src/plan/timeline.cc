@@ -147,10 +147,12 @@ class RankSimulator {
  public:
   RankSimulator(const Hardware& hw, int world_rank = 0, P2pMatcher* matcher = nullptr, size_t index = 0)
       : hw_(hw), world_rank_(world_rank), matcher_(matcher), index_(index) {
-    slots_free_[0].assign(static_cast<size_t>(hw.intra_node_concurrency), 0.0);
-    slots_free_[1].assign(static_cast<size_t>(hw.inter_node_concurrency), 0.0);
-    slot_last_[0].assign(slots_free_[0].size(), -1);
-    slot_last_[1].assign(slots_free_[1].size(), -1);
+    for (int d = 0; d < 2; ++d) {
+      slots_free_[0][d].assign(static_cast<size_t>(hw.intra_node_concurrency), 0.0);
+      slots_free_[1][d].assign(static_cast<size_t>(hw.inter_node_concurrency), 0.0);
+      slot_last_[0][d].assign(slots_free_[0][d].size(), -1);
+      slot_last_[1][d].assign(slots_free_[1][d].size(), -1);
+    }
   }
 
   Status run(const RankTrace& trace) {
@@ -251,14 +253,31 @@ class RankSimulator {
       t.resolved = false;
       t.op.start = t.op.end = std::numeric_limits<double>::quiet_NaN();
     } else {
-      std::vector<double>& free = slots_free_[link];
-      const size_t slot = static_cast<size_t>(std::min_element(free.begin(), free.end()) - free.begin());
+      // The directions it occupies: a send only the outgoing one, a receive only the
+      // incoming one, anything that moves both ways (or nothing: a barrier) both. The slot
+      // free soonest in those directions takes it.
+      const bool out = s.bytes_sent > 0 || s.bytes_received == 0, in = s.bytes_received > 0 || s.bytes_sent == 0;
+      auto ready = [&](size_t slot) {
+        double r = 0;
+        if (out) r = std::max(r, slots_free_[link][0][slot]);
+        if (in) r = std::max(r, slots_free_[link][1][slot]);
+        return r;
+      };
+      size_t slot = 0;
+      for (size_t k = 1; k < slots_free_[link][0].size(); ++k)
+        if (ready(k) < ready(slot)) slot = k;
       t.op.slot = static_cast<int>(slot);
-      t.op.start = std::max(now_, free[slot]);
-      if (free[slot] > now_) t.slot_prev = slot_last_[link][slot];
+      t.op.start = std::max(now_, ready(slot));
+      if (ready(slot) > now_) {  // queued behind the direction that frees last
+        const int d = out && (!in || slots_free_[link][0][slot] >= slots_free_[link][1][slot]) ? 0 : 1;
+        t.slot_prev = slot_last_[link][d][slot];
+      }
       t.op.end = t.op.start + transfer_seconds(s, hw_);
-      free[slot] = t.op.end;
-      slot_last_[link][slot] = static_cast<int64_t>(transfers_.size());
+      for (int d = 0; d < 2; ++d) {
+        if (d == 0 ? !out : !in) continue;
+        slots_free_[link][d][slot] = t.op.end;
+        slot_last_[link][d][slot] = static_cast<int64_t>(transfers_.size());
+      }
     }
     pending_[s.request] = transfers_.size();
     transfers_.push_back(t);
@@ -308,8 +327,9 @@ class RankSimulator {
   size_t next_ = 0;                // the next trace event
   std::optional<int64_t> stuck_;   // the request a wait blocks on (coupled, peer not posted)
   double now_ = 0;  // the compute stream's clock
-  std::vector<double> slots_free_[2];
-  std::vector<int64_t> slot_last_[2];
+  // [link class][direction: 0 out, 1 in][slot]: when it is free, and its last transfer.
+  std::vector<double> slots_free_[2][2];
+  std::vector<int64_t> slot_last_[2][2];
   std::vector<TimelineOp> items_;
   std::vector<Transfer> transfers_;
   std::map<int64_t, size_t> pending_;        // request -> transfers_ index, not yet waited

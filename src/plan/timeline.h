@@ -18,7 +18,10 @@
 //  - One compute stream runs compute events in program order, one at a time.
 //  - One communication stream per link class (intra-node, inter-node) with
 //    Hardware::*_concurrency slots; transfers take slots in posting order (first free slot),
-//    each slot carrying one transfer at the link's full per-direction bandwidth.
+//    each slot carrying one transfer at the link's full per-direction bandwidth. Links are
+//    full duplex: a slot's two directions are busy apart, so a send (bytes out only) and a
+//    receive (bytes in only) run side by side on one slot, while a collective or a
+//    send_recv (bytes both ways) takes both directions.
 //  - A wait blocks the compute stream until the transfer it names has finished; a blocking
 //    operation is a start followed at once by its wait.
 #pragma once

@@ -249,6 +249,30 @@ TEST(TimelineSimulation, LinkConcurrencyOneSerializes) {
   EXPECT_NEAR(r.critical_path[1].start, 0.10001, kTol);
 }
 
+// Full duplex: on one slot a send (out only) and a receive (in only) run side by side; two
+// sends queue; a send_recv (both ways) waits for both directions.
+TEST(TimelineSimulation, SendsAndReceivesUseTheirOwnDirection) {
+  auto one_way = [](int64_t request, CommKind kind) {
+    CommStart s = start(request, kind, "tsp", 4, LinkClass::kIntraNode, 1'000'000'000);
+    (kind == CommKind::kSend ? s.bytes_received : s.bytes_sent) = 0;
+    return s;
+  };
+  const Hardware hw = test_hardware(1);
+  RankTimeline r = simulate({one_way(1, CommKind::kSend), one_way(2, CommKind::kRecv), CommWait{1}, CommWait{2}}, hw);
+  EXPECT_NEAR(r.step_s, 0.10001, kTol);
+  EXPECT_NEAR(r.ops.back().start, 0.0, kTol);
+  r = simulate({one_way(1, CommKind::kSend), one_way(2, CommKind::kSend), CommWait{1}, CommWait{2}}, hw);
+  EXPECT_NEAR(r.step_s, 0.20002, kTol);
+  ASSERT_EQ(r.critical_path.size(), 2u);
+  EXPECT_EQ(r.critical_path[0].request, 1);
+  r = simulate({one_way(1, CommKind::kSend), one_way(2, CommKind::kRecv),
+                start(3, CommKind::kSendRecv, "tsp", 4, LinkClass::kIntraNode, 1'000'000'000), CommWait{1}, CommWait{2},
+                CommWait{3}},
+               hw);
+  EXPECT_NEAR(r.step_s, 0.20002, kTol);
+  EXPECT_NEAR(r.ops.back().start, 0.10001, kTol);
+}
+
 TEST(TimelineSimulation, LinkConcurrencyTwoOverlaps) {
   const RankTimeline r = simulate(two_transfers(), test_hardware(2));
   EXPECT_NEAR(r.step_s, 0.10001, kTol);
