@@ -213,6 +213,28 @@ CommRequest Communicator::start(CommOp op) {
   return start_validated(op);
 }
 
+std::vector<CommRequest> Communicator::start_group(std::span<const CommOp> ops) {
+  std::vector<CommOp> submitted(ops.begin(), ops.end());
+  Status refused;
+  size_t n = 0;
+  for (; n < submitted.size(); ++n) {
+    refused = submit(submitted[n]);
+    if (!refused.ok()) break;
+  }
+  std::vector<CommRequest> requests;
+  if (n > 0) requests = start_validated_group(std::span<const CommOp>(submitted.data(), n));
+  FP_CHECK(requests.size() == n, "{}: a group of {} operations gave {} requests", describe(), n, requests.size());
+  while (requests.size() < submitted.size()) requests.push_back(CommRequest::failed(refused));
+  return requests;
+}
+
+std::vector<CommRequest> Communicator::start_validated_group(std::span<const CommOp> ops) {
+  std::vector<CommRequest> requests;
+  requests.reserve(ops.size());
+  for (const CommOp& op : ops) requests.push_back(start_validated(op));
+  return requests;
+}
+
 // ---- entry points: each fills in a CommOp and takes run() or start() ----
 
 namespace {

@@ -163,6 +163,11 @@ class Communicator {
   // op.seq is assigned here.
   Status run(CommOp op);
   CommRequest start(CommOp op);
+  // Several operations started together, one request each, in order: the same as starting
+  // them one by one (numbering, counters, results), except that a backend may launch them
+  // as one (NCCL: one ncclGroupStart/ncclGroupEnd, so B per-sequence gathers are one launch).
+  // An op the backend refuses fails its request and every later one's; the earlier ones run.
+  std::vector<CommRequest> start_group(std::span<const CommOp> ops);
 
  protected:
   Communicator(int rank, int size, std::string name, std::vector<int> world_ranks);
@@ -172,6 +177,8 @@ class Communicator {
   virtual Status supports(const CommOp& op) const = 0;
   virtual Status run_validated(const CommOp& op) = 0;
   virtual CommRequest start_validated(const CommOp& op) = 0;
+  // Validated, numbered ops of start_group (at least one). Default: start_validated each.
+  virtual std::vector<CommRequest> start_validated_group(std::span<const CommOp> ops);
 
  private:
   // Validates (FP_CHECK), asks the backend, numbers and counts the op.

@@ -89,5 +89,40 @@ TEST(Staging, SeparateBuffersAndUnstagedOnes) {
   EXPECT_EQ(fake.copies, 1);
 }
 
+// needs_staging answers what stage() would do, without staging: the NCCL backend groups
+// only operations that need none.
+TEST(Staging, NeedsStagingAgreesWithStage) {
+  std::vector<float> user(8, 1.0f), elsewhere(8, 2.0f);
+  const auto unreachable = [&](const void* p) {
+    return static_cast<const float*>(p) >= user.data() && static_cast<const float*>(p) < user.data() + user.size();
+  };
+  struct Case {
+    CommOpKind kind;
+    const void* send;
+    void* recv;
+    int root;
+  };
+  const Case cases[] = {{CommOpKind::kSendRecv, elsewhere.data(), elsewhere.data() + 4, 0},
+                        {CommOpKind::kSendRecv, elsewhere.data(), user.data(), 0},
+                        {CommOpKind::kSendRecv, user.data(), elsewhere.data(), 0},
+                        {CommOpKind::kReduce, elsewhere.data(), user.data(), 1},  // rank 0 is not the root: no recv
+                        {CommOpKind::kReduce, elsewhere.data(), user.data(), 0},
+                        {CommOpKind::kBarrier, nullptr, nullptr, 0}};
+  for (const Case& c : cases) {
+    CommOp op;
+    op.kind = c.kind;
+    op.dtype = DType::kF32;
+    op.count = c.kind == CommOpKind::kBarrier ? 0 : 4;
+    op.send_buf = c.send;
+    op.recv_buf = c.recv;
+    op.root = c.root;
+    const bool predicted = needs_staging(op, 0, 2, unreachable);
+    FakeStager fake(user);
+    CommOp staged = op;
+    (void)stage(staged, 0, 2, fake.get());
+    EXPECT_EQ(predicted, fake.copies > 0) << comm_op_name(c.kind) << " root " << c.root;
+  }
+}
+
 }  // namespace
 }  // namespace foldpar::nccl_detail

@@ -305,5 +305,46 @@ TEST(Collectives, AllReduceTrafficIsConservedAcrossRanks) {
   }
 }
 
+// start_group: each op's result, counters and sequence number as if started one by one (an
+// all_gather, a reduce_scatter and an all_reduce in one group).
+TEST(Collectives, AGroupIsItsOperationsInOrder) {
+  Communicator& comm = mpi().world();
+  const int N = comm.size(), r = comm.rank();
+  const size_t n = 7;
+  std::vector<float> mine(n), gathered(n * N, -1.0f), blocks(n * N), scattered(n, -1.0f), summed(n, -1.0f);
+  for (size_t i = 0; i < n; ++i) mine[i] = static_cast<float>(value(r, i));
+  for (size_t i = 0; i < n * N; ++i) blocks[i] = static_cast<float>(value(r, i));
+  CommOp gather, scatter, reduce;
+  gather.kind = CommOpKind::kAllGather;
+  gather.send_buf = mine.data();
+  gather.recv_buf = gathered.data();
+  gather.count = n;
+  scatter.kind = CommOpKind::kReduceScatter;
+  scatter.send_buf = blocks.data();
+  scatter.recv_buf = scattered.data();
+  scatter.count = n;
+  reduce.kind = CommOpKind::kAllReduce;
+  reduce.send_buf = mine.data();
+  reduce.recv_buf = summed.data();
+  reduce.count = n;
+  const uint64_t seq_before = comm.collectives_submitted();
+  ScopedCommCounter counter(comm);
+  const CommOp ops[] = {gather, scatter, reduce};
+  std::vector<CommRequest> requests = comm.start_group(ops);
+  ASSERT_EQ(requests.size(), 3u);
+  for (CommRequest& q : requests) ASSERT_TRUE(q.wait().ok());
+  EXPECT_EQ(comm.collectives_submitted(), seq_before + 3);
+  const CommStats delta = counter.delta();
+  EXPECT_EQ(delta.op(CommOpKind::kAllGather).calls, 1u);
+  EXPECT_EQ(delta.op(CommOpKind::kReduceScatter).calls, 1u);
+  EXPECT_EQ(delta.op(CommOpKind::kAllReduce).calls, 1u);
+  for (int p = 0; p < N; ++p)
+    for (size_t i = 0; i < n; ++i) EXPECT_EQ(gathered[p * n + i], value(p, i)) << "gathered block " << p;
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(scattered[i], sum_over_ranks(N, r * n + i)) << i;
+    EXPECT_EQ(summed[i], sum_over_ranks(N, i)) << i;
+  }
+}
+
 }  // namespace
 }  // namespace foldpar::test

@@ -167,11 +167,8 @@ class NcclCommunicator final : public Communicator {
 
   CommRequest start_validated(const CommOp& op) override {
     FP_CUDA_CHECK(cudaSetDevice(options_.device));
-    cudaStream_t stream = op.stream.native != nullptr ? static_cast<cudaStream_t>(op.stream.native) : transfer_;
-    if (compute_ != nullptr && stream != compute_) {  // transfers start after the compute enqueued so far
-      FP_CUDA_CHECK(cudaEventRecord(ready_, compute_));
-      FP_CUDA_CHECK(cudaStreamWaitEvent(stream, ready_, 0));
-    }
+    const cudaStream_t stream = stream_of(op);
+    order_after_compute(stream);
     CommOp staged_op = op;
     std::vector<void*> scratch;
     const nccl_detail::Stager stager{
@@ -196,7 +193,43 @@ class NcclCommunicator final : public Communicator {
     return CommRequest(std::make_unique<NcclRequest>(std::move(done), compute_, host_reads, *watchdog_));
   }
 
+  // One NCCL group (one launch) when the ops share a stream and none needs staging; one by
+  // one otherwise. Every request completes with the group's event.
+  std::vector<CommRequest> start_validated_group(std::span<const CommOp> ops) override {
+    const cudaStream_t stream = stream_of(ops[0]);
+    bool grouped = ops.size() > 1;
+    for (const CommOp& op : ops)
+      grouped = grouped && stream_of(op) == stream && !nccl_detail::needs_staging(op, rank(), size(), [](const void* p) {
+        return !device_addressable(p);
+      });
+    if (!grouped) return Communicator::start_validated_group(ops);
+    FP_CUDA_CHECK(cudaSetDevice(options_.device));
+    order_after_compute(stream);
+    FP_NCCL_CHECK(ncclGroupStart());
+    for (const CommOp& op : ops) enqueue(op, stream);
+    FP_NCCL_CHECK(ncclGroupEnd());
+    SharedEvent done = make_event();
+    FP_CUDA_CHECK(cudaEventRecord(done.get(), stream));
+    std::vector<CommRequest> requests;
+    for (const CommOp& op : ops) {
+      watchdog_->begin(op, [done] { return event_passed(done); });
+      const bool host_reads = stream == compute_ || host_memory(op.recv_buf);
+      requests.emplace_back(std::make_unique<NcclRequest>(done, compute_, host_reads, *watchdog_));
+    }
+    return requests;
+  }
+
  private:
+  cudaStream_t stream_of(const CommOp& op) const {
+    return op.stream.native != nullptr ? static_cast<cudaStream_t>(op.stream.native) : transfer_;
+  }
+  // Transfers start after the compute enqueued so far.
+  void order_after_compute(cudaStream_t stream) {
+    if (compute_ == nullptr || stream == compute_) return;
+    FP_CUDA_CHECK(cudaEventRecord(ready_, compute_));
+    FP_CUDA_CHECK(cudaStreamWaitEvent(stream, ready_, 0));
+  }
+
   void enqueue(const CommOp& op, cudaStream_t s) {
     const ncclDataType_t t = nccl_type(op.dtype);
     const ncclRedOp_t r = nccl_op(op.reduce_op);

@@ -46,6 +46,11 @@ size_t recv_bytes(const CommOp& op, int rank, int size) {
   }
 }
 
+bool needs_staging(const CommOp& op, int rank, int size, const std::function<bool(const void* p)>& unreachable) {
+  const bool send = op.send_buf != nullptr && send_bytes(op, rank, size) > 0 && unreachable(op.send_buf);
+  return send || (op.recv_buf != nullptr && recv_bytes(op, rank, size) > 0 && unreachable(op.recv_buf));
+}
+
 StagedRange stage(CommOp& op, int rank, int size, const Stager& stager) {
   auto* send = static_cast<char*>(const_cast<void*>(op.send_buf));
   auto* recv = static_cast<char*>(op.recv_buf);

@@ -30,6 +30,10 @@ struct Stager {
   std::function<void(void* dst, const void* src, size_t bytes)> copy;
 };
 
+// Whether stage() would stage any of op's buffers (a byte range it touches where
+// `unreachable` says the transport cannot reach).
+bool needs_staging(const CommOp& op, int rank, int size, const std::function<bool(const void* p)>& unreachable);
+
 // Rewrites op's buffers that need staging onto staging memory (overlapping send/recv
 // ranges are staged as one range, so in-place forms stay in place) and copies their
 // contents in. Returns the range to copy back after the operation (bytes == 0: none).
