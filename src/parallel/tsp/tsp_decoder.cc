@@ -83,7 +83,7 @@ class TspDecodeAttention final : public DecodeAttention {
         be_.copy_strided(got, q_all, {1, qr, {0, qr}, {(b * D + r) * qr, qr}});
         const int64_t slot = slots_[static_cast<size_t>(b)];
         if (slot >= 0)
-          cache_.store_token(be_, layer, b, slot, r * dm_.kv_heads, got.narrow(qr, qr + kvr), got.narrow(qr + kvr, row));
+          cache_.store_token(be_, layer, b, slot, dm_.kv_head0(static_cast<int>(r)), got.narrow(qr, qr + kvr), got.narrow(qr + kvr, row));
       }
   }
 
