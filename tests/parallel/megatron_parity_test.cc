@@ -352,10 +352,11 @@ void add_tp_cases(std::vector<Case>& out) {
     out.push_back(named(k, p + "_rank0_rows_ignored"));
     // Fewer KV heads than tp ranks (issue 21): every rank a replica of the one KV head its
     // query heads read, its wk/wv gradient summed over the group.
-    k = base;
-    k.kv_heads = 1;
-    out.push_back(named(k, p + "_one_kv_head"));
+    // (Sequence parallelism with replicas: the mesh case mesh_ring_seqpar_one_kv_head.)
     if (!sp) {
+      k = base;
+      k.kv_heads = 1;
+      out.push_back(named(k, p + "_one_kv_head"));
       k.overlap = false;
       k.variant = Variant::kQwen2;
       k.tied = true;
