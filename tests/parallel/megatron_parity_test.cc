@@ -353,14 +353,13 @@ void add_tp_cases(std::vector<Case>& out) {
     // Fewer KV heads than tp ranks (issue 21): every rank a replica of the one KV head its
     // query heads read, its wk/wv gradient summed over the group.
     // (Sequence parallelism with replicas: the mesh case mesh_ring_seqpar_one_kv_head.)
+    // With Qwen2's biases: the k/v bias gradient partials are summed over tp with the others.
     if (!sp) {
       k = base;
       k.kv_heads = 1;
-      out.push_back(named(k, p + "_one_kv_head"));
-      k.overlap = false;
       k.variant = Variant::kQwen2;
       k.tied = true;
-      out.push_back(named(k, p + "_one_kv_head_qwen2_no_overlap_tied"));
+      out.push_back(named(k, p + "_one_kv_head_qwen2_tied"));
     }
     // The attention variants: q/k/v biases sharded by heads with the column-parallel weight,
     // the o bias once after the row-parallel sum, the q/k norms per local head; the bias
