@@ -215,7 +215,9 @@ Layout tsp_layout(int degree) {
 
 int64_t local_parameter_elements(const LlamaConfig& c, const Layout& l, int stage) {
   const int64_t W = l.weight_degree(), h = c.hidden_size;
-  const int64_t layer = (2 * h * c.q_dim() + 2 * h * c.kv_dim()) / W + 3 * h * c.intermediate_size / W + 2 * h;
+  // K/V rows per rank: kv_dim / W, or with KV replicas (n_kv < W) one whole KV head.
+  const int64_t kv = c.num_key_value_heads < W ? 2 * h * c.head_dim() : 2 * h * c.kv_dim() / W;
+  const int64_t layer = 2 * h * c.q_dim() / W + kv + 3 * h * c.intermediate_size / W + 2 * h;
   const int64_t table = (c.vocab_size / W) * h;  // the embedding's or the LM head's shard
   if (l.pp == 1) return c.num_hidden_layers * layer + h + (c.tie_word_embeddings ? 1 : 2) * table;
   const std::vector<int64_t> bounds = stage_bounds(c, l);

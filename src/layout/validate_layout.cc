@@ -45,6 +45,31 @@ Status check_knobs(const Layout& l, const std::string& name) {
   return Status();
 }
 
+// KV heads: n_kv divisible by the weight degree W, or fewer than W with W divisible by n_kv
+// (each rank then holds a replica of the one KV head its query heads read; docs/tsp.md
+// section 3). Replicas are built for f32 tsp=D and tp=T (with or without sp) of a dense model;
+// what they are not built with is refused by name.
+Status check_kv_heads(const LlamaConfig& c, const Layout& l, const std::string& name) {
+  const int W = l.weight_degree();
+  const int64_t n_kv = c.num_key_value_heads;
+  const char* waxis = l.strategy == Strategy::kTsp ? "TSP" : "tp";
+  if (n_kv % W == 0) return Status();
+  if (n_kv <= 0 || n_kv > W || W % n_kv != 0)
+    return invalid_argument("{}: num_key_value_heads ({}) must be divisible by the {} degree ({}), or divide it (KV "
+                            "replicas)",
+                            name, n_kv, waxis, W);
+  const auto refuse = [&](const std::string& what) {
+    return unimplemented("{}: num_key_value_heads ({}) below the {} degree ({}) (KV replicas) is not built with {}",
+                         name, n_kv, waxis, W, what);
+  };
+  if (l.dtype != DType::kF32) return refuse(fmt::format("{} storage", dtype_name(l.dtype)));
+  if (l.pp > 1) return refuse(fmt::format("a pipeline axis (pp={})", l.pp));
+  if (l.dp > 1) return refuse(fmt::format("a data-parallel axis (dp={})", l.dp));
+  if (l.head_buckets != 1) return refuse(fmt::format("head buckets ({})", l.head_buckets));
+  if (c.moe.enabled()) return refuse("a mixture-of-experts model");
+  return Status();
+}
+
 Status check_sizes(const LlamaConfig& c, const Layout& l, int64_t batch, int64_t seq, const std::string& name) {
   if (batch < 0 || seq < 0) return invalid_argument("{}: batch ({}) and sequence ({}) must be positive", name, batch, seq);
   if (batch > 0 && batch % l.dp != 0)
@@ -52,12 +77,12 @@ Status check_sizes(const LlamaConfig& c, const Layout& l, int64_t batch, int64_t
   const int W = l.weight_degree(), Q = l.token_degree();
   const char* waxis = l.strategy == Strategy::kTsp ? "TSP" : "tp";
   const std::pair<const char*, int64_t> sharded[] = {{"num_attention_heads", c.num_attention_heads},
-                                                     {"num_key_value_heads", c.num_key_value_heads},
                                                      {"intermediate_size", c.intermediate_size},
                                                      {"vocab_size", c.vocab_size}};
   for (const auto& [field, value] : sharded)
     if (value % W != 0)
       return invalid_argument("{}: {} ({}) must be divisible by the {} degree ({})", name, field, value, waxis, W);
+  FP_RETURN_IF_ERROR(check_kv_heads(c, l, name));
   if (seq == 0) return Status();  // a decoder: the prefill pads the prompts to what divides
   if (Q > 1 && l.split == SeqSplit::kZigzag && seq % (2 * Q) != 0)
     return invalid_argument("{}: the sequence length ({}) must be divisible by 2 x the sequence degree (2 x {} = {}) for the "
@@ -74,7 +99,8 @@ Status check_sizes(const LlamaConfig& c, const Layout& l, int64_t batch, int64_t
                             "parallelism",
                             name, seq, l.tp);
   }
-  if (l.strategy == Strategy::kTsp && (c.num_key_value_heads / l.tsp) % l.head_buckets != 0)
+  if (l.strategy == Strategy::kTsp && c.num_key_value_heads >= l.tsp &&
+      (c.num_key_value_heads / l.tsp) % l.head_buckets != 0)
     return invalid_argument("{}: head buckets ({}) must divide the KV heads per TSP rank ({} = {} / {})", name,
                             l.head_buckets, c.num_key_value_heads / l.tsp, c.num_key_value_heads, l.tsp);
   return Status();

@@ -49,7 +49,7 @@ Tensor attention_block(const DecodeContext& ctx, const ShardedWeights& w, int l,
   be.matmul(a1, false, a.wv, true, v2);
   QkvWeights variants;  // this rank's heads' biases, the q/k norm gains (sharded_weights.h)
   const int r = ctx.comm->rank();
-  attach_attn_variants(w, l, r * dm.heads, dm.heads, r * dm.kv_heads, dm.kv_heads, variants);
+  attach_attn_variants(w, l, r * dm.heads, dm.heads, dm.kv_head0(r), dm.kv_heads, variants);
   if (variants.bq.defined()) {
     add_rows(be, variants.bq, q2);
     add_rows(be, variants.bk, k2);

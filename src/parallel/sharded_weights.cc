@@ -112,8 +112,12 @@ void move_shards(ShardedWeights& s, LlamaWeights& g, bool to_global, bool replic
     AttnPieces a = attn_pieces(d, s.attn[l]);
     const LayerWeights& lw = g.layers[l];
     copy_rows(a.wq, lw.wq, r * d.q_rows, to_global);
-    copy_rows(a.wk, lw.wk, r * d.kv_rows, to_global);
-    copy_rows(a.wv, lw.wv, r * d.kv_rows, to_global);
+    // A KV replica (d.kv_group > 1) writes into the global tensor only from its group's first
+    // rank: the others hold the same values.
+    if (!to_global || r == d.kv_group_first(r)) {
+      copy_rows(a.wk, lw.wk, d.kv_head0(r) * d.d, to_global);
+      copy_rows(a.wv, lw.wv, d.kv_head0(r) * d.d, to_global);
+    }
     copy_cols_t(a.wo_t, lw.wo, r * d.q_rows, to_global);
     move_variants(s, l, g.layers[l], to_global, replicated);
     if (s.mlp[l].defined()) {
@@ -154,7 +158,8 @@ void move_shards(ShardedWeights& s, LlamaWeights& g, bool to_global, bool replic
 ShardDims shard_dims(const LlamaConfig& c, int D) {
   // validate_layout (layout/) refuses, with the user's numbers, every layout whose weight
   // degree does not divide these; reaching here with one is a bug.
-  FP_CHECK(D > 0 && c.num_attention_heads % D == 0 && c.num_key_value_heads % D == 0 &&
+  const int64_t n_kv = c.num_key_value_heads;
+  FP_CHECK(D > 0 && c.num_attention_heads % D == 0 && n_kv > 0 && (n_kv % D == 0 || D % n_kv == 0) &&
                c.intermediate_size % D == 0 && c.vocab_size % D == 0,
            "shard_dims: degree {} for n_h={} n_kv={} f={} V={} (validate_layout passes first)", D,
            c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, c.vocab_size);
@@ -163,7 +168,8 @@ ShardDims shard_dims(const LlamaConfig& c, int D) {
   d.h = c.hidden_size;
   d.d = c.head_dim();
   d.heads = c.num_attention_heads / D;
-  d.kv_heads = c.num_key_value_heads / D;
+  d.kv_group = n_kv < D ? D / n_kv : 1;
+  d.kv_heads = n_kv < D ? 1 : n_kv / D;
   d.q_rows = d.heads * d.d;
   d.kv_rows = d.kv_heads * d.d;
   d.f_rows = c.intermediate_size / D;
@@ -430,8 +436,8 @@ void init_sharded_weights(const InitOptions& o, ShardedWeights& w) {
     const std::string pre = fmt::format("model.layers.{}.", l);
     AttnPieces a = attn_pieces(d, w.attn[l]);
     fill_rows(a.wq, pre + "self_attn.q_proj.weight", r * d.q_rows);
-    fill_rows(a.wk, pre + "self_attn.k_proj.weight", r * d.kv_rows);
-    fill_rows(a.wv, pre + "self_attn.v_proj.weight", r * d.kv_rows);
+    fill_rows(a.wk, pre + "self_attn.k_proj.weight", d.kv_head0(r) * d.d);
+    fill_rows(a.wv, pre + "self_attn.v_proj.weight", d.kv_head0(r) * d.d);
     fill_cols_t(a.wo_t, pre + "self_attn.o_proj.weight", r * d.q_rows, q_cols);
     if (w.mlp[l].defined()) {
       MlpPieces m = mlp_pieces(d, w.mlp[l]);
@@ -447,7 +453,7 @@ void init_sharded_weights(const InitOptions& o, ShardedWeights& w) {
       for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = static_cast<float>(init_value(o, name, at + i));
       write_host_f32(v, t);
     };
-    const int64_t q = d.q_rows * d.degree, kv = d.kv_rows * d.degree;
+    const int64_t q = d.q_rows * d.degree, kv = d.n_kv() * d.d;
     if (Tensor b = element_of(w.qkv_bias, l); b.defined()) {
       fill_span(b.narrow(0, q), pre + "self_attn.q_proj.bias", 0);
       fill_span(b.narrow(q, q + kv), pre + "self_attn.k_proj.bias", 0);
@@ -504,13 +510,28 @@ std::vector<ParamRef> sharded_param_refs(ShardedWeights& w, ShardedWeights& g, b
   for (size_t l = 0; l < w.attn.size(); ++l) {
     if (!w.attn[l].defined()) continue;  // another pipeline stage's layer
     const std::string pre = fmt::format("model.layers.{}.", l);
-    const int64_t q = d.q_rows, kv = d.kv_rows;
-    refs.push_back(ParamRef{
-        fmt::format("layers.{}.attn", l), w.attn[l], g.attn[l], true, count_sharded,
-        {GlobalSlice{pre + "self_attn.q_proj.weight", r * q, q, 0, h, false, 0},
-         GlobalSlice{pre + "self_attn.k_proj.weight", r * kv, kv, 0, h, false, q * h},
-         GlobalSlice{pre + "self_attn.v_proj.weight", r * kv, kv, 0, h, false, (q + kv) * h},
-         GlobalSlice{pre + "self_attn.o_proj.weight", 0, h, r * q, q, true, (q + 2 * kv) * h}}});
+    const int64_t q = d.q_rows, kv = d.kv_rows, kv0 = d.kv_head0(r) * d.d;
+    if (d.replicated_kv()) {
+      // KV replicas: the wk/wv rows are a ParamRef of their own, counted (norms, checkpoints)
+      // on the group's first rank only; the query and output rows stay this rank's alone.
+      auto rows = [](const Tensor& t, int64_t a, int64_t b) { return t.narrow(a, b); };
+      refs.push_back(ParamRef{fmt::format("layers.{}.attn", l), rows(w.attn[l], 0, q), rows(g.attn[l], 0, q), true,
+                              count_sharded, {GlobalSlice{pre + "self_attn.q_proj.weight", r * q, q, 0, h, false, 0}}});
+      refs.push_back(ParamRef{fmt::format("layers.{}.attn_kv", l), rows(w.attn[l], q, q + 2 * kv),
+                              rows(g.attn[l], q, q + 2 * kv), true, count_sharded && r == d.kv_group_first(r),
+                              {GlobalSlice{pre + "self_attn.k_proj.weight", kv0, kv, 0, h, false, 0},
+                               GlobalSlice{pre + "self_attn.v_proj.weight", kv0, kv, 0, h, false, kv * h}}});
+      refs.push_back(ParamRef{fmt::format("layers.{}.attn_o", l), rows(w.attn[l], q + 2 * kv, 2 * q + 2 * kv),
+                              rows(g.attn[l], q + 2 * kv, 2 * q + 2 * kv), true, count_sharded,
+                              {GlobalSlice{pre + "self_attn.o_proj.weight", 0, h, r * q, q, true, 0}}});
+    } else {
+      refs.push_back(ParamRef{
+          fmt::format("layers.{}.attn", l), w.attn[l], g.attn[l], true, count_sharded,
+          {GlobalSlice{pre + "self_attn.q_proj.weight", r * q, q, 0, h, false, 0},
+           GlobalSlice{pre + "self_attn.k_proj.weight", kv0, kv, 0, h, false, q * h},
+           GlobalSlice{pre + "self_attn.v_proj.weight", kv0, kv, 0, h, false, (q + kv) * h},
+           GlobalSlice{pre + "self_attn.o_proj.weight", 0, h, r * q, q, true, (q + 2 * kv) * h}}});
+    }
     const int64_t f = d.f_rows;
     if (!w.mlp[l].defined()) continue;  // a sparse layer: its MoE tensors follow below
     refs.push_back(ParamRef{fmt::format("layers.{}.mlp", l), w.mlp[l], g.mlp[l], true, count_sharded,
@@ -543,7 +564,7 @@ std::vector<ParamRef> sharded_param_refs(ShardedWeights& w, ShardedWeights& g, b
     refs.push_back(ParamRef{fmt::format("layers.{}.mlp_norm", l), w.mlp_norm[l], g.mlp_norm[l], false,
                             count_replicated, {whole(pre + "post_attention_layernorm.weight", w.mlp_norm[l])}});
     if (Tensor b = element_of(w.qkv_bias, l); b.defined()) {
-      const int64_t q = d.q_rows * d.degree, kv = d.kv_rows * d.degree;
+      const int64_t q = d.q_rows * d.degree, kv = d.n_kv() * d.d;
       refs.push_back(ParamRef{fmt::format("layers.{}.qkv_bias", l), b, element_of(g.qkv_bias, l), false,
                               count_replicated,
                               {GlobalSlice{pre + "self_attn.q_proj.bias", 0, 1, 0, q, false, 0},
@@ -570,7 +591,7 @@ void attach_attn_variants(const ShardedWeights& s, int l, int64_t q_head0, int64
   const ShardDims& d = s.dims;
   const size_t i = static_cast<size_t>(l);
   if (Tensor b = element_of(s.qkv_bias, i); b.defined()) {
-    const int64_t q = d.q_rows * d.degree, kv = d.kv_rows * d.degree;
+    const int64_t q = d.q_rows * d.degree, kv = d.n_kv() * d.d;
     w.bq = b.narrow(q_head0 * d.d, (q_head0 + n_q) * d.d);
     w.bk = b.narrow(q + kv_head0 * d.d, q + (kv_head0 + n_kv) * d.d);
     w.bv = b.narrow(q + kv + kv_head0 * d.d, q + kv + (kv_head0 + n_kv) * d.d);
@@ -579,6 +600,37 @@ void attach_attn_variants(const ShardedWeights& s, int l, int64_t q_head0, int64
     w.q_norm = n.narrow(0, 1).reshape({d.d});
     w.k_norm = n.narrow(1, 2).reshape({d.d});
   }
+}
+
+Tensor kv_replica_rows(const ShardDims& d, const Tensor& packed_attn) {
+  FP_CHECK(packed_attn.dim(0) == d.attn_rows(), "attention shard {}", packed_attn.describe());
+  return packed_attn.narrow(d.q_rows, d.q_rows + 2 * d.kv_rows);
+}
+
+Status copy_kv_replica(Communicator& axis, const ShardDims& d, int source, Tensor& rows) {
+  const int p = axis.rank(), first = d.kv_group_first(p), last = d.kv_group_last(p);
+  FP_CHECK(source >= first && source <= last, "KV replica source {} outside rank {}'s group [{}, {}]", source, p, first,
+           last);
+  const size_t n = static_cast<size_t>(rows.numel());
+  if (p != source) return axis.recv(rows.raw_data(), n, rows.dtype(), source);
+  for (int r = first; r <= last; ++r)
+    if (r != source) FP_RETURN_IF_ERROR(axis.send(rows.raw_data(), n, rows.dtype(), r));
+  return Status();
+}
+
+Status sum_kv_replicas(Backend& be, Communicator& axis, const ShardDims& d, Tensor& rows) {
+  const int p = axis.rank(), first = d.kv_group_first(p), last = d.kv_group_last(p);
+  const size_t n = static_cast<size_t>(rows.numel());
+  if (p != first) {
+    FP_RETURN_IF_ERROR(axis.send(rows.raw_data(), n, rows.dtype(), first));
+  } else {
+    Tensor got = Tensor::empty(rows.shape(), rows.dtype(), MemCategory::kComm);
+    for (int r = first + 1; r <= last; ++r) {
+      FP_RETURN_IF_ERROR(axis.recv(got.raw_data(), n, rows.dtype(), r));
+      be.add_inplace(got, rows);
+    }
+  }
+  return copy_kv_replica(axis, d, first, rows);
 }
 
 std::vector<ParamRef> sharded_weight_refs(ShardedWeights& w, bool count_replicated) {

@@ -33,13 +33,22 @@ struct ShardDims {
   int64_t h = 0;
   int64_t d = 0;        // head dim
   int64_t q_rows = 0;   // n_h/D * d
-  int64_t kv_rows = 0;  // n_kv/D * d
+  int64_t kv_rows = 0;  // kv_heads * d
   int64_t f_rows = 0;   // f/D
   int64_t v_rows = 0;   // V/D
   int64_t heads = 0;    // n_h/D
-  int64_t kv_heads = 0; // n_kv/D
+  int64_t kv_heads = 0; // n_kv/D, or 1 when n_kv < D (a replica: see kv_group)
+  // Ranks that hold the same KV heads: 1 when n_kv >= D; D/n_kv when n_kv < D, where each rank's
+  // n_h/D query heads all read KV head r*n_kv/D and the D/n_kv ranks r with the same
+  // r / kv_group each hold an identical replica of its wk/wv rows (docs/tsp.md section 3).
+  int64_t kv_group = 1;
   int64_t experts = 0;  // E/D: the routed experts each rank owns (MoE models on TSP; 0 for a dense model)
 
+  int64_t n_kv() const { return kv_heads * degree / kv_group; }  // the model's KV heads
+  int64_t kv_head0(int r) const { return r / kv_group * kv_heads; }  // rank r's first KV head
+  bool replicated_kv() const { return kv_group > 1; }
+  int kv_group_first(int r) const { return static_cast<int>(r / kv_group * kv_group); }
+  int kv_group_last(int r) const { return kv_group_first(r) + static_cast<int>(kv_group) - 1; }
   int64_t attn_rows() const { return 2 * q_rows + 2 * kv_rows; }
   int64_t mlp_rows() const { return 3 * f_rows; }
   int64_t attn_elems() const { return attn_rows() * h; }
@@ -47,8 +56,9 @@ struct ShardDims {
   int64_t vocab_elems() const { return v_rows * h; }
 };
 
-// The shard sizes of `degree` ranks. validate_layout (layout/) is the check that n_h, n_kv,
-// f and V divide by the degree; here it is an FP_CHECK (a caller that skipped it is a bug).
+// The shard sizes of `degree` ranks. validate_layout (layout/) is the check that n_h, f and V
+// divide by the degree and n_kv either divides by it or divides it (KV replicas); here it is an
+// FP_CHECK (a caller that skipped it is a bug).
 ShardDims shard_dims(const LlamaConfig& config, int degree);
 
 // Row offsets inside the packed buffers.
@@ -189,6 +199,19 @@ Status assemble_global(const ShardedWeights& shard, Communicator& axis, LlamaWei
 // [q_head0, q_head0 + n_q) and KV heads [kv_head0, kv_head0 + n_kv) into `w` (a no-op without them).
 void attach_attn_variants(const ShardedWeights& weights, int l, int64_t q_head0, int64_t n_q, int64_t kv_head0,
                           int64_t n_kv, QkvWeights& w);
+
+// ---- KV replicas (ShardDims::kv_group > 1; docs/tsp.md section 3) ----
+// The wk/wv rows [2 kv_rows, h] of a packed attention shard (or its gradient): a view.
+Tensor kv_replica_rows(const ShardDims& dims, const Tensor& packed_attn);
+// The rows of the group's rank `source` (a rank of `axis` in this rank's KV group) replace
+// every other member's: source sends them to each member in rank order, point to point
+// (kv_group - 1 messages of rows.numel() elements). Collective over this rank's KV group of
+// `axis` only; other groups run their own.
+Status copy_kv_replica(Communicator& axis, const ShardDims& dims, int source, Tensor& rows);
+// Every member's rows (f32) become the group's sum, added in rank order on the group's first
+// rank and sent back, so the replicas stay bit-identical: 2 (kv_group - 1) messages of
+// rows.numel() elements. Collective over this rank's KV group of `axis`.
+Status sum_kv_replicas(Backend& backend, Communicator& axis, const ShardDims& dims, Tensor& rows);
 
 std::vector<ParamRef> sharded_param_refs(ShardedWeights& weights, ShardedWeights& grads, bool count_replicated,
                                          bool count_sharded = true);

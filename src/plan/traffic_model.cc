@@ -75,7 +75,12 @@ double tsp_forward_layer_elements(const LlamaConfig& c, int64_t tokens, int degr
   const double D = degree, h = static_cast<double>(c.hidden_size), f = static_cast<double>(c.intermediate_size),
                g = static_cast<double>(c.group()), frac = (D - 1) / D;
   const double q = static_cast<double>(c.q_dim());  // n_h * d (= h unless head_dim is set)
-  return (2 + 2 / g) * h * q * frac + 3 * h * f * frac + 2 * static_cast<double>(tokens) * q / g * frac;
+  // A shard's K/V rows: n_kv d / D, or one KV head's d when n_kv < D (KV replicas: every
+  // shard carries its replica, (2 + 2/g) h q (D-1)/D becoming (2q/D + 2d) h (D-1)). The K/V
+  // all-gather moves each KV head once either way: 2 tokens n_kv d (D-1)/D.
+  const double n_kv = static_cast<double>(c.num_key_value_heads), d = static_cast<double>(c.head_dim());
+  const double kv_shard = n_kv < D ? d : n_kv * d / D;
+  return (2 * q / D + 2 * kv_shard) * h * (D - 1) + 3 * h * f * frac + 2 * static_cast<double>(tokens) * q / g * frac;
 }
 
 double tp_forward_layer_elements(const LlamaConfig& c, int64_t tokens, int degree) {

@@ -63,7 +63,8 @@ AxisTraffic dp_gradient_traffic(const LlamaConfig& config, const Layout& layout,
 
 // docs/tsp.md section 7, forward, per layer per rank, in elements: the byte-free formulas the
 // crossover is read from. TSP: weights (2 + 2/g) h^2 (D-1)/D + 3 h f (D-1)/D plus K/V
-// 2 B S h/g (D-1)/D; TP: 4 B S h (tp-1)/tp.
+// 2 B S h/g (D-1)/D; TP: 4 B S h (tp-1)/tp. With KV replicas (n_kv < D) each shard carries one
+// KV head: the weight term's 2h^2/g (D-1)/D becomes 2 d h (D-1); the K/V term is unchanged.
 double tsp_forward_layer_elements(const LlamaConfig& c, int64_t tokens, int degree);
 double tp_forward_layer_elements(const LlamaConfig& c, int64_t tokens, int degree);
 // The B*S above which TSP moves fewer forward bytes per layer than TP at the same degree:

@@ -7,7 +7,7 @@
 # RoPE scaling (linear, dynamic, llama3, yarn): the sequence (80) outruns each config's
 # pretrained context, so every type's scaling is active. head_dim independent of h / n_h
 # (h = 64, n_h = 8): 12 (q width 96 > h) and 4 (32 < h), also on the 2-D mesh. Mistral's
-# sliding window on one rank, tsp=2, tp=2 and sp=2.
+# sliding window on one rank, tsp=2, tp=2 and sp=2. One KV head (KV replicas) on tsp=2, tp=2.
 set -euo pipefail
 mpirun=$1 bin=$2 src=$3
 tmp=$(mktemp -d)
@@ -53,6 +53,10 @@ variant head_dim12 '{"head_dim": 12}'
 check head_dim12 tsp=2 tp=2 sp=2 tp=2,sp=2
 variant head_dim4 '{"head_dim": 4}'
 check head_dim4 tsp=2 tp=2
+# One KV head for 8 query heads (fewer KV heads than ranks: each rank a replica of it,
+# docs/tsp.md section 3) on tsp=2 and tp=2.
+variant one_kv_head '{"num_key_value_heads": 1}'
+check one_kv_head tsp=2 tp=2
 # Mistral's sliding window (9 < the sequence's 80): zigzag TSP, TP and the sequence ring.
 variant mistral_window '{"model_type": "mistral", "sliding_window": 9}'
 check mistral_window tsp=2 tp=2 sp=2

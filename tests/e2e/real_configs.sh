@@ -32,5 +32,14 @@ for v in "${verdicts[@]}"; do
   want=$(/usr/bin/python3 -c "import json; c=json.load(open('$cfg')); print('(L={num_hidden_layers} h={hidden_size} f={intermediate_size} heads={num_attention_heads}/{num_key_value_heads} V={vocab_size})'.format(**c))")
   head -1 "$tmp/out" | grep -qF -- "$want" || fail "$file: plan says '$(head -1 "$tmp/out")', wanted '$want'"
 done
+# Fewer KV heads than ranks (KV replicas, docs/tsp.md section 3): TinyLlama's 4 KV heads
+# were refused at tsp=8 and tp=8; both are planned now. (Qwen2.5-0.5B's 14 query heads divide
+# by 2, 7 and 14 only: its 2 KV heads replicate at tsp=14, not at 4 or 8.)
+"$bin" plan --model "$src/configs/tinyllama-1.1b.json" --seq 2048 --devices 8 --hardware "$src/hardware/h200-8.json" \
+  --layouts tsp=8 tp=8 >"$tmp/out" 2>"$tmp/err" || { fail "tinyllama tsp=8 tp=8: exit $?"; cat "$tmp/err" >&2; }
+for layout in tsp=8 tp=8; do
+  grep -q "^$layout " "$tmp/out" || fail "tinyllama: no plan row for $layout: $(cat "$tmp/out" "$tmp/err")"
+done
+grep -q "not buildable" "$tmp/out" && fail "tinyllama: $(grep 'not buildable' "$tmp/out")"
 if [ "$failures" -ne 0 ]; then exit 1; fi
 echo "real_configs: ${#verdicts[@]} published configs, each loads or is refused by name as recorded"

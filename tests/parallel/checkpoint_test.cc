@@ -61,10 +61,13 @@ class Checkpoint : public ::testing::Test {
   std::string root_ = root_dir(test::mpi().world());
 };
 
-TEST_F(Checkpoint, WrittenUnderTspLoadsUnderAnyLayout) {
+// kv_heads: num_key_value_heads (1: KV replicas at N > 1, written once per KV head from
+// each group's first rank, loaded into every replica).
+void expect_written_under_tsp_loads_under_any_layout(const std::string& root_, int64_t kv_heads) {
   Communicator& world = test::mpi().world();
   const int N = world.size(), p = world.rank();
-  const LlamaConfig c = config();
+  LlamaConfig c = config();
+  c.num_key_value_heads = kv_heads;
   const InitOptions init{.seed = 9, .std = 0.5, .norm_jitter = 0.5};
   const ShardDims dims = shard_dims(c, N);
   ShardedWeights w = ShardedWeights::allocate(c, dims, p, DType::kF32, MemCategory::kParameters);
@@ -125,6 +128,12 @@ TEST_F(Checkpoint, WrittenUnderTspLoadsUnderAnyLayout) {
   LlamaConfig other = c;
   other.num_hidden_layers = 3;
   EXPECT_EQ(load_checkpoint(*dir, other, full_refs, nullptr, nullptr).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(Checkpoint, WrittenUnderTspLoadsUnderAnyLayout) { expect_written_under_tsp_loads_under_any_layout(root_, 4); }
+
+TEST_F(Checkpoint, WrittenWithKvReplicasLoadsUnderAnyLayout) {
+  expect_written_under_tsp_loads_under_any_layout(root_, 1);
 }
 
 TEST_F(Checkpoint, AFailedWriteKeepsThePreviousCheckpoint) {

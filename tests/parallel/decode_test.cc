@@ -163,6 +163,17 @@ TEST(DecodeParity, TspHeadBuckets) {
   check_parity(s);
 }
 TEST(DecodeParity, TpGqa) { check_parity(make_case("tp")); }
+
+// Fewer KV heads than ranks (issue 21): each rank's query heads read its replica of one KV
+// head; the TSP cache keeps every KV head once per token, the tp cache the rank's replica.
+TEST(DecodeParity, OneKvHeadOnTspAndTp) {
+  for (const char* layout : {"tsp", "tp"}) {
+    Case s = make_case(layout);
+    s.config.num_key_value_heads = 1;
+    SCOPED_TRACE(std::string(layout) + " n_kv 1");
+    check_parity(s);
+  }
+}
 // head_dim apart from h / n_h (12 and 4 with h / n_h = 8): q width n_h * d above and below h.
 TEST(DecodeParity, HeadDimApartFromHiddenOnTspAndTp) {
   for (const char* layout : {"tsp", "tp"})
@@ -322,8 +333,11 @@ StepFormula step_formula(const LlamaConfig& c, const std::string& layout, uint64
   f.all_gather_calls = 1;  // the logits
   f.all_gather_bytes = 4 * B * V * (D - 1) / D;
   if (layout == "tsp") {
-    f.all_gather_calls += L;  // [q | k | v] of every rank's heads
-    f.all_gather_bytes += 4 * L * B * (h + 2 * h / g) * (D - 1) / D;
+    // [q | k | v] of every rank's heads: 2h/g K/V values per token, or with KV replicas
+    // (n_kv < D) each rank's one KV head, 2 d D values.
+    const uint64_t n_kv = c.num_key_value_heads, kv = n_kv < D ? 2 * c.head_dim() * D : 2 * h / g;
+    f.all_gather_calls += L;
+    f.all_gather_bytes += 4 * L * B * (h + kv) * (D - 1) / D;
     f.all_to_all_calls = L;  // (partial output, lse) of every head
     f.all_to_all_bytes = 4 * L * B * (h + n_h) * (D - 1) / D;
   }
@@ -333,8 +347,11 @@ StepFormula step_formula(const LlamaConfig& c, const std::string& layout, uint64
 TEST(DecodeTraffic, StepMovesTheDocumentedBytesAndNoWeights) {
   Communicator& world = test::mpi().world();
   const uint64_t D = static_cast<uint64_t>(world.size());
+  for (const int64_t kv_heads : {0, 1})
   for (const std::string layout : {"tsp", "tp"}) {
     Case s = make_case(layout);
+    if (kv_heads > 0) s.config.num_key_value_heads = kv_heads;  // KV replicas at D > 1
+    SCOPED_TRACE(layout + " n_kv " + std::to_string(s.config.num_key_value_heads));
     Built m = build(s);
     auto be = make_cpu_backend();
     const std::vector<std::vector<int32_t>> prompts{random_tokens(s.config, 7, 1), random_tokens(s.config, 2, 2)};

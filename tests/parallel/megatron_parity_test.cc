@@ -99,6 +99,7 @@ struct Case {
   Ignore ignore = Ignore::kNone;
   Variant variant = Variant::kNone;
   int64_t head_dim = 0;  // > 0: head_dim independent of hidden_size / heads (qwen3)
+  int64_t kv_heads = 0;  // > 0: num_key_value_heads (fewer than tp: KV replicas)
 };
 
 void PrintTo(const Case& k, std::ostream* os) { *os << k.name; }
@@ -130,6 +131,7 @@ Reference reference(const Case& k, const std::string& layout) {
   ref.config.o_bias = k.variant == Variant::kAttentionBias;
   ref.config.qk_norm = k.variant == Variant::kQwen3;
   if (k.head_dim > 0) ref.config.explicit_head_dim = k.head_dim;
+  if (k.kv_heads > 0) ref.config.num_key_value_heads = k.kv_heads;
   const LlamaConfig& c = ref.config;
   ref.weights = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
   init_weights(kInit, ref.weights);
@@ -348,6 +350,17 @@ void add_tp_cases(std::vector<Case>& out) {
     k = base;
     k.ignore = Ignore::kFirstTpBlock;
     out.push_back(named(k, p + "_rank0_rows_ignored"));
+    // Fewer KV heads than tp ranks (issue 21): every rank a replica of the one KV head its
+    // query heads read, its wk/wv gradient summed over the group.
+    // (Sequence parallelism with replicas: the mesh case mesh_ring_seqpar_one_kv_head.)
+    // With Qwen2's biases: the k/v bias gradient partials are summed over tp with the others.
+    if (!sp) {
+      k = base;
+      k.kv_heads = 1;
+      k.variant = Variant::kQwen2;
+      k.tied = true;
+      out.push_back(named(k, p + "_one_kv_head_qwen2_tied"));
+    }
     // The attention variants: q/k/v biases sharded by heads with the column-parallel weight,
     // the o bias once after the row-parallel sum, the q/k norms per local head; the bias
     // and norm gradients summed over tp (every ParamRef checked on every rank).
@@ -419,6 +432,9 @@ void add_mesh_cases(std::vector<Case>& out) {
   const Recompute block = Recompute::kBlock;
   const Family m = Family::kMesh;
   out.push_back(Case{.name = "mesh_allgather_zigzag_gqa", .family = m});
+  // KV replicas under tp with K/V exchanged over sp: n_kv = 1 at tp = 2.
+  out.push_back(Case{.name = "mesh_ring_seqpar_one_kv_head", .family = m, .exchange = ring, .sequence_parallel = true,
+                     .kv_heads = 1});
   out.push_back(Case{.name = "mesh_ring_zigzag_gqa", .family = m, .exchange = ring});
   out.push_back(Case{.name = "mesh_allgather_contiguous", .family = m, .split = contiguous});
   out.push_back(Case{.name = "mesh_ring_contiguous_no_overlap", .family = m, .exchange = ring, .split = contiguous,
@@ -866,9 +882,19 @@ TEST(MegatronErrors, TpSizesThatDoNotDivide) {
             std::string::npos)
       << msg;
   bad = c;
-  bad.num_key_value_heads = 1;  // divides n_h, not T
+  // n_kv neither a multiple of T nor dividing it (fewer KV heads than T that divide it are
+  // KV replicas, accepted).
+  bad.num_attention_heads = 12;
+  bad.hidden_size = 96;
+  bad.num_key_value_heads = T == 3 ? 2 : 3;
   msg = factory_error(layout, bad, 48, plain);
-  EXPECT_NE(msg.find("num_key_value_heads (1) must be divisible by " + deg), std::string::npos) << msg;
+  EXPECT_NE(msg.find("num_key_value_heads (" + std::to_string(bad.num_key_value_heads) + ") must be divisible by " +
+                     deg),
+            std::string::npos)
+      << msg;
+  bad = c;
+  bad.num_key_value_heads = 1;
+  EXPECT_EQ(factory_error(layout, bad, 48, plain), "ok") << "KV replicas";
   bad = c;
   bad.intermediate_size = T * 10 + 1;
   msg = factory_error(layout, bad, 48, plain);
@@ -934,9 +960,11 @@ TEST(MegatronErrors, MeshSizesThatDoNotDivideNameTheNumbers) {
       EXPECT_NE(msg.find("num_attention_heads (5) must be divisible by " + deg), std::string::npos) << msg;
       EXPECT_EQ(code, StatusCode::kInvalidArgument);
       bad = c;
-      bad.num_key_value_heads = 1;
+      bad.num_attention_heads = 12;
+      bad.hidden_size = 96;
+      bad.num_key_value_heads = 3;  // neither a multiple of T = 2 nor dividing it
       msg = factory_error(layout, bad, 48, plain);
-      EXPECT_NE(msg.find("num_key_value_heads (1) must be divisible by " + deg), std::string::npos) << msg;
+      EXPECT_NE(msg.find("num_key_value_heads (3) must be divisible by " + deg), std::string::npos) << msg;
       bad = c;
       bad.intermediate_size = 111;
       msg = factory_error(layout, bad, 48, plain);

@@ -95,11 +95,13 @@ struct Counted {
 };
 
 // One step's counters on each axis the mesh has (nothing on an axis it lacks).
-Counted run(const std::string& layout, int layers, const Policy& pol, bool backward, bool variants = false) {
+// kv_heads > 0 replaces the sizes' KV heads.
+Counted run(const std::string& layout, int layers, const Policy& pol, bool backward, bool variants = false,
+            int kv_heads = 0) {
   Result<Mesh> mesh = Mesh::create(test::mpi().world(), layout);
   FP_CHECK_OK(mesh.status());
   const Sizes z = sizes(*mesh, pol.family);
-  const LlamaConfig c = traffic_config(layers, pol.tied, z.kv_heads, variants);
+  const LlamaConfig c = traffic_config(layers, pol.tied, kv_heads > 0 ? kv_heads : z.kv_heads, variants);
   const Layout o = test::megatron_layout_with(layout, pol);
   Result<std::unique_ptr<ShardedModel>> m = make_sharded_model(c, *mesh, z.seq, o);
   FP_CHECK_OK(m.status());
@@ -416,6 +418,36 @@ INSTANTIATE_TEST_SUITE_P(
                       Policy{"sp_ring", Family::kSp, kRing, false, kKeep, true, kZigzag, false},
                       Policy{"mesh_seqpar_allgather", Family::kMesh, kGather, true, kKeep, true, kZigzag, false}),
     [](const ::testing::TestParamInfo<Policy>& i) { return std::string(i.param.name); });
+
+// KV replicas (n_kv < T, docs/tsp.md section 3): against n_kv = T (one KV head per rank, the
+// same shapes), every collective moves the same bytes; per layer the group's Wk/Wv gradient
+// partials (2 d h f32 each) are summed point to point: the group's first rank receives T-1 of
+// them and sends T-1 sums back, every other rank sends one and receives one.
+TEST(MegatronTrafficKvReplicas, CollectivesUnchangedAndOneGroupSumPerLayer) {
+  const int T = test::mpi().world().size(), p = test::mpi().world().rank();
+  if (T == 1) GTEST_SKIP() << "no replicas on one rank";
+  const std::string layout = "tp=" + std::to_string(T);
+  const Policy pol{"tp_plain", Family::kTp, Exchange::kAllGather, false, Recompute::kNone, true, SeqSplit::kZigzag,
+                   false};
+  const int L = 2;
+  const uint64_t rows = 2 * 8 * 96 * 4;  // 2 d h f32: d = 96 / 12
+  const CommStats base = run(layout, L, pol, true, false, T).tp, rep = run(layout, L, pol, true, false, 1).tp;
+  for (CommOpKind kind : {CommOpKind::kBroadcast, CommOpKind::kReduce, CommOpKind::kAllReduce, CommOpKind::kAllGather,
+                          CommOpKind::kReduceScatter, CommOpKind::kAllToAll, CommOpKind::kSendRecv}) {
+    EXPECT_EQ(rep.op(kind).calls, base.op(kind).calls) << comm_op_name(kind);
+    EXPECT_EQ(rep.op(kind).bytes_sent, base.op(kind).bytes_sent) << comm_op_name(kind);
+    EXPECT_EQ(rep.op(kind).bytes_received, base.op(kind).bytes_received) << comm_op_name(kind);
+  }
+  const uint64_t peers = p == 0 ? static_cast<uint64_t>(T - 1) : 1;
+  EXPECT_EQ(base.op(CommOpKind::kSend).calls + base.op(CommOpKind::kRecv).calls, 0u);
+  for (CommOpKind kind : {CommOpKind::kSend, CommOpKind::kRecv}) {
+    EXPECT_EQ(rep.op(kind).calls, L * peers) << comm_op_name(kind);
+    EXPECT_EQ(kind == CommOpKind::kSend ? rep.op(kind).bytes_sent : rep.op(kind).bytes_received, L * peers * rows)
+        << comm_op_name(kind);
+  }
+  const CommStats fwd = run(layout, L, pol, false, false, 1).tp;
+  EXPECT_EQ(fwd.op(CommOpKind::kSend).calls + fwd.op(CommOpKind::kRecv).calls, 0u) << "forward";
+}
 
 }  // namespace
 }  // namespace foldpar

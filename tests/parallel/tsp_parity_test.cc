@@ -58,10 +58,34 @@ struct Case {
   Variant variant = Variant::kNone;
   int64_t head_dim = 0;  // > 0: head_dim independent of hidden_size / heads (qwen3)
   int64_t window = 0;    // LlamaConfig::sliding_window
+  int64_t kv_heads = 0;  // > 0: num_key_value_heads (fewer than D: KV replicas)
 };
 
 // Weights with std 0.1 so that attention is far from uniform and every path matters.
 const InitOptions kInit{.seed = 7, .std = 0.1, .norm_jitter = 0.2};
+
+// KV replicas (n_kv < D): every rank's wk/wv gradient rows, not only the group's first (which
+// assemble_global reads), equal the reference rows of its KV head, and every member of a
+// group holds bit-identical rows.
+void check_kv_replicas(Communicator& world, const ShardDims& dm, ShardedWeights& tg, LlamaWeights& ref_g) {
+  const int D = world.size(), p = world.rank();
+  const int64_t n = 2 * dm.kv_rows * dm.h;
+  for (size_t l = 0; l < tg.attn.size(); ++l) {
+    const Tensor rows = kv_replica_rows(dm, tg.attn[l]);
+    const int64_t r0 = dm.kv_head0(p) * dm.d;
+    const Tensor want_k = ref_g.layers[l].wk.narrow(r0, r0 + dm.kv_rows);
+    const Tensor want_v = ref_g.layers[l].wv.narrow(r0, r0 + dm.kv_rows);
+    EXPECT_LE(max_rel_error(rows.narrow(0, dm.kv_rows), want_k), tol::kF32Parallel) << "wk replica, rank " << p;
+    EXPECT_LE(max_rel_error(rows.narrow(dm.kv_rows, 2 * dm.kv_rows), want_v), tol::kF32Parallel)
+        << "wv replica, rank " << p;
+    Tensor all = Tensor::empty({D, n}, DType::kF32, MemCategory::kWorkspace);
+    ASSERT_TRUE(world.all_gather(rows.raw_data(), all.raw_data(), static_cast<size_t>(n), DType::kF32).ok());
+    const Tensor first = all.narrow(dm.kv_group_first(p), dm.kv_group_first(p) + 1);
+    EXPECT_EQ(max_rel_error(all.narrow(p, p + 1), first), 0.0) << "layer " << l << ": rank " << p
+                                                               << "'s replica differs from rank "
+                                                               << dm.kv_group_first(p) << "'s";
+  }
+}
 
 void check_parity(const Case& k) {
   Communicator& world = test::mpi().world();
@@ -71,6 +95,7 @@ void check_parity(const Case& k) {
   apply_variant(k.variant, c);
   if (k.head_dim > 0) c.explicit_head_dim = k.head_dim;
   c.sliding_window = k.window;
+  if (k.kv_heads > 0) c.num_key_value_heads = k.kv_heads;
 
   // The reference: the single-rank model on the same seed.
   LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
@@ -150,6 +175,7 @@ void check_parity(const Case& k) {
   tw.for_each([&](const std::string&, Tensor& t, bool) { own.push_back(t); });
   size_t j = 0;
   sliced.for_each([&](const std::string& name, Tensor& t, bool) { EXPECT_EQ(max_rel_error(own[j++], t), 0.0) << name; });
+  if (model->dims().replicated_kv()) check_kv_replicas(world, model->dims(), tg, ref_g);
 }
 
 TEST(TspParity, ZigzagGqaUntiedOverlap) { check_parity(Case{}); }
@@ -270,6 +296,31 @@ TEST(TspParity, Qwen3QkNorms) {
   check_parity(k);
 }
 
+// Fewer KV heads than ranks (issue 21): n_kv = 1 (every rank one replica) and, at D = 4,
+// n_kv = 2 (groups of two), in the schedules that treat K/V differently: overlap on and off,
+// the contiguous split, kept weights and K/V, block recompute, Qwen2's q/k/v biases and the
+// q/k norms (their k-side gradients come once per group). At D = 1 n_kv = 1 is plain MQA.
+TEST(TspParity, FewerKvHeadsThanRanks) {
+  const int D = test::mpi().world().size();
+  Case k;
+  k.kv_heads = 1;
+  check_parity(k);
+  k = Case{};
+  k.kv_heads = D == 4 ? 2 : 1;
+  k.options.overlap = false;
+  k.options.split = SeqSplit::kContiguous;
+  k.variant = Variant::kQwen2;
+  check_parity(k);
+  k = Case{};
+  k.kv_heads = 1;
+  k.options.keep_weights = true;
+  k.options.keep_kv = true;
+  k.options.recompute = Recompute::kBlock;
+  k.variant = Variant::kQwen3;
+  k.tied = true;
+  check_parity(k);
+}
+
 TEST(TspErrors, SizesThatDoNotDivide) {
   const int D = test::mpi().world().size();
   if (D == 1) GTEST_SKIP() << "everything divides by 1";
@@ -294,6 +345,18 @@ TEST(TspErrors, SizesThatDoNotDivide) {
   Layout o;
   o.head_buckets = 3;
   EXPECT_NE(message(c, 48, o).find("head buckets (3)"), std::string::npos);
+  if (D == 4) {  // 3 KV heads neither divide by 4 nor divide it
+    bad = c;
+    bad.num_key_value_heads = 3;
+    bad.num_attention_heads = 12;
+    bad.hidden_size = 96;
+    EXPECT_NE(message(bad, 48).find("num_key_value_heads (3) must be divisible by the TSP degree (4)"),
+              std::string::npos);
+  }
+  bad = c;
+  bad.num_key_value_heads = 1;
+  o.head_buckets = 2;
+  EXPECT_NE(message(bad, 48, o).find("is not built with head buckets (2)"), std::string::npos);
 }
 
 }  // namespace

@@ -14,13 +14,14 @@
 namespace foldpar {
 namespace {
 
-LlamaConfig traffic_config(int D, int layers, int64_t head_dim = 0, bool variants = false) {
+// kv_heads > 0: num_key_value_heads (fewer than D: KV replicas).
+LlamaConfig traffic_config(int D, int layers, int64_t head_dim = 0, bool variants = false, int64_t kv_heads = 0) {
   LlamaConfig c;
   c.qkv_bias = c.o_bias = c.qk_norm = variants;  // qwen3 with attention_bias: every variant at once
   c.explicit_head_dim = head_dim;  // 0: h / n_h = 8
   c.hidden_size = 96;  // divisible by every D here, so the norm all-reduce splits evenly
   c.num_attention_heads = 12;
-  c.num_key_value_heads = D == 3 ? 6 : 4;  // g = 2 or 3
+  c.num_key_value_heads = kv_heads > 0 ? kv_heads : D == 3 ? 6 : 4;  // g = 2 or 3
   c.intermediate_size = 144;
   c.vocab_size = 120;
   c.num_hidden_layers = layers;
@@ -29,10 +30,10 @@ LlamaConfig traffic_config(int D, int layers, int64_t head_dim = 0, bool variant
 }
 
 CommStats run(int layers, Layout opt, bool backward, int64_t B, int64_t S, int64_t head_dim = 0,
-              bool variants = false) {
+              bool variants = false, int64_t kv_heads = 0) {
   Communicator& world = test::mpi().world();
   const int D = world.size(), p = world.rank();
-  const LlamaConfig c = traffic_config(D, layers, head_dim, variants);
+  const LlamaConfig c = traffic_config(D, layers, head_dim, variants, kv_heads);
   opt.tsp = D;
   Result<TspModel> m = TspModel::create(c, opt, p, S);
   EXPECT_TRUE(m.ok()) << m.status().to_string();
@@ -167,6 +168,45 @@ TEST(TspTrafficVariants, BiasAndNormGradientsAddOneAllReduce) {
     const uint64_t extra = backward ? 2 * n * static_cast<uint64_t>(D - 1) / static_cast<uint64_t>(D) : 0;
     EXPECT_EQ(b.bytes_sent - a.bytes_sent, extra * 4);
     EXPECT_EQ(b.bytes_received - a.bytes_received, extra * 4);
+  }
+}
+
+// KV replicas (n_kv < D, docs/tsp.md section 3): each KV head's K/V is all-gathered once per
+// pass and its dK/dV reduce-scattered once (2 B S n_kv d (D-1)/D elements each, in n_kv x 2B
+// calls), every shard's broadcast and gradient reduce carry its replica rows
+// ((D-1) (2h/D + 2d) h), and the group's last rank sends its wk/wv gradient rows (2 d h) to
+// each of the D/n_kv - 1 other members.
+TEST(TspTrafficKvReplicas, EachKvHeadMovesOnceAndTheReplicasGetOneCopy) {
+  const int D = test::mpi().world().size(), p = test::mpi().world().rank();
+  if (D == 1) GTEST_SKIP() << "no replicas on one rank";
+  const int64_t B = 2, S = 12 * D;
+  for (int64_t kv : {int64_t{1}, int64_t{2}}) {
+    if (kv >= D || D % kv != 0) continue;
+    SCOPED_TRACE("n_kv " + std::to_string(kv));
+    const LlamaConfig c = traffic_config(D, 1, 0, false, kv);
+    const uint64_t h = c.hidden_size, d = c.head_dim(), f = c.intermediate_size, G = D / kv;
+    const uint64_t attn_w = (D - 1) * (2 * h / D + 2 * d) * h, kv_elems = 2 * B * S * kv * d * (D - 1) / D;
+    const CommStats f1 = run(1, Layout{}, false, B, S, 0, false, kv), f2 = run(2, Layout{}, false, B, S, 0, false, kv);
+    expect_layer(f1, f2, CommOpKind::kBroadcast, attn_w, "forward attention weights");
+    expect_layer(f1, f2, CommOpKind::kAllGather, kv_elems, "forward K/V");
+    expect_layer(f1, f2, CommOpKind::kSendRecv, 3 * h * f * (D - 1) / D, "forward MLP ring");
+    EXPECT_EQ(f2.op(CommOpKind::kAllGather).calls - f1.op(CommOpKind::kAllGather).calls,
+              static_cast<uint64_t>(kv * 2 * B));
+    EXPECT_EQ(f2.op(CommOpKind::kSend).calls, 0u);
+    const CommStats b1 = run(1, Layout{}, true, B, S, 0, false, kv), b2 = run(2, Layout{}, true, B, S, 0, false, kv);
+    expect_layer(b1, b2, CommOpKind::kBroadcast, 2 * attn_w, "attention weights");
+    expect_layer(b1, b2, CommOpKind::kReduce, attn_w, "attention weight gradients");
+    expect_layer(b1, b2, CommOpKind::kAllGather, 2 * kv_elems, "K/V");
+    expect_layer(b1, b2, CommOpKind::kReduceScatter, kv_elems, "dK/dV");
+    EXPECT_EQ(b2.op(CommOpKind::kReduceScatter).calls - b1.op(CommOpKind::kReduceScatter).calls,
+              static_cast<uint64_t>(kv * 2 * B));
+    const bool last = p % static_cast<int>(G) == static_cast<int>(G) - 1;
+    const OpCounters s1 = b1.op(CommOpKind::kSend), s2 = b2.op(CommOpKind::kSend);
+    const OpCounters r1 = b1.op(CommOpKind::kRecv), r2 = b2.op(CommOpKind::kRecv);
+    EXPECT_EQ(s2.calls - s1.calls, last ? G - 1 : 0u);
+    EXPECT_EQ(s2.bytes_sent - s1.bytes_sent, last ? (G - 1) * 2 * d * h * 4 : 0u);
+    EXPECT_EQ(r2.calls - r1.calls, last ? 0u : 1u);
+    EXPECT_EQ(r2.bytes_received - r1.bytes_received, last ? 0u : 2 * d * h * 4);
   }
 }
 

@@ -240,6 +240,49 @@ TEST(LayoutParameters, LocalParameterElementsShardByTheWeightDegree) {
   EXPECT_EQ(local_parameter_elements(c, parse("sp=4")), all);
   EXPECT_EQ(local_parameter_elements(c, parse("tsp=4")), (all - norms) / 4 + norms);
   EXPECT_EQ(local_parameter_elements(c, parse("tp=2,sp=2")), (all - norms) / 2 + norms);
+  // KV replicas: one KV head of wk and wv rows (2 d h) per rank and layer instead of n_kv/W of them.
+  c.num_key_value_heads = 1;
+  const int64_t mqa = c.parameter_count(), L = c.num_hidden_layers, h = c.hidden_size, d = c.head_dim();
+  EXPECT_EQ(local_parameter_elements(c, parse("tsp=4")), (mqa - norms - L * 2 * d * h) / 4 + L * 2 * d * h + norms);
+}
+
+// Fewer KV heads than the weight degree: accepted where the degree is a multiple of them (KV
+// replicas, docs/tsp.md section 3), refused with the numbers where it is not, and refused by
+// name with what replicas are not built with.
+TEST(ValidateLayout, FewerKvHeadsThanRanks) {
+  LlamaConfig c = mha_config();
+  c.num_attention_heads = 8;
+  c.hidden_size = 64;
+  c.num_hidden_layers = 2;  // a layer per pipeline stage
+  auto message = [&](int64_t kv, const std::string& layout) {
+    c.num_key_value_heads = kv;
+    const Status s = validate_layout(c, parse(layout), 2, 128);
+    return s.ok() ? std::string("ok") : s.message();
+  };
+  EXPECT_EQ(message(1, "tsp=8"), "ok");
+  EXPECT_EQ(message(2, "tsp=4"), "ok");
+  EXPECT_EQ(message(4, "tp=8"), "ok");
+  EXPECT_EQ(message(2, "tp=4,sp=2:seqpar"), "ok");
+  EXPECT_EQ(message(4, "tsp=2"), "ok");  // divisible: no replicas
+  c.num_attention_heads = 24;
+  c.hidden_size = 192;
+  EXPECT_EQ(message(3, "tsp=8"),
+            "tsp=8: num_key_value_heads (3) must be divisible by the TSP degree (8), or divide it (KV replicas)");
+  EXPECT_EQ(message(6, "tp=4"),
+            "tp=4: num_key_value_heads (6) must be divisible by the tp degree (4), or divide it (KV replicas)");
+  c.num_attention_heads = 8;
+  c.hidden_size = 64;
+  EXPECT_EQ(message(1, "tsp=4:bf16"),
+            "tsp=4:bf16: num_key_value_heads (1) below the TSP degree (4) (KV replicas) is not built with BF16 storage");
+  EXPECT_EQ(message(1, "tsp=4:buckets=2"),
+            "tsp=4:buckets=2: num_key_value_heads (1) below the TSP degree (4) (KV replicas) is not built with head "
+            "buckets (2)");
+  EXPECT_EQ(message(1, "dp=2,tp=2"),
+            "dp=2,tp=2: num_key_value_heads (1) below the tp degree (2) (KV replicas) is not built with a "
+            "data-parallel axis (dp=2)");
+  EXPECT_EQ(message(1, "pp=2,tsp=2"),
+            "pp=2,tsp=2: num_key_value_heads (1) below the TSP degree (2) (KV replicas) is not built with a pipeline "
+            "axis (pp=2)");
 }
 
 }  // namespace

@@ -113,10 +113,12 @@ TEST(PlanMemoryTest, RecomputeAndSequenceShardingLowerThePeak) {
 
 // One layer's forward traffic per rank, as the dry run counts it: the 2-layer step minus
 // the 1-layer step (the embedding, the head and the loss cancel).
-uint64_t layer_forward_bytes(const char* layout, int64_t tokens) {
+// kv_heads > 0: num_key_value_heads; op: count one operation kind only.
+uint64_t layer_forward_bytes(const char* layout, int64_t tokens, int64_t kv_heads = 0, int op = -1) {
   auto step = [&](int64_t L) -> uint64_t {
     DryRunOptions o;
     o.config = mha_config(L);
+    if (kv_heads > 0) o.config.num_key_value_heads = kv_heads;
     o.layout = spec(layout);
     o.seq = tokens;
     o.mode = DryRunMode::kForward;
@@ -124,7 +126,9 @@ uint64_t layer_forward_bytes(const char* layout, int64_t tokens) {
     EXPECT_TRUE(r.ok()) << r.status().to_string();
     if (!r.ok()) return 0;
     uint64_t received = 0;
-    for (const auto& [axis, stats] : r->comm) received += stats.total().bytes_received;
+    for (const auto& [axis, stats] : r->comm)
+      received += op < 0 ? stats.total().bytes_received
+                         : stats.op(static_cast<CommOpKind>(op)).bytes_received;
     return received;
   };
   return step(2) - step(1);
@@ -145,6 +149,28 @@ TEST(PlanTrafficTest, ForwardCrossoverIsEightHFromTheCountedBytes) {
               4 * tsp_forward_layer_elements(c, 16 * h, D));
     EXPECT_EQ(static_cast<double>(layer_forward_bytes(tp.c_str(), 16 * h)), 4 * tp_forward_layer_elements(c, 16 * h, D));
   }
+}
+
+// Fewer KV heads than ranks (KV replicas, issue 21): the dry run's counted bytes per layer
+// equal the formula with one KV head per shard, and the K/V all-gather moves each of the n_kv
+// heads once: 2 tokens n_kv d (D-1)/D elements received per rank, as with n_kv >= D.
+TEST(PlanTrafficTest, KvReplicasGatherEachKvHeadOnce) {
+  LlamaConfig c = mha_config();
+  const int64_t h = c.hidden_size, d = c.head_dim(), tokens = 1024;
+  for (int D : {2, 4})
+    for (int64_t kv : {int64_t{1}, int64_t{2}}) {
+      if (kv >= D) continue;
+      SCOPED_TRACE(fmt::format("tsp={} n_kv={}", D, kv));
+      c.num_key_value_heads = kv;
+      const std::string tsp = fmt::format("tsp={}", D);
+      EXPECT_EQ(static_cast<double>(layer_forward_bytes(tsp.c_str(), tokens, kv)),
+                4 * tsp_forward_layer_elements(c, tokens, D));
+      EXPECT_EQ(layer_forward_bytes(tsp.c_str(), tokens, kv, static_cast<int>(CommOpKind::kAllGather)),
+                static_cast<uint64_t>(4 * 2 * tokens * kv * d * (D - 1) / D));
+      // Each shard's broadcast carries its replica's rows: (2 h/D + 2 d) h per shard.
+      EXPECT_EQ(layer_forward_bytes(tsp.c_str(), tokens, kv, static_cast<int>(CommOpKind::kBroadcast)),
+                static_cast<uint64_t>(4 * (2 * h / D + 2 * d) * h * (D - 1)));
+    }
 }
 
 TEST(PlanTrafficTest, DecodeMovesNoWeights) {

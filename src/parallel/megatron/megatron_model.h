@@ -61,6 +61,11 @@
 //                          all_reduce of every gradient this rank holds, L (attn + mlp shard
 //                          elements) + (1 or 2) V/tp*h + (2L+1) h (chunks of 2^30 elements)
 //   keep_logits            (verification) adds an all_gather over tp of the rows' [rows, V/tp]
+//   KV replicas (n_kv < tp) per layer, backward: the KV group's (tp/n_kv ranks) Wk/Wv
+//                          gradient partials of 2 d h f32 elements are summed point to point
+//                          (sum_kv_replicas): the group's first rank receives tp/n_kv - 1 and
+//                          sends as many sums back, the others send one and receive one; KV
+//                          above counts the rank's one KV head (2 B S d (sp-1)/sp)
 // On an axis of one rank every term of that axis is zero, calls included. Bytes: elements
 // times the storage dtype's size (bf16 under :bf16: 2) for the rows, K/V, dK/dV, the ring's
 // blocks and keep_logits; 4 for the loss's statistics and the gradients over sp, whatever

@@ -59,8 +59,18 @@ Tensor TpStepBase::qkv_backward(int l, const AttnSaved& s, const QkvGrads& d, co
                                 TpComm::Pending& a1_req, const Tensor& d_out) {
   ShardedWeights& grads = *in_.grads;
   QkvWeights g = qkv_view(grads.attn[l]);
-  attach_attn_variants(variant_partials_, l, tp_.rank() * dims_.heads, dims_.heads, tp_.rank() * dims_.kv_heads,
+  attach_attn_variants(variant_partials_, l, tp_.rank() * dims_.heads, dims_.heads, dims_.kv_head0(tp_.rank()),
                        dims_.kv_heads, g);
+  // KV replicas (n_kv < tp): each rank's wk/wv gradient is its own query heads' part, into a
+  // scratch summed over the KV group below (sum_kv_replicas) and then added, so the replicas
+  // get the same sum. dX needs no change: the all_reduce of d_a1 adds every rank's dK Wk.
+  Tensor kv_partial;
+  if (dims_.replicated_kv()) {
+    kv_partial = Tensor::empty({2 * dims_.kv_rows, dims_.h}, DType::kF32, MemCategory::kGradients);
+    be_.fill(0.0, kv_partial);
+    g.wk = kv_partial.narrow(0, dims_.kv_rows);
+    g.wv = kv_partial.narrow(dims_.kv_rows, 2 * dims_.kv_rows);
+  }
   // Column-parallel q, k, v = a1 W^T: this rank's part of d_a1, summed over tp (f^T) while
   // the weight gradients compute.
   Tensor d_a1_partial, d_a1;  // [N, h], [R, h]
@@ -74,6 +84,12 @@ Tensor TpStepBase::qkv_backward(int l, const AttnSaved& s, const QkvGrads& d, co
   sched.between = [&] { tp_.progress(dx_req); };
   foldpar::qkv_backward(ctx_, qkv_view(w_, l), a1_full, d, d_a1_partial, g, 1.0f, sched, &s.qkv);
   tp_.wait(dx_req);
+  if (kv_partial.defined()) {
+    const auto t0 = StepTimer::Clock::now();
+    tp_.timer().blocking(sum_kv_replicas(be_, tp_.comm(), dims_, kv_partial), t0);
+    Tensor rows = kv_replica_rows(dims_, grads.attn[l]);
+    be_.add_inplace(kv_partial, rows);
+  }
   // a1 = norm(x_in) on this rank's rows; dx = d_out + norm^T(d_a1).
   return norm_backward(row_ctx_, w_.attn_norm[l], s.norm, d_a1, &d_out, norm_grad(grads.attn_norm[l], l));
 }

@@ -102,7 +102,7 @@ QkvWeights TpStepBase::qkv_view(const Tensor& packed_attn) const {
 QkvWeights TpStepBase::qkv_view(const ShardedWeights& w, int layer) const {
   QkvWeights q = qkv_view(w.attn[static_cast<size_t>(layer)]);
   const int r = tp_.rank();
-  attach_attn_variants(w, layer, r * dims_.heads, dims_.heads, r * dims_.kv_heads, dims_.kv_heads, q);
+  attach_attn_variants(w, layer, r * dims_.heads, dims_.heads, dims_.kv_head0(r), dims_.kv_heads, q);
   return q;
 }
 

@@ -12,6 +12,14 @@
 // (sum_norm_partials), so every rank applies the same update.
 // With overlap the broadcast of shard r+1 starts once shard r-1 is done with its buffer,
 // and the all-gather of unit u+1 starts before the attention of unit u.
+// KV replicas (n_kv < D, ShardDims::kv_group = D/n_kv ranks share one KV head; docs/tsp.md
+// section 3): the rounds r of one group read the same K/V. Its first round projects and
+// all-gathers them; the group's other rounds reuse that K/V (their local k, v projections
+// are recomputed, unused, by qkv_forward). Backward: every round's dK/dV of the group are
+// summed locally; the group's last round reduce-scatters them once and runs the k/v
+// backward, so its reduce brings owner r1 (the last) the whole wk/wv gradient; the other
+// rounds send zero wk/wv rows; after the layer r1 copies its wk/wv gradient rows to the
+// group's other members (copy_kv_replica), which keeps the replicas bit-identical.
 #include <cmath>
 
 #include "parallel/tsp/tsp_step.h"
@@ -64,22 +72,34 @@ Tensor TspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& 
   CommRequest& w_req = bc.request;
   const bool keep = opt_.keep_weights && s != nullptr;
   auto start_bcast = [&](int r) { start_shard_broadcast(bc, r, w.attn[l], keep ? &s->weights[r] : nullptr, nullptr); };
+  Tensor group_k_full, group_v_full;  // KV replicas: the group's K/V, gathered by its first round
 
   // ---- one unit: projections, RoPE, and the start of its K/V all-gather ----
   auto project = [&](int u) {
     const int r = u / nb, b = u % nb;
     const BucketWeights bw = bucket_weights(shard[r], b);
     QkvWeights qw = qkv_view(bw);  // the bucket's heads, with their biases and the q/k norms if any
-    attach_attn_variants(w, l, r * dims_.heads + b * heads_b_, heads_b_, r * dims_.kv_heads + b * kvh_b_, kvh_b_, qw);
+    const int64_t kv_head0 = dims_.kv_head0(r) + b * kvh_b_;
+    const bool reuse = dims_.replicated_kv() && r != dims_.kv_group_first(r);  // the group's K/V are here
+    attach_attn_variants(w, l, r * dims_.heads + b * heads_b_, heads_b_, kv_head0, kvh_b_, qw);
     QkvSaved qkv = qkv_forward(ctx_, qw, a1);
     UnitTensors t;
     t.q = std::move(qkv.q);
     t.k = std::move(qkv.k);
     t.v = std::move(qkv.v);
     if (qw.q_norm.defined()) t.normed = std::move(qkv);
-    if (kv_cache_ != nullptr) kv_cache_->store_prefill(be_, l, r * dims_.kv_heads + b * kvh_b_, t.k, t.v);
+    if (reuse) {
+      t.k_full = group_k_full;
+      t.v_full = group_v_full;
+      return t;
+    }
+    if (kv_cache_ != nullptr) kv_cache_->store_prefill(be_, l, kv_head0, t.k, t.v);
     t.k_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
     t.v_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
+    if (dims_.replicated_kv()) {
+      group_k_full = t.k_full;
+      group_v_full = t.v_full;
+    }
     t.gather = start_gather(t.k, t.k_full);
     std::vector<CommRequest> gv = start_gather(t.v, t.v_full);
     for (CommRequest& req : gv) t.gather.push_back(std::move(req));
@@ -149,6 +169,9 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
   // ---- packed weight-gradient partials, reduced to their owner ----
   Tensor gbuf[2];
   CommRequest g_req;
+  // KV replicas: the group's K/V (gathered by its first round) and its rounds' dK/dV sums.
+  const bool rep = dims_.replicated_kv();
+  Tensor group_k_full, group_v_full, dk_sum, dv_sum;
 
   start_bcast(0);
   wait(w_req);
@@ -167,11 +190,16 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
       const size_t u = static_cast<size_t>(r * nb + b);
       const BucketWeights bw = bucket_weights(shard[r], b);
       BucketWeights gw = bucket_weights(g, b);
-      // K/V of the unit: kept, or gathered again from the saved local k, v.
+      const bool group_first = !rep || r == dims_.kv_group_first(r), group_last = !rep || r == dims_.kv_group_last(r);
+      // K/V of the unit: kept, the KV group's (gathered by its first round), or gathered
+      // again from the saved local k, v.
       Tensor k_full, v_full;
       if (opt_.keep_kv) {
         k_full = s.k_full[u];
         v_full = s.v_full[u];
+      } else if (!group_first) {
+        k_full = group_k_full;
+        v_full = group_v_full;
       } else {
         k_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
         v_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
@@ -179,6 +207,10 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
         std::vector<CommRequest> gv = start_gather(s.v[u], v_full);
         for (CommRequest& req : gv) gather.push_back(std::move(req));
         wait_all(gather);
+        if (rep && !group_last) {
+          group_k_full = k_full;
+          group_v_full = v_full;
+        }
       }
       LinearView g_wo = wo_view(gw);
       // The o bias was added once per token (unit 0): its gradient, d_out's column sums, once.
@@ -190,17 +222,39 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
       be_.attention_backward(args, s.attn[u], s.lse[u], d_attn, dq, dk_full, dv_full);
       k_full = Tensor();
       v_full = Tensor();
+      if (rep) {  // the group's dK/dV: summed over its rounds, sent home by the last
+        if (group_first) {
+          dk_sum = dk_full;
+          dv_sum = dv_full;
+        } else {
+          be_.add_inplace(dk_full, dk_sum);
+          be_.add_inplace(dv_full, dv_sum);
+        }
+        dk_full = dk_sum;
+        dv_full = dv_sum;
+        if (group_last) {
+          group_k_full = group_v_full = dk_sum = dv_sum = Tensor();
+        } else if (r != p_) {
+          Tensor stale = kv_replica_rows(dims_, g);  // this buffer's wk/wv rows go to owner r: zero
+          be_.fill(0.0, stale);
+        }
+      }
       // dK, dV of every position go home: rank p receives the sum for its own tokens.
-      Tensor dk = act({B, Sl, kvh_b_, d}), dv = act({B, Sl, kvh_b_, d});
-      std::vector<CommRequest> rs = start_reduce_scatter(dk_full, dk);
-      std::vector<CommRequest> rsv = start_reduce_scatter(dv_full, dv);
-      for (CommRequest& req : rsv) rs.push_back(std::move(req));
-      if (!opt_.overlap) wait_all(rs);
+      Tensor dk, dv;
+      std::vector<CommRequest> rs;
+      if (group_last) {
+        dk = act({B, Sl, kvh_b_, d});
+        dv = act({B, Sl, kvh_b_, d});
+        rs = start_reduce_scatter(dk_full, dk);
+        std::vector<CommRequest> rsv = start_reduce_scatter(dv_full, dv);
+        for (CommRequest& req : rsv) rs.push_back(std::move(req));
+        if (!opt_.overlap) wait_all(rs);
+      }
       // While dK/dV travel: the query side. The unit's heads' biases and the q/k norms (as the
       // forward attached them) with their gradients in this step's replicated partials: the
       // bias slices are this unit's alone (written once, with g_beta), the norm gains every
       // unit's (its part goes through unit_norm_grad_ and is added).
-      const int64_t q_head0 = r * dims_.heads + b * heads_b_, kv_head0 = r * dims_.kv_heads + b * kvh_b_;
+      const int64_t q_head0 = r * dims_.heads + b * heads_b_, kv_head0 = dims_.kv_head0(r) + b * kvh_b_;
       QkvWeights qw = qkv_view(bw), g_qkv = qkv_view(gw);
       attach_attn_variants(w, l, q_head0, heads_b_, kv_head0, kvh_b_, qw);
       attach_attn_variants(variant_partials_, l, q_head0, heads_b_, kv_head0, kvh_b_, g_qkv);
@@ -211,9 +265,11 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
         g_qkv.k_norm = unit_norm_grad_.narrow(1, 2).reshape({d});
       }
       q_backward(ctx_, qw, s.norm.a, dq, d_a1, g_qkv, g_beta, normed);
-      poke(rs);
-      wait_all(rs);
-      kv_backward(ctx_, qw, s.norm.a, dk, dv, d_a1, g_qkv, g_beta, normed);
+      if (group_last) {
+        poke(rs);
+        wait_all(rs);
+        kv_backward(ctx_, qw, s.norm.a, dk, dv, d_a1, g_qkv, g_beta, normed);
+      }
       if (normed != nullptr) be_.add_inplace(unit_norm_grad_, variant_partials_.qk_norm[static_cast<size_t>(l)]);
     }
     // fwd: broadcast from r; bwd: reduce to r (in place at the owner).
@@ -226,6 +282,11 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
     }
   }
   wait(g_req);
+  if (rep) {  // the group's last owner holds the whole wk/wv gradient: copied to the replicas
+    Tensor rows = kv_replica_rows(dims_, grads.attn[l]);
+    const auto t0 = StepTimer::Clock::now();
+    blocking(copy_kv_replica(comm_, dims_, dims_.kv_group_last(p_), rows), t0);
+  }
   // x_mid = x + ...: dx = d_out + norm^T(d_a1); the norm gain's partial stays local until
   // sum_norm_partials().
   return norm_backward(ctx_, w.attn_norm[l], s.norm, d_a1, &d_out, norm_partials_[l]);

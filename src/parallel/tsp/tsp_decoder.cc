@@ -4,6 +4,9 @@
 //   q, k, v of this rank's heads  -> all_gather [B, q_rows + 2 kv_rows] per rank: every rank
 //                                    gets every head's query; the rank that keeps the new
 //                                    token stores its K/V (every head)
+//                                    (KV replicas, n_kv < D: each rank's block carries its
+//                                    replica's one KV head; every block of a group stores
+//                                    the same values at that head)
 //   partial attention of every head over this rank's cache slots, with its log-sum-exp
 //   all_to_all: rank s receives every rank's (partial output, lse) of s's heads,
 //                                    B * heads * (d + 1) values per peer
@@ -83,7 +86,8 @@ class TspDecodeAttention final : public DecodeAttention {
         be_.copy_strided(got, q_all, {1, qr, {0, qr}, {(b * D + r) * qr, qr}});
         const int64_t slot = slots_[static_cast<size_t>(b)];
         if (slot >= 0)
-          cache_.store_token(be_, layer, b, slot, r * dm_.kv_heads, got.narrow(qr, qr + kvr), got.narrow(qr + kvr, row));
+          cache_.store_token(be_, layer, b, slot, dm_.kv_head0(static_cast<int>(r)), got.narrow(qr, qr + kvr),
+                             got.narrow(qr + kvr, row));
       }
   }
 

@@ -111,7 +111,7 @@ class TspStep {
 
   // Generation: attention_forward also stores each unit's K (after RoPE) and V of the local
   // tokens into `cache` (KvCache::store_prefill), shard r's bucket b at KV head
-  // r * kv_heads + b * kv_heads / buckets, so the cache holds every head of this rank's tokens.
+  // kv_head0(r) + b * kv_heads / buckets, so the cache holds every head of this rank's tokens.
   void set_kv_cache(KvCache* cache) { kv_cache_ = cache; }
 
   // Seconds this rank has spent blocked on communication (waits and blocking collectives):
