@@ -7,7 +7,8 @@
 //  - the stage holds only its layers' KV cache, and each decode step moves one padded
 //    activation per group across each boundary (counted on pp);
 //  - layouts not implemented are refused by name.
-// Layouts by world size: pp=2,tsp=1 (2 ranks); pp=2,tsp=2 and pp=4,tsp=1 (4 ranks).
+// Layouts by world size: pp=2,tsp=1 with even and uneven (3/1) stages (2 ranks); pp=2,tsp=2
+// and pp=4,tsp=1 (4 ranks).
 #include <gtest/gtest.h>
 
 #include "comm/comm_stats.h"
@@ -81,7 +82,7 @@ Built build(Communicator& comm, const LlamaConfig& c, const std::string& layout)
 // The layouts of this world size.
 std::vector<std::string> layouts() {
   switch (test::mpi().world().size()) {
-    case 2: return {"pp=2,tsp=1"};
+    case 2: return {"pp=2,tsp=1", "pp=2,tsp=1:stages=3/1"};
     case 4: return {"pp=2,tsp=2", "pp=4,tsp=1"};
     default: return {};
   }
