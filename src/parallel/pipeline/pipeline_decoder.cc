@@ -2,6 +2,7 @@
 // groups, the boundary moves between stages and the logits broadcast over pp.
 #include "parallel/pipeline/pipeline_decoder.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "parallel/strategies.h"
@@ -12,6 +13,16 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// A group's rows x [n, h] padded with zero rows to the boundary's [rows, h].
+Tensor pad_rows(Backend& be, const Tensor& x, int64_t rows) {
+  if (x.dim(0) == rows) return x;
+  Tensor padded = Tensor::empty({rows, x.dim(1)}, DType::kF32, MemCategory::kComm);
+  be.fill(0.0, padded);
+  Tensor head = padded.narrow(0, x.dim(0));
+  be.copy(x, head);
+  return padded;
+}
 
 }  // namespace
 
@@ -90,20 +101,6 @@ Result<Tensor> PipelineDecoder::prefill(Backend& be, const std::vector<std::vect
   times_.prefill_comm_seconds += timer.seconds() + stage_->blocked_seconds() - blocked0;
   return logits;
 }
-
-// Group g's rows x [n, h] padded to the boundary's [rows, h] (zeros below), and back.
-namespace {
-
-Tensor pad_rows(Backend& be, const Tensor& x, int64_t rows) {
-  if (x.dim(0) == rows) return x;
-  Tensor padded = Tensor::empty({rows, x.dim(1)}, DType::kF32, MemCategory::kComm);
-  be.fill(0.0, padded);
-  Tensor head = padded.narrow(0, x.dim(0));
-  be.copy(x, head);
-  return padded;
-}
-
-}  // namespace
 
 Result<Tensor> PipelineDecoder::decode(Backend& be, std::span<const int32_t> tokens) {
   const int64_t B = static_cast<int64_t>(lengths_.size());

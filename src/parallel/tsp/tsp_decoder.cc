@@ -20,6 +20,8 @@
 // (decode_block.h gives the rest):
 //   all_gather   L x B (h + 2h/g) (D-1)/D      all_to_all  L x B (h + n_h) (D-1)/D
 //   all_reduce   (1 + 2L) x 2 B h (D-1)/D      all_gather  B V (D-1)/D (the logits)
+// The placement, the prompt rows and the attention are also a pipeline stage's
+// (tsp_stage_decoder.cc), through tsp_decode.h.
 #include <fmt/format.h>
 
 #include <algorithm>
