@@ -35,19 +35,20 @@ class StageDecoder {
   virtual std::vector<ParamRef> parameters() = 0;
   virtual void init_weights(const InitOptions& options) = 0;
 
-  // Prefill of the whole batch (prompts validated by the caller): sizes this stage's cache
-  // (its layers, every sequence) for max_new more tokens per sequence, freeing the previous
-  // one. Returns the rows of what crosses to the next stage: prefill's output is [rows, h]
-  // (under TSP: B*S/D, this rank's tokens). invalid_argument when the prompts do not fit
-  // the strategy. Not collective.
+  // Prefill (prompts validated by the caller): sizes this stage's cache (its layers, every
+  // sequence) for max_new more tokens per sequence, freeing the previous one. Returns the
+  // rows per sequence of what crosses to the next stage: the prefill output of sequences
+  // [b0, b1) is [(b1 - b0) rows, h] (under TSP rows = S/D, this rank's tokens).
+  // invalid_argument when the prompts do not fit the strategy. Not collective.
   virtual Result<int64_t> start_prefill(Backend& backend, const std::vector<std::vector<int32_t>>& prompts,
                                         int64_t max_new_tokens) = 0;
-  // x: the previous stage's output [rows, h] (ignored on the first stage, which embeds the
-  // prompts). Runs this stage's layers, filling their cache; returns [rows, h].
-  virtual Result<Tensor> prefill(Backend& backend, Tensor x) = 0;
-  // Last stage: x, its prefill output -> f32 [B, V], each prompt's last logits, on every
-  // rank of the axis.
-  virtual Tensor prefill_logits(Backend& backend, const Tensor& x) = 0;
+  // Then per group of consecutive sequences [b0, b1): x, the previous stage's output for
+  // them (ignored on the first stage, which embeds the prompts), through this stage's
+  // layers, filling their cache; returns [(b1 - b0) rows, h].
+  virtual Tensor prefill(Backend& backend, int64_t b0, int64_t b1, Tensor x) = 0;
+  // Last stage: x, the group's prefill output -> f32 [b1 - b0, V], each prompt's last
+  // logits, on every rank of the axis.
+  virtual Tensor prefill_logits(Backend& backend, int64_t b0, int64_t b1, const Tensor& x) = 0;
 
   // One decode step of every sequence, run as groups of consecutive sequences:
   // start_decode (every stage, once: places the B new tokens in the cache), then per group

@@ -17,7 +17,7 @@
 //             a second later, waits in a recv from rank 2 that has a purpose
 //   pp_stall  4 ranks, pp=2,tsp=2, m = 4: world rank 1 (stage 0, tsp index 1) stalls before
 //             it sends the activation of micro-batch 2 (a boundary hook)
-//   pp_decode_stall 4 ranks, pp=2,tsp=2 generation of B = 2 (two decode groups): world rank 1
+//   pp_decode_stall 4 ranks, pp=2,tsp=2 generation of B = 2 (two groups): world rank 1
 //             stalls before it sends group 1's activation in the first decode step
 #include <unistd.h>
 
@@ -94,12 +94,14 @@ void run_pipeline_decode_stall(Communicator& world) {
   auto* decoder = dynamic_cast<PipelineDecoder*>(made->get());
   FP_CHECK(decoder != nullptr, "pp=2,tsp=2 should build a PipelineDecoder");
   const int me = world.rank();
-  decoder->set_boundary_hooks({[me](BoundaryDirection direction, int i) {
-    if (me == 1 && direction == BoundaryDirection::kActivation && i == 1) sleep_s(60);
+  bool decoding = false;  // the prefill's two groups cross the same boundary first
+  decoder->set_boundary_hooks({[me, &decoding](BoundaryDirection direction, int i) {
+    if (me == 1 && decoding && direction == BoundaryDirection::kActivation && i == 1) sleep_s(60);
   }});
   decoder->init_weights(InitOptions{.seed = 3, .std = 0.1});
   auto be = make_cpu_backend();
   FP_CHECK_OK(decoder->prefill(*be, {{1, 2, 3}, {4, 5}}, 2).status());
+  decoding = true;
   const std::vector<int32_t> tokens{6, 7};
   FP_CHECK_OK(decoder->decode(*be, tokens).status());
 }

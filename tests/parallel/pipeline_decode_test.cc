@@ -4,8 +4,8 @@
 //    size) and B < p (one sequence per group), tied and untied embeddings;
 //  - greedy: the generated tokens equal the single-rank decoder's (tsp=1 on one rank) token
 //    for token, and so do its logits;
-//  - the stage holds only its layers' KV cache, and each decode step moves one padded
-//    activation per group across each boundary (counted on pp);
+//  - the stage holds only its layers' KV cache, and the prefill and each decode step move
+//    one padded activation per group across each boundary (counted on pp);
 //  - layouts not implemented are refused by name.
 // Layouts by world size: pp=2,tsp=1 with even and uneven (3/1) stages (2 ranks); pp=2,tsp=2
 // and pp=4,tsp=1 (4 ranks).
@@ -114,20 +114,29 @@ void check_parity(const std::string& layout, const std::vector<int64_t>& lengths
     ref.push_back(reference_logits(c, w, full.back()));
   }
   Built m = build(test::mpi().world(), c, layout);
-  auto be = make_cpu_backend();
-  Result<Tensor> logits = m.decoder->prefill(*be, prompts, fed);
-  ASSERT_TRUE(logits.ok()) << logits.status().to_string();
-  for (int64_t b = 0; b < B; ++b) expect_row(*logits, b, ref[b], lengths[b] - 1, "prefill");
-
-  // The stage's cache holds its own layers only.
   const Layout lo = parse_layout(layout).value();
-  const std::vector<int64_t> bounds = stage_bounds(c, lo);
   const int s = m.mesh->coord("pp"), P = lo.pp;
-  EXPECT_EQ(m.decoder->cache().layers(), bounds[s + 1] - bounds[s]) << "stage " << s;
-
   const std::vector<int64_t> groups = decode_groups(B, P);
   int64_t widest = 0;
   for (size_t g = 0; g + 1 < groups.size(); ++g) widest = std::max(widest, groups[g + 1] - groups[g]);
+  const uint64_t sends = s < P - 1 ? groups.size() - 1 : 0;  // one per group to the next stage
+
+  auto be = make_cpu_backend();
+  ScopedCommCounter prefill_counter(m.mesh->comm("pp"));
+  Result<Tensor> logits = m.decoder->prefill(*be, prompts, fed);
+  ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+  const CommStats prefill_pp = prefill_counter.delta();
+  for (int64_t b = 0; b < B; ++b) expect_row(*logits, b, ref[b], lengths[b] - 1, "prefill");
+  // Prefill: per group [widest * S/D, h] f32, S the longest prompt padded to 2D (zigzag).
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end()), unit = 2 * lo.tsp;
+  const int64_t local_seq = (longest + unit - 1) / unit * unit / lo.tsp;
+  EXPECT_EQ(prefill_pp.op(CommOpKind::kSend).calls, sends) << "stage " << s;
+  EXPECT_EQ(prefill_pp.op(CommOpKind::kSend).bytes_sent, sends * widest * local_seq * c.hidden_size * 4)
+      << "stage " << s;
+
+  // The stage's cache holds its own layers only.
+  const std::vector<int64_t> bounds = stage_bounds(c, lo);
+  EXPECT_EQ(m.decoder->cache().layers(), bounds[s + 1] - bounds[s]) << "stage " << s;
   for (int64_t t = 0; t < fed; ++t) {
     std::vector<int32_t> tokens;
     for (int64_t b = 0; b < B; ++b) tokens.push_back(full[b][lengths[b] + t]);
@@ -137,7 +146,6 @@ void check_parity(const std::string& layout, const std::vector<int64_t>& lengths
     const CommStats pp = counter.delta();
     for (int64_t b = 0; b < B; ++b) expect_row(*logits, b, ref[b], lengths[b] + t, "decode step " + std::to_string(t));
     // One [widest, h] f32 message per group to the next stage; the logits' broadcast.
-    const uint64_t sends = s < P - 1 ? groups.size() - 1 : 0;
     EXPECT_EQ(pp.op(CommOpKind::kSend).calls, sends) << "stage " << s;
     EXPECT_EQ(pp.op(CommOpKind::kSend).bytes_sent, sends * widest * c.hidden_size * 4) << "stage " << s;
     EXPECT_EQ(pp.op(CommOpKind::kBroadcast).calls, 1u);

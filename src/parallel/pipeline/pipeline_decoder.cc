@@ -1,9 +1,10 @@
-// PipelineDecoder: the stage's StageDecoder driven through prefill and the pipelined decode
-// groups, the boundary moves between stages and the logits broadcast over pp.
+// PipelineDecoder: the stage's StageDecoder driven through the pipelined groups of prefill
+// and of each decode step, the boundary moves between stages and the logits broadcast over pp.
 #include "parallel/pipeline/pipeline_decoder.h"
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 
 #include "parallel/strategies.h"
 
@@ -73,28 +74,51 @@ void PipelineDecoder::share_logits(Tensor& logits, StepTimer& timer) {
   timer.blocking(pp_.broadcast(logits.raw_data(), static_cast<size_t>(logits.numel()), DType::kF32, stages_ - 1), t0);
 }
 
+Tensor PipelineDecoder::run_groups(Backend& be, int64_t rows_per_seq, const GroupLayers& layers,
+                                   const GroupHead& head, StepTimer& timer) {
+  const int64_t B = groups_.back();
+  const int G = static_cast<int>(groups_.size()) - 1;
+  int64_t widest = 0;
+  for (int g = 0; g < G; ++g) widest = std::max(widest, groups_[g + 1] - groups_[g]);
+  Tensor logits = Tensor::empty({B, config_.vocab_size}, DType::kF32, MemCategory::kActivations);
+  {
+    StageBoundary boundary(pp_, widest * rows_per_seq, config_.hidden_size, DType::kF32, timer);
+    configure(boundary);
+    boundary.post_activation_recv(0);
+    // Group g here while the previous stage runs group g+1: the receive of g+1 is posted
+    // before g's layers, the send of g starts right after them.
+    for (int g = 0; g < G; ++g) {
+      const int64_t b0 = groups_[g], b1 = groups_[g + 1];
+      if (g + 1 < G) boundary.post_activation_recv(g + 1);
+      Tensor x = boundary.first() ? Tensor() : boundary.take_activation(g).narrow(0, (b1 - b0) * rows_per_seq);
+      x = layers(b0, b1, std::move(x));
+      if (boundary.last()) {
+        Tensor rows = logits.narrow(b0, b1);
+        be.copy(head(b0, b1, x), rows);
+      } else {
+        boundary.send_activation(g, pad_rows(be, x, widest * rows_per_seq));
+      }
+      boundary.progress();
+    }
+    boundary.finish();
+  }
+  share_logits(logits, timer);
+  return logits;
+}
+
 Result<Tensor> PipelineDecoder::prefill(Backend& be, const std::vector<std::vector<int32_t>>& prompts,
                                         int64_t max_new) {
   FP_RETURN_IF_ERROR(validate_prompts(config_, prompts, max_new));
   const auto t0 = Clock::now();
   const double blocked0 = stage_->blocked_seconds();
-  const int64_t B = static_cast<int64_t>(prompts.size());
-  FP_ASSIGN_OR_RETURN(const int64_t rows, stage_->start_prefill(be, prompts, max_new));
+  FP_ASSIGN_OR_RETURN(const int64_t rows_per_seq, stage_->start_prefill(be, prompts, max_new));
+  groups_ = decode_groups(static_cast<int64_t>(prompts.size()), stages_);
   StepTimer timer;
-  Tensor logits = Tensor::empty({B, config_.vocab_size}, DType::kF32, MemCategory::kActivations);
-  {
-    StageBoundary boundary(pp_, rows, config_.hidden_size, DType::kF32, timer);
-    configure(boundary);
-    Tensor x = boundary.first() ? Tensor() : boundary.take_activation(0);
-    FP_ASSIGN_OR_RETURN(x, stage_->prefill(be, std::move(x)));
-    if (boundary.last()) logits = stage_->prefill_logits(be, x);
-    else boundary.send_activation(0, std::move(x));
-    boundary.finish();
-  }
-  share_logits(logits, timer);
+  Tensor logits = run_groups(
+      be, rows_per_seq, [&](int64_t b0, int64_t b1, Tensor x) { return stage_->prefill(be, b0, b1, std::move(x)); },
+      [&](int64_t b0, int64_t b1, const Tensor& x) { return stage_->prefill_logits(be, b0, b1, x); }, timer);
   lengths_.clear();
   for (const auto& p : prompts) lengths_.push_back(static_cast<int64_t>(p.size()));
-  groups_ = decode_groups(B, stages_);
   decoded_ = 0;
   max_new_ = max_new;
   times_.prefill_seconds += since(t0);
@@ -108,34 +132,15 @@ Result<Tensor> PipelineDecoder::decode(Backend& be, std::span<const int32_t> tok
   const auto t0 = Clock::now();
   const double blocked0 = stage_->blocked_seconds();
   stage_->start_decode(be);
-  const int G = static_cast<int>(groups_.size()) - 1;
-  int64_t widest = 0;
-  for (int g = 0; g < G; ++g) widest = std::max(widest, groups_[g + 1] - groups_[g]);
+  const bool first = stage_->layers().embed;
   StepTimer timer;
-  Tensor logits = Tensor::empty({B, config_.vocab_size}, DType::kF32, MemCategory::kActivations);
-  {
-    StageBoundary boundary(pp_, widest, config_.hidden_size, DType::kF32, timer);
-    configure(boundary);
-    boundary.post_activation_recv(0);
-    // Group g here while the previous stage runs group g+1: the receive of g+1 is posted
-    // before g's layers, the send of g starts right after them.
-    for (int g = 0; g < G; ++g) {
-      const int64_t b0 = groups_[g], b1 = groups_[g + 1];
-      if (g + 1 < G) boundary.post_activation_recv(g + 1);
-      Tensor x = boundary.first() ? stage_->decode_embed(be, tokens.subspan(b0, b1 - b0))
-                                  : boundary.take_activation(g).narrow(0, b1 - b0);
-      x = stage_->decode_layers(be, b0, b1, std::move(x));
-      if (boundary.last()) {
-        Tensor rows = logits.narrow(b0, b1);
-        be.copy(stage_->decode_logits(be, x), rows);
-      } else {
-        boundary.send_activation(g, pad_rows(be, x, widest));
-      }
-      boundary.progress();
-    }
-    boundary.finish();
-  }
-  share_logits(logits, timer);
+  Tensor logits = run_groups(
+      be, 1,
+      [&](int64_t b0, int64_t b1, Tensor x) {
+        if (first) x = stage_->decode_embed(be, tokens.subspan(b0, b1 - b0));
+        return stage_->decode_layers(be, b0, b1, std::move(x));
+      },
+      [&](int64_t, int64_t, const Tensor& x) { return stage_->decode_logits(be, x); }, timer);
   stage_->finish_decode();
   for (int64_t& n : lengths_) ++n;
   ++decoded_;

@@ -1,7 +1,7 @@
 // TSP as a pipeline stage's generation strategy (parallel/stage_decoder.h): the pieces of
 // TspDecoder (tsp_decoder.cc, tsp_decode.h) over one stage's layers. Prefill is the TSP
-// forward of the stage's layers (TspModel::prefill_stage), leaving their cache sharded by
-// sequence; decode runs decode_block.h's layers over a group of sequences with the
+// forward of the stage's layers (TspModel::prefill_stage) over a group of sequences, leaving
+// their cache sharded by sequence; decode runs decode_block.h's layers over a group of sequences with the
 // sequence-sharded attention on that group's view of the cache. The placement of new tokens
 // is computed on every stage from the same counts, so the stages agree without a message.
 #include <optional>
@@ -43,17 +43,24 @@ class TspStageDecoder final : public StageDecoder {
     cache_.set_window(config_.sliding_window);
     cache_.keep_prefill_rows(be, model_->shard().positions(), placement_.lengths);
     ids_ = tsp_detail::prefill_ids(be, prompts, model_->shard());
-    return B * model_->shard().local_seq();
+    return model_->shard().local_seq();
   }
 
-  Result<Tensor> prefill(Backend& be, Tensor x) override {
+  // Every group runs at the batch's padded length S, so the rows the cache keeps
+  // (keep_prefill_rows above, over every sequence) are the group's view's.
+  Tensor prefill(Backend& be, int64_t b0, int64_t b1, Tensor x) override {
     FP_CHECK(model_.has_value(), "TSP stage prefill before start_prefill");
-    return model_->prefill_stage(be, comm_, weights_, ids_, layers_, std::move(x), cache_, &blocked_);
+    KvCache group = cache_.sequences(b0, b1);
+    Result<Tensor> y =
+        model_->prefill_stage(be, comm_, weights_, ids_.narrow(b0, b1), layers_, std::move(x), group, &blocked_);
+    FP_CHECK_OK(y.status());  // the ids are this decoder's own: [b1 - b0, S/D]
+    return std::move(y).value();
   }
 
-  Tensor prefill_logits(Backend& be, const Tensor& x) override {
+  Tensor prefill_logits(Backend& be, int64_t b0, int64_t b1, const Tensor& x) override {
     TpComm comm(comm_, be, layout_.overlap);
-    const Tensor rows = tsp_detail::last_prompt_rows(be, x, model_->shard(), placement_.lengths, comm);
+    const std::vector<int64_t> lengths(placement_.lengths.begin() + b0, placement_.lengths.begin() + b1);
+    const Tensor rows = tsp_detail::last_prompt_rows(be, x, model_->shard(), lengths, comm);
     const DecodeContext ctx{&config_, &dims_, &be, &comm};
     Tensor logits = foldpar::decode_logits(ctx, weights_, rows);
     blocked_ += comm.blocked_seconds();
