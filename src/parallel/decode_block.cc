@@ -93,25 +93,38 @@ Tensor mlp_block(const DecodeContext& ctx, const ShardedWeights& w, int l, const
 
 }  // namespace
 
-Tensor decode_step(const DecodeContext& ctx, const ShardedWeights& w, std::span<const int32_t> ids,
-                   std::span<const int32_t> positions, DecodeAttention& attention) {
+Tensor decode_embed(const DecodeContext& ctx, const ShardedWeights& w, std::span<const int32_t> ids) {
   const int64_t B = static_cast<int64_t>(ids.size());
-  FP_CHECK(positions.size() == ids.size() && B > 0, "decode step of {} ids at {} positions", ids.size(),
-           positions.size());
   Tensor id_tensor = Tensor::empty({B}, DType::kI32, MemCategory::kActivations);
   ctx.backend->copy_from_host(std::as_bytes(ids), id_tensor);
   Tensor x = act({B, ctx.dims->h});
   embedding_partial(*ctx.backend, ctx.comm->rank(), id_tensor, w.embed, x);
   ctx.comm->all_reduce(x);  // g: every id's row comes from the one rank that holds it
+  return x;
+}
+
+Tensor decode_layers(const DecodeContext& ctx, const ShardedWeights& w, int64_t first, int64_t end, Tensor x,
+                     std::span<const int32_t> positions, DecodeAttention& attention) {
+  FP_CHECK(static_cast<int64_t>(positions.size()) == x.dim(0) && !positions.empty(),
+           "decode layers of {} rows at {} positions", x.dim(0), positions.size());
   // Dynamic RoPE sees the sequence as long as its newest token (Hugging Face's generate
   // rescales per step too); the cached keys keep the frequencies they were rotated with.
   const int64_t seq_len = *std::max_element(positions.begin(), positions.end()) + 1;
   const Tensor rope = build_rope_table(*ctx.backend, positions, ctx.config->rope_spec(), seq_len, DType::kF32);
-  for (size_t l = 0; l < w.attn.size(); ++l) {
+  for (int64_t l = first; l < end; ++l) {
     const int layer = static_cast<int>(l);
     x = attention_block(ctx, w, layer, x, rope, attention);
     x = mlp_block(ctx, w, layer, x);
   }
+  return x;
+}
+
+Tensor decode_step(const DecodeContext& ctx, const ShardedWeights& w, std::span<const int32_t> ids,
+                   std::span<const int32_t> positions, DecodeAttention& attention) {
+  FP_CHECK(positions.size() == ids.size() && !ids.empty(), "decode step of {} ids at {} positions", ids.size(),
+           positions.size());
+  Tensor x = decode_embed(ctx, w, ids);
+  x = decode_layers(ctx, w, 0, static_cast<int64_t>(w.attn.size()), std::move(x), positions, attention);
   return decode_logits(ctx, w, x);
 }
 

@@ -93,9 +93,17 @@ struct DecodeContext {
 };
 
 // ids: the B new tokens; positions: their global positions (each sequence its own). Returns
-// f32 [B, V], the same on every rank. Collective over ctx.comm.
+// f32 [B, V], the same on every rank. Collective over ctx.comm. It is decode_embed, then
+// decode_layers over every layer, then decode_logits; a pipeline stage (parallel/pipeline/)
+// runs the pieces of its own StageLayers.
 Tensor decode_step(const DecodeContext& ctx, const ShardedWeights& w, std::span<const int32_t> ids,
                    std::span<const int32_t> positions, DecodeAttention& attention);
+// The embedding alone: f32 [B, h], the same on every rank. Collective over ctx.comm (one all_reduce).
+Tensor decode_embed(const DecodeContext& ctx, const ShardedWeights& w, std::span<const int32_t> ids);
+// Layers [first, end) (global indices; w holds them) on x [B, h], the same on every rank;
+// returns the last one's output [B, h]. Collective over ctx.comm.
+Tensor decode_layers(const DecodeContext& ctx, const ShardedWeights& w, int64_t first, int64_t end, Tensor x,
+                     std::span<const int32_t> positions, DecodeAttention& attention);
 
 // Attention of one token of sequence b at `position` over the sequence's slots in `cache`,
 // one Backend::attention_forward per KV head (the cache is head-major, so nothing is packed).

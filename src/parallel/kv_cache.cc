@@ -7,10 +7,13 @@
 
 namespace foldpar {
 
-KvCache KvCache::allocate(int64_t layers, int64_t batch, int64_t capacity, int64_t kv_heads, int64_t head_dim) {
-  FP_CHECK(layers > 0 && batch > 0 && capacity > 0 && kv_heads > 0 && head_dim > 0,
-           "KV cache of {} layers, {} sequences, {} slots, {} heads of {}", layers, batch, capacity, kv_heads, head_dim);
+KvCache KvCache::allocate(int64_t layers, int64_t batch, int64_t capacity, int64_t kv_heads, int64_t head_dim,
+                          int64_t first_layer) {
+  FP_CHECK(layers > 0 && batch > 0 && capacity > 0 && kv_heads > 0 && head_dim > 0 && first_layer >= 0,
+           "KV cache of {} layers from {}, {} sequences, {} slots, {} heads of {}", layers, first_layer, batch, capacity,
+           kv_heads, head_dim);
   KvCache c;
+  c.first_layer_ = first_layer;
   c.batch_ = batch;
   c.capacity_ = capacity;
   c.kv_heads_ = kv_heads;
@@ -24,6 +27,26 @@ KvCache KvCache::allocate(int64_t layers, int64_t batch, int64_t capacity, int64
   c.positions_ = Tensor::empty({batch, capacity}, DType::kI32, MemCategory::kActivations);
   c.length_.assign(static_cast<size_t>(batch), 0);
   c.prefill_slot_.assign(static_cast<size_t>(batch), {});
+  return c;
+}
+
+size_t KvCache::layer_slot(int layer) const {
+  FP_CHECK(layer >= first_layer_ && layer < first_layer_ + layers(), "layer {} of a KV cache of layers [{}, {})", layer,
+           first_layer_, first_layer_ + layers());
+  return static_cast<size_t>(layer - first_layer_);
+}
+
+KvCache KvCache::sequences(int64_t b0, int64_t b1) const {
+  FP_CHECK(0 <= b0 && b0 < b1 && b1 <= batch_, "sequences [{}, {}) of a KV cache of {}", b0, b1, batch_);
+  KvCache c = *this;
+  c.batch_ = b1 - b0;
+  for (size_t l = 0; l < k_.size(); ++l) {
+    c.k_[l] = k_[l].narrow(b0, b1);
+    c.v_[l] = v_[l].narrow(b0, b1);
+  }
+  c.positions_ = positions_.narrow(b0, b1);
+  c.length_.assign(length_.begin() + b0, length_.begin() + b1);
+  c.prefill_slot_.assign(prefill_slot_.begin() + b0, prefill_slot_.begin() + b1);
   return c;
 }
 
@@ -65,8 +88,8 @@ void KvCache::store_prefill(Backend& be, int layer, int64_t kv_head0, const Tens
                k.dtype() == DType::kF32 && v.dtype() == DType::kF32,
            "prefill K {} / V {} for a cache of {} sequences, head dim {}", k.describe(), v.describe(), batch_, head_dim_);
   const int64_t rows = k.dim(1), n = k.dim(2);
-  Tensor& kl = k_[static_cast<size_t>(layer)];
-  Tensor& vl = v_[static_cast<size_t>(layer)];
+  Tensor& kl = k_[layer_slot(layer)];
+  Tensor& vl = v_[layer_slot(layer)];
   for (int64_t b = 0; b < batch_; ++b) {
     const std::vector<int64_t>& slots = prefill_slot_[static_cast<size_t>(b)];
     FP_CHECK(static_cast<int64_t>(slots.size()) == rows, "prefill of {} rows, {} expected", rows, slots.size());
@@ -101,8 +124,8 @@ void KvCache::store_token(Backend& be, int layer, int64_t b, int64_t slot, int64
                k.dtype() == DType::kF32 && v.dtype() == DType::kF32,
            "token K {} / V {} into slot {} of sequence {} ({} filled)", k.describe(), v.describe(), slot, b, length(b));
   const int64_t n = k.numel() / head_dim_;
-  copy_heads(be, k, 0, 0, 1, k_[static_cast<size_t>(layer)], b, slot, kv_head0, n);
-  copy_heads(be, v, 0, 0, 1, v_[static_cast<size_t>(layer)], b, slot, kv_head0, n);
+  copy_heads(be, k, 0, 0, 1, k_[layer_slot(layer)], b, slot, kv_head0, n);
+  copy_heads(be, v, 0, 0, 1, v_[layer_slot(layer)], b, slot, kv_head0, n);
 }
 
 namespace {
@@ -118,12 +141,12 @@ Tensor head_view(const Tensor& t, int64_t b, int64_t head, int64_t len) {
 
 Tensor KvCache::keys(int layer, int64_t b, int64_t kv_head) const {
   FP_CHECK(length(b) > 0, "keys of sequence {}: nothing cached", b);
-  return head_view(k_[static_cast<size_t>(layer)], b, kv_head, length(b));
+  return head_view(k_[layer_slot(layer)], b, kv_head, length(b));
 }
 
 Tensor KvCache::values(int layer, int64_t b, int64_t kv_head) const {
   FP_CHECK(length(b) > 0, "values of sequence {}: nothing cached", b);
-  return head_view(v_[static_cast<size_t>(layer)], b, kv_head, length(b));
+  return head_view(v_[layer_slot(layer)], b, kv_head, length(b));
 }
 
 Tensor KvCache::positions(int64_t b) const {

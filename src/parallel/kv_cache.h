@@ -23,7 +23,10 @@ class KvCache {
  public:
   KvCache() = default;
   // Uninitialized slots (never read before they are written). capacity: slots per sequence.
-  static KvCache allocate(int64_t layers, int64_t batch, int64_t capacity, int64_t kv_heads, int64_t head_dim);
+  // The cache holds the global layers [first_layer, first_layer + layers) (a pipeline stage's,
+  // parallel/pipeline/; every method takes global layer indices).
+  static KvCache allocate(int64_t layers, int64_t batch, int64_t capacity, int64_t kv_heads, int64_t head_dim,
+                          int64_t first_layer = 0);
 
   int64_t layers() const { return static_cast<int64_t>(k_.size()); }
   int64_t batch() const { return batch_; }
@@ -63,13 +66,20 @@ class KvCache {
   Tensor values(int layer, int64_t b, int64_t kv_head) const;
   Tensor positions(int64_t b) const;
 
+  // Sequences [b0, b1) as a cache of b1 - b0 sequences over the same K/V and position storage
+  // (a decode group, parallel/pipeline/pipeline_decoder.h): store_token into the view writes
+  // this cache. The view's lengths are a copy taken now, so append on this cache first.
+  KvCache sequences(int64_t b0, int64_t b1) const;
+
  private:
+  size_t layer_slot(int layer) const;  // FP_CHECK: a layer this cache holds
+
   // Heads [kv_head0, kv_head0 + n) of `rows` tokens into slots [slot, slot + rows) of
   // sequence b: token i's head j at src_offset + i * src_row_stride + j * d of src.
   void copy_heads(Backend& be, const Tensor& src, int64_t src_offset, int64_t src_row_stride, int64_t rows,
                   Tensor& dst_layer, int64_t b, int64_t slot, int64_t kv_head0, int64_t n);
 
-  int64_t batch_ = 0, capacity_ = 0, kv_heads_ = 0, head_dim_ = 0, window_ = 0;
+  int64_t batch_ = 0, capacity_ = 0, kv_heads_ = 0, head_dim_ = 0, window_ = 0, first_layer_ = 0;
   std::vector<Tensor> k_, v_;    // L x [B, kv_heads, capacity, d]
   Tensor positions_;             // i32 [B, capacity]
   std::vector<int64_t> length_;  // [B]

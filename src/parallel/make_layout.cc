@@ -24,6 +24,24 @@ Status check_mesh(const Mesh& mesh, const Layout& layout) {
 
 Communicator* axis_comm(Mesh& mesh, const char* axis) { return mesh.has_axis(axis) ? &mesh.comm(axis) : nullptr; }
 
+// Generation under pp: TSP stages only, f32 (what parallel/pipeline/pipeline_decoder.h runs).
+Result<std::unique_ptr<ShardedDecoder>> make_pipeline_stages_decoder(const LlamaConfig& config, Mesh& mesh,
+                                                                    const Layout& layout) {
+  const std::string name = layout.to_string();
+  if (layout.strategy != Strategy::kTsp)
+    return unimplemented("layout {}: generation under pp runs on TSP stages (pp=P,tsp=D); pp with tp or sp is not "
+                         "implemented",
+                         name);
+  if (layout.dtype != DType::kF32)
+    return unimplemented("layout {}: generation under pp runs in f32; bf16 is not implemented", name);
+  Communicator& pp = mesh.comm("pp");
+  const std::vector<int64_t> bounds = stage_bounds(config, layout);
+  const int s = pp.rank();
+  const StageLayers layers{bounds[s], bounds[s + 1], s == 0, s == layout.pp - 1};
+  FP_ASSIGN_OR_RETURN(std::unique_ptr<StageDecoder> stage, make_tsp_stage_decoder(config, mesh.comm("tsp"), layout, layers));
+  return make_pipeline_decoder(config, pp, std::move(stage), layout);
+}
+
 }  // namespace
 
 Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& config, Mesh& mesh, int64_t seq,
@@ -52,9 +70,9 @@ Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& 
   if (config.moe.enabled())
     return unimplemented("layout {}: generation of a mixture-of-experts model ({}) is not implemented yet", name,
                          config.moe.model_type());
-  if (layout.pp > 1) return unimplemented("layout {}: generation does not run on a pp axis yet", name);
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, 0));
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
+  if (layout.pp > 1) return make_pipeline_stages_decoder(config, mesh, layout);
   if (layout.strategy == Strategy::kTsp) return make_tsp_decoder(config, mesh.comm("tsp"), layout);
   if (layout.sp == 1 && mesh.has_axis("tp")) return make_tp_decoder(config, mesh.comm("tp"), layout);
   return unimplemented("layout {}: generation runs on tsp=N or tp=N", name);

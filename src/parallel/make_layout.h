@@ -18,9 +18,9 @@ namespace foldpar {
 Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& config, Mesh& mesh, int64_t seq,
                                                          const Layout& layout);
 
-// The decoder of a generation layout: tsp=D or tp=T (a dp axis is not a model axis and is
-// refused here: generation runs one replica). validate_layout's verdict first,
-// unimplemented for the other layouts. The mesh must outlive the decoder. Not collective.
+// The decoder of a generation layout: tsp=D, tp=T, or pp=P,tsp=D (pipeline/pipeline_decoder.h;
+// f32) (a dp axis is not a model axis and is refused here: generation runs one replica).
+// validate_layout's verdict first, unimplemented for the other layouts. The mesh must outlive the decoder. Not collective.
 Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& config, Mesh& mesh,
                                                              const Layout& layout);
 

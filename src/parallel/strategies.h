@@ -8,6 +8,7 @@
 #include "comm/communicator.h"
 #include "parallel/sharded_decoder.h"
 #include "parallel/sharded_model.h"
+#include "parallel/stage_decoder.h"
 #include "parallel/stage_strategy.h"
 
 namespace foldpar {
@@ -40,5 +41,13 @@ Result<std::unique_ptr<ShardedDecoder>> make_tsp_decoder(const LlamaConfig& conf
                                                          const Layout& options);
 Result<std::unique_ptr<ShardedDecoder>> make_tp_decoder(const LlamaConfig& config, Communicator& tp,
                                                         const Layout& options);
+
+// Generation under pp (parallel/stage_decoder.h, pipeline/pipeline_decoder.h): TSP's pieces
+// over one stage's layers, and pipeline/'s decoder over the pp axis (layout.pp stages, this
+// rank's stage pp.rank()), which runs them with the boundary moves and groups in flight.
+Result<std::unique_ptr<StageDecoder>> make_tsp_stage_decoder(const LlamaConfig& config, Communicator& tsp,
+                                                             const Layout& layout, const StageLayers& layers);
+Result<std::unique_ptr<ShardedDecoder>> make_pipeline_decoder(const LlamaConfig& config, Communicator& pp,
+                                                              std::unique_ptr<StageDecoder> stage, const Layout& layout);
 
 }  // namespace foldpar

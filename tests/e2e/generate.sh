@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # foldpar generate with real MPI processes and real files, from a tiny model trained here:
-#  - greedy generations are identical on one rank, tsp=2, tsp=4, tp=2, tp=4 and with the
-#    contiguous split; sampled ones (temperature, top-k, top-p, seed) too, and they follow
+#  - greedy generations are identical on one rank, tsp=2, tsp=4, tp=2, tp=4, with the
+#    contiguous split, and under pp=2,tsp=1 and pp=2,tsp=2 (batches of 2 and 1 prompts); sampled ones (temperature, top-k, top-p, seed) too, and they follow
 #    the seed;
 #  - the exported Hugging Face directory generates the same text as the checkpoint;
 #  - a stop sequence ends the completion before it; one prompt streams its text;
@@ -27,7 +27,9 @@ gen 4 "$tmp/tsp4.jsonl" --layout tsp=4
 gen 2 "$tmp/tp2.jsonl" --layout tp=2
 gen 4 "$tmp/tp4.jsonl" --layout tp=4
 gen 2 "$tmp/contig.jsonl" --layout tsp=2 --seq-split contiguous --batch 2
-for f in tsp2 tsp4 tp2 tp4 contig; do
+gen 2 "$tmp/pp2.jsonl" --layout pp=2,tsp=1
+gen 4 "$tmp/pp2tsp2.jsonl" --layout pp=2,tsp=2 --batch 2
+for f in tsp2 tsp4 tp2 tp4 contig pp2 pp2tsp2; do
   cmp "$tmp/one.jsonl" "$tmp/$f.jsonl" || { echo "greedy generations differ: one rank vs $f" >&2; exit 1; }
 done
 /usr/bin/python3 - "$tmp/one.jsonl" <<'PY'
@@ -47,11 +49,14 @@ cmp "$tmp/s1.jsonl" "$tmp/s3.jsonl"
 ! cmp -s "$tmp/s1.jsonl" "$tmp/one.jsonl" || { echo "sampling gave the greedy text" >&2; exit 1; }
 ! cmp -s "$tmp/s1.jsonl" "$tmp/s4.jsonl" || { echo "another seed gave the same samples" >&2; exit 1; }
 
-# The exported Hugging Face directory, on two ranks.
+# The exported Hugging Face directory, on two ranks (tsp=2, and pp=2: each stage loads its layers).
 "$bin" export --checkpoint "$(ls -d "$tmp"/run/checkpoints/step-* | tail -1)" -o "$tmp/hf" >/dev/null
 "$mpirun" --allow-run-as-root -np 2 "$bin" generate --hf "$tmp/hf" --prompt-file "$tmp/prompts.txt" \
   --prompt "A fool and" --max-new-tokens 24 --json >"$tmp/hf.jsonl" 2>/dev/null
 cmp "$tmp/one.jsonl" "$tmp/hf.jsonl"
+"$mpirun" --allow-run-as-root -np 2 "$bin" generate --hf "$tmp/hf" --prompt-file "$tmp/prompts.txt" \
+  --prompt "A fool and" --max-new-tokens 24 --json --layout pp=2,tsp=1 >"$tmp/hf_pp.jsonl" 2>/dev/null
+cmp "$tmp/one.jsonl" "$tmp/hf_pp.jsonl"
 
 # A stop sequence taken from the middle of the first greedy completion ends it there.
 stop=$(/usr/bin/python3 -c "import json,sys; print([r for r in map(json.loads, open(sys.argv[1])) if r['index'] == 0][0]['completion'][5:8])" "$tmp/one.jsonl")
@@ -98,6 +103,7 @@ check 1 "exactly one of --checkpoint and --hf" --checkpoint "$tmp/run" --hf "$tm
 check 1 "does not exist" --checkpoint "$tmp/none" --prompt x
 check 2 "generation runs on tsp=N or tp=N" --checkpoint "$tmp/run" --prompt x --layout sp=2
 check 2 "needs 4 ranks" --checkpoint "$tmp/run" --prompt x --layout tsp=4
+check 2 "pp with tp or sp is not implemented" --checkpoint "$tmp/run" --prompt x --layout pp=2,tp=1
 check 1 "--temperature (-1)" --checkpoint "$tmp/run" --prompt x --temperature -1
 check 1 "--top-p (2)" --checkpoint "$tmp/run" --prompt x --top-p 2
 check 1 "--max-new-tokens (0)" --checkpoint "$tmp/run" --prompt x --max-new-tokens 0

@@ -17,6 +17,8 @@
 //             a second later, waits in a recv from rank 2 that has a purpose
 //   pp_stall  4 ranks, pp=2,tsp=2, m = 4: world rank 1 (stage 0, tsp index 1) stalls before
 //             it sends the activation of micro-batch 2 (a boundary hook)
+//   pp_decode_stall 4 ranks, pp=2,tsp=2 generation of B = 2 (two groups): world rank 1
+//             stalls before it sends group 1's activation in the first decode step
 #include <unistd.h>
 
 #include <csignal>
@@ -32,6 +34,7 @@
 #include "comm/mpi_runtime.h"
 #include "core/check.h"
 #include "parallel/make_layout.h"
+#include "parallel/pipeline/pipeline_decoder.h"
 #include "parallel/pipeline/pipeline_model.h"
 
 namespace foldpar {
@@ -70,6 +73,37 @@ void run_pipeline_stall(Communicator& world) {
   for (int64_t i = 0; i < m; ++i)
     locals.push_back(model->local_batch(Batch{global.input_ids.narrow(i, i + 1), global.target_ids.narrow(i, i + 1)}));
   FP_CHECK_OK(model->forward_backward_micro_batches(*be, locals, m * seq).status());
+}
+
+// Generation under pp=2,tsp=2: a prefill of two prompts, then a decode step of two groups;
+// world rank 1 sleeps before sending group 1's activation to stage 1.
+void run_pipeline_decode_stall(Communicator& world) {
+  LlamaConfig c;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.intermediate_size = 64;
+  c.vocab_size = 64;
+  c.num_hidden_layers = 2;
+  c.max_position_embeddings = 64;
+  const Layout layout = parse_layout("pp=2,tsp=2").value();
+  Result<Mesh> mesh = Mesh::create(world, layout.mesh());
+  FP_CHECK_OK(mesh.status());
+  Result<std::unique_ptr<ShardedDecoder>> made = make_sharded_decoder(c, *mesh, layout);
+  FP_CHECK_OK(made.status());
+  auto* decoder = dynamic_cast<PipelineDecoder*>(made->get());
+  FP_CHECK(decoder != nullptr, "pp=2,tsp=2 should build a PipelineDecoder");
+  const int me = world.rank();
+  bool decoding = false;  // the prefill's two groups cross the same boundary first
+  decoder->set_boundary_hooks({[me, &decoding](BoundaryDirection direction, int i) {
+    if (me == 1 && decoding && direction == BoundaryDirection::kActivation && i == 1) sleep_s(60);
+  }});
+  decoder->init_weights(InitOptions{.seed = 3, .std = 0.1});
+  auto be = make_cpu_backend();
+  FP_CHECK_OK(decoder->prefill(*be, {{1, 2, 3}, {4, 5}}, 2).status());
+  decoding = true;
+  const std::vector<int32_t> tokens{6, 7};
+  FP_CHECK_OK(decoder->decode(*be, tokens).status());
 }
 
 void run_scenario(const std::string& scenario, Communicator& world) {
@@ -122,6 +156,8 @@ void run_scenario(const std::string& scenario, Communicator& world) {
     }
   } else if (scenario == "pp_stall") {
     run_pipeline_stall(world);
+  } else if (scenario == "pp_decode_stall") {
+    run_pipeline_decode_stall(world);
   } else {
     FP_CHECK(false, "unknown scenario {}", scenario);
   }

@@ -229,6 +229,15 @@ TEST(CommFailure, WatchdogNamesThePipelineStageThatNeverSends) {
                        "to stage 1");
 }
 
+// The same under generation (pp=2,tsp=2 decode in two groups): the boundary's purpose names
+// the stalled rank and the group (the decode step's micro-batch).
+TEST(CommFailure, WatchdogNamesThePipelineStageThatNeverSendsInDecode) {
+  const std::string out = expect_whole_job_failed("pp_decode_stall", 4, 2, false, kMargin);
+  expect_contains(out, "watchdog: ");
+  expect_contains(out, "pipeline: stage 0 (world rank 1, tsp index 1) never sent the activation of micro-batch 1 "
+                       "to stage 1");
+}
+
 // mpirun notices the death and kills the other ranks.
 TEST(CommFailure, ARankKilledMidCollectiveEndsTheWholeJob) {
   expect_whole_job_failed("sigkill", 3, 5, false, kMargin);

@@ -23,6 +23,8 @@
 // (decode_block.h gives the rest):
 //   all_gather   L x B (h + 2h/g) (D-1)/D      all_to_all  L x B (h + n_h) (D-1)/D
 //   all_reduce   (1 + 2L) x 2 B h (D-1)/D      all_gather  B V (D-1)/D (the logits)
+// The placement, the prompt rows and the attention are also a pipeline stage's
+// (tsp_stage_decoder.cc), through tsp_decode.h.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -32,6 +34,7 @@
 #include "parallel/ring_attention.h"
 #include "parallel/sharded_decoder.h"
 #include "parallel/strategies.h"
+#include "parallel/tsp/tsp_decode.h"
 #include "parallel/tsp/tsp_model.h"
 
 namespace foldpar {
@@ -134,39 +137,54 @@ class TspDecodeAttention final : public DecodeAttention {
   const std::vector<int32_t>& positions_;  // per sequence: the new token's position
 };
 
-class TspDecoder final : public WeightShardedDecoder {
- public:
-  TspDecoder(const LlamaConfig& config, ShardDims dims, Communicator& comm, const Layout& options)
-      : WeightShardedDecoder(config, dims, comm, fmt::format("tsp={}", comm.size())), options_(options) {}
+}  // namespace
 
+namespace tsp_detail {
 
-  Result<Tensor> prefill(Backend& be, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new) override;
-  Result<Tensor> decode(Backend& be, std::span<const int32_t> tokens) override;
+int64_t padded_prompt_length(const std::vector<std::vector<int32_t>>& prompts, int D, SeqSplit split) {
+  int64_t longest = 0;
+  for (const auto& pr : prompts) longest = std::max(longest, static_cast<int64_t>(pr.size()));
+  const int64_t unit = split == SeqSplit::kZigzag ? 2 * D : D;
+  return (longest + unit - 1) / unit * unit;
+}
 
- private:
-  // Sizes the cache: the most slots any sequence needs on this rank after max_new tokens.
-  int64_t plan_capacity(int64_t max_new) const;
-  // The prompts padded to S (a multiple of 2D or D) as this rank's ids [B, S/D].
-  Tensor local_ids(Backend& be, const std::vector<std::vector<int32_t>>& prompts, const SequenceShard& shard) const;
-  // Each prompt's last hidden state [B, h] on every rank, from the rank that holds it.
-  Tensor last_rows(Backend& be, const Tensor& x, const SequenceShard& shard, TpComm& comm) const;
+TspPlacement place_prompts(const std::vector<std::vector<int32_t>>& prompts, int64_t S, int D, SeqSplit split) {
+  const size_t B = prompts.size();
+  TspPlacement p;
+  p.lengths.assign(B, 0);
+  p.counts.assign(B, std::vector<int64_t>(static_cast<size_t>(D), 0));
+  for (size_t b = 0; b < B; ++b) {
+    p.lengths[b] = static_cast<int64_t>(prompts[b].size());
+    for (int r = 0; r < D; ++r)
+      for (int32_t pos : shard_positions(S, D, r, split)) p.counts[b][static_cast<size_t>(r)] += pos < p.lengths[b];
+  }
+  return p;
+}
 
-  Layout options_;  // tsp=D: split, overlap and head_buckets apply to prefill
-  std::vector<std::vector<int64_t>> counts_;  // [B][D]: tokens of sequence b on rank r
-};
-
-int64_t TspDecoder::plan_capacity(int64_t max_new) const {
+int64_t cache_capacity(const TspPlacement& placement, int64_t max_new, int rank) {
   int64_t capacity = 1;
-  for (size_t b = 0; b < counts_.size(); ++b) {
-    std::vector<int64_t> counts = counts_[b];
+  for (size_t b = 0; b < placement.counts.size(); ++b) {
+    std::vector<int64_t> counts = placement.counts[b];
     for (int64_t t = 0; t < max_new; ++t) ++counts[static_cast<size_t>(pick_rank(counts, static_cast<int64_t>(b)))];
-    capacity = std::max(capacity, counts[static_cast<size_t>(comm_.rank())]);
+    capacity = std::max(capacity, counts[static_cast<size_t>(rank)]);
   }
   return capacity;
 }
 
-Tensor TspDecoder::local_ids(Backend& be, const std::vector<std::vector<int32_t>>& prompts,
-                             const SequenceShard& shard) const {
+void place_new_tokens(Backend& be, int rank, TspPlacement& placement, KvCache& cache, std::vector<int64_t>& slots,
+                      std::vector<int32_t>& positions) {
+  const size_t B = placement.lengths.size();
+  slots.assign(B, -1);
+  positions.assign(B, 0);
+  for (size_t i = 0; i < B; ++i) {
+    positions[i] = static_cast<int32_t>(placement.lengths[i]);
+    const int r = pick_rank(placement.counts[i], static_cast<int64_t>(i));
+    ++placement.counts[i][static_cast<size_t>(r)];
+    if (r == rank) slots[i] = cache.append(be, static_cast<int64_t>(i), positions[i]);
+  }
+}
+
+Tensor prefill_ids(Backend& be, const std::vector<std::vector<int32_t>>& prompts, const SequenceShard& shard) {
   const int64_t B = static_cast<int64_t>(prompts.size());
   const std::vector<int32_t>& pos = shard.positions();
   const size_t n = pos.size();
@@ -180,13 +198,14 @@ Tensor TspDecoder::local_ids(Backend& be, const std::vector<std::vector<int32_t>
   return ids;
 }
 
-Tensor TspDecoder::last_rows(Backend& be, const Tensor& x, const SequenceShard& shard, TpComm& comm) const {
-  const int64_t B = static_cast<int64_t>(lengths_.size()), h = dims_.h, Sl = shard.local_seq();
+Tensor last_prompt_rows(Backend& be, const Tensor& x, const SequenceShard& shard, const std::vector<int64_t>& lengths,
+                        TpComm& comm) {
+  const int64_t B = static_cast<int64_t>(lengths.size()), h = x.dim(1), Sl = shard.local_seq();
   Tensor rows = Tensor::empty({B, h}, DType::kF32, MemCategory::kActivations);
   be.fill(0.0, rows);
   const std::vector<int32_t>& pos = shard.positions();
   for (int64_t b = 0; b < B; ++b) {
-    const auto it = std::find(pos.begin(), pos.end(), static_cast<int32_t>(lengths_[static_cast<size_t>(b)] - 1));
+    const auto it = std::find(pos.begin(), pos.end(), static_cast<int32_t>(lengths[static_cast<size_t>(b)] - 1));
     if (it == pos.end()) continue;
     be.copy_strided(x, rows, {1, h, {(b * Sl + (it - pos.begin())) * h, h}, {b * h, h}});
   }
@@ -194,35 +213,51 @@ Tensor TspDecoder::last_rows(Backend& be, const Tensor& x, const SequenceShard& 
   return rows;
 }
 
+std::unique_ptr<DecodeAttention> make_decode_attention(const ShardDims& dims, Backend& be, TpComm& comm,
+                                                       KvCache& cache, const std::vector<int64_t>& slots,
+                                                       const std::vector<int32_t>& positions) {
+  return std::make_unique<TspDecodeAttention>(dims, be, comm, cache, slots, positions);
+}
+
+}  // namespace tsp_detail
+
+namespace {
+
+class TspDecoder final : public WeightShardedDecoder {
+ public:
+  TspDecoder(const LlamaConfig& config, ShardDims dims, Communicator& comm, const Layout& options)
+      : WeightShardedDecoder(config, dims, comm, fmt::format("tsp={}", comm.size())), options_(options) {}
+
+  Result<Tensor> prefill(Backend& be, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new) override;
+  Result<Tensor> decode(Backend& be, std::span<const int32_t> tokens) override;
+
+ private:
+  Layout options_;  // tsp=D: split, overlap and head_buckets apply to prefill
+  std::vector<std::vector<int64_t>> counts_;  // [B][D]: tokens of sequence b on rank r
+};
+
 Result<Tensor> TspDecoder::prefill(Backend& be, const std::vector<std::vector<int32_t>>& prompts, int64_t max_new) {
   FP_RETURN_IF_ERROR(validate_prompts(config_, prompts, max_new));
   const auto t0 = std::chrono::steady_clock::now();
   const int D = comm_.size(), p = comm_.rank();
   const int64_t B = static_cast<int64_t>(prompts.size());
-  int64_t longest = 0;
-  for (const auto& pr : prompts) longest = std::max(longest, static_cast<int64_t>(pr.size()));
-  const int64_t unit = options_.split == SeqSplit::kZigzag ? 2 * D : D;
-  const int64_t S = (longest + unit - 1) / unit * unit;
+  const int64_t S = tsp_detail::padded_prompt_length(prompts, D, options_.split);
   FP_ASSIGN_OR_RETURN(TspModel model, TspModel::create(config_, options_, p, S));
-  lengths_.assign(static_cast<size_t>(B), 0);
-  counts_.assign(static_cast<size_t>(B), std::vector<int64_t>(static_cast<size_t>(D), 0));
-  for (int64_t b = 0; b < B; ++b) {
-    lengths_[static_cast<size_t>(b)] = static_cast<int64_t>(prompts[b].size());
-    for (int r = 0; r < D; ++r)
-      for (int32_t pos : shard_positions(S, D, r, options_.split))
-        counts_[static_cast<size_t>(b)][static_cast<size_t>(r)] += pos < lengths_[static_cast<size_t>(b)];
-  }
+  tsp_detail::TspPlacement placement = tsp_detail::place_prompts(prompts, S, D, options_.split);
   cache_ = KvCache();
-  cache_ = KvCache::allocate(config_.num_hidden_layers, B, plan_capacity(max_new), config_.num_key_value_heads, dims_.d);
+  cache_ = KvCache::allocate(config_.num_hidden_layers, B, tsp_detail::cache_capacity(placement, max_new, p),
+                             config_.num_key_value_heads, dims_.d);
   cache_.set_window(config_.sliding_window);
-  cache_.keep_prefill_rows(be, model.shard().positions(), lengths_);
+  cache_.keep_prefill_rows(be, model.shard().positions(), placement.lengths);
+  lengths_ = std::move(placement.lengths);
+  counts_ = std::move(placement.counts);
   decoded_ = 0;
   max_new_ = max_new;
 
   TpComm comm(comm_, be, options_.overlap);
-  FP_ASSIGN_OR_RETURN(Tensor x, model.prefill(be, comm_, weights_, local_ids(be, prompts, model.shard()), cache_,
-                                                &times_.prefill_comm_seconds));
-  const Tensor rows = last_rows(be, x, model.shard(), comm);
+  FP_ASSIGN_OR_RETURN(Tensor x, model.prefill(be, comm_, weights_, tsp_detail::prefill_ids(be, prompts, model.shard()),
+                                                cache_, &times_.prefill_comm_seconds));
+  const Tensor rows = tsp_detail::last_prompt_rows(be, x, model.shard(), lengths_, comm);
   x = Tensor();
   const DecodeContext ctx{&config_, &dims_, &be, &comm};
   Tensor logits = decode_logits(ctx, weights_, rows);
@@ -235,15 +270,11 @@ Result<Tensor> TspDecoder::decode(Backend& be, std::span<const int32_t> tokens) 
   const int64_t B = static_cast<int64_t>(lengths_.size());
   FP_RETURN_IF_ERROR(validate_decode_tokens(config_, tokens, B, decoded_, max_new_));
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<int64_t> slots(static_cast<size_t>(B), -1);
-  std::vector<int32_t> positions(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) {
-    const size_t i = static_cast<size_t>(b);
-    positions[i] = static_cast<int32_t>(lengths_[i]);
-    const int r = pick_rank(counts_[i], b);
-    ++counts_[i][static_cast<size_t>(r)];
-    if (r == comm_.rank()) slots[i] = cache_.append(be, b, positions[i]);
-  }
+  std::vector<int64_t> slots;
+  std::vector<int32_t> positions;
+  tsp_detail::TspPlacement placement{lengths_, std::move(counts_)};
+  tsp_detail::place_new_tokens(be, comm_.rank(), placement, cache_, slots, positions);
+  counts_ = std::move(placement.counts);
   TpComm comm(comm_, be, options_.overlap);
   TspDecodeAttention attention(dims_, be, comm, cache_, slots, positions);
   return finish_decode(be, comm, tokens, positions, attention, t0);

@@ -137,13 +137,21 @@ Result<StepResult> TspModel::forward(Backend& be, Communicator& tsp, const Shard
 
 Result<Tensor> TspModel::prefill(Backend& be, Communicator& tsp, const ShardedWeights& w, const Tensor& ids,
                                  KvCache& cache, double* exposed_comm_seconds) const {
+  return prefill_stage(be, tsp, w, ids, StageLayers{}, Tensor(), cache, exposed_comm_seconds);
+}
+
+Result<Tensor> TspModel::prefill_stage(Backend& be, Communicator& tsp, const ShardedWeights& w, const Tensor& ids,
+                                       const StageLayers& stage, Tensor x, KvCache& cache,
+                                       double* exposed_comm_seconds) const {
   if (ids.rank() != 2 || ids.dtype() != DType::kI32 || ids.dim(1) != shard_.local_seq())
     return invalid_argument("prefill ids {}: expected i32 [B, {}] (S {} / D {})", ids.describe(), shard_.local_seq(),
                             shard_.seq(), shard_.degree());
   TspStep step(*this, be, tsp, ids.dim(0));
   step.set_kv_cache(&cache);
   TspModelStep parts(step, *this, w, {ids.reshape({ids.numel()}), Tensor(), ids.dim(0)});
-  Tensor x = forward_blocks(parts, static_cast<int64_t>(w.attn.size()), parts.embed_forward());
+  if (stage.embed) x = parts.embed_forward();
+  const int64_t end = stage.end < 0 ? static_cast<int64_t>(w.attn.size()) : stage.end;
+  for (int64_t l = stage.first; l < end; ++l) x = parts.block_forward(l, x, false);
   if (exposed_comm_seconds != nullptr) *exposed_comm_seconds += step.wait_seconds();
   return x;
 }

@@ -54,6 +54,13 @@ class TspModel {
   // Traffic: the forward's, less the LM-head ring. Collective over the TSP communicator.
   Result<Tensor> prefill(Backend& backend, Communicator& tsp, const ShardedWeights& weights, const Tensor& local_ids,
                          KvCache& cache, double* exposed_comm_seconds = nullptr) const;
+  // A pipeline stage's part of the prefill (parallel/pipeline/pipeline_decoder.h): the
+  // embedding of local_ids when stage.embed, else from x [B*S/D, h] (the previous stage's
+  // output; local_ids still gives B), then layers [stage.first, stage.end) into `cache`.
+  // Returns [B*S/D, h]. Collective over the TSP communicator.
+  Result<Tensor> prefill_stage(Backend& backend, Communicator& tsp, const ShardedWeights& weights,
+                               const Tensor& local_ids, const StageLayers& stage, Tensor x, KvCache& cache,
+                               double* exposed_comm_seconds = nullptr) const;
 
  private:
   TspModel(const LlamaConfig& config, ShardDims dims, SequenceShard shard, const Layout& options)

@@ -1,0 +1,240 @@
+// Generation under pp (parallel/pipeline/pipeline_decoder.h) against the single-rank model:
+//  - parity: the prefill's and every decode step's logits equal one full forward over the same
+//    tokens (teacher forcing), for prompts of different lengths, B >= p (groups of unequal
+//    size) and B < p (one sequence per group), tied and untied embeddings;
+//  - greedy: the generated tokens equal the single-rank decoder's (tsp=1 on one rank) token
+//    for token, and so do its logits;
+//  - the stage holds only its layers' KV cache, and the prefill and each decode step move
+//    one padded activation per group across each boundary (counted on pp);
+//  - layouts not implemented are refused by name.
+// Layouts by world size: pp=2,tsp=1 with even and uneven (3/1) stages (2 ranks); pp=2,tsp=2
+// and pp=4,tsp=1 (4 ranks).
+#include <gtest/gtest.h>
+
+#include "comm/comm_stats.h"
+#include "comm/mesh.h"
+#include "core/rng.h"
+#include "core/tolerance.h"
+#include "mpi_test_main.h"
+#include "parallel/make_layout.h"
+#include "parallel/pipeline/pipeline_decoder.h"
+#include "tensor/compare.h"
+
+namespace foldpar {
+namespace {
+
+// n_h 8, n_kv 4 (g = 2): divisible by D = 2; L = 4 layers, so pp=4 holds one each.
+LlamaConfig test_config(bool tied) {
+  LlamaConfig c;
+  c.hidden_size = 64;  // d = 8
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 4;
+  c.intermediate_size = 96;
+  c.vocab_size = 64;
+  c.num_hidden_layers = 4;
+  c.max_position_embeddings = 256;
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+// std 0.1: attention far from uniform, clear margins between the top logits (greedy).
+const InitOptions kInit{.seed = 7, .std = 0.1, .norm_jitter = 0.2};
+
+std::vector<int32_t> random_tokens(const LlamaConfig& c, int64_t n, uint64_t stream) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    t[static_cast<size_t>(i)] = static_cast<int32_t>(uniform_at(11, stream, static_cast<uint64_t>(i)) * c.vocab_size);
+  return t;
+}
+
+// The single-rank model's logits [n, V] at every position of one sequence.
+Tensor reference_logits(const LlamaConfig& c, const LlamaWeights& w, const std::vector<int32_t>& tokens) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  Batch batch{Tensor::empty({1, n}, DType::kI32, MemCategory::kWorkspace),
+              Tensor::empty({1, n}, DType::kI32, MemCategory::kWorkspace)};
+  std::copy(tokens.begin(), tokens.end(), batch.input_ids.data<int32_t>());
+  std::copy(tokens.begin(), tokens.end(), batch.target_ids.data<int32_t>());
+  auto be = make_cpu_backend();
+  Result<StepResult> r = model_forward(c, *be, w, batch, StepOptions{Recompute::kNone, true});
+  FP_CHECK_OK(r.status());
+  return r->logits.reshape({n, c.vocab_size});
+}
+
+struct Built {
+  std::unique_ptr<Mesh> mesh;
+  std::unique_ptr<ShardedDecoder> decoder;
+};
+
+Built build(Communicator& comm, const LlamaConfig& c, const std::string& layout) {
+  Built b;
+  const Layout lo = parse_layout(layout).value();
+  Result<Mesh> mesh = Mesh::create(comm, lo.mesh());
+  FP_CHECK_OK(mesh.status());
+  b.mesh = std::make_unique<Mesh>(std::move(mesh).value());
+  Result<std::unique_ptr<ShardedDecoder>> d = make_sharded_decoder(c, *b.mesh, lo);
+  FP_CHECK_OK(d.status());
+  b.decoder = std::move(d).value();
+  b.decoder->init_weights(kInit);
+  return b;
+}
+
+// The layouts of this world size.
+std::vector<std::string> layouts() {
+  switch (test::mpi().world().size()) {
+    case 2: return {"pp=2,tsp=1", "pp=2,tsp=1:stages=3/1"};
+    case 4: return {"pp=2,tsp=2", "pp=4,tsp=1"};
+    default: return {};
+  }
+}
+
+// Row b of got [B, V] against row `pos` of ref [n, V].
+void expect_row(const Tensor& got, int64_t b, const Tensor& ref, int64_t pos, const std::string& what) {
+  const int64_t V = got.dim(1);
+  const Tensor g = got.narrow(b, b + 1).reshape({V}), r = ref.narrow(pos, pos + 1).reshape({V});
+  // The decoders' own rule (tests/parallel/decode_test.cc): f32 summed in another order.
+  EXPECT_LE(max_rel_error(g, r), tol::kF32Parallel)
+      << what << ", sequence " << b << ", position " << pos << " on rank " << test::mpi().world().rank() << "\n"
+      << describe_mismatches(g, r, tol::kF32Parallel);
+}
+
+// Prompts of `lengths`, fed `fed` fixed tokens each: the prefill's and every decode step's
+// logits against one full forward of each whole sequence; the cache and the boundary traffic.
+void check_parity(const std::string& layout, const std::vector<int64_t>& lengths, bool tied) {
+  SCOPED_TRACE(layout + " B " + std::to_string(lengths.size()) + (tied ? " tied" : ""));
+  const LlamaConfig c = test_config(tied);
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
+  init_weights(kInit, w);
+  const int64_t fed = 3, B = static_cast<int64_t>(lengths.size());
+  std::vector<std::vector<int32_t>> prompts, full;
+  std::vector<Tensor> ref;
+  for (int64_t b = 0; b < B; ++b) {
+    full.push_back(random_tokens(c, lengths[b] + fed, static_cast<uint64_t>(b)));
+    prompts.emplace_back(full.back().begin(), full.back().begin() + lengths[b]);
+    ref.push_back(reference_logits(c, w, full.back()));
+  }
+  Built m = build(test::mpi().world(), c, layout);
+  const Layout lo = parse_layout(layout).value();
+  const int s = m.mesh->coord("pp"), P = lo.pp;
+  const std::vector<int64_t> groups = decode_groups(B, P);
+  int64_t widest = 0;
+  for (size_t g = 0; g + 1 < groups.size(); ++g) widest = std::max(widest, groups[g + 1] - groups[g]);
+  const uint64_t sends = s < P - 1 ? groups.size() - 1 : 0;  // one per group to the next stage
+
+  auto be = make_cpu_backend();
+  ScopedCommCounter prefill_counter(m.mesh->comm("pp"));
+  Result<Tensor> logits = m.decoder->prefill(*be, prompts, fed);
+  ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+  const CommStats prefill_pp = prefill_counter.delta();
+  for (int64_t b = 0; b < B; ++b) expect_row(*logits, b, ref[b], lengths[b] - 1, "prefill");
+  // Prefill: per group [widest * S/D, h] f32, S the longest prompt padded to 2D (zigzag).
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end()), unit = 2 * lo.tsp;
+  const int64_t local_seq = (longest + unit - 1) / unit * unit / lo.tsp;
+  EXPECT_EQ(prefill_pp.op(CommOpKind::kSend).calls, sends) << "stage " << s;
+  EXPECT_EQ(prefill_pp.op(CommOpKind::kSend).bytes_sent, sends * widest * local_seq * c.hidden_size * 4)
+      << "stage " << s;
+
+  // The stage's cache holds its own layers only.
+  const std::vector<int64_t> bounds = stage_bounds(c, lo);
+  EXPECT_EQ(m.decoder->cache().layers(), bounds[s + 1] - bounds[s]) << "stage " << s;
+  for (int64_t t = 0; t < fed; ++t) {
+    std::vector<int32_t> tokens;
+    for (int64_t b = 0; b < B; ++b) tokens.push_back(full[b][lengths[b] + t]);
+    ScopedCommCounter counter(m.mesh->comm("pp"));
+    logits = m.decoder->decode(*be, tokens);
+    ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+    const CommStats pp = counter.delta();
+    for (int64_t b = 0; b < B; ++b) expect_row(*logits, b, ref[b], lengths[b] + t, "decode step " + std::to_string(t));
+    // One [widest, h] f32 message per group to the next stage; the logits' broadcast.
+    EXPECT_EQ(pp.op(CommOpKind::kSend).calls, sends) << "stage " << s;
+    EXPECT_EQ(pp.op(CommOpKind::kSend).bytes_sent, sends * widest * c.hidden_size * 4) << "stage " << s;
+    EXPECT_EQ(pp.op(CommOpKind::kBroadcast).calls, 1u);
+  }
+  for (int64_t b = 0; b < B; ++b) EXPECT_EQ(m.decoder->sequence_length(b), lengths[b] + fed);
+}
+
+TEST(PipelineDecode, GroupsSplitTheBatch) {
+  EXPECT_EQ(decode_groups(3, 2), (std::vector<int64_t>{0, 2, 3}));
+  EXPECT_EQ(decode_groups(4, 2), (std::vector<int64_t>{0, 2, 4}));
+  EXPECT_EQ(decode_groups(1, 2), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(decode_groups(3, 4), (std::vector<int64_t>{0, 1, 2, 3}));
+}
+
+// B = 3 >= p = 2 (groups of 2 and 1), B = 3 < p = 4, B = 1 < p; prompts of 5, 13 and 1
+// tokens (some TSP ranks hold none of the short prompt's tokens).
+TEST(PipelineDecode, LogitsEqualFullForward) {
+  if (layouts().empty()) GTEST_SKIP() << "no pp layout for " << test::mpi().world().size() << " ranks";
+  for (const std::string& layout : layouts()) {
+    check_parity(layout, {5, 13, 1}, false);
+    check_parity(layout, {7}, true);
+  }
+}
+
+int32_t argmax_row(const Tensor& logits, int64_t b) {
+  const int64_t V = logits.dim(1);
+  const float* row = logits.data<float>() + b * V;
+  return static_cast<int32_t>(std::max_element(row, row + V) - row);
+}
+
+// Greedy tokens (and every step's logits) of a decoder over prompts, n new tokens each.
+std::vector<std::vector<int32_t>> greedy(ShardedDecoder& d, const std::vector<std::vector<int32_t>>& prompts, int64_t n,
+                                         std::vector<Tensor>& step_logits) {
+  auto be = make_cpu_backend();
+  Result<Tensor> logits = d.prefill(*be, prompts, n);
+  FP_CHECK_OK(logits.status());
+  std::vector<std::vector<int32_t>> got(prompts.size());
+  for (int64_t t = 0; t < n; ++t) {
+    step_logits.push_back(*logits);
+    std::vector<int32_t> tokens;
+    for (size_t b = 0; b < prompts.size(); ++b) tokens.push_back(argmax_row(*logits, static_cast<int64_t>(b)));
+    for (size_t b = 0; b < prompts.size(); ++b) got[b].push_back(tokens[b]);
+    if (t + 1 < n) {
+      logits = d.decode(*be, tokens);
+      FP_CHECK_OK(logits.status());
+    }
+  }
+  return got;
+}
+
+TEST(PipelineDecode, GreedyEqualsSingleRankDecoder) {
+  if (layouts().empty()) GTEST_SKIP() << "no pp layout for " << test::mpi().world().size() << " ranks";
+  Communicator& world = test::mpi().world();
+  const LlamaConfig c = test_config(false);
+  const std::vector<std::vector<int32_t>> prompts{random_tokens(c, 9, 20), random_tokens(c, 3, 21),
+                                                  random_tokens(c, 6, 22)};
+  const int64_t n = 6;
+  // The single-rank decoder, on every rank alone.
+  const std::unique_ptr<Communicator> self = world.split(world.rank(), 0, "self");
+  const Built one = build(*self, c, "tsp=1");
+  std::vector<Tensor> want_logits;
+  const std::vector<std::vector<int32_t>> want = greedy(*one.decoder, prompts, n, want_logits);
+  for (const std::string& layout : layouts()) {
+    SCOPED_TRACE(layout);
+    Built m = build(world, c, layout);
+    std::vector<Tensor> got_logits;
+    EXPECT_EQ(greedy(*m.decoder, prompts, n, got_logits), want);
+    for (size_t t = 0; t < got_logits.size(); ++t)
+      for (int64_t b = 0; b < static_cast<int64_t>(prompts.size()); ++b)
+        expect_row(got_logits[t], b, want_logits[t], b, "greedy step " + std::to_string(t));
+  }
+}
+
+TEST(PipelineDecode, RefusesWhatItDoesNotRun) {
+  Communicator& world = test::mpi().world();
+  if (world.size() != 2 && world.size() != 4) GTEST_SKIP() << "no pp layout for " << world.size() << " ranks";
+  const LlamaConfig c = test_config(false);
+  const std::string tp = world.size() == 2 ? "pp=2,tp=1" : "pp=2,tp=2";
+  const std::string bf16 = world.size() == 2 ? "pp=2,tsp=1:bf16" : "pp=2,tsp=2:bf16";
+  for (const std::string& layout : {tp, bf16}) {
+    const Layout lo = parse_layout(layout).value();
+    Result<Mesh> mesh = Mesh::create(world, lo.mesh());
+    FP_CHECK_OK(mesh.status());
+    Result<std::unique_ptr<ShardedDecoder>> d = make_sharded_decoder(c, *mesh, lo);
+    ASSERT_FALSE(d.ok()) << layout;
+    EXPECT_EQ(d.status().code(), StatusCode::kUnimplemented) << d.status().to_string();
+    EXPECT_NE(d.status().message().find(lo.to_string()), std::string::npos) << d.status().to_string();
+  }
+}
+
+}  // namespace
+}  // namespace foldpar
