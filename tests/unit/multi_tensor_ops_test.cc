@@ -4,7 +4,11 @@
 // per-tensor loop it replaced.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <vector>
 
@@ -12,8 +16,12 @@
 #include "backend/bf16_storage_backend.h"
 #include "backend/meta/meta_backend.h"
 #include "backend/timed_backend.h"
+#include "comm/self_communicator.h"
 #include "core/rng.h"
+#include "data/corpus.h"
+#include "layout/layout.h"
 #include "train/optimizer.h"
+#include "train/trainer.h"
 
 namespace foldpar {
 namespace {
@@ -264,6 +272,53 @@ TEST(MultiTensorOps, AdamWStepEqualsThePerTensorLoop) {
       EXPECT_TRUE(same_bits(opt.second_moments()[i], v[i])) << dtype_name(dt) << " v " << i;
     }
   }
+}
+
+// The trainer's steps through a counting decorator: one sum_squares_many (the norm and the
+// finite check) and one adamw_update_many per step, no per-tensor sum_squares or
+// adamw_update at all (there were one per parameter tensor each: 67 per step for
+// configs/llama-1b.json on a tsp layout, 4 per layer + embed, lm_head, final norm).
+TEST(MultiTensorOps, TheTrainerMakesOneNormAndOneAdamWCallPerStep) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("foldpar_multi_tensor_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  {
+    std::ofstream f(dir / "text");
+    for (int i = 0; i < 200; ++i) f << "line " << i << ": one launch per optimizer op\n%\n";
+  }
+  PrepareOptions prep;
+  prep.inputs = {(dir / "text").string()};
+  prep.out_dir = (dir / "data").string();
+  prep.tokenizer = "bytes";
+  ASSERT_TRUE(prepare_corpus(prep).ok());
+  TrainOptions o;
+  o.config.hidden_size = 64;
+  o.config.num_attention_heads = 4;
+  o.config.num_key_value_heads = 2;
+  o.config.intermediate_size = 96;
+  o.config.vocab_size = 256;
+  o.config.num_hidden_layers = 2;
+  o.config.max_position_embeddings = 256;
+  o.layout = parse_layout("tsp=1").value();
+  o.data_dir = prep.out_dir;
+  o.seq = 32;
+  o.batch = 2;
+  o.steps = 3;
+  o.eval_every = 0;
+  o.eval_batches = 1;
+  o.print_every = 0;
+  o.out_dir = (dir / "run").string();
+  auto cpu = make_cpu_backend();
+  TimedBackend timed(*cpu);
+  o.backend = &timed;
+  SelfCommunicator world("world", 0);
+  Result<TrainReport> r = run_training(o, world);
+  fs::remove_all(dir);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(timed.times().at("sum_squares_many").calls, 3);
+  EXPECT_EQ(timed.times().at("adamw_update_many").calls, 3);
+  EXPECT_EQ(timed.times().count("sum_squares"), 0u);
+  EXPECT_EQ(timed.times().count("adamw_update"), 0u);
 }
 
 }  // namespace
