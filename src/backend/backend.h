@@ -111,6 +111,30 @@ class Backend {
   };
   virtual void adamw_update(const AdamWStep& s, const Tensor& grad, Tensor& param, Tensor& m, Tensor& v) = 0;
 
+  // ---- many tensors at once (one kernel launch each on the CUDA backend) ----
+  // Each is the single-tensor op above on every tensor in order, with the same arithmetic per
+  // element: the defaults (backend.cc) loop over the single-tensor op, so every backend
+  // is correct without overriding them; decorators forward them; the CUDA backend runs each
+  // in one launch. Tensors may have any numel, 0 included, and may differ in dtype as the
+  // single-tensor op allows; they must not overlap.
+  // fill(value, *y) for every y.
+  virtual void fill_many(double value, std::span<Tensor* const> ys);
+  // out[i] = sum_squares(*xs[i]) (out.size() == xs.size()). Synchronizes where sum_squares
+  // does. The CUDA backend sums per-block f32 partials into each tensor's f64 total in no
+  // fixed order (so do its single-tensor sums, over other blocks): equal to sum_squares there
+  // within f32 rounding of the partials, not bit for bit; elsewhere bit for bit.
+  virtual void sum_squares_many(std::span<const Tensor* const> xs, std::span<double> out);
+  // One parameter of adamw_update_many: adamw_update's operands, and whether weight decay
+  // applies (s.weight_decay where true, 0 where false).
+  struct AdamWTensors {
+    const Tensor* grad = nullptr;
+    Tensor* param = nullptr;
+    Tensor* m = nullptr;
+    Tensor* v = nullptr;
+    bool decay = true;
+  };
+  virtual void adamw_update_many(const AdamWStep& s, std::span<const AdamWTensors> ts);
+
   // ---- embedding ----
   // table holds vocabulary rows [vocab_offset, vocab_offset + V_local). Rows of `out` whose id
   // falls in that range are written with the table row; other rows are left untouched.

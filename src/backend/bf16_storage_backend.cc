@@ -1,6 +1,7 @@
 // bf16 storage over an f32 backend: widen, compute, round.
 #include "backend/bf16_storage_backend.h"
 
+#include <algorithm>
 #include <initializer_list>
 
 namespace foldpar {
@@ -82,6 +83,24 @@ class Bf16StorageBackend final : public Backend {
     p.finish();
     mm.finish();
     vv.finish();
+  }
+  // All f32: straight to the inner backend's many-tensor op. With a bf16 tensor among
+  // them, one tensor at a time (the defaults), so that only one tensor's widened copies
+  // are alive at once, as with the single-tensor ops.
+  void fill_many(double value, std::span<Tensor* const> ys) override {
+    if (std::none_of(ys.begin(), ys.end(), [](const Tensor* t) { return is_bf16(*t); })) return in_.fill_many(value, ys);
+    Backend::fill_many(value, ys);
+  }
+  void sum_squares_many(std::span<const Tensor* const> xs, std::span<double> out) override {
+    if (std::none_of(xs.begin(), xs.end(), [](const Tensor* t) { return is_bf16(*t); })) return in_.sum_squares_many(xs, out);
+    Backend::sum_squares_many(xs, out);
+  }
+  void adamw_update_many(const AdamWStep& s, std::span<const AdamWTensors> ts) override {
+    const bool any_bf16 = std::any_of(ts.begin(), ts.end(), [](const AdamWTensors& t) {
+      return is_bf16(*t.grad) || is_bf16(*t.param) || is_bf16(*t.m) || is_bf16(*t.v);
+    });
+    if (!any_bf16) return in_.adamw_update_many(s, ts);
+    Backend::adamw_update_many(s, ts);
   }
   void embedding_forward(const Tensor& ids, const Tensor& table, int64_t off, Tensor& out) override {
     Out o(in_, out, true);  // rows outside the shard keep their contents

@@ -53,6 +53,18 @@ class GuardedBackend final : public Backend {
     GuardOpen w(&guard_);
     inner_.adamw_update(s, grad, param, m, v);
   }
+  void fill_many(double value, std::span<Tensor* const> ys) override {
+    GuardOpen w(&guard_);
+    inner_.fill_many(value, ys);
+  }
+  void sum_squares_many(std::span<const Tensor* const> xs, std::span<double> out) override {
+    GuardOpen w(&guard_);
+    inner_.sum_squares_many(xs, out);
+  }
+  void adamw_update_many(const AdamWStep& s, std::span<const AdamWTensors> ts) override {
+    GuardOpen w(&guard_);
+    inner_.adamw_update_many(s, ts);
+  }
   void embedding_forward(const Tensor& ids, const Tensor& table, int64_t vocab_offset, Tensor& out) override {
     GuardOpen w(&guard_);
     inner_.embedding_forward(ids, table, vocab_offset, out);

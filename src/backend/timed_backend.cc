@@ -39,6 +39,15 @@ void TimedBackend::adamw_update(const AdamWStep& s, const Tensor& grad, Tensor& 
 double TimedBackend::sum_squares(const Tensor& x) {
   return timed("sum_squares", [&] { return inner_.sum_squares(x); });
 }
+void TimedBackend::fill_many(double value, std::span<Tensor* const> ys) {
+  timed("fill_many", [&] { inner_.fill_many(value, ys); });
+}
+void TimedBackend::sum_squares_many(std::span<const Tensor* const> xs, std::span<double> out) {
+  timed("sum_squares_many", [&] { inner_.sum_squares_many(xs, out); });
+}
+void TimedBackend::adamw_update_many(const AdamWStep& s, std::span<const AdamWTensors> ts) {
+  timed("adamw_update_many", [&] { inner_.adamw_update_many(s, ts); });
+}
 void TimedBackend::embedding_forward(const Tensor& ids, const Tensor& table, int64_t off, Tensor& out) {
   timed("embedding_forward", [&] { inner_.embedding_forward(ids, table, off, out); });
 }

@@ -33,6 +33,9 @@ class TimedBackend final : public Backend {
   void fill(double value, Tensor& y) override;
   double sum_squares(const Tensor& x) override;
   void adamw_update(const AdamWStep& s, const Tensor& grad, Tensor& param, Tensor& m, Tensor& v) override;
+  void fill_many(double value, std::span<Tensor* const> ys) override;
+  void sum_squares_many(std::span<const Tensor* const> xs, std::span<double> out) override;
+  void adamw_update_many(const AdamWStep& s, std::span<const AdamWTensors> ts) override;
   void embedding_forward(const Tensor& ids, const Tensor& table, int64_t vocab_offset, Tensor& out) override;
   void embedding_backward(const Tensor& ids, const Tensor& d_out, int64_t vocab_offset, Tensor& d_table) override;
   void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) override;

@@ -57,18 +57,21 @@ void AdamW::sync_params(Backend& be) {
 
 void AdamW::step(Backend& be, double lr, double clip) {
   ++steps_;
+  Backend::AdamWStep s;
+  s.lr = lr;
+  s.beta1 = config_.beta1;
+  s.beta2 = config_.beta2;
+  s.eps = config_.eps;
+  s.weight_decay = config_.weight_decay;  // where ParamRef::decay (AdamWTensors::decay)
+  s.grad_scale = clip;
+  s.step = steps_;
+  // One call for every parameter: one launch on the CUDA backend instead of one per tensor.
+  std::vector<Backend::AdamWTensors> ts(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
-    Backend::AdamWStep s;
-    s.lr = lr;
-    s.beta1 = config_.beta1;
-    s.beta2 = config_.beta2;
-    s.eps = config_.eps;
-    s.weight_decay = params_[i].decay ? config_.weight_decay : 0.0;
-    s.grad_scale = clip;
-    s.step = steps_;
     Tensor& target = master_[i].defined() ? master_[i] : params_[i].param;
-    be.adamw_update(s, params_[i].grad, target, m_[i], v_[i]);
+    ts[i] = {&params_[i].grad, &target, &m_[i], &v_[i], params_[i].decay};
   }
+  be.adamw_update_many(s, ts);
   sync_params(be);
 }
 

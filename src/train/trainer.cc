@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "backend/bf16_storage_backend.h"
 #include "checkpoint/checkpoint.h"
@@ -230,12 +231,17 @@ Result<StepStats> train_step(const TrainOptions& o, const Setup& s, const DataLo
   // Loss sums are global over the model axes already; the dp replicas add theirs.
   const double model_ranks = static_cast<double>(world.size()) / s.dp;
   st.loss = sum_over(world, loss_sum) / model_ranks / std::max<double>(1.0, static_cast<double>(normalizer));
+  // Every gradient's sum of squares in one call (one launch on the CUDA backend), then added
+  // in parameter order, as one sum_squares per gradient was.
+  std::vector<const Tensor*> grads;
+  for (const ParamRef& p : l.params) grads.push_back(&p.grad);
+  std::vector<double> sums(grads.size());
+  be.sum_squares_many(grads, sums);
   double sq = 0;
   std::string bad_tensor;  // the first gradient on this rank that is not finite
-  for (const ParamRef& p : l.params) {
-    const double t = be.sum_squares(p.grad);
-    if (!std::isfinite(t) && bad_tensor.empty()) bad_tensor = p.name;
-    if (p.counted) sq += t;
+  for (size_t i = 0; i < l.params.size(); ++i) {
+    if (!std::isfinite(sums[i]) && bad_tensor.empty()) bad_tensor = l.params[i].name;
+    if (l.params[i].counted) sq += sums[i];
   }
   FP_RETURN_IF_ERROR(check_finite(world, l.step + 1, st.loss, bad_tensor));
   st.grad_norm = std::sqrt(sum_over(world, sq) / s.dp);  // every dp replica counted the same

@@ -116,6 +116,67 @@ TEST_F(CudaOps, AdamWMatchesTheReference) {
   EXPECT_TRUE(near_rel(v, v_ref, kCudaF32Op));
 }
 
+// The many-tensor ops (one launch each) against the single-tensor ops on the GPU: fill and
+// AdamW exactly (the kernels share their element code), the sums of squares within f32
+// rounding of the block partials. Sizes around the 4096-element block chunk, empty tensors,
+// f32 and bf16 in one call, and a table of 1500 tensors.
+TEST_F(CudaOps, ManyTensorOpsMatchTheSingleTensorOps) {
+  std::vector<int64_t> sizes = {0, 1, 4095, 4096, 4097, 300, 9000, 0, 1, 8193, 100000};
+  for (int i = 0; i < 1500; ++i) sizes.push_back(i % 37);
+  auto dtype_at = [](size_t i) { return i % 3 == 1 ? DType::kBF16 : DType::kF32; };
+  std::vector<Tensor> a, b, grads, pa, pb, ma, mb, va, vb;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const DType dt = dtype_at(i);
+    Tensor x = random_tensor({sizes[i]}, DType::kF32, 100 + i).to(dt, MemCategory::kWorkspace);
+    a.push_back(x);
+    b.push_back(x.clone(MemCategory::kWorkspace));
+    grads.push_back(random_tensor({sizes[i]}, DType::kF32, 5000 + i).to(dt, MemCategory::kWorkspace));
+    Tensor p = random_tensor({sizes[i]}, DType::kF32, 9000 + i), m = random_tensor({sizes[i]}, DType::kF32, 13000 + i, 0.1);
+    Tensor v = random_tensor({sizes[i]}, DType::kF32, 17000 + i, 0.1);
+    for (int64_t j = 0; j < v.numel(); ++j) v.data<float>()[j] = std::abs(v.data<float>()[j]);
+    pa.push_back(p);
+    pb.push_back(p.clone(MemCategory::kWorkspace));
+    ma.push_back(m);
+    mb.push_back(m.clone(MemCategory::kWorkspace));
+    va.push_back(v);
+    vb.push_back(v.clone(MemCategory::kWorkspace));
+  }
+  // Sums of squares, before anything is overwritten.
+  std::vector<const Tensor*> xs;
+  for (const Tensor& t : a) xs.push_back(&t);
+  std::vector<double> sums(xs.size(), -1);
+  cuda_->sum_squares_many(xs, sums);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double want = cuda_->sum_squares(a[i]);
+    ASSERT_NEAR(sums[i], want, 1e-6 * want) << "tensor " << i << " of " << sizes[i];
+  }
+  // fill
+  std::vector<Tensor*> ys;
+  for (Tensor& t : a) ys.push_back(&t);
+  cuda_->fill_many(-0.7, ys);
+  for (Tensor& t : b) cuda_->fill(-0.7, t);
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(max_rel_error(a[i], b[i]), 0.0) << "fill tensor " << i;
+  // AdamW: bf16 gradients on f32 masters, as the optimizer calls it; decay on every other.
+  Backend::AdamWStep s;
+  s.lr = 1e-2;
+  s.weight_decay = 0.1;
+  s.grad_scale = 0.5;
+  s.step = 3;
+  std::vector<Backend::AdamWTensors> ts;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ts.push_back({&grads[i], &pa[i], &ma[i], &va[i], i % 2 == 0});
+    Backend::AdamWStep si = s;
+    if (i % 2 != 0) si.weight_decay = 0;
+    cuda_->adamw_update(si, grads[i], pb[i], mb[i], vb[i]);
+  }
+  cuda_->adamw_update_many(s, ts);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_EQ(max_rel_error(pa[i], pb[i]), 0.0) << "adamw param " << i;
+    ASSERT_EQ(max_rel_error(ma[i], mb[i]), 0.0) << "adamw m " << i;
+    ASSERT_EQ(max_rel_error(va[i], vb[i]), 0.0) << "adamw v " << i;
+  }
+}
+
 TEST_F(CudaOps, EmbeddingWithVocabularyShard) {
   const int64_t T = 37, V_local = 19, h = 45, off = 10;
   Tensor id = ids(T, 0, 40, 1);  // some ids fall outside [10, 29)

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <vector>
 
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/op_checks.h"
@@ -154,13 +155,45 @@ class CudaBackendImpl final : public CudaBackend {
   void adamw_update(const AdamWStep& s, const Tensor& grad, Tensor& param, Tensor& m, Tensor& v) override {
     FP_CHECK(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel(),
              "adamw shapes {} {} {} {}", grad.describe(), param.describe(), m.describe(), v.describe());
-    const cuda::AdamWArgs a{static_cast<float>(s.lr),           static_cast<float>(s.beta1),
-                            static_cast<float>(s.beta2),        static_cast<float>(s.eps),
-                            static_cast<float>(s.weight_decay), static_cast<float>(s.grad_scale),
-                            static_cast<float>(1.0 - std::pow(s.beta1, static_cast<double>(s.step))),
-                            static_cast<float>(1.0 - std::pow(s.beta2, static_cast<double>(s.step)))};
-    cuda::launch_adamw(a, in(grad, "adamw grad"), out(param, "adamw param"), out(m, "adamw m"), out(v, "adamw v"),
+    cuda::launch_adamw(adamw_args(s), in(grad, "adamw grad"), out(param, "adamw param"), out(m, "adamw m"), out(v, "adamw v"),
                        param.numel(), stream_);
+    done();
+  }
+
+  // The many-tensor ops: one table upload and one launch each (cuda_kernels.h), the same
+  // checks per tensor as the single-tensor ops. Workspace is freed when the op returns, as
+  // every workspace here: the pool hands it out again only to later work on this stream.
+  void fill_many(double value, std::span<Tensor* const> ys) override {
+    std::vector<cuda::FillSlot> slots;
+    slots.reserve(ys.size());
+    for (Tensor* y : ys) slots.push_back({out(*y, "fill_many y"), y->numel()});
+    const int64_t count = static_cast<int64_t>(slots.size());
+    Tensor table = workspace_bytes(cuda::fill_many_workspace_bytes(count));
+    cuda::launch_fill_many(value, slots.data(), count, table.raw_data(), stream_);
+    done();
+  }
+  void sum_squares_many(std::span<const Tensor* const> xs, std::span<double> totals) override {
+    FP_CHECK(xs.size() == totals.size(), "sum_squares_many: {} tensors but {} results", xs.size(), totals.size());
+    std::vector<cuda::SumSquaresSlot> slots;
+    slots.reserve(xs.size());
+    for (const Tensor* x : xs) slots.push_back({in(*x, "sum_squares_many x"), x->numel()});
+    const int64_t count = static_cast<int64_t>(slots.size());
+    Tensor table = workspace_bytes(cuda::sum_squares_many_workspace_bytes(count));
+    cuda::sum_squares_many(slots.data(), count, table.raw_data(), totals.data(), stream_);
+  }
+  void adamw_update_many(const AdamWStep& s, std::span<const AdamWTensors> ts) override {
+    std::vector<cuda::AdamWSlot> slots;
+    slots.reserve(ts.size());
+    for (const AdamWTensors& t : ts) {
+      const Tensor &grad = *t.grad, &param = *t.param, &m = *t.m, &v = *t.v;
+      FP_CHECK(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel(),
+               "adamw shapes {} {} {} {}", grad.describe(), param.describe(), m.describe(), v.describe());
+      slots.push_back({in(grad, "adamw grad"), out(*t.param, "adamw param"), out(*t.m, "adamw m"),
+                       out(*t.v, "adamw v"), param.numel(), t.decay ? static_cast<float>(s.weight_decay) : 0.0f});
+    }
+    const int64_t count = static_cast<int64_t>(slots.size());
+    Tensor table = workspace_bytes(cuda::adamw_many_workspace_bytes(count));
+    cuda::launch_adamw_many(adamw_args(s), slots.data(), count, table.raw_data(), stream_);
     done();
   }
 
@@ -355,6 +388,21 @@ class CudaBackendImpl final : public CudaBackend {
     FP_CHECK(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeHost,
              "the CUDA backend needs tensors in CUDA memory: call use_cuda_memory(MemoryTracker::process()) "
              "before the first tensor is allocated");
+  }
+  static cuda::AdamWArgs adamw_args(const AdamWStep& s) {
+    return {static_cast<float>(s.lr),
+            static_cast<float>(s.beta1),
+            static_cast<float>(s.beta2),
+            static_cast<float>(s.eps),
+            static_cast<float>(s.weight_decay),
+            static_cast<float>(s.grad_scale),
+            static_cast<float>(1.0 - std::pow(s.beta1, static_cast<double>(s.step))),
+            static_cast<float>(1.0 - std::pow(s.beta2, static_cast<double>(s.step)))};
+  }
+  // At least `bytes` of device workspace, aligned as every block is (MemoryTracker::kAlignment).
+  static Tensor workspace_bytes(size_t bytes) {
+    return Tensor::empty({std::max<int64_t>(1, static_cast<int64_t>((bytes + 7) / 8))}, DType::kI64,
+                         MemCategory::kWorkspace);
   }
   void done() {
     if (options_.sync_each_op) FP_CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "tensor/dtype.h"
@@ -44,6 +45,42 @@ struct AdamWArgs {
 };
 void launch_adamw(const AdamWArgs& a, FloatPtr grad, FloatOut param, FloatOut m, FloatOut v, int64_t n,
                   cudaStream_t stream);
+
+// ---- many tensors in one launch (elementwise.cu) ----
+// Backend::fill_many, sum_squares_many and adamw_update_many. Each tensor gets
+// ceil(n / kMultiTensorChunk) blocks of kThreads threads (none when n == 0); block b finds
+// its tensor t by a binary search of the block offsets (begin[t] = blocks of the tensors
+// before t) and covers its elements [(b - begin[t]) * chunk, min(n, that + chunk)). The
+// offsets and the per-tensor slots travel in a device table, not in kernel parameters, so
+// that any number of tensors takes one launch (kernel parameters would cap a launch at a
+// few hundred slots and need chunked launches): each launcher writes the table into
+// `workspace` (the *_workspace_bytes of its tensor count, device memory) with one
+// host-to-device copy on `stream`, then launches once; nothing at all for 0 elements.
+inline constexpr int64_t kMultiTensorChunk = 4096;
+struct FillSlot {
+  FloatOut y;
+  int64_t n;
+};
+struct SumSquaresSlot {
+  FloatPtr x;
+  int64_t n;
+};
+struct AdamWSlot {
+  FloatPtr grad;
+  FloatOut param, m, v;
+  int64_t n;
+  float weight_decay;  // replaces AdamWArgs::weight_decay for this tensor
+};
+size_t fill_many_workspace_bytes(int64_t count);
+size_t sum_squares_many_workspace_bytes(int64_t count);
+size_t adamw_many_workspace_bytes(int64_t count);
+void launch_fill_many(double value, const FillSlot* slots, int64_t count, void* workspace, cudaStream_t stream);
+// out[i] (host, count doubles) = sum of the squares of tensor i: per-block f32 partials
+// added into f64 (as sum_squares). Synchronizes.
+void sum_squares_many(const SumSquaresSlot* slots, int64_t count, void* workspace, double* out, cudaStream_t stream);
+void launch_adamw_many(const AdamWArgs& a, const AdamWSlot* slots, int64_t count, void* workspace,
+                       cudaStream_t stream);
+
 void launch_swiglu_forward(FloatPtr gate, FloatPtr up, FloatOut out, int64_t n, cudaStream_t stream);
 void launch_swiglu_backward(FloatPtr gate, FloatPtr up, FloatPtr d_out, FloatOut d_gate, FloatOut d_up, int64_t n,
                             cudaStream_t stream);

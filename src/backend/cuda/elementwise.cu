@@ -1,6 +1,12 @@
 // Elementwise kernels of the CUDA backend: conversion/copy, add, scale, fill, sum of
 // squares, AdamW and the SiLU gate. One grid-stride kernel per op; f32 arithmetic on f32
 // or bf16 storage (sum of squares accumulates per thread in f32, across threads in f64).
+// Fill, sum of squares and AdamW also come over many tensors in one launch (the *_many
+// kernels; cuda_kernels.h has the table they walk). tests/gpu/emulation runs this file on
+// the host (multi_tensor_emulation.cc).
+#include <cstring>
+#include <vector>
+
 #include "backend/cuda/cuda_common.cuh"
 
 namespace foldpar::cuda {
@@ -29,17 +35,103 @@ __global__ void sum_squares_kernel(FloatPtr x, int64_t n, double* out) {
   const float total = block_sum(acc, smem);
   if (threadIdx.x == 0) atomicAdd(out, static_cast<double>(total));
 }
+// One element of AdamW: the single-tensor and the many-tensor kernel share it, so their
+// results are the same bit for bit.
+__device__ __forceinline__ void adamw_element(const AdamWArgs& a, float weight_decay, FloatPtr grad, FloatOut param,
+                                              FloatOut m, FloatOut v, int64_t i) {
+  const float g = load(grad, i) * a.grad_scale;
+  const float mi = a.beta1 * load(m, i) + (1 - a.beta1) * g;
+  const float vi = a.beta2 * load(v, i) + (1 - a.beta2) * g * g;
+  store(m, i, mi);
+  store(v, i, vi);
+  const float p = load(param, i);
+  const float update = (mi / a.c1) / (sqrtf(vi / a.c2) + a.eps) + weight_decay * p;
+  store(param, i, p - a.lr * update);
+}
 __global__ void adamw_kernel(AdamWArgs a, FloatPtr grad, FloatOut param, FloatOut m, FloatOut v, int64_t n) {
-  FP_GRID_STRIDE(i, n) {
-    const float g = load(grad, i) * a.grad_scale;
-    const float mi = a.beta1 * load(m, i) + (1 - a.beta1) * g;
-    const float vi = a.beta2 * load(v, i) + (1 - a.beta2) * g * g;
-    store(m, i, mi);
-    store(v, i, vi);
-    const float p = load(param, i);
-    const float update = (mi / a.c1) / (sqrtf(vi / a.c2) + a.eps) + a.weight_decay * p;
-    store(param, i, p - a.lr * update);
+  FP_GRID_STRIDE(i, n) adamw_element(a, a.weight_decay, grad, param, m, v, i);
+}
+
+// ---- many tensors per launch ----
+// The workspace table: block offsets begin[count + 1] (int64), then the slots (16-byte
+// aligned), then, for the sum of squares, one f64 total per tensor.
+struct TableLayout {
+  size_t slots_at, results_at, bytes;
+};
+TableLayout table_layout(int64_t count, size_t slot_bytes, size_t result_bytes) {
+  const auto align16 = [](size_t b) { return (b + 15) / 16 * 16; };
+  TableLayout t;
+  t.slots_at = align16(static_cast<size_t>(count + 1) * sizeof(int64_t));
+  t.results_at = align16(t.slots_at + static_cast<size_t>(count) * slot_bytes);
+  t.bytes = t.results_at + static_cast<size_t>(count) * result_bytes;
+  return t;
+}
+// The table image on the host (results zeroed); returns the blocks of the launch.
+template <typename Slot>
+int64_t build_table(const Slot* slots, int64_t count, const TableLayout& t, std::vector<unsigned char>& image) {
+  image.assign(t.bytes, 0);
+  int64_t blocks = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    std::memcpy(image.data() + static_cast<size_t>(i) * sizeof(int64_t), &blocks, sizeof(int64_t));
+    blocks += (slots[i].n + kMultiTensorChunk - 1) / kMultiTensorChunk;
   }
+  std::memcpy(image.data() + static_cast<size_t>(count) * sizeof(int64_t), &blocks, sizeof(int64_t));
+  std::memcpy(image.data() + t.slots_at, slots, static_cast<size_t>(count) * sizeof(Slot));
+  if (blocks > 0x7fffffff) kernel_contract_violated(__FILE__, __LINE__, "a many-tensor launch over 2^31 blocks");
+  return blocks;
+}
+// The tensor of this block: the last t with begin[t] <= blockIdx.x (tensors without
+// elements have begin[t] == begin[t + 1] and are passed over).
+__device__ __forceinline__ int64_t block_tensor(const int64_t* begin, int64_t count) {
+  const int64_t b = blockIdx.x;
+  int64_t lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (begin[mid] <= b) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+// This block's element range [*lo, *hi) of tensor t with n elements.
+__device__ __forceinline__ void block_range(const int64_t* begin, int64_t t, int64_t n, int64_t* lo, int64_t* hi) {
+  *lo = (blockIdx.x - begin[t]) * kMultiTensorChunk;
+  *hi = *lo + kMultiTensorChunk < n ? *lo + kMultiTensorChunk : n;
+}
+#define FP_BLOCK_ELEMENTS(i, lo, hi) for (int64_t i = (lo) + threadIdx.x; i < (hi); i += blockDim.x)
+
+__global__ void fill_many_kernel(float value, const int64_t* begin, const FillSlot* slots, int64_t count) {
+  const int64_t t = block_tensor(begin, count);
+  const FillSlot s = slots[t];
+  int64_t lo, hi;
+  block_range(begin, t, s.n, &lo, &hi);
+  FP_BLOCK_ELEMENTS(i, lo, hi) store(s.y, i, value);
+}
+__global__ void sum_squares_many_kernel(const int64_t* begin, const SumSquaresSlot* slots, int64_t count,
+                                        double* totals) {
+  __shared__ float smem[32];
+  const int64_t t = block_tensor(begin, count);
+  const SumSquaresSlot s = slots[t];
+  int64_t lo, hi;
+  block_range(begin, t, s.n, &lo, &hi);
+  float acc = 0;
+  FP_BLOCK_ELEMENTS(i, lo, hi) {
+    const float v = load(s.x, i);
+    acc += v * v;
+  }
+  // Every thread of the block is on tensor t: the block's f32 partial (kMultiTensorChunk
+  // terms at most), then f64 across the tensor's blocks.
+  const float total = block_sum(acc, smem);
+  if (threadIdx.x == 0) atomicAdd(&totals[t], static_cast<double>(total));
+}
+__global__ void adamw_many_kernel(AdamWArgs a, const int64_t* begin, const AdamWSlot* slots, int64_t count) {
+  const int64_t t = block_tensor(begin, count);
+  const AdamWSlot s = slots[t];
+  int64_t lo, hi;
+  block_range(begin, t, s.n, &lo, &hi);
+  FP_BLOCK_ELEMENTS(i, lo, hi) adamw_element(a, s.weight_decay, s.grad, s.param, s.m, s.v, i);
 }
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 __global__ void swiglu_forward_kernel(FloatPtr gate, FloatPtr up, FloatOut out, int64_t n) {
@@ -98,6 +190,58 @@ void launch_adamw(const AdamWArgs& a, FloatPtr grad, FloatOut param, FloatOut m,
                   cudaStream_t stream) {
   if (n == 0) return;
   adamw_kernel<<<grid_for(n), kThreads, 0, stream>>>(a, grad, param, m, v, n);
+  FP_CUDA_LAUNCHED();
+}
+
+size_t fill_many_workspace_bytes(int64_t count) { return table_layout(count, sizeof(FillSlot), 0).bytes; }
+size_t sum_squares_many_workspace_bytes(int64_t count) {
+  return table_layout(count, sizeof(SumSquaresSlot), sizeof(double)).bytes;
+}
+size_t adamw_many_workspace_bytes(int64_t count) { return table_layout(count, sizeof(AdamWSlot), 0).bytes; }
+
+// Each launcher: the table image on the host, one copy to the device (from pageable memory:
+// the image may go as soon as the copy is enqueued), one launch.
+void launch_fill_many(double value, const FillSlot* slots, int64_t count, void* workspace, cudaStream_t stream) {
+  const TableLayout t = table_layout(count, sizeof(FillSlot), 0);
+  std::vector<unsigned char> image;
+  const int64_t blocks = build_table(slots, count, t, image);
+  if (blocks == 0) return;
+  unsigned char* table = static_cast<unsigned char*>(workspace);
+  cudaMemcpyAsync(table, image.data(), t.bytes, cudaMemcpyDefault, stream);
+  fill_many_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      static_cast<float>(value), reinterpret_cast<const int64_t*>(table),
+      reinterpret_cast<const FillSlot*>(table + t.slots_at), count);
+  FP_CUDA_LAUNCHED();
+}
+void sum_squares_many(const SumSquaresSlot* slots, int64_t count, void* workspace, double* out, cudaStream_t stream) {
+  const TableLayout t = table_layout(count, sizeof(SumSquaresSlot), sizeof(double));
+  std::vector<unsigned char> image;
+  const int64_t blocks = build_table(slots, count, t, image);
+  if (blocks == 0) {
+    for (int64_t i = 0; i < count; ++i) out[i] = 0;
+    return;
+  }
+  unsigned char* table = static_cast<unsigned char*>(workspace);
+  double* totals = reinterpret_cast<double*>(table + t.results_at);
+  cudaMemcpyAsync(table, image.data(), t.bytes, cudaMemcpyDefault, stream);  // totals zeroed with it
+  sum_squares_many_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      reinterpret_cast<const int64_t*>(table), reinterpret_cast<const SumSquaresSlot*>(table + t.slots_at), count,
+      totals);
+  FP_CUDA_LAUNCHED();
+  cudaMemcpyAsync(out, totals, static_cast<size_t>(count) * sizeof(double), cudaMemcpyDefault, stream);
+  cudaStreamSynchronize(stream);
+  FP_CUDA_LAUNCHED();
+}
+void launch_adamw_many(const AdamWArgs& a, const AdamWSlot* slots, int64_t count, void* workspace,
+                       cudaStream_t stream) {
+  const TableLayout t = table_layout(count, sizeof(AdamWSlot), 0);
+  std::vector<unsigned char> image;
+  const int64_t blocks = build_table(slots, count, t, image);
+  if (blocks == 0) return;
+  unsigned char* table = static_cast<unsigned char*>(workspace);
+  cudaMemcpyAsync(table, image.data(), t.bytes, cudaMemcpyDefault, stream);
+  adamw_many_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      a, reinterpret_cast<const int64_t*>(table), reinterpret_cast<const AdamWSlot*>(table + t.slots_at), count);
   FP_CUDA_LAUNCHED();
 }
 void launch_swiglu_forward(FloatPtr gate, FloatPtr up, FloatOut out, int64_t n, cudaStream_t stream) {

@@ -1,6 +1,9 @@
 // Host emulation of the CUDA features flash_attention_tc.cu uses: every CUDA thread of a
 // block is a std::thread; warp collectives (shfl, ballot, ldmatrix, mma) exchange through a
 // per-warp slot array between two barrier phases; __syncthreads is a block barrier.
+// FP_SHIM_CORE_ONLY leaves out the stand-ins for foldpar's own types at the end (and
+// FP_CUDA_LAUNCHED): host_cuda/cuda_runtime.h, under which a .cu file compiles with the real
+// backend headers, defines it.
 #pragma once
 #include <barrier>
 #include <cassert>
@@ -21,7 +24,9 @@
 #define __launch_bounds__(...)
 #define __shared__
 #define __align__(n)
+#ifndef FP_SHIM_CORE_ONLY
 #define FP_CUDA_LAUNCHED() ((void)0)
+#endif
 
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -196,6 +201,7 @@ void emulate_launch(K kernel, dim3 grid, int threads, size_t smem, cudaStream_t,
       }
 }
 
+#ifndef FP_SHIM_CORE_ONLY
 namespace foldpar {
 enum class DType : uint8_t { kF32, kF64, kBF16, kI32, kI64 };
 namespace cuda {
@@ -216,3 +222,4 @@ inline float warp_sum(float v) {
 }
 }  // namespace cuda
 }  // namespace foldpar
+#endif  // FP_SHIM_CORE_ONLY
