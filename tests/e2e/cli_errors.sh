@@ -37,6 +37,8 @@ check "--threads: must be positive, got 0" bench --model "$src/configs/tiny.json
 check "steps (0)" bench --model "$src/configs/tiny.json" --steps 0
 check "--recompute: must be none or block, got 'sometimes'" bench --model "$src/configs/tiny.json" --recompute sometimes
 check "--progress: must be auto, bar, lines or none, got 'fancy'" train --model "$src/configs/tiny.json" --progress fancy
+check "--bf16 and --f32 exclude each other" train --model "$src/configs/tiny.json" --bf16 --f32 --out "$tmp/run"
+check "--f32 with the bf16 layout tsp=1:bf16" train --model "$src/configs/tiny.json" --layout tsp=1:bf16 --f32 --out "$tmp/run"
 check "--device: must be cpu or cuda, got 'tpu'" generate --hf "$tmp" --prompt x --device tpu
 check "no complete checkpoint in '$tmp'" export --checkpoint "$tmp" -o "$tmp/hf"
 check "--layouts is required" bench-layouts --model "$src/configs/tiny.json"
