@@ -285,7 +285,7 @@ TEST(InterleavedOneFOneB, EveryRankFinishesWithTheInterleavedBubble) {
 TEST(InterleavedOneFOneB, NoDeadlockWithTheBoundarysBlockingPoints) {
   for (int p = 1; p <= 5; ++p)
     for (int v = 1; v <= 4; ++v)
-      for (int m : {1, p, 2 * p, 3 * p}) {
+      for (int m : {1, p, 2 * p, 3 * p, 4 * p, 6 * p}) {
         const interleaved::Orders o(p, m, v);
         // The boundary keeps p sends per direction before it waits on the oldest.
         for (int kept : {1, 2, p})
