@@ -360,6 +360,40 @@ TEST(PipelineMemory, ActivationsInFlightAreBoundedByTheStages) {
   if (!ran) GTEST_SKIP() << "no layout for " << world.size() << " ranks";
 }
 
+// Interleaved 1F1B keeps at most min(warm-up + 1, m v) (chunk, micro-batch) pairs in flight
+// (pipeline_schedule.h): from m = 2p on the warm-up no longer grows, so the activation peak at
+// m = 4p equals m = 2p's up to the boundary messages kept; and it exceeds one micro-batch's
+// (its chunks overlap).
+TEST(PipelineMemory, InterleavedActivationsStopGrowingWithTheMicroBatches) {
+  Communicator& world = test::mpi().world();
+  if (world.size() != 2) GTEST_SKIP() << "runs at 2 ranks";
+  const Layout lo = parse_layout("pp=2,tsp=1:interleaved=2").value();
+  const LlamaConfig c = test_config(4, false);
+  Mesh mesh = Mesh::create(world, lo.mesh()).value();
+  std::unique_ptr<ShardedModel> model = make_sharded_model(c, mesh, 32, lo).value();
+  model->init_weights(kInit);
+  auto be = make_cpu_backend();
+  const int P = lo.pp;
+  const Batch global = synthetic_batch(c, 4 * P, 32, 11, 0.1);
+  std::vector<Batch> locals;
+  for (int i = 0; i < 4 * P; ++i) locals.push_back(model->local_batch(rows(global, i, i + 1)));
+  auto activation_peak = [&](int m) {
+    model->zero_grads(*be);
+    MemoryTracker& t = MemoryTracker::process();
+    const int64_t before = t.stats().current[static_cast<size_t>(MemCategory::kActivations)];
+    t.reset_peaks();
+    const std::vector<Batch> some(locals.begin(), locals.begin() + m);
+    if (m == 1) FP_CHECK_OK(model->forward_backward(*be, locals[0], 0).status());
+    else FP_CHECK_OK(model->forward_backward_micro_batches(*be, some, 0).status());
+    return t.stats().peak[static_cast<size_t>(MemCategory::kActivations)] - before;
+  };
+  const int64_t single = activation_peak(1), two = activation_peak(2 * P), four = activation_peak(4 * P);
+  const int64_t message = 32 * c.hidden_size * 4;
+  const int64_t kept = 2 * P * message;  // both directions, p each, on either rank
+  EXPECT_LE(std::abs(four - two), kept) << "the peak grew with m";
+  EXPECT_GT(two, single) << "no (chunk, micro-batch) pairs overlapped";
+}
+
 // Under pp a stage's model-axis traffic is the single-stage step's per micro-batch, m times
 // (TSP moves its weight shards again for every micro-batch), plus what closes the step once
 // (the norm gains' sum): per operation kind, T(m) = a m + b exactly, so T(4) - T(2) is twice
