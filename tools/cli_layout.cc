@@ -40,6 +40,9 @@ void add_layout_flags(CLI::App* cmd, LayoutArgs& a, bool generation) {
   cmd->add_flag("--keep-kv", a.keep_kv, "tsp: backward reuses the forward's gathered K/V");
   cmd->add_option("--stage-layers", a.stage_layers, "pp: decoder layers of each stage, first first, e.g. 5,6,6,5")
       ->delimiter(',');
+  cmd->add_option("--schedule", a.schedule,
+                  "pp: 1f1b, or interleaved:V (V model chunks per rank, rank s holding chunks s, s+p, ...; m a "
+                  "multiple of p)");
   cmd->add_flag("--sequence-parallel", a.sequence_parallel, "tp: Megatron sequence parallelism in the norm regions");
   cmd->add_option("--kv-exchange", a.kv_exchange, "sp: how attention exchanges K/V: allgather or ring")
       ->transform(choice<Layout::KvExchange>(
@@ -62,6 +65,9 @@ Result<Layout> layout_of(const LayoutArgs& a, int ranks) {
   if (a.head_buckets != 1) l.head_buckets = a.head_buckets;
   if (a.moe_dispatch != Layout::MoeDispatchOption::kAuto) l.moe_dispatch = a.moe_dispatch;
   if (!a.stage_layers.empty()) l.stage_layers = a.stage_layers;
+  if (!a.schedule.empty()) {
+    FP_ASSIGN_OR_RETURN(l.chunks, parse_schedule(a.schedule));
+  }
   return l;
 }
 

@@ -91,6 +91,10 @@ struct CommOp {
   int root = 0;     // broadcast, reduce
   int peer = -1;    // send, send_recv: the destination
   int source = -1;  // recv, send_recv: the source
+  // send, recv: messages of one source match receives of the same tag in order; 0 for
+  // everything but the interleaved pipeline's chunk streams (parallel/pipeline/), 0..32767.
+  // MPI only: NCCL matches in call order and refuses a non-zero tag.
+  int tag = 0;
   CommStream stream;
   CommPurpose purpose;  // optional; only the watchdog reads it
   // Assigned by the communicator when the operation is submitted: the 1-based sequence

@@ -186,6 +186,8 @@ Status Communicator::submit(CommOp& op) {
   if (op.kind == CommOpKind::kRecv || op.kind == CommOpKind::kSendRecv) {
     FP_CHECK(in_range(op.source), "{}: source {} is not a rank of {} ranks", site.str(), op.source, size_);
   }
+  FP_CHECK(op.tag >= 0 && op.tag <= 32767 && (op.tag == 0 || op.kind == CommOpKind::kSend || op.kind == CommOpKind::kRecv),
+           "{}: tag {} (0..32767, send and recv only)", site.str(), op.tag);
   if (op.kind == CommOpKind::kAllGatherV || op.kind == CommOpKind::kReduceScatterV) {
     FP_CHECK(static_cast<int>(op.counts.size()) == size_, "{}: counts has {} entries for {} ranks", site.str(),
              op.counts.size(), size_);

@@ -39,6 +39,7 @@ struct CommEvent {
   DType dtype = DType::kF32;
   uint64_t bytes_sent = 0, bytes_received = 0;  // ring_traffic
   int root = -1, peer = -1, source = -1;
+  int tag = 0;  // send, recv (CommOp::tag)
 };
 
 // The events of every counting communicator that shares it. Not thread-safe: one dry run,

@@ -302,12 +302,12 @@ void MpiCommunicator::post(const CommOp& op, Plan& p, bool blocking) {
       else FP_MPI_CHECK(MPI_Ialltoall(p.send, n, p.type, p.recv, n, p.type, comm_, rq));
       return;
     case CommOpKind::kSend:
-      if (blocking) FP_MPI_CHECK(MPI_Send(p.send, n, p.type, op.peer, kPointToPointTag, comm_));
-      else FP_MPI_CHECK(MPI_Isend(p.send, n, p.type, op.peer, kPointToPointTag, comm_, rq));
+      if (blocking) FP_MPI_CHECK(MPI_Send(p.send, n, p.type, op.peer, kPointToPointTag + op.tag, comm_));
+      else FP_MPI_CHECK(MPI_Isend(p.send, n, p.type, op.peer, kPointToPointTag + op.tag, comm_, rq));
       return;
     case CommOpKind::kRecv:
-      if (blocking) FP_MPI_CHECK(MPI_Recv(p.recv, n, p.type, op.source, kPointToPointTag, comm_, &p.statuses[0]));
-      else FP_MPI_CHECK(MPI_Irecv(p.recv, n, p.type, op.source, kPointToPointTag, comm_, rq));
+      if (blocking) FP_MPI_CHECK(MPI_Recv(p.recv, n, p.type, op.source, kPointToPointTag + op.tag, comm_, &p.statuses[0]));
+      else FP_MPI_CHECK(MPI_Irecv(p.recv, n, p.type, op.source, kPointToPointTag + op.tag, comm_, rq));
       return;
     case CommOpKind::kSendRecv:
       if (blocking) {

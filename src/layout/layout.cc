@@ -51,6 +51,8 @@ Status apply_option(std::string_view opt, std::string_view text, Layout& l) {
       FP_ASSIGN_OR_RETURN(int layers, parse_degree(n, text, "the layers of a stage"));
       l.stage_layers.push_back(layers);
     }
+  } else if (opt.starts_with("interleaved=")) {
+    FP_ASSIGN_OR_RETURN(l.chunks, parse_degree(opt.substr(12), text, "the chunks per rank of interleaved"));
   } else if (opt == "moe=auto") {
     l.moe_dispatch = Layout::MoeDispatchOption::kAuto;
   } else if (opt == "moe=a2a") {
@@ -64,7 +66,7 @@ Status apply_option(std::string_view opt, std::string_view text, Layout& l) {
   } else {
     return invalid_argument(
         "layout '{}': unknown option '{}' (ring, seqpar, contiguous, nooverlap, keepw, keepkv, buckets=N, recompute, "
-        "bf16, stages=A/B/.., moe=a2a|gather|ring|auto)",
+        "bf16, stages=A/B/.., interleaved=V, moe=a2a|gather|ring|auto)",
         text, opt);
   }
   return Status();
@@ -201,10 +203,23 @@ std::string Layout::to_string() const {
   if (recompute == Recompute::kBlock) n += ":recompute";
   if (dtype == DType::kBF16) n += ":bf16";
   if (!stage_layers.empty()) n += fmt::format(":stages={}", fmt::join(stage_layers, "/"));
+  if (chunks > 1) n += fmt::format(":interleaved={}", chunks);
   if (moe_dispatch == MoeDispatchOption::kAllToAll) n += ":moe=a2a";
   if (moe_dispatch == MoeDispatchOption::kGather) n += ":moe=gather";
   if (moe_dispatch == MoeDispatchOption::kRing) n += ":moe=ring";
   return n;
+}
+
+Result<int> parse_schedule(std::string_view text) {
+  if (text == "1f1b") return 1;
+  if (text.starts_with("interleaved:")) {
+    int v = 0;
+    const std::string_view n = text.substr(12);
+    const auto [ptr, ec] = std::from_chars(n.data(), n.data() + n.size(), v);
+    if (!n.empty() && ec == std::errc() && ptr == n.data() + n.size() && v >= 1) return v;
+  }
+  return invalid_argument("--schedule {}: the pipeline schedules are 1f1b and interleaved:V (V >= 1 chunks per rank)",
+                          text);
 }
 
 Layout tsp_layout(int degree) {
@@ -221,8 +236,9 @@ int64_t local_parameter_elements(const LlamaConfig& c, const Layout& l, int stag
   const int64_t table = (c.vocab_size / W) * h;  // the embedding's or the LM head's shard
   if (l.pp == 1) return c.num_hidden_layers * layer + h + (c.tie_word_embeddings ? 1 : 2) * table;
   const std::vector<int64_t> bounds = stage_bounds(c, l);
-  const size_t s = static_cast<size_t>(stage);
-  int64_t n = (bounds[s + 1] - bounds[s]) * layer;
+  int64_t n = 0;
+  for (size_t g = static_cast<size_t>(stage); g + 1 < bounds.size(); g += static_cast<size_t>(l.pp))
+    n += (bounds[g + 1] - bounds[g]) * layer;  // the stage's chunks s, s + p, ...
   if (stage == 0) n += table;
   if (stage == l.pp - 1) n += h + table;
   return n;

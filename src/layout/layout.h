@@ -10,6 +10,7 @@
 // (Megatron sequence-parallel norms), contiguous (sequence split; zigzag by default),
 // nooverlap, keepw / keepkv (TSP backward policies), buckets=N (TSP head buckets),
 // recompute (Recompute::kBlock), bf16 (storage dtype), stages=A/B/.. (pp: layers per stage),
+// interleaved=V (pp: the interleaved 1F1B schedule over V chunks per rank; train --schedule),
 // moe=a2a|gather|ring|auto (tsp, MoE models: how tokens meet their experts; parallel/tsp/tsp_moe.cc).
 // The old plan spelling with '+' between axes ("tp=2+sp=2") is still read, with a note
 // naming the canonical form.
@@ -67,6 +68,11 @@ struct Layout {
   // pp: the decoder layers of each stage, first stage first (sum L); empty: stage_layers()
   // balances them (`--stage-layers 5,6,6,5`, or `:stages=5/6/6/5` in the layout string).
   std::vector<int> stage_layers;
+  // pp: model chunks per rank, v (parallel/pipeline/pipeline_schedule.h). 1: the 1F1B
+  // schedule over contiguous stages; V > 1: interleaved 1F1B, the L layers cut into p V
+  // chunks and rank s holding chunks s, s + p, ..., s + (V-1) p (`--schedule interleaved:V`,
+  // or `:interleaved=V` in the layout string). Not with stage_layers.
+  int chunks = 1;
   // tsp with a MoE model: all-to-all dispatch and combine (a2a), all-gather of the tokens with a
   // reduce-scatter of the outputs (gather), the expert-weight ring (ring), or auto: spec
   // COMPOSITION.md 3's training break-evens, ring iff T > 2.25 E f_e / k, else gather iff D < k,
@@ -105,6 +111,10 @@ Layout tsp_layout(int degree);
 // `note`, when given, receives a one-line note where an old spelling was read ('+').
 Result<Layout> parse_layout(std::string_view text, std::string* note = nullptr);
 
+// A pipeline schedule's name (`train --schedule`): "1f1b" is 1 chunk per rank, "interleaved:V"
+// V chunks (Layout::chunks). invalid_argument naming the text otherwise.
+Result<int> parse_schedule(std::string_view text);
+
 // Several layouts: each item is one layout; an item may also hold several separated by ';'.
 // An item in the old list spelling ("tsp=2,tp=2+sp=2:ring", layouts between commas, axes
 // between '+') is read with a note giving the canonical list.
@@ -118,21 +128,24 @@ Result<std::vector<Layout>> parse_layout_list(const std::vector<std::string>& it
 // for axes foldpar lacks.
 Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t batch, int64_t seq);
 
-// pp: the layers before each stage and after the last, [p + 1] bounds from 0 to L, so
-// stage s holds decoder layers [bounds[s], bounds[s+1]). Layout::stage_layers when given;
+// pp: the layers before each chunk and after the last, [p v + 1] bounds from 0 to L (v =
+// Layout::chunks), so chunk g holds decoder layers [bounds[g], bounds[g+1]) and runs on rank
+// g % p; with v = 1 the chunks are the stages. Layout::stage_layers when given (v = 1);
 // otherwise balanced with the embedding counted as one layer of stage 0 and the final norm +
 // LM head + loss as one layer of the last stage, every stage at least one decoder layer, ties
-// to the later stages (22 layers on 4 stages: 5,6,6,5; 5 on 4: 1,1,2,1). validate_layout's
-// verdict first (L >= p, the list sums to L).
+// to the later stages (22 layers on 4 stages: 5,6,6,5; 5 on 4: 1,1,2,1), and the same over
+// the p v chunks when interleaved. validate_layout's verdict first (L >= p v, the list sums
+// to L).
 std::vector<int64_t> stage_bounds(const LlamaConfig& config, const Layout& layout);
 
 // pp: the micro-batches of one optimizer step (m, per data-parallel rank) must be at least
-// the stages (p), or the pipeline never fills; invalid_argument naming m and p. Any m for pp=1.
+// the stages (p), or the pipeline never fills, and a multiple of p under the interleaved
+// schedule (chunks > 1); invalid_argument naming m and p. Any m for pp=1.
 Status validate_micro_batches(const Layout& layout, int64_t micro_batches);
 
 // Elements of the parameters one rank of pipeline stage `stage` holds (its weight shards, or
 // the whole stage where weights are replicated): the size of its gradients and of each AdamW
-// moment. A stage holds its decoder layers (stage_bounds), stage 0 the embedding and the last
+// moment. A stage holds its decoder layers (stage_bounds: its chunks), stage 0 the embedding and the last
 // stage the final norm and the LM head (with tied embeddings, a copy of the embedding).
 int64_t local_parameter_elements(const LlamaConfig& config, const Layout& layout, int stage = 0);
 

@@ -110,6 +110,17 @@ Status check_sizes(const LlamaConfig& c, const Layout& l, int64_t batch, int64_t
 // that sums to L.
 Status check_stages(const LlamaConfig& c, const Layout& l, const std::string& name) {
   const int64_t L = c.num_hidden_layers;
+  if (l.chunks > 1) {
+    if (!l.stage_layers.empty())
+      return invalid_argument("{}: --stage-layers sets contiguous stages, the interleaved schedule (interleaved:{}) cuts "
+                              "the layers into chunks itself; drop one",
+                              name, l.chunks);
+    if (L < static_cast<int64_t>(l.pp) * l.chunks)
+      return invalid_argument("{}: {} layers cannot fill {} pipeline stages x {} chunks = {} chunks (at least one layer "
+                              "per chunk)",
+                              name, L, l.pp, l.chunks, l.pp * l.chunks);
+    return Status();
+  }
   if (l.stage_layers.empty()) {
     if (L < l.pp)
       return invalid_argument("{}: {} layers cannot fill {} pipeline stages (at least one layer per stage)", name, L,
@@ -137,11 +148,16 @@ Status validate_micro_batches(const Layout& l, int64_t m) {
     return invalid_argument("{}: {} micro-batches per step cannot fill {} pipeline stages (need m >= p; lower "
                             "--micro-batch or raise --batch)",
                             l.to_string(), m, l.pp);
+  if (l.pp > 1 && l.chunks > 1 && m % l.pp != 0)
+    return invalid_argument("{}: {} micro-batches per step must be a multiple of the {} pipeline stages under the "
+                            "interleaved schedule (interleaved:{})",
+                            l.to_string(), m, l.pp, l.chunks);
   return Status();
 }
 
 std::vector<int64_t> stage_bounds(const LlamaConfig& c, const Layout& l) {
-  const int64_t L = c.num_hidden_layers, p = l.pp;
+  // Under interleaving the pieces are the p v chunks, balanced the same way.
+  const int64_t L = c.num_hidden_layers, p = static_cast<int64_t>(l.pp) * l.chunks;
   std::vector<int64_t> layers(static_cast<size_t>(p));
   if (!l.stage_layers.empty()) {
     for (int64_t s = 0; s < p; ++s) layers[s] = l.stage_layers[s];
@@ -198,6 +214,10 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
   FP_RETURN_IF_ERROR(check_knobs(layout, name));
   if (layout.pp == 1 && !layout.stage_layers.empty())
     return invalid_argument("{}: --stage-layers is the pp axis's (a layout with pp=P)", name);
+  if (layout.chunks < 1) return invalid_argument("{}: the chunks per rank ({}) must be positive", name, layout.chunks);
+  if (layout.pp == 1 && layout.chunks > 1)
+    return invalid_argument("{}: the interleaved schedule (interleaved:{}) is the pp axis's (a layout with pp=P)", name,
+                            layout.chunks);
   if (layout.pp > 1) FP_RETURN_IF_ERROR(check_stages(config, layout, name));
   return check_sizes(config, layout, batch, seq, name);
 }

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -76,13 +77,20 @@ MlpPieces mlp_pieces(const ShardDims& dims, const Tensor& packed);
 // with tied embeddings the last stage holds the embedding as its LM head too). Layers keep
 // their global index: the per-layer vectors below have L entries, those of other stages'
 // layers undefined, so names, initialization and checkpoint slices are those of the whole
-// model. The default is the whole model.
+// model. The default is the whole model. Under the interleaved schedule a rank holds several
+// ranges (its chunks), listed in `chunks`; [first, end) is then unused.
 struct StageLayers {
   int64_t first = 0;
   int64_t end = -1;  // -1: every layer
   bool embed = true;
   bool head = true;
-  bool holds_layer(int64_t l) const { return l >= first && (end < 0 || l < end); }
+  std::vector<std::pair<int64_t, int64_t>> chunks;  // interleaved pp: [first, end) of each; empty: one range
+  bool holds_layer(int64_t l) const {
+    if (chunks.empty()) return l >= first && (end < 0 || l < end);
+    for (const auto& [a, b] : chunks)
+      if (l >= a && l < b) return true;
+    return false;
+  }
 };
 
 struct ShardedWeights {

@@ -214,6 +214,7 @@ Result<RankTrace> step_timeline_trace(const DryRunResult& r, int rank, int devic
     s.bytes_sent = e.bytes_sent;
     s.bytes_received = e.bytes_received;
     s.blocking = e.blocking;
+    s.tag = e.tag;
     // The partner of a send or receive by world rank, for simulate_coupled.
     const int partner = e.kind == CommOpKind::kSend ? e.peer : e.kind == CommOpKind::kRecv ? e.source : -1;
     if (partner >= 0 && partner < static_cast<int>(m.world_ranks.size()))

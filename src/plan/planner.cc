@@ -235,7 +235,7 @@ Status plan_pipeline(const PlanRequest& r, LayoutPlan& p) {
   std::vector<std::pair<int64_t, double>> tried;
   const int64_t capacity = r.hardware.memory_bytes();
   for (int64_t micro = 1; micro <= rows; ++micro) {
-    if (rows % micro != 0 || rows / micro < p.layout.pp) continue;
+    if (rows % micro != 0 || !validate_micro_batches(p.layout, rows / micro).ok()) continue;
     LayoutPlan q;
     q.layout = p.layout;
     FP_RETURN_IF_ERROR(plan_by_dry_run(r, q, micro));
@@ -251,6 +251,9 @@ Status plan_pipeline(const PlanRequest& r, LayoutPlan& p) {
   p.micro_batch_tried = std::move(tried);
   return Status();
 }
+
+// The pipeline schedule as train --schedule spells it.
+std::string schedule_name(const Layout& l) { return l.chunks > 1 ? fmt::format("interleaved:{}", l.chunks) : "1f1b"; }
 
 const char* dispatch_name(Layout::MoeDispatchOption d) {
   switch (d) {
@@ -451,13 +454,15 @@ std::string plan_report_text(const PlanReport& rep) {
   }
   for (const LayoutPlan& p : rep.layouts) {
     if (p.layout.pp == 1) continue;
-    // 1F1B's bubble with equal stages: (p - 1) / (m + p - 1) of the step.
-    const double pp = p.layout.pp, m = static_cast<double>(p.micro_batches);
+    // The bubble with equal stages: (p - 1) / (m v + p - 1) of the step (1F1B: v = 1;
+    // parallel/pipeline/pipeline_schedule.h).
+    const double pp = p.layout.pp, m = static_cast<double>(p.micro_batches), v = p.layout.chunks;
     std::string line = fmt::format(
-        "pipeline {}: {} micro-batches of {} (train --micro-batch {}), schedule 1f1b; memory peaks on {}; bubble "
-        "{:.4g} s of the busiest stage ({:.0f}% of the step; equal stages: (p-1)/(m+p-1) = {:.0f}%)",
-        p.layout.to_string(), p.micro_batches, p.micro_batch, p.micro_batch, p.memory.phase,
-        p.bubble_s, p.time.step_s > 0 ? 100 * p.bubble_s / p.time.step_s : 0.0, 100 * (pp - 1) / (m + pp - 1));
+        "pipeline {}: {} micro-batches of {} (train --micro-batch {}), schedule {}; memory peaks on {}; bubble "
+        "{:.4g} s of the busiest stage ({:.0f}% of the step; equal stages: (p-1)/(m{}+p-1) = {:.0f}%)",
+        p.layout.to_string(), p.micro_batches, p.micro_batch, p.micro_batch, schedule_name(p.layout), p.memory.phase,
+        p.bubble_s, p.time.step_s > 0 ? 100 * p.bubble_s / p.time.step_s : 0.0, v > 1 ? " v" : "",
+        100 * (pp - 1) / (m * v + pp - 1));
     if (p.micro_batch_tried.size() > 1) {
       std::vector<std::string> t;
       for (const auto& [micro, tps] : p.micro_batch_tried) t.push_back(fmt::format("{}: {:.4g}", micro, tps));
@@ -549,7 +554,7 @@ std::string plan_report_json(const PlanReport& rep) {
     if (p.layout.pp > 1) {
       nlohmann::ordered_json tried = nlohmann::json::array();
       for (const auto& [micro, tps] : p.micro_batch_tried) tried.push_back({{"micro_batch", micro}, {"tokens_per_s", tps}});
-      l["pipeline"] = {{"micro_batches", p.micro_batches}, {"micro_batch", p.micro_batch}, {"schedule", "1f1b"},
+      l["pipeline"] = {{"micro_batches", p.micro_batches}, {"micro_batch", p.micro_batch}, {"schedule", schedule_name(p.layout)},
                        {"heaviest_stage", p.heaviest_stage}, {"bubble_s", p.bubble_s}, {"micro_batch_tried", tried}};
     }
     if (p.moe) {

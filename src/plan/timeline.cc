@@ -116,8 +116,8 @@ namespace {
 class RankSimulator;
 
 // Point-to-point transfers between ranks simulated together (simulate_coupled): the n-th
-// send from A to B on a communicator meets B's n-th receive from A; both start when the
-// later one is posted.
+// send from A to B on a communicator with a tag meets B's n-th receive from A with that tag;
+// both start when the later one is posted.
 class P2pMatcher {
  public:
   struct Post {
@@ -130,10 +130,10 @@ class P2pMatcher {
     by_index_.push_back(sim);
   }
   bool coupled(int world_rank) const { return sims_.count(world_rank) > 0; }
-  void post(bool send, int from, int to, const std::string& comm, const Post& p);
+  void post(bool send, int from, int to, const std::string& comm, int tag, const Post& p);
 
  private:
-  using Key = std::tuple<int, int, std::string>;  // sender, receiver, communicator
+  using Key = std::tuple<int, int, std::string, int>;  // sender, receiver, communicator, tag
   std::map<int, RankSimulator*> sims_;  // by world rank
   std::vector<RankSimulator*> by_index_;
   std::map<Key, std::deque<Post>> sends_, recvs_;  // posts not matched yet
@@ -283,7 +283,7 @@ class RankSimulator {
     transfers_.push_back(t);
     if (coupled) {
       const bool send = s.kind == CommKind::kSend;
-      matcher_->post(send, send ? world_rank_ : s.peer, send ? s.peer : world_rank_, s.communicator,
+      matcher_->post(send, send ? world_rank_ : s.peer, send ? s.peer : world_rank_, s.communicator, s.tag,
                      P2pMatcher::Post{index_, transfers_.size() - 1, now_, transfer_seconds(s, hw_)});
     }
     if (s.blocking) return handle(CommWait{s.request});
@@ -337,8 +337,8 @@ class RankSimulator {
   std::map<size_t, size_t> stall_transfer_;  // items_ index of a stall -> the transfer it waited on
 };
 
-void P2pMatcher::post(bool send, int from, int to, const std::string& comm, const Post& p) {
-  const Key key{from, to, comm};
+void P2pMatcher::post(bool send, int from, int to, const std::string& comm, int tag, const Post& p) {
+  const Key key{from, to, comm, tag};
   auto& mine = send ? sends_[key] : recvs_[key];
   auto& other = send ? recvs_[key] : sends_[key];
   if (other.empty()) {

@@ -80,6 +80,7 @@ struct CommStart {
   uint64_t bytes_sent = 0, bytes_received = 0;
   bool blocking = false;     // start + wait at once (no CommWait follows)
   int peer = -1;             // kSend: the destination's world rank; kRecv: the source's; else -1
+  int tag = 0;               // kSend, kRecv: the message stream (CommOp::tag)
 };
 struct CommWait {
   int64_t request = 0;

@@ -8,7 +8,10 @@
 #    checkpoint resumed under pp=4: the next losses match the uninterrupted runs;
 #  - verify passes (loss, logits, every gradient) under pp=2,tsp=1, pp=2,tsp=2, pp=4,tsp=1,
 #    pp=2,tp=2:seqpar and pp=2,sp=2:ring;
-#  - m < p, L < p and a --stage-layers list that does not sum to L exit 2 with one line.
+#  - the interleaved schedule (pp=2, 2 chunks per rank) for 10 steps, its checkpoint resumed
+#    under tsp=2: the one-rank losses;
+#  - m < p, L < p, a --stage-layers list that does not sum to L, and under interleaving m not
+#    a multiple of p and p v > L exit 2 with one line.
 # The model is configs/tiny.json with 4 layers (so pp=4 has a layer per stage). Tolerance
 # across layouts: 2e-5 relative, as train_layouts.sh (only the order of f32 sums differs).
 set -euo pipefail
@@ -71,6 +74,12 @@ run 4 pp=4,tsp=1 "$tmp/to_pp" --micro-batch 1 --resume
 compare pp2tsp2 from_pp from_pp1
 compare one to_pp
 
+# The interleaved schedule (2 chunks per rank, m = 2): its first 10 steps, then its
+# checkpoint resumed under tsp=2, give the one-rank losses.
+run 2 pp=2,tsp=1 "$tmp/interleaved" --micro-batch 2 --schedule interleaved:2 --stop-after 10
+run 2 tsp=2 "$tmp/interleaved" --micro-batch 2 --resume
+compare one interleaved
+
 # verify: loss, logits and every gradient of one pipelined step against the single-rank model.
 for spec in "2 pp=2,tsp=1" "4 pp=2,tsp=2" "4 pp=4,tsp=1" "4 pp=2,tp=2:seqpar" "4 pp=2,sp=2:ring"; do
   set -- $spec
@@ -97,4 +106,7 @@ check() {  # check NP "needle" train-args...
 check 2 "1 micro-batches per step cannot fill 2 pipeline stages" --layout pp=2,tsp=1 --batch 2
 check 4 "4 layers cannot fill 8 pipeline stages" --layout pp=8,tsp=1 --batch 8 --micro-batch 1
 check 2 "--stage-layers 3,2 sums to 5, the model has 4 layers" --layout pp=2,tsp=1 --batch 4 --micro-batch 1 --stage-layers 3,2
+check 2 "3 micro-batches per step must be a multiple of the 2 pipeline stages" --layout pp=2,tsp=1 --batch 3 \
+  --micro-batch 1 --schedule interleaved:2
+check 2 "4 layers cannot fill 2 pipeline stages x 3 chunks = 6 chunks" --layout pp=2,tsp=1 --batch 4 --schedule interleaved:3
 exit $((failures > 0))

@@ -6,7 +6,8 @@
 // and every ParamRef's place; the tied embedding's two copies agree bit for bit; the
 // boundary's traffic is exactly 2*m*B*(S/D)*h*beta per boundary; the refusals name their
 // numbers. Layouts by world size W: pp=2,tsp=1 and pp=2,tp=1 (W = 2); pp=2,tsp=2, pp=4,tsp=1,
-// pp=2,dp=2,tsp=1, pp=2,tp=2, pp=2,tp=2:seqpar and pp=2,sp=2 (W = 4); pp=2,dp=2,tsp=2 (W = 8).
+// pp=2,dp=2,tsp=1, pp=2,tp=2, pp=2,tp=2:seqpar and pp=2,sp=2 (W = 4); pp=2,dp=2,tsp=2 (W = 8);
+// the interleaved schedule (v chunks per rank, `:interleaved=V`) at pp=2 x tsp=1 and 2 and pp=4.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -49,6 +50,7 @@ struct Case {
   int64_t seq = 32;
   Recompute recompute = Recompute::kNone;
   std::vector<int> stages{};  // --stage-layers; empty: balanced
+  int chunks = 1;             // v: interleaved 1F1B over v chunks per rank when > 1
 };
 
 // Weights with std 0.1 so that attention is far from uniform and every path matters.
@@ -65,6 +67,7 @@ bool check_parity(const Case& k) {
   if (lo.ranks() != world.size()) return false;
   lo.recompute = k.recompute;
   lo.stage_layers = k.stages;
+  lo.chunks = k.chunks;
   const LlamaConfig c = test_config(k.layers, k.tied);
   const int m = k.m_per_stage * lo.pp;
   const int64_t global_rows = m * k.batch * lo.dp;
@@ -153,12 +156,18 @@ bool check_parity(const Case& k) {
     EXPECT_EQ(max_rel_error(*g, other), 0.0) << "tied embedding gradients of stages 0 and " << P - 1;
   }
 
-  // Traffic on pp, exactly: each boundary moves m activations forward and m gradients back,
-  // [B*S/D, h] f32 each; the tied embedding's exchange adds V/D*h*4 each way on the end stages;
-  // the loss's broadcast two f64.
+  // Traffic on pp, exactly: each boundary between chunks moves m activations forward and m
+  // gradients back, [B*S/D, h] f32 each (v chunks per rank: rank s sends for each of its
+  // chunks g = c P + s but the model's last its output, and for each but chunk 0 its input
+  // gradient); the tied embedding's exchange adds V/D*h*4 each way on the end stages; the
+  // loss's broadcast two f64.
   const int64_t local_rows = locals[0].input_ids.numel();  // B*S/D (tsp); B*S, or B*S/tp with seqpar (tp)
   const uint64_t msg = static_cast<uint64_t>(local_rows * c.hidden_size * 4);
-  const uint64_t sends = static_cast<uint64_t>((s < P - 1 ? m : 0) + (s > 0 ? m : 0));
+  uint64_t sends = 0;
+  for (int ch = 0; ch < lo.chunks; ++ch) {
+    const int g = ch * P + s;
+    sends += static_cast<uint64_t>((g < P * lo.chunks - 1 ? m : 0) + (g > 0 ? m : 0));
+  }
   EXPECT_EQ(pp_traffic.op(CommOpKind::kSend).bytes_sent, sends * msg) << lo.to_string() << " stage " << s;
   EXPECT_EQ(pp_traffic.op(CommOpKind::kSend).calls, sends);
   EXPECT_EQ(pp_traffic.op(CommOpKind::kRecv).bytes_received, sends * msg);
@@ -166,11 +175,11 @@ bool check_parity(const Case& k) {
       k.tied && (s == 0 || s == P - 1) ? c.vocab_size / lo.weight_degree() * c.hidden_size * 4 : 0;
   EXPECT_EQ(pp_traffic.op(CommOpKind::kSendRecv).bytes_sent, tied_bytes);
   EXPECT_EQ(pp_traffic.op(CommOpKind::kBroadcast).calls, 1u);
-  // Per boundary, over its two stages: 2*m*B*(S/D)*h*beta (summed over the world: every
-  // boundary of every replica and TSP index).
+  // Per boundary, over its two stages: 2*m*B*(S/D)*h*beta (summed over the world: each of the
+  // P v - 1 chunk boundaries of every replica and TSP index).
   double sent = static_cast<double>(pp_traffic.op(CommOpKind::kSend).bytes_sent);
   FP_CHECK_OK(world.all_reduce(&sent, &sent, 1, DType::kF64, ReduceOp::kSum));
-  EXPECT_EQ(sent, 2.0 * m * local_rows * c.hidden_size * 4 * (P - 1) * lo.model_ranks() / P * lo.dp);
+  EXPECT_EQ(sent, 2.0 * m * local_rows * c.hidden_size * 4 * (P * lo.chunks - 1) * lo.model_ranks() / P * lo.dp);
   return true;
 }
 
@@ -203,6 +212,17 @@ TEST(PipelineParity, UnevenStages) {
               Case{.layout = "pp=2,tsp=2", .layers = 3, .tied = true, .stages = {1, 2}},
               Case{.layout = "pp=4,tsp=1", .layers = 5, .tied = true, .m_per_stage = 2},
               Case{.layout = "pp=4,tsp=1", .layers = 6, .stages = {1, 2, 2, 1}});
+}
+
+// Interleaved 1F1B (v chunks per rank, chunk g on rank g % P): m = P and m = 2P, tsp = 1
+// and 2, tied and untied, uneven chunks (L = 5 over 4), block recomputation and v = 3.
+TEST(PipelineParity, InterleavedChunks) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,tsp=1", .chunks = 2},
+              Case{.layout = "pp=2,tsp=1", .layers = 5, .tied = true, .m_per_stage = 2, .chunks = 2},
+              Case{.layout = "pp=2,tsp=1", .layers = 6, .m_per_stage = 2, .recompute = Recompute::kBlock, .chunks = 3},
+              Case{.layout = "pp=2,tsp=2", .tied = true, .chunks = 2},
+              Case{.layout = "pp=2,tsp=2", .m_per_stage = 2, .chunks = 2},
+              Case{.layout = "pp=4,tsp=1", .layers = 8, .tied = true, .chunks = 2});
 }
 
 TEST(PipelineParity, BatchTwoAndRecompute) {
@@ -244,22 +264,50 @@ TEST(PipelineErrors, RefusalsNameTheNumbers) {
   EXPECT_EQ(m.message(), "pp=4,tsp=2: 3 micro-batches per step cannot fill 4 pipeline stages (need m >= p; lower "
                          "--micro-batch or raise --batch)");
   EXPECT_TRUE(validate_micro_batches(parse_layout("pp=4,tsp=2").value(), 4).ok());
+  // Interleaved: L >= p v, m a multiple of p, no --stage-layers, pp only.
+  EXPECT_EQ(message("pp=2,tsp=1:interleaved=2"), "ok");
+  EXPECT_EQ(message("pp=2,tsp=1:interleaved=3"),
+            "pp=2,tsp=1:interleaved=3: 4 layers cannot fill 2 pipeline stages x 3 chunks = 6 chunks (at least one layer "
+            "per chunk)");
+  EXPECT_EQ(message("pp=2,tsp=1:interleaved=2", {2, 2}),
+            "pp=2,tsp=1:stages=2/2:interleaved=2: --stage-layers sets contiguous stages, the interleaved schedule "
+            "(interleaved:2) cuts the layers into chunks itself; drop one");
+  EXPECT_EQ(message("tsp=1:interleaved=2"),
+            "tsp=1:interleaved=2: the interleaved schedule (interleaved:2) is the pp axis's (a layout with pp=P)");
+  const Layout inter = parse_layout("pp=2,tsp=2:interleaved=2").value();
+  EXPECT_EQ(validate_micro_batches(inter, 3).message(),
+            "pp=2,tsp=2:interleaved=2: 3 micro-batches per step must be a multiple of the 2 pipeline stages under the "
+            "interleaved schedule (interleaved:2)");
+  EXPECT_EQ(validate_micro_batches(inter, 1).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(validate_micro_batches(inter, 4).ok());
+  EXPECT_EQ(parse_schedule("interleaved:3").value(), 3);
+  EXPECT_EQ(parse_schedule("1f1b").value(), 1);
+  EXPECT_EQ(parse_schedule("interleaved:0").status().message(),
+            "--schedule interleaved:0: the pipeline schedules are 1f1b and interleaved:V (V >= 1 chunks per rank)");
+  EXPECT_EQ(parse_layout("pp=2,tsp=1:interleaved=2")->chunks, 2);
+  EXPECT_EQ(parse_layout("pp=2,tsp=1:interleaved=1")->to_string(), "pp=2,tsp=1");
 }
 
 TEST(PipelineErrors, TooFewMicroBatchesBeforeAnythingMoves) {
   Communicator& world = test::mpi().world();
   if (world.size() != 2) GTEST_SKIP() << "runs at 2 ranks";
-  const Layout lo = parse_layout("pp=2,tsp=1").value();
-  const LlamaConfig c = test_config(2, false);
-  Mesh mesh = Mesh::create(world, lo.mesh()).value();
-  std::unique_ptr<ShardedModel> model = make_sharded_model(c, mesh, 32, lo).value();
-  model->init_weights(kInit);
-  auto be = make_cpu_backend();
-  const Batch global = synthetic_batch(c, 1, 32, 11, 0.1);
-  ScopedCommCounter counter(mesh.comm("pp"));
-  const Result<StepResult> r = model->forward_backward_micro_batches(*be, {model->local_batch(global)}, 0);
-  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(counter.delta().total().calls, 0u);
+  // 1F1B with m = 1 < p; interleaved with m = 3, not a multiple of p.
+  for (const auto& [text, m] : std::vector<std::pair<std::string, int>>{{"pp=2,tsp=1", 1},
+                                                                        {"pp=2,tsp=1:interleaved=2", 3}}) {
+    const Layout lo = parse_layout(text).value();
+    const LlamaConfig c = test_config(4, false);
+    Mesh mesh = Mesh::create(world, lo.mesh()).value();
+    std::unique_ptr<ShardedModel> model = make_sharded_model(c, mesh, 32, lo).value();
+    model->init_weights(kInit);
+    auto be = make_cpu_backend();
+    const Batch global = synthetic_batch(c, m, 32, 11, 0.1);
+    std::vector<Batch> locals;
+    for (int i = 0; i < m; ++i) locals.push_back(model->local_batch(rows(global, i, i + 1)));
+    ScopedCommCounter counter(mesh.comm("pp"));
+    const Result<StepResult> r = model->forward_backward_micro_batches(*be, locals, 0);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << text;
+    EXPECT_EQ(counter.delta().total().calls, 0u) << text;
+  }
 }
 
 // 1F1B keeps at most p - s micro-batches in flight on stage s: the step's activation peak on
@@ -312,6 +360,40 @@ TEST(PipelineMemory, ActivationsInFlightAreBoundedByTheStages) {
   if (!ran) GTEST_SKIP() << "no layout for " << world.size() << " ranks";
 }
 
+// Interleaved 1F1B keeps at most min(warm-up + 1, m v) (chunk, micro-batch) pairs in flight
+// (pipeline_schedule.h): from m = 2p on the warm-up no longer grows, so the activation peak at
+// m = 4p equals m = 2p's up to the boundary messages kept; and it exceeds one micro-batch's
+// (its chunks overlap).
+TEST(PipelineMemory, InterleavedActivationsStopGrowingWithTheMicroBatches) {
+  Communicator& world = test::mpi().world();
+  if (world.size() != 2) GTEST_SKIP() << "runs at 2 ranks";
+  const Layout lo = parse_layout("pp=2,tsp=1:interleaved=2").value();
+  const LlamaConfig c = test_config(4, false);
+  Mesh mesh = Mesh::create(world, lo.mesh()).value();
+  std::unique_ptr<ShardedModel> model = make_sharded_model(c, mesh, 32, lo).value();
+  model->init_weights(kInit);
+  auto be = make_cpu_backend();
+  const int P = lo.pp;
+  const Batch global = synthetic_batch(c, 4 * P, 32, 11, 0.1);
+  std::vector<Batch> locals;
+  for (int i = 0; i < 4 * P; ++i) locals.push_back(model->local_batch(rows(global, i, i + 1)));
+  auto activation_peak = [&](int m) {
+    model->zero_grads(*be);
+    MemoryTracker& t = MemoryTracker::process();
+    const int64_t before = t.stats().current[static_cast<size_t>(MemCategory::kActivations)];
+    t.reset_peaks();
+    const std::vector<Batch> some(locals.begin(), locals.begin() + m);
+    if (m == 1) FP_CHECK_OK(model->forward_backward(*be, locals[0], 0).status());
+    else FP_CHECK_OK(model->forward_backward_micro_batches(*be, some, 0).status());
+    return t.stats().peak[static_cast<size_t>(MemCategory::kActivations)] - before;
+  };
+  const int64_t single = activation_peak(1), two = activation_peak(2 * P), four = activation_peak(4 * P);
+  const int64_t message = 32 * c.hidden_size * 4;
+  const int64_t kept = 2 * P * message;  // both directions, p each, on either rank
+  EXPECT_LE(std::abs(four - two), kept) << "the peak grew with m";
+  EXPECT_GT(two, single) << "no (chunk, micro-batch) pairs overlapped";
+}
+
 // Under pp a stage's model-axis traffic is the single-stage step's per micro-batch, m times
 // (TSP moves its weight shards again for every micro-batch), plus what closes the step once
 // (the norm gains' sum): per operation kind, T(m) = a m + b exactly, so T(4) - T(2) is twice
@@ -357,7 +439,8 @@ TEST(PipelineTraffic, ModelAxisBytesGrowByTheSameAmountPerMicroBatch) {
 TEST(PipelineForward, LossEqualsTheSingleRankModelsOnEveryStage) {
   Communicator& world = test::mpi().world();
   bool ran = false;
-  for (const std::string text : {"pp=2,tsp=1", "pp=2,tsp=2", "pp=4,tsp=1"}) {
+  for (const std::string text : {"pp=2,tsp=1", "pp=2,tsp=2", "pp=4,tsp=1", "pp=2,tsp=1:interleaved=2",
+                                 "pp=2,tsp=2:interleaved=2"}) {
     const Layout lo = parse_layout(text).value();
     if (lo.ranks() != world.size()) continue;
     ran = true;

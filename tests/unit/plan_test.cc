@@ -288,6 +288,38 @@ TEST(PlannerTest, PipelinesArePlannedStageByStageWithTheirMicroBatches) {
       << text;
 }
 
+TEST(PlannerTest, InterleavedPipelinesArePlannedWithTheirChunks) {
+  // pp=2 with 2 chunks per rank over 4 layers: only micro-batch sizes giving m % p == 0 are
+  // tried; the coupled timeline finishes (the wrapped boundary deadlocks nowhere); each rank
+  // sends 3 m messages (2 m (p v - 1) / p: chunk g's output for g < 3, its input gradient for
+  // g > 0); the text names the schedule and (p-1)/(m v+p-1).
+  PlanRequest r;
+  r.config = mha_config(4);
+  r.hardware = *Hardware::from_json(kHardware);
+  r.devices = 2;
+  r.batch = 6;
+  r.seq = 256;
+  r.layouts = {spec("pp=2,tsp=1:interleaved=2")};
+  Result<PlanReport> rep = make_plan(r);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  ASSERT_EQ(rep->layouts.size(), 1u) << (rep->not_buildable.empty() ? "" : rep->not_buildable[0]);
+  const LayoutPlan& p = rep->layouts[0];
+  // Sizes 1 and 3 give m = 6 and 2; 2 gives m = 3 (odd) and 6 gives m = 1.
+  ASSERT_EQ(p.micro_batch_tried.size(), 2u);
+  EXPECT_EQ(p.micro_batch_tried[0].first, 1);
+  EXPECT_EQ(p.micro_batch_tried[1].first, 3);
+  EXPECT_GT(p.bubble_s, 0);
+  const AxisTraffic* pp = nullptr;
+  for (const AxisTraffic& a : p.traffic.axes)
+    if (a.axis == "pp") pp = &a;
+  ASSERT_NE(pp, nullptr);
+  const uint64_t message = static_cast<uint64_t>(p.micro_batch * r.seq * r.config.hidden_size * 4);
+  EXPECT_EQ(pp->op(PlanOp::kSendRecv).bytes_sent, 3 * static_cast<uint64_t>(p.micro_batches) * message);
+  const std::string text = plan_report_text(*rep);
+  EXPECT_NE(text.find("schedule interleaved:2;"), std::string::npos) << text;
+  EXPECT_NE(text.find("(p-1)/(m v+p-1)"), std::string::npos) << text;
+}
+
 TEST(PlannerTest, PipelinesWithTooFewMicroBatchesAreRefusedNamingTheNumbers) {
   PlanRequest r;
   r.config = mha_config(4);

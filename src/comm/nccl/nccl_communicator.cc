@@ -161,7 +161,11 @@ class NcclCommunicator final : public Communicator {
   }
 
  protected:
-  Status supports(const CommOp&) const override { return Status::ok_status(); }
+  // NCCL matches point-to-point operations in call order: a tagged stream cannot be honoured.
+  Status supports(const CommOp& op) const override {
+    if (op.tag != 0) return unimplemented("NCCL has no message tags (tag {})", op.tag);
+    return Status::ok_status();
+  }
 
   Status run_validated(const CommOp& op) override { return start_validated(op).wait(); }
 

@@ -19,11 +19,33 @@ constexpr const char* kNeverReceivedActivation =
     "stage {4}";
 constexpr const char* kNeverReceivedGradient =
     "pipeline: stage {0} (world rank {1}, {6} index {2}) never received the gradient of micro-batch {3} from stage {4}";
+// Interleaved: {5} the global chunk the message is for.
+constexpr const char* kNeverSentChunkActivation =
+    "pipeline: stage {0} (world rank {1}, {6} index {2}) never sent the activation of micro-batch {3} for chunk {5} to "
+    "stage {4}";
+constexpr const char* kNeverSentChunkGradient =
+    "pipeline: stage {0} (world rank {1}, {6} index {2}) never sent the gradient of micro-batch {3} for chunk {5} to "
+    "stage {4}";
+constexpr const char* kNeverReceivedChunkActivation =
+    "pipeline: stage {0} (world rank {1}, {6} index {2}) never received the activation of micro-batch {3} for chunk {5} "
+    "from stage {4}";
+constexpr const char* kNeverReceivedChunkGradient =
+    "pipeline: stage {0} (world rank {1}, {6} index {2}) never received the gradient of micro-batch {3} for chunk {5} "
+    "from stage {4}";
 
 }  // namespace
 
-StageBoundary::StageBoundary(Communicator& pp, int64_t rows, int64_t h, DType dtype, StepTimer& timer)
-    : pp_(pp), stage_(pp.rank()), stages_(pp.size()), rows_(rows), h_(h), dtype_(dtype), timer_(timer) {}
+StageBoundary::StageBoundary(Communicator& pp, int64_t rows, int64_t h, DType dtype, StepTimer& timer, int chunks)
+    : pp_(pp),
+      stage_(pp.rank()),
+      stages_(pp.size()),
+      chunks_(chunks),
+      rows_(rows),
+      h_(h),
+      dtype_(dtype),
+      timer_(timer) {
+  FP_CHECK(chunks >= 1 && 2 * stages_ * chunks < 32767, "a pipeline boundary of {} stages x {} chunks", stages_, chunks);
+}
 
 StageBoundary::~StageBoundary() {
   FP_CHECK(to_next_.empty() && to_prev_.empty() && activations_in_.empty() && gradients_in_.empty(),
@@ -31,19 +53,31 @@ StageBoundary::~StageBoundary() {
            to_next_.size() + to_prev_.size(), activations_in_.size() + gradients_in_.size());
 }
 
-CommPurpose StageBoundary::purpose(bool receive, BoundaryDirection direction, int i, int peer) const {
+CommPurpose StageBoundary::purpose(bool receive, BoundaryDirection direction, int i, int peer, int for_chunk) const {
   const bool activation = direction == BoundaryDirection::kActivation;
   CommPurpose p;
-  p.format = receive ? (activation ? kNeverSentActivation : kNeverSentGradient)
-                     : (activation ? kNeverReceivedActivation : kNeverReceivedGradient);
-  p.args = {peer, pp_.world_ranks()[peer], place_.index, i, stage_, 0};
+  if (chunks_ == 1)
+    p.format = receive ? (activation ? kNeverSentActivation : kNeverSentGradient)
+                       : (activation ? kNeverReceivedActivation : kNeverReceivedGradient);
+  else
+    p.format = receive ? (activation ? kNeverSentChunkActivation : kNeverSentChunkGradient)
+                       : (activation ? kNeverReceivedChunkActivation : kNeverReceivedChunkGradient);
+  p.args = {peer, pp_.world_ranks()[peer], place_.index, i, stage_, for_chunk};
   p.text = place_.axis;
   return p;
 }
 
-void StageBoundary::post_recv(std::map<int, Transfer>& pending, int i, BoundaryDirection direction) {
-  if (pending.count(i) != 0) return;
-  const int source = direction == BoundaryDirection::kActivation ? stage_ - 1 : stage_ + 1;
+int StageBoundary::tag(BoundaryDirection direction, int sender_chunk) const {
+  if (chunks_ == 1) return 0;
+  return 1 + 2 * sender_chunk + (direction == BoundaryDirection::kActivation ? 0 : 1);
+}
+
+void StageBoundary::post_recv(std::map<Key, Transfer>& pending, int i, int c, BoundaryDirection direction) {
+  const Key key{c, i};
+  if (pending.count(key) != 0) return;
+  const bool activation = direction == BoundaryDirection::kActivation;
+  const int source = (stage_ + (activation ? stages_ - 1 : 1)) % stages_;
+  const int g = global_chunk(c), sender = activation ? g - 1 : g + 1;
   Transfer t{Tensor::empty({rows_, h_}, dtype_, MemCategory::kComm), CommRequest()};
   CommOp op;
   op.kind = CommOpKind::kRecv;
@@ -51,14 +85,15 @@ void StageBoundary::post_recv(std::map<int, Transfer>& pending, int i, BoundaryD
   op.count = static_cast<size_t>(t.buffer.numel());
   op.dtype = dtype_;
   op.source = source;
-  op.purpose = purpose(/*receive=*/true, direction, i, source);
+  op.tag = tag(direction, sender);
+  op.purpose = purpose(/*receive=*/true, direction, i, source, g);
   t.request = pp_.start(op);
-  pending.emplace(i, std::move(t));
+  pending.emplace(key, std::move(t));
 }
 
-Tensor StageBoundary::take(std::map<int, Transfer>& pending, int i, BoundaryDirection direction) {
-  post_recv(pending, i, direction);
-  auto it = pending.find(i);
+Tensor StageBoundary::take(std::map<Key, Transfer>& pending, int i, int c, BoundaryDirection direction) {
+  post_recv(pending, i, c, direction);
+  auto it = pending.find(Key{c, i});
   timer_.wait(it->second.request);
   Tensor buffer = std::move(it->second.buffer);
   pending.erase(it);
@@ -70,11 +105,13 @@ Tensor StageBoundary::take(std::map<int, Transfer>& pending, int i, BoundaryDire
 // has taken the gradient of j - (p - s) >= j - p, which stage s+1 computed after receiving
 // activation j - p; and by the time it sends j's gradient, stage s-1 has sent it activation
 // j, which under 1F1B comes after s-1 took gradient j - (p - s + 1) >= j - p.
-void StageBoundary::send(std::deque<Transfer>& in_flight, Tensor t, int i, BoundaryDirection direction) {
+void StageBoundary::send(std::deque<Transfer>& in_flight, Tensor t, int i, int c, BoundaryDirection direction) {
   FP_CHECK(t.dtype() == dtype_ && t.numel() == rows_ * h_, "stage {}: sends {} across the boundary, expected {}[{}, {}]",
            stage_, t.describe(), dtype_name(dtype_), rows_, h_);
   if (hooks_ != nullptr && hooks_->before_send) hooks_->before_send(direction, i);
-  const int peer = direction == BoundaryDirection::kActivation ? stage_ + 1 : stage_ - 1;
+  const bool activation = direction == BoundaryDirection::kActivation;
+  const int peer = (stage_ + (activation ? 1 : stages_ - 1)) % stages_;
+  const int g = global_chunk(c);
   Transfer s{std::move(t), CommRequest()};
   CommOp op;
   op.kind = CommOpKind::kSend;
@@ -82,7 +119,8 @@ void StageBoundary::send(std::deque<Transfer>& in_flight, Tensor t, int i, Bound
   op.count = static_cast<size_t>(s.buffer.numel());
   op.dtype = dtype_;
   op.peer = peer;
-  op.purpose = purpose(/*receive=*/false, direction, i, peer);
+  op.tag = tag(direction, g);
+  op.purpose = purpose(/*receive=*/false, direction, i, peer, activation ? g + 1 : g - 1);
   s.request = pp_.start(op);
   in_flight.push_back(std::move(s));
   while (static_cast<int>(in_flight.size()) > stages_) {
@@ -91,32 +129,32 @@ void StageBoundary::send(std::deque<Transfer>& in_flight, Tensor t, int i, Bound
   }
 }
 
-void StageBoundary::post_activation_recv(int i) {
-  if (!first()) post_recv(activations_in_, i, BoundaryDirection::kActivation);
+void StageBoundary::post_activation_recv(int i, int c) {
+  if (!first_chunk(c)) post_recv(activations_in_, i, c, BoundaryDirection::kActivation);
 }
 
-void StageBoundary::post_gradient_recv(int i) {
-  if (!last()) post_recv(gradients_in_, i, BoundaryDirection::kGradient);
+void StageBoundary::post_gradient_recv(int i, int c) {
+  if (!last_chunk(c)) post_recv(gradients_in_, i, c, BoundaryDirection::kGradient);
 }
 
-Tensor StageBoundary::take_activation(int i) {
-  FP_CHECK(!first(), "the first stage receives no activation");
-  return take(activations_in_, i, BoundaryDirection::kActivation);
+Tensor StageBoundary::take_activation(int i, int c) {
+  FP_CHECK(!first_chunk(c), "the first chunk receives no activation");
+  return take(activations_in_, i, c, BoundaryDirection::kActivation);
 }
 
-Tensor StageBoundary::take_gradient(int i) {
-  FP_CHECK(!last(), "the last stage receives no gradient");
-  return take(gradients_in_, i, BoundaryDirection::kGradient);
+Tensor StageBoundary::take_gradient(int i, int c) {
+  FP_CHECK(!last_chunk(c), "the last chunk receives no gradient");
+  return take(gradients_in_, i, c, BoundaryDirection::kGradient);
 }
 
-void StageBoundary::send_activation(int i, Tensor x) {
-  FP_CHECK(!last(), "the last stage sends no activation");
-  send(to_next_, std::move(x), i, BoundaryDirection::kActivation);
+void StageBoundary::send_activation(int i, Tensor x, int c) {
+  FP_CHECK(!last_chunk(c), "the last chunk sends no activation");
+  send(to_next_, std::move(x), i, c, BoundaryDirection::kActivation);
 }
 
-void StageBoundary::send_gradient(int i, Tensor dx) {
-  FP_CHECK(!first(), "the first stage sends no gradient");
-  send(to_prev_, std::move(dx), i, BoundaryDirection::kGradient);
+void StageBoundary::send_gradient(int i, Tensor dx, int c) {
+  FP_CHECK(!first_chunk(c), "the first chunk sends no gradient");
+  send(to_prev_, std::move(dx), i, c, BoundaryDirection::kGradient);
 }
 
 void StageBoundary::progress() {

@@ -7,8 +7,13 @@
 // together and waits only on receives, so no rank blocks in a send whose receive its peer
 // posts later. Messages of one direction are in micro-batch order (the 1F1B schedule's), and
 // the ones of a micro-batch are matched by that order.
-// Per step and boundary: m activations one way and m gradients the other, each
-// T*h*beta bytes: 2*m*B*(S/D)*h*beta in all.
+// Interleaved (v chunks per rank, pipeline_schedule.h): local chunk c of rank s is global
+// chunk g = c p + s; its input comes from rank s-1 mod p (chunk g-1), its output goes to rank
+// s+1 mod p (chunk g+1), and gradients the other way. Each (direction, sending chunk) is its
+// own message stream (an MPI tag), in micro-batch order within, so under pp=2, where both
+// neighbours are one rank, no (chunk, micro-batch) can be taken for another.
+// Per step and boundary: m v activations one way and m v gradients the other (less the ends
+// of the chunk chain), each T*h*beta bytes: 2*m*v*B*(S/D)*h*beta in all.
 // Every transfer carries its purpose for the watchdog (CommPurpose): a rank that never
 // arrives is named by stage, world rank, model-axis index, micro-batch and direction.
 #pragma once
@@ -47,7 +52,8 @@ class StageBoundary {
  public:
   // pp: the pipeline communicator (rank = stage); rows x h elements of `dtype` per message.
   // `timer` counts the time blocked on receives. Both borrowed for the step.
-  StageBoundary(Communicator& pp, int64_t rows, int64_t h, DType dtype, StepTimer& timer);
+  // `chunks`: v, the local chunks of each rank (1: contiguous stages, untagged messages).
+  StageBoundary(Communicator& pp, int64_t rows, int64_t h, DType dtype, StepTimer& timer, int chunks = 1);
   // Optional, before the first transfer: how messages name this rank, and test hooks
   // (borrowed; null: none).
   void set_place(BoundaryPlace place) { place_ = place; }
@@ -58,21 +64,25 @@ class StageBoundary {
 
   bool first() const { return stage_ == 0; }
   bool last() const { return stage_ == stages_ - 1; }
+  // Whether local chunk c is the model's first chunk (it embeds) or its last (the head).
+  bool first_chunk(int c) const { return global_chunk(c) == 0; }
+  bool last_chunk(int c) const { return global_chunk(c) == stages_ * chunks_ - 1; }
 
-  // Posts the receive of micro-batch i's activation from the previous stage (first stage: no
-  // receive) or of its gradient from the next (last stage: none), once.
-  void post_activation_recv(int i);
-  void post_gradient_recv(int i);
+  // Posts the receive of micro-batch i's activation for local chunk c from the previous
+  // chunk (the first chunk: no receive) or of its gradient from the next (the last: none), once.
+  void post_activation_recv(int i, int c = 0);
+  void post_gradient_recv(int i, int c = 0);
   // Waits for what the post brought (posting it first if needed): [rows, h].
-  Tensor take_activation(int i);
-  Tensor take_gradient(int i);
-  // Starts sending micro-batch i's output [rows, h] to the next stage, or its input gradient
-  // to the previous one. The tensor is kept until a fixed point of the schedule, not until
-  // MPI happens to report the send done, so a stage's memory is the same in every run (and
-  // the plan's dry run predicts it exactly): until p more sends of its direction are posted
-  // (then the oldest is waited, which cannot block under 1F1B: see the .cc) or finish().
-  void send_activation(int i, Tensor x);
-  void send_gradient(int i, Tensor dx);
+  Tensor take_activation(int i, int c = 0);
+  Tensor take_gradient(int i, int c = 0);
+  // Starts sending chunk c's output [rows, h] of micro-batch i to the next chunk, or its
+  // input gradient to the previous one. The tensor is kept until a fixed point of the
+  // schedule, not until MPI happens to report the send done, so a stage's memory is the same
+  // in every run (and the plan's dry run predicts it exactly): until p more sends of its
+  // direction are posted (then the oldest is waited, which cannot block under 1F1B: see the
+  // .cc; interleaved: pipeline_schedule_test's simulation of every rank) or finish().
+  void send_activation(int i, Tensor x, int c = 0);
+  void send_gradient(int i, Tensor dx, int c = 0);
   // Advances the transfers in flight; never blocks, releases nothing.
   void progress();
   // Waits for every send; every posted receive must have been taken.
@@ -83,20 +93,25 @@ class StageBoundary {
     Tensor buffer;
     CommRequest request;
   };
-  void post_recv(std::map<int, Transfer>& pending, int i, BoundaryDirection direction);
-  Tensor take(std::map<int, Transfer>& pending, int i, BoundaryDirection direction);
-  void send(std::deque<Transfer>& in_flight, Tensor t, int i, BoundaryDirection direction);
-  // "stage s (world rank w, tsp index r) never sent/received ... of micro-batch i ...".
-  CommPurpose purpose(bool receive, BoundaryDirection direction, int i, int peer) const;
+  using Key = std::pair<int, int>;  // (local chunk, micro-batch)
+  int global_chunk(int c) const { return c * stages_ + stage_; }
+  // The stream of messages sent by global chunk g in `direction`: 0 without chunks.
+  int tag(BoundaryDirection direction, int sender_chunk) const;
+  void post_recv(std::map<Key, Transfer>& pending, int i, int c, BoundaryDirection direction);
+  Tensor take(std::map<Key, Transfer>& pending, int i, int c, BoundaryDirection direction);
+  void send(std::deque<Transfer>& in_flight, Tensor t, int i, int c, BoundaryDirection direction);
+  // "stage s (world rank w, tsp index r) never sent/received ... of micro-batch i ..."
+  // (interleaved: "... (chunk g) ...", the chunk the message is for).
+  CommPurpose purpose(bool receive, BoundaryDirection direction, int i, int peer, int for_chunk) const;
 
   Communicator& pp_;
-  int stage_, stages_;
+  int stage_, stages_, chunks_;
   int64_t rows_, h_;
   DType dtype_;
   StepTimer& timer_;
   BoundaryPlace place_;
   const BoundaryHooks* hooks_ = nullptr;
-  std::map<int, Transfer> activations_in_, gradients_in_;  // by micro-batch
+  std::map<Key, Transfer> activations_in_, gradients_in_;  // by (chunk, micro-batch)
   std::deque<Transfer> to_next_, to_prev_;                  // sends kept, oldest first
 };
 

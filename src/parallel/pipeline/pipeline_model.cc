@@ -14,9 +14,12 @@ Result<std::unique_ptr<PipelineModel>> PipelineModel::create(const LlamaConfig& 
   if (pp.size() != layout.pp)
     return invalid_argument("layout {} has {} pipeline stages, the pp communicator {} ranks", layout.to_string(),
                             layout.pp, pp.size());
-  const std::vector<int64_t> bounds = stage_bounds(config, layout);
+  const std::vector<int64_t> bounds = stage_bounds(config, layout);  // [p v + 1]
   const int s = pp.rank();
-  const StageLayers layers{bounds[s], bounds[s + 1], s == 0, s == layout.pp - 1};
+  StageLayers layers{bounds[s], bounds[s + 1], s == 0, s == layout.pp - 1};
+  if (layout.chunks > 1)  // interleaved: global chunks s, s + p, ...
+    for (size_t g = static_cast<size_t>(s); g + 1 < bounds.size(); g += static_cast<size_t>(layout.pp))
+      layers.chunks.emplace_back(bounds[g], bounds[g + 1]);
   return std::unique_ptr<PipelineModel>(new PipelineModel(config, pp, std::move(stage), layout, layers));
 }
 
@@ -55,35 +58,40 @@ Result<StepResult> PipelineModel::run_schedule(Backend& be, const std::vector<Ba
     FP_ASSIGN_OR_RETURN(mb[i], steps->micro_batch(locals[i], normalizer));
   }
   StepTimer timer;
-  StageBoundary boundary(pp_, locals[0].input_ids.numel(), config_.hidden_size, layout_.dtype, timer);
+  const int v = layout_.chunks;
+  StageBoundary boundary(pp_, locals[0].input_ids.numel(), config_.hidden_size, layout_.dtype, timer, v);
   configure(boundary);
   std::vector<std::vector<Tensor>> inputs(static_cast<size_t>(m));  // Recompute::kBlock: block inputs
   std::vector<StepResult> results(static_cast<size_t>(m));         // last stage
-  const std::vector<PipelineOp> ops = one_f_one_b(stages_, stage_index_, m);
-  const int64_t first = layers_.first, end = layers_.end;
+  const std::vector<PipelineOp> ops =
+      v == 1 ? one_f_one_b(stages_, stage_index_, m) : interleaved_one_f_one_b(stages_, stage_index_, m, v);
   for (size_t k = 0; k < ops.size(); ++k) {
     boundary.progress();
-    const int i = ops[k].micro_batch;
+    const int i = ops[k].micro_batch, c = ops[k].chunk;
+    const auto [first, end] = chunk_layers(c);
     ModelStep& step = *mb[i];
     if (ops[k].kind == PipelineOp::Kind::kForward) {
       inputs[i].resize(static_cast<size_t>(config_.num_hidden_layers));
-      Tensor x = boundary.first() ? step.embed_forward() : boundary.take_activation(i);
+      Tensor x = boundary.first_chunk(c) ? step.embed_forward() : boundary.take_activation(i, c);
       x = forward_blocks_saving(step, first, end, std::move(x), layout_.recompute, inputs[i]);
-      if (boundary.last()) results[i] = step.head_forward(x, true);
-      else boundary.send_activation(i, std::move(x));
+      if (boundary.last_chunk(c)) results[i] = step.head_forward(x, true);
+      else boundary.send_activation(i, std::move(x), c);
     } else {
-      Tensor dx = boundary.last() ? step.head_backward(results[i]) : boundary.take_gradient(i);
+      Tensor dx = boundary.last_chunk(c) ? step.head_backward(results[i]) : boundary.take_gradient(i, c);
       dx = backward_blocks(step, first, end, std::move(dx), layout_.recompute, inputs[i]);
-      if (boundary.first()) step.embed_backward(dx);
-      else boundary.send_gradient(i, std::move(dx));
-      steps->finish_micro_batch(step);
-      mb[i].reset();  // the micro-batch's saved state
-      inputs[i].clear();
+      if (boundary.first_chunk(c)) step.embed_backward(dx);
+      else boundary.send_gradient(i, std::move(dx), c);
+      if (c == 0) {  // the micro-batch's last backward on this rank
+        steps->finish_micro_batch(step);
+        mb[i].reset();  // the micro-batch's saved state
+        inputs[i].clear();
+      }
     }
     // The receive the next op needs, posted together with the send just started.
     if (k + 1 < ops.size()) {
-      if (ops[k + 1].kind == PipelineOp::Kind::kForward) boundary.post_activation_recv(ops[k + 1].micro_batch);
-      else boundary.post_gradient_recv(ops[k + 1].micro_batch);
+      const PipelineOp& next = ops[k + 1];
+      if (next.kind == PipelineOp::Kind::kForward) boundary.post_activation_recv(next.micro_batch, next.chunk);
+      else boundary.post_gradient_recv(next.micro_batch, next.chunk);
     }
   }
   boundary.finish();
@@ -106,13 +114,17 @@ Result<StepResult> PipelineModel::forward(Backend& be, const Batch& local) {
   std::unique_ptr<StageSteps> steps = stage_->begin(be, weights_, nullptr, local.batch());
   FP_ASSIGN_OR_RETURN(std::unique_ptr<ModelStep> step, steps->micro_batch(local, 0));
   StepTimer timer;
-  StageBoundary boundary(pp_, local.input_ids.numel(), config_.hidden_size, layout_.dtype, timer);
+  const int v = layout_.chunks;
+  StageBoundary boundary(pp_, local.input_ids.numel(), config_.hidden_size, layout_.dtype, timer, v);
   configure(boundary);
-  Tensor x = boundary.first() ? step->embed_forward() : boundary.take_activation(0);
-  for (int64_t l = layers_.first; l < layers_.end; ++l) x = step->block_forward(l, x, false);
   StepResult last;
-  if (boundary.last()) last = step->head_forward(x, false);
-  else boundary.send_activation(0, std::move(x));
+  for (int c = 0; c < v; ++c) {  // chunk c of every rank, then chunk c + 1
+    Tensor x = boundary.first_chunk(c) ? step->embed_forward() : boundary.take_activation(0, c);
+    const auto [first, end] = chunk_layers(c);
+    for (int64_t l = first; l < end; ++l) x = step->block_forward(l, x, false);
+    if (boundary.last_chunk(c)) last = step->head_forward(x, false);
+    else boundary.send_activation(0, std::move(x), c);
+  }
   boundary.finish();
   StepResult r = share_loss(last.loss_sum, last.valid_tokens);
   r.exposed_comm_seconds = timer.seconds() + steps->wait_seconds();

@@ -5,7 +5,9 @@
 // final norm + LM head on stage p-1, under their global names, so checkpoints are
 // layout-independent.
 //
-// One step of m micro-batches runs the 1F1B schedule (pipeline_schedule.h); the boundary
+// One step of m micro-batches runs the 1F1B schedule (pipeline_schedule.h), or with
+// Layout::chunks = v > 1 the interleaved one: rank s then holds chunks s, s + p, ... of the p v
+// (the embedding with chunk 0, the head with the last; stage_bounds); the boundary
 // moves each TSP rank's [B*S/D, h] rows to the same TSP index of the next stage and the
 // gradient back (pipeline_boundary.h). The loss is computed on the last stage with the
 // caller's normalizer (the valid targets of the whole global batch) and broadcast over pp, so
@@ -52,6 +54,10 @@ class PipelineModel final : public ShardedModel {
   // Fault injection for tests: the boundary calls these in every later step.
   void set_boundary_hooks(BoundaryHooks hooks) { hooks_ = std::move(hooks); }
   const StageLayers& stage_layers() const { return layers_; }
+  // Local chunk c's decoder layers [first, end) (interleaved; c = 0: the stage's).
+  std::pair<int64_t, int64_t> chunk_layers(int c) const {
+    return layers_.chunks.empty() ? std::pair<int64_t, int64_t>{layers_.first, layers_.end} : layers_.chunks[c];
+  }
 
  private:
   PipelineModel(const LlamaConfig& config, Communicator& pp, std::unique_ptr<StageStrategy> stage,

@@ -1,4 +1,4 @@
-// 1F1B (pipeline_schedule.h).
+// 1F1B and interleaved 1F1B (pipeline_schedule.h).
 #include "parallel/pipeline/pipeline_schedule.h"
 
 #include <algorithm>
@@ -21,6 +21,33 @@ std::vector<PipelineOp> one_f_one_b(int p, int s, int m) {
   return ops;
 }
 
+int interleaved_warmup(int p, int s, int m, int v) {
+  const int total = m * v;
+  if (m < p) return total;  // one group: every forward first
+  return std::min((p - s - 1) * 2 + (v - 1) * p, total);
+}
+
+std::vector<PipelineOp> interleaved_one_f_one_b(int p, int s, int m, int v) {
+  const int g = std::min(p, m);  // micro-batches per group
+  FP_CHECK(p >= 1 && s >= 0 && s < p && m >= 1 && v >= 1 && m % g == 0,
+           "interleaved 1F1B for rank {} of {} with {} micro-batches and {} chunks", s, p, m, v);
+  const int total = m * v, warmup = interleaved_warmup(p, s, m, v);
+  // The k-th forward or backward of the rank: which micro-batch, which local chunk.
+  auto op = [&](PipelineOp::Kind kind, int k) {
+    const int chunk = (k % (g * v)) / g;
+    return PipelineOp{kind, (k / (g * v)) * g + k % g, kind == PipelineOp::Kind::kForward ? chunk : v - 1 - chunk};
+  };
+  std::vector<PipelineOp> ops;
+  int forwards = 0, backwards = 0;
+  for (; forwards < warmup; ++forwards) ops.push_back(op(PipelineOp::Kind::kForward, forwards));
+  while (forwards < total) {
+    ops.push_back(op(PipelineOp::Kind::kForward, forwards++));
+    ops.push_back(op(PipelineOp::Kind::kBackward, backwards++));
+  }
+  while (backwards < total) ops.push_back(op(PipelineOp::Kind::kBackward, backwards++));
+  return ops;
+}
+
 int max_in_flight(const std::vector<PipelineOp>& ops) {
   int now = 0, most = 0;
   for (const PipelineOp& op : ops) {
@@ -28,6 +55,10 @@ int max_in_flight(const std::vector<PipelineOp>& ops) {
     most = std::max(most, now);
   }
   return most;
+}
+
+double pipeline_bubble(int p, int m, int v) {
+  return static_cast<double>(p - 1) / static_cast<double>(m * v + p - 1);
 }
 
 }  // namespace foldpar

@@ -5,6 +5,16 @@
 // and one backward, then drains the remaining backwards. Forwards and backwards each run in
 // micro-batch order on every stage, so the messages between two stages, in each direction,
 // are in micro-batch order too. Stage s holds at most p - s micro-batches' activations.
+//
+// Interleaved 1F1B (v chunks per rank; Megatron-LM's order): the L layers are cut into p v
+// chunks, rank s holding global chunks s, s + p, ..., s + (v-1) p (its local chunks 0..v-1).
+// The micro-batches go in groups of g = min(p, m) (m % g == 0): forward k (k = 0 .. m v - 1)
+// is local chunk (k mod g v) / g of micro-batch (k / (g v)) g + k mod g, backward k the same
+// with the chunk mirrored (v - 1 - chunk). Rank s runs min((p - s - 1) 2 + (v - 1) g, m v)
+// warm-up forwards (all of them when m < p), then one forward and one backward alternately,
+// then the remaining backwards. Each (chunk, micro-batch) stream is in micro-batch order.
+// With unit-time chunk ops the step takes 2 (m v + p - 1) slots (m % p == 0): a bubble of
+// (p - 1) / (m v + p - 1) of the step, against 1F1B's (p - 1) / (m + p - 1).
 #pragma once
 
 #include <vector>
@@ -15,6 +25,7 @@ struct PipelineOp {
   enum class Kind { kForward, kBackward };
   Kind kind = Kind::kForward;
   int micro_batch = 0;
+  int chunk = 0;  // the rank's local chunk (interleaved); 0 under 1F1B
 
   bool operator==(const PipelineOp&) const = default;
 };
@@ -23,7 +34,18 @@ struct PipelineOp {
 // before its backward.
 std::vector<PipelineOp> one_f_one_b(int p, int s, int m);
 
-// Micro-batches whose forward has run and whose backward has not, at most, over the order.
+// Rank s of p with v >= 1 chunks and m >= 1 micro-batches, m % min(p, m) == 0 (FP_CHECK:
+// validate_micro_batches refuses the rest first): 2 m v ops as above.
+std::vector<PipelineOp> interleaved_one_f_one_b(int p, int s, int m, int v);
+
+// The warm-up forwards of rank s under the interleaved order (before its first backward).
+int interleaved_warmup(int p, int s, int m, int v);
+
+// Micro-batches (or (chunk, micro-batch) pairs) whose forward has run and whose backward has
+// not, at most, over the order.
 int max_in_flight(const std::vector<PipelineOp>& ops);
+
+// The idle fraction of a step with unit-time ops: (p - 1) / (m v + p - 1) (v = 1: 1F1B).
+double pipeline_bubble(int p, int m, int v);
 
 }  // namespace foldpar
