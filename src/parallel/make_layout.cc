@@ -35,11 +35,15 @@ Result<std::unique_ptr<ShardedDecoder>> make_pipeline_stages_decoder(const Llama
   if (layout.dtype != DType::kF32)
     return unimplemented("layout {}: generation under pp runs in f32; bf16 is not implemented", name);
   Communicator& pp = mesh.comm("pp");
-  const std::vector<int64_t> bounds = stage_bounds(config, layout);
+  // Contiguous stages whatever the training schedule: decoding has no backward to interleave.
+  Layout contiguous = layout;
+  contiguous.chunks = 1;
+  const std::vector<int64_t> bounds = stage_bounds(config, contiguous);
   const int s = pp.rank();
-  const StageLayers layers{bounds[s], bounds[s + 1], s == 0, s == layout.pp - 1};
-  FP_ASSIGN_OR_RETURN(std::unique_ptr<StageDecoder> stage, make_tsp_stage_decoder(config, mesh.comm("tsp"), layout, layers));
-  return make_pipeline_decoder(config, pp, std::move(stage), layout);
+  const StageLayers layers{bounds[s], bounds[s + 1], s == 0, s == layout.pp - 1, {}};
+  FP_ASSIGN_OR_RETURN(std::unique_ptr<StageDecoder> stage,
+                      make_tsp_stage_decoder(config, mesh.comm("tsp"), contiguous, layers));
+  return make_pipeline_decoder(config, pp, std::move(stage), contiguous);
 }
 
 }  // namespace

@@ -16,7 +16,7 @@ Result<std::unique_ptr<PipelineModel>> PipelineModel::create(const LlamaConfig& 
                             layout.pp, pp.size());
   const std::vector<int64_t> bounds = stage_bounds(config, layout);  // [p v + 1]
   const int s = pp.rank();
-  StageLayers layers{bounds[s], bounds[s + 1], s == 0, s == layout.pp - 1};
+  StageLayers layers{bounds[s], bounds[s + 1], s == 0, s == layout.pp - 1, {}};
   if (layout.chunks > 1)  // interleaved: global chunks s, s + p, ...
     for (size_t g = static_cast<size_t>(s); g + 1 < bounds.size(); g += static_cast<size_t>(layout.pp))
       layers.chunks.emplace_back(bounds[g], bounds[g + 1]);
