@@ -5,8 +5,8 @@
 set -euo pipefail
 
 packages=(
-  # build
-  g++ cmake ninja-build pkg-config git
+  # build (ccache: a second build of the same sources, e.g. CI's on a machine that built them, compiles nothing)
+  g++ cmake ninja-build pkg-config git ccache
   # libraries
   libopenblas-dev libopenmpi-dev openmpi-bin
   libdnnl-dev

