@@ -5,5 +5,9 @@
 ccache_flags=()
 if command -v ccache >/dev/null 2>&1; then
   export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)}
+  # The sanitizer build has -g1, for which ccache would hash the build directory's path
+  # (it goes into the debug info) and miss across clones; line numbers need only the
+  # relative paths.
+  export CCACHE_NOHASHDIR=1
   ccache_flags=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
