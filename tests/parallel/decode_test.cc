@@ -16,6 +16,7 @@
 #include "comm/mesh.h"
 #include "core/rng.h"
 #include "core/tolerance.h"
+#include "decode_reference.h"
 #include "data/tokenizer.h"
 #include "mpi_test_main.h"
 #include "infer/generator.h"
@@ -51,25 +52,8 @@ LlamaConfig test_config(int D, bool gqa, bool tied) {
 // std 0.1: attention far from uniform, and clear margins between the top logits (greedy).
 const InitOptions kInit{.seed = 7, .std = 0.1, .norm_jitter = 0.2};
 
-std::vector<int32_t> random_tokens(const LlamaConfig& c, int64_t n, uint64_t stream) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i)
-    t[static_cast<size_t>(i)] = static_cast<int32_t>(uniform_at(11, stream, static_cast<uint64_t>(i)) * c.vocab_size);
-  return t;
-}
-
-// The single-rank model's logits [n, V] at every position of one sequence.
-Tensor reference_logits(const LlamaConfig& c, const LlamaWeights& w, const std::vector<int32_t>& tokens) {
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  Batch batch{Tensor::empty({1, n}, DType::kI32, MemCategory::kWorkspace),
-              Tensor::empty({1, n}, DType::kI32, MemCategory::kWorkspace)};
-  std::copy(tokens.begin(), tokens.end(), batch.input_ids.data<int32_t>());
-  std::copy(tokens.begin(), tokens.end(), batch.target_ids.data<int32_t>());
-  auto be = make_cpu_backend();
-  Result<StepResult> r = model_forward(c, *be, w, batch, StepOptions{Recompute::kNone, true});
-  FP_CHECK_OK(r.status());
-  return r->logits.reshape({n, c.vocab_size});
-}
+using test::random_tokens;
+using test::reference_logits;
 
 struct Case {
   LlamaConfig config;
