@@ -9,7 +9,9 @@ packages=(
   g++ cmake ninja-build pkg-config git ccache
   # libraries
   libopenblas-dev libopenmpi-dev openmpi-bin
-  libdnnl-dev
+  # oneDNN; its CMake package (dnnl-config.cmake) requires OpenCL's headers and loader, which
+  # Debian only recommends (and --no-install-recommends below leaves out)
+  libdnnl-dev ocl-icd-opencl-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libgtest-dev libgmock-dev
   # tokenizer.json: the Split regexes (Unicode classes, lookahead) and NFC
