@@ -21,6 +21,7 @@ void Backend::adamw_update_many(const AdamWStep& s, std::span<const AdamWTensors
     AdamWStep one = s;
     if (!t.decay) one.weight_decay = 0;
     adamw_update(one, *t.grad, *t.param, *t.m, *t.v);
+    if (t.rounded != nullptr) copy(*t.param, *t.rounded);
   }
 }
 

@@ -124,14 +124,17 @@ class Backend {
   // fixed order (so do its single-tensor sums, over other blocks): equal to sum_squares there
   // within f32 rounding of the partials, not bit for bit; elsewhere bit for bit.
   virtual void sum_squares_many(std::span<const Tensor* const> xs, std::span<double> out);
-  // One parameter of adamw_update_many: adamw_update's operands, and whether weight decay
-  // applies (s.weight_decay where true, 0 where false).
+  // One parameter of adamw_update_many: adamw_update's operands, whether weight decay
+  // applies (s.weight_decay where true, 0 where false), and where set, `rounded`: after the
+  // update, copy(*param, *rounded) (the bf16 parameter of an f32 master: same numel, written
+  // as copy converts, so the rounding of every bf16 parameter rides in the same call).
   struct AdamWTensors {
     const Tensor* grad = nullptr;
     Tensor* param = nullptr;
     Tensor* m = nullptr;
     Tensor* v = nullptr;
     bool decay = true;
+    Tensor* rounded = nullptr;
   };
   virtual void adamw_update_many(const AdamWStep& s, std::span<const AdamWTensors> ts);
 

@@ -97,7 +97,8 @@ class Bf16StorageBackend final : public Backend {
   }
   void adamw_update_many(const AdamWStep& s, std::span<const AdamWTensors> ts) override {
     const bool any_bf16 = std::any_of(ts.begin(), ts.end(), [](const AdamWTensors& t) {
-      return is_bf16(*t.grad) || is_bf16(*t.param) || is_bf16(*t.m) || is_bf16(*t.v);
+      return is_bf16(*t.grad) || is_bf16(*t.param) || is_bf16(*t.m) || is_bf16(*t.v) ||
+             (t.rounded != nullptr && is_bf16(*t.rounded));
     });
     if (!any_bf16) return in_.adamw_update_many(s, ts);
     Backend::adamw_update_many(s, ts);

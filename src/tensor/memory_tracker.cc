@@ -175,8 +175,15 @@ void MemoryTracker::fill_zero(void* ptr, size_t bytes) {
   }
 }
 
+void MemoryTracker::count_host_copy(int64_t bytes_in, int64_t bytes_out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.host_bytes_in += bytes_in;
+  stats_.host_bytes_out += bytes_out;
+}
+
 void MemoryTracker::copy_in(void* block, const void* host, size_t bytes) {
   if (bytes == 0) return;
+  count_host_copy(static_cast<int64_t>(bytes), 0);
   if (BlockAllocator* a = block_allocator()) {
     a->copy_in(block, host, bytes);
   } else {
@@ -186,6 +193,7 @@ void MemoryTracker::copy_in(void* block, const void* host, size_t bytes) {
 
 void MemoryTracker::copy_out(void* host, const void* block, size_t bytes) {
   if (bytes == 0) return;
+  count_host_copy(0, static_cast<int64_t>(bytes));
   if (BlockAllocator* a = block_allocator()) {
     a->copy_out(host, block, bytes);
   } else {

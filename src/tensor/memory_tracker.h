@@ -55,6 +55,11 @@ struct MemoryStats {
   int64_t total_allocations = 0;                     // allocations ever made
   int64_t cached_bytes = 0;                          // released blocks kept for reuse (not live)
   int64_t cache_hits = 0;                            // allocations served from the cache
+  // Bytes moved by explicit copies between host memory and this tracker's tensors
+  // (Tensor::copy_from_host/copy_to_host and the backends' copy_from_host/copy_to_host),
+  // since the tracker began: what crosses the bus where tensors are device memory.
+  int64_t host_bytes_in = 0;                         // host -> tensors
+  int64_t host_bytes_out = 0;                        // tensors -> host
 
   int64_t current_of(MemCategory c) const { return current[static_cast<int>(c)]; }
   int64_t peak_of(MemCategory c) const { return peak[static_cast<int>(c)]; }
@@ -115,6 +120,9 @@ class MemoryTracker {
   // Host bytes into a block of this tracker and back, the way its blocks allow.
   void copy_in(void* block, const void* host, size_t bytes);
   void copy_out(void* host, const void* block, size_t bytes);
+  // Counts a copy made elsewhere (a Backend's copy_from_host/copy_to_host) in
+  // MemoryStats::host_bytes_in / host_bytes_out; copy_in and copy_out count themselves.
+  void count_host_copy(int64_t bytes_in, int64_t bytes_out);
   // The installed BlockAllocator's failure_reason(); empty without one.
   std::string failure_reason() const;
 

@@ -116,6 +116,10 @@ void Tensor::copy_from_host(std::span<const std::byte> src) {
   storage_->tracker->copy_in(raw_data(), src.data(), src.size());
 }
 
+void Tensor::count_host_copy(int64_t bytes_in, int64_t bytes_out) const {
+  if (storage_ != nullptr) storage_->tracker->count_host_copy(bytes_in, bytes_out);
+}
+
 void Tensor::copy_to_host(std::span<std::byte> dst) const {
   FP_CHECK(dst.size() == nbytes(), "{} ({} bytes) into {} host bytes", describe(), nbytes(), dst.size());
   if (!has_storage_) fail_host_access();

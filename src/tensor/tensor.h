@@ -85,6 +85,9 @@ class Tensor {
   // and copy_to_host instead, which are ordered with the ops around them.
   void copy_from_host(std::span<const std::byte> src);
   void copy_to_host(std::span<std::byte> dst) const;
+  // A Backend's copy_from_host/copy_to_host of this tensor, counted by its tracker
+  // (MemoryStats::host_bytes_in / host_bytes_out), as the copies above count themselves.
+  void count_host_copy(int64_t bytes_in, int64_t bytes_out) const;
 
   bool shares_storage_with(const Tensor& other) const { return storage_ && storage_ == other.storage_; }
   std::string describe() const;  // "f32[2, 3] activations"

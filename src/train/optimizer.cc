@@ -65,14 +65,15 @@ void AdamW::step(Backend& be, double lr, double clip) {
   s.weight_decay = config_.weight_decay;  // where ParamRef::decay (AdamWTensors::decay)
   s.grad_scale = clip;
   s.step = steps_;
-  // One call for every parameter: one launch on the CUDA backend instead of one per tensor.
+  // One call for every parameter, the bf16 parameters' rounding from their masters included:
+  // one launch on the CUDA backend instead of one per tensor (and one copy per bf16 tensor).
   std::vector<Backend::AdamWTensors> ts(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor& target = master_[i].defined() ? master_[i] : params_[i].param;
-    ts[i] = {&params_[i].grad, &target, &m_[i], &v_[i], params_[i].decay};
+    const bool master = master_[i].defined();
+    ts[i] = {&params_[i].grad, master ? &master_[i] : &params_[i].param, &m_[i], &v_[i], params_[i].decay,
+             master ? &params_[i].param : nullptr};
   }
   be.adamw_update_many(s, ts);
-  sync_params(be);
 }
 
 }  // namespace foldpar

@@ -95,12 +95,17 @@ Result<double> validate(ShardedModel& model, Backend& be, const DataLoader& val,
   return valid > 0 ? loss_sum / valid : 0.0;
 }
 
-// Every rank's tracked peaks per category and bytes sent, for the metrics line.
-nlohmann::json per_rank_counters(Communicator& world, const MemoryStats& mem, int64_t bytes_sent) {
-  std::array<int64_t, kNumMemCategories + 2> mine{};
+// Every rank's tracked peaks per category, bytes sent, and the step's explicit host copies
+// (host_in, host_out: what crosses the bus where tensors are device memory), for the
+// metrics line.
+nlohmann::json per_rank_counters(Communicator& world, const MemoryStats& mem, int64_t bytes_sent, int64_t host_in,
+                                 int64_t host_out) {
+  std::array<int64_t, kNumMemCategories + 4> mine{};
   for (int c = 0; c < kNumMemCategories; ++c) mine[static_cast<size_t>(c)] = mem.peak[static_cast<size_t>(c)];
   mine[kNumMemCategories] = mem.peak_total;
   mine[kNumMemCategories + 1] = bytes_sent;
+  mine[kNumMemCategories + 2] = host_in;
+  mine[kNumMemCategories + 3] = host_out;
   std::vector<int64_t> all(mine.size() * static_cast<size_t>(world.size()));
   FP_CHECK_OK(world.all_gather(mine.data(), all.data(), mine.size(), DType::kI64));
   nlohmann::json ranks = nlohmann::json::array();
@@ -110,6 +115,8 @@ nlohmann::json per_rank_counters(Communicator& world, const MemoryStats& mem, in
     for (int c = 0; c < kNumMemCategories; ++c) j["peak_" + std::string(mem_category_name(static_cast<MemCategory>(c)))] = v[c];
     j["peak_total"] = v[kNumMemCategories];
     j["bytes_sent"] = v[kNumMemCategories + 1];
+    j["host_bytes_in"] = v[kNumMemCategories + 2];
+    j["host_bytes_out"] = v[kNumMemCategories + 3];
     ranks.push_back(j);
   }
   return ranks;
@@ -209,6 +216,7 @@ Backends choose_backend(const TrainOptions& o) {
 struct StepStats {
   double loss = 0, grad_norm = 0, lr = 0;
   double seconds = 0;  // wall time of the step (set by the loop)
+  int64_t host_bytes_in = 0, host_bytes_out = 0;  // this rank's explicit host copies in the step (set by the loop)
 };
 
 // One optimizer step: the micro-batches' forward and backward, the data-parallel gradient
@@ -263,7 +271,8 @@ nlohmann::ordered_json metrics_line(const TrainOptions& o, int64_t step, const S
   line["tokens_per_s"] = static_cast<double>(o.batch * o.seq) / st.seconds;
   line["step_s"] = st.seconds;
   line["tokens"] = step * o.batch * o.seq;
-  line["ranks"] = per_rank_counters(world, MemoryTracker::process().stats(), static_cast<int64_t>(bytes_sent));
+  line["ranks"] = per_rank_counters(world, MemoryTracker::process().stats(), static_cast<int64_t>(bytes_sent),
+                                    st.host_bytes_in, st.host_bytes_out);
   if (o.backend == nullptr) line["gemm_engine"] = cpu_gemm_engine_summary();
   return line;
 }
@@ -316,10 +325,14 @@ Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
   while (l.step < last) {
     const double t0 = now_s();
     MemoryTracker::process().reset_peaks();
+    const MemoryStats before = MemoryTracker::process().stats();
     ScopedCommCounter counter(mesh.communicators());
     FP_ASSIGN_OR_RETURN(StepStats st, train_step(o, s, data.train, l, be, world));
     const int64_t step = l.step;
     st.seconds = now_s() - t0;
+    const MemoryStats after = MemoryTracker::process().stats();
+    st.host_bytes_in = after.host_bytes_in - before.host_bytes_in;
+    st.host_bytes_out = after.host_bytes_out - before.host_bytes_out;
     step_times.push_back(st.seconds);
     report.losses.push_back(st.loss);
     report.last_loss = st.loss;
@@ -332,7 +345,7 @@ Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
     }
     if (out.leader) FP_RETURN_IF_ERROR(out.metrics.append(line.dump()));
     if (out.leader) out.progress.update(step, st.loss, line["tokens_per_s"].get<double>(), now_s() - t_start);
-    if ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || step == last) {
+    if ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || (step == last && o.final_checkpoint)) {
       CheckpointState cs{step, static_cast<uint64_t>(step), o.seed, layout, o.config};
       CheckpointWrite w{&l.saved_params, &l.adamw->first_moments(), &l.adamw->second_moments(), s.dp_rank == 0,
                         o.keep_checkpoints, o.checkpoint_hooks};

@@ -41,6 +41,7 @@ struct TrainOptions {
   int64_t eval_every = 50;          // validation loss every this many steps (0: only at the end)
   int64_t eval_batches = 4;         // validation batches of `batch` windows each
   int64_t checkpoint_every = 0;     // 0: only at the end
+  bool final_checkpoint = true;     // false: none at the end either (benchmarks: bench/gpu_bench.cc)
   int keep_checkpoints = 2;
   CheckpointHooks checkpoint_hooks{};  // fault-test seams of every checkpoint save; empty: none
   bool resume = false;              // continue from the newest complete checkpoint in out_dir

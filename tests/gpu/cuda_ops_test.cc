@@ -156,24 +156,34 @@ TEST_F(CudaOps, ManyTensorOpsMatchTheSingleTensorOps) {
   cuda_->fill_many(-0.7, ys);
   for (Tensor& t : b) cuda_->fill(-0.7, t);
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(max_rel_error(a[i], b[i]), 0.0) << "fill tensor " << i;
-  // AdamW: bf16 gradients on f32 masters, as the optimizer calls it; decay on every other.
+  // AdamW: bf16 gradients on f32 masters, as the optimizer calls it; decay on every other;
+  // where the gradient is bf16, the master rounded into a bf16 parameter in the same launch
+  // (against adamw_update then copy).
   Backend::AdamWStep s;
   s.lr = 1e-2;
   s.weight_decay = 0.1;
   s.grad_scale = 0.5;
   s.step = 3;
   std::vector<Backend::AdamWTensors> ts;
+  std::vector<Tensor> ra, rb;
   for (size_t i = 0; i < sizes.size(); ++i) {
-    ts.push_back({&grads[i], &pa[i], &ma[i], &va[i], i % 2 == 0});
+    ra.push_back(Tensor::zeros({sizes[i]}, DType::kBF16, MemCategory::kWorkspace));
+    rb.push_back(Tensor::zeros({sizes[i]}, DType::kBF16, MemCategory::kWorkspace));
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const bool round = dtype_at(i) == DType::kBF16;
+    ts.push_back({&grads[i], &pa[i], &ma[i], &va[i], i % 2 == 0, round ? &ra[i] : nullptr});
     Backend::AdamWStep si = s;
     if (i % 2 != 0) si.weight_decay = 0;
     cuda_->adamw_update(si, grads[i], pb[i], mb[i], vb[i]);
+    if (round) cuda_->copy(pb[i], rb[i]);
   }
   cuda_->adamw_update_many(s, ts);
   for (size_t i = 0; i < sizes.size(); ++i) {
     ASSERT_EQ(max_rel_error(pa[i], pb[i]), 0.0) << "adamw param " << i;
     ASSERT_EQ(max_rel_error(ma[i], mb[i]), 0.0) << "adamw m " << i;
     ASSERT_EQ(max_rel_error(va[i], vb[i]), 0.0) << "adamw v " << i;
+    ASSERT_EQ(max_rel_error(ra[i], rb[i]), 0.0) << "adamw rounded " << i;
   }
 }
 

@@ -109,6 +109,29 @@ TEST_F(DataOps, HostCopiesRoundTripAndCheckTheSize) {
   }
 }
 
+// Every explicit host copy is counted once by the tensor's tracker (MemoryStats::host_bytes_in
+// / host_bytes_out), through a backend, a decorator over one, or Tensor's own copies; device
+// ops are not.
+TEST_F(DataOps, HostCopiesAreCountedOnceByTheTensorsTracker) {
+  std::unique_ptr<Backend> bf16 = make_bf16_storage_backend(*fast_);
+  TimedBackend timed(*fast_);
+  for (Backend* be : {fast_.get(), ref_.get(), bf16.get(), static_cast<Backend*>(&timed)}) {
+    MemoryTracker tracker;
+    Tensor t = Tensor::empty({2, 3}, DType::kI32, MemCategory::kWorkspace, tracker);
+    Tensor u = Tensor::empty({2, 3}, DType::kI32, MemCategory::kWorkspace, tracker);
+    const std::vector<int32_t> host = {1, 2, 3, 4, 5, 6};
+    std::vector<int32_t> back(6);
+    be->copy_from_host(std::as_bytes(std::span<const int32_t>(host)), t);  // 24 in
+    be->copy(t, u);                                                          // device side: not counted
+    be->copy_to_host(u, std::as_writable_bytes(std::span<int32_t>(back)));   // 24 out
+    be->copy_to_host(u.narrow(0, 1), std::as_writable_bytes(std::span<int32_t>(back).first(3)));  // 12 out (a view)
+    u.copy_from_host(std::as_bytes(std::span<const int32_t>(host)));        // 24 in (Tensor's own)
+    EXPECT_EQ(tracker.stats().host_bytes_in, 48);
+    EXPECT_EQ(tracker.stats().host_bytes_out, 36);
+    EXPECT_EQ(back, host);
+  }
+}
+
 // The merge by its definition in f64, as backend.h states it.
 void expected_merge(const Tensor& bo, const Tensor& bl, std::vector<double>& o, std::vector<double>& l, int64_t B,
                     int64_t Sq, int64_t n_h, int64_t d) {

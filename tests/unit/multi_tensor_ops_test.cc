@@ -3,6 +3,7 @@
 // records; and AdamW::step, which now makes one adamw_update_many call, against the
 // per-tensor loop it replaced.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <unistd.h>
 
@@ -156,12 +157,22 @@ TEST(MultiTensorOps, AdamWUpdateManyEqualsAdamWUpdatePerTensor) {
         one.emplace_back(kSizes[i], g, p, 10 * i);
         many.push_back(one.back().copy());
       }
+      // Every other tensor also rounds its updated parameter into a copy in the gradient's
+      // dtype (the bf16 parameter of an f32 master where dt is bf16): copy() after the
+      // single-tensor update.
+      std::vector<Tensor> rounded_one, rounded_many;
+      for (size_t i = 0; i < many.size(); ++i) {
+        rounded_one.push_back(random_tensor(kSizes[i], dt, 900 + i));
+        rounded_many.push_back(clone(rounded_one.back()));
+      }
       for (size_t i = 0; i < many.size(); ++i)
-        ts.push_back({&many[i].grad, &many[i].param, &many[i].m, &many[i].v, i % 2 == 0});
+        ts.push_back({&many[i].grad, &many[i].param, &many[i].m, &many[i].v, i % 2 == 0,
+                      i % 2 == 1 ? &rounded_many[i] : nullptr});
       for (size_t i = 0; i < one.size(); ++i) {
         Backend::AdamWStep si = s;
         if (i % 2 != 0) si.weight_decay = 0;
         be->adamw_update(si, one[i].grad, one[i].param, one[i].m, one[i].v);
+        if (i % 2 == 1) be->copy(one[i].param, rounded_one[i]);
       }
       be->adamw_update_many(s, ts);
       for (size_t i = 0; i < one.size(); ++i) {
@@ -169,6 +180,7 @@ TEST(MultiTensorOps, AdamWUpdateManyEqualsAdamWUpdatePerTensor) {
         EXPECT_TRUE(same_bits(one[i].param, many[i].param)) << what;
         EXPECT_TRUE(same_bits(one[i].m, many[i].m)) << what;
         EXPECT_TRUE(same_bits(one[i].v, many[i].v)) << what;
+        EXPECT_TRUE(same_bits(rounded_one[i], rounded_many[i])) << what << " rounded";
       }
     }
   }
@@ -216,8 +228,8 @@ TEST(MultiTensorOps, TheMetaBackendRecordsOneSingleTensorOpPerTensor) {
   EXPECT_EQ(meta.records()[6].bytes_written, 3 * 3 * 4);
 }
 
-// The optimizer step (one adamw_update_many, then the masters rounded into bf16 parameters)
-// against the per-tensor loop it replaced, bit for bit, with f32 and bf16 parameters.
+// The optimizer step (one adamw_update_many that also rounds the masters into the bf16
+// parameters) against the per-tensor loop it replaced, bit for bit, with f32 and bf16 parameters.
 TEST(MultiTensorOps, AdamWStepEqualsThePerTensorLoop) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
     auto cpu = make_cpu_backend();
@@ -242,6 +254,8 @@ TEST(MultiTensorOps, AdamWStepEqualsThePerTensorLoop) {
     for (int step = 1; step <= 2; ++step) opt.step(timed, 1e-2, 0.8);
     EXPECT_EQ(timed.times().at("adamw_update_many").calls, 2) << dtype_name(dt);
     EXPECT_EQ(timed.times().count("adamw_update"), 0u) << dtype_name(dt);
+    // The masters' rounding into the bf16 parameters rides in that call: no copy per tensor.
+    EXPECT_EQ(timed.times().count("copy"), 0u) << dtype_name(dt);
 
     // The loop as AdamW::step was before adamw_update_many.
     std::vector<Tensor> m, v, master;
@@ -313,8 +327,21 @@ TEST(MultiTensorOps, TheTrainerMakesOneNormAndOneAdamWCallPerStep) {
   o.backend = &timed;
   SelfCommunicator world("world", 0);
   Result<TrainReport> r = run_training(o, world);
+  std::vector<nlohmann::json> lines;
+  {
+    std::ifstream metrics(fs::path(o.out_dir) / "metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);) lines.push_back(nlohmann::json::parse(line));
+  }
   fs::remove_all(dir);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
+  // The metrics line counts each step's explicit host copies: at least the batch's input and
+  // target ids (2 x B x S i32) in, the same every step (nothing else crosses per step).
+  ASSERT_EQ(lines.size(), 3u);
+  for (const nlohmann::json& l : lines) {
+    EXPECT_GE(l["ranks"][0]["host_bytes_in"].get<int64_t>(), 2 * o.batch * o.seq * 4) << l.dump();
+    EXPECT_EQ(l["ranks"][0]["host_bytes_in"], lines[1]["ranks"][0]["host_bytes_in"]) << l.dump();
+    EXPECT_EQ(l["ranks"][0]["host_bytes_out"], lines[1]["ranks"][0]["host_bytes_out"]) << l.dump();
+  }
   EXPECT_EQ(timed.times().at("sum_squares_many").calls, 3);
   EXPECT_EQ(timed.times().at("adamw_update_many").calls, 3);
   EXPECT_EQ(timed.times().count("sum_squares"), 0u);

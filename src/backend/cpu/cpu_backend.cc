@@ -75,10 +75,12 @@ class CpuBackend final : public Backend {
   }
   void copy_from_host(std::span<const std::byte> src, Tensor& dst) override {
     check_host_copy(dst, src.size(), "copy_from_host");
+    dst.count_host_copy(static_cast<int64_t>(src.size()), 0);
     if (!src.empty()) std::memcpy(dst.raw_data(), src.data(), src.size());
   }
   void copy_to_host(const Tensor& src, std::span<std::byte> dst) override {
     check_host_copy(src, dst.size(), "copy_to_host");
+    src.count_host_copy(0, static_cast<int64_t>(dst.size()));
     if (!dst.empty()) std::memcpy(dst.data(), src.raw_data(), dst.size());
   }
   void add_inplace(const Tensor& x, Tensor& y) override {

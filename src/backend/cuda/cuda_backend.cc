@@ -125,12 +125,14 @@ class CudaBackendImpl final : public CudaBackend {
   // The host buffer may be released as soon as these return: always synchronous.
   void copy_from_host(std::span<const std::byte> src, Tensor& dst) override {
     check_host_copy(dst, src.size(), "copy_from_host");
+    dst.count_host_copy(static_cast<int64_t>(src.size()), 0);
     if (src.empty()) return;
     FP_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.data(), src.size(), cudaMemcpyDefault, stream_));
     FP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void copy_to_host(const Tensor& src, std::span<std::byte> dst) override {
     check_host_copy(src, dst.size(), "copy_to_host");
+    src.count_host_copy(0, static_cast<int64_t>(dst.size()));
     if (dst.empty()) return;
     FP_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.raw_data(), dst.size(), cudaMemcpyDefault, stream_));
     FP_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -188,8 +190,14 @@ class CudaBackendImpl final : public CudaBackend {
       const Tensor &grad = *t.grad, &param = *t.param, &m = *t.m, &v = *t.v;
       FP_CHECK(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel(),
                "adamw shapes {} {} {} {}", grad.describe(), param.describe(), m.describe(), v.describe());
+      cuda::FloatOut rounded{nullptr, DType::kF32};
+      if (t.rounded != nullptr) {
+        check_copy(param, *t.rounded);
+        rounded = out(*t.rounded, "adamw rounded");
+      }
       slots.push_back({in(grad, "adamw grad"), out(*t.param, "adamw param"), out(*t.m, "adamw m"),
-                       out(*t.v, "adamw v"), param.numel(), t.decay ? static_cast<float>(s.weight_decay) : 0.0f});
+                       out(*t.v, "adamw v"), param.numel(), t.decay ? static_cast<float>(s.weight_decay) : 0.0f,
+                       rounded});
     }
     const int64_t count = static_cast<int64_t>(slots.size());
     Tensor table = workspace_bytes(cuda::adamw_many_workspace_bytes(count));

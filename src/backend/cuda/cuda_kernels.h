@@ -70,6 +70,7 @@ struct AdamWSlot {
   FloatOut param, m, v;
   int64_t n;
   float weight_decay;  // replaces AdamWArgs::weight_decay for this tensor
+  FloatOut rounded;    // p != nullptr: the updated param also stored here (a bf16 parameter of an f32 master)
 };
 size_t fill_many_workspace_bytes(int64_t count);
 size_t sum_squares_many_workspace_bytes(int64_t count);

@@ -131,7 +131,12 @@ __global__ void adamw_many_kernel(AdamWArgs a, const int64_t* begin, const AdamW
   const AdamWSlot s = slots[t];
   int64_t lo, hi;
   block_range(begin, t, s.n, &lo, &hi);
-  FP_BLOCK_ELEMENTS(i, lo, hi) adamw_element(a, s.weight_decay, s.grad, s.param, s.m, s.v, i);
+  // The rounded copy stores the value as param holds it (load after the store): an f32
+  // master gives the f32 value, which store() rounds to bf16 as launch_convert does.
+  FP_BLOCK_ELEMENTS(i, lo, hi) {
+    adamw_element(a, s.weight_decay, s.grad, s.param, s.m, s.v, i);
+    if (s.rounded.p != nullptr) store(s.rounded, i, load(s.param, i));
+  }
 }
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 __global__ void swiglu_forward_kernel(FloatPtr gate, FloatPtr up, FloatOut out, int64_t n) {

@@ -376,6 +376,7 @@ void MetaBackend::copy_strided(const Tensor& src, Tensor& dst, const StridedCopy
 
 void MetaBackend::copy_from_host(std::span<const std::byte> src, Tensor& dst) {
   check_host_copy(dst, src.size(), "copy_from_host");
+  dst.count_host_copy(static_cast<int64_t>(src.size()), 0);
   forget_written(dst);
   // Small integer uploads only (positions, ids, the MoE counts): bounded memory for long sequences.
   if ((dst.dtype() == DType::kI32 || dst.dtype() == DType::kI64) && !dst.has_storage() &&
@@ -389,6 +390,7 @@ void MetaBackend::copy_from_host(std::span<const std::byte> src, Tensor& dst) {
 
 void MetaBackend::copy_to_host(const Tensor& src, std::span<std::byte> dst) {
   check_host_copy(src, dst.size(), "copy_to_host");
+  src.count_host_copy(0, static_cast<int64_t>(dst.size()));
   const int32_t* known = src.has_storage() ? nullptr : known_words(src);
   if (known != nullptr && src.nbytes() == dst.size()) {
     std::memcpy(dst.data(), known, dst.size());

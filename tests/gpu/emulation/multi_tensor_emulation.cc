@@ -109,20 +109,25 @@ TEST(MultiTensorEmulation, SumSquaresManyMatchesTheCpuBackendPerTensor) {
 }
 
 // AdamW operands of one tensor; grad and param dtypes as given, moments like param.
+// `rounded`: a bf16 copy of the updated param (the bf16 parameter of an f32 master).
 struct AdamWSet {
-  Guarded grad, param, m, v;
+  Guarded grad, param, m, v, rounded;
   AdamWSet(int64_t n, DType grad_dtype, DType param_dtype, uint64_t seed)
       : grad(n, grad_dtype, seed), param(n, param_dtype, seed + 1), m(n, param_dtype, seed + 2),
-        v(n, param_dtype, seed + 3) {
+        v(n, param_dtype, seed + 3), rounded(n, DType::kBF16, seed + 4) {
     // v must not be negative: its square root is taken.
     std::vector<float> vv = v.values();
     for (float& x : vv) x = x * x;
     write_host_f32(vv, v.view);
   }
-  cuda::AdamWSlot slot(float weight_decay) {
-    return {{grad.view.raw_data(), grad.view.dtype()}, {param.view.raw_data(), param.view.dtype()},
-            {m.view.raw_data(), m.view.dtype()},       {v.view.raw_data(), v.view.dtype()},
-            param.view.numel(),                        weight_decay};
+  cuda::AdamWSlot slot(float weight_decay, bool round) {
+    return {{grad.view.raw_data(), grad.view.dtype()},
+            {param.view.raw_data(), param.view.dtype()},
+            {m.view.raw_data(), m.view.dtype()},
+            {v.view.raw_data(), v.view.dtype()},
+            param.view.numel(),
+            weight_decay,
+            {round ? rounded.view.raw_data() : nullptr, DType::kBF16}};
   }
 };
 
@@ -146,8 +151,10 @@ TEST(MultiTensorEmulation, AdamWManyEqualsTheSingleTensorKernelAndTheCpuBackend)
     single.emplace_back(kSizes[i], g, p, 10 * i);
   }
   auto decay = [](size_t i) { return i % 2 == 0; };
+  auto round = [](size_t i) { return i % 3 != 2; };  // the others' `rounded` must stay untouched
   std::vector<cuda::AdamWSlot> slots;
-  for (size_t i = 0; i < many.size(); ++i) slots.push_back(many[i].slot(decay(i) ? a.weight_decay : 0.0f));
+  for (size_t i = 0; i < many.size(); ++i)
+    slots.push_back(many[i].slot(decay(i) ? a.weight_decay : 0.0f, round(i)));
   const int64_t count = static_cast<int64_t>(slots.size());
   std::vector<unsigned char> workspace(cuda::adamw_many_workspace_bytes(count));
   cuda::launch_adamw_many(a, slots.data(), count, workspace.data(), nullptr);
@@ -162,7 +169,7 @@ TEST(MultiTensorEmulation, AdamWManyEqualsTheSingleTensorKernelAndTheCpuBackend)
     cpu->adamw_update(si, g, p, m, v);
     cuda::AdamWArgs ai = a;
     ai.weight_decay = static_cast<float>(si.weight_decay);
-    cuda::AdamWSlot sl = one.slot(0);
+    cuda::AdamWSlot sl = one.slot(0, false);
     cuda::launch_adamw(ai, sl.grad, sl.param, sl.m, sl.v, sl.n, nullptr);
 
     const bool bf16_param = one.param.view.dtype() == DType::kBF16;
@@ -181,6 +188,14 @@ TEST(MultiTensorEmulation, AdamWManyEqualsTheSingleTensorKernelAndTheCpuBackend)
       EXPECT_TRUE(got[k]->guard_intact()) << "tensor " << i << " operand " << k;
     }
     EXPECT_TRUE(many[i].grad.guard_intact() && many[i].grad.values() == one.grad.values()) << "grad " << i;
+    // The rounded copy: the updated param converted to bf16 (round to nearest even), or,
+    // without a rounded slot, its initial values.
+    const std::vector<float> r = many[i].rounded.values(), updated = many[i].param.values(),
+                             untouched = single[i].rounded.values();
+    for (size_t j = 0; j < r.size(); ++j)
+      ASSERT_EQ(r[j], round(i) ? bf16_to_f32(f32_to_bf16(updated[j])) : untouched[j])
+          << "tensor " << i << " rounded element " << j;
+    EXPECT_TRUE(many[i].rounded.guard_intact()) << "tensor " << i << " rounded";
   }
 }
 
