@@ -53,8 +53,9 @@ for p in "${dev[@]}"; do
     sed -n 's/^  Depends: \(lib[^<> ]*\)$/\1/p' | grep -vE -- '-dev$|^libc6$|^libgcc-s1$|^libstdc\+\+6$' || true)
 done
 # oneDNN's own runtime: OpenMP, and the OpenCL loader it links (a virtual package in its
-# Depends, which the loop above cannot name).
-case " ${dev[*]} " in *" libdnnl-dev "*) runtime+=(libgomp1 ocl-icd-libopencl1) ;; esac
+# Depends, which the loop above cannot name); its CMake package also finds OpenCL's C
+# headers (CL/cl.h, ocl-icd-opencl-dev's dependency, not a lib* package).
+case " ${dev[*]} " in *" libdnnl-dev "*) runtime+=(libgomp1 ocl-icd-libopencl1 opencl-c-headers) ;; esac
 mapfile -t packages < <(printf '%s\n' "${dev[@]}" "${runtime[@]}" | awk '!seen[$0]++')
 
 # 2. Download (cached) and unpack.
@@ -162,4 +163,4 @@ tar -C "$root" -cf - . | xz -T2 -6 >"$out/prefix.tar.xz.tmp"
 mv "$out/prefix.tar.xz.tmp" "$out/prefix.tar.xz"
 sha256sum "$out/prefix.tar.xz" | cut -d' ' -f1 >"$out/prefix.sha256"
 echo "gpu-bundle: $out/prefix.tar.xz $(du -h "$out/prefix.tar.xz" | cut -f1) (unpacked $(du -sh "$root" | cut -f1));" \
-     "bundle + repository: $(du -shc --exclude=build* --exclude=gpu-bundle/prefix . | tail -1 | cut -f1)"
+     "bundle + repository: $(du -shc --exclude=build* --exclude=gpu-bundle/prefix --exclude=node_modules . | tail -1 | cut -f1)"

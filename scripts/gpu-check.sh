@@ -72,6 +72,8 @@ summary() {
     printf '  %-42s %12s   %s\n' "bf16 GEMM 8192^3, TFLOP/s" "$(get gemm_bf16_tflops)" ">= 600"
     printf '  %-42s %12s   %s\n' "attention fwd S=8192 d=128 (auto), TFLOP/s" "$(get attention_fwd_tflops)" ">= 350"
     printf '  %-42s %12s   %s\n' "attention bwd S=8192 d=128 (auto), TFLOP/s" "$(get attention_bwd_tflops)" ">= 250"
+    printf '  %-42s %12s   %s\n' "attention fwd S=8192 d=64 (auto), TFLOP/s" "$(get attention_fwd_d64_tflops)" "-"
+    printf '  %-42s %12s   %s\n' "attention bwd S=8192 d=64 (auto), TFLOP/s" "$(get attention_bwd_d64_tflops)" "-"
     printf '  %-42s %12s   %s\n' "  simple kernel fwd, TFLOP/s" "$(get attention_fwd_simple_tflops)" "- (reference)"
     printf '  %-42s %12s   %s\n' "  simple kernel bwd, TFLOP/s" "$(get attention_bwd_simple_tflops)" "- (reference)"
     printf '  %-42s %12s   %s\n' "train step small.json, tokens/s" "$(get small_tokens_per_s)" "-"
@@ -192,5 +194,5 @@ step tests 90 ctest --test-dir "$build_dir" -L '^(gpu|cuda)$' -LE gpu_e2e --outp
 step e2e 110 ctest --test-dir "$build_dir" -L gpu_e2e --output-on-failure
 
 # ---- benchmark ----
-step bench 70 "$build_dir/bench/gpu_bench" "${quick[@]}" --configs configs
+step bench 90 "$build_dir/bench/gpu_bench" "${quick[@]}" --configs configs
 exit "$exit_code"
