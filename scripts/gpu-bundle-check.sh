@@ -75,9 +75,12 @@ unset PKG_CONFIG_PATH
 
 if [ "$checks_only" = 0 ]; then
 say "configure ($build, toolchain $build/bundle-only.cmake)"
+# OpenMP is the compiler's own (-fopenmp, and its libgomp beside libstdc++): FindOpenMP's
+# library search would be confined to the bundle too, so its result is named here.
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFOLDPAR_WITH_CUDA=ON -DFOLDPAR_BUILD_BENCH=OFF \
   -DCMAKE_TOOLCHAIN_FILE="$build/bundle-only.cmake" -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
   -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER="$nvcc" \
+  -DOpenMP_CXX_FLAGS=-fopenmp -DOpenMP_CXX_LIB_NAMES=gomp -DOpenMP_gomp_LIBRARY="$(g++ -print-file-name=libgomp.so)" \
   "${bundle_cmake_args[@]/#-DCMAKE_PREFIX_PATH=*/-DCMAKE_PREFIX_PATH=/usr}" >"$build/configure.log" 2>&1 ||
   { tail -30 "$build/configure.log"; say "FAIL: configure against the bundle"; exit 1; }
 say "build foldpar cuda_attention_test (-j$jobs)"

@@ -52,10 +52,11 @@ for p in "${dev[@]}"; do
   while read -r dep; do runtime+=("$dep"); done < <(apt-cache depends "$p" 2>/dev/null |
     sed -n 's/^  Depends: \(lib[^<> ]*\)$/\1/p' | grep -vE -- '-dev$|^libc6$|^libgcc-s1$|^libstdc\+\+6$' || true)
 done
-# oneDNN's own runtime: OpenMP, and the OpenCL loader it links (a virtual package in its
-# Depends, which the loop above cannot name); its CMake package also finds OpenCL's C
-# headers (CL/cl.h, ocl-icd-opencl-dev's dependency, not a lib* package).
-case " ${dev[*]} " in *" libdnnl-dev "*) runtime+=(libgomp1 ocl-icd-libopencl1 opencl-c-headers) ;; esac
+# oneDNN's own runtime: the OpenCL loader it links (a virtual package in its Depends, which
+# the loop above cannot name); its CMake package also finds OpenCL's C headers (CL/cl.h,
+# ocl-icd-opencl-dev's dependency, not a lib* package). Its OpenMP (libgomp) is the
+# compiler's own, part of any g++ installation (SYSTEM_LIBS below), not bundled.
+case " ${dev[*]} " in *" libdnnl-dev "*) runtime+=(ocl-icd-libopencl1 opencl-c-headers) ;; esac
 mapfile -t packages < <(printf '%s\n' "${dev[@]}" "${runtime[@]}" | awk '!seen[$0]++')
 
 # 2. Download (cached) and unpack.
