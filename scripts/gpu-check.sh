@@ -147,6 +147,9 @@ probe() {
   for tool in cmake ninja g++ xz tar; do
     command -v "$tool" >/dev/null 2>&1 || { say tools "FAIL: $tool not found"; ok=1; }
   done
+  # OpenMP (oneDNN's, and -fopenmp) is the compiler's own libgomp, not bundled.
+  local gomp; gomp=$(g++ -print-file-name=libgomp.so 2>/dev/null)
+  if [ "$gomp" = libgomp.so ] || [ ! -e "$gomp" ]; then say tools "FAIL: g++ has no libgomp.so (OpenMP; Debian: libgcc-<N>-dev)"; ok=1; fi
   local cmv; cmv=$(cmake --version 2>/dev/null | head -1 | awk '{print $3}')
   if [ -n "$cmv" ] && [ "$(printf '3.25\n%s\n' "$cmv" | sort -V | head -1)" != 3.25 ]; then
     say tools "FAIL: cmake $cmv is older than 3.25 (CMakeLists.txt's minimum)"; ok=1
