@@ -90,15 +90,15 @@ fi
 
 fail=0
 # Where CMake found each dependency.
+bundled='fmt_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|MPI_C_HEADER_DIR|MPI_mpi_LIBRARY|BLAS_openblas_LIBRARY|OPENBLAS_INCLUDE_DIR|dnnl_DIR|OpenCL_LIBRARY|OpenCL_INCLUDE_DIR|pkgcfg_lib_PCRE2_pcre2-8|pkgcfg_lib_ICU_UC_icuuc'
 say "found:"
-grep -E '^(fmt_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|MPI_C_HEADER_DIR|MPI_mpi_LIBRARY|BLAS_openblas_LIBRARY|OPENBLAS_INCLUDE_DIR|FOLDPAR_NCCL_LIBRARY|FOLDPAR_NCCL_INCLUDE_DIR|MPIEXEC_EXECUTABLE)[:=]' \
+grep -E "^($bundled|FOLDPAR_NCCL_LIBRARY|FOLDPAR_NCCL_INCLUDE_DIR|MPIEXEC_EXECUTABLE|OpenMP_gomp_LIBRARY)[:=]" \
   "$build/CMakeCache.txt" | sed 's/^/  /'
 while IFS= read -r line; do
   v=${line#*=}
   case ${line%%:*} in FOLDPAR_NCCL_*) continue ;; esac
   case $v in "$root"/*) ;; *) say "FAIL: ${line%%=*} is outside the bundle: $v"; fail=1 ;; esac
-done < <(grep -E '^(fmt_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|MPI_C_HEADER_DIR|MPI_mpi_LIBRARY|BLAS_openblas_LIBRARY|OPENBLAS_INCLUDE_DIR)[:=]' \
-           "$build/CMakeCache.txt" | sed 's/:[A-Z]*=/=/')
+done < <(grep -E "^($bundled)[:=]" "$build/CMakeCache.txt" | sed 's/:[A-Z]*=/=/')
 
 # Headers: none of a bundled package's headers may come from the system.
 # (the bundle's own files, as /usr/... paths: what the system would have from the same packages)
