@@ -12,7 +12,7 @@
 #   build     200 s   ninja -j16, only the targets the checks run
 #   tests      90 s   ctest -L gpu|cuda without gpu.device_e2e, 45 s per test
 #   e2e       110 s   gpu.device_e2e (train/bench/generate --device cuda vs the CPU), 100 s
-#   bench      70 s   gpu_bench
+#   bench      90 s   gpu_bench (training steps through run_training)
 # FOLDPAR_REQUIRE_GPU=1 is exported: a GPU test that would skip FAILS here (a skip on the GPU
 # machine means CUDA could not start, not that the test passed).
 # The summary (every step: status, seconds; every test: status; the benchmark figures; the
