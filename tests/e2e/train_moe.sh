@@ -3,7 +3,9 @@
 # on one rank: the loss falls; a run stopped at step 8 and resumed reproduces the undisturbed
 # run's losses bit for bit; on tsp=2 (experts sharded over the two ranks, all-to-all,
 # all-gather and expert-ring dispatch) the losses are the one-rank run's within 2e-5, also after its step-8
-# checkpoint resumes on one rank; the exported Hugging Face directory carries the per-expert names,
+# checkpoint resumes on one rank; so are they under data parallelism (dp=2, resumed on one rank after
+# step 8, and dp=2,tsp=2 on four ranks: the aux loss is the global batch's, every gradient summed over dp);
+# the exported Hugging Face directory carries the per-expert names,
 # and importing it then exporting again gives the same bytes; gradient accumulation is refused.
 set -euo pipefail
 mpirun=$1 bin=$2 src=$3
@@ -11,7 +13,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 train() {  # train OUT [flags]; NP ranks (1)
   local out=$1; shift
-  "$mpirun" --allow-run-as-root -np "${NP:-1}" "$bin" train --model "$src/configs/tiny-moe.json" --data "$tmp/data" \
+  "$mpirun" --allow-run-as-root --oversubscribe -np "${NP:-1}" "$bin" train --model "$src/configs/tiny-moe.json" --data "$tmp/data" \
     --out "$out" --steps 16 --seq 64 --batch 4 --lr 3e-3 --warmup 2 --eval-every 0 --eval-batches 1 \
     --progress none --seed 3 --checkpoint-every 8 "$@"
 }
@@ -23,6 +25,9 @@ NP=2 train "$tmp/tsp2" --layout tsp=2 --stop-after 8 >/dev/null
 train "$tmp/tsp2" --resume >/dev/null  # the tsp=2 checkpoint resharded onto one rank
 NP=2 train "$tmp/tsp2g" --layout tsp=2 --moe-dispatch gather --stop-after 4 >/dev/null
 NP=2 train "$tmp/tsp2r" --layout tsp=2:moe=ring --stop-after 4 >/dev/null
+NP=2 train "$tmp/dp2" --layout dp=2,tsp=1 --stop-after 8 >/dev/null
+train "$tmp/dp2" --resume >/dev/null  # the dp=2 checkpoint continued on one rank
+NP=4 train "$tmp/dp2tsp2" --layout dp=2,tsp=2:moe=ring --stop-after 4 >/dev/null
 /usr/bin/python3 - "$tmp" <<'PY'
 import json, sys
 tmp = sys.argv[1]
@@ -32,13 +37,13 @@ clean, resumed = losses("clean"), losses("resumed")
 assert set(range(1, 17)) <= set(clean) and set(range(1, 17)) <= set(resumed), (sorted(clean), sorted(resumed))
 for step in range(1, 17):
     assert resumed[step] == clean[step], (step, resumed[step], clean[step])
-for name, steps in (("tsp2", 16), ("tsp2g", 4), ("tsp2r", 4)):
+for name, steps in (("tsp2", 16), ("tsp2g", 4), ("tsp2r", 4), ("dp2", 16), ("dp2tsp2", 4)):
     tsp = losses(name)
     assert set(range(1, steps + 1)) <= set(tsp), (name, sorted(tsp))
     for step in range(1, steps + 1):
         assert abs(tsp[step] - clean[step]) <= 2e-5 * abs(clean[step]), (name, step, tsp[step], clean[step])
-print("moe training on tsp=2 (a2a to step 8 then resumed on one rank; gather and ring to step 4) matches the "
-      "one-rank run within 2e-5")
+print("moe training on tsp=2 (a2a to step 8 then resumed on one rank; gather and ring to step 4), dp=2 (to step 8 "
+      "then resumed on one rank) and dp=2,tsp=2 (ring, to step 4) matches the one-rank run within 2e-5")
 first, last = clean[1], sum(clean[s] for s in range(13, 17)) / 4
 print(f"moe training: loss {first:.4f} at step 1, {last:.4f} over steps 13-16; resume identical")
 assert last < first - 1.0, (first, last)

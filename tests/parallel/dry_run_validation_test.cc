@@ -418,7 +418,11 @@ INSTANTIATE_TEST_SUITE_P(
                     MoeCase{"tsp=2:moe=a2a", 2, kFB, 1.5}, MoeCase{"tsp=2:moe=gather", 2, kFB, 1.5},
                     MoeCase{"tsp=2:moe=ring", 2, kFB, 1.5},
                     MoeCase{"tsp=4:moe=a2a", 4, kFB}, MoeCase{"tsp=4:moe=gather", 4, kFB},
-                    MoeCase{"tsp=4:moe=ring", 4, kFB}, MoeCase{"tsp=4:moe=a2a", 4, kFB, 1.5}),
+                    MoeCase{"tsp=4:moe=ring", 4, kFB}, MoeCase{"tsp=4:moe=a2a", 4, kFB, 1.5},
+                    // dp: the routing statistics' all-reduce over the replicas, on the dp axis.
+                    MoeCase{"dp=2,tsp=1", 2, kFB}, MoeCase{"dp=2,tsp=1", 2, kF},
+                    MoeCase{"dp=2,tsp=2:moe=a2a", 4, kFB}, MoeCase{"dp=2,tsp=2:moe=ring", 4, kFB},
+                    MoeCase{"dp=2,tsp=2:moe=gather", 4, kF}),
     [](const testing::TestParamInfo<MoeCase>& i) {
       std::string n = std::string(i.param.layout) + (i.param.mode == kF ? "_fwd" : "_train") +
                       (i.param.imbalance > 1 ? "_imbalanced" : "");

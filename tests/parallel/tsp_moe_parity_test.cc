@@ -4,12 +4,16 @@
 // a dense layer among the sparse ones) and Qwen3-MoE-like (decoder_sparse_step) configs,
 // both aux-loss modes, recompute, and a zero router (ties to the lower index send every
 // token to experts 0 and 1, so the ranks owning experts 2 and 3 receive no rows at all and
-// still take part). Run under mpirun at 1, 2 and 4 ranks (E = 4 divides over them).
+// still take part). Under dp=R and dp=R,tsp=D (2 and 4 ranks) the same model through
+// make_sharded_model and the trainer's gradient sum over dp, against the single-rank model on
+// the global batch. Run under mpirun at 1, 2 and 4 ranks (E = 4 divides over them).
 #include <gtest/gtest.h>
 
 #include "app/synthetic.h"
 #include "core/tolerance.h"
+#include "comm/mesh.h"
 #include "mpi_test_main.h"
+#include "parallel/make_layout.h"
 #include "parallel/tsp/tsp_model.h"
 #include "tensor/compare.h"
 
@@ -185,6 +189,120 @@ TEST(TspMoeParity, NegativeControlSwappedExperts) {
   check_parity(Case{MoeFamily::kMixtral, kA2A, false, false, Recompute::kNone, /*swap_experts=*/true});
   check_parity(Case{MoeFamily::kMixtral, kGather, false, false, Recompute::kNone, /*swap_experts=*/true});
   check_parity(Case{MoeFamily::kMixtral, kRing, false, false, Recompute::kNone, /*swap_experts=*/true});
+}
+
+// ---- dp=R and dp=R,tsp=D (make_sharded_model, as train builds them) ----
+//
+// The reference is the single-rank MoE model on the same global batch [B, S]. Each dp
+// replica runs its B/R sequences with the trainer's normalizer (the global batch's valid
+// targets); the routing statistics are summed over tsp and dp inside the step, so the aux
+// loss, its gradient and the per-expert load are the global batch's. Then the trainer's
+// sum_grads_over_data_axis: every gradient (experts, router, shared expert and its gate, the
+// dense weights) must be the single-rank model's, the summed loss_sum over the global valid
+// count its loss with the aux term, within kF32Parallel. A forward alone (validation) too.
+struct DpCase {
+  const char* layout;
+  MoeFamily family = MoeFamily::kMixtral;
+  bool per_layer = false;
+};
+
+void check_data_parallel(const DpCase& k) {
+  Communicator& world = test::mpi().world();
+  const Layout lo = parse_layout(k.layout).value();
+  if (lo.ranks() != world.size()) return;
+  SCOPED_TRACE(k.layout);
+  LlamaConfig c = moe_config(k.family);
+  c.moe.aux_per_layer = k.per_layer;
+  const int64_t B = 4, S = 16;  // B / dp sequences per replica
+
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
+  init_weights(kInit, w);
+  Batch global = synthetic_batch(c, B, S, 13, 0.1);
+  auto be = make_cpu_backend();
+  LlamaWeights ref_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ref_g.zero();
+  Result<StepResult> ref = model_forward_backward(c, *be, w, global, StepOptions{}, ref_g);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  ASSERT_GT(ref->aux_loss, 0.0);
+
+  Result<Mesh> mesh = Mesh::create(world, lo.mesh());
+  ASSERT_TRUE(mesh.ok()) << mesh.status().to_string();
+  Result<std::unique_ptr<ShardedModel>> made = make_sharded_model(c, *mesh, S, lo);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  ShardedModel& model = **made;
+  model.init_weights(kInit);
+  model.zero_grads(*be);
+  const int64_t rows = B / lo.dp, r0 = mesh->coord("dp") * rows;
+  const Batch replica{global.input_ids.narrow(r0, r0 + rows), global.target_ids.narrow(r0, r0 + rows)};
+  const Batch local = model.local_batch(replica);
+  const int64_t normalizer = be->count_valid_targets(global.target_ids, kIgnoreIndex);
+  Result<StepResult> got = model.forward_backward(*be, local, normalizer);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  std::vector<ParamRef> params = model.parameters();
+  sum_grads_over_data_axis(mesh->has_axis("dp") ? &mesh->comm("dp") : nullptr, params);
+
+  // The trainer's loss: loss_sum summed over every rank, once per model replica's ranks.
+  auto global_loss = [&](double loss_sum) {
+    double sum = loss_sum;
+    FP_CHECK_OK(world.all_reduce(&sum, &sum, 1, DType::kF64, ReduceOp::kSum));
+    return sum / lo.model_ranks() / static_cast<double>(normalizer);
+  };
+  EXPECT_NEAR(global_loss(got->loss_sum), ref->loss, tol::kF32Parallel * ref->loss);
+  EXPECT_NEAR(got->aux_loss, ref->aux_loss, tol::kF32Parallel * ref->aux_loss);
+  EXPECT_EQ(got->expert_load, ref->expert_load);
+
+  LlamaWeights assembled = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ASSERT_TRUE(model.assemble_grads(assembled).ok());
+  std::vector<std::pair<std::string, Tensor>> ref_list;
+  ref_g.for_each([&](const std::string& n, Tensor& t) { ref_list.emplace_back(n, t); });
+  size_t i = 0, routers = 0;
+  assembled.for_each([&](const std::string& name, Tensor& t) {
+    ASSERT_EQ(name, ref_list[i].first);
+    if (name.find(".gate.weight") != std::string::npos) ++routers;
+    EXPECT_LE(max_rel_error(t, ref_list[i].second), tol::kF32Parallel)
+        << name << " on rank " << world.rank() << "\n"
+        << describe_mismatches(t, ref_list[i].second, tol::kF32Parallel);
+    ++i;
+  });
+  EXPECT_GT(routers, 0u);
+
+  // A forward alone (the trainer's validation): the same loss.
+  Result<StepResult> fwd = model.forward(*be, local);
+  ASSERT_TRUE(fwd.ok()) << fwd.status().to_string();
+  EXPECT_NEAR(global_loss(fwd->loss_sum), ref->loss, tol::kF32Parallel * ref->loss);
+  EXPECT_EQ(fwd->expert_load, ref->expert_load);
+}
+
+TEST(TspMoeDataParallel, EqualsTheSingleRankModelOnTheGlobalBatch) {
+  const int W = test::mpi().world().size();
+  if (W == 1) GTEST_SKIP() << "dp needs two ranks";
+  for (const DpCase& k : {DpCase{"dp=2,tsp=1"}, DpCase{"dp=2,tsp=1", MoeFamily::kQwen2},
+                          DpCase{"dp=4,tsp=1", MoeFamily::kQwen3, true}, DpCase{"dp=2,tsp=2:moe=a2a"},
+                          DpCase{"dp=2,tsp=2:moe=gather", MoeFamily::kQwen2},
+                          DpCase{"dp=2,tsp=2:moe=ring", MoeFamily::kQwen3, true}})
+    check_data_parallel(k);
+}
+
+// Gradient accumulation under dp is refused as on one rank: a normalizer that is not the
+// micro-batch's valid targets over every replica would change the aux loss.
+TEST(TspMoeDataParallel, MicroBatchesAreRefused) {
+  Communicator& world = test::mpi().world();
+  if (world.size() != 2) GTEST_SKIP() << "runs at 2 ranks";
+  const LlamaConfig c = moe_config(MoeFamily::kMixtral);
+  const Layout lo = parse_layout("dp=2,tsp=1").value();
+  Result<Mesh> mesh = Mesh::create(world, lo.mesh());
+  ASSERT_TRUE(mesh.ok());
+  Result<std::unique_ptr<ShardedModel>> m = make_sharded_model(c, *mesh, 16, lo);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  (*m)->init_weights(kInit);
+  auto be = make_cpu_backend();
+  const Batch global = synthetic_batch(c, 4, 16, 13, 0.1);
+  const Batch half{global.input_ids.narrow(2 * world.rank(), 2 * world.rank() + 1),
+                   global.target_ids.narrow(2 * world.rank(), 2 * world.rank() + 1)};
+  const int64_t normalizer = be->count_valid_targets(global.target_ids, kIgnoreIndex);
+  Result<StepResult> r = (*m)->forward_backward(*be, half, normalizer);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("drop --micro-batch"), std::string::npos) << r.status().message();
 }
 
 // Scheme A's and B's bytes for a known routing: with a zero router every token picks experts 0
