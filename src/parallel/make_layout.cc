@@ -73,9 +73,6 @@ Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& 
                                                              const Layout& layout) {
   const std::string name = layout.to_string();
   if (layout.dp > 1) return unimplemented("layout {}: generation does not take a dp axis", name);
-  if (config.moe.enabled())
-    return unimplemented("layout {}: generation of a mixture-of-experts model ({}) is not implemented yet", name,
-                         config.moe.model_type());
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, 0));
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
   if (layout.pp > 1) return make_pipeline_stages_decoder(config, mesh, layout);

@@ -6,7 +6,8 @@
 # checkpoint resumes on one rank; so are they under data parallelism (dp=2, resumed on one rank after
 # step 8, and dp=2,tsp=2 on four ranks: the aux loss is the global batch's, every gradient summed over dp);
 # the exported Hugging Face directory carries the per-expert names,
-# and importing it then exporting again gives the same bytes; gradient accumulation is refused.
+# and importing it then exporting again gives the same bytes; gradient accumulation is refused;
+# greedy generation gives the same completions on one rank, tsp=2 and tsp=4.
 set -euo pipefail
 mpirun=$1 bin=$2 src=$3
 tmp=$(mktemp -d)
@@ -47,6 +48,26 @@ print("moe training on tsp=2 (a2a to step 8 then resumed on one rank; gather and
 first, last = clean[1], sum(clean[s] for s in range(13, 17)) / 4
 print(f"moe training: loss {first:.4f} at step 1, {last:.4f} over steps 13-16; resume identical")
 assert last < first - 1.0, (first, last)
+PY
+# Generation routes each new token: greedy completions of the trained model are the same on one
+# rank, tsp=2 and tsp=4 (each rank its own experts; prefill a2a, gather and ring).
+gen() {  # gen NP OUT [flags]
+  local np=$1 out=$2; shift 2
+  "$mpirun" --allow-run-as-root --oversubscribe -np "$np" "$bin" generate --checkpoint "$tmp/clean" \
+    --prompt "The " --prompt "Q: What is" --max-new-tokens 16 --json "$@" >"$out" 2>/dev/null
+}
+gen 1 "$tmp/gen1.jsonl"
+gen 2 "$tmp/gen2.jsonl" --layout tsp=2:moe=a2a
+gen 2 "$tmp/gen2g.jsonl" --layout tsp=2:moe=gather
+gen 4 "$tmp/gen4.jsonl" --layout tsp=4:moe=ring
+for f in gen2 gen2g gen4; do
+  cmp "$tmp/gen1.jsonl" "$tmp/$f.jsonl" || { echo "moe greedy generations differ: one rank vs $f" >&2; exit 1; }
+done
+/usr/bin/python3 - "$tmp/gen1.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 2 and all(r["tokens"] == 16 for r in rows), rows
+print("moe generation: the same greedy completions on one rank, tsp=2 (a2a, gather) and tsp=4 (ring)")
 PY
 "$bin" export --checkpoint "$tmp/clean" -o "$tmp/hf" >/dev/null
 /usr/bin/python3 - "$tmp/hf" "$src/scripts" <<'PY'
