@@ -39,7 +39,7 @@ refused() {  # LAYOUT WORDS
     failures=$((failures + 1))
   fi
 }
-refused tp=2 "mixture-of-experts models (mixtral, 4 experts) run on one rank or on dp=R,tsp=D, in f32, so far"
+refused tp=2 "mixture-of-experts models (mixtral, 4 experts) run on one rank or on dp=R,tsp=D so far"
 refused tp=2:moe=a2a "moe=a2a|gather|ring chooses the dispatch of a tsp=N layout"
 refused dp=2,tsp=1 "verify runs every dp replica on the whole batch"
 [ "$failures" -eq 0 ] && echo "moe errors: PASS"

@@ -154,7 +154,7 @@ Tensor TspStep::exchange_rows(const Tensor& src, const std::vector<int64_t>& sen
 
 void TspStep::record_moe_stats(const MoeLayerWeights& w, const std::vector<int64_t>& offsets, const Tensor& probs) {
   const int64_t E = c_.moe.num_experts, T = rows_;
-  Tensor ones = act({1, T}), sums = act({1, E});
+  Tensor ones = act({1, T}), sums = stat({1, E});  // f32 sums of bf16 probabilities too
   be_.fill(1.0, ones);
   be_.matmul(ones, false, probs, false, sums);
   auto& counts = moe_stats_.counts[w.sparse_index];
