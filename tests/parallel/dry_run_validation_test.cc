@@ -368,6 +368,7 @@ TEST_P(DryRunMoe, PeakAndTrafficEqualTheRealStepOnTheAssumedRouting) {
   o.seq = S;
   o.mode = c.mode;
   o.moe_imbalance = c.imbalance;
+  o.matmul_takes_bf16 = forced.matmul_takes_bf16();  // bf16 layouts: as the real step's backend answers
   Result<DryRunResult> dry = dry_run(o);
   ASSERT_TRUE(dry.ok()) << dry.status().to_string();
   const std::string what = fmt::format("{} imbalance {} rank {}", c.layout, c.imbalance, world.rank());
@@ -422,7 +423,11 @@ INSTANTIATE_TEST_SUITE_P(
                     // dp: the routing statistics' all-reduce over the replicas, on the dp axis.
                     MoeCase{"dp=2,tsp=1", 2, kFB}, MoeCase{"dp=2,tsp=1", 2, kF},
                     MoeCase{"dp=2,tsp=2:moe=a2a", 4, kFB}, MoeCase{"dp=2,tsp=2:moe=ring", 4, kFB},
-                    MoeCase{"dp=2,tsp=2:moe=gather", 4, kF}),
+                    MoeCase{"dp=2,tsp=2:moe=gather", 4, kF},
+                    // bf16 storage: rows, weights and experts travel in 2 bytes, the decorator's copies counted.
+                    MoeCase{"tsp=1:bf16", 1, kFB}, MoeCase{"tsp=2:bf16:moe=a2a", 2, kFB},
+                    MoeCase{"tsp=2:bf16:moe=gather", 2, kFB}, MoeCase{"tsp=2:bf16:moe=ring", 2, kFB},
+                    MoeCase{"tsp=4:bf16:moe=a2a", 4, kF}),
     [](const testing::TestParamInfo<MoeCase>& i) {
       std::string n = std::string(i.param.layout) + (i.param.mode == kF ? "_fwd" : "_train") +
                       (i.param.imbalance > 1 ? "_imbalanced" : "");
