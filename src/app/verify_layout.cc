@@ -39,6 +39,13 @@ Result<VerifyReport> run_verify_layout(const VerifyOptions& o, Communicator& wor
     return invalid_argument("verify compares {} with the f32 single-rank model to {:g}; bf16 storage cannot meet "
                             "that: drop :bf16 (train --bf16 checks bf16 against f32)",
                             lo.to_string(), o.tolerance > 0 ? o.tolerance : tol::kF32Parallel);
+  // verify gives every dp replica the whole batch (the replicas are copies); a MoE model sums
+  // its routing statistics over dp (the global batch's aux loss, tsp_model.h), which copies
+  // would count R times. dp with MoE is held to one rank by tsp_moe_parity_test instead.
+  if (lo.dp > 1 && o.config.moe.enabled())
+    return unimplemented("verify runs every dp replica on the whole batch, which a mixture-of-experts model's aux "
+                         "loss (summed over the {} replicas) does not allow: verify {} without dp",
+                         lo.dp, lo.to_string());
   FP_ASSIGN_OR_RETURN(Mesh mesh, Mesh::create(world, lo.mesh()));
   lo.keep_logits = true;
   const Batch global = verify_batch(o);

@@ -183,17 +183,21 @@ std::vector<int64_t> stage_bounds(const LlamaConfig& c, const Layout& l) {
 Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t batch, int64_t seq) {
   FP_RETURN_IF_ERROR(config.validate());
   const std::string name = layout.to_string();
-  // The MoE layer runs in the single-rank model (parallel/single_rank_model.h) and on a plain
-  // tsp=D axis with whole experts per rank (parallel/tsp/tsp_moe.h), in f32.
+  // The MoE layer runs in the single-rank model (parallel/single_rank_model.h) and on a
+  // tsp=D axis with whole experts per rank (parallel/tsp/tsp_moe.h), with or without a dp
+  // axis (the routing statistics summed over tsp and dp); bf16 storage on one rank and tsp=D.
   if (layout.moe_dispatch != Layout::MoeDispatchOption::kAuto && layout.strategy != Strategy::kTsp)
     return invalid_argument("{}: moe=a2a|gather|ring chooses the dispatch of a tsp=N layout", name);
   if (config.moe.enabled()) {
     const MoeConfig& m = config.moe;
-    const bool tsp_only = layout.strategy == Strategy::kTsp && layout.ranks() == layout.tsp;
-    if ((layout.ranks() != 1 && !tsp_only) || layout.dtype != DType::kF32)
-      return unimplemented(
-          "layout {}: mixture-of-experts models ({}, {} experts) run on one rank or on tsp=D alone, in f32, so far", name,
-          m.model_type(), m.num_experts);
+    const bool dp_tsp = layout.strategy == Strategy::kTsp && layout.ranks() == layout.dp * layout.tsp;
+    if (layout.ranks() != 1 && !dp_tsp)
+      return unimplemented("layout {}: mixture-of-experts models ({}, {} experts) run on one rank or on dp=R,tsp=D so far",
+                           name, m.model_type(), m.num_experts);
+    if (layout.dtype != DType::kF32 && layout.dp > 1)
+      return unimplemented("layout {}: mixture-of-experts models in bf16 run on one rank or on tsp=D, not with dp ({}) "
+                           "so far",
+                           name, layout.dp);
     if (layout.tsp > 1 && (layout.tsp > m.num_experts || m.num_experts % layout.tsp != 0))
       return unimplemented("layout {}: the {} experts must divide over the {} TSP ranks (experts split within one expert, "
                            "D > E, are not built yet)",

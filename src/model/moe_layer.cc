@@ -46,20 +46,16 @@ void record_stats(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSa
   const int64_t T = ctx.rows(), E = w.router.dim(0);
   FP_CHECK(w.sparse_index >= 0 && w.sparse_index < static_cast<int64_t>(aux.counts.size()),
            "sparse layer {} of {}", w.sparse_index, aux.counts.size());
-  Tensor ones = act({1, T}, s.probs), sums = act({1, E}, s.probs);
+  // The sums in the statistics dtype (f32 for bf16 probabilities), as TSP's (tsp_moe.cc).
+  Tensor ones = act({1, T}, s.probs), sums = Tensor::empty({1, E}, stat_dtype(s.probs.dtype()), MemCategory::kActivations);
   be.fill(1.0, ones);
   be.matmul(ones, false, s.probs, false, sums);
   std::vector<double> host(static_cast<size_t>(E));
   if (sums.dtype() == DType::kF64) {
     be.copy_to_host(sums, std::as_writable_bytes(std::span<double>(host)));
   } else {
-    Tensor sums32 = sums;  // bf16 sums are widened through the backend first
-    if (sums.dtype() != DType::kF32) {
-      sums32 = Tensor::empty({1, E}, DType::kF32, MemCategory::kActivations);
-      be.copy(sums, sums32);
-    }
     std::vector<float> f(static_cast<size_t>(E));
-    be.copy_to_host(sums32, std::as_writable_bytes(std::span<float>(f)));
+    be.copy_to_host(sums, std::as_writable_bytes(std::span<float>(f)));
     host.assign(f.begin(), f.end());
   }
   auto& counts = aux.counts[w.sparse_index];

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numeric>
 
 #include "backend/rope_table.h"
+#include "model/moe_layer.h"
 
 namespace foldpar {
 namespace {
@@ -91,6 +93,82 @@ Tensor mlp_block(const DecodeContext& ctx, const ShardedWeights& w, int l, const
   return y;
 }
 
+// This rank's dispatched rows of a decode step: the (token, slot) pairs of the B*k choices
+// `ids` that picked its own experts [r*El, (r+1)*El), grouped by expert in token order.
+struct OwnRows {
+  std::vector<int32_t> tokens, slots;
+  std::vector<int64_t> offsets{0};  // [El + 1]
+};
+OwnRows own_rows(const std::vector<int32_t>& ids, int64_t k, int r, int64_t El) {
+  OwnRows o;
+  for (int64_t j = 0; j < El; ++j) {
+    const int32_t e = static_cast<int32_t>(r * El + j);
+    for (size_t p = 0; p < ids.size(); ++p)
+      if (ids[p] == e) {
+        o.tokens.push_back(static_cast<int32_t>(p / static_cast<size_t>(k)));
+        o.slots.push_back(static_cast<int32_t>(p));
+      }
+    o.offsets.push_back(static_cast<int64_t>(o.tokens.size()));
+  }
+  return o;
+}
+
+// y [B, h] += sigmoid(a2 Wsg^T) * shared(a2): Qwen2-MoE's replicated shared expert.
+void shared_expert(Backend& be, const BlockContext& bctx, const MoeLayerWeights& mw, const Tensor& a2, Tensor& y) {
+  const int64_t B = a2.dim(0), h = a2.dim(1);
+  Tensor z = act({B, h}), logit = act({B, 1}), gate = act({B, 1});
+  mlp_forward(bctx, expert_mlp_weights(mw.shared), a2, z, nullptr, {}, 0.0f);
+  be.matmul(a2, false, mw.shared_gate, true, logit);
+  be.sigmoid_forward(logit, gate);
+  std::vector<int32_t> identity(static_cast<size_t>(B));
+  std::iota(identity.begin(), identity.end(), 0);
+  be.scatter_add_rows(z, moe_upload_i32(be, identity), &gate, y);
+}
+
+// x_mid [B, h] -> x_mid + MoE(norm(x_mid)) for a sparse layer (model/moe_layer.h). Every rank
+// routes the same B rows with the replicated router (so every rank chooses alike), runs its
+// own E/D experts on the rows routed to them and combines them with their routing weights;
+// the sum over the axis (g) adds every rank's experts. The replicated shared expert is added
+// once, after the sum. Weights stay put: one all_reduce [B, h], as the dense MLP's.
+Tensor moe_block(const DecodeContext& ctx, const ShardedWeights& w, int l, const Tensor& x_mid) {
+  Backend& be = *ctx.backend;
+  const MoeLayerWeights& mw = w.moe[l];
+  const MoeConfig& m = ctx.config->moe;
+  const int64_t B = x_mid.dim(0), h = ctx.dims->h, E = m.num_experts, k = m.num_experts_per_tok;
+  const int64_t El = ctx.dims->experts;
+  Tensor rstd = act({B}), a2 = act({B, h});
+  be.rmsnorm_forward(x_mid, w.mlp_norm[l], ctx.config->rms_norm_eps, a2, rstd);
+  Tensor logits = act({B, E}), probs = act({B, E}), weights = act({B, k});
+  Tensor experts = Tensor::empty({B, k}, DType::kI32, MemCategory::kActivations);
+  be.matmul(a2, false, mw.router, true, logits);
+  be.moe_route_forward(logits, m.norm_topk_prob, probs, weights, experts);
+  std::vector<int32_t> ids(static_cast<size_t>(B * k));
+  be.copy_to_host(experts, std::as_writable_bytes(std::span<int32_t>(ids)));
+  const OwnRows own = own_rows(ids, k, ctx.comm->rank(), El);
+  const int64_t R = static_cast<int64_t>(own.tokens.size());
+  const BlockContext bctx{ctx.config, &be, 1, B};
+  Tensor y = act({B, h});
+  be.fill(0.0, y);
+  if (R > 0) {
+    const Tensor tokens = moe_upload_i32(be, own.tokens), slots = moe_upload_i32(be, own.slots);
+    Tensor in = act({R, h}), row_w = act({R, 1}), out = act({R, h});
+    be.gather_rows(a2, tokens, nullptr, in);
+    be.gather_rows(weights.reshape({B * k, 1}), slots, nullptr, row_w);
+    for (int64_t j = 0; j < El; ++j) {
+      const int64_t begin = own.offsets[j], end = own.offsets[j + 1];
+      if (begin == end) continue;
+      Tensor o = out.narrow(begin, end);
+      mlp_forward(moe_group_context(bctx, end - begin), expert_mlp_weights(mw.experts[j]), in.narrow(begin, end), o,
+                  nullptr, {}, 0.0f);
+    }
+    be.scatter_add_rows(out, tokens, &row_w, y);
+  }
+  ctx.comm->all_reduce(y);  // g
+  if (mw.shared_gate.defined()) shared_expert(be, bctx, mw, a2, y);
+  be.add_inplace(x_mid, y);
+  return y;
+}
+
 }  // namespace
 
 Tensor decode_embed(const DecodeContext& ctx, const ShardedWeights& w, std::span<const int32_t> ids) {
@@ -114,7 +192,8 @@ Tensor decode_layers(const DecodeContext& ctx, const ShardedWeights& w, int64_t 
   for (int64_t l = first; l < end; ++l) {
     const int layer = static_cast<int>(l);
     x = attention_block(ctx, w, layer, x, rope, attention);
-    x = mlp_block(ctx, w, layer, x);
+    const bool sparse = static_cast<size_t>(l) < w.moe.size() && w.moe[l].defined();
+    x = sparse ? moe_block(ctx, w, layer, x) : mlp_block(ctx, w, layer, x);
   }
   return x;
 }

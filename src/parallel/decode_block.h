@@ -9,6 +9,9 @@
 //              x_mid = x + sum over the axis of attn Wo_r^T          fwd: all_reduce [B, h] (g)
 //              x_out = x_mid + sum of (silu(a2 Wg_r^T) * (a2 Wu_r^T)) Wd_r^T, a2 = norm(x_mid)
 //                                                                    fwd: all_reduce [B, h] (g)
+//              (a MoE model's sparse layer: every rank routes the B rows with the replicated
+//              router, runs its own E/D experts on the rows routed to them, weighted; the
+//              shared expert, replicated, is added after the sum)  fwd: all_reduce [B, h] (g)
 //   head       xf = norm(x); logits of this rank's vocabulary rows   fwd: all_gather -> [B, V]
 // Forward only: the conjugates (identity for g, reduce_scatter for the all_gather) never run.
 //

@@ -52,8 +52,9 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
                                                          const Layout& layout) {
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
-  // validate_layout: a MoE model runs on one rank (in the single-rank model) or on tsp=D
-  // alone. The attention variants (biases, q/k norms) run in the strategies, one rank included.
+  // validate_layout: a MoE model runs on one rank (in the single-rank model) or on dp=R,tsp=D
+  // (TSP, D = 1 included). The attention variants (biases, q/k norms) run in the strategies,
+  // one rank included.
   if (layout.ranks() == 1 && config.moe.enabled())
     return make_single_rank_model(config, layout);
   if (layout.pp > 1) {
@@ -63,7 +64,8 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
     FP_RETURN_IF_ERROR(stage.status());
     return make_pipeline_model(config, mesh.comm("pp"), std::move(*stage), layout);
   }
-  if (layout.strategy == Strategy::kTsp) return make_tsp_sharded_model(config, mesh.comm("tsp"), seq, layout);
+  if (layout.strategy == Strategy::kTsp)
+    return make_tsp_sharded_model(config, mesh.comm("tsp"), axis_comm(mesh, "dp"), seq, layout);
   return make_megatron_sharded_model(config, axis_comm(mesh, "tp"), axis_comm(mesh, "sp"), seq, layout);
 }
 
@@ -71,9 +73,6 @@ Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& 
                                                              const Layout& layout) {
   const std::string name = layout.to_string();
   if (layout.dp > 1) return unimplemented("layout {}: generation does not take a dp axis", name);
-  if (config.moe.enabled())
-    return unimplemented("layout {}: generation of a mixture-of-experts model ({}) is not implemented yet", name,
-                         config.moe.model_type());
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, 0));
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
   if (layout.pp > 1) return make_pipeline_stages_decoder(config, mesh, layout);

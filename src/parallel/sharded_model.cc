@@ -2,6 +2,7 @@
 #include "parallel/sharded_model.h"
 
 #include "comm/communicator.h"
+#include "core/check.h"
 
 namespace foldpar {
 
@@ -24,6 +25,13 @@ Result<StepResult> ShardedModel::forward_backward_micro_batches(Backend& be, con
   }
   sum.loss = sum.valid_tokens > 0 ? sum.loss_sum / static_cast<double>(sum.valid_tokens) : 0.0;
   return sum;
+}
+
+void sum_grads_over_data_axis(Communicator* dp, std::vector<ParamRef>& params) {
+  if (dp == nullptr || dp->size() == 1) return;
+  for (ParamRef& p : params)
+    FP_CHECK_OK(dp->all_reduce(p.grad.raw_data(), p.grad.raw_data(), static_cast<size_t>(p.grad.numel()), DType::kF32,
+                               ReduceOp::kSum));
 }
 
 std::vector<ParamRef> WeightShardedModel::parameters() {

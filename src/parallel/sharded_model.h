@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "comm/communicator.h"
 #include "core/status.h"
 #include "layout/layout.h"
 #include "model/llama_model.h"
@@ -63,6 +64,14 @@ class ShardedModel {
   // on every rank.
   virtual Status assemble_logits(const Tensor& local, Tensor& global) = 0;
 };
+
+// The data-parallel part of one optimizer step: every parameter's gradient summed over `dp`
+// in place, weight shards, replicated norm gains, MoE routers and shared experts alike. Each
+// replica's gradient is of its loss_sum over the valid tokens of the whole global batch
+// (ShardedModel::forward_backward's normalizer), so the sum is the gradient of the global
+// mean. Collective over dp, f32, one all_reduce per parameter in `params` order; nothing is
+// issued when dp is null or has one rank.
+void sum_grads_over_data_axis(Communicator* dp, std::vector<ParamRef>& params);
 
 // What every weight-sharded strategy (tsp/, megatron/) shares, as WeightShardedDecoder
 // (parallel/decode_block.h) is for generation: this rank's ShardedWeights over the weight

@@ -17,7 +17,7 @@ class SingleRankModel final : public ShardedModel {
         layout_(layout.to_string()),
         recompute_(layout.recompute),
         keep_logits_(layout.keep_logits),
-        w_(LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters)),
+        w_(LlamaWeights::allocate(c, layout.dtype, MemCategory::kParameters)),
         g_(LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients)) {}
 
   const std::string& layout() const override { return layout_; }
@@ -67,11 +67,15 @@ class SingleRankModel final : public ShardedModel {
     return r;
   }
 
+  // Converted where the dtypes differ (bf16 weights into the caller's f32 tensors).
   static Status copy_all(LlamaWeights& from, LlamaWeights& to) {
     std::vector<Tensor> src;
     from.for_each([&](const std::string&, Tensor& t) { src.push_back(t); });
     size_t i = 0;
-    to.for_each([&](const std::string&, Tensor& t) { t.copy_from(src[i++]); });
+    to.for_each([&](const std::string&, Tensor& t) {
+      const Tensor& s = src[i++];
+      t.copy_from(s.dtype() == t.dtype() ? s : s.to(t.dtype(), MemCategory::kWorkspace));
+    });
     return Status();
   }
 

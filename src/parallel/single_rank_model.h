@@ -10,7 +10,8 @@
 
 namespace foldpar {
 
-// layout: validated, every degree 1, f32. Its forward_backward takes the whole step's batch
+// layout: validated, every degree 1; the weights are stored in layout.dtype (f32 or bf16: then
+// run it on a bf16 storage backend), the gradients in f32. Its forward_backward takes the whole step's batch
 // (loss_normalizer 0 or that batch's valid-token count): the aux loss of a MoE model is
 // Hugging Face's over one batch, which gradient accumulation would change.
 Result<std::unique_ptr<ShardedModel>> make_single_rank_model(const LlamaConfig& config, const Layout& layout);

@@ -13,9 +13,11 @@
 
 namespace foldpar {
 
-// tsp/: Tensor-and-Sequence Parallelism over one axis.
+// tsp/: Tensor-and-Sequence Parallelism over one axis. dp (null: none): the data-parallel
+// axis, which a MoE model's routing statistics are also summed over (tsp_model.h); the
+// gradients' dp sum stays the trainer's (sum_grads_over_data_axis).
 Result<std::unique_ptr<ShardedModel>> make_tsp_sharded_model(const LlamaConfig& config, Communicator& tsp,
-                                                             int64_t seq, const Layout& options);
+                                                             Communicator* dp, int64_t seq, const Layout& options);
 // megatron/: Megatron tensor parallelism inside tp groups, sequence (context) parallelism
 // across them: tp=T (sp null), sp=S (tp null) and tp=T,sp=S. A null axis runs as one rank.
 Result<std::unique_ptr<ShardedModel>> make_megatron_sharded_model(const LlamaConfig& config, Communicator* tp,

@@ -401,8 +401,8 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
     p.layout = l;
     // validate_layout's verdict first (dry_run)
     const bool search = l.pp > 1 && r.mode == PlanMode::kTrain && r.micro_batch == 0;
-    const bool moe = r.config.moe.enabled() && plan_strategy(l) == PlanStrategy::kTsp && l.ranks() == l.tsp &&
-                     l.tsp > 1;
+    const bool moe = r.config.moe.enabled() && plan_strategy(l) == PlanStrategy::kTsp &&
+                     l.ranks() == l.dp * l.tsp && l.tsp > 1;
     Status dry = search ? plan_pipeline(r, p) : moe ? plan_moe(r, p) : plan_by_dry_run(r, p, r.micro_batch);
     if (!dry.ok()) {
       const std::string name = l.to_string();

@@ -64,12 +64,6 @@ Status check_micro_batches(const Layout& lo, const Setup& s) {
   return validate_micro_batches(lo, s.accum);
 }
 
-// Sum over the data-parallel axis, in place.
-void sum_over(Communicator* comm, Tensor& t) {
-  if (comm == nullptr || comm->size() == 1) return;
-  FP_CHECK_OK(comm->all_reduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()), DType::kF32, ReduceOp::kSum));
-}
-
 double sum_over(Communicator& comm, double x) {
   FP_CHECK_OK(comm.all_reduce(&x, &x, 1, DType::kF64, ReduceOp::kSum));
   return x;
@@ -234,7 +228,7 @@ Result<StepStats> train_step(const TrainOptions& o, const Setup& s, const DataLo
     micro_batches.push_back(l.model->local_batch(train.train_rows(index, r0 + a * s.micro, r0 + (a + 1) * s.micro)));
   FP_ASSIGN_OR_RETURN(StepResult r, l.model->forward_backward_micro_batches(be, micro_batches, normalizer));
   const double loss_sum = r.loss_sum;
-  for (ParamRef& p : l.params) sum_over(s.dp_comm, p.grad);
+  sum_grads_over_data_axis(s.dp_comm, l.params);
   StepStats st;
   // Loss sums are global over the model axes already; the dp replicas add theirs.
   const double model_ranks = static_cast<double>(world.size()) / s.dp;

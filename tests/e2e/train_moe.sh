@@ -3,15 +3,19 @@
 # on one rank: the loss falls; a run stopped at step 8 and resumed reproduces the undisturbed
 # run's losses bit for bit; on tsp=2 (experts sharded over the two ranks, all-to-all,
 # all-gather and expert-ring dispatch) the losses are the one-rank run's within 2e-5, also after its step-8
-# checkpoint resumes on one rank; the exported Hugging Face directory carries the per-expert names,
-# and importing it then exporting again gives the same bytes; gradient accumulation is refused.
+# checkpoint resumes on one rank; so are they under data parallelism (dp=2, resumed on one rank after
+# step 8, and dp=2,tsp=2 on four ranks: the aux loss is the global batch's, every gradient summed over dp);
+# the exported Hugging Face directory carries the per-expert names,
+# and importing it then exporting again gives the same bytes; gradient accumulation is refused;
+# greedy generation gives the same completions on one rank, tsp=2 and tsp=4; bf16 storage on one
+# rank and tsp=2 follows f32 within bf16's precision and resumes bit for bit.
 set -euo pipefail
 mpirun=$1 bin=$2 src=$3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 train() {  # train OUT [flags]; NP ranks (1)
   local out=$1; shift
-  "$mpirun" --allow-run-as-root -np "${NP:-1}" "$bin" train --model "$src/configs/tiny-moe.json" --data "$tmp/data" \
+  "$mpirun" --allow-run-as-root --oversubscribe -np "${NP:-1}" "$bin" train --model "$src/configs/tiny-moe.json" --data "$tmp/data" \
     --out "$out" --steps 16 --seq 64 --batch 4 --lr 3e-3 --warmup 2 --eval-every 0 --eval-batches 1 \
     --progress none --seed 3 --checkpoint-every 8 "$@"
 }
@@ -23,6 +27,13 @@ NP=2 train "$tmp/tsp2" --layout tsp=2 --stop-after 8 >/dev/null
 train "$tmp/tsp2" --resume >/dev/null  # the tsp=2 checkpoint resharded onto one rank
 NP=2 train "$tmp/tsp2g" --layout tsp=2 --moe-dispatch gather --stop-after 4 >/dev/null
 NP=2 train "$tmp/tsp2r" --layout tsp=2:moe=ring --stop-after 4 >/dev/null
+NP=2 train "$tmp/dp2" --layout dp=2,tsp=1 --stop-after 8 >/dev/null
+train "$tmp/dp2" --resume >/dev/null  # the dp=2 checkpoint continued on one rank
+NP=4 train "$tmp/dp2tsp2" --layout dp=2,tsp=2:moe=ring --stop-after 4 >/dev/null
+train "$tmp/bf16" --bf16 >/dev/null
+train "$tmp/bf16r" --bf16 --stop-after 8 >/dev/null
+train "$tmp/bf16r" --bf16 --resume >/dev/null
+NP=2 train "$tmp/bf16tsp2" --layout tsp=2:bf16:moe=a2a --stop-after 8 >/dev/null
 /usr/bin/python3 - "$tmp" <<'PY'
 import json, sys
 tmp = sys.argv[1]
@@ -32,16 +43,49 @@ clean, resumed = losses("clean"), losses("resumed")
 assert set(range(1, 17)) <= set(clean) and set(range(1, 17)) <= set(resumed), (sorted(clean), sorted(resumed))
 for step in range(1, 17):
     assert resumed[step] == clean[step], (step, resumed[step], clean[step])
-for name, steps in (("tsp2", 16), ("tsp2g", 4), ("tsp2r", 4)):
+for name, steps in (("tsp2", 16), ("tsp2g", 4), ("tsp2r", 4), ("dp2", 16), ("dp2tsp2", 4)):
     tsp = losses(name)
     assert set(range(1, steps + 1)) <= set(tsp), (name, sorted(tsp))
     for step in range(1, steps + 1):
         assert abs(tsp[step] - clean[step]) <= 2e-5 * abs(clean[step]), (name, step, tsp[step], clean[step])
-print("moe training on tsp=2 (a2a to step 8 then resumed on one rank; gather and ring to step 4) matches the "
-      "one-rank run within 2e-5")
+print("moe training on tsp=2 (a2a to step 8 then resumed on one rank; gather and ring to step 4), dp=2 (to step 8 "
+      "then resumed on one rank) and dp=2,tsp=2 (ring, to step 4) matches the one-rank run within 2e-5")
+# bf16 storage (f32 masters): bf16 rounds every stored value to 8 significant bits and may route
+# a near-tied token to another expert than f32 does; over 16 AdamW steps the loss of this
+# small model stays within a few percent of f32's (a wrong conversion shows as 10% and more);
+# the checkpoint resumes bit for bit. tsp=2 in bf16 against one rank in bf16: roundings in other
+# places, and a token routed otherwise moves the mean of 256 token losses by about 1/256 of its
+# own change; 1% (observed ~2e-4).
+b16, b16r, b16t = losses("bf16"), losses("bf16r"), losses("bf16tsp2")
+assert [b16r[s] for s in range(1, 17)] == [b16[s] for s in range(1, 17)], "bf16 resume is not bitwise identical"
+worst = max(abs(b16[s] - clean[s]) / clean[s] for s in range(1, 17))
+assert worst < 0.03, f"moe bf16 losses differ from f32 by {worst:.3f} (relative)"
+worst_t = max(abs(b16t[s] - b16[s]) / b16[s] for s in range(1, 9))
+assert worst_t < 0.01, f"moe tsp=2 bf16 losses differ from one rank's by {worst_t:.3f} (relative)"
+print(f"moe bf16: within {worst:.1e} of f32 over 16 steps, resume identical; tsp=2 bf16 within {worst_t:.1e} of one rank")
 first, last = clean[1], sum(clean[s] for s in range(13, 17)) / 4
 print(f"moe training: loss {first:.4f} at step 1, {last:.4f} over steps 13-16; resume identical")
 assert last < first - 1.0, (first, last)
+PY
+# Generation routes each new token: greedy completions of the trained model are the same on one
+# rank, tsp=2 and tsp=4 (each rank its own experts; prefill a2a, gather and ring).
+gen() {  # gen NP OUT [flags]
+  local np=$1 out=$2; shift 2
+  "$mpirun" --allow-run-as-root --oversubscribe -np "$np" "$bin" generate --checkpoint "$tmp/clean" \
+    --prompt "The " --prompt "Q: What is" --max-new-tokens 16 --json "$@" >"$out" 2>/dev/null
+}
+gen 1 "$tmp/gen1.jsonl"
+gen 2 "$tmp/gen2.jsonl" --layout tsp=2:moe=a2a
+gen 2 "$tmp/gen2g.jsonl" --layout tsp=2:moe=gather
+gen 4 "$tmp/gen4.jsonl" --layout tsp=4:moe=ring
+for f in gen2 gen2g gen4; do
+  cmp "$tmp/gen1.jsonl" "$tmp/$f.jsonl" || { echo "moe greedy generations differ: one rank vs $f" >&2; exit 1; }
+done
+/usr/bin/python3 - "$tmp/gen1.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 2 and all(r["tokens"] == 16 for r in rows), rows
+print("moe generation: the same greedy completions on one rank, tsp=2 (a2a, gather) and tsp=4 (ring)")
 PY
 "$bin" export --checkpoint "$tmp/clean" -o "$tmp/hf" >/dev/null
 /usr/bin/python3 - "$tmp/hf" "$src/scripts" <<'PY'

@@ -1,5 +1,5 @@
 // Generation under tsp=D and tp=D against the single-rank model (docs/tsp.md section 6), at D = the
-// world size (1, 2, 3, 4):
+// world size (1, 2, 3, 4), mixture-of-experts models on tsp=D included (D = 1, 2, 4):
 //  - parity: the logits of the prefill and of every decode step equal the logits of one
 //    full forward over the same tokens, for prompts of awkward lengths (some ranks hold none
 //    of a short prompt's tokens), every TSP prefill option, GQA and MHA, tied embeddings;
@@ -212,6 +212,42 @@ TEST(DecodeParity, AttentionBiasesAndQkNormsOnTspAndTp) {
     }
 }
 
+// Mixture-of-experts models (4 experts, top 2): Mixtral-like, and Qwen2-MoE-like with a shared
+// expert and a dense layer between the sparse ones. Each decode step routes the new tokens
+// through the router and every rank's experts (decode_block.h); the prefill is TSP's forward
+// under each dispatch scheme. E = 4 divides over D = 1, 2 and 4 only.
+LlamaConfig moe_decode_config(MoeFamily family) {
+  LlamaConfig c = test_config(2, true, false);  // h 128, 16 heads, 8 KV heads, V 128
+  MoeConfig& m = c.moe;
+  m.family = family;
+  m.num_experts = 4;
+  m.num_experts_per_tok = 2;
+  m.moe_intermediate_size = 48;
+  m.norm_topk_prob = family != MoeFamily::kQwen2;
+  if (family == MoeFamily::kQwen2) {
+    c.num_hidden_layers = 3;
+    m.shared_expert_intermediate_size = 32;
+    m.mlp_only_layers = {1};
+  }
+  return c;
+}
+
+TEST(DecodeParity, MixtureOfExpertsOnTsp) {
+  const int D = test::mpi().world().size();
+  if (4 % D != 0) GTEST_SKIP() << "4 experts do not divide over " << D << " ranks";
+  const std::pair<MoeFamily, Layout::MoeDispatchOption> cases[] = {
+      {MoeFamily::kMixtral, Layout::MoeDispatchOption::kAllToAll},
+      {MoeFamily::kQwen2, Layout::MoeDispatchOption::kGather},
+      {MoeFamily::kMixtral, Layout::MoeDispatchOption::kRing}};
+  for (const auto& [family, dispatch] : cases) {
+    Case s{moe_decode_config(family), "tsp", {}};
+    s.options.moe_dispatch = dispatch;
+    SCOPED_TRACE(std::string(family == MoeFamily::kQwen2 ? "qwen2_moe" : "mixtral") + " prefill dispatch " +
+                 std::to_string(static_cast<int>(dispatch)));
+    check_parity(s);
+  }
+}
+
 // Greedy decoding: each chosen token is the argmax of the logits (lowest id on ties).
 int32_t argmax_row(const Tensor& logits, int64_t b) {
   const int64_t V = logits.dim(1);
@@ -232,15 +268,14 @@ std::vector<int32_t> reference_greedy(const LlamaConfig& c, const LlamaWeights& 
   return out;
 }
 
-TEST(DecodeGreedy, EqualsSingleRankOnEveryLayout) {
-  const LlamaConfig c = test_config(test::mpi().world().size(), true, false);
+void check_greedy(const LlamaConfig& c, const std::vector<std::string>& layouts) {
   LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
   init_weights(kInit, w);
   const std::vector<std::vector<int32_t>> prompts{random_tokens(c, 9, 20), random_tokens(c, 3, 21)};
   const int64_t n = 12;
   std::vector<std::vector<int32_t>> want;
   for (const auto& p : prompts) want.push_back(reference_greedy(c, w, p, n));
-  for (const std::string layout : {"tsp", "tp"}) {
+  for (const std::string& layout : layouts) {
     Built m = build(Case{c, layout, {}});
     auto be = make_cpu_backend();
     Result<Tensor> logits = m.decoder->prefill(*be, prompts, n);
@@ -257,6 +292,17 @@ TEST(DecodeGreedy, EqualsSingleRankOnEveryLayout) {
     }
     for (size_t b = 0; b < prompts.size(); ++b) EXPECT_EQ(got[b], want[b]) << layout << " sequence " << b;
   }
+}
+
+TEST(DecodeGreedy, EqualsSingleRankOnEveryLayout) {
+  check_greedy(test_config(test::mpi().world().size(), true, false), {"tsp", "tp"});
+}
+
+TEST(DecodeGreedy, MixtureOfExpertsEqualsSingleRankOnTsp) {
+  const int D = test::mpi().world().size();
+  if (4 % D != 0) GTEST_SKIP() << "4 experts do not divide over " << D << " ranks";
+  check_greedy(moe_decode_config(MoeFamily::kMixtral), {"tsp"});
+  check_greedy(moe_decode_config(MoeFamily::kQwen2), {"tsp"});
 }
 
 // generate(): the report counts what the model computed (every slot of every decode step,

@@ -368,6 +368,7 @@ TEST_P(DryRunMoe, PeakAndTrafficEqualTheRealStepOnTheAssumedRouting) {
   o.seq = S;
   o.mode = c.mode;
   o.moe_imbalance = c.imbalance;
+  o.matmul_takes_bf16 = forced.matmul_takes_bf16();  // bf16 layouts: as the real step's backend answers
   Result<DryRunResult> dry = dry_run(o);
   ASSERT_TRUE(dry.ok()) << dry.status().to_string();
   const std::string what = fmt::format("{} imbalance {} rank {}", c.layout, c.imbalance, world.rank());
@@ -418,7 +419,15 @@ INSTANTIATE_TEST_SUITE_P(
                     MoeCase{"tsp=2:moe=a2a", 2, kFB, 1.5}, MoeCase{"tsp=2:moe=gather", 2, kFB, 1.5},
                     MoeCase{"tsp=2:moe=ring", 2, kFB, 1.5},
                     MoeCase{"tsp=4:moe=a2a", 4, kFB}, MoeCase{"tsp=4:moe=gather", 4, kFB},
-                    MoeCase{"tsp=4:moe=ring", 4, kFB}, MoeCase{"tsp=4:moe=a2a", 4, kFB, 1.5}),
+                    MoeCase{"tsp=4:moe=ring", 4, kFB}, MoeCase{"tsp=4:moe=a2a", 4, kFB, 1.5},
+                    // dp: the routing statistics' all-reduce over the replicas, on the dp axis.
+                    MoeCase{"dp=2,tsp=1", 2, kFB}, MoeCase{"dp=2,tsp=1", 2, kF},
+                    MoeCase{"dp=2,tsp=2:moe=a2a", 4, kFB}, MoeCase{"dp=2,tsp=2:moe=ring", 4, kFB},
+                    MoeCase{"dp=2,tsp=2:moe=gather", 4, kF},
+                    // bf16 storage: rows, weights and experts travel in 2 bytes, the decorator's copies counted.
+                    MoeCase{"tsp=1:bf16", 1, kFB}, MoeCase{"tsp=2:bf16:moe=a2a", 2, kFB},
+                    MoeCase{"tsp=2:bf16:moe=gather", 2, kFB}, MoeCase{"tsp=2:bf16:moe=ring", 2, kFB},
+                    MoeCase{"tsp=4:bf16:moe=a2a", 4, kF}),
     [](const testing::TestParamInfo<MoeCase>& i) {
       std::string n = std::string(i.param.layout) + (i.param.mode == kF ? "_fwd" : "_train") +
                       (i.param.imbalance > 1 ? "_imbalanced" : "");
@@ -472,19 +481,23 @@ TEST(DryRunBf16, MegatronMovesBf16WhereItsTensorsAreBf16) {
 // Generation: a real prefill of B prompts of S tokens (and, for decode, one decode step
 // after it), measured as the dry run measures it: peaks per category from after the
 // decoder exists (prefill) or after the prefill (decode), and each axis's counters over
-// the measured call. The prompts' contents do not change what is allocated or sent.
+// the measured call. The prompts' contents do not change what is allocated or sent, except a
+// MoE model's routing: its cases run on ForcedRouting (the plan's assumed routing, as
+// DryRunMoe does), so each decode step's expert rows per rank are the dry run's.
 struct GenCase {
   const char* layout;
   int ranks;
   DryRunMode mode;
   int64_t batch;
+  bool moe = false;  // moe_validation_config() instead of validation_config()
 };
 
 Measured measure_generation(const Layout& lo, const GenCase& c, int64_t S, int64_t new_tokens) {
   Communicator& world = test::mpi().world();
   Result<Mesh> mesh = Mesh::create(world, lo.mesh());
   FP_CHECK_OK(mesh.status());
-  const Batch rows = synthetic_batch(validation_config(), c.batch, S, 5);
+  const LlamaConfig config = c.moe ? moe_validation_config() : validation_config();
+  const Batch rows = synthetic_batch(config, c.batch, S, 5);
   std::vector<std::vector<int32_t>> prompts;
   for (int64_t b = 0; b < c.batch; ++b) {
     const int32_t* row = rows.input_ids.data<int32_t>() + b * S;
@@ -496,10 +509,12 @@ Measured measure_generation(const Layout& lo, const GenCase& c, int64_t S, int64
   const MemoryStats before = mt.stats();  // the dry run's tracker holds only the decoder
   out.base = before.current;
   out.base_total = before.current_total;
-  Result<std::unique_ptr<ShardedDecoder>> dec = make_sharded_decoder(validation_config(), *mesh, lo);
+  Result<std::unique_ptr<ShardedDecoder>> dec = make_sharded_decoder(config, *mesh, lo);
   FP_CHECK_OK(dec.status());
   (*dec)->init_weights(InitOptions{.seed = 1});
-  auto be = make_cpu_backend();
+  auto cpu = make_cpu_backend();
+  ForcedRouting forced(*cpu, 1.0);
+  Backend* be = c.moe ? static_cast<Backend*>(&forced) : cpu.get();
   if (c.mode == DryRunMode::kDecode) FP_CHECK_OK((*dec)->prefill(*be, prompts, new_tokens).status());
   out.before_call = mt.stats().current;
   mt.reset_peaks();
@@ -526,7 +541,7 @@ TEST_P(DryRunGeneration, PeakAndTrafficEqualTheRealCall) {
   const int64_t S = 200, new_tokens = 24;  // S not a multiple of D: uneven cache slots
   const Measured real = measure_generation(lo, c, S, new_tokens);
   DryRunOptions o;
-  o.config = validation_config();
+  o.config = c.moe ? moe_validation_config() : validation_config();
   o.layout = lo;
   o.rank = world.rank();
   o.batch = c.batch;
@@ -554,10 +569,13 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(GenCase{"tsp=2", 2, kPre, 1}, GenCase{"tsp=2", 2, kPre, 3}, GenCase{"tsp=2", 2, kDec, 1},
                     GenCase{"tsp=2", 2, kDec, 3}, GenCase{"tp=2", 2, kPre, 2}, GenCase{"tp=2", 2, kDec, 2},
                     GenCase{"tsp=4", 4, kPre, 2}, GenCase{"tsp=4", 4, kDec, 2}, GenCase{"tp=4", 4, kPre, 1},
-                    GenCase{"tp=4", 4, kDec, 3}),
+                    GenCase{"tp=4", 4, kDec, 3},
+                    // MoE: the prefill is TSP's forward; each decode step routes every new token.
+                    GenCase{"tsp=2", 2, kDec, 3, true}, GenCase{"tsp=2:moe=ring", 2, kPre, 2, true},
+                    GenCase{"tsp=4:moe=gather", 4, kPre, 2, true}, GenCase{"tsp=4", 4, kDec, 2, true}),
     [](const testing::TestParamInfo<GenCase>& i) {
       std::string n = std::string(i.param.layout) + (i.param.mode == kPre ? "_prefill" : "_decode") + "_B" +
-                      std::to_string(i.param.batch);
+                      std::to_string(i.param.batch) + (i.param.moe ? "_moe" : "");
       for (char& ch : n)
         if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;

@@ -4,12 +4,18 @@
 // a dense layer among the sparse ones) and Qwen3-MoE-like (decoder_sparse_step) configs,
 // both aux-loss modes, recompute, and a zero router (ties to the lower index send every
 // token to experts 0 and 1, so the ranks owning experts 2 and 3 receive no rows at all and
-// still take part). Run under mpirun at 1, 2 and 4 ranks (E = 4 divides over them).
+// still take part). Under dp=R and dp=R,tsp=D (2 and 4 ranks) the same model through
+// make_sharded_model and the trainer's gradient sum over dp, against the single-rank model on
+// the global batch. Run under mpirun at 1, 2 and 4 ranks (E = 4 divides over them).
 #include <gtest/gtest.h>
 
 #include "app/synthetic.h"
+#include "backend/bf16_storage_backend.h"
 #include "core/tolerance.h"
+#include "comm/mesh.h"
+#include "comm/self_communicator.h"
 #include "mpi_test_main.h"
+#include "parallel/make_layout.h"
 #include "parallel/tsp/tsp_model.h"
 #include "tensor/compare.h"
 
@@ -187,6 +193,281 @@ TEST(TspMoeParity, NegativeControlSwappedExperts) {
   check_parity(Case{MoeFamily::kMixtral, kRing, false, false, Recompute::kNone, /*swap_experts=*/true});
 }
 
+// ---- dp=R and dp=R,tsp=D (make_sharded_model, as train builds them) ----
+//
+// The reference is the single-rank MoE model on the same global batch [B, S]. Each dp
+// replica runs its B/R sequences with the trainer's normalizer (the global batch's valid
+// targets); the routing statistics are summed over tsp and dp inside the step, so the aux
+// loss, its gradient and the per-expert load are the global batch's. Then the trainer's
+// sum_grads_over_data_axis: every gradient (experts, router, shared expert and its gate, the
+// dense weights) must be the single-rank model's, the summed loss_sum over the global valid
+// count its loss with the aux term, within kF32Parallel. A forward alone (validation) too.
+struct DpCase {
+  const char* layout;
+  MoeFamily family = MoeFamily::kMixtral;
+  bool per_layer = false;
+};
+
+void check_data_parallel(const DpCase& k) {
+  Communicator& world = test::mpi().world();
+  const Layout lo = parse_layout(k.layout).value();
+  if (lo.ranks() != world.size()) return;
+  SCOPED_TRACE(k.layout);
+  LlamaConfig c = moe_config(k.family);
+  c.moe.aux_per_layer = k.per_layer;
+  const int64_t B = 4, S = 16;  // B / dp sequences per replica
+
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
+  init_weights(kInit, w);
+  Batch global = synthetic_batch(c, B, S, 13, 0.1);
+  auto be = make_cpu_backend();
+  LlamaWeights ref_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ref_g.zero();
+  Result<StepResult> ref = model_forward_backward(c, *be, w, global, StepOptions{}, ref_g);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  ASSERT_GT(ref->aux_loss, 0.0);
+
+  Result<Mesh> mesh = Mesh::create(world, lo.mesh());
+  ASSERT_TRUE(mesh.ok()) << mesh.status().to_string();
+  Result<std::unique_ptr<ShardedModel>> made = make_sharded_model(c, *mesh, S, lo);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  ShardedModel& model = **made;
+  model.init_weights(kInit);
+  model.zero_grads(*be);
+  const int64_t rows = B / lo.dp, r0 = mesh->coord("dp") * rows;
+  const Batch replica{global.input_ids.narrow(r0, r0 + rows), global.target_ids.narrow(r0, r0 + rows)};
+  const Batch local = model.local_batch(replica);
+  const int64_t normalizer = be->count_valid_targets(global.target_ids, kIgnoreIndex);
+  Result<StepResult> got = model.forward_backward(*be, local, normalizer);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  std::vector<ParamRef> params = model.parameters();
+  sum_grads_over_data_axis(mesh->has_axis("dp") ? &mesh->comm("dp") : nullptr, params);
+
+  // The trainer's loss: loss_sum summed over every rank, once per model replica's ranks.
+  auto global_loss = [&](double loss_sum) {
+    double sum = loss_sum;
+    FP_CHECK_OK(world.all_reduce(&sum, &sum, 1, DType::kF64, ReduceOp::kSum));
+    return sum / lo.model_ranks() / static_cast<double>(normalizer);
+  };
+  EXPECT_NEAR(global_loss(got->loss_sum), ref->loss, tol::kF32Parallel * ref->loss);
+  EXPECT_NEAR(got->aux_loss, ref->aux_loss, tol::kF32Parallel * ref->aux_loss);
+  EXPECT_EQ(got->expert_load, ref->expert_load);
+
+  LlamaWeights assembled = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ASSERT_TRUE(model.assemble_grads(assembled).ok());
+  std::vector<std::pair<std::string, Tensor>> ref_list;
+  ref_g.for_each([&](const std::string& n, Tensor& t) { ref_list.emplace_back(n, t); });
+  size_t i = 0, routers = 0;
+  assembled.for_each([&](const std::string& name, Tensor& t) {
+    ASSERT_EQ(name, ref_list[i].first);
+    if (name.find(".gate.weight") != std::string::npos) ++routers;
+    EXPECT_LE(max_rel_error(t, ref_list[i].second), tol::kF32Parallel)
+        << name << " on rank " << world.rank() << "\n"
+        << describe_mismatches(t, ref_list[i].second, tol::kF32Parallel);
+    ++i;
+  });
+  EXPECT_GT(routers, 0u);
+
+  // A forward alone (the trainer's validation): the same loss.
+  Result<StepResult> fwd = model.forward(*be, local);
+  ASSERT_TRUE(fwd.ok()) << fwd.status().to_string();
+  EXPECT_NEAR(global_loss(fwd->loss_sum), ref->loss, tol::kF32Parallel * ref->loss);
+  EXPECT_EQ(fwd->expert_load, ref->expert_load);
+}
+
+TEST(TspMoeDataParallel, EqualsTheSingleRankModelOnTheGlobalBatch) {
+  const int W = test::mpi().world().size();
+  if (W == 1) GTEST_SKIP() << "dp needs two ranks";
+  for (const DpCase& k : {DpCase{"dp=2,tsp=1"}, DpCase{"dp=2,tsp=1", MoeFamily::kQwen2},
+                          DpCase{"dp=4,tsp=1", MoeFamily::kQwen3, true}, DpCase{"dp=2,tsp=2:moe=a2a"},
+                          DpCase{"dp=2,tsp=2:moe=gather", MoeFamily::kQwen2},
+                          DpCase{"dp=2,tsp=2:moe=ring", MoeFamily::kQwen3, true}})
+    check_data_parallel(k);
+}
+
+// Gradient accumulation under dp is refused as on one rank: a normalizer that is not the
+// micro-batch's valid targets over every replica would change the aux loss.
+TEST(TspMoeDataParallel, MicroBatchesAreRefused) {
+  Communicator& world = test::mpi().world();
+  if (world.size() != 2) GTEST_SKIP() << "runs at 2 ranks";
+  const LlamaConfig c = moe_config(MoeFamily::kMixtral);
+  const Layout lo = parse_layout("dp=2,tsp=1").value();
+  Result<Mesh> mesh = Mesh::create(world, lo.mesh());
+  ASSERT_TRUE(mesh.ok());
+  Result<std::unique_ptr<ShardedModel>> m = make_sharded_model(c, *mesh, 16, lo);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  (*m)->init_weights(kInit);
+  auto be = make_cpu_backend();
+  const Batch global = synthetic_batch(c, 4, 16, 13, 0.1);
+  const Batch half{global.input_ids.narrow(2 * world.rank(), 2 * world.rank() + 1),
+                   global.target_ids.narrow(2 * world.rank(), 2 * world.rank() + 1)};
+  const int64_t normalizer = be->count_valid_targets(global.target_ids, kIgnoreIndex);
+  Result<StepResult> r = (*m)->forward_backward(*be, half, normalizer);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("drop --micro-batch"), std::string::npos) << r.status().message();
+}
+
+// ---- bf16 storage (:bf16) on one rank and on tsp=D ----
+//
+// Both sides store weights and activations in bf16 and compute through the bf16 storage
+// decorator (f32 arithmetic, every bf16 result rounded once; statistics, the routing sums,
+// the aux gradient and the gradients f32), as `train --bf16` runs them; the references are
+// the single-rank model in bf16 and in f32. The tolerances are megatron_parity_test.cc's,
+// with its derivation: one bf16 rounding moves a value by up to 2^-9 relative (one ulp is
+// 2^-8); a step chains about 40 dependent rounded results, so the loss (an average over the
+// tokens) stays within 1 ulp and logits and gradients within 16 ulp. A sparse layer adds
+// the routing weights and the weighted combine to a token's chain, within that budget.
+//
+// Routing is a discontinuous function of the router logits: two runs that round differently
+// (the layout sums partial outputs shard by shard) pick different experts for a token whose
+// k-th and (k+1)-th logits lie within bf16's noise of each other, and then differ by O(1) in
+// that token's row whatever the precision. So the weights give every choice a margin far
+// above that noise: embedding column 0 is 1 for every token (against about 0.1 elsewhere:
+// after the RMS norm a_0 ~ 5, the others ~ 0.5), router column 0 is c_e (per sparse layer
+// one of two orders, so every expert is chosen in some layer) and the rest of the router a
+// tenth of its initialization; the k-th and (k+1)-th logits are then about 0.5 apart against
+// a token-dependent part of about 0.03, while the routing weights and probabilities still
+// differ per token. The per-expert load must equal the references'.
+constexpr double kBf16Ulp = 1.0 / 256;  // 2^-8: the spacing of bf16 values relative to their size
+constexpr double kBf16LossTol = 1 * kBf16Ulp;
+constexpr double kBf16TensorTol = 16 * kBf16Ulp;
+
+void give_routing_a_margin(Tensor& embed, std::vector<Tensor*> routers) {
+  const int64_t h = embed.dim(1);
+  std::vector<float> e = read_host_f32(embed);
+  for (int64_t v = 0; v < embed.dim(0); ++v) e[static_cast<size_t>(v * h)] = 0.5f;
+  write_host_f32(e, embed);
+  const float orders[2][4] = {{0.05f, 0.3f, -0.1f, 0.15f}, {0.3f, -0.1f, 0.15f, 0.05f}};
+  for (size_t l = 0; l < routers.size(); ++l) {
+    std::vector<float> r = read_host_f32(*routers[l]);
+    for (float& x : r) x *= 0.1f;
+    for (int64_t i = 0; i < routers[l]->dim(0); ++i) r[static_cast<size_t>(i * h)] = orders[l % 2][i % 4];
+    write_host_f32(r, *routers[l]);
+  }
+}
+
+struct Bf16Run {
+  Result<StepResult> step = StepResult();
+  LlamaWeights grads;
+};
+// The single-rank model with weights of `dtype` on `be`.
+Bf16Run single_rank(const LlamaConfig& c, DType dtype, Backend& be, const Batch& global) {
+  LlamaWeights w = LlamaWeights::allocate(c, dtype, MemCategory::kParameters);
+  init_weights(kInit, w);
+  std::vector<Tensor*> routers;
+  for (auto& l : w.layers)
+    if (l.moe.defined()) routers.push_back(&l.moe.router);
+  give_routing_a_margin(w.embed, routers);
+  Bf16Run out{StepResult(), LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients)};
+  out.grads.zero();
+  StepOptions so;
+  so.keep_logits = true;
+  out.step = model_forward_backward(c, be, w, global, so, out.grads);
+  return out;
+}
+
+void check_bf16_parity(MoeFamily family, Layout::MoeDispatchOption dispatch) {
+  Communicator& world = test::mpi().world();
+  const int D = world.size(), p = world.rank();
+  const LlamaConfig c = moe_config(family);
+  const int64_t B = 2, S = 16;
+  const Batch global = synthetic_batch(c, B, S, 13, 0.1);
+  auto cpu = make_cpu_backend();
+  auto bf = make_bf16_storage_backend(*cpu);
+  const Bf16Run want = single_rank(c, DType::kBF16, *bf, global), f32 = single_rank(c, DType::kF32, *cpu, global);
+  ASSERT_TRUE(want.step.ok() && f32.step.ok()) << want.step.status().to_string() << f32.step.status().to_string();
+  ASSERT_EQ(want.step->expert_load, f32.step->expert_load) << "the margin keeps bf16 and f32 routing alike";
+
+  Layout opt;
+  opt.tsp = D;
+  opt.dtype = DType::kBF16;
+  opt.keep_logits = true;
+  opt.moe_dispatch = dispatch;
+  Result<TspModel> model = TspModel::create(c, opt, p, S);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  ShardedWeights tw = ShardedWeights::allocate(c, model->dims(), p, DType::kBF16, MemCategory::kParameters);
+  init_sharded_weights(kInit, tw);
+  std::vector<Tensor*> routers;
+  for (auto& m : tw.moe)
+    if (m.defined()) routers.push_back(&m.router);
+  give_routing_a_margin(tw.embed, routers);
+  ShardedWeights tg = ShardedWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kGradients);
+  tg.zero();
+  Result<StepResult> got = model->forward_backward(*bf, world, tw, model->shard().local_batch(global), tg);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(got->expert_load, want.step->expert_load);
+  for (const StepResult* ref : {&*want.step, &*f32.step}) {
+    EXPECT_NEAR(got->loss, ref->loss, kBf16LossTol * ref->loss);
+    EXPECT_NEAR(got->aux_loss, ref->aux_loss, kBf16LossTol * ref->aux_loss);
+  }
+  Tensor logits = Tensor::empty({B, S, c.vocab_size}, DType::kF32, MemCategory::kWorkspace);
+  ASSERT_TRUE(model->assemble_logits(world, got->logits.to(DType::kF32, MemCategory::kWorkspace), logits).ok());
+  EXPECT_LE(max_rel_error(logits, want.step->logits), kBf16TensorTol)
+      << describe_mismatches(logits, want.step->logits, kBf16TensorTol);
+  EXPECT_LE(max_rel_error(logits, f32.step->logits), kBf16TensorTol);
+  LlamaWeights assembled = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ASSERT_TRUE(assemble_global(tg, world, assembled).ok());
+  std::vector<Tensor> want_g, f32_g;
+  const_cast<LlamaWeights&>(want.grads).for_each([&](const std::string&, Tensor& t) { want_g.push_back(t); });
+  const_cast<LlamaWeights&>(f32.grads).for_each([&](const std::string&, Tensor& t) { f32_g.push_back(t); });
+  size_t i = 0;
+  double worst = 0;
+  assembled.for_each([&](const std::string& name, Tensor& t) {
+    const double e = max_rel_error(t, want_g[i]), e32 = max_rel_error(t, f32_g[i]);
+    worst = std::max({worst, e, e32});
+    EXPECT_LE(e, kBf16TensorTol) << name << " on rank " << p << " against bf16\n"
+                                 << describe_mismatches(t, want_g[i], kBf16TensorTol);
+    EXPECT_LE(e32, kBf16TensorTol) << name << " on rank " << p << " against f32\n"
+                                   << describe_mismatches(t, f32_g[i], kBf16TensorTol);
+    ++i;
+  });
+  EXPECT_EQ(i, want_g.size());
+  if (p == 0)
+    std::printf("bf16 tsp=%d: loss %.6f (bf16 %.6f, f32 %.6f), worst gradient error %.2e\n", D, got->loss,
+                want.step->loss, f32.step->loss, worst);
+}
+
+TEST(TspMoeBf16Parity, MixtralAllToAll) { check_bf16_parity(MoeFamily::kMixtral, kA2A); }
+TEST(TspMoeBf16Parity, Qwen2SharedExpertGather) { check_bf16_parity(MoeFamily::kQwen2, kGather); }
+TEST(TspMoeBf16Parity, Qwen3Ring) { check_bf16_parity(MoeFamily::kQwen3, kRing); }
+
+// One rank through make_sharded_model (the single-rank model in bf16, as `train --bf16` builds
+// it): bf16 parameters, f32 gradients, and the step of model_forward_backward in bf16.
+TEST(TspMoeBf16Parity, OneRankIsTheSingleRankModelInBf16) {
+  if (test::mpi().world().size() != 1) GTEST_SKIP() << "one rank";
+  const LlamaConfig c = moe_config(MoeFamily::kQwen2);
+  Layout lo = parse_layout("tsp=1:bf16").value();
+  SelfCommunicator self("world", 0);
+  Result<Mesh> mesh = Mesh::create(self, lo.mesh());
+  ASSERT_TRUE(mesh.ok()) << mesh.status().to_string();
+  Result<std::unique_ptr<ShardedModel>> m = make_sharded_model(c, *mesh, 16, lo);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  (*m)->init_weights(kInit);
+  (*m)->zero_grads(*make_cpu_backend());
+  for (const ParamRef& p : (*m)->parameters()) {
+    EXPECT_EQ(p.param.dtype(), DType::kBF16) << p.name;
+    EXPECT_EQ(p.grad.dtype(), DType::kF32) << p.name;
+  }
+  auto cpu = make_cpu_backend();
+  auto bf = make_bf16_storage_backend(*cpu);
+  const Batch global = synthetic_batch(c, 2, 16, 13, 0.1);
+  Result<StepResult> got = (*m)->forward_backward(*bf, global, 0);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kBF16, MemCategory::kParameters);
+  init_weights(kInit, w);
+  LlamaWeights g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  g.zero();
+  Result<StepResult> want = model_forward_backward(c, *bf, w, global, StepOptions{}, g);
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(got->loss, want->loss);
+  LlamaWeights got_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ASSERT_TRUE((*m)->assemble_grads(got_g).ok());
+  std::vector<Tensor> want_g;
+  g.for_each([&](const std::string&, Tensor& t) { want_g.push_back(t); });
+  size_t i = 0;
+  got_g.for_each([&](const std::string& name, Tensor& t) { EXPECT_EQ(max_rel_error(t, want_g[i++]), 0.0) << name; });
+}
+
 // Scheme A's and B's bytes for a known routing: with a zero router every token picks experts 0
 // and 1 (ties to the lower index), so what each rank sends is known exactly. Forward only.
 TEST(TspMoeTraffic, BytesPerSchemeForACountedRouting) {
@@ -263,6 +544,28 @@ TEST(TspMoeErrors, ExpertsThatDoNotDivide) {
 
 namespace foldpar {
 namespace {
+
+// Where MoE models run (validate_layout): one rank, tsp=D and dp=R,tsp=D in f32, bf16 on one
+// rank and tsp=D; everything else refused by name.
+TEST(TspMoeLayout, WhatRunsAndWhatIsRefusedByName) {
+  const LlamaConfig c = moe_config(MoeFamily::kMixtral);
+  for (const char* ok : {"tsp=1", "tsp=2", "tsp=4:moe=ring", "dp=2,tsp=1", "dp=2,tsp=2:moe=gather", "tsp=1:bf16",
+                         "tsp=2:bf16", "tsp=4:bf16:moe=a2a"})
+    EXPECT_TRUE(validate_layout(c, parse_layout(ok).value(), 4, 16).ok()) << ok;
+  auto message = [&](const char* layout) {
+    const Status s = validate_layout(c, parse_layout(layout).value(), 4, 16);
+    EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << layout;
+    return s.message();
+  };
+  EXPECT_EQ(message("dp=2,tsp=2:bf16"),
+            "layout dp=2,tsp=2:bf16: mixture-of-experts models in bf16 run on one rank or on tsp=D, not with dp (2) so "
+            "far");
+  for (const char* layout : {"tp=2", "pp=2,tsp=2", "dp=2,tp=2", "sp=2"})
+    EXPECT_NE(message(layout).find("mixture-of-experts models (mixtral, 4 experts) run on one rank or on dp=R,tsp=D so "
+                                   "far"),
+              std::string::npos)
+        << layout;
+}
 
 TEST(TspMoeLayout, TheDispatchOptionParsesAndSpellsBack) {
   for (const char* text : {"tsp=2:moe=a2a", "tsp=4:moe=gather", "tsp=2:moe=ring"}) {

@@ -44,6 +44,7 @@ struct StepInputs {
   int64_t batch = 0;               // B
   ShardedWeights* grads = nullptr;  // null for a forward only
   int64_t loss_normalizer = 0;     // as in TspModel::forward_backward
+  Communicator* data_axis = nullptr;  // MoE: the replicas the routing statistics are summed over
 };
 
 class TspModelStep final : public ModelStep {
@@ -65,9 +66,11 @@ class TspModelStep final : public ModelStep {
     Tensor logits;
     StepResult r = step_.head_forward(w_, x, in_.targets, hs_, keep_logits ? &logits : nullptr);
     const MoeConfig& moe = m_.config().moe;
+    step_valid_ = r.valid_tokens;
     if (moe.enabled()) {
-      // The routing statistics of the whole axis: the single-rank model's aux loss.
-      aux_ = std::make_unique<MoeAux>(step_.sum_moe_stats());
+      // The routing statistics of the whole axis (and of the dp replicas): the single-rank
+      // model's aux loss on the global batch.
+      aux_ = std::make_unique<MoeAux>(step_.sum_moe_stats(in_.data_axis, &step_valid_));
       r.aux_loss = aux_->loss(moe.aux_per_layer);
       r.expert_load = aux_->load();
       if (moe.output_router_logits) r.loss += moe.router_aux_loss_coef * r.aux_loss;
@@ -77,7 +80,8 @@ class TspModelStep final : public ModelStep {
   }
 
   Tensor head_backward(const StepResult& r) override {
-    const int64_t normalizer = in_.loss_normalizer > 0 ? in_.loss_normalizer : r.valid_tokens;
+    const int64_t own = step_valid_ >= 0 ? step_valid_ : r.valid_tokens;
+    const int64_t normalizer = in_.loss_normalizer > 0 ? in_.loss_normalizer : own;
     const MoeConfig& moe = m_.config().moe;
     if (moe.enabled() && moe.output_router_logits && aux_ != nullptr)
       step_.set_moe_prob_grad(aux_->prob_grad(moe.router_aux_loss_coef, moe.aux_per_layer));
@@ -97,6 +101,10 @@ class TspModelStep final : public ModelStep {
 
   void embed_backward(const Tensor& dx) override { step_.embed_backward(in_.ids, dx, *in_.grads); }
 
+  // The valid targets of this micro-batch over the axis, and for a MoE model over the dp
+  // replicas too (the whole global batch's when it is one micro-batch); -1 before the head.
+  int64_t step_valid_tokens() const { return step_valid_; }
+
  private:
   TspStep& step_;
   const TspModel& m_;
@@ -104,7 +112,8 @@ class TspModelStep final : public ModelStep {
   StepInputs in_;
   std::vector<LayerSaved> saved_;  // per layer
   HeadSaved hs_;
-  std::unique_ptr<MoeAux> aux_;    // MoE: the step's routing statistics summed over the axis
+  std::unique_ptr<MoeAux> aux_;    // MoE: the step's routing statistics summed over the axis (and dp)
+  int64_t step_valid_ = -1;        // step_valid_tokens()
 };
 
 }  // namespace
@@ -125,11 +134,13 @@ Status check_local_batch(Backend& be, const TspModel& m, const Batch& local) {
 
 }  // namespace tsp_detail
 
-Result<StepResult> TspModel::forward(Backend& be, Communicator& tsp, const ShardedWeights& w, const Batch& batch) const {
+Result<StepResult> TspModel::forward(Backend& be, Communicator& tsp, const ShardedWeights& w, const Batch& batch,
+                                     Communicator* data_axis) const {
   FP_RETURN_IF_ERROR(check_local_batch(be, *this, batch));
   TspStep step(*this, be, tsp, batch.batch());
   const int64_t T = batch.input_ids.numel();
-  TspModelStep parts(step, *this, w, {batch.input_ids.reshape({T}), batch.target_ids.reshape({T}), batch.batch()});
+  TspModelStep parts(step, *this, w,
+                     {batch.input_ids.reshape({T}), batch.target_ids.reshape({T}), batch.batch(), nullptr, 0, data_axis});
   StepResult r = step_forward(parts, static_cast<int64_t>(w.attn.size()));
   r.exposed_comm_seconds = step.wait_seconds();
   return r;
@@ -157,15 +168,22 @@ Result<Tensor> TspModel::prefill_stage(Backend& be, Communicator& tsp, const Sha
 }
 
 Result<StepResult> TspModel::forward_backward(Backend& be, Communicator& tsp, const ShardedWeights& w,
-                                              const Batch& batch, ShardedWeights& g, int64_t loss_normalizer) const {
+                                              const Batch& batch, ShardedWeights& g, int64_t loss_normalizer,
+                                              Communicator* data_axis) const {
   FP_RETURN_IF_ERROR(check_local_batch(be, *this, batch));
   TspStep step(*this, be, tsp, batch.batch());
   const int64_t T = batch.input_ids.numel();
   TspModelStep parts(step, *this, w,
-                     {batch.input_ids.reshape({T}), batch.target_ids.reshape({T}), batch.batch(), &g, loss_normalizer});
+                     {batch.input_ids.reshape({T}), batch.target_ids.reshape({T}), batch.batch(), &g, loss_normalizer,
+                      data_axis});
   StepResult r = step_forward_backward(parts, static_cast<int64_t>(w.attn.size()), options_.recompute);
   step.sum_norm_partials(g);
   r.exposed_comm_seconds = step.wait_seconds();
+  if (config_.moe.enabled() && loss_normalizer != 0 && loss_normalizer != parts.step_valid_tokens())
+    return unimplemented(
+        "layout {}: a mixture-of-experts model trains on the whole batch per step (its aux loss is over one "
+        "batch), but this micro-batch has {} of the step's {} valid tokens: drop --micro-batch",
+        options_.to_string(), parts.step_valid_tokens(), loss_normalizer);
   return r;
 }
 

@@ -36,14 +36,20 @@ class TspModel {
 
   // Loss (mean over the valid tokens of the whole global batch) of this rank's rows
   // local_batch [B, S/D] (SequenceShard::local_batch of the global batch).
+  // data_axis (a MoE model under dp=R, else null): the replicas whose routing statistics the
+  // aux loss also sums (TspStep::sum_moe_stats), so it is the global batch's; one more
+  // all-reduce of 2E+1 f64 per sparse layer, collective over data_axis too.
   Result<StepResult> forward(Backend& backend, Communicator& tsp, const ShardedWeights& weights,
-                             const Batch& local_batch) const;
+                             const Batch& local_batch, Communicator* data_axis = nullptr) const;
   // Forward and backward; the gradients of this rank's shards (summed over the axis) are
   // accumulated (+=) into `grads`, replicated norm gains included.
-  // loss_normalizer: see ShardedModel::forward_backward (0: this batch's valid tokens).
+  // loss_normalizer: see ShardedModel::forward_backward (0: this batch's valid tokens, over
+  // the data_axis replicas too for a MoE model). A MoE model refuses any other normalizer
+  // (gradient accumulation would change its aux loss). Seven parameters: the two axes and
+  // the normalizer say how this call relates to the step, the rest what it computes.
   Result<StepResult> forward_backward(Backend& backend, Communicator& tsp, const ShardedWeights& weights,
                                       const Batch& local_batch, ShardedWeights& grads,
-                                      int64_t loss_normalizer = 0) const;
+                                      int64_t loss_normalizer = 0, Communicator* data_axis = nullptr) const;
 
   // Generation's prefill (docs/tsp.md section 6): the forward of the embedding and every block over
   // this rank's tokens local_ids i32 [B, S/D] (SequenceShard::local_batch), without the head.

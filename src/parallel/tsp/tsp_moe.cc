@@ -27,7 +27,8 @@
 //
 // The aux-loss statistics of a layer (per-expert counts and probability sums of this rank's
 // tokens) are kept per rank and summed over the axis once per step (sum_moe_stats), before
-// the loss: the count vector and the probability sums are then those of the single-rank model.
+// the loss, and under dp=R over the replicas too: the count vector and the probability sums
+// are then those of the single-rank model on the whole global batch.
 #include <numeric>
 
 #include "parallel/tsp/tsp_step.h"
@@ -153,7 +154,7 @@ Tensor TspStep::exchange_rows(const Tensor& src, const std::vector<int64_t>& sen
 
 void TspStep::record_moe_stats(const MoeLayerWeights& w, const std::vector<int64_t>& offsets, const Tensor& probs) {
   const int64_t E = c_.moe.num_experts, T = rows_;
-  Tensor ones = act({1, T}), sums = act({1, E});
+  Tensor ones = act({1, T}), sums = stat({1, E});  // f32 sums of bf16 probabilities too
   be_.fill(1.0, ones);
   be_.matmul(ones, false, probs, false, sums);
   auto& counts = moe_stats_.counts[w.sparse_index];
@@ -163,7 +164,7 @@ void TspStep::record_moe_stats(const MoeLayerWeights& w, const std::vector<int64
   moe_stats_.rows[w.sparse_index] = T;
 }
 
-MoeAux TspStep::sum_moe_stats() {
+MoeAux TspStep::sum_moe_stats(Communicator* data_axis, int64_t* valid_tokens) {
   MoeAux sum = moe_stats_;
   const size_t layers = sum.counts.size();
   const int64_t E = sum.experts;
@@ -183,6 +184,16 @@ MoeAux TspStep::sum_moe_stats() {
     Tensor buf = comm_from_host(be_, packed, DType::kF64);
     blocking(comm_.all_reduce(buf.raw_data(), buf.raw_data(), packed.size(), DType::kF64, ReduceOp::kSum), t0);
     comm_to_host(be_, buf, packed);
+  }
+  if (data_axis != nullptr && data_axis->size() > 1) {
+    // The replicas' sums (and valid targets): the global batch's statistics on every rank.
+    packed.push_back(static_cast<double>(*valid_tokens));
+    Tensor buf = comm_from_host(be_, packed, DType::kF64);
+    const auto t1 = std::chrono::steady_clock::now();
+    blocking(data_axis->all_reduce(buf.raw_data(), buf.raw_data(), packed.size(), DType::kF64, ReduceOp::kSum), t1);
+    comm_to_host(be_, buf, packed);
+    *valid_tokens = static_cast<int64_t>(packed.back());
+    packed.pop_back();
   }
   size_t i = 0;
   for (size_t l = 0; l < layers; ++l) {

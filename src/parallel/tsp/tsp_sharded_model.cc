@@ -11,25 +11,22 @@ namespace {
 class TspShardedModel final : public WeightShardedModel {
  public:
   // Norm gains are replicated over the axis: rank 0 speaks for them.
-  TspShardedModel(TspModel model, Communicator& comm)
+  // data_axis: the dp replicas a MoE model's routing statistics are summed over (null: none).
+  TspShardedModel(TspModel model, Communicator& comm, Communicator* data_axis)
       : WeightShardedModel(model.config(), model.dims(), comm, fmt::format("tsp={}", comm.size()),
                            model.options().dtype, Counting{comm.rank() == 0, true}),
         model_(std::move(model)),
-        comm_(comm) {}
+        comm_(comm),
+        data_axis_(model_.config().moe.enabled() ? data_axis : nullptr) {}
 
   Batch local_batch(const Batch& global) const override { return model_.shard().local_batch(global); }
   Result<StepResult> forward_backward(Backend& be, const Batch& local, int64_t loss_normalizer) override {
-    FP_ASSIGN_OR_RETURN(StepResult r, model_.forward_backward(be, comm_, weights_, local, grads_.views(), loss_normalizer));
-    const MoeConfig& moe = model_.config().moe;
-    if (moe.enabled() && loss_normalizer != 0 && loss_normalizer != r.valid_tokens)
-      return unimplemented(
-          "layout {}: a mixture-of-experts model trains on the whole batch per step (its aux loss is over one "
-          "batch), but this micro-batch has {} of the step's {} valid tokens: drop --micro-batch",
-          layout(), r.valid_tokens, loss_normalizer);
+    FP_ASSIGN_OR_RETURN(StepResult r, model_.forward_backward(be, comm_, weights_, local, grads_.views(),
+                                                              loss_normalizer, data_axis_));
     return with_aux_in_sum(std::move(r));
   }
   Result<StepResult> forward(Backend& be, const Batch& local) override {
-    FP_ASSIGN_OR_RETURN(StepResult r, model_.forward(be, comm_, weights_, local));
+    FP_ASSIGN_OR_RETURN(StepResult r, model_.forward(be, comm_, weights_, local, data_axis_));
     return with_aux_in_sum(std::move(r));
   }
   Status assemble_logits(const Tensor& local, Tensor& global) override {
@@ -37,7 +34,9 @@ class TspShardedModel final : public WeightShardedModel {
   }
 
  private:
-  // loss_sum carries the MoE aux term, as the single-rank model's does (single_rank_model.cc).
+  // loss_sum carries the MoE aux term, as the single-rank model's does (single_rank_model.cc):
+  // under dp each replica adds coef * aux (the global batch's) * its own valid tokens, so the
+  // trainer's sum over the replicas divided by the global count is the single-rank loss.
   StepResult with_aux_in_sum(StepResult r) const {
     const MoeConfig& moe = model_.config().moe;
     if (moe.enabled() && moe.output_router_logits)
@@ -47,14 +46,15 @@ class TspShardedModel final : public WeightShardedModel {
 
   TspModel model_;
   Communicator& comm_;
+  Communicator* data_axis_;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<ShardedModel>> make_tsp_sharded_model(const LlamaConfig& config, Communicator& tsp,
-                                                             int64_t seq, const Layout& o) {
+                                                             Communicator* dp, int64_t seq, const Layout& o) {
   FP_ASSIGN_OR_RETURN(TspModel model, TspModel::create(config, o, tsp.rank(), seq));
-  return std::unique_ptr<ShardedModel>(std::make_unique<TspShardedModel>(std::move(model), tsp));
+  return std::unique_ptr<ShardedModel>(std::make_unique<TspShardedModel>(std::move(model), tsp, dp));
 }
 
 }  // namespace foldpar

@@ -84,9 +84,11 @@ class TspStep {
   Tensor moe_forward(int layer, const ShardedWeights& w, const Tensor& x_mid, MoeShardSaved* saved);
   Tensor moe_backward(int layer, const ShardedWeights& w, const MoeShardSaved& s, const Tensor& d_out,
                       ShardedWeights& grads);
-  // This step's routing statistics summed over the axis (one all-reduce): the single-rank
-  // model's. Collective.
-  MoeAux sum_moe_stats();
+  // This step's routing statistics summed over the axis (one all-reduce) and, with a
+  // data-parallel axis of more than one rank, over the replicas too (one more all-reduce,
+  // which also sums *valid_tokens, the axis's valid targets, into the global batch's): the
+  // single-rank model's on the whole global batch. Collective over the axis and data_axis.
+  MoeAux sum_moe_stats(Communicator* data_axis, int64_t* valid_tokens);
   // The aux loss's gradient on the router probabilities (MoeAux::prob_grad of the summed
   // statistics), read by moe_backward; empty: none.
   void set_moe_prob_grad(std::vector<std::vector<double>> g) { moe_prob_grad_ = std::move(g); }
