@@ -226,7 +226,7 @@ Result<StepStats> train_step(const TrainOptions& o, const Setup& s, const DataLo
     micro_batches.push_back(l.model->local_batch(train.train_rows(index, r0 + a * s.micro, r0 + (a + 1) * s.micro)));
   FP_ASSIGN_OR_RETURN(StepResult r, l.model->forward_backward_micro_batches(be, micro_batches, normalizer));
   const double loss_sum = r.loss_sum;
-  for (ParamRef& p : l.params) sum_over(s.dp_comm, p.grad);
+  sum_grads_over_dp(s.dp_comm, l.params);
   StepStats st;
   // Loss sums are global over the model axes already; the dp replicas add theirs.
   const double model_ranks = static_cast<double>(world.size()) / s.dp;
@@ -285,6 +285,10 @@ Result<Outputs> open_outputs(const TrainOptions& o, Communicator& world) {
 }
 
 }  // namespace
+
+void sum_grads_over_dp(Communicator* dp, std::vector<ParamRef>& params) {
+  for (ParamRef& p : params) sum_over(dp, p.grad);
+}
 
 Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
   FP_RETURN_IF_ERROR(o.config.validate());

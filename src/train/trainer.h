@@ -69,6 +69,12 @@ struct TrainReport {
   std::vector<double> losses;       // every step's loss, in order
 };
 
+// The data-parallel sum of a step: every ParamRef's gradient (f32) summed over `dp` in place,
+// each exactly once. What is replicated on the model axes (norm gains, the attention
+// variants, KV replicas) is already complete on each of its ranks, so each copy sums with the
+// same copies of the other replicas. Collective over dp; nothing issued for null or one rank.
+void sum_grads_over_dp(Communicator* dp, std::vector<ParamRef>& params);
+
 // Collective over `world`, which carries only host values (loss sums, counters, checkpoint
 // agreement); gradients travel on the mesh's axis communicators.
 Result<TrainReport> run_training(const TrainOptions& options, Communicator& world);
