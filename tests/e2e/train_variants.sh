@@ -8,7 +8,8 @@
 #    pp=2,dp=2,tsp=1 (m = 2 or 4): a bias or gain gradient summed over dp twice or not at all,
 #    or a replica that drifts, moves the loss by far more than the tolerance within a step;
 #  - a pp=2,tsp=2 checkpoint at step 4 resumed on one rank, and a dp=2,tsp=2 one resumed under
-#    tp=2: the next losses match (the variants and replicas reshard through their ParamRefs).
+#    tp=2: the next losses match (the variants and replicas reshard through their ParamRefs);
+#  - bf16 storage: dp=2,tsp=2 and pp=2,tp=2 follow one rank in bf16 (one bf16 ulp) and f32 (3%).
 # Tolerance: 2e-5 relative, as train_layouts.sh (only the order of f32 sums differs).
 set -euo pipefail
 mpirun=$1 bin=$2 src=$3
@@ -62,4 +63,27 @@ run 1 tsp=1 "$tmp/from_pp" --resume
 run 4 dp=2,tsp=2 "$tmp/from_dp" --stop-after 4
 run 2 tp=2 "$tmp/from_dp" --resume
 compare one from_pp from_dp
-echo "train_variants: qwen3 with attention_bias and one KV head trains alike under dp and pp, and reshards"
+
+# bf16 storage (the biases and gains bf16 like the weights): dp=2,tsp=2 and pp=2,tp=2 against
+# one rank in bf16 step by step within one bf16 ulp (2^-8 relative, as train_bf16.sh: the
+# roundings sit elsewhere, the loss is a mean over 256 tokens), and against f32 within 3%.
+run 1 tsp=1 "$tmp/one_bf16" --bf16
+run 4 dp=2,tsp=2 "$tmp/dp2tsp2_bf16" --bf16
+run 4 pp=2,tp=2 "$tmp/pp2tp2_bf16" --bf16 --micro-batch 2
+/usr/bin/python3 - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+def losses(name):
+    return [json.loads(l)["loss"] for l in open(f"{tmp}/{name}/metrics.jsonl")]
+f32, b16 = losses("one"), losses("one_bf16")
+assert len(b16) == 8 and b16[-1] < b16[0] - 0.1, b16
+for name in ["one_bf16", "dp2tsp2_bf16", "pp2tp2_bf16"]:
+    got = losses(name)
+    assert len(got) == 8, (name, len(got))
+    d = max(abs(a - b) / b for a, b in zip(got, b16))
+    d32 = max(abs(a - b) / b for a, b in zip(got, f32))
+    assert d < 2 ** -8, f"{name}: losses differ from one rank in bf16 by {d:.2e} (relative)"
+    assert d32 < 0.03, f"{name}: losses differ from f32 by {d32:.3f} (relative)"
+    print(f"{name}: worst loss difference {d:.2e} from one rank in bf16, {d32:.2e} from f32")
+PY
+echo "train_variants: qwen3 with attention_bias and one KV head trains alike under dp and pp (f32 and bf16), and reshards"

@@ -500,6 +500,13 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MegatronParity, ::testing::ValuesIn(cases()),
 constexpr double kBf16Ulp = 1.0 / 256;  // 2^-8: the spacing of bf16 values relative to their size
 constexpr double kBf16LossTol = 1 * kBf16Ulp;
 constexpr double kBf16TensorTol = 16 * kBf16Ulp;
+//   q/k norm gains (qwen3) against f32 only: their gradient is a sum over every token and
+//         head of terms of order 1 that cancel to about 2e-2, so each term's rounding counts
+//         against a small result: the single-rank bf16 model alone is 4.9e-2 from f32 (sp=1),
+//         and a layout within 16 ulp of it (observed 4.6e-2) lands up to 6.5e-2 from f32
+//         (sp=4). 32 ulp = 0.125 for these two gains against f32; against the bf16 model the
+//         16-ulp rule stands.
+constexpr double kBf16QkNormF32Tol = 32 * kBf16Ulp;
 
 struct Bf16Case {
   std::string name{};
@@ -602,8 +609,9 @@ void check_bf16_parity(const std::string& layout, const Bf16Case& b) {
     worst_f32 = std::max(worst_f32, e32);
     EXPECT_LE(e, kBf16TensorTol) << name << " on rank " << rank << " against bf16\n"
                                  << describe_mismatches(t, want_gs[i], kBf16TensorTol);
-    EXPECT_LE(e32, kBf16TensorTol) << name << " on rank " << rank << " against f32\n"
-                                   << describe_mismatches(t, f32_gs[i], kBf16TensorTol);
+    const bool qk_norm = name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight");
+    const double tol32 = qk_norm ? kBf16QkNormF32Tol : kBf16TensorTol;
+    EXPECT_LE(e32, tol32) << name << " on rank " << rank << " against f32\n" << describe_mismatches(t, f32_gs[i], tol32);
     ++i;
   });
   EXPECT_EQ(i, want_gs.size());
@@ -639,7 +647,24 @@ std::vector<Bf16Case> bf16_cases() {
                    .family = Family::kMesh,
                    .exchange = Exchange::kRing,
                    .sequence_parallel = true,
-                   .recompute = Recompute::kBlock}};
+                   .recompute = Recompute::kBlock},
+          // The attention variants (their bf16 biases and gains replicated, gradients f32) and
+          // KV replicas (one KV head: a replica on every tp rank).
+          Bf16Case{.name = "tp_bf16_qwen2", .family = Family::kTp, .variant = Variant::kQwen2},
+          Bf16Case{.name = "tp_bf16_seqpar_attention_bias_one_kv_head",
+                   .family = Family::kTp,
+                   .sequence_parallel = true,
+                   .variant = Variant::kAttentionBias,
+                   .kv_heads = 1},
+          Bf16Case{.name = "sp_bf16_qwen3", .family = Family::kSp, .variant = Variant::kQwen3},
+          Bf16Case{.name = "sp_bf16_ring_qwen2", .family = Family::kSp, .exchange = Exchange::kRing,
+                   .variant = Variant::kQwen2},
+          Bf16Case{.name = "mesh_bf16_seqpar_attention_bias",
+                   .family = Family::kMesh,
+                   .sequence_parallel = true,
+                   .variant = Variant::kAttentionBias},
+          Bf16Case{.name = "mesh_bf16_qwen3_one_kv_head", .family = Family::kMesh, .variant = Variant::kQwen3,
+                   .kv_heads = 1}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Bf16, MegatronBf16Parity, ::testing::ValuesIn(bf16_cases()),

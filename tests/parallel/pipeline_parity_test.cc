@@ -567,56 +567,79 @@ TEST(PipelineForward, LossEqualsTheSingleRankModelsOnEveryStage) {
 // and every gradient within 16 ulp = 6.25e-2 normwise (the layouts round partial sums that
 // the single-rank model rounds once; the derivation is megatron_parity_test.cc's "bf16
 // storage" section, observed ~2e-2). The boundary moves bf16: 2 bytes an element.
-TEST(PipelineBf16, MegatronStagesMatchTheSingleRankBf16Model) {
+// A bf16 layout (its ranks the world's) with a case's model.
+void check_bf16_parity(const Layout& lo, const Case& k) {
   constexpr double kUlp = 1.0 / 256;
   Communicator& world = test::mpi().world();
-  bool ran = false;
-  for (const std::string text : {"pp=2,tp=1:bf16", "pp=2,tp=2:bf16", "pp=2,tp=2:seqpar:bf16", "pp=2,sp=2:bf16"}) {
-    Layout lo = parse_layout(text).value();
-    if (lo.ranks() != world.size()) continue;
-    ran = true;
-    SCOPED_TRACE(text);
-    const LlamaConfig c = test_config(3, false);
-    const int m = 2 * lo.pp;
-    auto cpu = make_cpu_backend();
-    auto bf = make_bf16_storage_backend(*cpu);
-    LlamaWeights w = LlamaWeights::allocate(c, DType::kBF16, MemCategory::kParameters);
-    init_weights(kInit, w);
-    const Batch global = synthetic_batch(c, m, 32, 11, 0.1);
-    LlamaWeights ref_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
-    ref_g.zero();
-    Result<StepResult> ref = model_forward_backward(c, *bf, w, global, StepOptions{}, ref_g);
-    ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  SCOPED_TRACE(lo.to_string());
+  const LlamaConfig c = case_config(k);
+  const int m = 2 * lo.pp;
+  auto cpu = make_cpu_backend();
+  auto bf = make_bf16_storage_backend(*cpu);
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kBF16, MemCategory::kParameters);
+  init_weights(kInit, w);
+  const Batch global = synthetic_batch(c, m, 32, 11, 0.1);
+  LlamaWeights ref_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ref_g.zero();
+  Result<StepResult> ref = model_forward_backward(c, *bf, w, global, StepOptions{}, ref_g);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
 
-    Mesh mesh = Mesh::create(world, lo.mesh()).value();
-    std::unique_ptr<ShardedModel> model = make_sharded_model(c, mesh, 32, lo).value();
-    model->init_weights(kInit);
-    model->zero_grads(*bf);
-    std::vector<Batch> locals;
-    for (int i = 0; i < m; ++i) locals.push_back(model->local_batch(rows(global, i, i + 1)));
-    ScopedCommCounter counter(mesh.comm("pp"));
-    Result<StepResult> got = model->forward_backward_micro_batches(*bf, locals, ref->valid_tokens);
-    ASSERT_TRUE(got.ok()) << got.status().to_string();
-    const CommStats pp_traffic = counter.delta();
-    EXPECT_EQ(got->valid_tokens, ref->valid_tokens);
-    EXPECT_NEAR(got->loss, ref->loss, kUlp * ref->loss);
-    LlamaWeights assembled = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
-    ASSERT_TRUE(model->assemble_grads(assembled).ok());
-    std::vector<Tensor> ref_list;
-    ref_g.for_each([&](const std::string&, Tensor& t) { ref_list.push_back(t); });
-    size_t i = 0;
-    assembled.for_each([&](const std::string& name, Tensor& t) {
-      const Tensor& r = ref_list[i++];
-      EXPECT_LE(max_rel_error(t, r), 16 * kUlp) << name << " on rank " << world.rank() << "\n"
-                                                << describe_mismatches(t, r, 16 * kUlp);
-    });
-    // Each boundary message is [rows, h] bf16.
-    const int s = mesh.coord("pp");
-    const uint64_t sends = static_cast<uint64_t>((s < lo.pp - 1 ? m : 0) + (s > 0 ? m : 0));
-    const uint64_t msg = static_cast<uint64_t>(locals[0].input_ids.numel() * c.hidden_size * 2);
-    EXPECT_EQ(pp_traffic.op(CommOpKind::kSend).bytes_sent, sends * msg) << "stage " << s;
-  }
-  if (!ran) GTEST_SKIP() << "no layout for " << world.size() << " ranks";
+  Mesh mesh = Mesh::create(world, lo.mesh()).value();
+  std::unique_ptr<ShardedModel> model = make_sharded_model(c, mesh, 32, lo).value();
+  model->init_weights(kInit);
+  model->zero_grads(*bf);
+  std::vector<Batch> locals;
+  for (int i = 0; i < m; ++i) locals.push_back(model->local_batch(rows(global, i, i + 1)));
+  ScopedCommCounter counter(mesh.comm("pp"));
+  Result<StepResult> got = model->forward_backward_micro_batches(*bf, locals, ref->valid_tokens);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  const CommStats pp_traffic = counter.delta();
+  EXPECT_EQ(got->valid_tokens, ref->valid_tokens);
+  EXPECT_NEAR(got->loss, ref->loss, kUlp * ref->loss);
+  LlamaWeights assembled = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ASSERT_TRUE(model->assemble_grads(assembled).ok());
+  std::vector<Tensor> ref_list;
+  ref_g.for_each([&](const std::string&, Tensor& t) { ref_list.push_back(t); });
+  size_t i = 0;
+  assembled.for_each([&](const std::string& name, Tensor& t) {
+    const Tensor& r = ref_list[i++];
+    EXPECT_LE(max_rel_error(t, r), 16 * kUlp) << name << " on rank " << world.rank() << "\n"
+                                              << describe_mismatches(t, r, 16 * kUlp);
+  });
+  // Each boundary message is [rows, h] bf16.
+  const int s = mesh.coord("pp");
+  const uint64_t sends = static_cast<uint64_t>((s < lo.pp - 1 ? m : 0) + (s > 0 ? m : 0));
+  const uint64_t msg = static_cast<uint64_t>(locals[0].input_ids.numel() * c.hidden_size * 2);
+  EXPECT_EQ(pp_traffic.op(CommOpKind::kSend).bytes_sent, sends * msg) << "stage " << s;
+}
+
+// Runs check_bf16_parity if the world has the layout's ranks; false (skipped) otherwise.
+bool run_bf16_parity(const std::string& text, const Case& k) {
+  const Layout lo = parse_layout(text).value();
+  if (lo.ranks() != test::mpi().world().size()) return false;
+  check_bf16_parity(lo, k);
+  return true;
+}
+
+TEST(PipelineBf16, MegatronStagesMatchTheSingleRankBf16Model) {
+  bool ran = false;
+  for (const std::string text : {"pp=2,tp=1:bf16", "pp=2,tp=2:bf16", "pp=2,tp=2:seqpar:bf16", "pp=2,sp=2:bf16"})
+    ran = run_bf16_parity(text, Case{.layers = 3}) || ran;
+  if (!ran) GTEST_SKIP() << "no layout for " << test::mpi().world().size() << " ranks";
+}
+
+// The attention variants and KV replicas in bf16 on Megatron and TSP stages (the biases and
+// gains stored bf16 like the weights, their gradients f32).
+TEST(PipelineBf16, AttentionVariantsAndKvReplicasMatchTheSingleRankBf16Model) {
+  bool ran = false;
+  const std::pair<std::string, Case> cases[] = {
+      {"pp=2,tsp=1:bf16", Case{.layers = 3, .variant = Variant::kQwen3}},
+      {"pp=2,tp=1:bf16", Case{.layers = 3, .variant = Variant::kQwen2}},
+      {"pp=2,tsp=2:bf16", Case{.layers = 3, .variant = Variant::kAttentionBias, .kv_heads = 1}},
+      {"pp=2,tp=2:seqpar:bf16", Case{.layers = 3, .variant = Variant::kQwen3, .kv_heads = 1}},
+      {"pp=2,sp=2:bf16", Case{.layers = 3, .variant = Variant::kAttentionBias}}};
+  for (const auto& [text, k] : cases) ran = run_bf16_parity(text, k) || ran;
+  if (!ran) GTEST_SKIP() << "no layout for " << test::mpi().world().size() << " ranks";
 }
 
 }  // namespace
