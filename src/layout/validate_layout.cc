@@ -47,8 +47,8 @@ Status check_knobs(const Layout& l, const std::string& name) {
 
 // KV heads: n_kv divisible by the weight degree W, or fewer than W with W divisible by n_kv
 // (each rank then holds a replica of the one KV head its query heads read; docs/tsp.md
-// section 3). Replicas are built for f32 tsp=D and tp=T (with or without sp) of a dense model;
-// what they are not built with is refused by name.
+// section 3). Replicas are built for tsp=D and tp=T (with or without sp) of a dense model,
+// under pp and dp, in f32 and bf16; what they are not built with is refused by name.
 Status check_kv_heads(const LlamaConfig& c, const Layout& l, const std::string& name) {
   const int W = l.weight_degree();
   const int64_t n_kv = c.num_key_value_heads;
@@ -62,9 +62,6 @@ Status check_kv_heads(const LlamaConfig& c, const Layout& l, const std::string& 
     return unimplemented("{}: num_key_value_heads ({}) below the {} degree ({}) (KV replicas) is not built with {}",
                          name, n_kv, waxis, W, what);
   };
-  if (l.dtype != DType::kF32) return refuse(fmt::format("{} storage", dtype_name(l.dtype)));
-  if (l.pp > 1) return refuse(fmt::format("a pipeline axis (pp={})", l.pp));
-  if (l.dp > 1) return refuse(fmt::format("a data-parallel axis (dp={})", l.dp));
   if (l.head_buckets != 1) return refuse(fmt::format("head buckets ({})", l.head_buckets));
   if (c.moe.enabled()) return refuse("a mixture-of-experts model");
   return Status();
@@ -202,17 +199,6 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
       return unimplemented("layout {}: the {} experts must divide over the {} TSP ranks (experts split within one expert, "
                            "D > E, are not built yet)",
                            name, m.num_experts, layout.tsp);
-  }
-  // The attention variants (q/k/v/o biases, q/k norms) run on one rank, on tsp=D, and on the
-  // Megatron axes (tp, sp, tp x sp, sequence parallelism), in f32; not yet in bf16, on a
-  // pipeline or with data parallelism.
-  if (config.qkv_bias || config.o_bias || config.qk_norm) {
-    const char* what = config.qk_norm ? "q/k norms (qwen3)" : "biases (qwen2, attention_bias)";
-    if (layout.dtype != DType::kF32)
-      return unimplemented("layout {}: attention {} run in f32 only so far (drop :bf16)", name, what);
-    if (layout.pp > 1 || layout.dp > 1)
-      return unimplemented("layout {}: attention {} run on tsp, tp and sp alone so far, not with pp ({}) or dp ({})",
-                           name, what, layout.pp, layout.dp);
   }
   FP_RETURN_IF_ERROR(check_axes(layout, name));
   FP_RETURN_IF_ERROR(check_knobs(layout, name));

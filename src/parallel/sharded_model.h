@@ -66,7 +66,9 @@ class ShardedModel {
 };
 
 // The data-parallel part of one optimizer step: every parameter's gradient summed over `dp`
-// in place, weight shards, replicated norm gains, MoE routers and shared experts alike. Each
+// in place, weight shards, replicated norm gains, the attention variants' biases and q/k
+// gains, KV replicas (each copy already complete on its ranks sums with the same copies of
+// the other replicas), MoE routers and shared experts alike. Each
 // replica's gradient is of its loss_sum over the valid tokens of the whole global batch
 // (ShardedModel::forward_backward's normalizer), so the sum is the gradient of the global
 // mean. Collective over dp, f32, one all_reduce per parameter in `params` order; nothing is

@@ -96,7 +96,7 @@ done
 run -np 4 "$bin" verify --model "$tmp/qwen3_bias.json" --layout tp=2,sp=2 --batch 2 --seq 80 --seed 5 \
   --dump "$tmp/qwen3_bias-tp=2,sp=2" >/dev/null
 dumps+=("$tmp/qwen3_bias-tp=2,sp=2")
-# (bf16, pp and dp layouts refuse them by name: tests/unit/layout_test.cc.)
+# (dp, pp and bf16 layouts: tests/e2e/train_variants.sh.)
 # Training (AdamW over the biases and gains too): 8 steps of qwen3 with attention_bias on one
 # rank, and the same steps as 4 under tsp=2 then 4 under tp=2 from its checkpoint, give the
 # same losses (2e-5 relative, as tests/e2e/train_layouts.sh).

@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <map>
 #include <string>
 
 #include "app/synthetic.h"
@@ -26,6 +25,7 @@
 #include "core/tolerance.h"
 #include "megatron_layouts.h"
 #include "mpi_test_main.h"
+#include "param_ref_check.h"
 #include "parallel/make_layout.h"
 #include "parallel/megatron/megatron_model.h"
 #include "parallel/ring_attention.h"
@@ -123,15 +123,22 @@ int degree_of(const std::string& layout, std::string_view axis) {
   return 1;
 }
 
+// The case's model at tp degree T: the family's sizes, its attention variant, head_dim and
+// KV heads.
+LlamaConfig case_config(const Case& k, int T) {
+  LlamaConfig c = test_config(k.family, T, k.tied, k.gqa, k.layers);
+  c.qkv_bias = k.variant == Variant::kQwen2 || k.variant == Variant::kAttentionBias;
+  c.o_bias = k.variant == Variant::kAttentionBias;
+  c.qk_norm = k.variant == Variant::kQwen3;
+  if (k.head_dim > 0) c.explicit_head_dim = k.head_dim;
+  if (k.kv_heads > 0) c.num_key_value_heads = k.kv_heads;
+  return c;
+}
+
 Reference reference(const Case& k, const std::string& layout) {
   const int T = degree_of(layout, "tp"), P = degree_of(layout, "sp");
   Reference ref;
-  ref.config = test_config(k.family, T, k.tied, k.gqa, k.layers);
-  ref.config.qkv_bias = k.variant == Variant::kQwen2 || k.variant == Variant::kAttentionBias;
-  ref.config.o_bias = k.variant == Variant::kAttentionBias;
-  ref.config.qk_norm = k.variant == Variant::kQwen3;
-  if (k.head_dim > 0) ref.config.explicit_head_dim = k.head_dim;
-  if (k.kv_heads > 0) ref.config.num_key_value_heads = k.kv_heads;
+  ref.config = case_config(k, T);
   const LlamaConfig& c = ref.config;
   ref.weights = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
   init_weights(kInit, ref.weights);
@@ -212,43 +219,13 @@ void expect_grads(ShardedModel& model, const Reference& ref, double scale, const
   EXPECT_EQ(i, want.size());
 }
 
-// The block of a global tensor that one GlobalSlice names, laid out as the local tensor
-// holds it ([rows, cols], or [cols, rows] when transposed).
-Tensor global_block(const Tensor& global, const GlobalSlice& s) {
-  const int64_t C = global.dim(-1);
-  Tensor out = Tensor::empty({s.rows * s.cols}, DType::kF32, MemCategory::kWorkspace);
-  for (int64_t r = 0; r < s.rows; ++r)
-    for (int64_t c = 0; c < s.cols; ++c)
-      out.data<float>()[s.transposed ? c * s.rows + r : r * s.cols + c] =
-          global.data<float>()[(s.row0 + r) * C + s.col0 + c];
-  return out;
-}
-
 // Every ParamRef: its parameter and gradient slices equal the reference's blocks (so the
 // norm gains' gradients are complete on every rank, not only where assemble reads them),
 // and the counted elements over the whole world add up to the model's parameter count.
 void expect_parameters(ShardedModel& model, const Reference& ref) {
-  std::map<std::string, Tensor> weights, grads;
-  ref.weights.for_each([&](const std::string& n, const Tensor& t) { weights[n] = t; });
-  ref.grads.for_each([&](const std::string& n, const Tensor& t) { grads[n] = t; });
-  int64_t counted = 0;
-  for (const ParamRef& p : model.parameters()) {
-    if (p.counted) counted += p.param.numel();
-    EXPECT_EQ(p.decay, !p.name.ends_with("norm") && !p.name.ends_with("bias")) << p.name;
-    int64_t covered = 0;
-    for (const GlobalSlice& s : p.slices) {
-      ASSERT_TRUE(grads.count(s.tensor)) << s.tensor;
-      const int64_t n = s.rows * s.cols;
-      covered += n;
-      const Tensor got_g = p.grad.reshape({p.grad.numel()}).narrow(s.offset, s.offset + n);
-      const Tensor got_w = p.param.reshape({p.param.numel()}).narrow(s.offset, s.offset + n);
-      const Tensor want_g = global_block(grads[s.tensor], s);
-      EXPECT_LE(max_rel_error(got_g, want_g), tol::kF32Parallel)
-          << p.name << " / " << s.tensor << "\n" << describe_mismatches(got_g, want_g, tol::kF32Parallel);
-      EXPECT_EQ(max_rel_error(got_w, global_block(weights[s.tensor], s)), 0.0) << p.name << " / " << s.tensor;
-    }
-    EXPECT_EQ(covered, p.param.numel()) << p.name;
-  }
+  const std::vector<ParamRef> params = model.parameters();
+  for (const ParamRef& p : params) EXPECT_EQ(p.decay, !p.name.ends_with("norm") && !p.name.ends_with("bias")) << p.name;
+  int64_t counted = test::expect_param_refs(params, ref.weights, ref.grads, "one step");
   ASSERT_TRUE(test::mpi().world().all_reduce(&counted, &counted, 1, DType::kI64, ReduceOp::kSum).ok());
   EXPECT_EQ(counted, ref.config.parameter_count());
 }
@@ -523,6 +500,13 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MegatronParity, ::testing::ValuesIn(cases()),
 constexpr double kBf16Ulp = 1.0 / 256;  // 2^-8: the spacing of bf16 values relative to their size
 constexpr double kBf16LossTol = 1 * kBf16Ulp;
 constexpr double kBf16TensorTol = 16 * kBf16Ulp;
+//   q/k norm gains (qwen3) against f32 only: their gradient is a sum over every token and
+//         head of terms of order 1 that cancel to about 2e-2, so each term's rounding counts
+//         against a small result: the single-rank bf16 model alone is 4.9e-2 from f32 (sp=1),
+//         and a layout within 16 ulp of it (observed 4.6e-2) lands up to 6.5e-2 from f32
+//         (sp=4). 32 ulp = 0.125 for these two gains against f32; against the bf16 model the
+//         16-ulp rule stands.
+constexpr double kBf16QkNormF32Tol = 32 * kBf16Ulp;
 
 struct Bf16Case {
   std::string name{};
@@ -531,6 +515,8 @@ struct Bf16Case {
   bool sequence_parallel = false;
   bool tied = false;
   Recompute recompute = Recompute::kNone;
+  Variant variant = Variant::kNone;
+  int64_t kv_heads = 0;  // > 0: num_key_value_heads (fewer than tp: KV replicas)
 };
 
 void PrintTo(const Bf16Case& k, std::ostream* os) { *os << k.name; }
@@ -549,9 +535,11 @@ void check_bf16_parity(const std::string& layout, const Bf16Case& b) {
                .exchange = b.exchange,
                .recompute = b.recompute,
                .sequence_parallel = b.sequence_parallel,
-               .tied = b.tied};
+               .tied = b.tied,
+               .variant = b.variant,
+               .kv_heads = b.kv_heads};
   const int T = degree_of(layout, "tp");
-  const LlamaConfig c = test_config(k.family, T, k.tied, k.gqa, k.layers);
+  const LlamaConfig c = case_config(k, T);
   const Batch global = synthetic_batch(c, k.batch, k.seq, 11, 0.1);
   auto cpu = make_cpu_backend();
   auto bf = make_bf16_storage_backend(*cpu);
@@ -621,8 +609,9 @@ void check_bf16_parity(const std::string& layout, const Bf16Case& b) {
     worst_f32 = std::max(worst_f32, e32);
     EXPECT_LE(e, kBf16TensorTol) << name << " on rank " << rank << " against bf16\n"
                                  << describe_mismatches(t, want_gs[i], kBf16TensorTol);
-    EXPECT_LE(e32, kBf16TensorTol) << name << " on rank " << rank << " against f32\n"
-                                   << describe_mismatches(t, f32_gs[i], kBf16TensorTol);
+    const bool qk_norm = name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight");
+    const double tol32 = qk_norm ? kBf16QkNormF32Tol : kBf16TensorTol;
+    EXPECT_LE(e32, tol32) << name << " on rank " << rank << " against f32\n" << describe_mismatches(t, f32_gs[i], tol32);
     ++i;
   });
   EXPECT_EQ(i, want_gs.size());
@@ -658,7 +647,24 @@ std::vector<Bf16Case> bf16_cases() {
                    .family = Family::kMesh,
                    .exchange = Exchange::kRing,
                    .sequence_parallel = true,
-                   .recompute = Recompute::kBlock}};
+                   .recompute = Recompute::kBlock},
+          // The attention variants (their bf16 biases and gains replicated, gradients f32) and
+          // KV replicas (one KV head: a replica on every tp rank).
+          Bf16Case{.name = "tp_bf16_qwen2", .family = Family::kTp, .variant = Variant::kQwen2},
+          Bf16Case{.name = "tp_bf16_seqpar_attention_bias_one_kv_head",
+                   .family = Family::kTp,
+                   .sequence_parallel = true,
+                   .variant = Variant::kAttentionBias,
+                   .kv_heads = 1},
+          Bf16Case{.name = "sp_bf16_qwen3", .family = Family::kSp, .variant = Variant::kQwen3},
+          Bf16Case{.name = "sp_bf16_ring_qwen2", .family = Family::kSp, .exchange = Exchange::kRing,
+                   .variant = Variant::kQwen2},
+          Bf16Case{.name = "mesh_bf16_seqpar_attention_bias",
+                   .family = Family::kMesh,
+                   .sequence_parallel = true,
+                   .variant = Variant::kAttentionBias},
+          Bf16Case{.name = "mesh_bf16_qwen3_one_kv_head", .family = Family::kMesh, .variant = Variant::kQwen3,
+                   .kv_heads = 1}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Bf16, MegatronBf16Parity, ::testing::ValuesIn(bf16_cases()),

@@ -6,6 +6,7 @@
 //    for token, and so do its logits;
 //  - the stage holds only its layers' KV cache, and the prefill and each decode step move
 //    one padded activation per group across each boundary (counted on pp);
+//  - the attention variants and KV replicas (issue 21) alike;
 //  - layouts not implemented are refused by name.
 // Layouts by world size: pp=2,tsp=1 with even and uneven (3/1) stages (2 ranks); pp=2,tsp=2
 // and pp=4,tsp=1 (4 ranks).
@@ -84,9 +85,8 @@ void expect_row(const Tensor& got, int64_t b, const Tensor& ref, int64_t pos, co
 
 // Prompts of `lengths`, fed `fed` fixed tokens each: the prefill's and every decode step's
 // logits against one full forward of each whole sequence; the cache and the boundary traffic.
-void check_parity(const std::string& layout, const std::vector<int64_t>& lengths, bool tied) {
-  SCOPED_TRACE(layout + " B " + std::to_string(lengths.size()) + (tied ? " tied" : ""));
-  const LlamaConfig c = test_config(tied);
+void check_parity(const std::string& layout, const std::vector<int64_t>& lengths, const LlamaConfig& c) {
+  SCOPED_TRACE(layout + " B " + std::to_string(lengths.size()) + (c.tie_word_embeddings ? " tied" : ""));
   LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
   init_weights(kInit, w);
   const int64_t fed = 3, B = static_cast<int64_t>(lengths.size());
@@ -149,9 +149,20 @@ TEST(PipelineDecode, GroupsSplitTheBatch) {
 TEST(PipelineDecode, LogitsEqualFullForward) {
   if (layouts().empty()) GTEST_SKIP() << "no pp layout for " << test::mpi().world().size() << " ranks";
   for (const std::string& layout : layouts()) {
-    check_parity(layout, {5, 13, 1}, false);
-    check_parity(layout, {7}, true);
+    check_parity(layout, {5, 13, 1}, test_config(false));
+    check_parity(layout, {7}, test_config(true));
   }
+}
+
+// The attention variants, all at once (Qwen3 with attention_bias: q/k/v/o biases and the q/k
+// norms, replicated on every rank), and one KV head (a replica of it on every TSP rank at
+// D = 2): each stage applies its own layers' variants.
+TEST(PipelineDecode, AttentionVariantsAndKvReplicas) {
+  if (layouts().empty()) GTEST_SKIP() << "no pp layout for " << test::mpi().world().size() << " ranks";
+  LlamaConfig c = test_config(true);
+  c.qkv_bias = c.o_bias = c.qk_norm = true;
+  c.num_key_value_heads = 1;
+  for (const std::string& layout : layouts()) check_parity(layout, {5, 13, 1}, c);
 }
 
 int32_t argmax_row(const Tensor& logits, int64_t b) {

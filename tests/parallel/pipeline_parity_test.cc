@@ -8,6 +8,9 @@
 // numbers. Layouts by world size W: pp=2,tsp=1 and pp=2,tp=1 (W = 2); pp=2,tsp=2, pp=4,tsp=1,
 // pp=2,dp=2,tsp=1, pp=2,tp=2, pp=2,tp=2:seqpar and pp=2,sp=2 (W = 4); pp=2,dp=2,tsp=2 (W = 8);
 // the interleaved schedule (v chunks per rank, `:interleaved=V`) at pp=2 x tsp=1 and 2 and pp=4.
+// The attention variants and KV replicas (issue 21) on stages and under dp, where dp runs
+// also without a pp axis (dp=K around tsp, tp, sp and tp x sp: the same harness, the trainer's
+// data-parallel sum of every ParamRef, no pipeline traffic to check).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -20,8 +23,10 @@
 #include "comm/mesh.h"
 #include "core/tolerance.h"
 #include "mpi_test_main.h"
+#include "param_ref_check.h"
 #include "parallel/make_layout.h"
 #include "tensor/compare.h"
+#include "train/trainer.h"
 
 namespace foldpar {
 namespace {
@@ -41,6 +46,10 @@ LlamaConfig test_config(int layers, bool tied) {
   return c;
 }
 
+// The Hugging Face attention variants (model/llama_config.h): none, Qwen2's q/k/v biases,
+// Llama's attention_bias (q/k/v and o biases), Qwen3's per-head q/k RMSNorm.
+enum class Variant { kNone, kQwen2, kAttentionBias, kQwen3 };
+
 struct Case {
   std::string layout{};     // run where its ranks equal the world size
   int layers = 4;
@@ -51,13 +60,46 @@ struct Case {
   Recompute recompute = Recompute::kNone;
   std::vector<int> stages{};  // --stage-layers; empty: balanced
   int chunks = 1;             // v: interleaved 1F1B over v chunks per rank when > 1
+  Variant variant = Variant::kNone;
+  int64_t kv_heads = 0;       // > 0: num_key_value_heads (below the weight degree: KV replicas)
 };
+
+LlamaConfig case_config(const Case& k) {
+  LlamaConfig c = test_config(k.layers, k.tied);
+  c.qkv_bias = k.variant == Variant::kQwen2 || k.variant == Variant::kAttentionBias;
+  c.o_bias = k.variant == Variant::kAttentionBias;
+  c.qk_norm = k.variant == Variant::kQwen3;
+  if (k.kv_heads > 0) c.num_key_value_heads = k.kv_heads;
+  return c;
+}
 
 // Weights with std 0.1 so that attention is far from uniform and every path matters.
 const InitOptions kInit{.seed = 7, .std = 0.1, .norm_jitter = 0.2};
 
 Batch rows(const Batch& global, int64_t b0, int64_t b1) {
   return Batch{global.input_ids.narrow(b0, b1), global.target_ids.narrow(b0, b1)};
+}
+
+// KV replicas (n_kv below the weight degree W): after the data-parallel sum the G = W / n_kv
+// members of each KV group hold bit-identical wk/wv gradients (ParamRef "layers.l.attn_kv"),
+// so identical AdamW updates keep the replicas identical. Collective over the weight axis.
+void expect_replicas_identical(Mesh& mesh, const Layout& lo, const LlamaConfig& c, const std::vector<ParamRef>& params) {
+  const int W = lo.weight_degree();
+  if (c.num_key_value_heads >= W) return;
+  Communicator& axis = mesh.comm(lo.strategy == Strategy::kTsp ? "tsp" : "tp");
+  const int G = W / static_cast<int>(c.num_key_value_heads), first = axis.rank() / G * G;
+  int checked = 0;
+  for (const ParamRef& p : params) {
+    if (!p.name.ends_with(".attn_kv")) continue;
+    ++checked;
+    const int64_t n = p.grad.numel();
+    Tensor all = Tensor::empty({W, n}, DType::kF32, MemCategory::kWorkspace);
+    FP_CHECK_OK(axis.all_gather(p.grad.raw_data(), all.raw_data(), static_cast<size_t>(n), DType::kF32));
+    EXPECT_EQ(max_rel_error(all.narrow(axis.rank(), axis.rank() + 1), all.narrow(first, first + 1)), 0.0)
+        << p.name << " under " << lo.to_string() << ": weight rank " << axis.rank() << "'s replica differs from "
+        << first << "'s";
+  }
+  EXPECT_GT(checked, 0) << "no KV replica ParamRef under " << lo.to_string();
 }
 
 // Runs a case if the world has its ranks; false (skipped) otherwise.
@@ -68,7 +110,7 @@ bool check_parity(const Case& k) {
   lo.recompute = k.recompute;
   lo.stage_layers = k.stages;
   lo.chunks = k.chunks;
-  const LlamaConfig c = test_config(k.layers, k.tied);
+  const LlamaConfig c = case_config(k);
   const int m = k.m_per_stage * lo.pp;
   const int64_t global_rows = m * k.batch * lo.dp;
 
@@ -96,7 +138,9 @@ bool check_parity(const Case& k) {
     locals.push_back(model.local_batch(rows(global, b0, b0 + k.batch)));
   }
   const int64_t normalizer = ref->valid_tokens;
-  ScopedCommCounter counter(mesh->comm("pp"));
+  // (Without a pp axis, dp over a model axis: the traffic checks below are the pipeline's.)
+  ScopedCommCounter counter(lo.pp > 1 ? std::vector<const Communicator*>{&mesh->comm("pp")}
+                                      : std::vector<const Communicator*>{});
   Result<StepResult> got = model.forward_backward_micro_batches(*be, locals, normalizer);
   FP_CHECK_OK(got.status());
   const CommStats pp_traffic = counter.delta();
@@ -107,12 +151,10 @@ bool check_parity(const Case& k) {
   EXPECT_EQ(static_cast<int64_t>(sums[1]), ref->valid_tokens);
   EXPECT_NEAR(sums[0] / sums[1], ref->loss, tol::kF32Parallel * ref->loss) << k.layout;
 
-  // Gradients: summed over dp as the trainer does, then assembled over tsp and pp.
+  // Gradients: summed over dp by the trainer's own sum, then assembled over tsp and pp.
   std::vector<ParamRef> params = model.parameters();
-  if (lo.dp > 1)
-    for (ParamRef& p : params)
-      FP_CHECK_OK(mesh->comm("dp").all_reduce(p.grad.raw_data(), p.grad.raw_data(), static_cast<size_t>(p.grad.numel()),
-                                              DType::kF32, ReduceOp::kSum));
+  sum_grads_over_data_axis(lo.dp > 1 ? &mesh->comm("dp") : nullptr, params);
+  expect_replicas_identical(*mesh, lo, c, params);
   LlamaWeights assembled = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
   FP_CHECK_OK(model.assemble_grads(assembled));
   std::vector<Tensor> ref_list;
@@ -132,17 +174,18 @@ bool check_parity(const Case& k) {
   i = 0;
   weights.for_each([&](const std::string& name, Tensor& t) { EXPECT_EQ(max_rel_error(t, w_list[i++]), 0.0) << name; });
 
-  // Every global element is counted by exactly one rank of a replica: counted ParamRef
-  // elements over the world equal the model's times dp.
-  double counted = 0;
-  for (const ParamRef& p : params)
-    if (p.counted) counted += static_cast<double>(p.param.numel());
+  // Every ParamRef's slices on every rank (replicated gains and attention variants, KV
+  // replicas, the tied embedding's two copies) against the reference's blocks; every global
+  // element is counted by exactly one rank of a replica: counted ParamRef elements over the
+  // world equal the model's times dp.
+  double counted = static_cast<double>(test::expect_param_refs(params, w, ref_g, lo.to_string()));
   FP_CHECK_OK(world.all_reduce(&counted, &counted, 1, DType::kF64, ReduceOp::kSum));
   double total = 0;
   w.for_each([&](const std::string&, Tensor& t) { total += static_cast<double>(t.numel()); });
   EXPECT_EQ(counted, total * lo.dp);
 
   // Tied: the end stages' embedding gradients are equal bit for bit (exchanged over pp).
+  if (lo.pp == 1) return true;
   const int s = mesh->coord("pp"), P = lo.pp;
   if (k.tied && (s == 0 || s == P - 1)) {
     Tensor* g = nullptr;
@@ -242,6 +285,64 @@ TEST(PipelineParity, MegatronStages) {
 TEST(PipelineParity, WithDataParallel) {
   RUN_OR_SKIP(Case{.layout = "pp=2,dp=2,tsp=1", .m_per_stage = 2}, Case{.layout = "pp=2,dp=2,tsp=1", .tied = true},
               Case{.layout = "pp=2,dp=2,tsp=2", .tied = true, .m_per_stage = 2});
+}
+
+// The attention variants (replicated: their gradients summed over the model axis by the
+// stage, then over dp once, as the trainer sums every ParamRef) with data parallelism alone
+// (no pp axis) and with it around pipeline stages; every variant and layout family.
+TEST(PipelineParity, AttentionVariantsWithDataParallel) {
+  RUN_OR_SKIP(Case{.layout = "dp=2,tsp=1", .m_per_stage = 2, .variant = Variant::kQwen2},
+              Case{.layout = "dp=2,tp=1", .tied = true, .variant = Variant::kAttentionBias},
+              Case{.layout = "dp=2,tsp=2", .tied = true, .m_per_stage = 2, .variant = Variant::kQwen3},
+              Case{.layout = "dp=2,tp=2", .variant = Variant::kAttentionBias},
+              Case{.layout = "dp=2,tp=2:seqpar", .m_per_stage = 2, .variant = Variant::kQwen3},
+              Case{.layout = "dp=2,sp=2", .variant = Variant::kQwen2},
+              Case{.layout = "dp=4,tsp=2", .variant = Variant::kAttentionBias},
+              Case{.layout = "dp=2,tp=2,sp=2:ring", .variant = Variant::kQwen3},
+              Case{.layout = "pp=2,dp=2,tsp=2", .tied = true, .m_per_stage = 2, .variant = Variant::kAttentionBias});
+}
+
+// KV replicas (n_kv below the weight degree): each replica's wk/wv gradient is complete on
+// its rank before the dp sum (TSP: copied from the group's last rank; tp: summed over the
+// group), so the dp sum of each replica gives the same result (checked bit for bit).
+TEST(PipelineParity, KvReplicasWithDataParallel) {
+  RUN_OR_SKIP(Case{.layout = "dp=2,tsp=1", .kv_heads = 1},  // MQA on one model rank
+              Case{.layout = "dp=2,tsp=2", .m_per_stage = 2, .kv_heads = 1},
+              Case{.layout = "dp=2,tp=2", .tied = true, .variant = Variant::kQwen2, .kv_heads = 1},
+              Case{.layout = "dp=2,tsp=4", .variant = Variant::kQwen3, .kv_heads = 2},
+              Case{.layout = "dp=2,tp=4:seqpar", .m_per_stage = 2, .kv_heads = 1},
+              Case{.layout = "dp=4,tsp=2", .tied = true, .kv_heads = 1});
+}
+
+// The attention variants on pipeline stages: each stage holds, sums and counts its own
+// layers' variants only (TSP sums them over the axis after the last micro-batch, tp after
+// each, sp with the stage's flat gradients); 1F1B and interleaved, tied and untied.
+TEST(PipelineParity, AttentionVariantsOnStages) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,tsp=1", .m_per_stage = 2, .variant = Variant::kQwen2},
+              Case{.layout = "pp=2,tsp=1", .layers = 5, .tied = true, .m_per_stage = 2, .chunks = 2,
+                   .variant = Variant::kQwen3},
+              Case{.layout = "pp=2,tsp=2", .tied = true, .m_per_stage = 2, .variant = Variant::kAttentionBias},
+              Case{.layout = "pp=2,tsp=2", .recompute = Recompute::kBlock, .variant = Variant::kQwen3},
+              Case{.layout = "pp=2,tp=2", .m_per_stage = 2, .variant = Variant::kAttentionBias},
+              Case{.layout = "pp=2,tp=2:seqpar", .layers = 3, .variant = Variant::kQwen3},
+              Case{.layout = "pp=2,sp=2", .m_per_stage = 2, .variant = Variant::kQwen2},
+              Case{.layout = "pp=2,sp=2:ring", .tied = true, .variant = Variant::kAttentionBias},
+              Case{.layout = "pp=4,tsp=1", .layers = 5, .variant = Variant::kAttentionBias},
+              Case{.layout = "pp=4,tsp=2", .tied = true, .variant = Variant::kQwen3},
+              Case{.layout = "pp=2,tp=2,sp=2", .variant = Variant::kQwen2});
+}
+
+// KV replicas on pipeline stages: the group's wk/wv gradient copy (TSP) or sum (tp) runs per
+// stage layer, and overwrites (TSP) or adds (tp) once per micro-batch, so accumulation over
+// m micro-batches stays exact.
+TEST(PipelineParity, KvReplicasOnStages) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,tsp=2", .m_per_stage = 2, .kv_heads = 1},
+              Case{.layout = "pp=2,tsp=2", .chunks = 2, .variant = Variant::kQwen3, .kv_heads = 1},
+              Case{.layout = "pp=2,tp=2", .tied = true, .m_per_stage = 2, .variant = Variant::kQwen2, .kv_heads = 1},
+              Case{.layout = "pp=2,tp=2:seqpar", .variant = Variant::kAttentionBias, .kv_heads = 1},
+              Case{.layout = "pp=2,tsp=4", .m_per_stage = 2, .kv_heads = 2},
+              Case{.layout = "pp=2,tp=4", .variant = Variant::kQwen3, .kv_heads = 1},
+              Case{.layout = "pp=2,dp=2,tsp=2", .tied = true, .variant = Variant::kQwen3, .kv_heads = 1});
 }
 
 TEST(PipelineErrors, RefusalsNameTheNumbers) {
@@ -466,56 +567,79 @@ TEST(PipelineForward, LossEqualsTheSingleRankModelsOnEveryStage) {
 // and every gradient within 16 ulp = 6.25e-2 normwise (the layouts round partial sums that
 // the single-rank model rounds once; the derivation is megatron_parity_test.cc's "bf16
 // storage" section, observed ~2e-2). The boundary moves bf16: 2 bytes an element.
-TEST(PipelineBf16, MegatronStagesMatchTheSingleRankBf16Model) {
+// A bf16 layout (its ranks the world's) with a case's model.
+void check_bf16_parity(const Layout& lo, const Case& k) {
   constexpr double kUlp = 1.0 / 256;
   Communicator& world = test::mpi().world();
-  bool ran = false;
-  for (const std::string text : {"pp=2,tp=1:bf16", "pp=2,tp=2:bf16", "pp=2,tp=2:seqpar:bf16", "pp=2,sp=2:bf16"}) {
-    Layout lo = parse_layout(text).value();
-    if (lo.ranks() != world.size()) continue;
-    ran = true;
-    SCOPED_TRACE(text);
-    const LlamaConfig c = test_config(3, false);
-    const int m = 2 * lo.pp;
-    auto cpu = make_cpu_backend();
-    auto bf = make_bf16_storage_backend(*cpu);
-    LlamaWeights w = LlamaWeights::allocate(c, DType::kBF16, MemCategory::kParameters);
-    init_weights(kInit, w);
-    const Batch global = synthetic_batch(c, m, 32, 11, 0.1);
-    LlamaWeights ref_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
-    ref_g.zero();
-    Result<StepResult> ref = model_forward_backward(c, *bf, w, global, StepOptions{}, ref_g);
-    ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  SCOPED_TRACE(lo.to_string());
+  const LlamaConfig c = case_config(k);
+  const int m = 2 * lo.pp;
+  auto cpu = make_cpu_backend();
+  auto bf = make_bf16_storage_backend(*cpu);
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kBF16, MemCategory::kParameters);
+  init_weights(kInit, w);
+  const Batch global = synthetic_batch(c, m, 32, 11, 0.1);
+  LlamaWeights ref_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ref_g.zero();
+  Result<StepResult> ref = model_forward_backward(c, *bf, w, global, StepOptions{}, ref_g);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
 
-    Mesh mesh = Mesh::create(world, lo.mesh()).value();
-    std::unique_ptr<ShardedModel> model = make_sharded_model(c, mesh, 32, lo).value();
-    model->init_weights(kInit);
-    model->zero_grads(*bf);
-    std::vector<Batch> locals;
-    for (int i = 0; i < m; ++i) locals.push_back(model->local_batch(rows(global, i, i + 1)));
-    ScopedCommCounter counter(mesh.comm("pp"));
-    Result<StepResult> got = model->forward_backward_micro_batches(*bf, locals, ref->valid_tokens);
-    ASSERT_TRUE(got.ok()) << got.status().to_string();
-    const CommStats pp_traffic = counter.delta();
-    EXPECT_EQ(got->valid_tokens, ref->valid_tokens);
-    EXPECT_NEAR(got->loss, ref->loss, kUlp * ref->loss);
-    LlamaWeights assembled = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
-    ASSERT_TRUE(model->assemble_grads(assembled).ok());
-    std::vector<Tensor> ref_list;
-    ref_g.for_each([&](const std::string&, Tensor& t) { ref_list.push_back(t); });
-    size_t i = 0;
-    assembled.for_each([&](const std::string& name, Tensor& t) {
-      const Tensor& r = ref_list[i++];
-      EXPECT_LE(max_rel_error(t, r), 16 * kUlp) << name << " on rank " << world.rank() << "\n"
-                                                << describe_mismatches(t, r, 16 * kUlp);
-    });
-    // Each boundary message is [rows, h] bf16.
-    const int s = mesh.coord("pp");
-    const uint64_t sends = static_cast<uint64_t>((s < lo.pp - 1 ? m : 0) + (s > 0 ? m : 0));
-    const uint64_t msg = static_cast<uint64_t>(locals[0].input_ids.numel() * c.hidden_size * 2);
-    EXPECT_EQ(pp_traffic.op(CommOpKind::kSend).bytes_sent, sends * msg) << "stage " << s;
-  }
-  if (!ran) GTEST_SKIP() << "no layout for " << world.size() << " ranks";
+  Mesh mesh = Mesh::create(world, lo.mesh()).value();
+  std::unique_ptr<ShardedModel> model = make_sharded_model(c, mesh, 32, lo).value();
+  model->init_weights(kInit);
+  model->zero_grads(*bf);
+  std::vector<Batch> locals;
+  for (int i = 0; i < m; ++i) locals.push_back(model->local_batch(rows(global, i, i + 1)));
+  ScopedCommCounter counter(mesh.comm("pp"));
+  Result<StepResult> got = model->forward_backward_micro_batches(*bf, locals, ref->valid_tokens);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  const CommStats pp_traffic = counter.delta();
+  EXPECT_EQ(got->valid_tokens, ref->valid_tokens);
+  EXPECT_NEAR(got->loss, ref->loss, kUlp * ref->loss);
+  LlamaWeights assembled = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ASSERT_TRUE(model->assemble_grads(assembled).ok());
+  std::vector<Tensor> ref_list;
+  ref_g.for_each([&](const std::string&, Tensor& t) { ref_list.push_back(t); });
+  size_t i = 0;
+  assembled.for_each([&](const std::string& name, Tensor& t) {
+    const Tensor& r = ref_list[i++];
+    EXPECT_LE(max_rel_error(t, r), 16 * kUlp) << name << " on rank " << world.rank() << "\n"
+                                              << describe_mismatches(t, r, 16 * kUlp);
+  });
+  // Each boundary message is [rows, h] bf16.
+  const int s = mesh.coord("pp");
+  const uint64_t sends = static_cast<uint64_t>((s < lo.pp - 1 ? m : 0) + (s > 0 ? m : 0));
+  const uint64_t msg = static_cast<uint64_t>(locals[0].input_ids.numel() * c.hidden_size * 2);
+  EXPECT_EQ(pp_traffic.op(CommOpKind::kSend).bytes_sent, sends * msg) << "stage " << s;
+}
+
+// Runs check_bf16_parity if the world has the layout's ranks; false (skipped) otherwise.
+bool run_bf16_parity(const std::string& text, const Case& k) {
+  const Layout lo = parse_layout(text).value();
+  if (lo.ranks() != test::mpi().world().size()) return false;
+  check_bf16_parity(lo, k);
+  return true;
+}
+
+TEST(PipelineBf16, MegatronStagesMatchTheSingleRankBf16Model) {
+  bool ran = false;
+  for (const std::string text : {"pp=2,tp=1:bf16", "pp=2,tp=2:bf16", "pp=2,tp=2:seqpar:bf16", "pp=2,sp=2:bf16"})
+    ran = run_bf16_parity(text, Case{.layers = 3}) || ran;
+  if (!ran) GTEST_SKIP() << "no layout for " << test::mpi().world().size() << " ranks";
+}
+
+// The attention variants and KV replicas in bf16 on Megatron and TSP stages (the biases and
+// gains stored bf16 like the weights, their gradients f32).
+TEST(PipelineBf16, AttentionVariantsAndKvReplicasMatchTheSingleRankBf16Model) {
+  bool ran = false;
+  const std::pair<std::string, Case> cases[] = {
+      {"pp=2,tsp=1:bf16", Case{.layers = 3, .variant = Variant::kQwen3}},
+      {"pp=2,tp=1:bf16", Case{.layers = 3, .variant = Variant::kQwen2}},
+      {"pp=2,tsp=2:bf16", Case{.layers = 3, .variant = Variant::kAttentionBias, .kv_heads = 1}},
+      {"pp=2,tp=2:seqpar:bf16", Case{.layers = 3, .variant = Variant::kQwen3, .kv_heads = 1}},
+      {"pp=2,sp=2:bf16", Case{.layers = 3, .variant = Variant::kAttentionBias}}};
+  for (const auto& [text, k] : cases) ran = run_bf16_parity(text, k) || ran;
+  if (!ran) GTEST_SKIP() << "no layout for " << test::mpi().world().size() << " ranks";
 }
 
 }  // namespace

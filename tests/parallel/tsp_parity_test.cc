@@ -1,10 +1,12 @@
 // TSP against the single-rank model (its reference): every rank builds the global weights
 // and batch from one seed, computes the single-rank loss, logits and gradients, runs the
 // TSP step on its shards and tokens, and compares its logits rows and the assembled
-// gradients. Run under mpirun at 1, 2, 3 and 4 ranks (D = the world size).
+// gradients; and with bf16 storage against the single-rank model in bf16 (TspBf16Parity).
+// Run under mpirun at 1, 2, 3 and 4 ranks (D = the world size).
 #include <gtest/gtest.h>
 
 #include "app/synthetic.h"
+#include "backend/bf16_storage_backend.h"
 #include "core/tolerance.h"
 #include "mpi_test_main.h"
 #include "parallel/tsp/tsp_model.h"
@@ -319,6 +321,99 @@ TEST(TspParity, FewerKvHeadsThanRanks) {
   k.variant = Variant::kQwen3;
   k.tied = true;
   check_parity(k);
+}
+
+// bf16 storage (train --bf16): weights, activations and what travels (shards, K/V) in
+// bf16 through the storage decorator, gradients f32, against the single-rank model in bf16
+// with the same weights, under megatron_parity_test.cc's rules (its "bf16 storage" section
+// derives them): the loss within one bf16 ulp (2^-8 relative), every assembled gradient, and
+// every rank's own copy of the replicated variants, within 16 ulp normwise.
+constexpr double kBf16Ulp = 1.0 / 256;
+
+void check_bf16_parity(const Case& k) {
+  Communicator& world = test::mpi().world();
+  const int D = world.size(), p = world.rank();
+  LlamaConfig c = test_config(D, k.tied, k.gqa);
+  c.num_hidden_layers = k.layers;
+  apply_variant(k.variant, c);
+  if (k.kv_heads > 0) c.num_key_value_heads = k.kv_heads;
+  auto cpu = make_cpu_backend();
+  auto bf = make_bf16_storage_backend(*cpu);
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kBF16, MemCategory::kParameters);
+  init_weights(kInit, w);
+  const Batch global = synthetic_batch(c, k.batch, k.seq, 11, 0.1);
+  LlamaWeights ref_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ref_g.zero();
+  Result<StepResult> ref = model_forward_backward(c, *bf, w, global, StepOptions{}, ref_g);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+
+  Layout opt = k.options;
+  opt.tsp = D;
+  opt.dtype = DType::kBF16;
+  Result<TspModel> model = TspModel::create(c, opt, p, k.seq);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  ShardedWeights tw = ShardedWeights::allocate(c, model->dims(), p, DType::kBF16, MemCategory::kParameters);
+  init_sharded_weights(kInit, tw);
+  ShardedWeights tg = ShardedWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kGradients);
+  tg.zero();
+  Result<StepResult> got = model->forward_backward(*bf, world, tw, model->shard().local_batch(global), tg);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(got->valid_tokens, ref->valid_tokens);
+  EXPECT_NEAR(got->loss, ref->loss, kBf16Ulp * ref->loss);
+  LlamaWeights assembled = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ASSERT_TRUE(assemble_global(tg, world, assembled).ok());
+  LlamaWeights own = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  own.zero();
+  unshard_into_global(tg, /*replicated=*/true, own);  // this rank's replicated copies
+  std::vector<Tensor> want, mine;
+  ref_g.for_each([&](const std::string&, Tensor& t) { want.push_back(t); });
+  own.for_each([&](const std::string&, Tensor& t) { mine.push_back(t); });
+  size_t i = 0;
+  assembled.for_each([&](const std::string& name, Tensor& t) {
+    const double tol = 16 * kBf16Ulp;
+    EXPECT_LE(max_rel_error(t, want[i]), tol) << name << " on rank " << p << "\n" << describe_mismatches(t, want[i], tol);
+    if (name.find("self_attn") != std::string::npos && (name.ends_with("bias") || name.ends_with("norm.weight")))
+      EXPECT_EQ(max_rel_error(mine[i], t), 0.0) << name << ": rank " << p << "'s copy differs from rank 0's";
+    ++i;
+  });
+  if (model->dims().replicated_kv()) {
+    // Every member of a KV group holds the group's wk/wv gradient bit for bit.
+    const ShardDims& dm = model->dims();
+    for (size_t l = 0; l < tg.attn.size(); ++l) {
+      const Tensor rows = kv_replica_rows(dm, tg.attn[l]);
+      Tensor all = Tensor::empty({D, rows.numel()}, DType::kF32, MemCategory::kWorkspace);
+      ASSERT_TRUE(world.all_gather(rows.raw_data(), all.raw_data(), static_cast<size_t>(rows.numel()), DType::kF32).ok());
+      const int first = dm.kv_group_first(p);
+      EXPECT_EQ(max_rel_error(all.narrow(p, p + 1), all.narrow(first, first + 1)), 0.0) << "layer " << l << " rank " << p;
+    }
+  }
+}
+
+// The plain model, then each attention variant (bf16 biases and gains, replicated; their
+// gradients f32 and summed over the axis) and KV replicas (one KV head), with head buckets,
+// kept weights and K/V, and block recompute in turn.
+TEST(TspBf16Parity, PlainVariantsAndKvReplicasMatchTheSingleRankBf16Model) {
+  const int D = test::mpi().world().size();
+  check_bf16_parity(Case{});
+  Case k;
+  k.variant = Variant::kQwen2;
+  k.options.head_buckets = D == 3 ? 1 : 2;
+  check_bf16_parity(k);
+  k = Case{};
+  k.variant = Variant::kAttentionBias;
+  k.tied = true;
+  k.options.keep_weights = true;
+  k.options.keep_kv = true;
+  check_bf16_parity(k);
+  k = Case{};
+  k.variant = Variant::kQwen3;
+  k.options.recompute = Recompute::kBlock;
+  check_bf16_parity(k);
+  k = Case{};
+  k.variant = Variant::kAttentionBias;
+  k.kv_heads = 1;
+  k.options.overlap = false;
+  check_bf16_parity(k);
 }
 
 TEST(TspErrors, SizesThatDoNotDivide) {

@@ -81,8 +81,13 @@ ModelRun run(const LlamaConfig& c, DType weights_dtype, Backend& be, const Batch
   return out;
 }
 
-TEST(Bf16Storage, ModelStaysWithinBf16PrecisionOfF32) {
-  const LlamaConfig c = config();
+// The model in bf16 storage against f32. Also with every attention variant (qwen3 with
+// attention_bias: q/k/v/o biases and q/k norms, stored bf16 like the weights).
+class Bf16Model : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Bf16Model, StaysWithinBf16PrecisionOfF32) {
+  LlamaConfig c = config();
+  c.qkv_bias = c.o_bias = c.qk_norm = GetParam();
   Batch batch;
   batch.input_ids = Tensor::empty({2, 128}, DType::kI32, MemCategory::kActivations);
   batch.target_ids = Tensor::empty({2, 128}, DType::kI32, MemCategory::kActivations);
@@ -108,6 +113,9 @@ TEST(Bf16Storage, ModelStaysWithinBf16PrecisionOfF32) {
   EXPECT_LT(b16.activation_peak * 10, f32.activation_peak * 6)
       << "bf16 " << b16.activation_peak << " B vs f32 " << f32.activation_peak << " B";
 }
+
+INSTANTIATE_TEST_SUITE_P(Bf16Storage, Bf16Model, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "AttentionVariants" : "Plain"; });
 
 }  // namespace
 }  // namespace foldpar

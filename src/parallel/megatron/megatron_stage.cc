@@ -1,10 +1,10 @@
 // Megatron (tp=N, sp=M, tp=N,sp=M) as a pipeline stage (parallel/stage_strategy.h): one
 // MegatronStep per micro-batch over the pipeline's stage weights, accumulating into the
-// stage's gradients. One sp rank: with sequence parallelism each micro-batch's norm-gain
-// partials are summed over tp when its backward ends, as MegatronModel::forward_backward does
-// per call. Several sp ranks: the step's accumulated gradients are summed over sp (gains over
-// tp first with sequence parallelism) once, after the last backward, so they must start the
-// step at zero (ShardedModel::zero_grads).
+// stage's gradients. Each micro-batch's attention-variant partials are summed over tp when
+// its backward ends. One sp rank: so are, with sequence parallelism, its norm-gain partials,
+// as MegatronModel::forward_backward does per call. Several sp ranks: the step's accumulated
+// gradients are summed over sp (gains over tp first with sequence parallelism) once, after
+// the last backward, so they must start the step at zero (ShardedModel::zero_grads).
 #include "comm/self_communicator.h"
 #include "parallel/megatron/megatron_step.h"
 #include "parallel/stage_strategy.h"
@@ -35,7 +35,10 @@ class MegatronStageSteps final : public StageSteps {
   }
   void finish_micro_batch(ModelStep& step) override {
     auto& s = static_cast<MegatronStep&>(step);
-    if (local_axis()) s.sum_partials(*g_);  // the gains over tp (sequence parallel), else nothing
+    // One sp rank: the variants over tp and the gains over tp (sequence parallel). Several:
+    // the variants over tp now, everything over sp in finish_backward.
+    if (local_axis()) s.sum_partials(*g_);
+    else s.sum_variant_partials(*g_);
     blocked_ += s.blocked_seconds();
   }
   void finish_backward() override {

@@ -30,6 +30,10 @@ class MegatronStep : public TpStepBase {
   // (sequence parallel only), then everything over sp, in place. One sp rank: the gains'
   // partials (sequence parallel only) over tp, added into `partial` (the gradients).
   void sum_partials(ShardedGrads& partial);
+  // Only the attention variants' partials, over tp, added into `grads`: a pipeline stage with
+  // several sp ranks, after each micro-batch (its gradients are summed over sp once, after
+  // the last). Collective over tp; nothing issued without variants.
+  void sum_variant_partials(ShardedGrads& grads) { sum_variant_grads(grads.views()); }
 
   // Generation: attention_forward also stores K (after RoPE) and V of this rank's KV heads,
   // every token, into `cache` (KvCache::store_prefill). One sp rank only.

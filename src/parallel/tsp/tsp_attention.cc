@@ -212,9 +212,13 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
           group_v_full = v_full;
         }
       }
+      // The unit's bias gradients go to a zeroed scratch (written with g_beta, the weights'
+      // rule) and are then added into the step's partials, which accumulate over the
+      // micro-batches a pipeline stage runs on one step.
+      UnitBiasGrads ub = unit_bias_grads();
       LinearView g_wo = wo_view(gw);
       // The o bias was added once per token (unit 0): its gradient, d_out's column sums, once.
-      if (u == 0 && static_cast<size_t>(l) < variant_partials_.o_bias.size()) g_wo.b = variant_partials_.o_bias[l];
+      if (u == 0 && static_cast<size_t>(l) < variant_partials_.o_bias.size()) g_wo.b = ub.o;
       Tensor d_attn = attn_output_backward(ctx_, wo_view(bw), s.attn[u], d_out, g_wo, g_beta);  // [B, S/D, heads_b, d]
       Tensor dq = act({B, Sl, heads_b_, d});
       Tensor dk_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype), dv_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
@@ -251,13 +255,18 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
         if (!opt_.overlap) wait_all(rs);
       }
       // While dK/dV travel: the query side. The unit's heads' biases and the q/k norms (as the
-      // forward attached them) with their gradients in this step's replicated partials: the
-      // bias slices are this unit's alone (written once, with g_beta), the norm gains every
-      // unit's (its part goes through unit_norm_grad_ and is added).
+      // forward attached them) with their gradients through this unit's scratch (ub,
+      // unit_norm_grad_), added into this step's replicated partials below: the bias slices
+      // are this unit's alone, the norm gains every unit's.
       const int64_t q_head0 = r * dims_.heads + b * heads_b_, kv_head0 = dims_.kv_head0(r) + b * kvh_b_;
-      QkvWeights qw = qkv_view(bw), g_qkv = qkv_view(gw);
+      QkvWeights qw = qkv_view(bw), g_qkv = qkv_view(gw), partial;
       attach_attn_variants(w, l, q_head0, heads_b_, kv_head0, kvh_b_, qw);
-      attach_attn_variants(variant_partials_, l, q_head0, heads_b_, kv_head0, kvh_b_, g_qkv);
+      attach_attn_variants(variant_partials_, l, q_head0, heads_b_, kv_head0, kvh_b_, partial);
+      if (partial.bq.defined()) {
+        g_qkv.bq = ub.q;
+        g_qkv.bk = ub.k;
+        g_qkv.bv = ub.v;
+      }
       const QkvSaved* normed = qw.q_norm.defined() ? &s.normed[u] : nullptr;
       if (normed != nullptr) {
         be_.fill(0.0, unit_norm_grad_);
@@ -271,6 +280,14 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
         kv_backward(ctx_, qw, s.norm.a, dk, dv, d_a1, g_qkv, g_beta, normed);
       }
       if (normed != nullptr) be_.add_inplace(unit_norm_grad_, variant_partials_.qk_norm[static_cast<size_t>(l)]);
+      if (partial.bq.defined()) {
+        be_.add_inplace(ub.q, partial.bq);
+        if (group_last) {  // the k/v side ran (once per KV group)
+          be_.add_inplace(ub.k, partial.bk);
+          be_.add_inplace(ub.v, partial.bv);
+        }
+      }
+      if (u == 0 && g_wo.b.defined()) be_.add_inplace(ub.o, variant_partials_.o_bias[static_cast<size_t>(l)]);
     }
     // fwd: broadcast from r; bwd: reduce to r (in place at the owner).
     wait(g_req);

@@ -39,6 +39,16 @@ TspStep::TspStep(const TspModel& model, Backend& backend, Communicator& comm, in
   }
   variant_partials_ = allocate_variant_partials(be_, c_, dims_, /*with_o_bias=*/true);
   if (c_.qk_norm) unit_norm_grad_ = Tensor::empty({2, dims_.d}, DType::kF32, MemCategory::kGradients);
+  if (c_.qkv_bias)
+    unit_bias_grad_ = Tensor::empty({(heads_b_ + 2 * kvh_b_) * dims_.d + dims_.h}, DType::kF32, MemCategory::kGradients);
+}
+
+TspStep::UnitBiasGrads TspStep::unit_bias_grads() {
+  if (!unit_bias_grad_.defined()) return {};
+  be_.fill(0.0, unit_bias_grad_);
+  const int64_t q = heads_b_ * dims_.d, kv = kvh_b_ * dims_.d;
+  const Tensor& t = unit_bias_grad_;
+  return {t.narrow(0, q), t.narrow(q, q + kv), t.narrow(q + kv, q + 2 * kv), t.narrow(q + 2 * kv, q + 2 * kv + dims_.h)};
 }
 
 TspStep::BucketWeights TspStep::bucket_weights(const Tensor& packed, int bucket) const {

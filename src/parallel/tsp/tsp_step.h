@@ -152,6 +152,12 @@ class TspStep {
   Tensor pack_experts(const std::vector<ExpertWeights>& experts) const;
   ExpertWeights expert_block(const Tensor& block, int64_t j) const;
   void record_moe_stats(const MoeLayerWeights& w, const std::vector<int64_t>& offsets, const Tensor& probs);
+  // One attention unit's bias gradients (views into unit_bias_grad_, zeroed; undefined
+  // without the biases): its q heads' and KV heads' slices and the o bias.
+  struct UnitBiasGrads {
+    Tensor q, k, v, o;  // [heads_b d], [kvh_b d], [kvh_b d], [h]
+  };
+  UnitBiasGrads unit_bias_grads();
   // grad += the sum over the axis of partial (a replicated tensor's gradient; blocking).
   void sum_into(Tensor& partial, Tensor& grad);
   // At ring step j this rank holds the shard of rank (p - j) mod D.
@@ -218,6 +224,7 @@ class TspStep {
   std::vector<Tensor> norm_partials_;  // attn_norm[L], mlp_norm[L], final_norm: partial gradients
   ShardedWeights variant_partials_;    // qkv_bias, o_bias, qk_norm of this step's tokens (none without them)
   Tensor unit_norm_grad_;              // [2, d]: one unit's q/k norm gradient, before it joins the partial
+  Tensor unit_bias_grad_;              // [heads_b d + 2 kvh_b d + h]: one unit's bias gradients, likewise
   KvCache* kv_cache_ = nullptr;        // prefill only
   MoeAux moe_stats_;                   // this rank's routing statistics per sparse layer
   std::vector<std::vector<double>> moe_prob_grad_;
