@@ -6,7 +6,9 @@
 // token to experts 0 and 1, so the ranks owning experts 2 and 3 receive no rows at all and
 // still take part). Under dp=R and dp=R,tsp=D (2 and 4 ranks) the same model through
 // make_sharded_model and the trainer's gradient sum over dp, against the single-rank model on
-// the global batch. Run under mpirun at 1, 2 and 4 ranks (E = 4 divides over them).
+// the global batch. In bf16 storage (tsp=D and dp=R,tsp=D) against the single-rank model in
+// bf16 and f32 within the bf16 rules below. Run under mpirun at 1, 2 and 4 ranks (E = 4
+// divides over them).
 #include <gtest/gtest.h>
 
 #include "app/synthetic.h"
