@@ -182,7 +182,7 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
   const std::string name = layout.to_string();
   // The MoE layer runs in the single-rank model (parallel/single_rank_model.h) and on a
   // tsp=D axis with whole experts per rank (parallel/tsp/tsp_moe.h), with or without a dp
-  // axis (the routing statistics summed over tsp and dp); bf16 storage on one rank and tsp=D.
+  // axis (the routing statistics summed over tsp and dp), in f32 or bf16 storage.
   if (layout.moe_dispatch != Layout::MoeDispatchOption::kAuto && layout.strategy != Strategy::kTsp)
     return invalid_argument("{}: moe=a2a|gather|ring chooses the dispatch of a tsp=N layout", name);
   if (config.moe.enabled()) {
@@ -191,10 +191,6 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
     if (layout.ranks() != 1 && !dp_tsp)
       return unimplemented("layout {}: mixture-of-experts models ({}, {} experts) run on one rank or on dp=R,tsp=D so far",
                            name, m.model_type(), m.num_experts);
-    if (layout.dtype != DType::kF32 && layout.dp > 1)
-      return unimplemented("layout {}: mixture-of-experts models in bf16 run on one rank or on tsp=D, not with dp ({}) "
-                           "so far",
-                           name, layout.dp);
     if (layout.tsp > 1 && (layout.tsp > m.num_experts || m.num_experts % layout.tsp != 0))
       return unimplemented("layout {}: the {} experts must divide over the {} TSP ranks (experts split within one expert, "
                            "D > E, are not built yet)",

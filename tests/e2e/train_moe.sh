@@ -8,7 +8,7 @@
 # the exported Hugging Face directory carries the per-expert names,
 # and importing it then exporting again gives the same bytes; gradient accumulation is refused;
 # greedy generation gives the same completions on one rank, tsp=2 and tsp=4; bf16 storage on one
-# rank and tsp=2 follows f32 within bf16's precision and resumes bit for bit.
+# rank, tsp=2 and dp=2 follows f32 within bf16's precision and resumes bit for bit.
 set -euo pipefail
 mpirun=$1 bin=$2 src=$3
 tmp=$(mktemp -d)
@@ -34,6 +34,7 @@ train "$tmp/bf16" --bf16 >/dev/null
 train "$tmp/bf16r" --bf16 --stop-after 8 >/dev/null
 train "$tmp/bf16r" --bf16 --resume >/dev/null
 NP=2 train "$tmp/bf16tsp2" --layout tsp=2:bf16:moe=a2a --stop-after 8 >/dev/null
+NP=2 train "$tmp/bf16dp2" --layout dp=2,tsp=1:bf16 --stop-after 8 >/dev/null
 /usr/bin/python3 - "$tmp" <<'PY'
 import json, sys
 tmp = sys.argv[1]
@@ -53,16 +54,19 @@ print("moe training on tsp=2 (a2a to step 8 then resumed on one rank; gather and
 # bf16 storage (f32 masters): bf16 rounds every stored value to 8 significant bits and may route
 # a near-tied token to another expert than f32 does; over 16 AdamW steps the loss of this
 # small model stays within a few percent of f32's (a wrong conversion shows as 10% and more);
-# the checkpoint resumes bit for bit. tsp=2 in bf16 against one rank in bf16: roundings in other
+# the checkpoint resumes bit for bit. tsp=2 and dp=2 in bf16 against one rank in bf16: roundings in other
 # places, and a token routed otherwise moves the mean of 256 token losses by about 1/256 of its
 # own change; 1% (observed ~2e-4).
-b16, b16r, b16t = losses("bf16"), losses("bf16r"), losses("bf16tsp2")
+b16, b16r = losses("bf16"), losses("bf16r")
 assert [b16r[s] for s in range(1, 17)] == [b16[s] for s in range(1, 17)], "bf16 resume is not bitwise identical"
 worst = max(abs(b16[s] - clean[s]) / clean[s] for s in range(1, 17))
 assert worst < 0.03, f"moe bf16 losses differ from f32 by {worst:.3f} (relative)"
-worst_t = max(abs(b16t[s] - b16[s]) / b16[s] for s in range(1, 9))
-assert worst_t < 0.01, f"moe tsp=2 bf16 losses differ from one rank's by {worst_t:.3f} (relative)"
-print(f"moe bf16: within {worst:.1e} of f32 over 16 steps, resume identical; tsp=2 bf16 within {worst_t:.1e} of one rank")
+for name in ("bf16tsp2", "bf16dp2"):
+    run = losses(name)
+    worst_t = max(abs(run[s] - b16[s]) / b16[s] for s in range(1, 9))
+    assert worst_t < 0.01, f"moe {name} losses differ from one rank's bf16 by {worst_t:.3f} (relative)"
+    print(f"moe {name}: within {worst_t:.1e} of one rank's bf16 over 8 steps")
+print(f"moe bf16: within {worst:.1e} of f32 over 16 steps, resume identical")
 first, last = clean[1], sum(clean[s] for s in range(13, 17)) / 4
 print(f"moe training: loss {first:.4f} at step 1, {last:.4f} over steps 13-16; resume identical")
 assert last < first - 1.0, (first, last)

@@ -427,7 +427,7 @@ INSTANTIATE_TEST_SUITE_P(
                     // bf16 storage: rows, weights and experts travel in 2 bytes, the decorator's copies counted.
                     MoeCase{"tsp=1:bf16", 1, kFB}, MoeCase{"tsp=2:bf16:moe=a2a", 2, kFB},
                     MoeCase{"tsp=2:bf16:moe=gather", 2, kFB}, MoeCase{"tsp=2:bf16:moe=ring", 2, kFB},
-                    MoeCase{"tsp=4:bf16:moe=a2a", 4, kF}),
+                    MoeCase{"tsp=4:bf16:moe=a2a", 4, kF}, MoeCase{"dp=2,tsp=2:bf16:moe=ring", 4, kFB}),
     [](const testing::TestParamInfo<MoeCase>& i) {
       std::string n = std::string(i.param.layout) + (i.param.mode == kF ? "_fwd" : "_train") +
                       (i.param.imbalance > 1 ? "_imbalanced" : "");
