@@ -209,8 +209,6 @@ class LlamaCfg:
 
         # Refuse options that change the math rather than silently ignoring them.
         self.rope = hf_rope_scaling(d)
-        if d.get("mlp_bias"):
-            raise BadInput("config.json: mlp_bias=true is not supported by the oracle")
         # The attention variants as the transformers modeling files define them: Qwen2 always
         # has q/k/v biases (no o_proj bias); Llama's and Qwen3's attention_bias puts a bias on
         # q, k, v and o; Qwen3 always has the per-head q/k RMSNorm before RoPE.
@@ -221,6 +219,10 @@ class LlamaCfg:
         self.qk_norm = mtype == "qwen3"
         if bias and mtype not in ("llama", "qwen3", "qwen2"):
             raise BadInput(f"config.json: attention_bias=true with model_type {mtype!r} is not supported")
+        # LlamaMLP's mlp_bias: gate_proj, up_proj and down_proj with biases (llama only).
+        self.mlp_bias = bool(d.get("mlp_bias", False))
+        if self.mlp_bias and mtype != "llama":
+            raise BadInput(f"config.json: mlp_bias=true with model_type {mtype!r} is not supported")
         self.window = hf_sliding_window(d, mtype, self.n_layers)
         act = d.get("hidden_act", "silu")
         if act != "silu":
@@ -253,6 +255,10 @@ class LlamaCfg:
             shapes[p + "mlp.gate_proj.weight"] = (f, h)
             shapes[p + "mlp.up_proj.weight"] = (f, h)
             shapes[p + "mlp.down_proj.weight"] = (h, f)
+            if self.mlp_bias:
+                shapes[p + "mlp.gate_proj.bias"] = (f,)
+                shapes[p + "mlp.up_proj.bias"] = (f,)
+                shapes[p + "mlp.down_proj.bias"] = (h,)
         shapes["model.norm.weight"] = (h,)
         if not self.tied:
             shapes["lm_head.weight"] = (V, h)
@@ -260,7 +266,7 @@ class LlamaCfg:
 
 
 # --------------------------------------------------------------------------
-# The model (Hugging Face LlamaForCausalLM, no biases), plain torch ops
+# The model (Hugging Face LlamaForCausalLM and the variants above), plain torch ops
 # --------------------------------------------------------------------------
 
 def rms_norm(x, w, eps):
@@ -410,10 +416,12 @@ def attention(x, p, cfg, cos, sin):
     return out + p["self_attn.o_proj.bias"] if cfg.o_bias else out
 
 
-def mlp(x, p):
-    gate = torch.nn.functional.silu(x @ p["mlp.gate_proj.weight"].t())
-    up = x @ p["mlp.up_proj.weight"].t()
-    return (gate * up) @ p["mlp.down_proj.weight"].t()
+def mlp(x, p, cfg):
+    def proj(name, y):
+        y = y @ p[f"mlp.{name}.weight"].t()
+        return y + p[f"mlp.{name}.bias"] if cfg.mlp_bias else y
+    gate = torch.nn.functional.silu(proj("gate_proj", x))
+    return proj("down_proj", gate * proj("up_proj", x))
 
 
 # --------------------------------------------------------------------------
@@ -550,7 +558,7 @@ def forward(cfg, params, input_ids, target_ids):
             router_logits.append(logits_i)
             x = x + y
         else:
-            x = x + mlp(a, p)
+            x = x + mlp(a, p, cfg)
     x = rms_norm(x, params["model.norm.weight"], cfg.eps)
     head = embed if cfg.tied else params["lm_head.weight"]
     logits = x @ head.t()                                                           # [B, S, V]

@@ -143,6 +143,7 @@ Status write_gguf_model(const std::string& path, const LlamaConfig& c, const Lla
   if (c.qk_norm) return unimplemented("GGUF export of per-head q/k norms (qwen3: attn_q_norm.weight) is not supported");
   if (c.qkv_bias || c.o_bias)
     return unimplemented("GGUF export of attention biases (qwen2, attention_bias: attn_q.bias) is not supported");
+  if (c.mlp_bias) return unimplemented("GGUF export of MLP biases (mlp_bias: ffn_gate.bias) is not supported");
   // The llama architecture of llama.cpp attends over the whole causal context: a windowed
   // model written as it would generate differently from foldpar without a word.
   if (c.sliding_window > 0)

@@ -10,7 +10,9 @@ namespace foldpar {
 
 QkvWeights qkv_weights(const LayerWeights& w) { return QkvWeights{w.wq, w.wk, w.wv, w.bq, w.bk, w.bv, w.q_norm, w.k_norm}; }
 LinearView wo_view(const LayerWeights& w) { return LinearView{w.wo, false, w.bo}; }
-MlpWeights mlp_weights(const LayerWeights& w) { return MlpWeights{w.w_gate, w.w_up, LinearView{w.w_down, false}}; }
+MlpWeights mlp_weights(const LayerWeights& w) {
+  return MlpWeights{w.w_gate, w.w_up, LinearView{w.w_down, false, w.b_down}, w.b_gate, w.b_up};
+}
 
 namespace {
 

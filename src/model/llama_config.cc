@@ -57,8 +57,8 @@ Status refuse_unimplemented(const nlohmann::json& j) {
           "\"qwen2\" and \"qwen3\")",
           quote(*it));
   }
-  if (auto it = j.find("mlp_bias"); it != j.end() && !(it->is_boolean() && !it->get<bool>()))
-    return unimplemented("config: \"mlp_bias\" {} is not supported (foldpar's MLP has no biases)", quote(*it));
+  if (auto it = j.find("mlp_bias"); it != j.end() && !it->is_boolean())
+    return invalid_argument("config: \"mlp_bias\" must be true or false, got {}", quote(*it));
   if (auto it = j.find("hidden_act"); it != j.end() && !(it->is_string() && it->get<std::string>() == "silu"))
     return unimplemented("config: hidden_act {} is not supported (foldpar implements \"silu\")", quote(*it));
   return Status();
@@ -128,6 +128,12 @@ Status read_attention_variant(const nlohmann::json& j, LlamaConfig* c) {
     if (!it->is_boolean()) return invalid_argument("config: \"attention_bias\" must be true or false, got {}", quote(*it));
     bias = it->get<bool>();
   }
+  // mlp_bias: Llama's MLP only (LlamaMLP reads it; Mistral's, Qwen's and the experts' do not).
+  if (auto it = j.find("mlp_bias"); it != j.end() && it->get<bool>()) {
+    if (type != "llama")
+      return unimplemented("config: \"mlp_bias\" true is not supported with model_type \"{}\"", type);
+    c->mlp_bias = true;
+  }
   if (type == "qwen2") {
     c->qkv_bias = true;
     return Status();
@@ -143,7 +149,8 @@ Status read_attention_variant(const nlohmann::json& j, LlamaConfig* c) {
 int64_t LlamaConfig::parameter_count() const {
   const int64_t h = hidden_size, f = intermediate_size;
   const int64_t per_layer = 2 * h + 2 * h * q_dim() + 2 * h * kv_dim() + 3 * h * f +
-                            (qkv_bias ? q_dim() + 2 * kv_dim() : 0) + (o_bias ? h : 0) + (qk_norm ? 2 * head_dim() : 0);
+                            (qkv_bias ? q_dim() + 2 * kv_dim() : 0) + (o_bias ? h : 0) + (qk_norm ? 2 * head_dim() : 0) +
+                            (mlp_bias ? 2 * f + h : 0);
   // A sparse layer has a router [E, h], E experts and the shared expert with its gate instead of the MLP.
   const int64_t shared = moe.shared_expert_intermediate_size;
   const int64_t moe_delta = moe.num_experts * h + moe.num_experts * 3 * h * moe.moe_intermediate_size +
@@ -183,6 +190,9 @@ Status LlamaConfig::validate() const {
     return unimplemented("config: a sliding window with attention biases or q/k norms (qwen2, qwen3) is not implemented");
   if (moe.enabled() && (qkv_bias || qk_norm))
     return unimplemented("config: attention biases or q/k norms with experts are not implemented");
+  if (mlp_bias && (moe.enabled() || qk_norm || sliding_window > 0 || (qkv_bias && !o_bias)))
+    return unimplemented("config: MLP biases (mlp_bias) are Llama's: not with experts, q/k norms, a sliding window or "
+                         "qwen2's q/k/v biases");
   return moe.validate(num_hidden_layers);
 }
 
@@ -275,6 +285,7 @@ std::string LlamaConfig::to_json() const {
   j["rope_scaling"] = rope_scaling_json(rope_scaling);
   j["hidden_act"] = "silu";
   j["attention_bias"] = o_bias;
+  if (mlp_bias) j["mlp_bias"] = true;
   if (qwen2) j["use_sliding_window"] = false;
   // Written always for the windowed families: a mistral file without the key means 4096.
   if (mistral || moe.enabled()) j["sliding_window"] = mistral ? nlohmann::ordered_json(sliding_window) : nullptr;

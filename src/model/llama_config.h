@@ -29,6 +29,7 @@ struct LlamaConfig {
   bool qkv_bias = false;                // q_proj, k_proj, v_proj have biases (qwen2; "attention_bias")
   bool o_bias = false;                  // o_proj has a bias ("attention_bias" of llama and qwen3)
   bool qk_norm = false;                 // per-head RMSNorm of q and k before RoPE, gains [d] (qwen3)
+  bool mlp_bias = false;                // gate_proj, up_proj, down_proj have biases (llama's "mlp_bias")
   // Sliding-window attention W (mistral, mixtral: "sliding_window"), every layer: query i sees
   // keys j with i - W < j <= i. 0: full causal.
   int64_t sliding_window = 0;

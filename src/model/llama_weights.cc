@@ -43,6 +43,11 @@ LlamaWeights LlamaWeights::allocate(const LlamaConfig& c, DType dtype, MemCatego
       lw.w_gate = Tensor::empty({f, h}, dtype, category);
       lw.w_up = Tensor::empty({f, h}, dtype, category);
       lw.w_down = Tensor::empty({h, f}, dtype, category);
+      if (c.mlp_bias) {
+        lw.b_gate = Tensor::empty({f}, dtype, category);
+        lw.b_up = Tensor::empty({f}, dtype, category);
+        lw.b_down = Tensor::empty({h}, dtype, category);
+      }
     }
     w.layers.push_back(std::move(lw));
   }
@@ -77,8 +82,11 @@ void LlamaWeights::for_each(const std::function<void(const std::string&, Tensor&
       continue;
     }
     fn(p + "mlp.gate_proj.weight", lw.w_gate);
+    if (lw.b_gate.defined()) fn(p + "mlp.gate_proj.bias", lw.b_gate);
     fn(p + "mlp.up_proj.weight", lw.w_up);
+    if (lw.b_up.defined()) fn(p + "mlp.up_proj.bias", lw.b_up);
     fn(p + "mlp.down_proj.weight", lw.w_down);
+    if (lw.b_down.defined()) fn(p + "mlp.down_proj.bias", lw.b_down);
   }
   fn("model.norm.weight", final_norm);
   if (!tied) fn("lm_head.weight", lm_head);

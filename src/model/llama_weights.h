@@ -48,6 +48,9 @@ struct LayerWeights {
   Tensor w_gate;     // [f, h]         mlp.gate_proj.weight
   Tensor w_up;       // [f, h]         mlp.up_proj.weight
   Tensor w_down;     // [h, f]         mlp.down_proj.weight
+  Tensor b_gate;     // [f]            mlp.gate_proj.bias      (mlp_bias; undefined without)
+  Tensor b_up;       // [f]            mlp.up_proj.bias
+  Tensor b_down;     // [h]            mlp.down_proj.bias
   MoeLayerWeights moe;  // sparse layers: the router and experts instead of w_gate, w_up, w_down
 };
 

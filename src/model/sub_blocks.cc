@@ -244,8 +244,10 @@ void mlp_forward(const BlockContext& ctx, const MlpWeights& w, const Tensor& a, 
   const int64_t T = ctx.rows(), fc = w.w_gate.dim(0);
   Tensor gate = act_like({T, fc}, a), up = act_like({T, fc}, a), act = act_like({T, fc}, a);
   be.matmul(a, false, w.w_gate, true, gate);
+  if (w.b_gate.defined()) add_bias(be, w.b_gate, gate);
   run(between_gemms);
   be.matmul(a, false, w.w_up, true, up);
+  if (w.b_up.defined()) add_bias(be, w.b_up, up);
   be.swiglu_forward(gate, up, act);
   linear_forward(be, w.down, act, y, y_beta);
   if (saved != nullptr) *saved = MlpSaved{std::move(gate), std::move(up), std::move(act)};
@@ -274,8 +276,10 @@ void mlp_backward_weight(const BlockContext& ctx, const MlpInputGrads& d, const 
                          float g_beta, const BackwardSchedule& sched) {
   Backend& be = *ctx.backend;
   be.matmul(d.d_gate, true, a, false, g.w_gate, 1.0f, g_beta);
+  if (g.b_gate.defined()) bias_grad(be, d.d_gate, g.b_gate, g_beta);
   run(sched.between);
   be.matmul(d.d_up, true, a, false, g.w_up, 1.0f, g_beta);
+  if (g.b_up.defined()) bias_grad(be, d.d_up, g.b_up, g_beta);
 }
 
 void mlp_backward(const BlockContext& ctx, const MlpWeights& w, const MlpSaved& s, const Tensor& a,

@@ -135,7 +135,8 @@ Tensor residual_forward(const BlockContext& ctx, const Tensor& x);
 struct MlpWeights {
   Tensor w_gate;    // [f_c, h]  rows of gate_proj
   Tensor w_up;      // [f_c, h]  rows of up_proj
-  LinearView down;  // [h, f_c] columns of down_proj (or transposed [f_c, h])
+  LinearView down;  // [h, f_c] columns of down_proj (or transposed [f_c, h]); down.b [h] (mlp_bias)
+  Tensor b_gate{}, b_up{};  // [f_c] the chunk's gate_proj and up_proj biases (mlp_bias), or undefined
 };
 struct MlpSaved {
   Tensor gate;  // [T, f_c]

@@ -197,13 +197,14 @@ INSTANTIATE_TEST_SUITE_P(TiedAndRecompute, ModelGradCheck,
 
 // The Hugging Face attention variants (issue 21): q/k/v biases (qwen2), q/k/v/o biases
 // (llama attention_bias), per-head q/k RMSNorm with head_dim != h / n_h (qwen3, also under
-// block recompute). Every parameter, the biases and norm gains included, against central
-// differences.
+// block recompute), and Llama's mlp_bias (gate/up/down biases). Every parameter, the
+// biases and norm gains included, against central differences.
 struct AttnVariant {
   const char* name;
   bool qkv_bias, o_bias, qk_norm;
   int64_t head_dim;
   Recompute recompute;
+  bool mlp_bias = false;
 };
 
 class AttnVariantGradCheck : public ::testing::TestWithParam<AttnVariant> {};
@@ -215,6 +216,7 @@ TEST_P(AttnVariantGradCheck, EveryParameterIncludingBiasesAndQkNorms) {
   c.o_bias = v.o_bias;
   c.qk_norm = v.qk_norm;
   c.explicit_head_dim = v.head_dim;
+  c.mlp_bias = v.mlp_bias;
   ASSERT_TRUE(c.validate().ok()) << c.validate().to_string();
   auto be = make_reference_backend();
   LlamaWeights w = LlamaWeights::allocate(c, DType::kF64, MemCategory::kParameters);
@@ -244,7 +246,8 @@ TEST_P(AttnVariantGradCheck, EveryParameterIncludingBiasesAndQkNorms) {
     expect_gradient(name, t, grads[i].second, loss, 24);
     ++i;
   });
-  EXPECT_EQ(variant_tensors, c.num_hidden_layers * ((v.qkv_bias ? 3 : 0) + (v.o_bias ? 1 : 0) + (v.qk_norm ? 2 : 0)));
+  EXPECT_EQ(variant_tensors, c.num_hidden_layers * ((v.qkv_bias ? 3 : 0) + (v.o_bias ? 1 : 0) + (v.qk_norm ? 2 : 0) +
+                                                    (v.mlp_bias ? 3 : 0)));
   EXPECT_EQ(static_cast<int64_t>(w.layers[0].wq.dim(0)), c.num_attention_heads * c.head_dim());
 }
 
@@ -253,7 +256,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(AttnVariant{"qwen2", true, false, false, 0, Recompute::kNone},
                       AttnVariant{"llama_attention_bias", true, true, false, 0, Recompute::kNone},
                       AttnVariant{"qwen3", false, false, true, 6, Recompute::kNone},
-                      AttnVariant{"qwen3_bias_recompute", true, true, true, 6, Recompute::kBlock}),
+                      AttnVariant{"qwen3_bias_recompute", true, true, true, 6, Recompute::kBlock},
+                      AttnVariant{"llama_mlp_bias", false, false, false, 0, Recompute::kNone, true},
+                      AttnVariant{"llama_all_biases_recompute", true, true, false, 0, Recompute::kBlock, true}),
     [](const ::testing::TestParamInfo<AttnVariant>& p) { return std::string(p.param.name); });
 
 }  // namespace

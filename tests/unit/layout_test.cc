@@ -3,6 +3,8 @@
 // messages. The plan-against-strategy verdict table is tests/unit/layout_verdict_test.cc.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include "layout/layout.h"
 
 namespace foldpar {
@@ -197,6 +199,21 @@ TEST(ValidateLayout, AttentionVariantsRunOnEveryAxis) {
                              "pp=2,dp=2,tsp=2:bf16"}) {
     EXPECT_TRUE(validate_layout(qwen3, parse(layout), 4, 128).ok()) << layout;
     EXPECT_TRUE(validate_layout(qwen2, parse(layout), 4, 128).ok()) << layout;
+  }
+}
+
+// Llama's mlp_bias runs in the single-rank model only: every layout refuses it by name, tsp=1
+// and tp=1 included (they run the sharded steps, which do not carry the MLP biases).
+TEST(ValidateLayout, MlpBiasRunsOnTheSingleRankModelOnly) {
+  LlamaConfig c = mha_config();
+  c.num_hidden_layers = 2;
+  c.mlp_bias = true;
+  for (const char* layout : {"tsp=1", "tp=1", "tsp=2", "tp=2,sp=2", "dp=2,tsp=2", "pp=2,tsp=1"}) {
+    const Status s = validate_layout(c, parse(layout), 4, 128);
+    EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << layout;
+    EXPECT_EQ(s.message(), fmt::format("layout {}: MLP biases (mlp_bias) run in the single-rank model only so far "
+                                       "(verify without --layout)",
+                                       parse(layout).to_string()));
   }
 }
 

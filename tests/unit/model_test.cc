@@ -175,7 +175,10 @@ TEST(Config, RefusesUnimplementedArchitectureFieldsByName) {
       {R"("model_type": "mistral", "attention_bias": true)",
        "\"attention_bias\" true is not supported with model_type \"mistral\""},
       {R"("attention_bias": 1)", "\"attention_bias\" must be true or false"},
-      {R"("mlp_bias": true)", "\"mlp_bias\" true is not supported"},
+      {R"("model_type": "qwen2", "mlp_bias": true)", "\"mlp_bias\" true is not supported with model_type \"qwen2\""},
+      {R"("model_type": "mistral", "mlp_bias": true, "sliding_window": null)",
+       "\"mlp_bias\" true is not supported with model_type \"mistral\""},
+      {R"("mlp_bias": "yes")", "\"mlp_bias\" must be true or false"},
       {R"("hidden_act": "gelu")", "hidden_act \"gelu\" is not supported"},
       {R"("sliding_window": 4)", "sliding_window 4 with model_type \"llama\" is not supported"},
       {R"("sliding_window": 4, "use_sliding_window": true)", "sliding_window 4 with model_type \"llama\""},
@@ -198,6 +201,16 @@ TEST(Config, RefusesUnimplementedArchitectureFieldsByName) {
                             R"("attention_bias": false, "mlp_bias": false, "hidden_act": "silu")",
                             R"("sliding_window": 32768, "use_sliding_window": false)"})
     EXPECT_TRUE(load(extra).ok()) << extra << ": " << load(extra).status().message();
+  // Llama's mlp_bias: three biases per layer (2 f + h parameters), kept by to_json.
+  Result<LlamaConfig> biased = load(R"("mlp_bias": true, "attention_bias": true)");
+  ASSERT_TRUE(biased.ok()) << biased.status().message();
+  EXPECT_TRUE(biased->mlp_bias);
+  LlamaConfig plain = *biased;
+  plain.mlp_bias = false;
+  EXPECT_EQ(biased->parameter_count() - plain.parameter_count(), 2 * 8 + 8);
+  Result<LlamaConfig> again = LlamaConfig::from_json(biased->to_json());
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_TRUE(again->mlp_bias);
 }
 
 // The sliding window as each family's Hugging Face config defines it (issue 21): Mistral's
