@@ -201,12 +201,3 @@ TEST(MultiTensorEmulation, AdamWManyEqualsTheSingleTensorKernelAndTheCpuBackend)
 
 }  // namespace
 }  // namespace foldpar
-
-// The kernels' contract checks, as cuda_backend.cc defines them (a failure aborts).
-namespace foldpar::cuda {
-void check_launch(const char*, int) {}
-void kernel_contract_violated(const char* file, int line, const char* what) {
-  fprintf(stderr, "%s:%d: %s\n", file, line, what);
-  abort();
-}
-}  // namespace foldpar::cuda
