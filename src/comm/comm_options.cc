@@ -28,6 +28,16 @@ Result<CommOptions> CommOptions::from_env() {
     }
     options.timeout_s = seconds;
   }
+  if (const char* rs = std::getenv("FOLDPAR_REDUCE_SCATTER"); rs != nullptr) {
+    const std::string value = rs;
+    if (value == "pairwise" || value.empty()) {
+      options.reduce_scatter = CommOptions::ReduceScatterAlgorithm::kPairwise;
+    } else if (value == "library") {
+      options.reduce_scatter = CommOptions::ReduceScatterAlgorithm::kLibrary;
+    } else {
+      return invalid_argument("FOLDPAR_REDUCE_SCATTER='{}' must be pairwise or library", value);
+    }
+  }
   return options;
 }
 

@@ -19,8 +19,19 @@ struct CommOptions {
   // ranks that have not arrived and what each peer is doing) and the whole job is aborted.
   // > 0 seconds, or 0 to disable. Env FOLDPAR_COMM_TIMEOUT=<seconds>. Default 300.
   double timeout_s = 300;
+  // How the MPI backend reduce-scatters (blocking and not, equal and uneven blocks).
+  // kPairwise: each rank posts its N-1 blocks to their owners and N-1 receives at once (on a
+  // communicator of its own), then sums what arrived into its block in rank-distance order:
+  // the ring's bytes in one round. kLibrary: MPI_(I)Reduce_scatter(_block), the MPI library's
+  // own algorithm; Debian's OpenMPI 4.1.4 runs these at 0.06-0.2 GB/s on one host (every
+  // algorithm its tuned component offers), against 3-10 GB/s for its all-gather
+  // (docs/PERFORMANCE.md, Communication). Env FOLDPAR_REDUCE_SCATTER=pairwise|library.
+  // Default kPairwise.
+  enum class ReduceScatterAlgorithm { kPairwise, kLibrary };
+  ReduceScatterAlgorithm reduce_scatter = ReduceScatterAlgorithm::kPairwise;
 
-  // The defaults, overridden by FOLDPAR_COMM_CHECK and FOLDPAR_COMM_TIMEOUT when set.
+  // The defaults, overridden by FOLDPAR_COMM_CHECK, FOLDPAR_COMM_TIMEOUT and
+  // FOLDPAR_REDUCE_SCATTER when set.
   // Malformed values are the user's mistake: invalid_argument naming the variable and value.
   static Result<CommOptions> from_env();
 };

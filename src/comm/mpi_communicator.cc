@@ -1,12 +1,17 @@
 // The MPI backend of Communicator. Blocking operations call the blocking MPI collectives
 // (OpenMPI's tuned algorithms); non-blocking ones the MPI_I* forms, completed by
-// CommRequest::wait/test. bf16 reductions widen to an f32 copy, reduce that in place with
+// CommRequest::wait/test. Except reduce-scatters, which by default are foldpar's own
+// pairwise exchange (CommOptions::reduce_scatter): every block posted to its owner and
+// every contribution to ours received at once, point to point on a duplicate of the
+// communicator, then summed on completion in rank-distance order (deterministic). bf16 reductions widen to an f32 copy, reduce that in place with
 // MPI_FLOAT and round once at the end (so the wire carries f32 for them; the counters still
 // count bf16 bytes, by the convention of comm_stats.h). Every call runs under the watchdog
 // when it is on, and after the checking-mode exchange when that is on.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <climits>
+#include <cstddef>
 #include <cstring>
 
 #include "comm/mpi_internal.h"
@@ -38,14 +43,23 @@ struct Plan {
   MPI_Datatype type = MPI_DATATYPE_NULL;
   std::vector<float> stage;  // bf16 reductions: f32 copy of the input, reduced in place
   std::vector<int> counts, displs;  // the _v forms
-  MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-  MPI_Status statuses[2] = {};
+  std::vector<MPI_Request> requests = std::vector<MPI_Request>(2, MPI_REQUEST_NULL);
+  std::vector<MPI_Status> statuses = std::vector<MPI_Status>(2);
   int n_requests = 1;
+  // Pairwise reduce-scatter: the N-1 contributions to this rank's block, back to back in
+  // rank-distance order (1, 2, ..., N-1), and where the block's input and result are.
+  bool pairwise = false;
+  std::vector<std::byte> incoming;
+  const void* own_in = nullptr;
+  void* own_out = nullptr;
+  size_t own_count = 0;
+  DType reduce_dtype = DType::kF32;  // of own_in, incoming and own_out (bf16 reduces as f32)
   // On completion: round stage[0, bf16_count) into bf16_out; move an in-place
   // reduce-scatter result from the start of the send buffer to recv_buf; check the size of
   // a received message (statuses[recv_status]).
   void* bf16_out = nullptr;
   size_t bf16_count = 0;
+  const float* bf16_from = nullptr;  // null: stage.data()
   void* move_to = nullptr;
   const void* move_from = nullptr;
   size_t move_bytes = 0;
@@ -61,6 +75,20 @@ void widen_bf16(const void* src, size_t n, std::vector<float>& dst) {
 void narrow_to_bf16(const float* src, size_t n, void* dst) {
   auto* d = static_cast<bf16*>(dst);
   for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+}
+
+// out = own op in_1 op ... op in_k (elementwise, in that order); out may be own.
+template <typename T>
+void reduce_into(ReduceOp op, const T* own, const std::byte* incoming, int k, size_t n, T* out) {
+  if (out != own) std::memcpy(out, own, n * sizeof(T));
+  for (int j = 0; j < k; ++j) {
+    const T* in = reinterpret_cast<const T*>(incoming) + static_cast<size_t>(j) * n;
+    if (op == ReduceOp::kSum) {
+      for (size_t i = 0; i < n; ++i) out[i] += in[i];
+    } else {
+      for (size_t i = 0; i < n; ++i) out[i] = std::max(out[i], in[i]);
+    }
+  }
 }
 
 uint64_t fnv1a(const std::string& s) {
@@ -107,11 +135,13 @@ class MpiCommunicator final : public Communicator {
   void prepare(const CommOp& op, Plan& plan) const;
   void prepare_reduction(const CommOp& op, Plan& plan) const;
   void post(const CommOp& op, Plan& plan, bool blocking);
+  void post_pairwise_reduce_scatter(const CommOp& op, Plan& plan);
   void check_collective(const CommOp& op);
 
   MpiContext* ctx_;
   MPI_Comm comm_;
   MPI_Comm check_comm_ = MPI_COMM_NULL;  // checking-mode exchanges, apart from user traffic
+  MPI_Comm pairwise_comm_ = MPI_COMM_NULL;  // pairwise reduce-scatters, apart from user traffic
   uint64_t key_ = 0;                     // the watchdog's name for this communicator
 };
 
@@ -124,13 +154,13 @@ class MpiRequest final : public CommRequestImpl {
   }
   Status wait() override {
     if (watchdog_ != nullptr) watchdog_->wait_begins(token_);
-    FP_MPI_CHECK(MPI_Waitall(plan_->n_requests, plan_->requests, plan_->statuses));
+    FP_MPI_CHECK(MPI_Waitall(plan_->n_requests, plan_->requests.data(), plan_->statuses.data()));
     complete();
     return Status::ok_status();
   }
   Status test(bool* done) override {
     int flag = 0;
-    FP_MPI_CHECK(MPI_Testall(plan_->n_requests, plan_->requests, &flag, plan_->statuses));
+    FP_MPI_CHECK(MPI_Testall(plan_->n_requests, plan_->requests.data(), &flag, plan_->statuses.data()));
     if (flag) complete();
     *done = flag != 0;
     return Status::ok_status();
@@ -154,6 +184,8 @@ MpiCommunicator::MpiCommunicator(MpiContext* ctx, MPI_Comm comm, std::string nam
   FP_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   FP_MPI_CHECK(MPI_Comm_dup(comm_, &check_comm_));
   FP_MPI_CHECK(MPI_Comm_set_errhandler(check_comm_, MPI_ERRORS_RETURN));
+  FP_MPI_CHECK(MPI_Comm_dup(comm_, &pairwise_comm_));
+  FP_MPI_CHECK(MPI_Comm_set_errhandler(pairwise_comm_, MPI_ERRORS_RETURN));
   // Members agree on the key: same name, same members, same count of such communicators
   // created before (creation is collective over the members).
   std::string id = this->name();
@@ -167,6 +199,7 @@ MpiCommunicator::MpiCommunicator(MpiContext* ctx, MPI_Comm comm, std::string nam
 MpiCommunicator::~MpiCommunicator() {
   if (ctx_->watchdog != nullptr) ctx_->watchdog->remove_comm(key_);
   FP_MPI_CHECK(MPI_Comm_free(&check_comm_));
+  FP_MPI_CHECK(MPI_Comm_free(&pairwise_comm_));
   if (comm_ != MPI_COMM_WORLD) FP_MPI_CHECK(MPI_Comm_free(&comm_));
   ctx_->live_comms.fetch_sub(1);
 }
@@ -258,7 +291,13 @@ void MpiCommunicator::prepare(const CommOp& op, Plan& plan) const {
 // One MPI call per kind, blocking or not. Counts fit in int (supports()).
 void MpiCommunicator::post(const CommOp& op, Plan& p, bool blocking) {
   const int n = static_cast<int>(op.count);
-  MPI_Request* rq = p.requests;
+  const bool scatter = op.kind == CommOpKind::kReduceScatter || op.kind == CommOpKind::kReduceScatterV;
+  if (scatter && ctx_->pairwise_reduce_scatter && size() > 1) {
+    post_pairwise_reduce_scatter(op, p);
+    if (blocking) FP_MPI_CHECK(MPI_Waitall(p.n_requests, p.requests.data(), p.statuses.data()));
+    return;
+  }
+  MPI_Request* rq = p.requests.data();
   switch (op.kind) {
     case CommOpKind::kBroadcast:
       if (blocking) FP_MPI_CHECK(MPI_Bcast(p.recv, n, p.type, op.root, comm_));
@@ -325,14 +364,74 @@ void MpiCommunicator::post(const CommOp& op, Plan& p, bool blocking) {
   }
 }
 
+// After prepare(): the reduction's input is op.send_buf, or for bf16 its f32 copy in
+// plan.stage (prepare_reduction). Block j of the input goes to rank j; this rank receives
+// its block's N-1 contributions into plan.incoming, and finish() reduces them.
+void MpiCommunicator::post_pairwise_reduce_scatter(const CommOp& op, Plan& p) {
+  const int N = size(), r = rank();
+  const bool bf16 = op.dtype == DType::kBF16;
+  p.reduce_dtype = bf16 ? DType::kF32 : op.dtype;
+  const size_t w = dtype_size(p.reduce_dtype);
+  const auto* input = static_cast<const std::byte*>(bf16 ? static_cast<const void*>(p.stage.data()) : op.send_buf);
+  const bool v = op.kind == CommOpKind::kReduceScatterV;
+  auto count_of = [&](int j) { return v ? static_cast<size_t>(p.counts[j]) : static_cast<size_t>(op.count); };
+  auto offset_of = [&](int j) { return v ? static_cast<size_t>(p.displs[j]) : op.count * static_cast<size_t>(j); };
+  p.pairwise = true;
+  p.own_count = count_of(r);
+  p.own_in = input + offset_of(r) * w;
+  p.own_out = bf16 ? static_cast<void*>(p.stage.data() + offset_of(r)) : op.recv_buf;
+  if (bf16) p.bf16_from = p.stage.data() + offset_of(r);
+  p.move_bytes = 0;  // the result is written where it belongs
+  p.recv_status = -1;
+  p.incoming.resize(static_cast<size_t>(N - 1) * p.own_count * w);
+  p.n_requests = 2 * (N - 1);
+  p.requests.assign(p.n_requests, MPI_REQUEST_NULL);
+  p.statuses.resize(p.n_requests);
+  constexpr int kTag = 1;
+  for (int k = 1; k < N; ++k) {
+    const int from = (r - k + N) % N;
+    FP_MPI_CHECK(MPI_Irecv(p.incoming.data() + static_cast<size_t>(k - 1) * p.own_count * w,
+                           static_cast<int>(p.own_count), p.type, from, kTag, pairwise_comm_, &p.requests[2 * (k - 1)]));
+  }
+  for (int k = 1; k < N; ++k) {
+    const int to = (r + k) % N;
+    FP_MPI_CHECK(MPI_Isend(input + offset_of(to) * w, static_cast<int>(count_of(to)), p.type, to, kTag, pairwise_comm_,
+                           &p.requests[2 * (k - 1) + 1]));
+  }
+}
+
 void MpiCommunicator::finish(const CommOp& op, Plan& plan) const {
+  if (plan.pairwise) {
+    const int k = size() - 1;
+    const size_t n = plan.own_count;
+    switch (plan.reduce_dtype) {
+      case DType::kF32:
+        reduce_into(op.reduce_op, static_cast<const float*>(plan.own_in), plan.incoming.data(), k, n,
+                    static_cast<float*>(plan.own_out));
+        break;
+      case DType::kF64:
+        reduce_into(op.reduce_op, static_cast<const double*>(plan.own_in), plan.incoming.data(), k, n,
+                    static_cast<double*>(plan.own_out));
+        break;
+      case DType::kI32:
+        reduce_into(op.reduce_op, static_cast<const int32_t*>(plan.own_in), plan.incoming.data(), k, n,
+                    static_cast<int32_t*>(plan.own_out));
+        break;
+      case DType::kI64:
+        reduce_into(op.reduce_op, static_cast<const int64_t*>(plan.own_in), plan.incoming.data(), k, n,
+                    static_cast<int64_t*>(plan.own_out));
+        break;
+      case DType::kBF16: FP_CHECK(false, "pairwise reduce-scatter reduces bf16 as f32"); break;
+    }
+  }
   if (plan.recv_status >= 0) {
     int received = 0;
     FP_MPI_CHECK(MPI_Get_count(&plan.statuses[plan.recv_status], plan.type, &received));
     FP_CHECK(received == static_cast<int>(op.count), "{} #{} on communicator {}: expected {} elements from rank {}, "
              "received {}", comm_op_name(op.kind), op.seq, describe(), op.count, op.source, received);
   }
-  if (plan.bf16_out != nullptr) narrow_to_bf16(plan.stage.data(), plan.bf16_count, plan.bf16_out);
+  if (plan.bf16_out != nullptr)
+    narrow_to_bf16(plan.bf16_from != nullptr ? plan.bf16_from : plan.stage.data(), plan.bf16_count, plan.bf16_out);
   if (plan.move_bytes > 0) std::memmove(plan.move_to, plan.move_from, plan.move_bytes);
 }
 

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/comm_options.h"
 #include "comm/communicator.h"
 #include "tensor/dtype.h"
 
@@ -47,6 +48,7 @@ struct MpiContext {
   int world_size = 1;
   std::vector<std::string> hosts;          // by world rank
   std::atomic<bool> check{false};          // checking mode (CommOptions::check)
+  bool pairwise_reduce_scatter = true;     // CommOptions::reduce_scatter == kPairwise
   std::unique_ptr<MpiWatchdog> watchdog;   // null when the timeout is 0
   std::atomic<int> live_comms{0};          // communicators not yet destroyed
   std::map<std::string, int> comm_ordinals;  // communicators created per (name, members)

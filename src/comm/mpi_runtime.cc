@@ -80,6 +80,7 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv, const CommOptions& options)
   }
 
   ctx_->check.store(options.check);
+  ctx_->pairwise_reduce_scatter = options.reduce_scatter == CommOptions::ReduceScatterAlgorithm::kPairwise;
   if (watchdog) {
     const bool can_query = provided >= MPI_THREAD_MULTIPLE;
     if (!can_query && ctx_->world_rank == 0) {

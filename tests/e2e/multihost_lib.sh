@@ -73,7 +73,7 @@ mh_up() {
 # (FOLDPAR_COMM_TIMEOUT=3 reports within about 5 s), so the report naming the rank comes first.
 mh_mpirun() {
   local env_flags=() v
-  for v in OPENBLAS_NUM_THREADS FOLDPAR_COMM_TIMEOUT FOLDPAR_COMM_CHECK FOLDPAR_LOG; do
+  for v in OPENBLAS_NUM_THREADS FOLDPAR_COMM_TIMEOUT FOLDPAR_COMM_CHECK FOLDPAR_REDUCE_SCATTER FOLDPAR_LOG; do
     [ -n "${!v+x}" ] && env_flags+=(-x "$v")
   done
   ip netns exec "$(mh_ns 0)" unshare --uts -- sh -c 'hostname "$1" && shift && exec "$@"' sh "$(mh_host 0)" \

@@ -209,19 +209,24 @@ TYPED_TEST(CollectivesTest, ReduceScatter) {
   Communicator& comm = this->comm();
   const int p = comm.rank(), N = comm.size();
   for (size_t c : kCounts) {
-    for (Mode mode : kAllModes) {
-      for (bool in_place : {false, true}) {
-        const std::string what = fmt::format("reduce_scatter count={} {} in_place={}", c, mode_name(mode), in_place);
-        std::vector<T> send = filled<T>(N * c, [&](uint64_t i) { return value(p, i); });
-        std::vector<T> recv = filled<T>(c, [](uint64_t) { return 99; });
-        T* dst = in_place ? send.data() + p * c : recv.data();
-        ScopedCommCounter counter(comm);
-        run_in_mode(
-            mode, [&] { return comm.reduce_scatter(send.data(), dst, c, this->kType, ReduceOp::kSum); },
-            [&] { return comm.ireduce_scatter(send.data(), dst, c, this->kType, ReduceOp::kSum); });
-        std::vector<T> got(dst, dst + c);
-        expect_values(got, expected(c, [&](uint64_t i) { return sum_over_ranks(N, p * c + i); }), what);
-        expect_traffic(counter.delta(), CommOpKind::kReduceScatter, (N - 1) * c, (N - 1) * c, this->kBeta, what);
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+      for (Mode mode : kAllModes) {
+        for (bool in_place : {false, true}) {
+          const std::string what = fmt::format("reduce_scatter count={} {} {} in_place={}", c, reduce_op_name(op),
+                                               mode_name(mode), in_place);
+          std::vector<T> send = filled<T>(N * c, [&](uint64_t i) { return value(p, i); });
+          std::vector<T> recv = filled<T>(c, [](uint64_t) { return 99; });
+          T* dst = in_place ? send.data() + p * c : recv.data();
+          ScopedCommCounter counter(comm);
+          run_in_mode(
+              mode, [&] { return comm.reduce_scatter(send.data(), dst, c, this->kType, op); },
+              [&] { return comm.ireduce_scatter(send.data(), dst, c, this->kType, op); });
+          std::vector<T> got(dst, dst + c);
+          expect_values(got, expected(c, [&](uint64_t i) {
+                          return op == ReduceOp::kSum ? sum_over_ranks(N, p * c + i) : max_over_ranks(N, p * c + i);
+                        }), what);
+          expect_traffic(counter.delta(), CommOpKind::kReduceScatter, (N - 1) * c, (N - 1) * c, this->kBeta, what);
+        }
       }
     }
   }

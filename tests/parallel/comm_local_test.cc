@@ -132,6 +132,7 @@ TEST(CommOptions, ReadsTheEnvironmentAndRejectsBadValues) {
   ASSERT_TRUE(defaults.ok());
   EXPECT_FALSE(defaults->check);
   EXPECT_EQ(defaults->timeout_s, 300);
+  EXPECT_EQ(defaults->reduce_scatter, CommOptions::ReduceScatterAlgorithm::kPairwise);
   setenv("FOLDPAR_COMM_CHECK", "1", 1);
   setenv("FOLDPAR_COMM_TIMEOUT", "2.5", 1);
   Result<CommOptions> set = CommOptions::from_env();
@@ -147,6 +148,15 @@ TEST(CommOptions, ReadsTheEnvironmentAndRejectsBadValues) {
   EXPECT_FALSE(CommOptions::from_env().ok());
   unsetenv("FOLDPAR_COMM_CHECK");
   unsetenv("FOLDPAR_COMM_TIMEOUT");
+  setenv("FOLDPAR_REDUCE_SCATTER", "library", 1);
+  Result<CommOptions> library = CommOptions::from_env();
+  ASSERT_TRUE(library.ok());
+  EXPECT_EQ(library->reduce_scatter, CommOptions::ReduceScatterAlgorithm::kLibrary);
+  setenv("FOLDPAR_REDUCE_SCATTER", "ring", 1);
+  Result<CommOptions> unknown = CommOptions::from_env();
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("FOLDPAR_REDUCE_SCATTER='ring'"), std::string::npos);
+  unsetenv("FOLDPAR_REDUCE_SCATTER");
 }
 
 // ---- the Communicator front end over a fake backend ----
