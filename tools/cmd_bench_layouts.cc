@@ -25,6 +25,8 @@ Result<LayoutBenchOptions> layout_bench_options(const BenchLayoutsArgs& a, Hardw
   o.reps = a.steps;
   o.memory_only = a.memory_only;
   o.forward_only = a.forward;
+  o.warmup = a.warmup;
+  o.profile = a.profile;
   if (!a.hardware.empty()) {
     FP_ASSIGN_OR_RETURN(hw, Hardware::load(a.hardware));
     o.hardware = &hw;
@@ -46,6 +48,7 @@ int run_bench_layouts(const BenchLayoutsArgs& a) {
   if (!rows.ok()) return fail(rows.status());
   if (!job->root()) return kExitOk;
   std::fputs(layout_bench_text(*rows).c_str(), stdout);
+  std::fputs(layout_bench_profile_text(*rows).c_str(), stdout);
   if (!a.out.empty()) {
     Result<std::vector<std::string>> files = write_layout_bench(*rows, a.out);
     if (!files.ok()) return fail(files.status());
@@ -68,6 +71,9 @@ Command add_bench_layouts_command(CLI::App& app) {
       ->check(positive());
   cmd->add_option("--batch", a->batch, "sequences per batch (B)")->check(positive());
   cmd->add_option("--steps", a->steps, "interleaved repetitions (medians reported)")->check(positive());
+  cmd->add_option("--warmup", a->warmup, "untimed steps of each layout's model before its timed step (0: time a cold step)")
+      ->check(non_negative());
+  cmd->add_flag("--profile", a->profile, "time each backend op on rank 0 beside the plan's price of it");
   add_recompute_option(cmd, a->recompute);
   cmd->add_option("--out", a->out, "directory for table.csv, table.json and PNGs");
   cmd->add_option("--hardware", a->hardware, "hardware JSON for the predicted step time");

@@ -16,6 +16,8 @@ struct BenchLayoutsArgs {
   std::vector<int64_t> seqs{1024};
   int64_t batch = 1;
   int steps = 3;
+  int warmup = 1;
+  bool profile = false;
   Recompute recompute = Recompute::kNone;
   bool memory_only = false, forward = false;
 };

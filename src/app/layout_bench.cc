@@ -14,6 +14,7 @@
 #include "app/step_bench.h"
 #include "app/synthetic.h"
 #include "backend/bf16_storage_backend.h"
+#include "backend/timed_backend.h"
 #include "comm/comm_stats.h"
 #include "comm/mesh.h"
 #include "core/timing.h"
@@ -29,11 +30,13 @@ struct Sample {
   double seconds = 0, exposed = 0;
   int64_t peak = 0;
   uint64_t sent = 0;
+  std::map<std::string, OpTime> ops;  // profile: the timed step's backend ops
 };
 
-// One training step of `spec`, measured from before the model exists.
+// `warmup` steps of a fresh model of `spec`, then one timed step; the peak is the first
+// step's, from before the model exists.
 Result<Sample> run_once(Communicator& world, const LlamaConfig& c, const Layout& spec, const Batch& global,
-                        int64_t S, bool forward_only) {
+                        int64_t S, const LayoutBenchOptions& o) {
   FP_ASSIGN_OR_RETURN(Mesh mesh, Mesh::create(world, spec.mesh()));
   MemoryTracker& mt = MemoryTracker::process();
   mt.release_cache();
@@ -47,18 +50,27 @@ Result<Sample> run_once(Communicator& world, const LlamaConfig& c, const Layout&
     auto cpu = make_cpu_backend();
     std::unique_ptr<Backend> bf16 = (spec.dtype == DType::kBF16) ? make_bf16_storage_backend(*cpu) : nullptr;
     Backend* be = bf16 ? bf16.get() : cpu.get();
+    auto step = [&](Backend& b) { return o.forward_only ? m->forward(b, local) : m->forward_backward(b, local, 0); };
+    // The peak is the first step's (the plan's figure); later steps of some layouts keep
+    // buffers from the first and peak higher (docs/PERFORMANCE.md, Plan against measurement).
+    for (int w = 0; w < o.warmup; ++w) {
+      FP_RETURN_IF_ERROR(step(*be).status());
+      if (w == 0) s.peak = mt.stats().peak_total - base;
+    }
     std::vector<const Communicator*> comms;
     for (const char* axis : {"tsp", "tp", "sp"})
       if (mesh.has_axis(axis)) comms.push_back(&mesh.comm(axis));
+    TimedBackend timed(*be);
     FP_RETURN_IF_ERROR(world.barrier());
     ScopedCommCounter counter(comms);
     const double t0 = now_seconds();
-    FP_ASSIGN_OR_RETURN(StepResult r, forward_only ? m->forward(*be, local) : m->forward_backward(*be, local, 0));
+    FP_ASSIGN_OR_RETURN(StepResult r, step(o.profile ? static_cast<Backend&>(timed) : *be));
     s.seconds = now_seconds() - t0;
     s.exposed = r.exposed_comm_seconds;
     s.sent = counter.delta().total().bytes_sent;
+    s.ops = timed.times();
   }
-  s.peak = mt.stats().peak_total - base;
+  if (o.warmup == 0) s.peak = mt.stats().peak_total - base;
   FP_RETURN_IF_ERROR(world.all_reduce(&s.seconds, &s.seconds, 1, DType::kF64, ReduceOp::kMax));
   FP_RETURN_IF_ERROR(world.all_reduce(&s.peak, &s.peak, 1, DType::kI64, ReduceOp::kMax));
   mt.release_cache();
@@ -95,6 +107,17 @@ Status predict_row(const LayoutBenchOptions& o, const Layout& spec, LayoutBenchR
   if (o.hardware != nullptr) {
     row.predicted_step_s = p.time.step_s;
     row.predicted_tokens_per_s = p.time.tokens_per_s;
+    if (!p.timelines.empty()) {
+      const RankTimeline& t = p.timelines.front();  // rank 0 is simulated first
+      row.predicted_exposed_s = t.exposed_comm_s;
+      for (const TimelineOp& op : t.ops) {
+        if (op.kind != TimelineOp::Kind::kCompute) continue;
+        auto it = std::find_if(row.profile.begin(), row.profile.end(), [&](const OpProfileRow& x) { return x.op == op.name; });
+        if (it == row.profile.end()) it = row.profile.insert(row.profile.end(), OpProfileRow{.op = op.name});
+        it->predicted_s += op.end - op.start;
+        ++it->predicted_calls;
+      }
+    }
   }
   return Status();
 }
@@ -102,6 +125,7 @@ Status predict_row(const LayoutBenchOptions& o, const Layout& spec, LayoutBenchR
 Status check_options(const LayoutBenchOptions& o, int ranks) {
   if (o.layouts.empty() || o.seqs.empty()) return invalid_argument("bench: give at least one layout and one --seq");
   if (o.reps < 1) return invalid_argument("bench: --steps ({}) must be at least 1", o.reps);
+  if (o.warmup < 0) return invalid_argument("bench: --warmup ({}) must not be negative", o.warmup);
   for (const Layout& l : o.layouts) {
     if (l.ranks() != ranks)
       return invalid_argument("bench: layout {} uses {} ranks, the job has {} (run under mpirun -np {})", l.to_string(),
@@ -123,7 +147,7 @@ Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& o
     std::map<std::string, std::vector<Sample>> samples;
     for (int rep = 0; rep < reps; ++rep) {
       for (const Layout& spec : o.layouts) {
-        FP_ASSIGN_OR_RETURN(Sample s, run_once(world, o.config, spec, global, S, o.forward_only));
+        FP_ASSIGN_OR_RETURN(Sample s, run_once(world, o.config, spec, global, S, o));
         samples[spec.to_string()].push_back(s);
       }
     }
@@ -145,7 +169,24 @@ Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& o
         row.exposed_s = median(e);
         row.tokens_per_s = static_cast<double>(o.batch * S) / row.step_s;
       }
+      if (o.profile) {
+        // Per op, the median over the repetitions of rank 0's seconds.
+        std::map<std::string, std::vector<double>> secs;
+        std::map<std::string, int64_t> calls;
+        for (const Sample& s : v)
+          for (const auto& [op, op_time] : s.ops) {
+            secs[op].push_back(op_time.seconds);
+            calls[op] = op_time.calls;
+          }
+        for (auto& [op, ts] : secs) {
+          while (ts.size() < v.size()) ts.push_back(0);  // a repetition without the op
+          row.profile.push_back(OpProfileRow{.op = op, .measured_s = median(ts), .measured_calls = calls[op]});
+        }
+      }
       FP_RETURN_IF_ERROR(predict_row(o, spec, row));
+      if (!o.profile) row.profile.clear();
+      std::sort(row.profile.begin(), row.profile.end(),
+                [](const OpProfileRow& a, const OpProfileRow& b) { return a.measured_s > b.measured_s; });
       rows.push_back(row);
     }
   }
@@ -162,6 +203,21 @@ std::string layout_bench_text(const std::vector<LayoutBenchRow>& rows) {
                      r.predicted_peak_bytes / 1048576.0,
                      static_cast<double>(r.predicted_peak_bytes) / static_cast<double>(std::max<int64_t>(1, r.peak_bytes)),
                      r.bytes_sent / 1e6, r.predicted_bytes_sent / 1e6, r.predicted_tokens_per_s);
+  }
+  return s;
+}
+
+std::string layout_bench_profile_text(const std::vector<LayoutBenchRow>& rows) {
+  std::string s;
+  for (const LayoutBenchRow& r : rows) {
+    if (r.profile.empty()) continue;
+    s += fmt::format("\nS {} {}: step {:.3f} s (plan {:.3f}), exposed {:.3f} s (plan {:.3f})\n", r.seq, r.layout,
+                     r.step_s, r.predicted_step_s, r.exposed_s, r.predicted_exposed_s);
+    s += fmt::format("  {:<24} {:>11} {:>11} {:>7} {:>8} {:>8}\n", "op", "measured s", "plan s", "plan/m", "calls",
+                     "plan");
+    for (const OpProfileRow& p : r.profile)
+      s += fmt::format("  {:<24} {:>11.6f} {:>11.6f} {:>7.2f} {:>8} {:>8}\n", p.op, p.measured_s, p.predicted_s,
+                       p.measured_s > 0 ? p.predicted_s / p.measured_s : 0.0, p.measured_calls, p.predicted_calls);
   }
   return s;
 }

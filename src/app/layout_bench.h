@@ -1,6 +1,8 @@
 // Layouts side by side, measured and predicted: `foldpar bench-layouts` and
 // bench/layout_bench. For each sequence length, repetitions interleave the layouts (one
-// training step each, forward + backward, from before the model exists); each row gives the
+// training step each, forward + backward, timed after `warmup` untimed steps of the same model
+// so that first-touch page faults and the GEMM library's first-call setup are not in it; the
+// tracked peak is the first step's, from before the model exists); each row gives the
 // medians of the step time (slowest rank) and tokens/s, the exposed communication time
 // (rank 0), the tracked peak per rank (worst rank) and the bytes rank 0 sent on the model
 // axes, beside what src/plan predicts for the same layout. (`foldpar calibrate` is
@@ -31,7 +33,17 @@ struct LayoutBenchOptions {
   int reps = 3;                     // interleaved repetitions (medians reported)
   bool memory_only = false;         // one step per layout (oversubscribed runs: time means little)
   bool forward_only = false;        // time forward steps (with the loss) instead of training steps
+  int warmup = 1;                   // untimed steps of each model before its timed one (0: a cold step)
+  bool profile = false;             // time each backend op (rank 0) beside the plan's price of it
   const Hardware* hardware = nullptr;  // for the predicted step time; none: not predicted
+};
+
+// One backend op of a row's profile: rank 0's timed step against the plan's timeline of rank 0
+// (plan/timeline.h: the op's compute intervals, stalls not included).
+struct OpProfileRow {
+  std::string op;  // backend op name, e.g. "matmul", "attention_backward"
+  double measured_s = 0, predicted_s = 0;
+  int64_t measured_calls = 0, predicted_calls = 0;
 };
 
 struct LayoutBenchRow {
@@ -45,6 +57,8 @@ struct LayoutBenchRow {
   int64_t predicted_peak_bytes = 0;
   uint64_t predicted_bytes_sent = 0;
   double predicted_step_s = 0, predicted_tokens_per_s = 0;  // 0 without hardware
+  double predicted_exposed_s = 0;                           // the timeline's stalls, rank 0
+  std::vector<OpProfileRow> profile;  // with LayoutBenchOptions::profile: by measured time, largest first
 };
 
 // invalid_argument for a layout that does not use every rank or does not divide the sizes.
@@ -52,6 +66,9 @@ Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& o
 
 // The rows as a fixed-width table.
 std::string layout_bench_text(const std::vector<LayoutBenchRow>& rows);
+// The rows' profiles (empty without LayoutBenchOptions::profile): per op, measured and
+// predicted seconds and calls of the median step.
+std::string layout_bench_profile_text(const std::vector<LayoutBenchRow>& rows);
 // Writes table.csv, table.json and, with gnuplot, memory.png (peak per rank against S),
 // throughput.png (tokens/s against S) and predicted.png (predicted against measured peak
 // and step time) into out_dir. Returns the paths written; not_found when gnuplot is missing

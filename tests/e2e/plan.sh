@@ -107,6 +107,24 @@ for r in rows:
     assert r["step_s"] > 0 and r["predicted_step_s"] > 0, r
 PY
 [ "$(head -1 "$tmp/bench/table.csv" | cut -d, -f1-3)" = "layout,seq,batch" ] || fail "table.csv header"
+# --profile: rank 0's backend ops of the timed step beside the plan's, the same calls.
+prof=$("$mpirun" --allow-run-as-root -np 2 "$bin" bench-layouts --layouts tsp=2 sp=2 --model "$src/configs/tiny.json" \
+  --seq 128 --steps 1 --profile --hardware "$src/hardware/this-machine.json" 2>&1) || fail "bench-layouts --profile: $prof"
+/usr/bin/python3 - "$prof" <<'PY' || fail "bench-layouts --profile content: $prof"
+import re, sys
+text = sys.argv[1]
+blocks = re.split(r"\n(?=S 128 )", text)
+heads = [b.split("\n", 1)[0] for b in blocks if b.startswith("S 128 ")]
+assert [h.split(":")[0] for h in heads] == ["S 128 tsp=2", "S 128 sp=2"], heads
+for b in blocks[1:]:
+    rows = {l.split()[0]: l.split() for l in b.splitlines()[2:] if l.strip()}
+    for op in ("matmul", "attention_forward", "attention_backward", "rmsnorm_forward"):
+        assert op in rows, (op, b)
+        measured, planned = int(rows[op][4]), int(rows[op][5])
+        assert measured == planned > 0, (op, rows[op])
+    for op in ("matmul", "attention_forward", "attention_backward"):
+        assert float(rows[op][1]) > 0 and float(rows[op][2]) > 0, rows[op]
+PY
 err=$("$mpirun" --allow-run-as-root -np 2 "$bin" bench --layouts tsp=4 --model "$src/configs/tiny.json" --seq 128 2>&1 >/dev/null)
 rc=$?
 { [ "$rc" -eq 2 ] && grep -qF "uses 4 ranks, the job has 2" <<<"$err"; } || fail "bench --layouts tsp=4 on 2 ranks -> $rc: $err"
