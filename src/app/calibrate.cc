@@ -3,6 +3,7 @@
 #include "app/calibrate.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -116,6 +117,8 @@ struct ComputeFigures {
   std::vector<std::pair<int64_t, double>> gemm_gflops;  // (M, GFLOP/s)
   double attention_fwd_gflops = 0, attention_bwd_gflops = 0, memory_gb_per_s = 0;
   double step_rest_gflops = 0;  // a training step without its attention
+  // Attention at longer sequences too: (S, forward GFLOP/s, backward GFLOP/s), kAttentionSeqs.
+  std::vector<std::array<double, 3>> attention_by_seq;
 };
 
 LlamaConfig step_config() {
@@ -131,6 +134,7 @@ LlamaConfig step_config() {
 }
 
 constexpr int64_t kSeq = 1024;
+constexpr int64_t kAttentionSeqs[] = {1024, 2048, 4096};
 
 Result<ComputeFigures> measure_compute(Communicator& world) {
   auto be = make_cpu_backend();
@@ -144,6 +148,13 @@ Result<ComputeFigures> measure_compute(Communicator& world) {
   const double fwd_flops = forward_attention_flops(c, 1, kSeq) / static_cast<double>(c.num_hidden_layers);
   FP_ASSIGN_OR_RETURN(f.attention_fwd_gflops, slowest_rate(world, fwd_flops / attn.forward / 1e9));
   FP_ASSIGN_OR_RETURN(f.attention_bwd_gflops, slowest_rate(world, 2.0 * fwd_flops / attn.backward / 1e9));
+  for (int64_t seq : kAttentionSeqs) {
+    const AttentionSeconds a = seq == kSeq ? attn : attention_seconds(*be, c, seq);
+    const double flops = forward_attention_flops(c, 1, seq) / static_cast<double>(c.num_hidden_layers);
+    FP_ASSIGN_OR_RETURN(const double fwd, slowest_rate(world, flops / a.forward / 1e9));
+    FP_ASSIGN_OR_RETURN(const double bwd, slowest_rate(world, 2.0 * flops / a.backward / 1e9));
+    f.attention_by_seq.push_back({static_cast<double>(seq), fwd, bwd});
+  }
   FP_ASSIGN_OR_RETURN(f.memory_gb_per_s, slowest_rate(world, add_inplace_gb_per_s(*be, int64_t{64} << 20)));
   StepBenchOptions sb;
   sb.config = c;
@@ -257,6 +268,11 @@ Result<Hardware> calibrate_hardware(Communicator& world) {
   h.overlap_efficiency = 0.5;
   h.measured.emplace_back("attention_fwd_gflops", cf.attention_fwd_gflops);
   h.measured.emplace_back("attention_bwd_gflops", cf.attention_bwd_gflops);
+  for (const auto& [seq, fwd, bwd] : cf.attention_by_seq) {
+    h.attention_efficiency_by_seq.push_back({seq, std::min(1.0, fwd / best), std::min(1.0, bwd / best)});
+    h.measured.emplace_back(fmt::format("attention_fwd_S{}_gflops", seq), fwd);
+    h.measured.emplace_back(fmt::format("attention_bwd_S{}_gflops", seq), bwd);
+  }
   h.measured.emplace_back("add_inplace_gb_per_s", cf.memory_gb_per_s);
   h.measured.emplace_back("training_step_without_attention_gflops", cf.step_rest_gflops);
   h.measured.emplace_back("send_recv_4B_s", link.small_s);
@@ -266,7 +282,8 @@ Result<Hardware> calibrate_hardware(Communicator& world) {
       "Measured by `foldpar calibrate` with {} MPI ranks on one node ({} hardware threads), each rank a device, all "
       "measuring at once on the CPU backend with one thread, the slowest rank's figures: f32 GEMM [M x 1024] x "
       "[1024 x 1024] for M = 32..1024, best {:.2f} GFLOP/s (peak_tflops_f32; the table is each M over it); causal "
-      "flash attention S={}, 8 heads of 64, forward {:.2f} and backward {:.2f} GFLOP/s; add_inplace over 64 MiB, "
+      "flash attention S={}, 8 heads of 64, forward {:.2f} and backward {:.2f} GFLOP/s (attention_efficiency_by_seq: "
+      "the same at S = 1024, 2048, 4096 over the best GEMM); add_inplace over 64 MiB, "
       "{:.2f} GB/s (memory_gb_per_s); a ring send_recv of 4 B ({:.3g} s) and 16 MiB ({:.3g} s) solved for latency "
       "{:.3g} s and {:.3f} GB/s one way (inter-node set equal: one node); matmul_efficiency = the rest of a "
       "single-rank training step (h=512, L=2, S={}; its attention time taken out) at {:.2f} GFLOP/s over the best "

@@ -19,6 +19,33 @@ double Hardware::gemm_efficiency(double min_dim) const {
   return t[i - 1].second + w * (t[i].second - t[i - 1].second);
 }
 
+namespace {
+
+// Linear in log(x) between the points of `t` (x strictly increasing), the nearest point outside.
+template <typename Point, typename X, typename Y>
+double interpolate_log(const std::vector<Point>& t, double x, X xs, Y ys) {
+  if (x <= xs(t.front())) return ys(t.front());
+  if (x >= xs(t.back())) return ys(t.back());
+  size_t i = 1;
+  while (xs(t[i]) < x) ++i;
+  const double w = std::log(x / xs(t[i - 1])) / std::log(xs(t[i]) / xs(t[i - 1]));
+  return ys(t[i - 1]) + w * (ys(t[i]) - ys(t[i - 1]));
+}
+
+}  // namespace
+
+double Hardware::attention_fwd_rate(double seq_k) const {
+  if (attention_efficiency_by_seq.empty()) return attention_fwd_rate();
+  return interpolate_log(attention_efficiency_by_seq, std::max(seq_k, 1.0), [](const AttentionPoint& p) { return p.seq_k; },
+                         [](const AttentionPoint& p) { return p.forward; });
+}
+
+double Hardware::attention_bwd_rate(double seq_k) const {
+  if (attention_efficiency_by_seq.empty()) return attention_bwd_rate();
+  return interpolate_log(attention_efficiency_by_seq, std::max(seq_k, 1.0), [](const AttentionPoint& p) { return p.seq_k; },
+                         [](const AttentionPoint& p) { return p.backward; });
+}
+
 double Hardware::collective_efficiency_of(const std::string& kind) const {
   for (const auto& [k, e] : collective_efficiency)
     if (k == kind) return e;
@@ -43,6 +70,18 @@ Status validate_fine_fields(const Hardware& h) {
     if (i > 0 && !(t[i].first > t[i - 1].first))
       return invalid_argument("hardware '{}': gemm_efficiency_by_min_dim min_dim must increase ({} after {})", h.name,
                               t[i].first, t[i - 1].first);
+  }
+  const auto& a = h.attention_efficiency_by_seq;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!(a[i].seq_k >= 1))
+      return invalid_argument("hardware '{}': attention_efficiency_by_seq[{}] seq_k ({}) must be at least 1", h.name, i,
+                              a[i].seq_k);
+    if (!(a[i].forward > 0 && a[i].forward <= 1 && a[i].backward > 0 && a[i].backward <= 1))
+      return invalid_argument("hardware '{}': attention_efficiency_by_seq[{}] efficiencies ({}, {}) must lie in (0, 1]",
+                              h.name, i, a[i].forward, a[i].backward);
+    if (i > 0 && !(a[i].seq_k > a[i - 1].seq_k))
+      return invalid_argument("hardware '{}': attention_efficiency_by_seq seq_k must increase ({} after {})", h.name,
+                              a[i].seq_k, a[i - 1].seq_k);
   }
   const std::pair<const char*, double> fractions[] = {{"attention_fwd_efficiency", h.attention_fwd_efficiency},
                                                       {"attention_bwd_efficiency", h.attention_bwd_efficiency}};
@@ -74,6 +113,20 @@ Status parse_gemm_table(const nlohmann::json& j, Hardware& h) {
     if (!p.is_array() || p.size() != 2 || !p[0].is_number() || !p[1].is_number())
       return invalid_argument("hardware '{}': {}[{}] must be [min_dim, efficiency], got {}", h.name, key, i, p.dump());
     h.gemm_efficiency_by_min_dim.emplace_back(p[0].get<double>(), p[1].get<double>());
+  }
+  return Status();
+}
+
+Status parse_attention_table(const nlohmann::json& j, Hardware& h) {
+  const char* const key = "attention_efficiency_by_seq";
+  if (!j.contains(key)) return Status();
+  if (!j[key].is_array())
+    return invalid_argument("hardware '{}': field '{}' must be an array of [seq_k, forward, backward]", h.name, key);
+  for (size_t i = 0; i < j[key].size(); ++i) {
+    const nlohmann::json& p = j[key][i];
+    if (!p.is_array() || p.size() != 3 || !p[0].is_number() || !p[1].is_number() || !p[2].is_number())
+      return invalid_argument("hardware '{}': {}[{}] must be [seq_k, forward, backward], got {}", h.name, key, i, p.dump());
+    h.attention_efficiency_by_seq.push_back({p[0].get<double>(), p[1].get<double>(), p[2].get<double>()});
   }
   return Status();
 }
@@ -121,7 +174,8 @@ Result<Hardware> Hardware::from_json(const std::string& text) {
                                        "memory_gb_per_s", "matmul_efficiency", "attention_efficiency", "overlap_efficiency", "notes",
                                        "measured", "gemm_efficiency_by_min_dim", "attention_fwd_efficiency",
                                        "attention_bwd_efficiency", "intra_node_latency_s", "inter_node_latency_s",
-                                       "intra_node_concurrency", "inter_node_concurrency", "collective_efficiency"};
+                                       "intra_node_concurrency", "inter_node_concurrency", "collective_efficiency",
+                                       "attention_efficiency_by_seq"};
   for (const auto& [key, value] : j.items()) {
     bool known = false;
     for (const char* k : kKnown) known = known || key == k;
@@ -166,6 +220,7 @@ Result<Hardware> Hardware::from_json(const std::string& text) {
   FP_RETURN_IF_ERROR(integer("intra_node_concurrency", h.intra_node_concurrency));
   FP_RETURN_IF_ERROR(integer("inter_node_concurrency", h.inter_node_concurrency));
   FP_RETURN_IF_ERROR(parse_gemm_table(j, h));
+  FP_RETURN_IF_ERROR(parse_attention_table(j, h));
   FP_RETURN_IF_ERROR(parse_number_map(j, "measured", h.name, h.measured));
   FP_RETURN_IF_ERROR(parse_number_map(j, "collective_efficiency", h.name, h.collective_efficiency));
   if (j.contains("notes")) {
@@ -205,6 +260,11 @@ std::string Hardware::to_json() const {
   }
   if (attention_fwd_efficiency > 0) j["attention_fwd_efficiency"] = attention_fwd_efficiency;
   if (attention_bwd_efficiency > 0) j["attention_bwd_efficiency"] = attention_bwd_efficiency;
+  if (!attention_efficiency_by_seq.empty()) {
+    j["attention_efficiency_by_seq"] = nlohmann::ordered_json::array();
+    for (const AttentionPoint& p : attention_efficiency_by_seq)
+      j["attention_efficiency_by_seq"].push_back({p.seq_k, p.forward, p.backward});
+  }
   j["intra_node_latency_s"] = intra_node_latency_s;
   j["inter_node_latency_s"] = inter_node_latency_s;
   j["intra_node_concurrency"] = intra_node_concurrency;

@@ -41,6 +41,15 @@ struct Hardware {
   std::vector<std::pair<double, double>> gemm_efficiency_by_min_dim;
   double attention_fwd_efficiency = 0;  // causal attention forward, achieved / peak, (0, 1]; 0: attention_rate()
   double attention_bwd_efficiency = 0;  // its backward; 0: attention_rate()
+  // Causal attention's efficiencies by the keys one call sees (its S_k): points (seq_k,
+  // forward, backward), seq_k strictly increasing, efficiencies in (0, 1]; between points
+  // linear in log(seq_k), outside them the nearest point. Longer sequences fill the kernel's
+  // tiles better (on this machine 1.3x more GFLOP/s at S = 8192 than at 1024). Empty: the
+  // two fields above. JSON: "attention_efficiency_by_seq": [[1024, 0.6, 0.5], [4096, 0.8, 0.7]].
+  struct AttentionPoint {
+    double seq_k = 0, forward = 0, backward = 0;
+  };
+  std::vector<AttentionPoint> attention_efficiency_by_seq;
   // Per link class: latency of one message step (s), and how many transfers the link carries
   // at once, each at the full per-direction bandwidth above (intra/inter_node_gb_per_s).
   // Latency 0 means unknown (priced as 0); concurrency at least 1.
@@ -66,6 +75,10 @@ struct Hardware {
   double collective_efficiency_of(const std::string& kind) const;
   double attention_fwd_rate() const { return attention_fwd_efficiency > 0 ? attention_fwd_efficiency : attention_rate(); }
   double attention_bwd_rate() const { return attention_bwd_efficiency > 0 ? attention_bwd_efficiency : attention_rate(); }
+  // The efficiency of a causal attention call over seq_k keys: attention_efficiency_by_seq
+  // interpolated, or attention_fwd_rate() / attention_bwd_rate() without the table.
+  double attention_fwd_rate(double seq_k) const;
+  double attention_bwd_rate(double seq_k) const;
 
   // invalid_argument naming the field and value for a missing or out-of-range field.
   Status validate() const;

@@ -64,8 +64,8 @@ double compute_rate(const ComputeEvent& e, const Hardware& hw) {
       const int64_t min_dim = std::min({e.gemm.m, e.gemm.n, e.gemm.k});
       return peak * hw.gemm_efficiency(static_cast<double>(std::max<int64_t>(min_dim, 1)));
     }
-    case ComputeClass::kAttentionFwd: return peak * hw.attention_fwd_rate();
-    case ComputeClass::kAttentionBwd: return peak * hw.attention_bwd_rate();
+    case ComputeClass::kAttentionFwd: return peak * hw.attention_fwd_rate(static_cast<double>(e.attention.seq_k));
+    case ComputeClass::kAttentionBwd: return peak * hw.attention_bwd_rate(static_cast<double>(e.attention.seq_k));
     default: return peak * hw.matmul_efficiency;
   }
 }

@@ -34,7 +34,7 @@ TEST(HardwareFile, TimelineFieldsRoundTrip) {
   Result<Hardware> h = parse(R"("gemm_efficiency_by_min_dim": [[64, 0.25], [512, 0.75]], "attention_fwd_efficiency": 0.4,
     "attention_bwd_efficiency": 0.3, "intra_node_latency_s": 2e-6, "inter_node_latency_s": 8e-6,
     "intra_node_concurrency": 2, "inter_node_concurrency": 3, "collective_efficiency": {"all_reduce": 0.5},
-    "measured": {"all_reduce_1MiB_s": 0.001})");
+    "measured": {"all_reduce_1MiB_s": 0.001}, "attention_efficiency_by_seq": [[1024, 0.5, 0.4], [4096, 0.7, 0.6]])");
   ASSERT_TRUE(h.ok()) << h.status().to_string();
   ASSERT_EQ(h->gemm_efficiency_by_min_dim.size(), 2u);
   EXPECT_DOUBLE_EQ(h->gemm_efficiency_by_min_dim[1].first, 512);
@@ -55,6 +55,10 @@ TEST(HardwareFile, TimelineFieldsRoundTrip) {
   EXPECT_EQ(again->gemm_efficiency_by_min_dim, h->gemm_efficiency_by_min_dim);
   EXPECT_EQ(again->measured, h->measured);
   EXPECT_EQ(again->inter_node_concurrency, 3);
+  ASSERT_EQ(again->attention_efficiency_by_seq.size(), 2u);
+  EXPECT_DOUBLE_EQ(again->attention_efficiency_by_seq[1].seq_k, 4096);
+  EXPECT_DOUBLE_EQ(again->attention_efficiency_by_seq[1].backward, 0.6);
+  EXPECT_DOUBLE_EQ(again->attention_fwd_rate(1024), 0.5);
   EXPECT_EQ(again->collective_efficiency, h->collective_efficiency);
 }
 
@@ -66,6 +70,9 @@ TEST(HardwareFile, BadTimelineFieldsNameTheField) {
       {R"("gemm_efficiency_by_min_dim": [[0, 0.5]])", "gemm_efficiency_by_min_dim[0] min_dim (0)"},
       {R"("gemm_efficiency_by_min_dim": [[512, 0.5], [64, 0.4]])", "min_dim must increase (64 after 512)"},
       {R"("attention_fwd_efficiency": 2)", "attention_fwd_efficiency (2)"},
+      {R"("attention_efficiency_by_seq": [[1024, 0.5]])", "attention_efficiency_by_seq[0] must be [seq_k, forward, backward]"},
+      {R"("attention_efficiency_by_seq": [[1024, 0.5, 1.5]])", "attention_efficiency_by_seq[0] efficiencies (0.5, 1.5)"},
+      {R"("attention_efficiency_by_seq": [[4096, 0.5, 0.5], [1024, 0.5, 0.5]])", "seq_k must increase (1024 after 4096)"},
       {R"("attention_bwd_efficiency": -1)", "attention_bwd_efficiency (-1)"},
       {R"("intra_node_latency_s": -1e-6)", "intra_node_latency_s (-1e-06)"},
       {R"("inter_node_latency_s": 5)", "inter_node_latency_s (5)"},

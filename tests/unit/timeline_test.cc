@@ -138,6 +138,27 @@ TEST(TimelinePricing, AttentionRatesFallBack) {
   EXPECT_NEAR(compute_seconds(bwd, hw), 0.5, kTol);
 }
 
+// With a table by sequence length the call's seq_k picks the efficiency, log-linear between
+// points and the nearest point outside; the single fields are then unused.
+TEST(TimelinePricing, AttentionTableBySeqK) {
+  Hardware hw = test_hardware();
+  hw.attention_fwd_efficiency = 0.1;
+  hw.attention_bwd_efficiency = 0.1;
+  hw.attention_efficiency_by_seq = {{1024, 0.2, 0.1}, {4096, 0.4, 0.3}};
+  ComputeEvent fwd;
+  fwd.op_class = ComputeClass::kAttentionFwd;
+  fwd.flops = 1e11;
+  ComputeEvent bwd = fwd;
+  bwd.op_class = ComputeClass::kAttentionBwd;
+  fwd.attention.seq_k = bwd.attention.seq_k = 2048;  // halfway in log: 0.3 and 0.2
+  EXPECT_NEAR(compute_seconds(fwd, hw), 1e11 / (1e12 * 0.3), kTol);
+  EXPECT_NEAR(compute_seconds(bwd, hw), 1e11 / (1e12 * 0.2), kTol);
+  fwd.attention.seq_k = 256;  // below: the first point
+  EXPECT_NEAR(compute_seconds(fwd, hw), 1e11 / (1e12 * 0.2), kTol);
+  bwd.attention.seq_k = 131072;  // above: the last point
+  EXPECT_NEAR(compute_seconds(bwd, hw), 1e11 / (1e12 * 0.3), kTol);
+}
+
 TEST(TimelinePricing, RingTransferSeconds) {
   const Hardware hw = test_hardware();
   EXPECT_EQ(latency_steps(CommKind::kAllGather, 4), 3);
