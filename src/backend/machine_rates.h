@@ -30,4 +30,10 @@ struct IsaPeak {
 };
 IsaPeak measure_isa_peak();
 
+// 512-bit (AVX-512) or 256-bit FMAs a core issues per cycle, which cpuid does not tell: two on
+// Intel cores with AVX2 or server AVX-512 and on AMD Zen 5 (CPU family 26: a native 512-bit
+// datapath with two FMA pipes); one 512-bit FMA on Zen 4 (family 25, which splits it over its
+// two 256-bit units); two 256-bit FMAs on AMD cores without AVX-512.
+int fma_units_per_cycle(bool amd, int cpu_family, bool avx512);
+
 }  // namespace foldpar

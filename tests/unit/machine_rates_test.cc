@@ -21,6 +21,14 @@ TEST(IsaPeak, IsClockTimesLanesTimesFmaUnits) {
   EXPECT_NE(p.how.find("fma units"), std::string::npos) << p.how;
 }
 
+TEST(IsaPeak, FmaUnitsByVendorAndFamily) {
+  EXPECT_EQ(fma_units_per_cycle(false, 6, true), 2);   // Intel Xeon with AVX-512
+  EXPECT_EQ(fma_units_per_cycle(false, 6, false), 2);  // Intel AVX2
+  EXPECT_EQ(fma_units_per_cycle(true, 25, true), 1);   // Zen 4: 512 bits as two halves
+  EXPECT_EQ(fma_units_per_cycle(true, 26, true), 2);   // Zen 5: two 512-bit FMA pipes
+  EXPECT_EQ(fma_units_per_cycle(true, 25, false), 2);  // Zen 3: two 256-bit FMAs
+}
+
 TEST(GemmYardstick, IsTheFasterEngine) {
   const GemmYardstick y = measure_gemm_yardstick(256, 3);
   EXPECT_EQ(y.n, 256);

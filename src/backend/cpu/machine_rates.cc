@@ -80,6 +80,15 @@ GemmYardstick measure_gemm_yardstick(int n, int reps) {
   return y;
 }
 
+int fma_units_per_cycle(bool amd, int cpu_family, bool avx512) {
+  // Intel server cores with AVX-512 (Skylake-SP Gold and Platinum, Ice Lake-SP, Sapphire
+  // Rapids) and AVX2 cores issue two vector FMAs a cycle. AMD Zen 4 (family 25) runs a
+  // 512-bit FMA as two halves on its two 256-bit units, one a cycle; Zen 5 (family 26) has a
+  // 512-bit datapath with two FMA pipes.
+  if (amd && avx512 && cpu_family < 26) return 1;
+  return 2;
+}
+
 IsaPeak measure_isa_peak() {
   IsaPeak p;
   p.clock_ghz = measure_clock_ghz();
@@ -88,22 +97,23 @@ IsaPeak measure_isa_peak() {
   const bool avx512 = isa.rfind("avx512", 0) == 0;
   p.f32_lanes = avx512 ? 16 : (isa == "avx2" || isa == "avx") ? 8 : 4;
   bool amd = false;
+  int family = 0;
 #if defined(__x86_64__)
   unsigned a = 0, b = 0, c = 0, d = 0;
   __cpuid(0, a, b, c, d);
   amd = b == 0x68747541;  // "Auth"enticAMD
+  __cpuid(1, a, b, c, d);
+  family = static_cast<int>((a >> 8) & 0xf);
+  if (family == 0xf) family += static_cast<int>((a >> 20) & 0xff);
 #endif
-  // FMA units (not in cpuid): Intel server cores with AVX-512 (Skylake-SP Gold and
-  // Platinum, Ice Lake-SP, Sapphire Rapids) and AVX2 cores issue two vector FMAs a cycle;
-  // AMD Zen 4 runs a 512-bit FMA as two halves on its two 256-bit units, one a cycle.
-  p.fma_units = (amd && avx512) ? 1 : 2;
+  p.fma_units = fma_units_per_cycle(amd, family, avx512);
   p.f32_gflops = p.clock_ghz * p.f32_lanes * 2 * p.fma_units;
   if (isa.find("avx512_bf16") != std::string::npos) p.bf16_gflops = 2 * p.f32_gflops;
   if (isa.find("amx_bf16") != std::string::npos) p.amx_bf16_gflops = p.clock_ghz * 1024;
   p.how = fmt::format(
       "isa peak {:.1f} GFLOP/s f32 = {:.2f} GHz (measured: dependent integer multiplies) x {} lanes x 2 (fma) x {} fma "
-      "units ({}{})",
-      p.f32_gflops, p.clock_ghz, p.f32_lanes, p.fma_units, amd ? "amd " : "", isa);
+      "units ({}family {}, {})",
+      p.f32_gflops, p.clock_ghz, p.f32_lanes, p.fma_units, amd ? "amd " : "", family, isa);
   if (p.bf16_gflops > 0) p.how += fmt::format("; bf16 dot products {:.1f}", p.bf16_gflops);
   if (p.amx_bf16_gflops > 0) p.how += fmt::format("; amx bf16 {:.1f} (1024 flops/cycle)", p.amx_bf16_gflops);
   return p;
