@@ -8,14 +8,16 @@
 # the exported Hugging Face directory carries the per-expert names,
 # and importing it then exporting again gives the same bytes; gradient accumulation is refused;
 # greedy generation gives the same completions on one rank, tsp=2 and tsp=4; bf16 storage on one
-# rank, tsp=2 and dp=2 follows f32 within bf16's precision and resumes bit for bit.
+# rank, tsp=2 and dp=2 follows f32 within bf16's precision and resumes bit for bit; with two
+# experts on tsp=4 (D > E: each expert split over two ranks) the losses are one rank's, also
+# after its checkpoint resumes on one rank and on tsp=2.
 set -euo pipefail
 mpirun=$1 bin=$2 src=$3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 train() {  # train OUT [flags]; NP ranks (1)
   local out=$1; shift
-  "$mpirun" --allow-run-as-root --oversubscribe -np "${NP:-1}" "$bin" train --model "$src/configs/tiny-moe.json" --data "$tmp/data" \
+  "$mpirun" --allow-run-as-root --oversubscribe -np "${NP:-1}" "$bin" train --model "${MODEL:-$src/configs/tiny-moe.json}" --data "$tmp/data" \
     --out "$out" --steps 16 --seq 64 --batch 4 --lr 3e-3 --warmup 2 --eval-every 0 --eval-batches 1 \
     --progress none --seed 3 --checkpoint-every 8 "$@"
 }
@@ -70,6 +72,31 @@ print(f"moe bf16: within {worst:.1e} of f32 over 16 steps, resume identical")
 first, last = clean[1], sum(clean[s] for s in range(13, 17)) / 4
 print(f"moe training: loss {first:.4f} at step 1, {last:.4f} over steps 13-16; resume identical")
 assert last < first - 1.0, (first, last)
+PY
+# More ranks than experts (D > E): a copy of the config with two experts on tsp=4, each
+# expert's f_e split over two ranks; its step-4 checkpoint resumes on one rank (a2a) and on
+# tsp=2 (ring, then gather: one whole expert per rank); the losses are the one-rank run's
+# within 2e-5.
+/usr/bin/python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["num_local_experts"] = 2; json.dump(c, open(sys.argv[2], "w"))' \
+  "$src/configs/tiny-moe.json" "$tmp/moe2.json"
+MODEL=$tmp/moe2.json train "$tmp/e2" --stop-after 8 >/dev/null
+MODEL=$tmp/moe2.json NP=4 train "$tmp/e2a" --layout tsp=4:moe=a2a --stop-after 4 >/dev/null
+MODEL=$tmp/moe2.json train "$tmp/e2a" --resume --stop-after 8 >/dev/null
+MODEL=$tmp/moe2.json NP=4 train "$tmp/e2r" --layout tsp=4:moe=ring --stop-after 4 >/dev/null
+MODEL=$tmp/moe2.json NP=2 train "$tmp/e2r" --layout tsp=2:moe=gather --resume --stop-after 8 >/dev/null
+/usr/bin/python3 - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+def losses(name):
+    return {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(f"{tmp}/{name}/metrics.jsonl")}
+one = losses("e2")
+for name in ("e2a", "e2r"):
+    run = losses(name)
+    assert set(range(1, 9)) <= set(run), (name, sorted(run))
+    for step in range(1, 9):
+        assert abs(run[step] - one[step]) <= 2e-5 * abs(one[step]), (name, step, run[step], one[step])
+print("moe with 2 experts on tsp=4 (each expert split over 2 ranks; a2a, ring) matches one rank within 2e-5, "
+      "resumed after step 4 on one rank and on tsp=2 (gather)")
 PY
 # Generation routes each new token: greedy completions of the trained model are the same on one
 # rank, tsp=2 and tsp=4 (each rank its own experts; prefill a2a, gather and ring).
