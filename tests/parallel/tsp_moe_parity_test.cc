@@ -7,7 +7,8 @@
 // still take part). Under dp=R and dp=R,tsp=D (2 and 4 ranks) the same model through
 // make_sharded_model and the trainer's gradient sum over dp, against the single-rank model on
 // the global batch. In bf16 storage (tsp=D and dp=R,tsp=D) against the single-rank model in
-// bf16 and f32 within the bf16 rules below. Run under mpirun at 1, 2 and 4 ranks (E = 4
+// bf16 and f32 within the bf16 rules below. Gradient accumulation (micro-batches) on one
+// rank, tsp=D and dp=2 against the single-rank model micro-batch by micro-batch. Run under mpirun at 1, 2 and 4 ranks (E = 4
 // divides over them).
 #include <gtest/gtest.h>
 
@@ -354,26 +355,180 @@ TEST(TspMoeDataParallel, EqualsTheSingleRankModelOnTheGlobalBatch) {
     check_data_parallel(k);
 }
 
-// Gradient accumulation under dp is refused as on one rank: a normalizer that is not the
-// micro-batch's valid targets over every replica would change the aux loss.
-TEST(TspMoeDataParallel, MicroBatchesAreRefused) {
+// ---- gradient accumulation: micro-batches on one rank and tsp=D ----
+//
+// A micro-batches of the global batch, each with its own aux loss weighted by its share
+// v_m / N of the step's valid targets (docs/design.md, "Mixture of experts"). The reference
+// comes from the single-rank model as it always ran, micro-batch by micro-batch: the
+// accumulated gradient is sum_m (v_m / N) x the gradient of micro-batch m's own mean loss
+// (cross-entropy + coef aux_m), and the loss sum_m (v_m / N) loss_m. Without the aux term in
+// the loss (output_router_logits false) the accumulated gradient is the one big batch's: the
+// routing is dropless and per token, so each token meets the same experts either way.
+// synthetic_batch ignores a tenth of the targets, so the v_m differ.
+void check_accumulation(MoeFamily family, Layout::MoeDispatchOption dispatch, bool aux_in_loss) {
   Communicator& world = test::mpi().world();
-  if (world.size() != 2) GTEST_SKIP() << "runs at 2 ranks";
-  const LlamaConfig c = moe_config(MoeFamily::kMixtral);
-  const Layout lo = parse_layout("dp=2,tsp=1").value();
-  Result<Mesh> mesh = Mesh::create(world, lo.mesh());
-  ASSERT_TRUE(mesh.ok());
-  Result<std::unique_ptr<ShardedModel>> m = make_sharded_model(c, *mesh, 16, lo);
-  ASSERT_TRUE(m.ok()) << m.status().to_string();
-  (*m)->init_weights(kInit);
+  const int D = world.size();
+  SCOPED_TRACE(testing::Message() << "D=" << D << " family " << static_cast<int>(family) << " moe "
+                                  << static_cast<int>(dispatch) << (aux_in_loss ? " with" : " without")
+                                  << " the aux term");
+  LlamaConfig c = moe_config(family);
+  c.moe.output_router_logits = aux_in_loss;
+  const int64_t B = 4, S = 16;  // four micro-batches of one sequence
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
+  init_weights(kInit, w);
+  const Batch global = synthetic_batch(c, B, S, 13, 0.1);
   auto be = make_cpu_backend();
-  const Batch global = synthetic_batch(c, 4, 16, 13, 0.1);
-  const Batch half{global.input_ids.narrow(2 * world.rank(), 2 * world.rank() + 1),
-                   global.target_ids.narrow(2 * world.rank(), 2 * world.rank() + 1)};
-  const int64_t normalizer = be->count_valid_targets(global.target_ids, kIgnoreIndex);
-  Result<StepResult> r = (*m)->forward_backward(*be, half, normalizer);
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("drop --micro-batch"), std::string::npos) << r.status().message();
+  const int64_t N = be->count_valid_targets(global.target_ids, kIgnoreIndex);
+  std::vector<Batch> parts;
+  for (int64_t m = 0; m < B; ++m)
+    parts.push_back(Batch{global.input_ids.narrow(m, m + 1), global.target_ids.narrow(m, m + 1)});
+
+  LlamaWeights ref_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ref_g.zero();
+  double ref_loss = 0, ref_aux = 0;
+  if (aux_in_loss) {
+    std::vector<Tensor> sum;
+    ref_g.for_each([&](const std::string&, Tensor& t) { sum.push_back(t); });
+    for (const Batch& part : parts) {
+      LlamaWeights g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+      g.zero();
+      Result<StepResult> r = model_forward_backward(c, *be, w, part, StepOptions{}, g);
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      const double share = static_cast<double>(r->valid_tokens) / static_cast<double>(N);
+      ref_loss += share * r->loss;
+      ref_aux += share * r->aux_loss;
+      size_t i = 0;
+      g.for_each([&](const std::string&, Tensor& t) {
+        for (int64_t j = 0; j < t.numel(); ++j)
+          sum[i].data<float>()[j] += static_cast<float>(share * static_cast<double>(t.data<float>()[j]));
+        ++i;
+      });
+    }
+  } else {
+    Result<StepResult> r = model_forward_backward(c, *be, w, global, StepOptions{}, ref_g);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ref_loss = r->loss;
+  }
+
+  Layout lo;
+  lo.tsp = D;
+  lo.moe_dispatch = dispatch;
+  Result<Mesh> mesh = Mesh::create(world, lo.mesh());
+  ASSERT_TRUE(mesh.ok()) << mesh.status().to_string();
+  Result<std::unique_ptr<ShardedModel>> made = make_sharded_model(c, *mesh, S, lo);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  ShardedModel& model = **made;
+  model.init_weights(kInit);
+  model.zero_grads(*be);
+  std::vector<Batch> locals;
+  for (const Batch& part : parts) locals.push_back(model.local_batch(part));
+  Result<StepResult> got = model.forward_backward_micro_batches(*be, locals, N);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  // loss_sum is the axis's (every rank holds it): the trainer's loss is loss_sum / N.
+  EXPECT_NEAR(got->loss_sum / static_cast<double>(N), ref_loss, tol::kF32Parallel * ref_loss);
+  if (aux_in_loss) EXPECT_NEAR(got->aux_loss, ref_aux, tol::kF32Parallel * ref_aux);
+  int64_t load = 0;
+  for (int64_t n : got->expert_load) load += n;
+  EXPECT_EQ(load, B * S * c.moe.num_experts_per_tok * c.moe.sparse_layer_count(c.num_hidden_layers));
+
+  LlamaWeights assembled = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ASSERT_TRUE(model.assemble_grads(assembled).ok());
+  std::vector<std::pair<std::string, Tensor>> ref_list;
+  ref_g.for_each([&](const std::string& n, Tensor& t) { ref_list.emplace_back(n, t); });
+  size_t i = 0;
+  assembled.for_each([&](const std::string& name, Tensor& t) {
+    ASSERT_EQ(name, ref_list[i].first);
+    EXPECT_LE(max_rel_error(t, ref_list[i].second), tol::kF32Parallel)
+        << name << " on rank " << world.rank() << "\n"
+        << describe_mismatches(t, ref_list[i].second, tol::kF32Parallel);
+    ++i;
+  });
+}
+
+TEST(TspMoeAccumulation, WithoutTheAuxTermEqualsOneBigBatch) {
+  check_accumulation(MoeFamily::kMixtral, kA2A, false);
+  check_accumulation(MoeFamily::kQwen2, kRing, false);
+}
+
+TEST(TspMoeAccumulation, EachMicroBatchItsOwnAuxLossWeightedByItsValidTargets) {
+  check_accumulation(MoeFamily::kMixtral, kA2A, true);
+  check_accumulation(MoeFamily::kQwen2, kGather, true);
+  check_accumulation(MoeFamily::kQwen3, kRing, true);
+}
+
+// Under dp=2 (dp=2,tsp=1 at two ranks, dp=2,tsp=2 at four) replica r holds rows [2r, 2r + 2)
+// of the B = 4 sequences, one per micro-batch: micro-batch a of the step is rows {a, 2 + a},
+// its routing statistics summed over both replicas. The reference: the single-rank model on
+// those two rows, weighted by their share of the valid targets, summed over a; the trainer's
+// gradient sum over dp and its loss (the replicas' loss_sum over the global count).
+TEST(TspMoeAccumulation, UnderDataParallelismMicroBatchAIsEveryReplicasAth) {
+  Communicator& world = test::mpi().world();
+  if (world.size() == 1) GTEST_SKIP() << "dp needs two ranks";
+  const Layout lo = parse_layout(world.size() == 2 ? "dp=2,tsp=1" : "dp=2,tsp=2:moe=a2a").value();
+  const LlamaConfig c = moe_config(MoeFamily::kMixtral);
+  const int64_t B = 4, S = 16, rows = 2;
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
+  init_weights(kInit, w);
+  const Batch global = synthetic_batch(c, B, S, 13, 0.1);
+  auto be = make_cpu_backend();
+  const int64_t N = be->count_valid_targets(global.target_ids, kIgnoreIndex);
+  // Rows {a, 2 + a} of the global batch.
+  auto pick = [&](const Tensor& t, int64_t a) {
+    Tensor out = Tensor::empty({2, S}, DType::kI32, MemCategory::kWorkspace);
+    for (int64_t i = 0; i < 2; ++i) std::copy_n(t.data<int32_t>() + (a + i * rows) * S, S, out.data<int32_t>() + i * S);
+    return out;
+  };
+  LlamaWeights ref_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ref_g.zero();
+  std::vector<Tensor> sum;
+  ref_g.for_each([&](const std::string&, Tensor& t) { sum.push_back(t); });
+  double ref_loss = 0;
+  for (int64_t a = 0; a < rows; ++a) {
+    LlamaWeights g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+    g.zero();
+    Result<StepResult> r =
+        model_forward_backward(c, *be, w, Batch{pick(global.input_ids, a), pick(global.target_ids, a)}, StepOptions{}, g);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    const double share = static_cast<double>(r->valid_tokens) / static_cast<double>(N);
+    ref_loss += share * r->loss;
+    size_t i = 0;
+    g.for_each([&](const std::string&, Tensor& t) {
+      for (int64_t j = 0; j < t.numel(); ++j)
+        sum[i].data<float>()[j] += static_cast<float>(share * static_cast<double>(t.data<float>()[j]));
+      ++i;
+    });
+  }
+
+  Result<Mesh> mesh = Mesh::create(world, lo.mesh());
+  ASSERT_TRUE(mesh.ok()) << mesh.status().to_string();
+  Result<std::unique_ptr<ShardedModel>> made = make_sharded_model(c, *mesh, S, lo);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  ShardedModel& model = **made;
+  model.init_weights(kInit);
+  model.zero_grads(*be);
+  const int64_t r0 = mesh->coord("dp") * rows;
+  std::vector<Batch> locals;
+  for (int64_t a = 0; a < rows; ++a)
+    locals.push_back(model.local_batch(Batch{global.input_ids.narrow(r0 + a, r0 + a + 1),
+                                             global.target_ids.narrow(r0 + a, r0 + a + 1)}));
+  Result<StepResult> got = model.forward_backward_micro_batches(*be, locals, N);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  std::vector<ParamRef> params = model.parameters();
+  sum_grads_over_data_axis(&mesh->comm("dp"), params);
+  double loss_sum = got->loss_sum;
+  FP_CHECK_OK(world.all_reduce(&loss_sum, &loss_sum, 1, DType::kF64, ReduceOp::kSum));
+  EXPECT_NEAR(loss_sum / lo.model_ranks() / static_cast<double>(N), ref_loss, tol::kF32Parallel * ref_loss);
+  LlamaWeights assembled = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ASSERT_TRUE(model.assemble_grads(assembled).ok());
+  std::vector<std::pair<std::string, Tensor>> ref_list;
+  ref_g.for_each([&](const std::string& n, Tensor& t) { ref_list.emplace_back(n, t); });
+  size_t i = 0;
+  assembled.for_each([&](const std::string& name, Tensor& t) {
+    EXPECT_LE(max_rel_error(t, ref_list[i].second), tol::kF32Parallel)
+        << name << " on rank " << world.rank() << "\n"
+        << describe_mismatches(t, ref_list[i].second, tol::kF32Parallel);
+    ++i;
+  });
 }
 
 // ---- bf16 storage (:bf16) on one rank and on tsp=D ----
