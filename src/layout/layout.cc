@@ -245,10 +245,13 @@ int64_t local_parameter_elements(const LlamaConfig& c, const Layout& l, int stag
 }
 
 Layout::MoeDispatchOption moe_dispatch_by_bytes(const MoeConfig& m, int64_t tokens_per_rank, int degree) {
+  // G = D/E ranks per expert when D > E: the all-to-all sends each routed row to G ranks, so
+  // A's bytes grow by G (B never beats it then: D < k G = k D / E needs k > E).
+  const int64_t G = degree > m.num_experts ? degree / m.num_experts : 1;
   const double ring_break_even = 2.25 * static_cast<double>(m.num_experts * m.moe_intermediate_size) /
-                                 static_cast<double>(m.num_experts_per_tok);
+                                 static_cast<double>(m.num_experts_per_tok * G);
   if (static_cast<double>(tokens_per_rank) > ring_break_even) return Layout::MoeDispatchOption::kRing;
-  return degree < m.num_experts_per_tok ? Layout::MoeDispatchOption::kGather : Layout::MoeDispatchOption::kAllToAll;
+  return degree < m.num_experts_per_tok * G ? Layout::MoeDispatchOption::kGather : Layout::MoeDispatchOption::kAllToAll;
 }
 
 }  // namespace foldpar

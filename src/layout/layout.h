@@ -150,8 +150,9 @@ Status validate_micro_batches(const Layout& layout, int64_t micro_batches);
 int64_t local_parameter_elements(const LlamaConfig& config, const Layout& layout, int stage = 0);
 
 // The dispatch `moe=auto` runs without a plan (tsp_moe.cc): the training bytes break-evens
-// of spec COMPOSITION.md 3 at T tokens per rank on D ranks: the expert ring iff
-// T > 2.25 E f_e / k, else the all-gather iff D < k, else the all-to-all. Never kAuto.
+// of spec COMPOSITION.md 3 at T tokens per rank on D ranks, with G = D/E ranks per expert
+// when D > E (else 1; docs/composition.md section 3): the expert ring iff
+// T > 2.25 E f_e / (k G), else the all-gather iff D < k G, else the all-to-all. Never kAuto.
 // `foldpar plan` times each scheme instead (plan/planner.h, LayoutPlan::moe).
 Layout::MoeDispatchOption moe_dispatch_by_bytes(const MoeConfig& moe, int64_t tokens_per_rank, int degree);
 

@@ -187,7 +187,8 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
                          "--layout)",
                          name);
   // The MoE layer runs in the single-rank model (parallel/single_rank_model.h) and on a
-  // tsp=D axis with whole experts per rank (parallel/tsp/tsp_moe.h), with or without a dp
+  // tsp=D axis with E/D whole experts per rank, or D/E ranks per expert each with a slice of
+  // its f_e (parallel/tsp/tsp_moe.cc), with or without a dp
   // axis (the routing statistics summed over tsp and dp), in f32 or bf16 storage.
   if (layout.moe_dispatch != Layout::MoeDispatchOption::kAuto && layout.strategy != Strategy::kTsp)
     return invalid_argument("{}: moe=a2a|gather|ring chooses the dispatch of a tsp=N layout", name);
@@ -197,10 +198,16 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
     if (layout.ranks() != 1 && !dp_tsp)
       return unimplemented("layout {}: mixture-of-experts models ({}, {} experts) run on one rank or on dp=R,tsp=D so far",
                            name, m.model_type(), m.num_experts);
-    if (layout.tsp > 1 && (layout.tsp > m.num_experts || m.num_experts % layout.tsp != 0))
-      return unimplemented("layout {}: the {} experts must divide over the {} TSP ranks (experts split within one expert, "
-                           "D > E, are not built yet)",
-                           name, m.num_experts, layout.tsp);
+    // E % D == 0: E/D whole experts per rank; D % E == 0: each expert's f_e split over its D/E ranks.
+    const int64_t D = layout.tsp, E = m.num_experts;
+    if (D > 1 && E % D != 0 && D % E != 0)
+      return invalid_argument("layout {}: the {} experts must divide over the {} TSP ranks, or the ranks over the "
+                              "experts (D/E ranks share an expert)",
+                              name, E, D);
+    if (D > E && m.moe_intermediate_size % (D / E) != 0)
+      return invalid_argument("layout {}: moe_intermediate_size ({}) must be divisible by the TSP ranks per expert "
+                              "({} = {} ranks / {} experts)",
+                              name, m.moe_intermediate_size, D / E, D, E);
   }
   FP_RETURN_IF_ERROR(check_axes(layout, name));
   FP_RETURN_IF_ERROR(check_knobs(layout, name));

@@ -71,12 +71,15 @@ class SingleRankStep final : public ModelStep {
     return r;
   }
 
-  // Backward of loss = loss_sum / valid_tokens.
+  // Backward of loss = loss_sum / n (+ the aux term times valid_tokens / n), n the
+  // normalizer (valid_tokens unless accumulating).
   Tensor head_backward(const StepResult& r) override {
-    const double grad_scale = r.valid_tokens > 0 ? 1.0 / static_cast<double>(r.valid_tokens) : 0.0;
+    const int64_t n = options_.loss_normalizer > 0 ? options_.loss_normalizer : r.valid_tokens;
+    const double grad_scale = n > 0 ? 1.0 / static_cast<double>(n) : 0.0;
     HeadWeights g = head(*g_);
     if (c_.moe.enabled() && c_.moe.output_router_logits) {
-      prob_grad_ = aux_.prob_grad(c_.moe.router_aux_loss_coef, c_.moe.aux_per_layer);
+      const double share = n > 0 ? static_cast<double>(r.valid_tokens) / static_cast<double>(n) : 1.0;
+      prob_grad_ = aux_.prob_grad(c_.moe.router_aux_loss_coef * share, c_.moe.aux_per_layer);
       k_.ctx.moe_prob_grad = &prob_grad_;
     }
     Tensor dx = foldpar::head_backward(k_.ctx, head(w_), hs_, targets(), kIgnoreIndex, grad_scale, g);

@@ -31,6 +31,10 @@ enum class Recompute {
 struct StepOptions {
   Recompute recompute = Recompute::kNone;
   bool keep_logits = false;  // return the logits [B, S, V] (costs B*S*V elements)
+  // Gradient accumulation: the gradient is that of loss_sum / loss_normalizer (the step's
+  // valid tokens over all its micro-batches) and, for a MoE model, of the aux term weighted
+  // by this batch's share valid_tokens / loss_normalizer; 0: this batch's valid tokens.
+  int64_t loss_normalizer = 0;
 };
 
 struct StepResult {

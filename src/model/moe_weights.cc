@@ -14,18 +14,27 @@ ExpertWeights allocate_expert(int64_t h, int64_t f, DType dtype, MemCategory cat
 }  // namespace
 
 MoeLayerWeights allocate_moe_layer(const LlamaConfig& c, DType dtype, MemCategory category, int64_t sparse_index) {
+  return allocate_moe_layer(c, dtype, category, sparse_index, c.moe.num_experts, c.moe.moe_intermediate_size);
+}
+
+MoeLayerWeights allocate_moe_layer(const LlamaConfig& c, DType dtype, MemCategory category, int64_t sparse_index,
+                                   int64_t experts, int64_t expert_rows) {
   const MoeConfig& m = c.moe;
   const int64_t h = c.hidden_size;
   MoeLayerWeights w;
   w.router = Tensor::empty({m.num_experts, h}, dtype, category);
-  for (int64_t e = 0; e < m.num_experts; ++e)
-    w.experts.push_back(allocate_expert(h, m.moe_intermediate_size, dtype, category));
+  for (int64_t e = 0; e < experts; ++e) w.experts.push_back(allocate_expert(h, expert_rows, dtype, category));
   if (m.shared_expert_intermediate_size > 0) {
     w.shared = allocate_expert(h, m.shared_expert_intermediate_size, dtype, category);
     w.shared_gate = Tensor::empty({1, h}, dtype, category);
   }
   w.sparse_index = sparse_index;
   return w;
+}
+
+bool is_expert_down_projection(const std::string& name) {
+  return name.find(".experts.") != std::string::npos &&
+         (name.ends_with(".w2.weight") || name.ends_with(".down_proj.weight"));
 }
 
 void for_each_moe_tensor(const std::string& p, MoeFamily family, MoeLayerWeights& w,

@@ -15,6 +15,14 @@ namespace foldpar {
 
 MoeLayerWeights allocate_moe_layer(const LlamaConfig& config, DType dtype, MemCategory category,
                                    int64_t sparse_index);
+// A sharded layer's: the router and shared expert whole, `experts` routed experts of width
+// `expert_rows` (a slice of f_e when experts are split over ranks).
+MoeLayerWeights allocate_moe_layer(const LlamaConfig& config, DType dtype, MemCategory category,
+                                   int64_t sparse_index, int64_t experts, int64_t expert_rows);
+
+// Whether `name` is a routed expert's down projection ([h, f_e]: experts.j.w2 / down_proj),
+// whose f_e runs along its columns (gate and up along their rows).
+bool is_expert_down_projection(const std::string& name);
 
 // Visits the layer's MoE tensors in state-dict order; `prefix` is "model.layers.N.".
 void for_each_moe_tensor(const std::string& prefix, MoeFamily family, MoeLayerWeights& w,

@@ -94,15 +94,15 @@ Tensor mlp_block(const DecodeContext& ctx, const ShardedWeights& w, int l, const
 }
 
 // This rank's dispatched rows of a decode step: the (token, slot) pairs of the B*k choices
-// `ids` that picked its own experts [r*El, (r+1)*El), grouped by expert in token order.
+// `ids` that picked its own experts [e0, e0 + El), grouped by expert in token order.
 struct OwnRows {
   std::vector<int32_t> tokens, slots;
   std::vector<int64_t> offsets{0};  // [El + 1]
 };
-OwnRows own_rows(const std::vector<int32_t>& ids, int64_t k, int r, int64_t El) {
+OwnRows own_rows(const std::vector<int32_t>& ids, int64_t k, int64_t e0, int64_t El) {
   OwnRows o;
   for (int64_t j = 0; j < El; ++j) {
-    const int32_t e = static_cast<int32_t>(r * El + j);
+    const int32_t e = static_cast<int32_t>(e0 + j);
     for (size_t p = 0; p < ids.size(); ++p)
       if (ids[p] == e) {
         o.tokens.push_back(static_cast<int32_t>(p / static_cast<size_t>(k)));
@@ -127,8 +127,9 @@ void shared_expert(Backend& be, const BlockContext& bctx, const MoeLayerWeights&
 
 // x_mid [B, h] -> x_mid + MoE(norm(x_mid)) for a sparse layer (model/moe_layer.h). Every rank
 // routes the same B rows with the replicated router (so every rank chooses alike), runs its
-// own E/D experts on the rows routed to them and combines them with their routing weights;
-// the sum over the axis (g) adds every rank's experts. The replicated shared expert is added
+// own E/D experts (or its f_e slice of one, D > E) on the rows routed to them and combines
+// them with their routing weights; the sum over the axis (g) adds every rank's experts (and
+// an expert's slices: the gated MLP is a sum over its f_e columns). The replicated shared expert is added
 // once, after the sum. Weights stay put: one all_reduce [B, h], as the dense MLP's.
 Tensor moe_block(const DecodeContext& ctx, const ShardedWeights& w, int l, const Tensor& x_mid) {
   Backend& be = *ctx.backend;
@@ -144,7 +145,7 @@ Tensor moe_block(const DecodeContext& ctx, const ShardedWeights& w, int l, const
   be.moe_route_forward(logits, m.norm_topk_prob, probs, weights, experts);
   std::vector<int32_t> ids(static_cast<size_t>(B * k));
   be.copy_to_host(experts, std::as_writable_bytes(std::span<int32_t>(ids)));
-  const OwnRows own = own_rows(ids, k, ctx.comm->rank(), El);
+  const OwnRows own = own_rows(ids, k, ctx.dims->expert0(ctx.comm->rank()), El);
   const int64_t R = static_cast<int64_t>(own.tokens.size());
   const BlockContext bctx{ctx.config, &be, 1, B};
   Tensor y = act({B, h});

@@ -17,13 +17,19 @@ WeightShardedModel::WeightShardedModel(const LlamaConfig& config, const ShardDim
 Result<StepResult> ShardedModel::forward_backward_micro_batches(Backend& be, const std::vector<Batch>& locals,
                                                                int64_t loss_normalizer) {
   StepResult sum;
+  double aux_weighted = 0;  // MoE: each micro-batch's aux loss times its valid tokens
   for (const Batch& local : locals) {
     FP_ASSIGN_OR_RETURN(StepResult r, forward_backward(be, local, loss_normalizer));
     sum.loss_sum += r.loss_sum;
     sum.valid_tokens += r.valid_tokens;
     sum.exposed_comm_seconds += r.exposed_comm_seconds;
+    aux_weighted += r.aux_loss * static_cast<double>(r.valid_tokens);
+    if (sum.expert_load.empty()) sum.expert_load.assign(r.expert_load.size(), 0);
+    for (size_t e = 0; e < r.expert_load.size(); ++e) sum.expert_load[e] += r.expert_load[e];
   }
-  sum.loss = sum.valid_tokens > 0 ? sum.loss_sum / static_cast<double>(sum.valid_tokens) : 0.0;
+  const double valid = static_cast<double>(sum.valid_tokens);
+  sum.loss = sum.valid_tokens > 0 ? sum.loss_sum / valid : 0.0;
+  sum.aux_loss = sum.valid_tokens > 0 ? aux_weighted / valid : 0.0;
   return sum;
 }
 

@@ -48,7 +48,9 @@ class ShardedModel {
   virtual Result<StepResult> forward(Backend& backend, const Batch& local) = 0;
   // One optimizer step's micro-batches (gradient accumulation): the sum of forward_backward
   // over `locals` in order (loss_sum and valid_tokens added up, loss their ratio), which a
-  // pipeline runs as one schedule (parallel/pipeline/: its m micro-batches in flight).
+  // pipeline runs as one schedule (parallel/pipeline/: its m micro-batches in flight). MoE
+  // models: expert_load summed over the micro-batches, aux_loss their mean weighted by each
+  // one's valid tokens (the aux term loss_sum carries, docs/design.md "Mixture of experts").
   virtual Result<StepResult> forward_backward_micro_batches(Backend& backend, const std::vector<Batch>& locals,
                                                             int64_t loss_normalizer);
 

@@ -8,22 +8,40 @@
 
 namespace foldpar {
 
-void for_each_moe_shard(ShardedWeights& w, size_t l,
-                        const std::function<void(const std::string&, Tensor&, bool replicated)>& fn) {
+void for_each_moe_slice(ShardedWeights& w, size_t l,
+                        const std::function<void(const GlobalSlice&, Tensor&, bool replicated)>& fn) {
   if (l >= w.moe.size() || !w.moe[l].defined()) return;
   MoeLayerWeights& m = w.moe[l];
+  const ShardDims& d = w.dims;
   // A view of the whole layer with only this rank's experts defined, for the family's names.
   MoeLayerWeights all;
   all.router = m.router;
   all.shared = m.shared;
   all.shared_gate = m.shared_gate;
-  const int64_t local = static_cast<int64_t>(m.experts.size());
-  all.experts.resize(static_cast<size_t>(local * w.dims.degree));
-  for (int64_t j = 0; j < local; ++j) all.experts[static_cast<size_t>(w.owner * local + j)] = m.experts[j];
-  for_each_moe_tensor(fmt::format("model.layers.{}.", l), w.moe_family, all,
-                      [&](const std::string& name, Tensor& t) {
-                        if (t.defined()) fn(name, t, name.find(".experts.") == std::string::npos);
-                      });
+  const int64_t local = static_cast<int64_t>(m.experts.size()), e0 = local > 0 ? d.expert0(w.owner) : 0;
+  const int64_t E = local == 0 ? 0 : (d.expert_group > 1 ? d.degree / d.expert_group : local * d.degree);
+  all.experts.resize(static_cast<size_t>(E));
+  for (int64_t j = 0; j < local; ++j) all.experts[static_cast<size_t>(e0 + j)] = m.experts[j];
+  // A slice's rows (gate, up) or columns (down) of f_e; the whole width when experts are whole.
+  const int64_t f0 = d.expert_slice(w.owner) * d.expert_rows, fe = d.expert_rows * d.expert_group;
+  for_each_moe_tensor(fmt::format("model.layers.{}.", l), w.moe_family, all, [&](const std::string& name, Tensor& t) {
+    if (!t.defined()) return;
+    const bool replicated = name.find(".experts.") == std::string::npos;
+    GlobalSlice where{name, 0, t.numel() / t.dim(-1), 0, t.dim(-1), false, 0};
+    if (!replicated) {
+      const bool down = is_expert_down_projection(name);
+      (down ? where.col0 : where.row0) = f0;
+      FP_CHECK((down ? where.col0 + where.cols : where.row0 + where.rows) <= fe,
+               "MoE slice of {} at rows {}+{}, columns {}+{} (f_e {})", name, where.row0, where.rows, where.col0,
+               where.cols, fe);
+    }
+    fn(where, t, replicated);
+  });
+}
+
+void for_each_moe_shard(ShardedWeights& w, size_t l,
+                        const std::function<void(const std::string&, Tensor&, bool replicated)>& fn) {
+  for_each_moe_slice(w, l, [&](const GlobalSlice& where, Tensor& t, bool rep) { fn(where.tensor, t, rep); });
 }
 
 namespace {
@@ -86,6 +104,30 @@ void copy_span(Tensor local, const Tensor& global, int64_t at, bool to_global) {
   }
 }
 
+// Copies between a local tensor and its block `at` of a global tensor (not transposed; a
+// MoE expert's slice, or the whole tensor).
+void copy_block(Tensor local, const Tensor& global, const GlobalSlice& at, bool to_global) {
+  const int64_t cols = global.dim(-1);
+  FP_CHECK(!at.transposed && local.numel() == at.rows * at.cols && at.col0 + at.cols <= cols &&
+               (at.row0 + at.rows) * cols <= global.numel(),
+           "block {}+{} x {}+{} of {} for {}", at.row0, at.rows, at.col0, at.cols, global.describe(), local.describe());
+  std::vector<float> g = read_host_f32(global);
+  std::vector<float> b = to_global ? read_host_f32(local) : std::vector<float>(static_cast<size_t>(local.numel()));
+  for (int64_t i = 0; i < at.rows; ++i)
+    for (int64_t j = 0; j < at.cols; ++j) {
+      float& gv = g[static_cast<size_t>((at.row0 + i) * cols + at.col0 + j)];
+      float& bv = b[static_cast<size_t>(i * at.cols + j)];
+      if (to_global) gv = bv;
+      else bv = gv;
+    }
+  Tensor global_view = global;
+  if (to_global) {
+    write_host_f32(g, global_view);
+  } else {
+    write_host_f32(b, local);
+  }
+}
+
 Tensor element_of(const std::vector<Tensor>& v, size_t i) { return i < v.size() ? v[i] : Tensor(); }
 
 // The attention variants' tensors of layer l (sharded_weights.h): to or from the global ones.
@@ -131,15 +173,14 @@ void move_shards(ShardedWeights& s, LlamaWeights& g, bool to_global, bool replic
       std::vector<std::pair<std::string, Tensor>> global;
       for_each_moe_tensor(fmt::format("model.layers.{}.", l), g.moe_family, g.layers[l].moe,
                           [&](const std::string& name, Tensor& t) { global.emplace_back(name, t); });
-      for_each_moe_shard(s, l, [&](const std::string& name, Tensor& t, bool rep) {
+      for_each_moe_slice(s, l, [&](const GlobalSlice& at, Tensor& t, bool rep) {
         if (rep && !replicated) return;
         for (auto& [gname, gt] : global)
-          if (gname == name) {
-            if (to_global) write_host_f32(read_host_f32(t), gt);
-            else write_host_f32(read_host_f32(gt), t);
+          if (gname == at.tensor) {
+            copy_block(t, gt, at, to_global);
             return;
           }
-        FP_CHECK(false, "no global tensor {}", name);
+        FP_CHECK(false, "no global tensor {}", at.tensor);
       });
     }
     if (replicated) {
@@ -174,7 +215,15 @@ ShardDims shard_dims(const LlamaConfig& c, int D) {
   d.kv_rows = d.kv_heads * d.d;
   d.f_rows = c.intermediate_size / D;
   d.v_rows = c.vocab_size / D;
-  d.experts = c.moe.enabled() && c.moe.num_experts % D == 0 ? c.moe.num_experts / D : 0;
+  const int64_t E = c.moe.num_experts;
+  if (c.moe.enabled() && E % D == 0) {
+    d.experts = E / D;
+    d.expert_rows = c.moe.moe_intermediate_size;
+  } else if (c.moe.enabled() && D % E == 0 && c.moe.moe_intermediate_size % (D / E) == 0) {
+    d.experts = 1;
+    d.expert_group = D / E;
+    d.expert_rows = c.moe.moe_intermediate_size / d.expert_group;
+  }
   return d;
 }
 
@@ -206,9 +255,7 @@ MoeLayerWeights allocate_moe_shard(const LlamaConfig& c, const ShardDims& d, DTy
                                    int64_t sparse_index) {
   FP_CHECK(d.experts > 0, "MoE shard of E={} over {} ranks (validate_layout passes first)", c.moe.num_experts,
            d.degree);
-  MoeLayerWeights w = allocate_moe_layer(c, dtype, category, sparse_index);
-  w.experts.resize(static_cast<size_t>(d.experts));
-  return w;
+  return allocate_moe_layer(c, dtype, category, sparse_index, d.experts, d.expert_rows);
 }
 
 // A stage's embedding: the first stage's, and the last's LM head when tied.
@@ -279,9 +326,9 @@ ShardedGrads ShardedGrads::allocate(const LlamaConfig& c, const ShardDims& dims,
   const int64_t vocab_tensors = (holds_embed(stage, tied) ? 1 : 0) + (!tied && stage.head ? 1 : 0);
   // The MoE tensors of the sparse layers, in the sharded region after each layer's MLP.
   const MoeConfig& mc = c.moe;
-  const int64_t fe = mc.moe_intermediate_size, fs = mc.shared_expert_intermediate_size;
+  const int64_t fs = mc.shared_expert_intermediate_size;
   const int64_t moe_layer_elems =
-      mc.enabled() ? mc.num_experts * h + dims.experts * 3 * fe * h + (fs > 0 ? 3 * fs * h + h : 0) : 0;
+      mc.enabled() ? mc.num_experts * h + dims.experts * 3 * dims.expert_rows * h + (fs > 0 ? 3 * fs * h + h : 0) : 0;
   int64_t moe_elems = 0, dense_layers = 0;
   for (int64_t l = 0; l < L; ++l) {
     if (!stage.holds_layer(l)) continue;
@@ -319,7 +366,7 @@ ShardedGrads ShardedGrads::allocate(const LlamaConfig& c, const ShardDims& dims,
     if (stage.holds_layer(l) && mc.is_sparse_layer(l)) {
       auto expert = [&](int64_t f) { return ExpertWeights{take({f, h}, true), take({f, h}, true), take({h, f}, true)}; };
       m.router = take({mc.num_experts, h}, true);
-      for (int64_t e = 0; e < dims.experts; ++e) m.experts.push_back(expert(fe));
+      for (int64_t e = 0; e < dims.experts; ++e) m.experts.push_back(expert(dims.expert_rows));
       if (fs > 0) {
         m.shared = expert(fs);
         m.shared_gate = take({1, h}, true);
@@ -445,7 +492,16 @@ void init_sharded_weights(const InitOptions& o, ShardedWeights& w) {
       fill_rows(m.w_up, pre + "mlp.up_proj.weight", r * d.f_rows);
       fill_cols_t(m.w_down_t, pre + "mlp.down_proj.weight", r * d.f_rows, f);
     }
-    for_each_moe_shard(w, l, [&](const std::string& name, Tensor& t, bool) { fill_rows(t, name, 0); });
+    for_each_moe_slice(w, l, [&](const GlobalSlice& at, Tensor& t, bool) {
+      // Element (i, j) of the slice is global (row0 + i, col0 + j) of a [*, global_cols] tensor.
+      const int64_t global_cols = is_expert_down_projection(at.tensor) ? d.expert_rows * d.expert_group : at.cols;
+      std::vector<float> v(static_cast<size_t>(t.numel()));
+      for (int64_t i = 0; i < at.rows; ++i)
+        for (int64_t j = 0; j < at.cols; ++j)
+          v[static_cast<size_t>(i * at.cols + j)] =
+              static_cast<float>(init_value(o, at.tensor, (at.row0 + i) * global_cols + at.col0 + j));
+      write_host_f32(v, t);
+    });
     fill_rows(w.attn_norm[l], pre + "input_layernorm.weight", 0);
     fill_rows(w.mlp_norm[l], pre + "post_attention_layernorm.weight", 0);
     auto fill_span = [&](Tensor t, const std::string& name, int64_t at) {
@@ -544,10 +600,9 @@ std::vector<ParamRef> sharded_param_refs(ShardedWeights& w, ShardedWeights& g, b
     std::vector<std::pair<std::string, Tensor>> grads;
     for_each_moe_shard(g, l, [&](const std::string& name, Tensor& t, bool) { grads.emplace_back(name, t); });
     size_t i = 0;
-    for_each_moe_shard(w, l, [&](const std::string& name, Tensor& t, bool rep) {
-      FP_CHECK(i < grads.size() && grads[i].first == name, "MoE gradient for {}", name);
-      refs.push_back(ParamRef{name, t, grads[i++].second, true, rep ? count_replicated : count_sharded,
-                              {whole(name, t)}});
+    for_each_moe_slice(w, l, [&](const GlobalSlice& at, Tensor& t, bool rep) {
+      FP_CHECK(i < grads.size() && grads[i].first == at.tensor, "MoE gradient for {}", at.tensor);
+      refs.push_back(ParamRef{at.tensor, t, grads[i++].second, true, rep ? count_replicated : count_sharded, {at}});
     });
   }
   if (w.embed.defined())

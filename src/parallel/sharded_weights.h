@@ -43,7 +43,13 @@ struct ShardDims {
   // n_h/D query heads all read KV head r*n_kv/D and the D/n_kv ranks r with the same
   // r / kv_group each hold an identical replica of its wk/wv rows (docs/tsp.md section 3).
   int64_t kv_group = 1;
-  int64_t experts = 0;  // E/D: the routed experts each rank owns (MoE models on TSP; 0 for a dense model)
+  // MoE models on TSP (0 / 1 / 0 for a dense model). D <= E (E % D == 0): each rank owns
+  // experts = E/D whole experts, expert_group 1. D > E (D % E == 0): the expert_group = D/E
+  // ranks [e*D/E, (e+1)*D/E) share expert e, each owning 1 expert's slice of expert_rows =
+  // f_e/(D/E) intermediate columns (gate/up rows, down columns: TSP's MLP shard of one expert).
+  int64_t experts = 0;       // the (possibly sliced) routed experts each rank holds
+  int64_t expert_group = 1;  // ranks that share one expert: D/E when D > E, else 1
+  int64_t expert_rows = 0;   // each held expert's width: f_e / expert_group
 
   int64_t n_kv() const { return kv_heads * degree / kv_group; }  // the model's KV heads
   int64_t kv_head0(int r) const { return r / kv_group * kv_heads; }  // rank r's first KV head
@@ -55,6 +61,14 @@ struct ShardDims {
   int64_t attn_elems() const { return attn_rows() * h; }
   int64_t mlp_elems() const { return mlp_rows() * h; }
   int64_t vocab_elems() const { return v_rows * h; }
+  // MoE: the first global expert id rank r holds (its experts are [expert0, expert0 + experts)),
+  // the slice of each it holds (0 .. expert_group-1) and the first rank holding expert e
+  // (e's ranks are [expert_rank0(e), expert_rank0(e) + expert_group)).
+  int64_t expert0(int r) const { return expert_group > 1 ? r / expert_group : r * experts; }
+  int64_t expert_slice(int r) const { return r % expert_group; }
+  int expert_rank0(int64_t e) const {
+    return static_cast<int>(expert_group > 1 ? e * expert_group : e / experts);
+  }
 };
 
 // The shard sizes of `degree` ranks. validate_layout (layout/) is the check that n_h, f and V
@@ -98,10 +112,11 @@ struct ShardedWeights {
   int owner = 0;                  // r: the rank whose shards these are
   std::vector<Tensor> attn;       // L x [attn_rows, h]
   std::vector<Tensor> mlp;        // L x [mlp_rows, h]; undefined in a MoE model's sparse layers
-  // L entries, defined in the sparse layers of a MoE model only (TSP, parallel/tsp/tsp_moe.h):
-  // the owner's dims.experts routed experts, global ids [owner*E/D, (owner+1)*E/D), whole
-  // Hugging Face tensors; the router, shared expert and its gate replicated (gradients summed
-  // over the axis by the strategy).
+  // L entries, defined in the sparse layers of a MoE model only (TSP, parallel/tsp/tsp_moe.cc):
+  // the owner's dims.experts routed experts, global ids from dims.expert0(owner): whole Hugging
+  // Face tensors when D <= E, else slice dims.expert_slice(owner) of one expert (w_gate, w_up
+  // rows and w_down columns [s*expert_rows, (s+1)*expert_rows)); the router, shared expert and
+  // its gate replicated (gradients summed over the axis by the strategy).
   std::vector<MoeLayerWeights> moe;
   std::vector<Tensor> attn_norm;  // L x [h], replicated
   std::vector<Tensor> mlp_norm;   // L x [h], replicated
@@ -133,6 +148,10 @@ struct ShardedWeights {
 // `replicated` for the router, shared expert and its gate.
 void for_each_moe_shard(ShardedWeights& weights, size_t layer,
                         const std::function<void(const std::string& name, Tensor& t, bool replicated)>& fn);
+// The same tensors with where each lies in its global tensor: the whole tensor, or with
+// experts split over D/E ranks the owner's rows of w_gate / w_up and columns of w_down.
+void for_each_moe_slice(ShardedWeights& weights, size_t layer,
+                        const std::function<void(const GlobalSlice& where, Tensor& t, bool replicated)>& fn);
 
 // Fills the shards of `owner` exactly as init_weights fills the global tensors (the same
 // counter-based values at the same global indices).

@@ -29,16 +29,13 @@ class SingleRankModel final : public ShardedModel {
     be.fill_many(0.0, grads);  // one launch on the CUDA backend
   }
 
+  // Micro-batches (loss_normalizer the step's valid tokens): each one's aux loss over its own
+  // rows, weighted by its share of the step's valid tokens (docs/design.md, "Mixture of experts").
   Result<StepResult> forward_backward(Backend& be, const Batch& local, int64_t loss_normalizer) override {
-    const int64_t valid = be.count_valid_targets(local.target_ids, kIgnoreIndex);
-    if (loss_normalizer != 0 && loss_normalizer != valid)
-      return unimplemented(
-          "layout {}: a mixture-of-experts model trains on the whole batch per step (its aux loss is over one "
-          "batch), but this micro-batch has {} of the step's {} valid tokens: drop --micro-batch",
-          layout_, valid, loss_normalizer);
     StepOptions o;
     o.recompute = recompute_;
     o.keep_logits = keep_logits_;
+    o.loss_normalizer = loss_normalizer;
     FP_ASSIGN_OR_RETURN(StepResult r, model_forward_backward(c_, be, w_, local, o, g_));
     return with_aux_in_sum(std::move(r));
   }

@@ -7,6 +7,7 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 
+#include "parallel/sharded_weights.h"
 #include "plan/dry_run.h"
 
 namespace foldpar {
@@ -271,11 +272,13 @@ MoePlan moe_plan_base(const PlanRequest& r, const Layout& l, int64_t micro_batch
   const MoeConfig& m = c.moe;
   MoePlan mp;
   mp.experts = m.num_experts;
-  mp.experts_per_rank = m.num_experts / l.tsp;
+  const ShardDims dims = shard_dims(c, l.tsp);
+  mp.experts_per_rank = dims.experts;
+  mp.ranks_per_expert = dims.expert_group;
   mp.top_k = m.num_experts_per_tok;
   mp.expert_width = m.moe_intermediate_size;
   mp.sparse_layers = m.sparse_layer_count(c.num_hidden_layers);
-  const int64_t elements = mp.sparse_layers * mp.experts_per_rank * 3 * c.hidden_size * m.moe_intermediate_size;
+  const int64_t elements = mp.sparse_layers * dims.experts * 3 * c.hidden_size * dims.expert_rows;
   mp.expert_param_bytes = elements * l.storage_bytes();
   mp.expert_grad_bytes = r.mode == PlanMode::kTrain ? elements * 4 : 0;
   mp.expert_optimizer_bytes = r.mode == PlanMode::kTrain ? elements * 8 : 0;
@@ -288,7 +291,8 @@ MoePlan moe_plan_base(const PlanRequest& r, const Layout& l, int64_t micro_batch
   for (int32_t e : planned_moe_routing(mp.tokens_per_rank, mp.top_k, mp.experts, r.moe_imbalance)) ++load[e];
   mp.rows_busiest = *std::max_element(load.begin(), load.end());
   const double factor = r.mode == PlanMode::kTrain ? 2.25 : 1.5;
-  mp.ring_break_even_tokens = factor * static_cast<double>(mp.experts * mp.expert_width) / static_cast<double>(mp.top_k);
+  mp.ring_break_even_tokens = factor * static_cast<double>(mp.experts * mp.expert_width) /
+                              static_cast<double>(mp.top_k * mp.ranks_per_expert);
   // What moe=auto runs without a plan (tsp_moe.cc: the training rule in every mode).
   mp.formula_choice = dispatch_name(moe_dispatch_by_bytes(m, mp.tokens_per_rank, l.tsp));
   return mp;
@@ -476,7 +480,9 @@ std::string plan_report_text(const PlanReport& rep) {
     s += fmt::format(
         "moe {}: {} of {} experts per rank (k={}, f_e={}, {} sparse layers): expert weights {}, grads {}, optimizer "
         "{} per rank\n",
-        p.layout.to_string(), m.experts_per_rank, m.experts, m.top_k, m.expert_width, m.sparse_layers,
+        p.layout.to_string(),
+        m.ranks_per_expert > 1 ? fmt::format("1/{} of one", m.ranks_per_expert) : std::to_string(m.experts_per_rank),
+        m.experts, m.top_k, m.expert_width, m.sparse_layers,
         bytes_text(static_cast<double>(m.expert_param_bytes)), bytes_text(static_cast<double>(m.expert_grad_bytes)),
         bytes_text(static_cast<double>(m.expert_optimizer_bytes)));
     s += fmt::format(
@@ -566,6 +572,7 @@ std::string plan_report_json(const PlanReport& rep) {
                            {"memory_total_bytes", sc.memory_total}, {"fits", sc.fits}});
       l["moe"] = {{"experts", m.experts},
                   {"experts_per_rank", m.experts_per_rank},
+                  {"ranks_per_expert", m.ranks_per_expert},
                   {"top_k", m.top_k},
                   {"expert_intermediate_size", m.expert_width},
                   {"sparse_layers", m.sparse_layers},

@@ -91,7 +91,8 @@ struct MoeSchemePlan {
   bool fits = false;
 };
 struct MoePlan {
-  int64_t experts = 0, experts_per_rank = 0, top_k = 0, expert_width = 0;  // E, E/D, k, f_e
+  int64_t experts = 0, experts_per_rank = 0, top_k = 0, expert_width = 0;  // E, E/D (1 when D > E), k, f_e
+  int64_t ranks_per_expert = 1;  // D/E when D > E (each rank holds a 1/(D/E) slice of f_e), else 1
   int64_t sparse_layers = 0;
   // The routed experts this rank owns, over the sparse layers: f32 weights, gradients, AdamW
   // m and v (the router and the shared expert are replicated and not counted here).
@@ -101,7 +102,8 @@ struct MoePlan {
   int64_t rows_balanced = 0;          // T * k / E per expert per rank
   int64_t rows_busiest = 0;           // the busiest expert's rows per rank under the assumption
   // The bytes break-even of spec COMPOSITION.md 3: the ring moves fewer bytes than the
-  // all-to-all iff T > this (2.25 E f_e / k training, 1.5 E f_e / k forward); and what
+  // all-to-all iff T > this (2.25 E f_e / (k G) training, 1.5 E f_e / (k G) forward, G the
+  // ranks per expert); and what
   // moe=auto runs without a plan at this T (moe_dispatch_by_bytes, the training rule).
   double ring_break_even_tokens = 0;
   std::string formula_choice;

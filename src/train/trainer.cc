@@ -209,6 +209,11 @@ Backends choose_backend(const TrainOptions& o) {
 // What one optimizer step measured.
 struct StepStats {
   double loss = 0, grad_norm = 0, lr = 0;
+  // MoE models: the aux term in `loss` (router_aux_loss_coef x the aux loss, 0 without
+  // output_router_logits) and the tokens each expert received over the sparse layers, the
+  // ranks and the micro-batches of the step; empty for a dense model.
+  double aux_term = 0;
+  std::vector<int64_t> expert_load;
   double seconds = 0;  // wall time of the step (set by the loop)
   int64_t host_bytes_in = 0, host_bytes_out = 0;  // this rank's explicit host copies in the step (set by the loop)
 };
@@ -233,6 +238,15 @@ Result<StepStats> train_step(const TrainOptions& o, const Setup& s, const DataLo
   // Loss sums are global over the model axes already; the dp replicas add theirs.
   const double model_ranks = static_cast<double>(world.size()) / s.dp;
   st.loss = sum_over(world, loss_sum) / model_ranks / std::max<double>(1.0, static_cast<double>(normalizer));
+  const MoeConfig& moe = o.config.moe;
+  if (moe.enabled()) {
+    // Each replica's micro-batches weighted by their valid tokens, as loss_sum carries them;
+    // the load is already global (summed over the model axes and dp inside the step).
+    const double aux = sum_over(world, r.aux_loss * static_cast<double>(r.valid_tokens)) / model_ranks /
+                       std::max<double>(1.0, static_cast<double>(normalizer));
+    st.aux_term = moe.output_router_logits ? moe.router_aux_loss_coef * aux : 0.0;
+    st.expert_load = r.expert_load;
+  }
   // Every gradient's sum of squares in one call (one launch on the CUDA backend), then added
   // in parameter order, as one sum_squares per gradient was.
   std::vector<const Tensor*> grads;
@@ -262,6 +276,13 @@ nlohmann::ordered_json metrics_line(const TrainOptions& o, int64_t step, const S
   line["loss"] = st.loss;
   line["lr"] = st.lr;
   line["grad_norm"] = st.grad_norm;
+  if (o.config.moe.enabled()) {
+    // The load-balancing term in `loss` and the loss without it; one count per expert (not
+    // per layer), summed over the sparse layers, ranks and micro-batches: B S k per layer.
+    line["aux_loss"] = st.aux_term;
+    line["lm_loss"] = st.loss - st.aux_term;
+    line["expert_load"] = st.expert_load;
+  }
   line["tokens_per_s"] = static_cast<double>(o.batch * o.seq) / st.seconds;
   line["step_s"] = st.seconds;
   line["tokens"] = step * o.batch * o.seq;

@@ -61,12 +61,24 @@ class Checkpoint : public ::testing::Test {
   std::string root_ = root_dir(test::mpi().world());
 };
 
+// A Mixtral-shaped config with E experts of width 24 in both layers.
+LlamaConfig moe_config(int64_t experts) {
+  LlamaConfig c = config();
+  c.moe.family = MoeFamily::kMixtral;
+  c.moe.num_experts = experts;
+  c.moe.num_experts_per_tok = 1;
+  c.moe.moe_intermediate_size = 24;
+  c.moe.norm_topk_prob = true;
+  return c;
+}
+
 // kv_heads: num_key_value_heads (1: KV replicas at N > 1, written once per KV head from
-// each group's first rank, loaded into every replica).
-void expect_written_under_tsp_loads_under_any_layout(const std::string& root_, int64_t kv_heads) {
+// each group's first rank, loaded into every replica). A MoE config's experts are written
+// whole or, where N > E, as the f_e slices of each expert's N/E ranks.
+void expect_written_under_tsp_loads_under_any_layout(const std::string& root_, int64_t kv_heads,
+                                                     LlamaConfig c = config()) {
   Communicator& world = test::mpi().world();
   const int N = world.size(), p = world.rank();
-  LlamaConfig c = config();
   c.num_key_value_heads = kv_heads;
   const InitOptions init{.seed = 9, .std = 0.5, .norm_jitter = 0.5};
   const ShardDims dims = shard_dims(c, N);
@@ -134,6 +146,14 @@ TEST_F(Checkpoint, WrittenUnderTspLoadsUnderAnyLayout) { expect_written_under_ts
 
 TEST_F(Checkpoint, WrittenWithKvReplicasLoadsUnderAnyLayout) {
   expect_written_under_tsp_loads_under_any_layout(root_, 1);
+}
+
+// Mixture of experts: E = 2 written by N = 4 ranks (two per expert, each an f_e slice) loads
+// on one rank and on tsp=2 (one whole expert per rank); E = 1 written by N = 2 or 4 loads on
+// one rank and on tsp=2 (the one expert split in two).
+TEST_F(Checkpoint, MoeWithExpertsSplitOverRanksLoadsUnderAnyLayout) {
+  expect_written_under_tsp_loads_under_any_layout(root_ + "/e2", 4, moe_config(2));
+  expect_written_under_tsp_loads_under_any_layout(root_ + "/e1", 4, moe_config(1));
 }
 
 TEST_F(Checkpoint, AFailedWriteKeepsThePreviousCheckpoint) {

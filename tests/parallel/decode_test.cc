@@ -248,6 +248,23 @@ TEST(DecodeParity, MixtureOfExpertsOnTsp) {
   }
 }
 
+// D > E: E = D/2 experts (k = E), each split over two ranks (an f_e slice each): the decode
+// step's all_reduce sums an expert's slices as it sums the ranks' experts.
+TEST(DecodeParity, MixtureOfExpertsSplitOverRanks) {
+  const int D = test::mpi().world().size();
+  if (D != 2 && D != 4) GTEST_SKIP() << "runs at 2 and 4 ranks (the config's heads divide by those)";
+  for (Layout::MoeDispatchOption dispatch : {Layout::MoeDispatchOption::kAllToAll, Layout::MoeDispatchOption::kGather,
+                                             Layout::MoeDispatchOption::kRing}) {
+    LlamaConfig c = moe_decode_config(MoeFamily::kQwen2);
+    c.moe.num_experts = D / 2;
+    c.moe.num_experts_per_tok = D / 2;
+    Case s{c, "tsp", {}};
+    s.options.moe_dispatch = dispatch;
+    SCOPED_TRACE("E=" + std::to_string(D / 2) + " prefill dispatch " + std::to_string(static_cast<int>(dispatch)));
+    check_parity(s);
+  }
+}
+
 // Greedy decoding: each chosen token is the argmax of the logits (lowest id on ties).
 int32_t argmax_row(const Tensor& logits, int64_t b) {
   const int64_t V = logits.dim(1);

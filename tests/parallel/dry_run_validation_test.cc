@@ -7,6 +7,7 @@
 // (tests/unit/dry_run_test.cc finds them).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 #include "app/synthetic.h"
@@ -342,6 +343,7 @@ struct MoeCase {
   int ranks;
   DryRunMode mode;
   double imbalance = 1.0;
+  int64_t experts = 4;  // E (k = min(2, E)); below the TSP degree each expert is split over D/E ranks
 };
 
 class DryRunMoe : public testing::TestWithParam<MoeCase> {};
@@ -353,7 +355,9 @@ TEST_P(DryRunMoe, PeakAndTrafficEqualTheRealStepOnTheAssumedRouting) {
   SelfCommunicator self("world", 0);
   if (c.ranks != 1 && world.size() != c.ranks) GTEST_SKIP() << c.layout << " runs at " << c.ranks << " ranks";
   const Layout lo = parse_layout(c.layout).value();
-  const LlamaConfig config = moe_validation_config();
+  LlamaConfig config = moe_validation_config();
+  config.moe.num_experts = c.experts;
+  config.moe.num_experts_per_tok = std::min<int64_t>(2, c.experts);
   const int64_t B = 2, S = 256;
   std::unique_ptr<Backend> cpu = make_cpu_backend();
   ForcedRouting forced(*cpu, c.imbalance);
@@ -427,10 +431,16 @@ INSTANTIATE_TEST_SUITE_P(
                     // bf16 storage: rows, weights and experts travel in 2 bytes, the decorator's copies counted.
                     MoeCase{"tsp=1:bf16", 1, kFB}, MoeCase{"tsp=2:bf16:moe=a2a", 2, kFB},
                     MoeCase{"tsp=2:bf16:moe=gather", 2, kFB}, MoeCase{"tsp=2:bf16:moe=ring", 2, kFB},
-                    MoeCase{"tsp=4:bf16:moe=a2a", 4, kF}, MoeCase{"dp=2,tsp=2:bf16:moe=ring", 4, kFB}),
+                    MoeCase{"tsp=4:bf16:moe=a2a", 4, kF}, MoeCase{"dp=2,tsp=2:bf16:moe=ring", 4, kFB},
+                    // D > E: each expert's f_e split over D/E ranks (one expert at 2 ranks, two at 4).
+                    MoeCase{"tsp=2:moe=a2a", 2, kFB, 1.0, 1}, MoeCase{"tsp=2:moe=gather", 2, kFB, 1.0, 1},
+                    MoeCase{"tsp=2:moe=ring", 2, kFB, 1.0, 1}, MoeCase{"tsp=4:moe=a2a", 4, kFB, 1.0, 2},
+                    MoeCase{"tsp=4:moe=gather", 4, kF, 1.0, 2},
+                    MoeCase{"tsp=4:moe=ring", 4, kFB, 1.0, 2}),
     [](const testing::TestParamInfo<MoeCase>& i) {
       std::string n = std::string(i.param.layout) + (i.param.mode == kF ? "_fwd" : "_train") +
-                      (i.param.imbalance > 1 ? "_imbalanced" : "");
+                      (i.param.imbalance > 1 ? "_imbalanced" : "") +
+                      (i.param.experts != 4 ? "_E" + std::to_string(i.param.experts) : "");
       for (char& ch : n)
         if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;

@@ -7,7 +7,8 @@
 // still take part). Under dp=R and dp=R,tsp=D (2 and 4 ranks) the same model through
 // make_sharded_model and the trainer's gradient sum over dp, against the single-rank model on
 // the global batch. In bf16 storage (tsp=D and dp=R,tsp=D) against the single-rank model in
-// bf16 and f32 within the bf16 rules below. Run under mpirun at 1, 2 and 4 ranks (E = 4
+// bf16 and f32 within the bf16 rules below. Gradient accumulation (micro-batches) on one
+// rank, tsp=D and dp=2 against the single-rank model micro-batch by micro-batch. Run under mpirun at 1, 2 and 4 ranks (E = 4
 // divides over them).
 #include <gtest/gtest.h>
 
@@ -62,6 +63,11 @@ struct Case {
   Recompute recompute = Recompute::kNone;
   bool swap_experts = false;  // negative control: each rank's first two experts trade places
   int64_t expert_width = 0;   // f_e instead of the config's (0: keep)
+  int64_t experts = 0;        // E instead of the config's 4 (0: keep); E < D splits each expert over D/E ranks
+  int64_t top_k = 0;          // k instead of the config's 2 (0: keep)
+  // Negative control with split experts (D > E): each rank's down projection is its group
+  // partner's f_e slice (rank p ^ 1), misaligned with its own gate and up rows.
+  bool misalign_slice = false;
 };
 
 const InitOptions kInit{.seed = 5, .std = 0.1, .norm_jitter = 0.2};
@@ -72,6 +78,8 @@ void check_parity(const Case& k) {
   LlamaConfig c = moe_config(k.family);
   c.moe.aux_per_layer = k.per_layer;
   if (k.expert_width > 0) c.moe.moe_intermediate_size = k.expert_width;
+  if (k.experts > 0) c.moe.num_experts = k.experts;
+  if (k.top_k > 0) c.moe.num_experts_per_tok = k.top_k;
   const int64_t B = 2, S = 16;
 
   LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
@@ -103,13 +111,21 @@ void check_parity(const Case& k) {
   if (k.swap_experts)
     for (auto& m : tw.moe)
       if (m.defined()) std::swap(m.experts[0], m.experts[1]);
+  if (k.misalign_slice) {
+    ASSERT_GT(model->dims().expert_group, 1) << "a misaligned slice needs experts split over ranks";
+    ShardedWeights partner = ShardedWeights::allocate(c, model->dims(), p ^ 1, DType::kF32, MemCategory::kWorkspace);
+    init_sharded_weights(kInit, partner);
+    for (size_t l = 0; l < tw.moe.size(); ++l)
+      if (tw.moe[l].defined()) tw.moe[l].experts[0].w_down.copy_from(partner.moe[l].experts[0].w_down);
+  }
   ShardedWeights tg = ShardedWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kGradients);
   tg.zero();
   const Batch local = model->shard().local_batch(global);
   Result<StepResult> got = model->forward_backward(*be, world, tw, local, tg);
   ASSERT_TRUE(got.ok()) << got.status().to_string();
-  if (k.swap_experts) {
-    // An off-by-one expert id must fail the comparison this test makes.
+  if (k.swap_experts || k.misalign_slice) {
+    // An off-by-one expert id, or a down slice that is not its gate/up rows' partner, must
+    // fail the comparison this test makes.
     EXPECT_GT(std::abs(got->loss - ref->loss), 10 * tol::kF32Parallel * ref->loss);
     return;
   }
@@ -119,9 +135,11 @@ void check_parity(const Case& k) {
   EXPECT_NEAR(got->aux_loss, ref->aux_loss, tol::kF32Parallel * ref->aux_loss);
   EXPECT_EQ(got->expert_load, ref->expert_load);
   if (k.zero_router) {
-    // Every choice went to experts 0 and 1: the owners of 2 and 3 got nothing.
-    ASSERT_EQ(ref->expert_load.size(), 4u);
-    EXPECT_EQ(ref->expert_load[2] + ref->expert_load[3], 0);
+    // Every choice went to experts 0 .. k-1: the owners of the others got nothing.
+    ASSERT_EQ(static_cast<int64_t>(ref->expert_load.size()), c.moe.num_experts);
+    int64_t rest = 0;
+    for (int64_t e = c.moe.num_experts_per_tok; e < c.moe.num_experts; ++e) rest += ref->expert_load[e];
+    EXPECT_EQ(rest, 0);
   }
   Tensor ref_rows = Tensor::empty(got->logits.shape(), DType::kF32, MemCategory::kWorkspace);
   const std::vector<int32_t>& pos = model->shard().positions();
@@ -193,6 +211,56 @@ TEST(TspMoeParity, NegativeControlSwappedExperts) {
   check_parity(Case{MoeFamily::kMixtral, kA2A, false, false, Recompute::kNone, /*swap_experts=*/true});
   check_parity(Case{MoeFamily::kMixtral, kGather, false, false, Recompute::kNone, /*swap_experts=*/true});
   check_parity(Case{MoeFamily::kMixtral, kRing, false, false, Recompute::kNone, /*swap_experts=*/true});
+}
+
+// ---- D > E: each expert's f_e split over its D/E ranks (ShardDims::expert_group) ----
+//
+// E = 1 and 2 below D = 2 and 4: rank r holds slice r % (D/E) of expert r / (D/E); every
+// scheme's partial outputs over the slices add up to the single-rank layer's. k = 1 routes
+// (E = 2) or sends every token to its one expert (E = 1, where the router's gradient is
+// exactly zero: the aux loss is constant); Qwen2-MoE's E = 2, k = 2 with its shared expert
+// and a dense layer; E = 2 with a zero router (k = 1: every token to expert 0, so the ranks
+// of expert 1 receive no rows at all and still take part).
+TEST(TspMoeSplitExperts, EachSchemeAgainstTheSingleRankModel) {
+  const int D = test::mpi().world().size();
+  if (D == 1) GTEST_SKIP() << "D > E needs two ranks";
+  for (int64_t E : {1, 2}) {
+    if (E >= D) continue;
+    for (Layout::MoeDispatchOption d : {kA2A, kGather, kRing}) {
+      SCOPED_TRACE(testing::Message() << "E=" << E << " D=" << D << " moe=" << static_cast<int>(d));
+      Case mixtral{MoeFamily::kMixtral, d};
+      mixtral.experts = E;
+      mixtral.top_k = 1;
+      check_parity(mixtral);
+      Case qwen2{MoeFamily::kQwen2, d};
+      qwen2.experts = E;
+      qwen2.top_k = E;
+      check_parity(qwen2);
+      Case qwen3{MoeFamily::kQwen3, d, /*per_layer=*/true};
+      qwen3.experts = E;
+      qwen3.top_k = 1;
+      qwen3.recompute = Recompute::kBlock;
+      check_parity(qwen3);
+      if (E == 2) {
+        Case idle{MoeFamily::kMixtral, d, false, /*zero_router=*/true};
+        idle.experts = E;
+        idle.top_k = 1;
+        check_parity(idle);
+      }
+    }
+  }
+}
+
+TEST(TspMoeSplitExperts, NegativeControlMisalignedSlice) {
+  const int D = test::mpi().world().size();
+  if (D == 1) GTEST_SKIP() << "D > E needs two ranks";
+  for (Layout::MoeDispatchOption d : {kA2A, kGather, kRing}) {
+    Case k{MoeFamily::kMixtral, d};
+    k.experts = D / 2;
+    k.top_k = 1;
+    k.misalign_slice = true;
+    check_parity(k);
+  }
 }
 
 // ---- dp=R and dp=R,tsp=D (make_sharded_model, as train builds them) ----
@@ -287,26 +355,180 @@ TEST(TspMoeDataParallel, EqualsTheSingleRankModelOnTheGlobalBatch) {
     check_data_parallel(k);
 }
 
-// Gradient accumulation under dp is refused as on one rank: a normalizer that is not the
-// micro-batch's valid targets over every replica would change the aux loss.
-TEST(TspMoeDataParallel, MicroBatchesAreRefused) {
+// ---- gradient accumulation: micro-batches on one rank and tsp=D ----
+//
+// A micro-batches of the global batch, each with its own aux loss weighted by its share
+// v_m / N of the step's valid targets (docs/design.md, "Mixture of experts"). The reference
+// comes from the single-rank model as it always ran, micro-batch by micro-batch: the
+// accumulated gradient is sum_m (v_m / N) x the gradient of micro-batch m's own mean loss
+// (cross-entropy + coef aux_m), and the loss sum_m (v_m / N) loss_m. Without the aux term in
+// the loss (output_router_logits false) the accumulated gradient is the one big batch's: the
+// routing is dropless and per token, so each token meets the same experts either way.
+// synthetic_batch ignores a tenth of the targets, so the v_m differ.
+void check_accumulation(MoeFamily family, Layout::MoeDispatchOption dispatch, bool aux_in_loss) {
   Communicator& world = test::mpi().world();
-  if (world.size() != 2) GTEST_SKIP() << "runs at 2 ranks";
-  const LlamaConfig c = moe_config(MoeFamily::kMixtral);
-  const Layout lo = parse_layout("dp=2,tsp=1").value();
-  Result<Mesh> mesh = Mesh::create(world, lo.mesh());
-  ASSERT_TRUE(mesh.ok());
-  Result<std::unique_ptr<ShardedModel>> m = make_sharded_model(c, *mesh, 16, lo);
-  ASSERT_TRUE(m.ok()) << m.status().to_string();
-  (*m)->init_weights(kInit);
+  const int D = world.size();
+  SCOPED_TRACE(testing::Message() << "D=" << D << " family " << static_cast<int>(family) << " moe "
+                                  << static_cast<int>(dispatch) << (aux_in_loss ? " with" : " without")
+                                  << " the aux term");
+  LlamaConfig c = moe_config(family);
+  c.moe.output_router_logits = aux_in_loss;
+  const int64_t B = 4, S = 16;  // four micro-batches of one sequence
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
+  init_weights(kInit, w);
+  const Batch global = synthetic_batch(c, B, S, 13, 0.1);
   auto be = make_cpu_backend();
-  const Batch global = synthetic_batch(c, 4, 16, 13, 0.1);
-  const Batch half{global.input_ids.narrow(2 * world.rank(), 2 * world.rank() + 1),
-                   global.target_ids.narrow(2 * world.rank(), 2 * world.rank() + 1)};
-  const int64_t normalizer = be->count_valid_targets(global.target_ids, kIgnoreIndex);
-  Result<StepResult> r = (*m)->forward_backward(*be, half, normalizer);
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("drop --micro-batch"), std::string::npos) << r.status().message();
+  const int64_t N = be->count_valid_targets(global.target_ids, kIgnoreIndex);
+  std::vector<Batch> parts;
+  for (int64_t m = 0; m < B; ++m)
+    parts.push_back(Batch{global.input_ids.narrow(m, m + 1), global.target_ids.narrow(m, m + 1)});
+
+  LlamaWeights ref_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ref_g.zero();
+  double ref_loss = 0, ref_aux = 0;
+  if (aux_in_loss) {
+    std::vector<Tensor> sum;
+    ref_g.for_each([&](const std::string&, Tensor& t) { sum.push_back(t); });
+    for (const Batch& part : parts) {
+      LlamaWeights g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+      g.zero();
+      Result<StepResult> r = model_forward_backward(c, *be, w, part, StepOptions{}, g);
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      const double share = static_cast<double>(r->valid_tokens) / static_cast<double>(N);
+      ref_loss += share * r->loss;
+      ref_aux += share * r->aux_loss;
+      size_t i = 0;
+      g.for_each([&](const std::string&, Tensor& t) {
+        for (int64_t j = 0; j < t.numel(); ++j)
+          sum[i].data<float>()[j] += static_cast<float>(share * static_cast<double>(t.data<float>()[j]));
+        ++i;
+      });
+    }
+  } else {
+    Result<StepResult> r = model_forward_backward(c, *be, w, global, StepOptions{}, ref_g);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ref_loss = r->loss;
+  }
+
+  Layout lo;
+  lo.tsp = D;
+  lo.moe_dispatch = dispatch;
+  Result<Mesh> mesh = Mesh::create(world, lo.mesh());
+  ASSERT_TRUE(mesh.ok()) << mesh.status().to_string();
+  Result<std::unique_ptr<ShardedModel>> made = make_sharded_model(c, *mesh, S, lo);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  ShardedModel& model = **made;
+  model.init_weights(kInit);
+  model.zero_grads(*be);
+  std::vector<Batch> locals;
+  for (const Batch& part : parts) locals.push_back(model.local_batch(part));
+  Result<StepResult> got = model.forward_backward_micro_batches(*be, locals, N);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  // loss_sum is the axis's (every rank holds it): the trainer's loss is loss_sum / N.
+  EXPECT_NEAR(got->loss_sum / static_cast<double>(N), ref_loss, tol::kF32Parallel * ref_loss);
+  if (aux_in_loss) EXPECT_NEAR(got->aux_loss, ref_aux, tol::kF32Parallel * ref_aux);
+  int64_t load = 0;
+  for (int64_t n : got->expert_load) load += n;
+  EXPECT_EQ(load, B * S * c.moe.num_experts_per_tok * c.moe.sparse_layer_count(c.num_hidden_layers));
+
+  LlamaWeights assembled = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ASSERT_TRUE(model.assemble_grads(assembled).ok());
+  std::vector<std::pair<std::string, Tensor>> ref_list;
+  ref_g.for_each([&](const std::string& n, Tensor& t) { ref_list.emplace_back(n, t); });
+  size_t i = 0;
+  assembled.for_each([&](const std::string& name, Tensor& t) {
+    ASSERT_EQ(name, ref_list[i].first);
+    EXPECT_LE(max_rel_error(t, ref_list[i].second), tol::kF32Parallel)
+        << name << " on rank " << world.rank() << "\n"
+        << describe_mismatches(t, ref_list[i].second, tol::kF32Parallel);
+    ++i;
+  });
+}
+
+TEST(TspMoeAccumulation, WithoutTheAuxTermEqualsOneBigBatch) {
+  check_accumulation(MoeFamily::kMixtral, kA2A, false);
+  check_accumulation(MoeFamily::kQwen2, kRing, false);
+}
+
+TEST(TspMoeAccumulation, EachMicroBatchItsOwnAuxLossWeightedByItsValidTargets) {
+  check_accumulation(MoeFamily::kMixtral, kA2A, true);
+  check_accumulation(MoeFamily::kQwen2, kGather, true);
+  check_accumulation(MoeFamily::kQwen3, kRing, true);
+}
+
+// Under dp=2 (dp=2,tsp=1 at two ranks, dp=2,tsp=2 at four) replica r holds rows [2r, 2r + 2)
+// of the B = 4 sequences, one per micro-batch: micro-batch a of the step is rows {a, 2 + a},
+// its routing statistics summed over both replicas. The reference: the single-rank model on
+// those two rows, weighted by their share of the valid targets, summed over a; the trainer's
+// gradient sum over dp and its loss (the replicas' loss_sum over the global count).
+TEST(TspMoeAccumulation, UnderDataParallelismMicroBatchAIsEveryReplicasAth) {
+  Communicator& world = test::mpi().world();
+  if (world.size() == 1) GTEST_SKIP() << "dp needs two ranks";
+  const Layout lo = parse_layout(world.size() == 2 ? "dp=2,tsp=1" : "dp=2,tsp=2:moe=a2a").value();
+  const LlamaConfig c = moe_config(MoeFamily::kMixtral);
+  const int64_t B = 4, S = 16, rows = 2;
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
+  init_weights(kInit, w);
+  const Batch global = synthetic_batch(c, B, S, 13, 0.1);
+  auto be = make_cpu_backend();
+  const int64_t N = be->count_valid_targets(global.target_ids, kIgnoreIndex);
+  // Rows {a, 2 + a} of the global batch.
+  auto pick = [&](const Tensor& t, int64_t a) {
+    Tensor out = Tensor::empty({2, S}, DType::kI32, MemCategory::kWorkspace);
+    for (int64_t i = 0; i < 2; ++i) std::copy_n(t.data<int32_t>() + (a + i * rows) * S, S, out.data<int32_t>() + i * S);
+    return out;
+  };
+  LlamaWeights ref_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ref_g.zero();
+  std::vector<Tensor> sum;
+  ref_g.for_each([&](const std::string&, Tensor& t) { sum.push_back(t); });
+  double ref_loss = 0;
+  for (int64_t a = 0; a < rows; ++a) {
+    LlamaWeights g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+    g.zero();
+    Result<StepResult> r =
+        model_forward_backward(c, *be, w, Batch{pick(global.input_ids, a), pick(global.target_ids, a)}, StepOptions{}, g);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    const double share = static_cast<double>(r->valid_tokens) / static_cast<double>(N);
+    ref_loss += share * r->loss;
+    size_t i = 0;
+    g.for_each([&](const std::string&, Tensor& t) {
+      for (int64_t j = 0; j < t.numel(); ++j)
+        sum[i].data<float>()[j] += static_cast<float>(share * static_cast<double>(t.data<float>()[j]));
+      ++i;
+    });
+  }
+
+  Result<Mesh> mesh = Mesh::create(world, lo.mesh());
+  ASSERT_TRUE(mesh.ok()) << mesh.status().to_string();
+  Result<std::unique_ptr<ShardedModel>> made = make_sharded_model(c, *mesh, S, lo);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  ShardedModel& model = **made;
+  model.init_weights(kInit);
+  model.zero_grads(*be);
+  const int64_t r0 = mesh->coord("dp") * rows;
+  std::vector<Batch> locals;
+  for (int64_t a = 0; a < rows; ++a)
+    locals.push_back(model.local_batch(Batch{global.input_ids.narrow(r0 + a, r0 + a + 1),
+                                             global.target_ids.narrow(r0 + a, r0 + a + 1)}));
+  Result<StepResult> got = model.forward_backward_micro_batches(*be, locals, N);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  std::vector<ParamRef> params = model.parameters();
+  sum_grads_over_data_axis(&mesh->comm("dp"), params);
+  double loss_sum = got->loss_sum;
+  FP_CHECK_OK(world.all_reduce(&loss_sum, &loss_sum, 1, DType::kF64, ReduceOp::kSum));
+  EXPECT_NEAR(loss_sum / lo.model_ranks() / static_cast<double>(N), ref_loss, tol::kF32Parallel * ref_loss);
+  LlamaWeights assembled = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ASSERT_TRUE(model.assemble_grads(assembled).ok());
+  std::vector<std::pair<std::string, Tensor>> ref_list;
+  ref_g.for_each([&](const std::string& n, Tensor& t) { ref_list.emplace_back(n, t); });
+  size_t i = 0;
+  assembled.for_each([&](const std::string& name, Tensor& t) {
+    EXPECT_LE(max_rel_error(t, ref_list[i].second), tol::kF32Parallel)
+        << name << " on rank " << world.rank() << "\n"
+        << describe_mismatches(t, ref_list[i].second, tol::kF32Parallel);
+    ++i;
+  });
 }
 
 // ---- bf16 storage (:bf16) on one rank and on tsp=D ----
@@ -528,13 +750,19 @@ TEST(TspMoeBf16Parity, OneRankIsTheSingleRankModelInBf16) {
   got_g.for_each([&](const std::string& name, Tensor& t) { EXPECT_EQ(max_rel_error(t, want_g[i++]), 0.0) << name; });
 }
 
-// Scheme A's and B's bytes for a known routing: with a zero router every token picks experts 0
-// and 1 (ties to the lower index), so what each rank sends is known exactly. Forward only.
-TEST(TspMoeTraffic, BytesPerSchemeForACountedRouting) {
+// Each scheme's bytes for a known routing: with a zero router every token picks experts
+// 0 .. k-1 (ties to the lower index), so what each rank sends is known exactly. Forward only.
+// E experts over D ranks: E/D whole experts per rank, or (E < D) G = D/E ranks per expert,
+// each with an f_e / G slice (docs/composition.md section 3 gives the formulas).
+void check_counted_traffic(int64_t E, int64_t k) {
   Communicator& world = test::mpi().world();
   const int D = world.size(), p = world.rank();
+  SCOPED_TRACE(testing::Message() << "E=" << E << " k=" << k << " D=" << D);
   LlamaConfig c = moe_config(MoeFamily::kMixtral);
-  const int64_t B = 2, S = 16, T = B * S / D, h = c.hidden_size, k = 2, E = 4, El = E / D;
+  c.moe.num_experts = E;
+  c.moe.num_experts_per_tok = k;
+  const int64_t B = 2, S = 16, T = B * S / D, h = c.hidden_size;
+  const int64_t G = D > E ? D / E : 1, El = D > E ? 1 : E / D, fl = c.moe.moe_intermediate_size / G;
   const int64_t sparse = c.moe.sparse_layer_count(c.num_hidden_layers);
   Batch global = synthetic_batch(c, B, S, 13, 0.1);
   auto be = make_cpu_backend();
@@ -556,32 +784,43 @@ TEST(TspMoeTraffic, BytesPerSchemeForACountedRouting) {
   const CommStats a2a = run(Layout::MoeDispatchOption::kAllToAll);
   const CommStats gather = run(Layout::MoeDispatchOption::kGather);
   const CommStats ring = run(Layout::MoeDispatchOption::kRing);
-  auto owner = [&](int64_t e) { return static_cast<int>(e / El); };
-  // A: this rank's rows for experts 0 and 1 owned elsewhere go out; the rows other ranks sent
-  // to this rank's experts go back. Point-to-point sends carry nothing else in a forward
-  // (the weight rings are send_recv).
+  // The ranks holding (a slice of) expert e: [first(e), first(e) + G).
+  auto first = [&](int64_t e) { return static_cast<int>(G > 1 ? e * G : e / El); };
+  auto holds = [&](int64_t e) { return p >= first(e) && p < first(e) + G; };
+  // A: this rank's T rows for each chosen expert go to each of its G ranks but itself; each
+  // of the other D-1 ranks' T rows for an expert this rank holds go back to them (its partial
+  // output). Point-to-point sends carry nothing else in a forward (the weight rings are
+  // send_recv).
   int64_t rows_out = 0;
-  for (int64_t e = 0; e < k; ++e) {
-    if (owner(e) != p) rows_out += T;
-    if (owner(e) == p) rows_out += (D - 1) * T;
-  }
+  for (int64_t e = 0; e < k; ++e) rows_out += (G - (holds(e) ? 1 : 0)) * T + (holds(e) ? (D - 1) * T : 0);
   EXPECT_EQ(a2a.op(CommOpKind::kSend).bytes_sent, static_cast<uint64_t>(sparse * rows_out * h * 4));
   EXPECT_EQ(a2a.op(CommOpKind::kAllToAll).calls, static_cast<uint64_t>(sparse));
   EXPECT_EQ(a2a.op(CommOpKind::kAllToAll).bytes_sent, static_cast<uint64_t>(sparse * (D - 1) * El * 8));
   EXPECT_EQ(gather.op(CommOpKind::kSend).bytes_sent, 0u);
   EXPECT_EQ(gather.op(CommOpKind::kAllToAll).calls, 0u);
   // B: the rows, weights and ids of every rank gathered, the outputs reduce-scattered, per
-  // sparse layer; attention's all-gathers are the same in both runs.
+  // sparse layer, whatever G; attention's all-gathers are the same in both runs.
   EXPECT_EQ(gather.op(CommOpKind::kAllGather).bytes_sent - a2a.op(CommOpKind::kAllGather).bytes_sent,
             static_cast<uint64_t>(sparse * (D - 1) * (T * h + 2 * T * k) * 4));
   EXPECT_EQ(gather.op(CommOpKind::kReduceScatter).bytes_sent - a2a.op(CommOpKind::kReduceScatter).bytes_sent,
             static_cast<uint64_t>(sparse * (D - 1) * T * h * 4));
-  // C: (D-1) hops of a block of E/D experts (3 f_e h each) per sparse layer, whatever the
-  // routing; the other rings (embedding, head) are the same in both runs.
-  const int64_t fe = c.moe.moe_intermediate_size;
+  // C: (D-1) hops of a block of El experts of width f_e / G (3 f h each) per sparse layer,
+  // whatever the routing: (D-1)/D E W_e in both cases; the other rings (embedding, head) are
+  // the same in both runs.
   EXPECT_EQ(ring.op(CommOpKind::kSend).bytes_sent, 0u);
   EXPECT_EQ(ring.op(CommOpKind::kSendRecv).bytes_sent - a2a.op(CommOpKind::kSendRecv).bytes_sent,
-            static_cast<uint64_t>(sparse * (D - 1) * El * 3 * fe * h * 4));
+            static_cast<uint64_t>(sparse * (D - 1) * El * 3 * fl * h * 4));
+  EXPECT_EQ(D * El * fl, E * c.moe.moe_intermediate_size);
+}
+
+TEST(TspMoeTraffic, BytesPerSchemeForACountedRouting) { check_counted_traffic(4, 2); }
+
+// D > E: E = D/2 experts, k = E (every token to every expert), two ranks per expert.
+TEST(TspMoeTraffic, SplitExpertsBytesPerSchemeForACountedRouting) {
+  const int D = test::mpi().world().size();
+  if (D == 1) GTEST_SKIP() << "D > E needs two ranks";
+  check_counted_traffic(D / 2, D / 2);
+  if (D == 4) check_counted_traffic(1, 1);  // four ranks share the one expert
 }
 
 TEST(TspMoeErrors, ExpertsThatDoNotDivide) {
@@ -622,6 +861,23 @@ TEST(TspMoeLayout, WhatRunsAndWhatIsRefusedByName) {
                                    "far"),
               std::string::npos)
         << layout;
+  // D > E: two experts over four ranks split each expert's f_e in two; an f_e that does not
+  // divide by D/E, or E and D that divide neither way, are refused with the numbers.
+  LlamaConfig two = c;
+  two.moe.num_experts = 2;
+  for (const char* ok : {"tsp=4", "tsp=4:moe=ring", "dp=2,tsp=4:moe=a2a", "tsp=4:bf16"})
+    EXPECT_TRUE(validate_layout(two, parse_layout(ok).value(), 4, 16).ok()) << ok;
+  two.moe.moe_intermediate_size = 25;
+  const Status odd = validate_layout(two, parse_layout("tsp=4").value(), 4, 16);
+  EXPECT_EQ(odd.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(odd.message(), "layout tsp=4: moe_intermediate_size (25) must be divisible by the TSP ranks per expert (2 = "
+                           "4 ranks / 2 experts)");
+  LlamaConfig three = c;
+  three.moe.num_experts = 3;
+  const Status neither = validate_layout(three, parse_layout("tsp=2").value(), 4, 16);
+  EXPECT_EQ(neither.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(neither.message(), "layout tsp=2: the 3 experts must divide over the 2 TSP ranks, or the ranks over the "
+                               "experts (D/E ranks share an expert)");
 }
 
 TEST(TspMoeLayout, TheDispatchOptionParsesAndSpellsBack) {

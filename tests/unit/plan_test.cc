@@ -460,9 +460,10 @@ LlamaConfig moe_config() {
   return c;
 }
 
-Result<PlanReport> moe_plan(const std::string& layout, int64_t seq, double gb_per_s, double imbalance = 1.0) {
+Result<PlanReport> moe_plan(const std::string& layout, int64_t seq, double gb_per_s, double imbalance = 1.0,
+                            const LlamaConfig& config = moe_config()) {
   PlanRequest r;
-  r.config = moe_config();
+  r.config = config;
   r.hardware = *Hardware::from_json(kHardware);
   r.hardware.intra_node_gb_per_s = gb_per_s;
   r.layouts = {spec(layout)};
@@ -510,6 +511,28 @@ TEST(PlannerMoeTest, ExpertMemoryIsEOverDExpertsPerRank) {
   EXPECT_NE(text.find("<- auto"), std::string::npos) << text;
   EXPECT_NE(json.find("\"ring_break_even_tokens\""), std::string::npos) << json;
   EXPECT_NE(json.find("\"expert_optimizer_bytes\""), std::string::npos) << json;
+}
+
+// D > E: two experts over four ranks, each rank an f_e / 2 slice of one expert (ShardDims::
+// expert_group): the expert memory is that slice in every sparse layer, and the all-to-all
+// sends each routed row to both ranks of its expert, so the ring's bytes break-even drops by
+// G = D/E = 2: 2.25 E f_e / (k G) = 72 tokens.
+TEST(PlannerMoeTest, MoreRanksThanExpertsSplitEachExpert) {
+  LlamaConfig c = moe_config();
+  c.moe.num_experts = 2;
+  Result<PlanReport> rep = moe_plan("tsp=4", 512, 100, 1.0, c);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  ASSERT_EQ(rep->layouts.size(), 1u) << plan_report_text(*rep);
+  const MoePlan& m = *rep->layouts[0].moe;
+  const int64_t h = c.hidden_size, L = c.num_hidden_layers, fe = 64;
+  EXPECT_EQ(m.experts_per_rank, 1);
+  EXPECT_EQ(m.ranks_per_expert, 2);
+  EXPECT_EQ(m.expert_param_bytes, L * 3 * h * (fe / 2) * 4);
+  EXPECT_DOUBLE_EQ(m.ring_break_even_tokens, 72);
+  EXPECT_EQ(m.formula_choice, "ring");  // T = 128 tokens per rank > 72
+  EXPECT_EQ(m.schemes.size(), 3u);
+  EXPECT_NE(plan_report_text(*rep).find("1/2 of one of 2 experts per rank"), std::string::npos)
+      << plan_report_text(*rep);
 }
 
 // The model-shape crossover: on links slow enough that traffic decides, the counted bytes of

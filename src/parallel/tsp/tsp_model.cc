@@ -83,8 +83,12 @@ class TspModelStep final : public ModelStep {
     const int64_t own = step_valid_ >= 0 ? step_valid_ : r.valid_tokens;
     const int64_t normalizer = in_.loss_normalizer > 0 ? in_.loss_normalizer : own;
     const MoeConfig& moe = m_.config().moe;
-    if (moe.enabled() && moe.output_router_logits && aux_ != nullptr)
-      step_.set_moe_prob_grad(aux_->prob_grad(moe.router_aux_loss_coef, moe.aux_per_layer));
+    if (moe.enabled() && moe.output_router_logits && aux_ != nullptr) {
+      // Accumulating: this micro-batch's aux term weighs its share of the step's valid tokens
+      // (own: the micro-batch's over the axis and dp), as loss_sum carries it.
+      const double share = normalizer > 0 ? static_cast<double>(own) / static_cast<double>(normalizer) : 1.0;
+      step_.set_moe_prob_grad(aux_->prob_grad(moe.router_aux_loss_coef * share, moe.aux_per_layer));
+    }
     Tensor dx = step_.head_backward(w_, hs_, in_.targets, normalizer, *in_.grads);
     hs_ = HeadSaved();
     return dx;
@@ -101,10 +105,6 @@ class TspModelStep final : public ModelStep {
 
   void embed_backward(const Tensor& dx) override { step_.embed_backward(in_.ids, dx, *in_.grads); }
 
-  // The valid targets of this micro-batch over the axis, and for a MoE model over the dp
-  // replicas too (the whole global batch's when it is one micro-batch); -1 before the head.
-  int64_t step_valid_tokens() const { return step_valid_; }
-
  private:
   TspStep& step_;
   const TspModel& m_;
@@ -113,7 +113,9 @@ class TspModelStep final : public ModelStep {
   std::vector<LayerSaved> saved_;  // per layer
   HeadSaved hs_;
   std::unique_ptr<MoeAux> aux_;    // MoE: the step's routing statistics summed over the axis (and dp)
-  int64_t step_valid_ = -1;        // step_valid_tokens()
+  // The valid targets of this micro-batch over the axis, and for a MoE model over the dp
+  // replicas too (the whole global batch's when it is one micro-batch); -1 before the head.
+  int64_t step_valid_ = -1;
 };
 
 }  // namespace
@@ -179,11 +181,6 @@ Result<StepResult> TspModel::forward_backward(Backend& be, Communicator& tsp, co
   StepResult r = step_forward_backward(parts, static_cast<int64_t>(w.attn.size()), options_.recompute);
   step.sum_norm_partials(g);
   r.exposed_comm_seconds = step.wait_seconds();
-  if (config_.moe.enabled() && loss_normalizer != 0 && loss_normalizer != parts.step_valid_tokens())
-    return unimplemented(
-        "layout {}: a mixture-of-experts model trains on the whole batch per step (its aux loss is over one "
-        "batch), but this micro-batch has {} of the step's {} valid tokens: drop --micro-batch",
-        options_.to_string(), parts.step_valid_tokens(), loss_normalizer);
   return r;
 }
 

@@ -1,5 +1,8 @@
 // TSP mixture of experts (spec COMPOSITION.md section 3): attention stays TSP; in a sparse
-// layer rank r owns the routed experts [r*E/D, (r+1)*E/D) whole, the router [E, h] and the
+// layer rank r owns the routed experts [r*E/D, (r+1)*E/D) whole (D <= E), or, when D > E,
+// slice r % G of expert r / G's f_e (G = D/E ranks per expert: gate/up rows and down columns,
+// so the expert's output is the sum of its G partial outputs, as TSP's MLP shards add up);
+// ShardDims::expert0 / expert_group / expert_rows say which. The router [E, h] and the
 // shared expert (with its gate) are replicated like the norm gains, their gradients summed
 // over the axis. Each rank routes its own T tokens exactly as the single-rank layer does
 // (model/moe_layer.cc: softmax, top k, ties to the lower index, dispatch order sorted by
@@ -12,18 +15,25 @@
 // reorders what came source-major into expert-major groups (gather_rows), runs each expert
 // as one GEMM group, reorders back and returns the rows the same way; the home rank
 // combines them with the routing weights. Adjoint: the same two exchanges carry d(out) to
-// the owners and d(in) back.
+// the owners and d(in) back. Split experts: expert e's rows go to each of its G ranks (the
+// blocks overlap in the dispatch order), G partial outputs come back and are summed per row
+// (combine_rows) before the weighted combine; backward, d(out) goes to all G and the G
+// partial d(rows) add into their tokens (combine_tokens).
 //
 // Scheme C (MoeDispatch::kRing): each rank's E/D experts, packed in one block, travel TSP's
 // weight ring (tsp_step.cc); at step j a rank applies the visiting block's experts to its own
 // rows routed to them (no token moves, static shapes, exact balance). Adjoint: the weight
-// ring again plus the gradient ring that carries each block's summed gradient home.
+// ring again plus the gradient ring that carries each block's summed gradient home. Split
+// experts: the blocks are f_e slices, and an expert's G slices add into its rows' outputs
+// (and, backward, into their d(rows)) as they pass.
 //
 // Scheme B (MoeDispatch::kGather): the normed rows, expert ids and routing weights of every
 // rank are all-gathered (T rows per rank, static shapes); each rank runs its own experts on
 // every token routed to them and the partial outputs [D*T, h] are reduce-scattered home.
 // Adjoint: all-gather of dy, the experts' backward, reduce-scatter of d(rows) and of the
-// routing-weight gradients [D*T, k].
+// routing-weight gradients [D*T, k]. Split experts: nothing changes but the weights; the
+// reduce-scatter that sums the ranks' outputs also sums an expert's G partial outputs (and
+// the partial <dy, out> of its routing weights' gradient).
 //
 // The aux-loss statistics of a layer (per-expert counts and probability sums of this rank's
 // tokens) are kept per rank and summed over the axis once per step (sum_moe_stats), before
@@ -103,7 +113,7 @@ MoeDispatch TspStep::moe_scheme() const {
 }
 
 Tensor TspStep::pack_experts(const std::vector<ExpertWeights>& experts) const {
-  const int64_t h = dims_.h, fe = c_.moe.moe_intermediate_size, El = dims_.experts;
+  const int64_t h = dims_.h, fe = dims_.expert_rows, El = dims_.experts;
   Tensor block = Tensor::empty({El * 3 * fe, h}, experts.empty() ? DType::kF32 : experts[0].w_gate.dtype(),
                                MemCategory::kComm);
   for (int64_t j = 0; j < El; ++j) {
@@ -116,23 +126,31 @@ Tensor TspStep::pack_experts(const std::vector<ExpertWeights>& experts) const {
 }
 
 ExpertWeights TspStep::expert_block(const Tensor& block, int64_t j) const {
-  const int64_t h = dims_.h, fe = c_.moe.moe_intermediate_size, r0 = j * 3 * fe;
+  const int64_t h = dims_.h, fe = dims_.expert_rows, r0 = j * 3 * fe;
   return ExpertWeights{block.narrow(r0, r0 + fe), block.narrow(r0 + fe, r0 + 2 * fe),
                        block.narrow(r0 + 2 * fe, r0 + 3 * fe).reshape({h, fe})};
 }
 
 Tensor TspStep::exchange_rows(const Tensor& src, const std::vector<int64_t>& send_rows,
                               const std::vector<int64_t>& recv_rows) {
+  std::vector<int64_t> send_at(static_cast<size_t>(D_) + 1, 0);
+  for (int r = 0; r < D_; ++r) send_at[r + 1] = send_at[r] + send_rows[r];
+  FP_CHECK(send_at[D_] == src.dim(0), "exchange of {} rows from {}", send_at[D_], src.describe());
+  return exchange_rows(src, send_at, send_rows, recv_rows);
+}
+
+Tensor TspStep::exchange_rows(const Tensor& src, const std::vector<int64_t>& send_at,
+                              const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows) {
   const int64_t h = src.dim(1);
   int64_t total = 0;
   for (int64_t n : recv_rows) total += n;
   Tensor dst = comm_buffer({total, h}, src.dtype());
-  std::vector<int64_t> send_at(static_cast<size_t>(D_) + 1, 0), recv_at(static_cast<size_t>(D_) + 1, 0);
+  std::vector<int64_t> recv_at(static_cast<size_t>(D_) + 1, 0);
   for (int r = 0; r < D_; ++r) {
-    send_at[r + 1] = send_at[r] + send_rows[r];
     recv_at[r + 1] = recv_at[r] + recv_rows[r];
+    FP_CHECK(send_at[r] >= 0 && send_at[r] + send_rows[r] <= src.dim(0), "rows {}+{} for rank {} from {}", send_at[r],
+             send_rows[r], r, src.describe());
   }
-  FP_CHECK(send_at[D_] == src.dim(0), "exchange of {} rows from {}", send_at[D_], src.describe());
   std::vector<CommRequest> requests;
   for (int r = 0; r < D_; ++r) {
     if (r == p_ || recv_rows[r] == 0) continue;
@@ -141,12 +159,12 @@ Tensor TspStep::exchange_rows(const Tensor& src, const std::vector<int64_t>& sen
   }
   for (int r = 0; r < D_; ++r) {
     if (r == p_ || send_rows[r] == 0) continue;
-    Tensor block = src.narrow(send_at[r], send_at[r + 1]);
+    Tensor block = src.narrow(send_at[r], send_at[r] + send_rows[r]);
     requests.push_back(comm_.isend(block.raw_data(), static_cast<size_t>(block.numel()), src.dtype(), r));
   }
   if (send_rows[p_] > 0) {
     Tensor own = dst.narrow(recv_at[p_], recv_at[p_ + 1]);
-    be_.copy(src.narrow(send_at[p_], send_at[p_ + 1]), own);
+    be_.copy(src.narrow(send_at[p_], send_at[p_] + send_rows[p_]), own);
   }
   wait_all(requests);
   return dst;
@@ -245,20 +263,39 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
   be_.gather_rows(r.weights.reshape({M, 1}), r.slot_rows, nullptr, r.row_weights);
 
   if (s.scheme == MoeDispatch::kAllToAll) {
-    // ---- counts: block r of this rank's E counts goes to rank r ----
-    std::vector<int64_t> send_counts(static_cast<size_t>(E)), recv_counts(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) send_counts[e] = r.offsets[e + 1] - r.offsets[e];
+    // ---- counts: this rank's counts of rank q's El experts go to q ----
+    const size_t n = static_cast<size_t>(D_ * El);
+    std::vector<int64_t> send_counts(n), recv_counts(n);
+    s.send_at.assign(static_cast<size_t>(D_), 0);
+    s.send_rows.assign(static_cast<size_t>(D_), 0);
+    s.recv_rows.assign(static_cast<size_t>(D_), 0);
+    for (int q = 0; q < D_; ++q) {
+      const int64_t e0 = dims_.expert0(q);
+      s.send_at[q] = r.offsets[e0];  // split experts: the D/E ranks of one expert get the same rows
+      for (int64_t j = 0; j < El; ++j) send_counts[q * El + j] = r.offsets[e0 + j + 1] - r.offsets[e0 + j];
+    }
     const auto t0 = std::chrono::steady_clock::now();
     Tensor send_buf = comm_from_host(be_, send_counts, DType::kI64), recv_buf = comm_from_host(be_, recv_counts, DType::kI64);
     blocking(comm_.all_to_all(send_buf.raw_data(), recv_buf.raw_data(), static_cast<size_t>(El), DType::kI64), t0);
     comm_to_host(be_, recv_buf, recv_counts);
-    s.send_rows.assign(static_cast<size_t>(D_), 0);
-    s.recv_rows.assign(static_cast<size_t>(D_), 0);
     for (int q = 0; q < D_; ++q)
       for (int64_t j = 0; j < El; ++j) {
         s.send_rows[q] += send_counts[q * El + j];
         s.recv_rows[q] += recv_counts[q * El + j];
       }
+    if (dims_.expert_group > 1) {
+      // Each dispatched row comes back once from every rank of its expert's group, a partial
+      // output over that rank's f_e slice: where each returned row adds in (dispatch order)
+      // and the token it belongs to (the backward's d(rows) go there).
+      std::vector<int32_t> combine_rows, combine_tokens;
+      for (int q = 0; q < D_; ++q)
+        for (int64_t i = 0; i < s.send_rows[q]; ++i) {
+          combine_rows.push_back(static_cast<int32_t>(s.send_at[q] + i));
+          combine_tokens.push_back(token_rows[static_cast<size_t>(s.send_at[q] + i)]);
+        }
+      s.combine_rows = moe_upload_i32(be_, combine_rows);
+      s.combine_tokens = moe_upload_i32(be_, combine_tokens);
+    }
     // ---- the received rows, source-major, into expert-major groups ----
     std::vector<int64_t> source_at(static_cast<size_t>(D_) + 1, 0);
     for (int q = 0; q < D_; ++q) source_at[q + 1] = source_at[q] + s.recv_rows[q];
@@ -280,7 +317,7 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
     s.to_source = moe_upload_i32(be_, to_source);
     Tensor dispatched = act({M, h});
     be_.gather_rows(a, r.token_rows, nullptr, dispatched);
-    Tensor received = exchange_rows(dispatched, s.send_rows, s.recv_rows);
+    Tensor received = exchange_rows(dispatched, s.send_at, s.send_rows, s.recv_rows);
     dispatched = Tensor();
     s.expert_in = act({R, h});
     if (R > 0) be_.gather_rows(received, s.to_expert, nullptr, s.expert_in);
@@ -297,25 +334,37 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
     Tensor back = act({R, h});
     if (R > 0) be_.gather_rows(expert_out, s.to_source, nullptr, back);
     expert_out = Tensor();
-    r.expert_out = exchange_rows(back, s.recv_rows, s.send_rows);  // [M, h] in dispatch order
+    Tensor returned = exchange_rows(back, s.recv_rows, s.send_rows);  // per rank q, its outputs of q's rows
+    if (dims_.expert_group == 1) {
+      r.expert_out = std::move(returned);  // [M, h] in dispatch order
+    } else {
+      r.expert_out = act({M, h});  // the sum of the D/E partial outputs of each row
+      be_.fill(0.0, r.expert_out);
+      if (returned.dim(0) > 0) be_.scatter_add_rows(returned, s.combine_rows, nullptr, r.expert_out);
+    }
     be_.scatter_add_rows(r.expert_out, r.token_rows, &r.row_weights, y);
   } else if (s.scheme == MoeDispatch::kRing) {
     // ---- the experts come to the tokens: rank q's block of E/D experts at ring step j ----
     r.dispatched = act({M, h});
     be_.gather_rows(a, r.token_rows, nullptr, r.dispatched);
+    // Split experts: the D/E slices of an expert visit one after another and their partial
+    // outputs add up in the expert's rows (TSP's MLP ring, per expert).
+    const bool split = dims_.expert_group > 1;
     r.expert_out = act({M, h});
-    r.expert_mlp.resize(static_cast<size_t>(E));
+    if (split) be_.fill(0.0, r.expert_out);
+    r.expert_mlp.resize(static_cast<size_t>(D_ * El));  // per piece: ring owner q's i-th (slice of an) expert
     WeightRing ring = weight_ring(pack_experts(mw.experts));
     for (int j = 0; j < D_; ++j) {
       weight_ring_send(ring, j);
       const int q = ring_owner(j);
       for (int64_t i = 0; i < El; ++i) {
-        const int64_t e = q * El + i, begin = r.offsets[e], end = r.offsets[e + 1];
+        const int64_t e = dims_.expert0(q) + i, begin = r.offsets[e], end = r.offsets[e + 1];
         if (begin == end) continue;
         Tensor out = r.expert_out.narrow(begin, end);
         foldpar::mlp_forward(moe_group_context(ctx_, end - begin), expert_mlp_weights(expert_block(ring.cur, i)),
-                             r.dispatched.narrow(begin, end), out, saved != nullptr ? &r.expert_mlp[e] : nullptr, {},
-                             0.0f);
+                             r.dispatched.narrow(begin, end), out,
+                             saved != nullptr ? &r.expert_mlp[static_cast<size_t>(q * El + i)] : nullptr, {},
+                             split ? 1.0f : 0.0f);
       }
       weight_ring_advance(ring, j);
     }
@@ -335,7 +384,7 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
     std::vector<int32_t> g_token, g_slot;
     s.expert_offsets.assign(static_cast<size_t>(El) + 1, 0);
     for (int64_t j = 0; j < El; ++j) {
-      const int32_t e = static_cast<int32_t>(p_ * El + j);
+      const int32_t e = static_cast<int32_t>(dims_.expert0(p_) + j);
       for (size_t q = 0; q < all_experts.size(); ++q)
         if (all_experts[q] == e) {
           g_token.push_back(static_cast<int32_t>(q / k));
@@ -425,7 +474,7 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
     be_.gather_rows(dy, r.token_rows, &r.row_weights, d_out);
     dy_rows = Tensor();
     be_.scatter_add_rows(d_row_w, r.slot_rows, nullptr, d_weights_rows);
-    Tensor d_received = exchange_rows(d_out, s.send_rows, s.recv_rows);
+    Tensor d_received = exchange_rows(d_out, s.send_at, s.send_rows, s.recv_rows);
     d_out = Tensor();
     const int64_t R = d_received.dim(0);
     Tensor d_expert_out = act({R, h}), d_expert_in = act({R, h});
@@ -434,8 +483,10 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
     experts_backward(d_expert_out, d_expert_in);
     Tensor d_back = act({R, h});
     if (R > 0) be_.gather_rows(d_expert_in, s.to_source, nullptr, d_back);
-    Tensor d_dispatched = exchange_rows(d_back, s.recv_rows, s.send_rows);  // [M, h] in dispatch order
-    be_.scatter_add_rows(d_dispatched, r.token_rows, nullptr, d_a);
+    // [M, h] in dispatch order; split experts: D/E partial d(rows) of each row, summed per token.
+    Tensor d_dispatched = exchange_rows(d_back, s.recv_rows, s.send_rows);
+    if (d_dispatched.dim(0) > 0)
+      be_.scatter_add_rows(d_dispatched, dims_.expert_group == 1 ? r.token_rows : s.combine_tokens, nullptr, d_a);
   } else if (s.scheme == MoeDispatch::kRing) {
     // The combine's adjoint as in A; then the weight ring again, and the gradient ring (the
     // weight ring's adjoint) carrying each block's summed gradient home.
@@ -458,14 +509,14 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
       Tensor partial = grad_ring_partial(own_grad, j, block_shape);
       if (j > 0) be_.fill(0.0, partial);
       for (int64_t i = 0; i < El; ++i) {
-        const int64_t e = q * El + i, begin = r.offsets[e], end = r.offsets[e + 1];
+        const int64_t e = dims_.expert0(q) + i, begin = r.offsets[e], end = r.offsets[e + 1];
         if (begin == end) continue;
-        Tensor d_rows = d_dispatched.narrow(begin, end);
+        Tensor d_rows = d_dispatched.narrow(begin, end);  // accumulates the D/E slices' of a split expert
         ExpertWeights gb = expert_block(partial, i);
         MlpWeights ge = expert_mlp_weights(gb);
         foldpar::mlp_backward(moe_group_context(ctx_, end - begin), expert_mlp_weights(expert_block(ring.cur, i)),
-                              r.expert_mlp[e], r.dispatched.narrow(begin, end), d_out.narrow(begin, end), d_rows, ge,
-                              1.0f);
+                              r.expert_mlp[static_cast<size_t>(q * El + i)], r.dispatched.narrow(begin, end),
+                              d_out.narrow(begin, end), d_rows, ge, 1.0f);
       }
       grad_ring_send(gring, j, partial);
       weight_ring_advance(ring, j);

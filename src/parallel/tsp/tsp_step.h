@@ -44,10 +44,12 @@ struct MoeShardSaved {
   NormSaved norm;                          // x_mid [T, h], rstd [T], a2 [T, h]
   MoeSaved route;                          // this rank's routing, dispatch order, combine rows, shared expert
   std::vector<int64_t> send_rows, recv_rows;  // A: rows to / from each rank
+  std::vector<int64_t> send_at;            // A: the first dispatched row sent to each rank
+  Tensor combine_rows, combine_tokens;     // A, split experts: i32 [D/E * M] each returned row's dispatch row, token
   Tensor to_expert, to_source;             // A: i32 [R] received (source-major) <-> expert-major rows
-  std::vector<int64_t> expert_offsets;     // [E/D + 1] first row of each own expert in expert_in
+  std::vector<int64_t> expert_offsets;     // [El + 1] first row of each own (slice of an) expert in expert_in
   Tensor expert_in;                        // [R, h] the rows this rank's experts computed on
-  std::vector<foldpar::MlpSaved> expert_mlp;  // E/D
+  std::vector<foldpar::MlpSaved> expert_mlp;  // El (dims.experts)
   Tensor g_token, g_slot, g_weight, g_out;  // B: gathered token / slot of each row, its weight, expert output
 };
 
@@ -147,8 +149,12 @@ class TspStep {
   // MoE scheme A: rows src [sum send_rows, h] in destination blocks to every rank; returns
   // [sum recv_rows, h] in source blocks (point-to-point, zero-size blocks skipped).
   Tensor exchange_rows(const Tensor& src, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows);
-  // Scheme C: a rank's E/D experts packed in one ring block [E/D * 3 f_e, h] (per expert
-  // gate, up, down), and expert j's views into such a block.
+  // The same with rank r's block at src rows [send_at[r], send_at[r] + send_rows[r]): blocks
+  // may overlap (split experts send one expert's rows to each of its D/E ranks).
+  Tensor exchange_rows(const Tensor& src, const std::vector<int64_t>& send_at, const std::vector<int64_t>& send_rows,
+                       const std::vector<int64_t>& recv_rows);
+  // Scheme C: a rank's El experts packed in one ring block [El * 3 f, h] (per expert gate, up,
+  // down; f = dims.expert_rows, f_e or a split expert's slice), and expert j's views into it.
   Tensor pack_experts(const std::vector<ExpertWeights>& experts) const;
   ExpertWeights expert_block(const Tensor& block, int64_t j) const;
   void record_moe_stats(const MoeLayerWeights& w, const std::vector<int64_t>& offsets, const Tensor& probs);
