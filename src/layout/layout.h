@@ -11,6 +11,7 @@
 // nooverlap, keepw / keepkv (TSP backward policies), buckets=N (TSP head buckets),
 // recompute (Recompute::kBlock), bf16 (storage dtype), stages=A/B/.. (pp: layers per stage),
 // interleaved=V (pp: the interleaved 1F1B schedule over V chunks per rank; train --schedule),
+// zb (pp: the zero-bubble ZB-H1 schedule; train --schedule zb),
 // moe=a2a|gather|ring|auto (tsp, MoE models: how tokens meet their experts; parallel/tsp/tsp_moe.cc).
 // The old plan spelling with '+' between axes ("tp=2+sp=2") is still read, with a note
 // naming the canonical form.
@@ -73,6 +74,11 @@ struct Layout {
   // chunks and rank s holding chunks s, s + p, ..., s + (V-1) p (`--schedule interleaved:V`,
   // or `:interleaved=V` in the layout string). Not with stage_layers.
   int chunks = 1;
+  // pp: the zero-bubble schedule ZB-H1 (parallel/pipeline/pipeline_schedule.h): each backward
+  // split into the input gradient and the weight gradients, these deferred into the bubble
+  // (`--schedule zb`, or `:zb` in the layout string). Contiguous stages (chunks 1); stages of
+  // tsp=1 or tp/sp (validate_layout refuses tsp > 1 by name).
+  bool zero_bubble = false;
   // tsp with a MoE model: all-to-all dispatch and combine (a2a), all-gather of the tokens with a
   // reduce-scatter of the outputs (gather), the expert-weight ring (ring), or auto: spec
   // COMPOSITION.md 3's training break-evens, ring iff T > 2.25 E f_e / k, else gather iff D < k,
@@ -111,9 +117,17 @@ Layout tsp_layout(int degree);
 // `note`, when given, receives a one-line note where an old spelling was read ('+').
 Result<Layout> parse_layout(std::string_view text, std::string* note = nullptr);
 
-// A pipeline schedule's name (`train --schedule`): "1f1b" is 1 chunk per rank, "interleaved:V"
-// V chunks (Layout::chunks). invalid_argument naming the text otherwise.
-Result<int> parse_schedule(std::string_view text);
+// A pipeline schedule (`train --schedule`): "1f1b" (1 chunk per rank), "interleaved:V" (V
+// chunks, Layout::chunks) or "zb" (ZB-H1, Layout::zero_bubble).
+struct PipelineSchedule {
+  int chunks = 1;
+  bool zero_bubble = false;
+  bool operator==(const PipelineSchedule&) const = default;
+};
+// invalid_argument naming the text for anything else.
+Result<PipelineSchedule> parse_schedule(std::string_view text);
+// The schedule's name as `--schedule` spells it: "1f1b", "interleaved:V" or "zb".
+std::string schedule_name(const Layout& layout);
 
 // Several layouts: each item is one layout; an item may also hold several separated by ';'.
 // An item in the old list spelling ("tsp=2,tp=2+sp=2:ring", layouts between commas, axes
