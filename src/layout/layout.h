@@ -145,11 +145,15 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
 // pp: the layers before each chunk and after the last, [p v + 1] bounds from 0 to L (v =
 // Layout::chunks), so chunk g holds decoder layers [bounds[g], bounds[g+1]) and runs on rank
 // g % p; with v = 1 the chunks are the stages. Layout::stage_layers when given (v = 1);
-// otherwise balanced with the embedding counted as one layer of stage 0 and the final norm +
-// LM head + loss as one layer of the last stage, every stage at least one decoder layer, ties
-// to the later stages (22 layers on 4 stages: 5,6,6,5; 5 on 4: 1,1,2,1), and the same over
-// the p v chunks when interleaved. validate_layout's verdict first (L >= p v, the list sums
-// to L).
+// otherwise balanced by cost, the forward matmul FLOPs per token (model/flop_count.h): each
+// decoder layer's, the LM head's on the last stage, none for the embedding (a lookup). Every
+// stage at least one decoder layer; the most expensive stage as cheap as possible, then the
+// most even cut (least sum of squared costs), then the earlier stages as small as the rest
+// allows (22 equal layers with a light head on 4 stages: 5,6,6,5; 8 layers and a head as
+// heavy as two: 5,3 on 2 stages); the same over the p v chunks when interleaved. A function of
+// (config, layout) only, so every caller (the pipeline, its decoder, the plan, parameter
+// counts) cuts alike, and checkpoints, which name layers globally, do not depend on it.
+// validate_layout's verdict first (L >= p v, the list sums to L).
 std::vector<int64_t> stage_bounds(const LlamaConfig& config, const Layout& layout);
 
 // pp: the micro-batches of one optimizer step (m, per data-parallel rank) must be at least

@@ -251,8 +251,8 @@ TEST(PipelineParity, TiedEmbeddings) {
 }
 
 TEST(PipelineParity, UnevenStages) {
-  // Balanced with the embedding and head counted (L = 5, p = 2: 2 + 3; p = 4: 1,1,2,1) and
-  // explicit lists.
+  // Balanced by matmul FLOPs with the head on the last stage (L = 5, p = 2: 3 + 2; p = 4:
+  // 1,1,2,1) and explicit lists.
   RUN_OR_SKIP(Case{.layout = "pp=2,tsp=1", .layers = 5}, Case{.layout = "pp=2,tsp=1", .layers = 3, .stages = {2, 1}},
               Case{.layout = "pp=2,tsp=2", .layers = 3, .tied = true, .stages = {1, 2}},
               Case{.layout = "pp=4,tsp=1", .layers = 5, .tied = true, .m_per_stage = 2},
