@@ -41,8 +41,8 @@ void add_layout_flags(CLI::App* cmd, LayoutArgs& a, bool generation) {
   cmd->add_option("--stage-layers", a.stage_layers, "pp: decoder layers of each stage, first first, e.g. 5,6,6,5")
       ->delimiter(',');
   cmd->add_option("--schedule", a.schedule,
-                  "pp: 1f1b, or interleaved:V (V model chunks per rank, rank s holding chunks s, s+p, ...; m a "
-                  "multiple of p)");
+                  "pp: 1f1b, interleaved:V (V model chunks per rank, rank s holding chunks s, s+p, ...; m a "
+                  "multiple of p), or zb (ZB-H1: weight gradients deferred into the bubble; tsp=1 or tp/sp stages)");
   cmd->add_flag("--sequence-parallel", a.sequence_parallel, "tp: Megatron sequence parallelism in the norm regions");
   cmd->add_option("--kv-exchange", a.kv_exchange, "sp: how attention exchanges K/V: allgather or ring")
       ->transform(choice<Layout::KvExchange>(
@@ -66,7 +66,9 @@ Result<Layout> layout_of(const LayoutArgs& a, int ranks) {
   if (a.moe_dispatch != Layout::MoeDispatchOption::kAuto) l.moe_dispatch = a.moe_dispatch;
   if (!a.stage_layers.empty()) l.stage_layers = a.stage_layers;
   if (!a.schedule.empty()) {
-    FP_ASSIGN_OR_RETURN(l.chunks, parse_schedule(a.schedule));
+    FP_ASSIGN_OR_RETURN(const PipelineSchedule schedule, parse_schedule(a.schedule));
+    l.chunks = schedule.chunks;
+    l.zero_bubble = schedule.zero_bubble;
   }
   return l;
 }

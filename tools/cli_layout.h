@@ -24,7 +24,7 @@ struct LayoutArgs {
   int head_buckets = 1;
   Layout::MoeDispatchOption moe_dispatch = Layout::MoeDispatchOption::kAuto;
   std::vector<int> stage_layers;  // pp: --stage-layers 5,6,6,5
-  std::string schedule;           // pp: --schedule 1f1b | interleaved:V (Layout::chunks); empty: the layout's
+  std::string schedule;           // pp: --schedule 1f1b | interleaved:V | zb (Layout::chunks, zero_bubble); empty: the layout's
 };
 
 // Every layout flag (verify, train). `generation`: --layout and the prefill knobs only

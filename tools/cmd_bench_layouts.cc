@@ -64,7 +64,7 @@ Command add_bench_layouts_command(CLI::App& app) {
   cmd->add_option("--layouts", a->layouts,
                   "these layouts, each using every rank: tsp=2 tp=2 sp=2:ring tp=2,sp=2:seqpar (spaces separate "
                   "layouts, ',' joins axes, ':' adds ring, seqpar, contiguous, nooverlap, keepw, keepkv, buckets=N, "
-                  "recompute, bf16, stages=A/B/.., interleaved=V)")
+                  "recompute, bf16, stages=A/B/.., interleaved=V, zb)")
       ->required();
   cmd->add_option("--seq", a->seqs, "tokens per sequence (S); repeat or comma-separate for several")
       ->delimiter(',')

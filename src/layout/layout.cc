@@ -51,6 +51,8 @@ Status apply_option(std::string_view opt, std::string_view text, Layout& l) {
       FP_ASSIGN_OR_RETURN(int layers, parse_degree(n, text, "the layers of a stage"));
       l.stage_layers.push_back(layers);
     }
+  } else if (opt == "zb") {
+    l.zero_bubble = true;
   } else if (opt.starts_with("interleaved=")) {
     FP_ASSIGN_OR_RETURN(l.chunks, parse_degree(opt.substr(12), text, "the chunks per rank of interleaved"));
   } else if (opt == "moe=auto") {
@@ -66,7 +68,7 @@ Status apply_option(std::string_view opt, std::string_view text, Layout& l) {
   } else {
     return invalid_argument(
         "layout '{}': unknown option '{}' (ring, seqpar, contiguous, nooverlap, keepw, keepkv, buckets=N, recompute, "
-        "bf16, stages=A/B/.., interleaved=V, moe=a2a|gather|ring|auto)",
+        "bf16, stages=A/B/.., interleaved=V, zb, moe=a2a|gather|ring|auto)",
         text, opt);
   }
   return Status();
@@ -204,22 +206,29 @@ std::string Layout::to_string() const {
   if (dtype == DType::kBF16) n += ":bf16";
   if (!stage_layers.empty()) n += fmt::format(":stages={}", fmt::join(stage_layers, "/"));
   if (chunks > 1) n += fmt::format(":interleaved={}", chunks);
+  if (zero_bubble) n += ":zb";
   if (moe_dispatch == MoeDispatchOption::kAllToAll) n += ":moe=a2a";
   if (moe_dispatch == MoeDispatchOption::kGather) n += ":moe=gather";
   if (moe_dispatch == MoeDispatchOption::kRing) n += ":moe=ring";
   return n;
 }
 
-Result<int> parse_schedule(std::string_view text) {
-  if (text == "1f1b") return 1;
+Result<PipelineSchedule> parse_schedule(std::string_view text) {
+  if (text == "1f1b") return PipelineSchedule{};
+  if (text == "zb") return PipelineSchedule{1, true};
   if (text.starts_with("interleaved:")) {
     int v = 0;
     const std::string_view n = text.substr(12);
     const auto [ptr, ec] = std::from_chars(n.data(), n.data() + n.size(), v);
-    if (!n.empty() && ec == std::errc() && ptr == n.data() + n.size() && v >= 1) return v;
+    if (!n.empty() && ec == std::errc() && ptr == n.data() + n.size() && v >= 1) return PipelineSchedule{v, false};
   }
-  return invalid_argument("--schedule {}: the pipeline schedules are 1f1b and interleaved:V (V >= 1 chunks per rank)",
-                          text);
+  return invalid_argument(
+      "--schedule {}: the pipeline schedules are 1f1b, interleaved:V (V >= 1 chunks per rank) and zb (ZB-H1)", text);
+}
+
+std::string schedule_name(const Layout& l) {
+  if (l.zero_bubble) return "zb";
+  return l.chunks > 1 ? fmt::format("interleaved:{}", l.chunks) : "1f1b";
 }
 
 Layout tsp_layout(int degree) {

@@ -11,6 +11,7 @@
 // nooverlap, keepw / keepkv (TSP backward policies), buckets=N (TSP head buckets),
 // recompute (Recompute::kBlock), bf16 (storage dtype), stages=A/B/.. (pp: layers per stage),
 // interleaved=V (pp: the interleaved 1F1B schedule over V chunks per rank; train --schedule),
+// zb (pp: the zero-bubble ZB-H1 schedule; train --schedule zb),
 // moe=a2a|gather|ring|auto (tsp, MoE models: how tokens meet their experts; parallel/tsp/tsp_moe.cc).
 // The old plan spelling with '+' between axes ("tp=2+sp=2") is still read, with a note
 // naming the canonical form.
@@ -73,6 +74,11 @@ struct Layout {
   // chunks and rank s holding chunks s, s + p, ..., s + (V-1) p (`--schedule interleaved:V`,
   // or `:interleaved=V` in the layout string). Not with stage_layers.
   int chunks = 1;
+  // pp: the zero-bubble schedule ZB-H1 (parallel/pipeline/pipeline_schedule.h): each backward
+  // split into the input gradient and the weight gradients, these deferred into the bubble
+  // (`--schedule zb`, or `:zb` in the layout string). Contiguous stages (chunks 1); stages of
+  // tsp=1 or tp/sp (validate_layout refuses tsp > 1 by name).
+  bool zero_bubble = false;
   // tsp with a MoE model: all-to-all dispatch and combine (a2a), all-gather of the tokens with a
   // reduce-scatter of the outputs (gather), the expert-weight ring (ring), or auto: spec
   // COMPOSITION.md 3's training break-evens, ring iff T > 2.25 E f_e / k, else gather iff D < k,
@@ -111,9 +117,17 @@ Layout tsp_layout(int degree);
 // `note`, when given, receives a one-line note where an old spelling was read ('+').
 Result<Layout> parse_layout(std::string_view text, std::string* note = nullptr);
 
-// A pipeline schedule's name (`train --schedule`): "1f1b" is 1 chunk per rank, "interleaved:V"
-// V chunks (Layout::chunks). invalid_argument naming the text otherwise.
-Result<int> parse_schedule(std::string_view text);
+// A pipeline schedule (`train --schedule`): "1f1b" (1 chunk per rank), "interleaved:V" (V
+// chunks, Layout::chunks) or "zb" (ZB-H1, Layout::zero_bubble).
+struct PipelineSchedule {
+  int chunks = 1;
+  bool zero_bubble = false;
+  bool operator==(const PipelineSchedule&) const = default;
+};
+// invalid_argument naming the text for anything else.
+Result<PipelineSchedule> parse_schedule(std::string_view text);
+// The schedule's name as `--schedule` spells it: "1f1b", "interleaved:V" or "zb".
+std::string schedule_name(const Layout& layout);
 
 // Several layouts: each item is one layout; an item may also hold several separated by ';'.
 // An item in the old list spelling ("tsp=2,tp=2+sp=2:ring", layouts between commas, axes
@@ -131,11 +145,15 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
 // pp: the layers before each chunk and after the last, [p v + 1] bounds from 0 to L (v =
 // Layout::chunks), so chunk g holds decoder layers [bounds[g], bounds[g+1]) and runs on rank
 // g % p; with v = 1 the chunks are the stages. Layout::stage_layers when given (v = 1);
-// otherwise balanced with the embedding counted as one layer of stage 0 and the final norm +
-// LM head + loss as one layer of the last stage, every stage at least one decoder layer, ties
-// to the later stages (22 layers on 4 stages: 5,6,6,5; 5 on 4: 1,1,2,1), and the same over
-// the p v chunks when interleaved. validate_layout's verdict first (L >= p v, the list sums
-// to L).
+// otherwise balanced by cost, the forward matmul FLOPs per token (model/flop_count.h): each
+// decoder layer's, the LM head's on the last stage, none for the embedding (a lookup). Every
+// stage at least one decoder layer; the most expensive stage as cheap as possible, then the
+// most even cut (least sum of squared costs), then the earlier stages as small as the rest
+// allows (22 equal layers with a light head on 4 stages: 5,6,6,5; 8 layers and a head as
+// heavy as two: 5,3 on 2 stages); the same over the p v chunks when interleaved. A function of
+// (config, layout) only, so every caller (the pipeline, its decoder, the plan, parameter
+// counts) cuts alike, and checkpoints, which name layers globally, do not depend on it.
+// validate_layout's verdict first (L >= p v, the list sums to L).
 std::vector<int64_t> stage_bounds(const LlamaConfig& config, const Layout& layout);
 
 // pp: the micro-batches of one optimizer step (m, per data-parallel rank) must be at least

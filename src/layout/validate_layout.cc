@@ -5,9 +5,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "core/check.h"
+#include <algorithm>
+#include <limits>
 
+#include "core/check.h"
 #include "layout/layout.h"
+#include "model/flop_count.h"
 
 namespace foldpar {
 namespace {
@@ -138,6 +141,25 @@ Status check_stages(const LlamaConfig& c, const Layout& l, const std::string& na
   return Status();
 }
 
+// ZB-H1 defers each block's weight-gradient products (model/weight_grad_queue.h); a stage
+// whose weight gradients travel or are summed during its backward cannot wait for them.
+Status check_zero_bubble(const LlamaConfig& c, const Layout& l, const std::string& name) {
+  if (l.pp == 1)
+    return invalid_argument("{}: the zero-bubble schedule (zb) is the pp axis's (a layout with pp=P)", name);
+  if (l.chunks > 1)
+    return invalid_argument("{}: zb and interleaved:{} are two pipeline schedules; pick one", name, l.chunks);
+  if (l.strategy == Strategy::kTsp && l.tsp > 1)
+    return unimplemented("layout {}: --schedule zb with tsp>1 stages is not built (TSP sends each weight gradient home "
+                         "during the backward, by the ring and the reduce to the shard's owner, so the weight pass "
+                         "cannot be deferred); use tsp=1 or tp/sp stages, or --schedule 1f1b",
+                         name);
+  if (l.strategy == Strategy::kMegatron && c.num_key_value_heads < l.tp)
+    return unimplemented("layout {}: --schedule zb with KV replicas (num_key_value_heads {} below tp={}) is not built "
+                         "(the replicas' K/V weight gradients are summed over the KV group during the backward)",
+                         name, c.num_key_value_heads, l.tp);
+  return Status();
+}
+
 }  // namespace
 
 Status validate_micro_batches(const Layout& l, int64_t m) {
@@ -152,25 +174,69 @@ Status validate_micro_batches(const Layout& l, int64_t m) {
   return Status();
 }
 
+namespace {
+
+// The default cut of L decoder layers into n contiguous pieces (stage_bounds), as layer
+// counts, each at least one layer. Cost of a piece: forward matmul FLOPs per token
+// (model/flop_count.h: each decoder layer's projections, the LM head's on the last piece; the
+// embedding is a lookup, no FLOPs), without attention's S-dependent products, because every
+// caller must cut alike and not every caller knows S (a decoder). First the most expensive
+// piece as cheap as any cut allows (the pipeline runs at its slowest stage's pace); among
+// those cuts the most even one (least sum of squared costs); among those, each piece from the
+// first as small as the rest allows (the earlier stages hold more micro-batches in flight
+// under 1F1B). Exact dynamic programs over integers, O(n L^2).
+std::vector<int64_t> balanced_layers(const LlamaConfig& c, int64_t n) {
+  __extension__ typedef __int128 Wide;  // squared sums of FLOPs
+  const int64_t L = c.num_hidden_layers, head = head_matmul_flops_per_token(c);
+  std::vector<int64_t> prefix{0};  // [L + 1] cost of layers [0, l)
+  for (int64_t l = 0; l < L; ++l) prefix.push_back(prefix.back() + layer_matmul_flops_per_token(c, l));
+  // Piece g over layers [a, b).
+  auto cost = [&](int64_t g, int64_t a, int64_t b) { return prefix[b] - prefix[a] + (g == n - 1 ? head : 0); };
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+  // least[g][b]: the cheapest most expensive piece when pieces 0..g-1 cover layers [0, b).
+  std::vector<std::vector<int64_t>> least(n + 1, std::vector<int64_t>(L + 1, kNone));
+  least[0][0] = 0;
+  for (int64_t g = 1; g <= n; ++g)
+    for (int64_t b = g; b <= L; ++b)
+      for (int64_t a = g - 1; a < b; ++a)
+        if (least[g - 1][a] != kNone) least[g][b] = std::min(least[g][b], std::max(least[g - 1][a], cost(g - 1, a, b)));
+  const int64_t best = least[n][L];
+  // even[g][a]: the least sum of squared costs of pieces g..n-1 over layers [a, L), none above
+  // `best`; -1: no such cut.
+  std::vector<std::vector<Wide>> even(n + 1, std::vector<Wide>(L + 1, -1));
+  even[n][L] = 0;
+  auto step = [&](int64_t g, int64_t a, int64_t b) -> Wide {  // piece g = [a, b), then the best rest
+    const int64_t k = cost(g, a, b);
+    if (k > best || even[g + 1][b] < 0) return -1;
+    return static_cast<Wide>(k) * k + even[g + 1][b];
+  };
+  for (int64_t g = n - 1; g >= 0; --g)
+    for (int64_t a = 0; a < L; ++a)
+      for (int64_t b = a + 1; b <= L; ++b) {
+        const Wide v = step(g, a, b);
+        if (v >= 0 && (even[g][a] < 0 || v < even[g][a])) even[g][a] = v;
+      }
+  FP_CHECK(even[0][0] >= 0, "no cut of {} layers into {} pieces", L, n);
+  std::vector<int64_t> layers;
+  int64_t a = 0;
+  for (int64_t g = 0; g < n; ++g) {
+    int64_t b = a + 1;
+    while (step(g, a, b) != even[g][a]) ++b;
+    layers.push_back(b - a);
+    a = b;
+  }
+  return layers;
+}
+
+}  // namespace
+
 std::vector<int64_t> stage_bounds(const LlamaConfig& c, const Layout& l) {
   // Under interleaving the pieces are the p v chunks, balanced the same way.
   const int64_t L = c.num_hidden_layers, p = static_cast<int64_t>(l.pp) * l.chunks;
-  std::vector<int64_t> layers(static_cast<size_t>(p));
-  if (!l.stage_layers.empty()) {
-    for (int64_t s = 0; s < p; ++s) layers[s] = l.stage_layers[s];
-  } else {
-    // One layer each (L >= p), then each further layer to the least loaded stage, the
-    // embedding and the head counting as one layer of the end stages; ties go to the later
-    // stage, which holds fewer micro-batches in flight under 1F1B.
-    auto load = [&](int64_t s) { return layers[s] + (s == 0 ? 1 : 0) + (s == p - 1 ? 1 : 0); };
-    for (int64_t s = 0; s < p; ++s) layers[s] = 1;
-    for (int64_t n = p; n < L; ++n) {
-      int64_t best = p - 1;
-      for (int64_t s = p - 1; s-- > 0;)
-        if (load(s) < load(best)) best = s;
-      ++layers[best];
-    }
-  }
+  FP_CHECK(L >= p, "{} layers for {} pipeline pieces (validate_layout passes first)", L, p);
+  std::vector<int64_t> layers;
+  if (!l.stage_layers.empty()) layers.assign(l.stage_layers.begin(), l.stage_layers.end());
+  else layers = balanced_layers(c, p);
   std::vector<int64_t> bounds{0};
   for (int64_t n : layers) bounds.push_back(bounds.back() + n);
   FP_CHECK(bounds.back() == L, "stage bounds end at {} of {} layers (validate_layout passes first)", bounds.back(), L);
@@ -217,6 +283,7 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
   if (layout.pp == 1 && layout.chunks > 1)
     return invalid_argument("{}: the interleaved schedule (interleaved:{}) is the pp axis's (a layout with pp=P)", name,
                             layout.chunks);
+  if (layout.zero_bubble) FP_RETURN_IF_ERROR(check_zero_bubble(config, layout, name));
   if (layout.pp > 1) FP_RETURN_IF_ERROR(check_stages(config, layout, name));
   return check_sizes(config, layout, batch, seq, name);
 }

@@ -11,6 +11,20 @@ double forward_matmul_flops(const LlamaConfig& c, int64_t tokens) {
   return 2.0 * static_cast<double>(tokens) * weights;
 }
 
+int64_t layer_matmul_flops_per_token(const LlamaConfig& c, int64_t layer) {
+  const int64_t h = c.hidden_size;
+  const int64_t attention = 2 * h * c.q_dim() + 2 * h * c.kv_dim();  // q, o; k, v
+  const MoeConfig& m = c.moe;
+  int64_t mlp = 3 * h * c.intermediate_size;
+  if (m.enabled() && m.is_sparse_layer(layer)) {
+    mlp = m.num_experts * h + m.num_experts_per_tok * 3 * h * m.moe_intermediate_size;
+    if (m.shared_expert_intermediate_size > 0) mlp += 3 * h * m.shared_expert_intermediate_size + h;
+  }
+  return 2 * (attention + mlp);
+}
+
+int64_t head_matmul_flops_per_token(const LlamaConfig& c) { return 2 * c.hidden_size * c.vocab_size; }
+
 double forward_attention_flops(const LlamaConfig& c, int64_t batch, int64_t seq) {
   // Causal: S(S+1)/2. A window W < S: query i sees min(i + 1, W) keys, S(S+1)/2 less the
   // (S-W)(S-W+1)/2 pairs behind the window.

@@ -12,6 +12,8 @@
 
 namespace foldpar {
 
+class WeightGradQueue;  // model/weight_grad_queue.h
+
 // One step's parts on this rank. Each holds its own saved state between forward and backward.
 class ModelStep {
  public:
@@ -28,6 +30,12 @@ class ModelStep {
   // releases the layer's saved state.
   virtual Tensor block_backward(int64_t layer, Tensor dx) = 0;
   virtual void embed_backward(const Tensor& dx) = 0;
+  // A zero-bubble pipeline stage's split backward (parallel/pipeline/): while `queue` is set,
+  // block_backward leaves its weight-gradient products in it (model/weight_grad_queue.h) and
+  // computes only the input gradient, the norm gains' and the biases' gradients; the caller
+  // runs the queue later. Null: run them again. False, and nothing changes, where this
+  // step's weight gradients cannot wait (they travel or are summed during its backward).
+  virtual bool defer_weight_grads(WeightGradQueue* queue) { return queue == nullptr; }
 };
 
 // A pipeline stage's part of the order (parallel/pipeline/): the forward of blocks

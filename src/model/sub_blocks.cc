@@ -4,6 +4,7 @@
 #include "model/sub_blocks.h"
 
 #include "backend/bf16_storage_backend.h"
+#include "model/weight_grad_queue.h"
 
 namespace foldpar {
 namespace {
@@ -83,13 +84,23 @@ void linear_backward_input(Backend& be, const LinearView& w, const Tensor& dy, T
   be.matmul(dy, false, w.w, w.transposed, dx, 1.0f, beta);
 }
 
-void linear_backward_weight(Backend& be, LinearView& g, const Tensor& dy, const Tensor& x, float beta) {
+namespace {
+
+// c = a^T b + beta c (a weight gradient), now or queued as the context says.
+void weight_gemm(const BlockContext& ctx, const Tensor& a, const Tensor& b, Tensor& c, float beta) {
+  if (ctx.weight_grads != nullptr) ctx.weight_grads->push(a, true, b, false, c, beta);
+  else ctx.backend->matmul(a, true, b, false, c, 1.0f, beta);
+}
+
+}  // namespace
+
+void linear_backward_weight(const BlockContext& ctx, LinearView& g, const Tensor& dy, const Tensor& x, float beta) {
   if (g.transposed) {
-    be.matmul(x, true, dy, false, g.w, 1.0f, beta);  // dW^T = x^T dy
+    weight_gemm(ctx, x, dy, g.w, beta);  // dW^T = x^T dy
   } else {
-    be.matmul(dy, true, x, false, g.w, 1.0f, beta);  // dW = dy^T x
+    weight_gemm(ctx, dy, x, g.w, beta);  // dW = dy^T x
   }
-  if (g.b.defined()) bias_grad(be, dy, g.b, beta);  // db = 1^T dy
+  if (g.b.defined()) bias_grad(*ctx.backend, dy, g.b, beta);  // db = 1^T dy
 }
 
 NormSaved norm_forward(const BlockContext& ctx, const Tensor& gain, const Tensor& x) {
@@ -146,7 +157,7 @@ void q_input_grad(const BlockContext& ctx, const QkvWeights& w, const Tensor& dq
 }
 void q_weight_grad(const BlockContext& ctx, const Tensor& dq, const Tensor& a, QkvWeights& g, float g_beta) {
   LinearView gq{g.wq, false, g.bq};
-  linear_backward_weight(*ctx.backend, gq, dq.reshape({ctx.rows(), g.wq.dim(0)}), a, g_beta);
+  linear_backward_weight(ctx, gq, dq.reshape({ctx.rows(), g.wq.dim(0)}), a, g_beta);
 }
 // k = rope(a Wk^T), v = a Wv^T: with dk rotated back, d_a (+)= dk Wk + dv Wv.
 void kv_input_grad(const BlockContext& ctx, const QkvWeights& w, const Tensor& dk, const Tensor& dv, Tensor& d_a,
@@ -157,11 +168,11 @@ void kv_input_grad(const BlockContext& ctx, const QkvWeights& w, const Tensor& d
 }
 void k_weight_grad(const BlockContext& ctx, const Tensor& dk, const Tensor& a, QkvWeights& g, float g_beta) {
   LinearView gk{g.wk, false, g.bk};
-  linear_backward_weight(*ctx.backend, gk, dk.reshape({ctx.rows(), g.wk.dim(0)}), a, g_beta);
+  linear_backward_weight(ctx, gk, dk.reshape({ctx.rows(), g.wk.dim(0)}), a, g_beta);
 }
 void v_weight_grad(const BlockContext& ctx, const Tensor& dv, const Tensor& a, QkvWeights& g, float g_beta) {
   LinearView gv{g.wv, false, g.bv};
-  linear_backward_weight(*ctx.backend, gv, dv.reshape({ctx.rows(), g.wv.dim(0)}), a, g_beta);
+  linear_backward_weight(ctx, gv, dv.reshape({ctx.rows(), g.wv.dim(0)}), a, g_beta);
 }
 
 // dq (dk) after RoPE's adjoint, back through the q (k) norm when there is one: the gradient
@@ -234,7 +245,7 @@ Tensor attn_output_backward(const BlockContext& ctx, const LinearView& wo, const
   Tensor d_attn2 = d_attn.reshape(attn2.shape());
   linear_backward_input(*ctx.backend, wo, dy, d_attn2, 0.0f);
   run(between);
-  linear_backward_weight(*ctx.backend, g_wo, dy, attn2, g_beta);
+  linear_backward_weight(ctx, g_wo, dy, attn2, g_beta);
   return d_attn;
 }
 
@@ -261,7 +272,7 @@ MlpInputGrads mlp_backward_input(const BlockContext& ctx, const MlpWeights& w, c
   Tensor d_act = act_like({T, fc}, dy);
   linear_backward_input(be, w.down, dy, d_act, 0.0f);
   run(sched.between);
-  linear_backward_weight(be, g.down, dy, s.act, g_beta);
+  linear_backward_weight(ctx, g.down, dy, s.act, g_beta);
   MlpInputGrads d{act_like({T, fc}, dy), act_like({T, fc}, dy)};
   be.swiglu_backward(s.gate, s.up, d_act, d.d_gate, d.d_up);
   d_act = Tensor();
@@ -275,10 +286,10 @@ MlpInputGrads mlp_backward_input(const BlockContext& ctx, const MlpWeights& w, c
 void mlp_backward_weight(const BlockContext& ctx, const MlpInputGrads& d, const Tensor& a, MlpWeights& g,
                          float g_beta, const BackwardSchedule& sched) {
   Backend& be = *ctx.backend;
-  be.matmul(d.d_gate, true, a, false, g.w_gate, 1.0f, g_beta);
+  weight_gemm(ctx, d.d_gate, a, g.w_gate, g_beta);
   if (g.b_gate.defined()) bias_grad(be, d.d_gate, g.b_gate, g_beta);
   run(sched.between);
-  be.matmul(d.d_up, true, a, false, g.w_up, 1.0f, g_beta);
+  weight_gemm(ctx, d.d_up, a, g.w_up, g_beta);
   if (g.b_up.defined()) bias_grad(be, d.d_up, g.b_up, g_beta);
 }
 

@@ -20,6 +20,7 @@
 namespace foldpar {
 
 struct MoeAux;  // model/moe_layer.h
+class WeightGradQueue;  // model/weight_grad_queue.h
 
 // The per-step constants every block of a forward shares. T = batch * seq rows, batch-major.
 struct BlockContext {
@@ -32,6 +33,9 @@ struct BlockContext {
   MoeAux* moe_aux = nullptr;           // MoE layers record their routing statistics here (null: not kept)
   // [sparse layers][E] the aux loss's gradient on the router probabilities (null: none)
   const std::vector<std::vector<double>>* moe_prob_grad = nullptr;
+  // Set: the backwards queue their weight-gradient products here instead of running them
+  // (a zero-bubble pipeline stage's B; the queue runs them as its W). Null: run at once.
+  WeightGradQueue* weight_grads = nullptr;
   int64_t rows() const { return batch * seq; }
 };
 
@@ -60,8 +64,9 @@ void linear_forward(Backend& be, const LinearView& w, const Tensor& x, Tensor& y
 // dx = dy W + beta dx. dy: [T, out], dx: [T, in].
 void linear_backward_input(Backend& be, const LinearView& w, const Tensor& dy, Tensor& dx, float beta);
 // g = dy^T x + beta g, in g's storage (g.transposed: x^T dy); g.b (when defined) = the column
-// sums of dy + beta g.b. dy: [T, out], x: [T, in].
-void linear_backward_weight(Backend& be, LinearView& g, const Tensor& dy, const Tensor& x, float beta);
+// sums of dy + beta g.b. dy: [T, out], x: [T, in]. With ctx.weight_grads the product is
+// queued there (the bias's column sums run now).
+void linear_backward_weight(const BlockContext& ctx, LinearView& g, const Tensor& dy, const Tensor& x, float beta);
 
 // ---- pre-norm: a = rmsnorm(x) * gain (before attention, before the MLP, before the head) ----
 struct NormSaved {

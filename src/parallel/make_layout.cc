@@ -35,9 +35,11 @@ Result<std::unique_ptr<ShardedDecoder>> make_pipeline_stages_decoder(const Llama
   if (layout.dtype != DType::kF32)
     return unimplemented("layout {}: generation under pp runs in f32; bf16 is not implemented", name);
   Communicator& pp = mesh.comm("pp");
-  // Contiguous stages whatever the training schedule: decoding has no backward to interleave.
+  // Contiguous stages whatever the training schedule: decoding has no backward to interleave
+  // or split.
   Layout contiguous = layout;
   contiguous.chunks = 1;
+  contiguous.zero_bubble = false;
   const std::vector<int64_t> bounds = stage_bounds(config, contiguous);
   const int s = pp.rank();
   const StageLayers layers{bounds[s], bounds[s + 1], s == 0, s == layout.pp - 1, {}};

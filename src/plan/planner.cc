@@ -253,9 +253,6 @@ Status plan_pipeline(const PlanRequest& r, LayoutPlan& p) {
   return Status();
 }
 
-// The pipeline schedule as train --schedule spells it.
-std::string schedule_name(const Layout& l) { return l.chunks > 1 ? fmt::format("interleaved:{}", l.chunks) : "1f1b"; }
-
 const char* dispatch_name(Layout::MoeDispatchOption d) {
   switch (d) {
     case Layout::MoeDispatchOption::kAllToAll: return "a2a";
@@ -458,15 +455,16 @@ std::string plan_report_text(const PlanReport& rep) {
   }
   for (const LayoutPlan& p : rep.layouts) {
     if (p.layout.pp == 1) continue;
-    // The bubble with equal stages: (p - 1) / (m v + p - 1) of the step (1F1B: v = 1;
-    // parallel/pipeline/pipeline_schedule.h).
+    // The bubble with equal stages: (p - 1) / (m v + p - 1) of the step (1F1B: v = 1), ZB-H1's
+    // (p - 1) / (3m + p - 1) with equal F, B and W (parallel/pipeline/pipeline_schedule.h).
     const double pp = p.layout.pp, m = static_cast<double>(p.micro_batches), v = p.layout.chunks;
+    const bool zb = p.layout.zero_bubble;
     std::string line = fmt::format(
         "pipeline {}: {} micro-batches of {} (train --micro-batch {}), schedule {}; memory peaks on {}; bubble "
-        "{:.4g} s of the busiest stage ({:.0f}% of the step; equal stages: (p-1)/(m{}+p-1) = {:.0f}%)",
+        "{:.4g} s of the busiest stage ({:.0f}% of the step; equal stages{}: (p-1)/({}m{}+p-1) = {:.0f}%)",
         p.layout.to_string(), p.micro_batches, p.micro_batch, p.micro_batch, schedule_name(p.layout), p.memory.phase,
-        p.bubble_s, p.time.step_s > 0 ? 100 * p.bubble_s / p.time.step_s : 0.0, v > 1 ? " v" : "",
-        100 * (pp - 1) / (m * v + pp - 1));
+        p.bubble_s, p.time.step_s > 0 ? 100 * p.bubble_s / p.time.step_s : 0.0, zb ? ", F = B = W" : "",
+        zb ? "3" : "", v > 1 ? " v" : "", 100 * (pp - 1) / ((zb ? 3 : 1) * m * v + pp - 1));
     if (p.micro_batch_tried.size() > 1) {
       std::vector<std::string> t;
       for (const auto& [micro, tps] : p.micro_batch_tried) t.push_back(fmt::format("{}: {:.4g}", micro, tps));

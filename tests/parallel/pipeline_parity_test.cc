@@ -13,6 +13,7 @@
 // data-parallel sum of every ParamRef, no pipeline traffic to check).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "mpi_test_main.h"
 #include "param_ref_check.h"
 #include "parallel/make_layout.h"
+#include "parallel/pipeline/pipeline_model.h"
 #include "tensor/compare.h"
 #include "train/trainer.h"
 
@@ -249,8 +251,8 @@ TEST(PipelineParity, TiedEmbeddings) {
 }
 
 TEST(PipelineParity, UnevenStages) {
-  // Balanced with the embedding and head counted (L = 5, p = 2: 2 + 3; p = 4: 1,1,2,1) and
-  // explicit lists.
+  // Balanced by matmul FLOPs with the head on the last stage (L = 5, p = 2: 3 + 2; p = 4:
+  // 1,1,2,1) and explicit lists.
   RUN_OR_SKIP(Case{.layout = "pp=2,tsp=1", .layers = 5}, Case{.layout = "pp=2,tsp=1", .layers = 3, .stages = {2, 1}},
               Case{.layout = "pp=2,tsp=2", .layers = 3, .tied = true, .stages = {1, 2}},
               Case{.layout = "pp=4,tsp=1", .layers = 5, .tied = true, .m_per_stage = 2},
@@ -266,6 +268,29 @@ TEST(PipelineParity, InterleavedChunks) {
               Case{.layout = "pp=2,tsp=2", .tied = true, .chunks = 2},
               Case{.layout = "pp=2,tsp=2", .m_per_stage = 2, .chunks = 2},
               Case{.layout = "pp=4,tsp=1", .layers = 8, .tied = true, .chunks = 2});
+}
+
+// ZB-H1 (`:zb`): each backward's weight-gradient products deferred and run as the schedule's
+// W ops. tsp=1 stages at pp = 2 and 4, m = p and m = 2p, tied and untied, uneven stages,
+// block recomputation, the attention variants (their bias and norm gradients stay in B), dp
+// around the pipeline, and the Megatron stages (tp with and without seqpar, sp).
+TEST(PipelineParity, ZeroBubble) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,tsp=1:zb"}, Case{.layout = "pp=2,tsp=1:zb", .m_per_stage = 2},
+              Case{.layout = "pp=2,tsp=1:zb", .tied = true}, Case{.layout = "pp=2,tsp=1:zb", .tied = true, .m_per_stage = 2},
+              Case{.layout = "pp=2,tsp=1:zb", .layers = 5, .m_per_stage = 2, .batch = 2},
+              Case{.layout = "pp=2,tsp=1:zb", .m_per_stage = 2, .recompute = Recompute::kBlock},
+              Case{.layout = "pp=2,tsp=1:zb", .tied = true, .m_per_stage = 2, .variant = Variant::kAttentionBias},
+              Case{.layout = "pp=2,tsp=1:zb", .m_per_stage = 2, .variant = Variant::kQwen3},
+              Case{.layout = "pp=4,tsp=1:zb"}, Case{.layout = "pp=4,tsp=1:zb", .m_per_stage = 2},
+              Case{.layout = "pp=4,tsp=1:zb", .tied = true}, Case{.layout = "pp=4,tsp=1:zb", .tied = true, .m_per_stage = 2},
+              Case{.layout = "pp=4,tsp=1:zb", .layers = 6, .m_per_stage = 2, .stages = {1, 2, 2, 1},
+                   .variant = Variant::kQwen2},
+              Case{.layout = "pp=2,dp=2,tsp=1:zb", .tied = true, .m_per_stage = 2},
+              Case{.layout = "pp=2,tp=2:zb", .tied = true, .m_per_stage = 2},
+              Case{.layout = "pp=2,tp=2:seqpar:zb", .layers = 3, .m_per_stage = 2, .variant = Variant::kAttentionBias},
+              Case{.layout = "pp=2,sp=2:zb", .m_per_stage = 2, .variant = Variant::kQwen3},
+              Case{.layout = "pp=4,dp=2,tsp=1:zb", .tied = true, .m_per_stage = 2},
+              Case{.layout = "pp=2,tp=2,sp=2:zb", .m_per_stage = 2});
 }
 
 TEST(PipelineParity, BatchTwoAndRecompute) {
@@ -381,10 +406,29 @@ TEST(PipelineErrors, RefusalsNameTheNumbers) {
             "interleaved schedule (interleaved:2)");
   EXPECT_EQ(validate_micro_batches(inter, 1).code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(validate_micro_batches(inter, 4).ok());
-  EXPECT_EQ(parse_schedule("interleaved:3").value(), 3);
-  EXPECT_EQ(parse_schedule("1f1b").value(), 1);
+  EXPECT_EQ(parse_schedule("interleaved:3").value(), (PipelineSchedule{3, false}));
+  EXPECT_EQ(parse_schedule("1f1b").value(), PipelineSchedule{});
+  EXPECT_EQ(parse_schedule("zb").value(), (PipelineSchedule{1, true}));
   EXPECT_EQ(parse_schedule("interleaved:0").status().message(),
-            "--schedule interleaved:0: the pipeline schedules are 1f1b and interleaved:V (V >= 1 chunks per rank)");
+            "--schedule interleaved:0: the pipeline schedules are 1f1b, interleaved:V (V >= 1 chunks per rank) and zb "
+            "(ZB-H1)");
+  // ZB-H1: pp only, not with interleaving, and on stages whose weight gradients can wait.
+  EXPECT_EQ(message("pp=2,tsp=1:zb"), "ok");
+  EXPECT_EQ(message("pp=2,tp=2:zb"), "ok");
+  EXPECT_EQ(parse_layout("pp=2,tsp=1:zb")->to_string(), "pp=2,tsp=1:zb");
+  EXPECT_EQ(schedule_name(parse_layout("pp=2,tsp=1:zb").value()), "zb");
+  EXPECT_EQ(message("tsp=1:zb"), "tsp=1:zb: the zero-bubble schedule (zb) is the pp axis's (a layout with pp=P)");
+  EXPECT_EQ(message("pp=2,tsp=1:interleaved=2:zb"),
+            "pp=2,tsp=1:interleaved=2:zb: zb and interleaved:2 are two pipeline schedules; pick one");
+  EXPECT_EQ(message("pp=2,tsp=2:zb"),
+            "layout pp=2,tsp=2:zb: --schedule zb with tsp>1 stages is not built (TSP sends each weight gradient home "
+            "during the backward, by the ring and the reduce to the shard's owner, so the weight pass cannot be "
+            "deferred); use tsp=1 or tp/sp stages, or --schedule 1f1b");
+  LlamaConfig mqa = c;
+  mqa.num_key_value_heads = 1;
+  EXPECT_EQ(validate_layout(mqa, parse_layout("pp=2,tp=2:zb").value(), 0, 32).message(),
+            "layout pp=2,tp=2:zb: --schedule zb with KV replicas (num_key_value_heads 1 below tp=2) is not built (the "
+            "replicas' K/V weight gradients are summed over the KV group during the backward)");
   EXPECT_EQ(parse_layout("pp=2,tsp=1:interleaved=2")->chunks, 2);
   EXPECT_EQ(parse_layout("pp=2,tsp=1:interleaved=1")->to_string(), "pp=2,tsp=1");
 }
@@ -456,6 +500,52 @@ TEST(PipelineMemory, ActivationsInFlightAreBoundedByTheStages) {
     EXPECT_LE(one, (P - s) * single + kept) << text << " stage " << s << ": more than p - s in flight";
     if (s < P - 1) {
       EXPECT_GT(one, single) << text << " stage " << s << ": the stages never overlapped";
+    }
+  }
+  if (!ran) GTEST_SKIP() << "no layout for " << world.size() << " ranks";
+}
+
+// ZB-H1 holds 1F1B's saved state plus the deferred weight-gradient inputs (each micro-batch's
+// between its B and its W: PipelineModel::deferred_bytes) of at most s + 1 micro-batches on
+// stage s (pipeline_schedule.h): stage 0's tracked peak exceeds 1F1B's by at most one
+// micro-batch's deferred inputs, stage s's by s + 1 of them; at m = p and m = 3p.
+TEST(PipelineMemory, ZeroBubblePeakIsOneFOneBsPlusTheDeferredWeightInputs) {
+  Communicator& world = test::mpi().world();
+  bool ran = false;
+  for (const std::string text : {"pp=2,tsp=1", "pp=4,tsp=1"}) {
+    Layout lo = parse_layout(text).value();
+    if (lo.ranks() != world.size()) continue;
+    ran = true;
+    const LlamaConfig c = test_config(4, false);
+    Mesh mesh = Mesh::create(world, lo.mesh()).value();
+    auto be = make_cpu_backend();
+    const int P = lo.pp, s = mesh.coord("pp");
+    const Batch global = synthetic_batch(c, 3 * P, 32, 11, 0.1);
+    // The step's own peak over everything the tracker counts, and the deferred bytes.
+    auto peak = [&](bool zb, int m, int64_t* deferred) {
+      Layout l = lo;
+      l.zero_bubble = zb;
+      std::unique_ptr<ShardedModel> model = make_sharded_model(c, mesh, 32, l).value();
+      model->init_weights(kInit);
+      model->zero_grads(*be);
+      std::vector<Batch> locals;
+      for (int i = 0; i < m; ++i) locals.push_back(model->local_batch(rows(global, i, i + 1)));
+      MemoryTracker& t = MemoryTracker::process();
+      const int64_t before = t.stats().current_total;
+      t.reset_peaks();
+      FP_CHECK_OK(model->forward_backward_micro_batches(*be, locals, 0).status());
+      *deferred = dynamic_cast<PipelineModel&>(*model).deferred_bytes();
+      return t.stats().peak_total - before;
+    };
+    for (int m : {P, 3 * P}) {
+      int64_t none = 0, deferred = 0;
+      const int64_t one_f_one_b = peak(false, m, &none), zero_bubble = peak(true, m, &deferred);
+      EXPECT_EQ(none, 0);
+      EXPECT_GT(deferred, 0);
+      EXPECT_LE(zero_bubble, one_f_one_b + (s + 1) * deferred) << text << " stage " << s << " m " << m;
+      std::printf("%s m %d stage %d: peak 1F1B %lld B, ZB-H1 %lld B (%+lld), one micro-batch's deferred W inputs %lld B\n",
+                  text.c_str(), m, s, static_cast<long long>(one_f_one_b), static_cast<long long>(zero_bubble),
+                  static_cast<long long>(zero_bubble - one_f_one_b), static_cast<long long>(deferred));
     }
   }
   if (!ran) GTEST_SKIP() << "no layout for " << world.size() << " ranks";

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "layout/layout.h"
+#include "model/flop_count.h"
 
 namespace foldpar {
 namespace {
@@ -226,17 +227,45 @@ TEST(LayoutStages, PipelineMeshOrderSpellingAndStageBounds) {
   LlamaConfig c = mha_config();
   c.num_hidden_layers = 22;
   EXPECT_EQ(stage_bounds(c, staged), (std::vector<int64_t>{0, 5, 11, 17, 22}));
-  // Balanced over L + 2 units: the embedding and the head count as one layer each.
+  // Balanced by matmul FLOPs per token: here a layer 2 (2 h q + 2 h kv + 3 h f) = 131072,
+  // the head 2 h V = 16384 (1/8 layer) on the last stage, the embedding none. 22 layers:
+  // stages of at most 6 (5.5 on average), the head's stage one of the 5-layer ones, the
+  // earlier stages as small as the rest allows.
+  EXPECT_EQ(layer_matmul_flops_per_token(c, 0), 131072);
+  EXPECT_EQ(head_matmul_flops_per_token(c), 16384);
   EXPECT_EQ(stage_bounds(c, parse("pp=4,tsp=1")), (std::vector<int64_t>{0, 5, 11, 17, 22}));
   c.num_hidden_layers = 4;
   EXPECT_EQ(stage_bounds(c, parse("pp=2,tsp=1")), (std::vector<int64_t>{0, 2, 4}));
-  c.num_hidden_layers = 5;
-  EXPECT_EQ(stage_bounds(c, parse("pp=2,tsp=1")), (std::vector<int64_t>{0, 2, 5}));
+  c.num_hidden_layers = 5;  // 3 | 2 + 1/8, not 2 | 3 + 1/8
+  EXPECT_EQ(stage_bounds(c, parse("pp=2,tsp=1")), (std::vector<int64_t>{0, 3, 5}));
   EXPECT_EQ(stage_bounds(c, parse("pp=4,tsp=1")), (std::vector<int64_t>{0, 1, 2, 4, 5}));
   // Every stage keeps a decoder layer, even where the end stages then carry more.
   c.num_hidden_layers = 3;
   EXPECT_EQ(stage_bounds(c, parse("pp=3,tsp=1")), (std::vector<int64_t>{0, 1, 2, 3}));
   EXPECT_EQ(stage_bounds(c, parse("pp=1,tsp=1")), (std::vector<int64_t>{0, 3}));
+}
+
+TEST(LayoutStages, AHeavyHeadMovesLayersOffTheLastStage) {
+  LlamaConfig c = mha_config();
+  c.num_hidden_layers = 8;
+  EXPECT_EQ(stage_bounds(c, parse("pp=2,tsp=1")), (std::vector<int64_t>{0, 4, 8}));
+  // V = 2048: the head costs two layers (2 h V = 2 x 131072), so the last stage gives one
+  // up: 5 | 3 + 2, not 4 | 4 + 2.
+  c.vocab_size = 2048;
+  EXPECT_EQ(head_matmul_flops_per_token(c), 2 * layer_matmul_flops_per_token(c, 0));
+  EXPECT_EQ(stage_bounds(c, parse("pp=2,tsp=1")), (std::vector<int64_t>{0, 5, 8}));
+  // Four stages: none above 3 layers' cost (10 over 4), the most even such cut (2, 2, 3, 1 + 2),
+  // not 1, 3, 3, 1 + 2 (as cheap at its most expensive, less even).
+  EXPECT_EQ(stage_bounds(c, parse("pp=4,tsp=1")), (std::vector<int64_t>{0, 2, 4, 7, 8}));
+  // The interleaved chunks are cut alike (p v = 4 pieces, the head with the last chunk).
+  EXPECT_EQ(stage_bounds(c, parse("pp=2,tsp=1:interleaved=2")), (std::vector<int64_t>{0, 2, 4, 7, 8}));
+  // --stage-layers still overrides.
+  EXPECT_EQ(stage_bounds(c, parse("pp=2,tsp=1:stages=4/4")), (std::vector<int64_t>{0, 4, 8}));
+  // Each stage's parameters follow the cut (local_parameter_elements): per layer q, o, k, v,
+  // gate, up, down and two gains; stage 0 the embedding, stage 1 the final norm and the head.
+  const int64_t h = c.hidden_size, layer = 4 * h * h + 3 * h * c.intermediate_size + 2 * h, table = c.vocab_size * h;
+  EXPECT_EQ(local_parameter_elements(c, parse("pp=2,tsp=1"), 0), 5 * layer + table);
+  EXPECT_EQ(local_parameter_elements(c, parse("pp=2,tsp=1"), 1), 3 * layer + h + table);
 }
 
 TEST(LayoutParameters, LocalParameterElementsShardByTheWeightDegree) {

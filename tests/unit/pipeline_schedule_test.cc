@@ -9,9 +9,15 @@
 // stream in micro-batch order, the warm-up and in-flight counts, 2 (m v + p - 1) unit slots
 // (the bubble (p - 1) / (m v + p - 1)), and every rank's order run together with the
 // boundary's blocking points (receives taken, sends waited beyond the kept ones) finishing.
+// ZB-H1: every F, B and W exactly once, F before B before W per micro-batch, F and B in
+// 1F1B's order, 1F1B's saved state in flight plus at most s + 1 deferred W's on stage s, the
+// step's length m (F + B + W) + (p - 1)(F + B - W) for op times with W <= F, B (unit times:
+// p - 1 idle slots per stage against 1F1B's 3 (p - 1)), and every rank's order run with the
+// boundary's blocking points finishing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <tuple>
 #include <vector>
 
 #include "parallel/pipeline/pipeline_schedule.h"
@@ -100,10 +106,17 @@ struct Orders {
   std::vector<Place> where;                  // [kind][g][i]
 
   Orders(int p_, int m_, int v_) : p(p_), m(m_), v(v_), ops(static_cast<size_t>(p_)), where(2 * p_ * v_ * m_) {
-    for (int s = 0; s < p; ++s) {
-      ops[s] = interleaved_one_f_one_b(p, s, m, v);
+    for (int s = 0; s < p; ++s) ops[s] = interleaved_one_f_one_b(p, s, m, v);
+    place();
+  }
+  // Given orders of one chunk per rank (ZB-H1's, less its W ops, which move nothing).
+  Orders(int p_, int m_, std::vector<std::vector<PipelineOp>> given)
+      : p(p_), m(m_), v(1), ops(std::move(given)), where(2 * p_ * m_) {
+    place();
+  }
+  void place() {
+    for (int s = 0; s < p; ++s)
       for (size_t k = 0; k < ops[s].size(); ++k) where[index(ops[s][k], s)] = Place{s, k};
-    }
   }
   int global(const PipelineOp& op, int s) const { return op.chunk * p + s; }
   size_t index(Kind kind, int g, int i) const {
@@ -296,6 +309,111 @@ TEST(InterleavedOneFOneB, NoDeadlockWithTheBoundarysBlockingPoints) {
   // ranks wait on a send the other receives only after its own send).
   EXPECT_FALSE(interleaved::simulate_blocking(interleaved::Orders(2, 4, 2), 0));
   EXPECT_FALSE(interleaved::simulate_blocking(interleaved::Orders(4, 8, 1), 0));
+}
+
+// ---- ZB-H1: the backward split into B (input gradient) and W (weight gradient) ----
+
+TEST(ZeroBubbleH1, EveryOpOnceInOrderAndOneFOneBsForwardsAndBackwards) {
+  for (int p = 1; p <= 5; ++p)
+    for (int m = 1; m <= 9; ++m)
+      for (int s = 0; s < p; ++s) {
+        SCOPED_TRACE(::testing::Message() << "p " << p << " s " << s << " m " << m);
+        const std::vector<PipelineOp> ops = zero_bubble_h1(p, s, m);
+        ASSERT_EQ(ops.size(), static_cast<size_t>(3 * m));
+        int next[3] = {0, 0, 0};
+        std::vector<PipelineOp> forward_backward;
+        for (const PipelineOp& op : ops) {
+          const int k = static_cast<int>(op.kind);
+          EXPECT_EQ(op.micro_batch, next[k]++) << "each kind in micro-batch order, each op once";
+          EXPECT_EQ(op.chunk, 0);
+          if (op.kind == Kind::kBackward) {
+            EXPECT_LT(op.micro_batch, next[0]) << "B before its F";
+          }
+          if (op.kind == Kind::kWeight) {
+            EXPECT_LT(op.micro_batch, next[1]) << "W before its B";
+          }
+          if (op.kind != Kind::kWeight) forward_backward.push_back(op);
+        }
+        // F and B in 1F1B's order: the boundary's messages and blocking points are 1F1B's.
+        EXPECT_EQ(forward_backward, one_f_one_b(p, s, m));
+        // 1F1B's saved state in flight, plus the W inputs of at most s + 1 micro-batches.
+        EXPECT_EQ(max_in_flight(ops), std::min(p - s, m));
+        EXPECT_EQ(max_weight_pending(ops), std::min(s + 1, m));
+      }
+  using K = Kind;
+  const std::vector<PipelineOp> first = {{K::kForward, 0}, {K::kForward, 1}, {K::kBackward, 0},
+                                         {K::kWeight, 0},  {K::kBackward, 1}, {K::kWeight, 1}};
+  const std::vector<PipelineOp> last = {{K::kForward, 0}, {K::kBackward, 0}, {K::kForward, 1},
+                                        {K::kBackward, 1}, {K::kWeight, 0},  {K::kWeight, 1}};
+  EXPECT_EQ(zero_bubble_h1(2, 0, 2), first);
+  EXPECT_EQ(zero_bubble_h1(2, 1, 2), last);
+}
+
+// Every stage's order with op times F, B, W (1F1B's backward: B + W, the two fused): an op
+// starts when its stage is free and its input is done (F(i): F(i) of s-1; B(i): B(i) of s+1,
+// the last stage's its own F(i); W(i): B(i) of the stage). The time to finish, or -1 on a
+// deadlock.
+int64_t simulate_timed(int p, int m, bool zb, int64_t F, int64_t B, int64_t W) {
+  std::vector<std::vector<PipelineOp>> order(static_cast<size_t>(p));
+  for (int s = 0; s < p; ++s) order[s] = zb ? zero_bubble_h1(p, s, m) : one_f_one_b(p, s, m);
+  // done[kind][s][i]: finish time, -1 before.
+  std::vector<std::vector<std::vector<int64_t>>> done(3, std::vector<std::vector<int64_t>>(p, std::vector<int64_t>(m, -1)));
+  std::vector<int64_t> free_at(static_cast<size_t>(p), 0);
+  std::vector<size_t> pc(static_cast<size_t>(p), 0);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int s = 0; s < p; ++s)
+      while (pc[s] < order[s].size()) {
+        const PipelineOp op = order[s][pc[s]];
+        const int i = op.micro_batch;
+        int64_t ready = 0;
+        if (op.kind == Kind::kForward) ready = s == 0 ? 0 : done[0][s - 1][i];
+        else if (op.kind == Kind::kBackward) ready = s == p - 1 ? done[0][s][i] : done[1][s + 1][i];
+        else ready = done[1][s][i];
+        if (ready < 0) break;
+        const int64_t length = op.kind == Kind::kForward ? F : op.kind == Kind::kWeight ? W : zb ? B : B + W;
+        free_at[s] = std::max(free_at[s], ready) + length;
+        done[static_cast<int>(op.kind)][s][i] = free_at[s];
+        ++pc[s];
+        moved = true;
+      }
+  }
+  for (int s = 0; s < p; ++s)
+    if (pc[s] != order[s].size()) return -1;
+  return *std::max_element(free_at.begin(), free_at.end());
+}
+
+TEST(ZeroBubbleH1, TheBubbleIsPMinusOneTimesFPlusBMinusW) {
+  for (int p = 1; p <= 6; ++p)
+    for (int m = p; m <= 3 * p; ++m) {
+      SCOPED_TRACE(::testing::Message() << "p " << p << " m " << m);
+      // Unit times: 3m slots of work and p - 1 idle slots per stage (1F1B: 3 (p - 1)).
+      EXPECT_EQ(simulate_timed(p, m, true, 1, 1, 1), 3 * m + p - 1);
+      EXPECT_EQ(simulate_timed(p, m, false, 1, 1, 1), 3 * (m + p - 1));
+      for (const auto& [F, B, W] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+               {2, 2, 1}, {2, 3, 1}, {3, 3, 2}, {2, 2, 2}, {4, 5, 3}}) {
+        EXPECT_EQ(simulate_timed(p, m, true, F, B, W), m * (F + B + W) + (p - 1) * (F + B - W))
+            << "F " << F << " B " << B << " W " << W;
+        EXPECT_EQ(simulate_timed(p, m, false, F, B, W), (m + p - 1) * (F + B + W));
+      }
+    }
+  EXPECT_DOUBLE_EQ(zero_bubble_fraction(4, 8), 3.0 / 27);
+  EXPECT_LT(zero_bubble_fraction(4, 8), pipeline_bubble(4, 8, 1));
+}
+
+TEST(ZeroBubbleH1, NoDeadlockWithTheBoundarysBlockingPoints) {
+  // W moves nothing: the receive posted after an op is the next F's or B's (pipeline_model.cc),
+  // so the boundary sees each rank's order less its W ops.
+  for (int p = 1; p <= 5; ++p)
+    for (int m : {1, p, 2 * p, 3 * p, 4 * p, 6 * p}) {
+      std::vector<std::vector<PipelineOp>> ops(static_cast<size_t>(p));
+      for (int s = 0; s < p; ++s)
+        for (const PipelineOp& op : zero_bubble_h1(p, s, m))
+          if (op.kind != Kind::kWeight) ops[s].push_back(op);
+      const interleaved::Orders o(p, m, std::move(ops));
+      for (int kept : {1, 2, p})
+        EXPECT_TRUE(interleaved::simulate_blocking(o, kept)) << "p " << p << " m " << m << " kept " << kept;
+    }
 }
 
 }  // namespace

@@ -320,6 +320,35 @@ TEST(PlannerTest, InterleavedPipelinesArePlannedWithTheirChunks) {
   EXPECT_NE(text.find("(p-1)/(m v+p-1)"), std::string::npos) << text;
 }
 
+TEST(PlannerTest, ZeroBubblePipelinesHaveASmallerBubbleThanOneFOneBAtTheSameM) {
+  // The dry run executes ZB-H1 itself (the weight-gradient products run as W ops, where the
+  // schedule puts them): at the same m the same p2p bytes, a shorter step and a
+  // smaller bubble than 1F1B's; the text names the schedule and (p-1)/(3m+p-1).
+  PlanRequest r;
+  r.config = mha_config(4);
+  r.hardware = *Hardware::from_json(kHardware);
+  r.devices = 2;
+  r.batch = 4;
+  r.seq = 256;
+  r.micro_batch = 1;  // m = 4
+  r.layouts = {spec("pp=2,tsp=1"), spec("pp=2,tsp=1:zb")};
+  Result<PlanReport> rep = make_plan(r);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  ASSERT_EQ(rep->layouts.size(), 2u) << (rep->not_buildable.empty() ? "" : rep->not_buildable[0]);
+  const LayoutPlan& f1b = rep->layouts[0];
+  const LayoutPlan& zb = rep->layouts[1];
+  ASSERT_EQ(zb.layout.to_string(), "pp=2,tsp=1:zb");
+  EXPECT_EQ(f1b.micro_batches, 4);
+  EXPECT_EQ(zb.micro_batches, 4);
+  EXPECT_GT(f1b.bubble_s, 0);
+  EXPECT_LT(zb.bubble_s, f1b.bubble_s);
+  EXPECT_LT(zb.time.step_s, f1b.time.step_s);
+  EXPECT_EQ(zb.traffic.total().bytes_sent, f1b.traffic.total().bytes_sent);
+  const std::string text = plan_report_text(*rep);
+  EXPECT_NE(text.find("schedule zb;"), std::string::npos) << text;
+  EXPECT_NE(text.find("(p-1)/(3m+p-1)"), std::string::npos) << text;
+}
+
 TEST(PlannerTest, PipelinesWithTooFewMicroBatchesAreRefusedNamingTheNumbers) {
   PlanRequest r;
   r.config = mha_config(4);

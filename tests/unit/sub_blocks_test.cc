@@ -1,7 +1,8 @@
 // The model's sub-blocks (model/sub_blocks.h, lm_head.h) one at a time: each backward against
 // fp64 central differences of its forward along random directions, the accumulate/overwrite
 // contract of the backward, the MLP's column chunks against the whole MLP (what TSP's ring
-// computes), and the step order (model/step_order.h) against a recording ModelStep.
+// computes), the step order (model/step_order.h) against a recording ModelStep, and the
+// zero-bubble split of a block's backward (model/weight_grad_queue.h) against the direct one.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,9 +14,13 @@
 #include "backend/backend.h"
 #include "backend/rope_table.h"
 #include "core/tolerance.h"
+#include "model/llama_block.h"
+#include "model/llama_weights.h"
 #include "model/lm_head.h"
 #include "model/step_order.h"
 #include "model/sub_blocks.h"
+#include "model/weight_grad_queue.h"
+#include "tensor/compare.h"
 #include "test_util.h"
 
 namespace foldpar {
@@ -304,6 +309,60 @@ TEST(StepOrder, RecomputeRerunsEachBlockOnItsOwnInputBeforeItsBackward) {
                                                   "block1+save", "block_backward1", "block0+save",
                                                   "block_backward0", "embed_backward"}));
   EXPECT_TRUE(step.reruns_match) << "a rerun must see the tensor its forward saw";
+}
+
+// A block's backward with its weight-gradient products queued (ZB-H1's B): the input gradient
+// and the gradients of the norm gains, the biases and the q/k norms exactly the direct
+// backward's, the seven weight matrices untouched; running the queue (W) then gives the
+// direct backward's weight gradients bit for bit (the same products on the same operands, the
+// operands held by the queue after the saved state is gone).
+TEST(WeightGradQueue, DeferredBlockBackwardEqualsTheDirectOne) {
+  LlamaConfig c = small_config();
+  c.qkv_bias = c.o_bias = c.qk_norm = c.mlp_bias = true;
+  constexpr int64_t B = 2, S = 3;
+  auto be = make_reference_backend();
+  const Tensor positions = testing::i32_tensor({S}, {0, 1, 2});
+  const Tensor rope = build_rope_table(*be, {positions.data<int32_t>(), static_cast<size_t>(S)}, c.head_dim(),
+                                       c.rope_theta, DType::kF32);
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
+  init_weights(InitOptions{.seed = 3, .std = 0.1, .norm_jitter = 0.2}, w);
+  const Tensor x = random_tensor({B * S, c.hidden_size}, DType::kF32, 5);
+  const Tensor dy = random_tensor({B * S, c.hidden_size}, DType::kF32, 6);
+  auto backward = [&](WeightGradQueue* queue, LlamaWeights& g) {
+    BlockContext ctx{&c, be.get(), B, S, &positions, &rope};
+    BlockSaved saved;
+    block_forward(ctx, w.layers[0], x, &saved);
+    ctx.weight_grads = queue;
+    return block_backward(ctx, w.layers[0], saved, dy, g.layers[0]);
+  };
+  LlamaWeights direct = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  LlamaWeights split = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  direct.zero();
+  split.zero();
+  const Tensor dx_direct = backward(nullptr, direct);
+  WeightGradQueue queue;
+  const Tensor dx_split = backward(&queue, split);
+  EXPECT_EQ(max_rel_error(dx_split, dx_direct), 0.0);
+  EXPECT_EQ(queue.size(), 7u) << "q, k, v, o, down, gate, up";
+  EXPECT_GT(queue.held_bytes(), 0);
+  const LayerWeights& d = direct.layers[0];
+  LayerWeights& g = split.layers[0];
+  const std::vector<std::pair<const Tensor*, const Tensor*>> in_b = {
+      {&g.attn_norm, &d.attn_norm}, {&g.mlp_norm, &d.mlp_norm}, {&g.bq, &d.bq}, {&g.bk, &d.bk}, {&g.bv, &d.bv},
+      {&g.bo, &d.bo}, {&g.q_norm, &d.q_norm}, {&g.k_norm, &d.k_norm}, {&g.b_gate, &d.b_gate}, {&g.b_up, &d.b_up},
+      {&g.b_down, &d.b_down}};
+  for (const auto& [got, want] : in_b) EXPECT_EQ(max_rel_error(*got, *want), 0.0) << want->describe();
+  const std::vector<std::pair<const Tensor*, const Tensor*>> in_w = {
+      {&g.wq, &d.wq}, {&g.wk, &d.wk}, {&g.wv, &d.wv}, {&g.wo, &d.wo}, {&g.w_gate, &d.w_gate}, {&g.w_up, &d.w_up},
+      {&g.w_down, &d.w_down}};
+  for (const auto& [got, want] : in_w) {
+    const Tensor zero = Tensor::zeros(got->shape(), DType::kF32, MemCategory::kWorkspace);
+    EXPECT_EQ(max_rel_error(*got, zero), 0.0) << "a weight gradient written before W";
+  }
+  queue.run(*be);
+  EXPECT_TRUE(queue.empty());
+  EXPECT_EQ(queue.held_bytes(), 0);
+  for (const auto& [got, want] : in_w) EXPECT_EQ(max_rel_error(*got, *want), 0.0) << want->describe();
 }
 
 }  // namespace

@@ -99,6 +99,11 @@ class TpStepBase : public ModelStep {
   // bwd of the embedding: g^T (identity, or all_gather) and a scatter into this rank's
   // vocabulary rows.
   void embed_backward(const Tensor& dx) override;
+  // The zero-bubble split: every weight gradient of a block is this rank's own slice,
+  // accumulated locally (the sp sum waits for the step's end), so its products can wait;
+  // except with KV replicas, whose wk/wv gradients are summed over the KV group during the
+  // backward.
+  bool defer_weight_grads(WeightGradQueue* queue) override;
 
   // Seconds this rank spent blocked in communication.
   double blocked_seconds() const { return tp_.blocked_seconds(); }

@@ -104,7 +104,8 @@ Tensor StageBoundary::take(std::map<Key, Transfer>& pending, int i, int c, Bound
 // its peer posts later: under 1F1B, by the time stage s sends micro-batch j's activation it
 // has taken the gradient of j - (p - s) >= j - p, which stage s+1 computed after receiving
 // activation j - p; and by the time it sends j's gradient, stage s-1 has sent it activation
-// j, which under 1F1B comes after s-1 took gradient j - (p - s + 1) >= j - p.
+// j, which under 1F1B comes after s-1 took gradient j - (p - s + 1) >= j - p. ZB-H1 orders
+// its F and B ops as 1F1B does and its W ops move nothing, so the same holds there.
 void StageBoundary::send(std::deque<Transfer>& in_flight, Tensor t, int i, int c, BoundaryDirection direction) {
   FP_CHECK(t.dtype() == dtype_ && t.numel() == rows_ * h_, "stage {}: sends {} across the boundary, expected {}[{}, {}]",
            stage_, t.describe(), dtype_name(dtype_), rows_, h_);

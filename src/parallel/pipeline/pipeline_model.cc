@@ -1,7 +1,11 @@
-// PipelineModel: the stage's weights, the 1F1B step over the stage strategy's ModelSteps,
-// the loss and tied-embedding sums between stages, and assembly over pp.
+// PipelineModel: the stage's weights, the pipelined step (1F1B, interleaved or ZB-H1) over
+// the stage strategy's ModelSteps, the loss and tied-embedding sums between stages, and
+// assembly over pp.
 #include "parallel/pipeline/pipeline_model.h"
 
+#include <algorithm>
+
+#include "model/weight_grad_queue.h"
 #include "parallel/pipeline/pipeline_schedule.h"
 #include "parallel/strategies.h"
 
@@ -48,6 +52,12 @@ Result<StepResult> PipelineModel::forward_backward_micro_batches(Backend& be, co
   return run_schedule(be, locals, loss_normalizer);
 }
 
+std::vector<PipelineOp> PipelineModel::schedule(int m) const {
+  if (layout_.zero_bubble) return zero_bubble_h1(stages_, stage_index_, m);
+  if (layout_.chunks > 1) return interleaved_one_f_one_b(stages_, stage_index_, m, layout_.chunks);
+  return one_f_one_b(stages_, stage_index_, m);
+}
+
 Result<StepResult> PipelineModel::run_schedule(Backend& be, const std::vector<Batch>& locals, int64_t normalizer) {
   const int m = static_cast<int>(locals.size());
   if (m == 0) return invalid_argument("a pipeline step needs at least one micro-batch");
@@ -63,8 +73,10 @@ Result<StepResult> PipelineModel::run_schedule(Backend& be, const std::vector<Ba
   configure(boundary);
   std::vector<std::vector<Tensor>> inputs(static_cast<size_t>(m));  // Recompute::kBlock: block inputs
   std::vector<StepResult> results(static_cast<size_t>(m));         // last stage
-  const std::vector<PipelineOp> ops =
-      v == 1 ? one_f_one_b(stages_, stage_index_, m) : interleaved_one_f_one_b(stages_, stage_index_, m, v);
+  // ZB-H1: each micro-batch's weight-gradient products between its B and its W.
+  std::vector<WeightGradQueue> deferred(layout_.zero_bubble ? static_cast<size_t>(m) : 0);
+  deferred_bytes_ = 0;
+  const std::vector<PipelineOp> ops = schedule(m);
   for (size_t k = 0; k < ops.size(); ++k) {
     boundary.progress();
     const int i = ops[k].micro_batch, c = ops[k].chunk;
@@ -76,22 +88,33 @@ Result<StepResult> PipelineModel::run_schedule(Backend& be, const std::vector<Ba
       x = forward_blocks_saving(step, first, end, std::move(x), layout_.recompute, inputs[i]);
       if (boundary.last_chunk(c)) results[i] = step.head_forward(x, true);
       else boundary.send_activation(i, std::move(x), c);
-    } else {
+    } else if (ops[k].kind == PipelineOp::Kind::kBackward) {
       Tensor dx = boundary.last_chunk(c) ? step.head_backward(results[i]) : boundary.take_gradient(i, c);
+      // ZB-H1's B: the blocks' input gradients only (validate_layout admits the stages that split).
+      if (layout_.zero_bubble) {
+        FP_CHECK(step.defer_weight_grads(&deferred[i]), "{}: this stage's weight gradients cannot be deferred",
+                 name_);
+      }
       dx = backward_blocks(step, first, end, std::move(dx), layout_.recompute, inputs[i]);
+      if (layout_.zero_bubble) {
+        step.defer_weight_grads(nullptr);
+        deferred_bytes_ = std::max(deferred_bytes_, deferred[i].held_bytes());
+      }
       if (boundary.first_chunk(c)) step.embed_backward(dx);
       else boundary.send_gradient(i, std::move(dx), c);
-      if (c == 0) {  // the micro-batch's last backward on this rank
-        steps->finish_micro_batch(step);
-        mb[i].reset();  // the micro-batch's saved state
-        inputs[i].clear();
-      }
+      if (c == 0 && !layout_.zero_bubble) finish_micro_batch(*steps, mb[i], inputs[i]);
+    } else {  // ZB-H1's W: the deferred products, then the micro-batch is done
+      deferred[i].run(be);
+      finish_micro_batch(*steps, mb[i], inputs[i]);
     }
-    // The receive the next op needs, posted together with the send just started.
-    if (k + 1 < ops.size()) {
-      const PipelineOp& next = ops[k + 1];
+    // The receive the next F or B needs (W moves nothing), posted together with the send just
+    // started; posting it again later is a no-op.
+    for (size_t n = k + 1; n < ops.size(); ++n) {
+      const PipelineOp& next = ops[n];
+      if (next.kind == PipelineOp::Kind::kWeight) continue;
       if (next.kind == PipelineOp::Kind::kForward) boundary.post_activation_recv(next.micro_batch, next.chunk);
       else boundary.post_gradient_recv(next.micro_batch, next.chunk);
+      break;
     }
   }
   boundary.finish();
@@ -108,6 +131,13 @@ Result<StepResult> PipelineModel::run_schedule(Backend& be, const std::vector<Ba
   r.exposed_comm_seconds = timer.seconds() + steps->wait_seconds();
   if (m == 1) r.logits = results[0].logits;  // keep_logits, last stage: this rank's rows
   return r;
+}
+
+void PipelineModel::finish_micro_batch(StageSteps& steps, std::unique_ptr<ModelStep>& step,
+                                       std::vector<Tensor>& inputs) {
+  steps.finish_micro_batch(*step);
+  step.reset();  // the micro-batch's saved state
+  inputs.clear();
 }
 
 Result<StepResult> PipelineModel::forward(Backend& be, const Batch& local) {

@@ -5,8 +5,10 @@
 // final norm + LM head on stage p-1, under their global names, so checkpoints are
 // layout-independent.
 //
-// One step of m micro-batches runs the 1F1B schedule (pipeline_schedule.h), or with
-// Layout::chunks = v > 1 the interleaved one: rank s then holds chunks s, s + p, ... of the p v
+// One step of m micro-batches runs the 1F1B schedule (pipeline_schedule.h), with
+// Layout::zero_bubble ZB-H1 (each backward's weight-gradient products queued by the stage's
+// ModelStep and run later, as the schedule's W op), or with Layout::chunks = v > 1 the
+// interleaved one: rank s then holds chunks s, s + p, ... of the p v
 // (the embedding with chunk 0, the head with the last; stage_bounds); the boundary
 // moves each TSP rank's [B*S/D, h] rows to the same TSP index of the next stage and the
 // gradient back (pipeline_boundary.h). The loss is computed on the last stage with the
@@ -21,6 +23,7 @@
 #include <memory>
 
 #include "parallel/pipeline/pipeline_boundary.h"
+#include "parallel/pipeline/pipeline_schedule.h"
 #include "parallel/sharded_model.h"
 #include "parallel/stage_strategy.h"
 
@@ -39,7 +42,7 @@ class PipelineModel final : public ShardedModel {
   // One micro-batch: the schedule with m = 1 (the stages run one after the other); with
   // keep_logits the last stage's result holds its rows' logits.
   Result<StepResult> forward_backward(Backend& backend, const Batch& local, int64_t loss_normalizer) override;
-  // m micro-batches in one 1F1B schedule; invalid_argument when m < p (validate_micro_batches).
+  // m micro-batches in one schedule (the layout's); invalid_argument when m < p (validate_micro_batches).
   Result<StepResult> forward_backward_micro_batches(Backend& backend, const std::vector<Batch>& locals,
                                                     int64_t loss_normalizer) override;
   Result<StepResult> forward(Backend& backend, const Batch& local) override;
@@ -51,6 +54,9 @@ class PipelineModel final : public ShardedModel {
   Status assemble_logits(const Tensor& local, Tensor& global) override;
 
   int stage() const { return stage_index_; }
+  // ZB-H1: the most bytes one micro-batch's deferred weight-gradient products held at the end
+  // of its B in the last step (WeightGradQueue::held_bytes); 0 under the other schedules.
+  int64_t deferred_bytes() const { return deferred_bytes_; }
   // Fault injection for tests: the boundary calls these in every later step.
   void set_boundary_hooks(BoundaryHooks hooks) { hooks_ = std::move(hooks); }
   const StageLayers& stage_layers() const { return layers_; }
@@ -63,6 +69,11 @@ class PipelineModel final : public ShardedModel {
   PipelineModel(const LlamaConfig& config, Communicator& pp, std::unique_ptr<StageStrategy> stage,
                 const Layout& layout, StageLayers layers);
   Result<StepResult> run_schedule(Backend& backend, const std::vector<Batch>& locals, int64_t loss_normalizer);
+  // This stage's order of m micro-batches' ops under the layout's schedule.
+  std::vector<PipelineOp> schedule(int m) const;
+  // After a micro-batch's last op on this rank: the strategy's sums that close it, then its
+  // saved state and kept block inputs go.
+  static void finish_micro_batch(StageSteps& steps, std::unique_ptr<ModelStep>& step, std::vector<Tensor>& inputs);
   // The last stage's loss sums to every stage (a broadcast of two f64 over pp).
   StepResult share_loss(double loss_sum, int64_t valid_tokens);
   // Tied embeddings: the end stages add each other's embedding gradient.
@@ -81,6 +92,7 @@ class PipelineModel final : public ShardedModel {
   ShardedWeights weights_;
   ShardedGrads grads_;
   BoundaryHooks hooks_;
+  int64_t deferred_bytes_ = 0;
 };
 
 }  // namespace foldpar

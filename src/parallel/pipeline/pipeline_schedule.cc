@@ -1,4 +1,4 @@
-// 1F1B and interleaved 1F1B (pipeline_schedule.h).
+// 1F1B, interleaved 1F1B and ZB-H1 (pipeline_schedule.h).
 #include "parallel/pipeline/pipeline_schedule.h"
 
 #include <algorithm>
@@ -48,10 +48,34 @@ std::vector<PipelineOp> interleaved_one_f_one_b(int p, int s, int m, int v) {
   return ops;
 }
 
+std::vector<PipelineOp> zero_bubble_h1(int p, int s, int m) {
+  FP_CHECK(p >= 1 && s >= 0 && s < p && m >= 1, "ZB-H1 for stage {} of {} with {} micro-batches", s, p, m);
+  std::vector<PipelineOp> ops;
+  ops.reserve(static_cast<size_t>(3 * m));
+  for (int x = 0; x < m + p - 1; ++x) {
+    const int b = x - (p - 1 - s), w = x - (p - 1);
+    if (x < m) ops.push_back({PipelineOp::Kind::kForward, x});
+    if (b >= 0 && b < m) ops.push_back({PipelineOp::Kind::kBackward, b});
+    if (w >= 0 && w < m) ops.push_back({PipelineOp::Kind::kWeight, w});
+  }
+  return ops;
+}
+
 int max_in_flight(const std::vector<PipelineOp>& ops) {
   int now = 0, most = 0;
   for (const PipelineOp& op : ops) {
+    if (op.kind == PipelineOp::Kind::kWeight) continue;
     now += op.kind == PipelineOp::Kind::kForward ? 1 : -1;
+    most = std::max(most, now);
+  }
+  return most;
+}
+
+int max_weight_pending(const std::vector<PipelineOp>& ops) {
+  int now = 0, most = 0;
+  for (const PipelineOp& op : ops) {
+    if (op.kind == PipelineOp::Kind::kForward) continue;
+    now += op.kind == PipelineOp::Kind::kBackward ? 1 : -1;
     most = std::max(most, now);
   }
   return most;
@@ -59,6 +83,10 @@ int max_in_flight(const std::vector<PipelineOp>& ops) {
 
 double pipeline_bubble(int p, int m, int v) {
   return static_cast<double>(p - 1) / static_cast<double>(m * v + p - 1);
+}
+
+double zero_bubble_fraction(int p, int m) {
+  return static_cast<double>(p - 1) / static_cast<double>(3 * m + p - 1);
 }
 
 }  // namespace foldpar

@@ -96,11 +96,21 @@ class TspModelStep final : public ModelStep {
 
   Tensor block_backward(int64_t l, Tensor dx) override {
     LayerSaved& s = saved_[l];
+    step_.set_weight_grads(deferred_);  // the step is shared by the micro-batches in flight
     dx = w_.moe[l].defined() ? step_.moe_backward(static_cast<int>(l), w_, s.moe, dx, *in_.grads)
                              : step_.mlp_backward(static_cast<int>(l), w_, s.mlp, dx, *in_.grads);  // frees d(x_out)
     dx = step_.attention_backward(static_cast<int>(l), w_, s.attn, dx, *in_.grads);
+    step_.set_weight_grads(nullptr);
     s = LayerSaved();
     return dx;
+  }
+
+  // D > 1: each weight gradient travels home during the backward (the attention shard's
+  // reduce to its owner, the MLP's gradient ring), so it cannot wait; MoE layers likewise.
+  bool defer_weight_grads(WeightGradQueue* queue) override {
+    if (queue != nullptr && (m_.shard().degree() > 1 || m_.config().moe.enabled())) return false;
+    deferred_ = queue;
+    return true;
   }
 
   void embed_backward(const Tensor& dx) override { step_.embed_backward(in_.ids, dx, *in_.grads); }
@@ -116,6 +126,7 @@ class TspModelStep final : public ModelStep {
   // The valid targets of this micro-batch over the axis, and for a MoE model over the dp
   // replicas too (the whole global batch's when it is one micro-batch); -1 before the head.
   int64_t step_valid_ = -1;
+  WeightGradQueue* deferred_ = nullptr;  // defer_weight_grads
 };
 
 }  // namespace

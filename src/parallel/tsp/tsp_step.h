@@ -118,6 +118,14 @@ class TspStep {
   // kv_head0(r) + b * kv_heads / buckets, so the cache holds every head of this rank's tokens.
   void set_kv_cache(KvCache* cache) { kv_cache_ = cache; }
 
+  // The zero-bubble split (model/step_order.h, ModelStep::defer_weight_grads): the sub-blocks'
+  // weight-gradient products go to `queue` (null: run at once). Only on an axis of one rank
+  // (D = 1), where no weight gradient travels during the backward.
+  void set_weight_grads(WeightGradQueue* queue) {
+    FP_CHECK(queue == nullptr || D_ == 1, "deferred weight gradients on a TSP axis of {} ranks", D_);
+    ctx_.weight_grads = queue;
+  }
+
   // Seconds this rank has spent blocked on communication (waits and blocking collectives):
   // the exposed communication time, what overlap failed to hide.
   double wait_seconds() const { return timer_.seconds(); }
