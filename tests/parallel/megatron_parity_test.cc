@@ -506,6 +506,10 @@ constexpr double kBf16TensorTol = 16 * kBf16Ulp;
 //         and a layout within 16 ulp of it (observed 4.6e-2) lands up to 6.5e-2 from f32
 //         (sp=4). 32 ulp = 0.125 for these two gains against f32; against the bf16 model the
 //         16-ulp rule stands.
+//   k/q/v biases against f32 only, for the same reason: a bias gradient is dk (dq, dv)
+//         summed over every token, terms that largely cancel (the k bias's to 3.5e-3 here),
+//         so the layout's bf16 rounding of each term lands up to 6.6e-2 from f32 (tp=3 with
+//         one KV head) while it stays within 16 ulp of the bf16 model.
 constexpr double kBf16QkNormF32Tol = 32 * kBf16Ulp;
 
 struct Bf16Case {
@@ -609,7 +613,8 @@ void check_bf16_parity(const std::string& layout, const Bf16Case& b) {
     worst_f32 = std::max(worst_f32, e32);
     EXPECT_LE(e, kBf16TensorTol) << name << " on rank " << rank << " against bf16\n"
                                  << describe_mismatches(t, want_gs[i], kBf16TensorTol);
-    const bool qk_norm = name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight");
+    const bool qk_norm = name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight") ||
+                         name.ends_with("_proj.bias");
     const double tol32 = qk_norm ? kBf16QkNormF32Tol : kBf16TensorTol;
     EXPECT_LE(e32, tol32) << name << " on rank " << rank << " against f32\n" << describe_mismatches(t, f32_gs[i], tol32);
     ++i;
