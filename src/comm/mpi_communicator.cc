@@ -83,7 +83,7 @@ void narrow_to_bf16(const float* src, size_t n, void* dst) {
 // out = own op in_1 op ... op in_k (elementwise, in that order); out may be own.
 template <typename T>
 void reduce_into(ReduceOp op, const T* own, const std::byte* incoming, int k, size_t n, T* out) {
-  if (out != own) std::memcpy(out, own, n * sizeof(T));
+  if (n > 0 && out != own) std::memcpy(out, own, n * sizeof(T));
   for (int j = 0; j < k; ++j) {
     const T* in = reinterpret_cast<const T*>(incoming) + static_cast<size_t>(j) * n;
     if (op == ReduceOp::kSum) {
