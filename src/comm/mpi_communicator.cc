@@ -13,6 +13,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstring>
+#include <type_traits>
 
 #include "comm/mpi_internal.h"
 #include "comm/mpi_watchdog.h"
@@ -455,23 +456,15 @@ void MpiCommunicator::all_reduce_pairwise(const CommOp& op, Plan& p) {
 void MpiCommunicator::reduce_pairwise(const CommOp& op, Plan& plan) const {
   const int k = size() - 1;
   const size_t n = plan.own_count;
+  auto reduce = [&](auto* out) {
+    using T = std::remove_pointer_t<decltype(out)>;
+    reduce_into(op.reduce_op, static_cast<const T*>(plan.own_in), plan.incoming.data(), k, n, out);
+  };
   switch (plan.reduce_dtype) {
-    case DType::kF32:
-      reduce_into(op.reduce_op, static_cast<const float*>(plan.own_in), plan.incoming.data(), k, n,
-                  static_cast<float*>(plan.own_out));
-      break;
-    case DType::kF64:
-      reduce_into(op.reduce_op, static_cast<const double*>(plan.own_in), plan.incoming.data(), k, n,
-                  static_cast<double*>(plan.own_out));
-      break;
-    case DType::kI32:
-      reduce_into(op.reduce_op, static_cast<const int32_t*>(plan.own_in), plan.incoming.data(), k, n,
-                  static_cast<int32_t*>(plan.own_out));
-      break;
-    case DType::kI64:
-      reduce_into(op.reduce_op, static_cast<const int64_t*>(plan.own_in), plan.incoming.data(), k, n,
-                  static_cast<int64_t*>(plan.own_out));
-      break;
+    case DType::kF32: reduce(static_cast<float*>(plan.own_out)); break;
+    case DType::kF64: reduce(static_cast<double*>(plan.own_out)); break;
+    case DType::kI32: reduce(static_cast<int32_t*>(plan.own_out)); break;
+    case DType::kI64: reduce(static_cast<int64_t*>(plan.own_out)); break;
     case DType::kBF16: FP_CHECK(false, "pairwise reductions reduce bf16 as f32"); break;
   }
   plan.pairwise = false;  // done

@@ -8,17 +8,6 @@
 
 namespace foldpar {
 
-double Hardware::gemm_efficiency(double min_dim) const {
-  const auto& t = gemm_efficiency_by_min_dim;
-  if (t.empty()) return matmul_efficiency;
-  if (min_dim <= t.front().first) return t.front().second;
-  if (min_dim >= t.back().first) return t.back().second;
-  size_t i = 1;
-  while (t[i].first < min_dim) ++i;
-  const double w = std::log(min_dim / t[i - 1].first) / std::log(t[i].first / t[i - 1].first);
-  return t[i - 1].second + w * (t[i].second - t[i - 1].second);
-}
-
 namespace {
 
 // Linear in log(x) between the points of `t` (x strictly increasing), the nearest point outside.
@@ -33,6 +22,12 @@ double interpolate_log(const std::vector<Point>& t, double x, X xs, Y ys) {
 }
 
 }  // namespace
+
+double Hardware::gemm_efficiency(double min_dim) const {
+  if (gemm_efficiency_by_min_dim.empty()) return matmul_efficiency;
+  return interpolate_log(gemm_efficiency_by_min_dim, min_dim, [](const auto& p) { return p.first; },
+                         [](const auto& p) { return p.second; });
+}
 
 double Hardware::attention_fwd_rate(double seq_k) const {
   if (attention_efficiency_by_seq.empty()) return attention_fwd_rate();
