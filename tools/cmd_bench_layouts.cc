@@ -22,6 +22,7 @@ Result<LayoutBenchOptions> layout_bench_options(const BenchLayoutsArgs& a, Hardw
   FP_ASSIGN_OR_RETURN(o.layouts, layout_list(a.layouts, a.recompute, false));
   o.seqs = a.seqs;
   o.batch = a.batch;
+  o.micro_batch = a.micro_batch;
   o.reps = a.steps;
   o.memory_only = a.memory_only;
   o.forward_only = a.forward;
@@ -70,6 +71,9 @@ Command add_bench_layouts_command(CLI::App& app) {
       ->delimiter(',')
       ->check(positive());
   cmd->add_option("--batch", a->batch, "sequences per batch (B)")->check(positive());
+  cmd->add_option("--micro-batch", a->micro_batch,
+                  "sequences per micro-batch of a pp layout's schedule (default 1: B micro-batches)")
+      ->check(positive());
   cmd->add_option("--steps", a->steps, "interleaved repetitions (medians reported)")->check(positive());
   cmd->add_option("--warmup", a->warmup, "untimed steps of each layout's model before its timed step (0: time a cold step)")
       ->check(non_negative());

@@ -15,6 +15,7 @@ struct BenchLayoutsArgs {
   std::vector<std::string> layouts;
   std::vector<int64_t> seqs{1024};
   int64_t batch = 1;
+  int64_t micro_batch = 0;  // pp layouts: sequences per micro-batch (0: one)
   int steps = 3;
   int warmup = 1;
   bool profile = false;

@@ -26,6 +26,8 @@ namespace foldpar {
 namespace fs = std::filesystem;
 namespace {
 
+int64_t pipeline_micro_batch(const LayoutBenchOptions& o) { return o.micro_batch > 0 ? o.micro_batch : 1; }
+
 struct Sample {
   double seconds = 0, exposed = 0;
   int64_t peak = 0;
@@ -46,11 +48,19 @@ Result<Sample> run_once(Communicator& world, const LlamaConfig& c, const Layout&
   {
     FP_ASSIGN_OR_RETURN(std::unique_ptr<ShardedModel> m, make_sharded_model(c, mesh, S, spec));
     m->init_weights(InitOptions{.seed = 1});
-    const Batch local = m->local_batch(global);
+    // A pipeline runs the batch as micro-batches through its schedule (pipeline_micro_batch).
+    const int64_t micro = spec.pp > 1 ? pipeline_micro_batch(o) : o.batch;
+    std::vector<Batch> locals;
+    for (int64_t r = 0; r < o.batch; r += micro)
+      locals.push_back(m->local_batch(Batch{global.input_ids.narrow(r, r + micro), global.target_ids.narrow(r, r + micro)}));
     auto cpu = make_cpu_backend();
     std::unique_ptr<Backend> bf16 = (spec.dtype == DType::kBF16) ? make_bf16_storage_backend(*cpu) : nullptr;
     Backend* be = bf16 ? bf16.get() : cpu.get();
-    auto step = [&](Backend& b) { return o.forward_only ? m->forward(b, local) : m->forward_backward(b, local, 0); };
+    auto step = [&](Backend& b) -> Result<StepResult> {
+      if (o.forward_only) return m->forward(b, locals.front());
+      if (locals.size() == 1) return m->forward_backward(b, locals.front(), 0);
+      return m->forward_backward_micro_batches(b, locals, o.batch * S);
+    };
     // The peak is the first step's (the plan's figure); later steps of some layouts keep
     // buffers from the first and peak higher (docs/PERFORMANCE.md, Plan against measurement).
     for (int w = 0; w < o.warmup; ++w) {
@@ -58,7 +68,7 @@ Result<Sample> run_once(Communicator& world, const LlamaConfig& c, const Layout&
       if (w == 0) s.peak = mt.stats().peak_total - base;
     }
     std::vector<const Communicator*> comms;
-    for (const char* axis : {"tsp", "tp", "sp"})
+    for (const char* axis : {"tsp", "tp", "sp", "pp"})
       if (mesh.has_axis(axis)) comms.push_back(&mesh.comm(axis));
     TimedBackend timed(*be);
     FP_RETURN_IF_ERROR(world.barrier());
@@ -73,6 +83,10 @@ Result<Sample> run_once(Communicator& world, const LlamaConfig& c, const Layout&
   if (o.warmup == 0) s.peak = mt.stats().peak_total - base;
   FP_RETURN_IF_ERROR(world.all_reduce(&s.seconds, &s.seconds, 1, DType::kF64, ReduceOp::kMax));
   FP_RETURN_IF_ERROR(world.all_reduce(&s.peak, &s.peak, 1, DType::kI64, ReduceOp::kMax));
+  // The plan reports the worst rank's bytes (ranks differ on a pipeline's end stages).
+  int64_t sent = static_cast<int64_t>(s.sent);
+  FP_RETURN_IF_ERROR(world.all_reduce(&sent, &sent, 1, DType::kI64, ReduceOp::kMax));
+  s.sent = static_cast<uint64_t>(sent);
   mt.release_cache();
   return s;
 }
@@ -88,6 +102,7 @@ Status predict_row(const LayoutBenchOptions& o, const Layout& spec, LayoutBenchR
   req.bf16 = (spec.dtype == DType::kBF16);
   req.recompute = spec.recompute;
   req.mode = o.forward_only ? PlanMode::kForward : PlanMode::kTrain;
+  if (spec.pp > 1 && !o.forward_only) req.micro_batch = pipeline_micro_batch(o);
   // The rows are measured on the CPU backend under the bf16 storage decorator.
   req.bf16_native = false;
   req.matmul_takes_bf16 = make_cpu_backend()->matmul_takes_bf16();
@@ -131,6 +146,12 @@ Status check_options(const LayoutBenchOptions& o, int ranks) {
       return invalid_argument("bench: layout {} uses {} ranks, the job has {} (run under mpirun -np {})", l.to_string(),
                               l.ranks(), ranks, l.ranks());
     if (l.dp > 1) return invalid_argument("bench: layout {}: the layout benchmark runs one replica (no dp axis)", l.to_string());
+    if (l.pp > 1 && !o.forward_only) {
+      const int64_t micro = pipeline_micro_batch(o);
+      if (o.batch % micro != 0)
+        return invalid_argument("bench: --batch ({}) must be divisible by --micro-batch ({})", o.batch, micro);
+      FP_RETURN_IF_ERROR(validate_micro_batches(l, o.batch / micro));
+    }
     for (int64_t S : o.seqs) FP_RETURN_IF_ERROR(validate_layout(o.config, l, o.batch, S));
   }
   return Status();
@@ -194,12 +215,14 @@ Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& o
 }
 
 std::string layout_bench_text(const std::vector<LayoutBenchRow>& rows) {
-  std::string s = fmt::format("{:<7} {:<22} {:>9} {:>11} {:>10} {:>12} {:>12} {:>7} {:>11} {:>11} {:>12}\n", "S",
-                              "layout", "step s", "tokens/s", "exposed s", "peak MiB", "pred MiB", "ratio",
+  size_t w = 22;  // the layout column: as wide as the longest name
+  for (const LayoutBenchRow& r : rows) w = std::max(w, r.layout.size());
+  std::string s = fmt::format("{:<7} {:<{}} {:>9} {:>11} {:>10} {:>12} {:>12} {:>7} {:>11} {:>11} {:>12}\n", "S",
+                              "layout", w, "step s", "tokens/s", "exposed s", "peak MiB", "pred MiB", "ratio",
                               "sent MB", "pred MB", "pred tok/s");
   for (const LayoutBenchRow& r : rows) {
-    s += fmt::format("{:<7} {:<22} {:>9.3f} {:>11.1f} {:>10.3f} {:>12.2f} {:>12.2f} {:>7.3f} {:>11.3f} {:>11.3f} {:>12.1f}\n",
-                     r.seq, r.layout, r.step_s, r.tokens_per_s, r.exposed_s, r.peak_bytes / 1048576.0,
+    s += fmt::format("{:<7} {:<{}} {:>9.3f} {:>11.1f} {:>10.3f} {:>12.2f} {:>12.2f} {:>7.3f} {:>11.3f} {:>11.3f} {:>12.1f}\n",
+                     r.seq, r.layout, w, r.step_s, r.tokens_per_s, r.exposed_s, r.peak_bytes / 1048576.0,
                      r.predicted_peak_bytes / 1048576.0,
                      static_cast<double>(r.predicted_peak_bytes) / static_cast<double>(std::max<int64_t>(1, r.peak_bytes)),
                      r.bytes_sent / 1e6, r.predicted_bytes_sent / 1e6, r.predicted_tokens_per_s);

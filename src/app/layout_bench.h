@@ -4,8 +4,8 @@
 // so that first-touch page faults and the GEMM library's first-call setup are not in it; the
 // tracked peak is the first step's, from before the model exists); each row gives the
 // medians of the step time (slowest rank) and tokens/s, the exposed communication time
-// (rank 0), the tracked peak per rank (worst rank) and the bytes rank 0 sent on the model
-// axes, beside what src/plan predicts for the same layout. (`foldpar calibrate` is
+// (rank 0), the tracked peak per rank (worst rank) and the bytes sent on the model axes
+// (pp's boundary included; worst rank), beside what src/plan predicts for the same layout. (`foldpar calibrate` is
 // app/calibrate.h.)
 //
 // Every function taking a Communicator is collective over it: all ranks call it with the
@@ -30,6 +30,10 @@ struct LayoutBenchOptions {
   std::vector<Layout> layouts;  // each must use every rank of the communicator
   std::vector<int64_t> seqs;        // S values, each a row per layout
   int64_t batch = 1;                // B
+  // Sequences per micro-batch on a pipeline (pp > 1): the step runs B / micro_batch of them
+  // through the layout's schedule, as `train --micro-batch` does. 0: one sequence each (m = B).
+  // Layouts without pp run the whole batch at once.
+  int64_t micro_batch = 0;
   int reps = 3;                     // interleaved repetitions (medians reported)
   bool memory_only = false;         // one step per layout (oversubscribed runs: time means little)
   bool forward_only = false;        // time forward steps (with the loss) instead of training steps
@@ -52,7 +56,7 @@ struct LayoutBenchRow {
   // measured
   double step_s = 0, tokens_per_s = 0, exposed_s = 0;
   int64_t peak_bytes = 0;      // tracked peak, worst rank
-  uint64_t bytes_sent = 0;     // rank 0, summed over the model axes
+  uint64_t bytes_sent = 0;     // summed over the model axes, worst rank
   // predicted (src/plan) for rank 0
   int64_t predicted_peak_bytes = 0;
   uint64_t predicted_bytes_sent = 0;

@@ -107,6 +107,22 @@ for r in rows:
     assert r["step_s"] > 0 and r["predicted_step_s"] > 0, r
 PY
 [ "$(head -1 "$tmp/bench/table.csv" | cut -d, -f1-3)" = "layout,seq,batch" ] || fail "table.csv header"
+# A pipeline runs its batch as micro-batches (one sequence each by default: m = B = 4) through
+# its schedule; its worst rank's peak and bytes (the boundary's included) equal the plan's.
+bench=$("$mpirun" --allow-run-as-root -np 2 "$bin" bench-layouts --layouts pp=2,tsp=1 pp=2,tsp=1:zb \
+  --model "$src/configs/tiny.json" --seq 128 --batch 4 --steps 1 --out "$tmp/bench-pp" 2>&1) ||
+  fail "bench-layouts with pp: $bench"
+/usr/bin/python3 - "$tmp/bench-pp/table.json" <<'PY' || fail "bench-layouts pp table.json content"
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert [r["layout"] for r in rows] == ["pp=2,tsp=1", "pp=2,tsp=1:zb"], rows
+for r in rows:
+    assert r["bytes_sent"] == r["predicted_bytes_sent"] > 0, r
+    assert r["peak_bytes"] == r["predicted_peak_bytes"], r
+PY
+err=$("$mpirun" --allow-run-as-root -np 2 "$bin" bench-layouts --layouts pp=2,tsp=1 --model "$src/configs/tiny.json" \
+  --seq 128 --batch 4 --micro-batch 4 --steps 1 2>&1)
+grep -q "1 micro-batches per step cannot fill 2 pipeline stages" <<<"$err" || fail "bench-layouts m < p: $err"
 # --profile: rank 0's backend ops of the timed step beside the plan's, the same calls.
 prof=$("$mpirun" --allow-run-as-root -np 2 "$bin" bench-layouts --layouts tsp=2 sp=2 --model "$src/configs/tiny.json" \
   --seq 128 --steps 1 --profile --hardware "$src/hardware/this-machine.json" 2>&1) || fail "bench-layouts --profile: $prof"
