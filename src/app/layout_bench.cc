@@ -33,7 +33,42 @@ struct Sample {
   int64_t peak = 0;
   uint64_t sent = 0;
   std::map<std::string, OpTime> ops;  // profile: the timed step's backend ops
+  std::map<std::string, OpTime> waits;  // profile: "axis kind" -> seconds blocked, calls (rank 0)
 };
+
+// Rank 0's seconds blocked and calls per (axis, operation kind) over the timed step.
+struct WaitSnapshot {
+  std::vector<std::pair<const Communicator*, std::array<double, kNumCommOpKinds>>> blocked;
+  std::vector<CommStats> stats;
+};
+WaitSnapshot snapshot_waits(const std::vector<const Communicator*>& comms) {
+  WaitSnapshot w;
+  for (const Communicator* c : comms) {
+    std::array<double, kNumCommOpKinds> b{};
+    for (int k = 0; k < kNumCommOpKinds; ++k) b[k] = c->blocked_seconds(static_cast<CommOpKind>(k));
+    w.blocked.emplace_back(c, b);
+    w.stats.push_back(c->stats());
+  }
+  return w;
+}
+std::map<std::string, OpTime> waits_since(const WaitSnapshot& before) {
+  std::map<std::string, OpTime> out;
+  for (size_t i = 0; i < before.blocked.size(); ++i) {
+    const Communicator* c = before.blocked[i].first;
+    const CommStats calls = c->stats() - before.stats[i];
+    for (int k = 0; k < kNumCommOpKinds; ++k) {
+      const auto kind = static_cast<CommOpKind>(k);
+      const int64_t n = static_cast<int64_t>(calls.op(kind).calls);
+      if (n == 0) continue;
+      std::string name = comm_op_name(kind);  // the plan's kinds have no _v forms
+      if (name.ends_with("_v")) name.resize(name.size() - 2);
+      OpTime& t = out[c->name() + " " + name];
+      t.seconds += c->blocked_seconds(kind) - before.blocked[i].second[k];
+      t.calls += n;
+    }
+  }
+  return out;
+}
 
 // `warmup` steps of a fresh model of `spec`, then one timed step; the peak is the first
 // step's, from before the model exists.
@@ -73,9 +108,11 @@ Result<Sample> run_once(Communicator& world, const LlamaConfig& c, const Layout&
     TimedBackend timed(*be);
     FP_RETURN_IF_ERROR(world.barrier());
     ScopedCommCounter counter(comms);
+    const WaitSnapshot waits = snapshot_waits(comms);
     const double t0 = now_seconds();
     FP_ASSIGN_OR_RETURN(StepResult r, step(o.profile ? static_cast<Backend&>(timed) : *be));
     s.seconds = now_seconds() - t0;
+    s.waits = waits_since(waits);
     s.exposed = r.exposed_comm_seconds;
     s.sent = counter.delta().total().bytes_sent;
     s.ops = timed.times();
@@ -126,7 +163,14 @@ Status predict_row(const LayoutBenchOptions& o, const Layout& spec, LayoutBenchR
       const RankTimeline& t = p.timelines.front();  // rank 0 is simulated first
       row.predicted_exposed_s = t.exposed_comm_s;
       for (const TimelineOp& op : t.ops) {
-        if (op.kind != TimelineOp::Kind::kCompute) continue;
+        if (op.kind != TimelineOp::Kind::kCompute) {
+          const std::string key = op.communicator + " " + op.op_class;
+          auto it = std::find_if(row.waits.begin(), row.waits.end(), [&](const OpProfileRow& x) { return x.op == key; });
+          if (it == row.waits.end()) it = row.waits.insert(row.waits.end(), OpProfileRow{.op = key});
+          if (op.kind == TimelineOp::Kind::kStall) it->predicted_s += op.end - op.start;
+          if (op.kind == TimelineOp::Kind::kTransfer) ++it->predicted_calls;
+          continue;
+        }
         auto it = std::find_if(row.profile.begin(), row.profile.end(), [&](const OpProfileRow& x) { return x.op == op.name; });
         if (it == row.profile.end()) it = row.profile.insert(row.profile.end(), OpProfileRow{.op = op.name});
         it->predicted_s += op.end - op.start;
@@ -203,11 +247,27 @@ Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& o
           while (ts.size() < v.size()) ts.push_back(0);  // a repetition without the op
           row.profile.push_back(OpProfileRow{.op = op, .measured_s = median(ts), .measured_calls = calls[op]});
         }
+        std::map<std::string, std::vector<double>> wait_secs;
+        std::map<std::string, int64_t> wait_calls;
+        for (const Sample& s : v)
+          for (const auto& [op, op_time] : s.waits) {
+            wait_secs[op].push_back(op_time.seconds);
+            wait_calls[op] = op_time.calls;
+          }
+        for (auto& [op, ts] : wait_secs) {
+          while (ts.size() < v.size()) ts.push_back(0);
+          row.waits.push_back(OpProfileRow{.op = op, .measured_s = median(ts), .measured_calls = wait_calls[op]});
+        }
       }
       FP_RETURN_IF_ERROR(predict_row(o, spec, row));
       if (!o.profile) row.profile.clear();
+      if (!o.profile) row.waits.clear();
+      const auto by_time = [](const OpProfileRow& a, const OpProfileRow& b) {
+        return std::max(a.measured_s, a.predicted_s) > std::max(b.measured_s, b.predicted_s);
+      };
       std::sort(row.profile.begin(), row.profile.end(),
                 [](const OpProfileRow& a, const OpProfileRow& b) { return a.measured_s > b.measured_s; });
+      std::sort(row.waits.begin(), row.waits.end(), by_time);
       rows.push_back(row);
     }
   }
@@ -239,6 +299,14 @@ std::string layout_bench_profile_text(const std::vector<LayoutBenchRow>& rows) {
     s += fmt::format("  {:<24} {:>11} {:>11} {:>7} {:>8} {:>8}\n", "op", "measured s", "plan s", "plan/m", "calls",
                      "plan");
     for (const OpProfileRow& p : r.profile)
+      s += fmt::format("  {:<24} {:>11.6f} {:>11.6f} {:>7.2f} {:>8} {:>8}\n", p.op, p.measured_s, p.predicted_s,
+                       p.measured_s > 0 ? p.predicted_s / p.measured_s : 0.0, p.measured_calls, p.predicted_calls);
+    if (r.waits.empty()) continue;
+    // Blocked in communication: measured (a blocking call's whole time, a request's wait)
+    // against the timeline's stalls; calls against its transfers.
+    s += fmt::format("  {:<24} {:>11} {:>11} {:>7} {:>8} {:>8}\n", "blocked in (axis op)", "measured s", "plan s",
+                     "plan/m", "calls", "plan");
+    for (const OpProfileRow& p : r.waits)
       s += fmt::format("  {:<24} {:>11.6f} {:>11.6f} {:>7.2f} {:>8} {:>8}\n", p.op, p.measured_s, p.predicted_s,
                        p.measured_s > 0 ? p.predicted_s / p.measured_s : 0.0, p.measured_calls, p.predicted_calls);
   }

@@ -63,6 +63,10 @@ struct LayoutBenchRow {
   double predicted_step_s = 0, predicted_tokens_per_s = 0;  // 0 without hardware
   double predicted_exposed_s = 0;                           // the timeline's stalls, rank 0
   std::vector<OpProfileRow> profile;  // with LayoutBenchOptions::profile: by measured time, largest first
+  // With profile: per "axis operation" (e.g. "tsp all_gather"; the _v forms under their
+  // equal-count names, as the plan has them), rank 0's seconds blocked in it against the
+  // timeline's stalls on it, and its calls against the timeline's transfers. Largest first.
+  std::vector<OpProfileRow> waits;
 };
 
 // invalid_argument for a layout that does not use every rank or does not divide the sizes.
@@ -71,7 +75,8 @@ Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& o
 // The rows as a fixed-width table.
 std::string layout_bench_text(const std::vector<LayoutBenchRow>& rows);
 // The rows' profiles (empty without LayoutBenchOptions::profile): per op, measured and
-// predicted seconds and calls of the median step.
+// predicted seconds and calls of the median step; then per communication operation the
+// seconds rank 0 was blocked in it against the plan's simulated stalls.
 std::string layout_bench_profile_text(const std::vector<LayoutBenchRow>& rows);
 // Writes table.csv, table.json and, with gnuplot, memory.png (peak per rank against S),
 // throughput.png (tokens/s against S) and predicted.png (predicted against measured peak

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstdint>
 #include <numeric>
 
@@ -204,15 +205,44 @@ Status Communicator::submit(CommOp& op) {
   return Status::ok_status();
 }
 
+namespace {
+
+// A request whose wait() adds its blocked time to its communicator's count of the kind.
+class TimedRequest final : public CommRequestImpl {
+ public:
+  TimedRequest(CommRequest inner, double* blocked_s) : inner_(std::move(inner)), blocked_s_(blocked_s) {}
+  Status wait() override {
+    const auto t0 = std::chrono::steady_clock::now();
+    Status status = inner_.wait();
+    *blocked_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return status;
+  }
+  Status test(bool* done) override { return inner_.test(done); }
+
+ private:
+  CommRequest inner_;
+  double* blocked_s_;
+};
+
+CommRequest timed(CommRequest request, double* blocked_s) {
+  if (!request.pending()) return request;
+  return CommRequest(std::make_unique<TimedRequest>(std::move(request), blocked_s));
+}
+
+}  // namespace
+
 Status Communicator::run(CommOp op) {
   FP_RETURN_IF_ERROR(submit(op));
-  return run_validated(op);
+  const auto t0 = std::chrono::steady_clock::now();
+  Status status = run_validated(op);
+  blocked_s_[static_cast<int>(op.kind)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return status;
 }
 
 CommRequest Communicator::start(CommOp op) {
   Status status = submit(op);
   if (!status.ok()) return CommRequest::failed(std::move(status));
-  return start_validated(op);
+  return timed(start_validated(op), &blocked_s_[static_cast<int>(op.kind)]);
 }
 
 std::vector<CommRequest> Communicator::start_group(std::span<const CommOp> ops) {
@@ -226,6 +256,8 @@ std::vector<CommRequest> Communicator::start_group(std::span<const CommOp> ops) 
   std::vector<CommRequest> requests;
   if (n > 0) requests = start_validated_group(std::span<const CommOp>(submitted.data(), n));
   FP_CHECK(requests.size() == n, "{}: a group of {} operations gave {} requests", describe(), n, requests.size());
+  for (size_t i = 0; i < n; ++i)
+    requests[i] = timed(std::move(requests[i]), &blocked_s_[static_cast<int>(submitted[i].kind)]);
   while (requests.size() < submitted.size()) requests.push_back(CommRequest::failed(refused));
   return requests;
 }

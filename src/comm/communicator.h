@@ -34,6 +34,7 @@
 //  - Blocking send may wait until the matching recv is posted; a ring step is send_recv.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -97,6 +98,11 @@ class Communicator {
 
   // Counters of every operation submitted on this communicator (comm/comm_stats.h).
   const CommStats& stats() const { return stats_; }
+  // Seconds the calling thread spent blocked in this communicator's operations of `kind`: the
+  // whole of each blocking call and of each request's wait() (test() is not counted). A
+  // measurement (bench-layouts --profile puts it beside the plan's simulated waits), never
+  // part of stats(), which a dry run reproduces exactly.
+  double blocked_seconds(CommOpKind kind) const { return blocked_s_[static_cast<int>(kind)]; }
   // Collectives submitted so far: the sequence number of the latest one (0 before any).
   uint64_t collectives_submitted() const { return collective_seq_.load(std::memory_order_relaxed); }
 
@@ -189,6 +195,7 @@ class Communicator {
   std::string name_;
   std::vector<int> world_ranks_;
   CommStats stats_;
+  std::array<double, kNumCommOpKinds> blocked_s_{};
   std::atomic<uint64_t> collective_seq_{0};  // read by the backend's watchdog thread
   uint64_t p2p_seq_ = 0;
 };

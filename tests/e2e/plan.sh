@@ -123,7 +123,8 @@ PY
 err=$("$mpirun" --allow-run-as-root -np 2 "$bin" bench-layouts --layouts pp=2,tsp=1 --model "$src/configs/tiny.json" \
   --seq 128 --batch 4 --micro-batch 4 --steps 1 2>&1)
 grep -q "1 micro-batches per step cannot fill 2 pipeline stages" <<<"$err" || fail "bench-layouts m < p: $err"
-# --profile: rank 0's backend ops of the timed step beside the plan's, the same calls.
+# --profile: rank 0's backend ops of the timed step beside the plan's, the same calls; then
+# its time blocked in each axis's operations beside the simulated stalls, the same calls.
 prof=$("$mpirun" --allow-run-as-root -np 2 "$bin" bench-layouts --layouts tsp=2 sp=2 --model "$src/configs/tiny.json" \
   --seq 128 --steps 1 --profile --hardware "$src/hardware/this-machine.json" 2>&1) || fail "bench-layouts --profile: $prof"
 /usr/bin/python3 - "$prof" <<'PY' || fail "bench-layouts --profile content: $prof"
@@ -133,7 +134,15 @@ blocks = re.split(r"\n(?=S 128 )", text)
 heads = [b.split("\n", 1)[0] for b in blocks if b.startswith("S 128 ")]
 assert [h.split(":")[0] for h in heads] == ["S 128 tsp=2", "S 128 sp=2"], heads
 for b in blocks[1:]:
-    rows = {l.split()[0]: l.split() for l in b.splitlines()[2:] if l.strip()}
+    ops_part, _, blocked_part = b.partition("  blocked in (axis op)")
+    rows = {l.split()[0]: l.split() for l in ops_part.splitlines()[2:] if l.strip()}
+    # Rank 0's time blocked per (axis, op), beside the timeline's transfers: the same calls.
+    waits = [l.split() for l in blocked_part.splitlines()[1:] if l.strip()]
+    axis = heads[blocks.index(b) - 1].split()[2].split("=")[0]
+    assert {w[0] for w in waits} == {axis}, (axis, waits)
+    assert {"all_gather", "reduce_scatter"} <= {w[1] for w in waits}, waits
+    for w in waits:
+        assert int(w[5]) == int(w[6]) > 0 and float(w[2]) >= 0, w
     for op in ("matmul", "attention_forward", "attention_backward", "rmsnorm_forward"):
         assert op in rows, (op, b)
         measured, planned = int(rows[op][4]), int(rows[op][5])
