@@ -18,6 +18,7 @@
 #include "comm/mpi_internal.h"
 #include "comm/mpi_watchdog.h"
 #include "comm/op_check.h"
+#include "comm/scratch_pool.h"
 #include "core/check.h"
 
 namespace foldpar::mpi_detail {
@@ -45,7 +46,8 @@ struct Plan {
   const void* send = nullptr;  // or MPI_IN_PLACE
   void* recv = nullptr;
   MPI_Datatype type = MPI_DATATYPE_NULL;
-  std::vector<float> stage;  // bf16 reductions: f32 copy of the input, reduced in place
+  ScratchBuffer stage_buf;  // bf16 reductions: f32 copy of the input, reduced in place
+  float* stage() const { return reinterpret_cast<float*>(stage_buf.data()); }
   std::vector<int> counts, displs;  // the _v forms
   std::vector<MPI_Request> requests = std::vector<MPI_Request>(2, MPI_REQUEST_NULL);
   std::vector<MPI_Status> statuses = std::vector<MPI_Status>(2);
@@ -53,7 +55,7 @@ struct Plan {
   // Pairwise reduce-scatter: the N-1 contributions to this rank's block, back to back in
   // rank-distance order (1, 2, ..., N-1), and where the block's input and result are.
   bool pairwise = false;
-  std::vector<std::byte> incoming;
+  ScratchBuffer incoming;
   const void* own_in = nullptr;
   void* own_out = nullptr;
   size_t own_count = 0;
@@ -63,15 +65,16 @@ struct Plan {
   // a received message (statuses[recv_status]).
   void* bf16_out = nullptr;
   size_t bf16_count = 0;
-  const float* bf16_from = nullptr;  // null: stage.data()
+  const float* bf16_from = nullptr;  // null: stage()
   void* move_to = nullptr;
   const void* move_from = nullptr;
   size_t move_bytes = 0;
   int recv_status = -1;
 };
 
-void widen_bf16(const void* src, size_t n, std::vector<float>& dst) {
-  dst.resize(n);
+void widen_bf16(const void* src, size_t n, ScratchBuffer& dst_buf) {
+  dst_buf = ScratchBuffer::take(n * sizeof(float));
+  auto* dst = reinterpret_cast<float*>(dst_buf.data());
   const auto* s = static_cast<const bf16*>(src);
   for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
 }
@@ -242,10 +245,10 @@ void MpiCommunicator::prepare_reduction(const CommOp& op, Plan& plan) const {
   const uint64_t mine = op.kind == CommOpKind::kReduceScatterV ? op.counts[rank()] : op.count;
   const bool has_output = op.kind != CommOpKind::kReduce || rank() == op.root;
   if (op.dtype == DType::kBF16) {  // reduce an f32 copy in place, round once
-    widen_bf16(op.send_buf, op.kind == CommOpKind::kReduceScatterV ? total_of(op.counts) : n_in, plan.stage);
+    widen_bf16(op.send_buf, op.kind == CommOpKind::kReduceScatterV ? total_of(op.counts) : n_in, plan.stage_buf);
     plan.type = MPI_FLOAT;
-    plan.send = has_output ? MPI_IN_PLACE : plan.stage.data();
-    plan.recv = has_output ? plan.stage.data() : nullptr;
+    plan.send = has_output ? MPI_IN_PLACE : plan.stage();
+    plan.recv = has_output ? plan.stage() : nullptr;
     if (has_output) {
       plan.bf16_out = op.recv_buf;
       plan.bf16_count = mine;
@@ -388,9 +391,9 @@ void MpiCommunicator::post_pairwise_reduce_scatter(const CommOp& op, Plan& p) {
     counts[j] = v ? static_cast<size_t>(p.counts[j]) : static_cast<size_t>(op.count);
     offsets[j] = v ? static_cast<size_t>(p.displs[j]) : op.count * static_cast<size_t>(j);
   }
-  const void* input = bf16 ? static_cast<const void*>(p.stage.data()) : op.send_buf;
-  void* own_out = bf16 ? static_cast<void*>(p.stage.data() + offsets[rank()]) : op.recv_buf;
-  if (bf16) p.bf16_from = p.stage.data() + offsets[rank()];
+  const void* input = bf16 ? static_cast<const void*>(p.stage()) : op.send_buf;
+  void* own_out = bf16 ? static_cast<void*>(p.stage() + offsets[rank()]) : op.recv_buf;
+  if (bf16) p.bf16_from = p.stage() + offsets[rank()];
   post_pairwise(op, p, input, counts, offsets, own_out);
 }
 
@@ -408,7 +411,7 @@ void MpiCommunicator::post_pairwise(const CommOp& op, Plan& p, const void* input
   p.own_out = own_out;
   p.move_bytes = 0;  // the result is written where it belongs
   p.recv_status = -1;
-  p.incoming.resize(static_cast<size_t>(N - 1) * p.own_count * w);
+  p.incoming = ScratchBuffer::take(static_cast<size_t>(N - 1) * p.own_count * w);
   p.n_requests = 2 * (N - 1);
   p.requests.assign(p.n_requests, MPI_REQUEST_NULL);
   p.statuses.resize(p.n_requests);
@@ -426,8 +429,12 @@ void MpiCommunicator::post_pairwise(const CommOp& op, Plan& p, const void* input
 }
 
 // A blocking all-reduce as a pairwise reduce-scatter of N near-equal blocks, the reduction,
-// then the library's all-gather in place: Debian's OpenMPI 4.1.4 all-reduces 64 MiB in 0.7-0.9 s
-// here, its all-gather in 40 ms (docs/PERFORMANCE.md).
+// then the library's all-gather in place: Debian's OpenMPI 4.1.4 all-reduces 64 MiB in
+// 0.2-0.3 s here, faulting in fresh temporary pages on every call (its non-blocking
+// all-reduce does not: 17 ms); this path takes 11-20 ms (docs/PERFORMANCE.md, "Fresh pages").
+// Only the blocking form: a non-blocking one would need its all-gather started once the
+// reduction is done, on every rank, whatever request that rank is waiting for (a progress
+// engine), or ranks completing two of them in different orders deadlock.
 void MpiCommunicator::all_reduce_pairwise(const CommOp& op, Plan& p) {
   const int N = size();
   const bool bf16 = op.dtype == DType::kBF16;
@@ -438,8 +445,8 @@ void MpiCommunicator::all_reduce_pairwise(const CommOp& op, Plan& p) {
     offsets[j] = offset;
     offset += counts[j];
   }
-  const void* input = bf16 ? static_cast<const void*>(p.stage.data()) : op.send_buf;
-  std::byte* output = static_cast<std::byte*>(bf16 ? static_cast<void*>(p.stage.data()) : op.recv_buf);
+  const void* input = bf16 ? static_cast<const void*>(p.stage()) : op.send_buf;
+  std::byte* output = static_cast<std::byte*>(bf16 ? static_cast<void*>(p.stage()) : op.recv_buf);
   const size_t w = dtype_size(bf16 ? DType::kF32 : op.dtype);
   post_pairwise(op, p, input, counts, offsets, output + offsets[rank()] * w);
   FP_MPI_CHECK(MPI_Waitall(p.n_requests, p.requests.data(), p.statuses.data()));
@@ -479,7 +486,7 @@ void MpiCommunicator::finish(const CommOp& op, Plan& plan) const {
              "received {}", comm_op_name(op.kind), op.seq, describe(), op.count, op.source, received);
   }
   if (plan.bf16_out != nullptr)
-    narrow_to_bf16(plan.bf16_from != nullptr ? plan.bf16_from : plan.stage.data(), plan.bf16_count, plan.bf16_out);
+    narrow_to_bf16(plan.bf16_from != nullptr ? plan.bf16_from : plan.stage(), plan.bf16_count, plan.bf16_out);
   if (plan.move_bytes > 0) std::memmove(plan.move_to, plan.move_from, plan.move_bytes);
 }
 

@@ -355,5 +355,39 @@ TEST(Collectives, AGroupIsItsOperationsInOrder) {
   }
 }
 
+// Large non-blocking all-reduces completed in a different order on each rank, with a large
+// blocking one (the MPI backend's pairwise path) on the same communicator between their
+// start and their waits. A two-phase non-blocking all-reduce whose second phase starts when
+// the waiting rank finishes the first (an all-gather after the reduction) deadlocks here:
+// each rank waits for the peer's second phase of the other request.
+TEST(Collectives, LargeNonBlockingAllReducesCompleteInAnyOrder) {
+  Communicator& comm = mpi().world();
+  const int N = comm.size(), r = comm.rank();
+  const size_t n = (size_t{1} << 20) / sizeof(float) + 5;  // over 1 MiB
+  std::vector<float> a(n), b(n), c(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = static_cast<float>(value(r, i));
+    b[i] = static_cast<float>(value(r, i + 3));
+    c[i] = static_cast<float>(value(r, i + 5));
+  }
+  CommRequest qa = comm.iall_reduce(a.data(), a.data(), n, DType::kF32, ReduceOp::kSum);
+  CommRequest qb = comm.iall_reduce(b.data(), b.data(), n, DType::kF32, ReduceOp::kMax);
+  ASSERT_TRUE(comm.all_reduce(c.data(), c.data(), n, DType::kF32, ReduceOp::kSum).ok());
+  if (r % 2 == 0) {
+    ASSERT_TRUE(qa.wait().ok());
+    ASSERT_TRUE(qb.wait().ok());
+  } else {
+    bool done = false;
+    while (!done) ASSERT_TRUE(qb.test(&done).ok());
+    ASSERT_TRUE(qa.wait().ok());
+  }
+  for (size_t i = 0; i < n; i += 997) {
+    ASSERT_EQ(a[i], sum_over_ranks(N, i)) << i;
+    ASSERT_EQ(b[i], max_over_ranks(N, i + 3)) << i;
+    ASSERT_EQ(c[i], sum_over_ranks(N, i + 5)) << i;
+  }
+  ASSERT_EQ(a[n - 1], sum_over_ranks(N, n - 1));
+}
+
 }  // namespace
 }  // namespace foldpar::test
