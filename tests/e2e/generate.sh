@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # foldpar generate with real MPI processes and real files, from a tiny model trained here:
 #  - greedy generations are identical on one rank, tsp=2, tsp=4, tp=2, tp=4, with the
-#    contiguous split, and under pp=2,tsp=1 and pp=2,tsp=2 (batches of 2 and 1 prompts); sampled ones (temperature, top-k, top-p, seed) too, and they follow
+#    contiguous split, and under pp=2,tsp=1, pp=2,tsp=2 (batches of 2 and 1 prompts) and pp=2,tp=2; sampled ones (temperature, top-k, top-p, seed) too, and they follow
 #    the seed;
 #  - the exported Hugging Face directory generates the same text as the checkpoint;
 #  - a stop sequence ends the completion before it; one prompt streams its text;
@@ -29,7 +29,8 @@ gen 4 "$tmp/tp4.jsonl" --layout tp=4
 gen 2 "$tmp/contig.jsonl" --layout tsp=2 --seq-split contiguous --batch 2
 gen 2 "$tmp/pp2.jsonl" --layout pp=2,tsp=1
 gen 4 "$tmp/pp2tsp2.jsonl" --layout pp=2,tsp=2 --batch 2
-for f in tsp2 tsp4 tp2 tp4 contig pp2 pp2tsp2; do
+gen 4 "$tmp/pp2tp2.jsonl" --layout pp=2,tp=2
+for f in tsp2 tsp4 tp2 tp4 contig pp2 pp2tsp2 pp2tp2; do
   cmp "$tmp/one.jsonl" "$tmp/$f.jsonl" || { echo "greedy generations differ: one rank vs $f" >&2; exit 1; }
 done
 /usr/bin/python3 - "$tmp/one.jsonl" <<'PY'
@@ -103,7 +104,7 @@ check 1 "exactly one of --checkpoint and --hf" --checkpoint "$tmp/run" --hf "$tm
 check 1 "does not exist" --checkpoint "$tmp/none" --prompt x
 check 2 "generation runs on tsp=N or tp=N" --checkpoint "$tmp/run" --prompt x --layout sp=2
 check 2 "needs 4 ranks" --checkpoint "$tmp/run" --prompt x --layout tsp=4
-check 2 "pp with tp or sp is not implemented" --checkpoint "$tmp/run" --prompt x --layout pp=2,tp=1
+check 2 "bf16 is not implemented" --checkpoint "$tmp/run" --prompt x --layout pp=2,tp=1:bf16
 check 1 "--temperature (-1)" --checkpoint "$tmp/run" --prompt x --temperature -1
 check 1 "--top-p (2)" --checkpoint "$tmp/run" --prompt x --top-p 2
 check 1 "--max-new-tokens (0)" --checkpoint "$tmp/run" --prompt x --max-new-tokens 0

@@ -8,8 +8,9 @@
 //    one padded activation per group across each boundary (counted on pp);
 //  - the attention variants and KV replicas (issue 21) alike;
 //  - layouts not implemented are refused by name.
-// Layouts by world size: pp=2,tsp=1 with even and uneven (3/1) stages (2 ranks); pp=2,tsp=2
-// and pp=4,tsp=1 (4 ranks).
+// Layouts by world size: pp=2,tsp=1 with even and uneven (3/1) stages and pp=2,tp=1 (2
+// ranks); pp=2,tsp=2, pp=4,tsp=1 and tp stages pp=2,tp=2 and pp=2,tp=2:seqpar (4 ranks; tp
+// stages hold every token and the cache sharded by heads, as TpDecoder; seqpar decodes as tp).
 #include <gtest/gtest.h>
 
 #include "comm/comm_stats.h"
@@ -67,8 +68,8 @@ Built build(Communicator& comm, const LlamaConfig& c, const std::string& layout)
 // The layouts of this world size.
 std::vector<std::string> layouts() {
   switch (test::mpi().world().size()) {
-    case 2: return {"pp=2,tsp=1", "pp=2,tsp=1:stages=3/1"};
-    case 4: return {"pp=2,tsp=2", "pp=4,tsp=1"};
+    case 2: return {"pp=2,tsp=1", "pp=2,tsp=1:stages=3/1", "pp=2,tp=1"};
+    case 4: return {"pp=2,tsp=2", "pp=4,tsp=1", "pp=2,tp=2", "pp=2,tp=2:seqpar"};
     default: return {};
   }
 }
@@ -111,9 +112,11 @@ void check_parity(const std::string& layout, const std::vector<int64_t>& lengths
   ASSERT_TRUE(logits.ok()) << logits.status().to_string();
   const CommStats prefill_pp = prefill_counter.delta();
   for (int64_t b = 0; b < B; ++b) expect_row(*logits, b, ref[b], lengths[b] - 1, "prefill");
-  // Prefill: per group [widest * S/D, h] f32, S the longest prompt padded to 2D (zigzag).
+  // Prefill: per group [widest * S/D, h] f32, S the longest prompt padded to 2D (zigzag)
+  // under TSP; tp stages: [widest * S, h], S the longest prompt (every tp rank holds every token).
   const int64_t longest = *std::max_element(lengths.begin(), lengths.end()), unit = 2 * lo.tsp;
-  const int64_t local_seq = (longest + unit - 1) / unit * unit / lo.tsp;
+  const int64_t local_seq =
+      lo.strategy == Strategy::kTsp ? (longest + unit - 1) / unit * unit / lo.tsp : longest;
   EXPECT_EQ(prefill_pp.op(CommOpKind::kSend).calls, sends) << "stage " << s;
   EXPECT_EQ(prefill_pp.op(CommOpKind::kSend).bytes_sent, sends * widest * local_seq * c.hidden_size * 4)
       << "stage " << s;
@@ -214,13 +217,17 @@ TEST(PipelineDecode, GreedyEqualsSingleRankDecoder) {
   }
 }
 
+// bf16 (no decoder stores bf16 weights or cache), sp stages (no decoder shards the sequence
+// on the sp axis) and a dp axis (no decoder takes one), as without pp.
 TEST(PipelineDecode, RefusesWhatItDoesNotRun) {
   Communicator& world = test::mpi().world();
   if (world.size() != 2 && world.size() != 4) GTEST_SKIP() << "no pp layout for " << world.size() << " ranks";
   const LlamaConfig c = test_config(false);
-  const std::string tp = world.size() == 2 ? "pp=2,tp=1" : "pp=2,tp=2";
-  const std::string bf16 = world.size() == 2 ? "pp=2,tsp=1:bf16" : "pp=2,tsp=2:bf16";
-  for (const std::string& layout : {tp, bf16}) {
+  const std::vector<std::string> refused =
+      world.size() == 2 ? std::vector<std::string>{"pp=2,tsp=1:bf16", "pp=2,tp=1:bf16"}
+                        : std::vector<std::string>{"pp=2,tsp=2:bf16", "pp=2,tp=2:bf16", "pp=2,sp=2",
+                                                   "pp=2,dp=2,tsp=1", "pp=2,dp=2,tp=1"};
+  for (const std::string& layout : refused) {
     const Layout lo = parse_layout(layout).value();
     Result<Mesh> mesh = Mesh::create(world, lo.mesh());
     FP_CHECK_OK(mesh.status());
