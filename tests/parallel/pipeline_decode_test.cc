@@ -7,6 +7,9 @@
 //  - the stage holds only its layers' KV cache, and the prefill and each decode step move
 //    one padded activation per group across each boundary (counted on pp);
 //  - the attention variants and KV replicas (issue 21) alike;
+//  - decoding with groups in flight (decode_in_flight: the sampler inside the pipeline)
+//    chooses the same tokens from the same logits as the step-by-step loop, greedy and
+//    seeded sampling, with sequences finishing at different steps;
 //  - layouts not implemented are refused by name.
 // Layouts by world size: pp=2,tsp=1 with even and uneven (3/1) stages and pp=2,tp=1 (2
 // ranks); pp=2,tsp=2, pp=4,tsp=1 and tp stages pp=2,tp=2 and pp=2,tp=2:seqpar (4 ranks; tp
@@ -18,6 +21,7 @@
 #include "core/rng.h"
 #include "core/tolerance.h"
 #include "decode_reference.h"
+#include "infer/sampler.h"
 #include "mpi_test_main.h"
 #include "parallel/make_layout.h"
 #include "parallel/pipeline/pipeline_decoder.h"
@@ -215,6 +219,127 @@ TEST(PipelineDecode, GreedyEqualsSingleRankDecoder) {
       for (int64_t b = 0; b < static_cast<int64_t>(prompts.size()); ++b)
         expect_row(got_logits[t], b, want_logits[t], b, "greedy step " + std::to_string(t));
   }
+}
+
+// The tokens of a batch chosen step by step (decode calls, the sampler between them) or in
+// flight, as the generator does: every unfinished sequence's next token (0 once finished)
+// from its logits row, sequence b finishing after limits[b] tokens. Rank 0 records each
+// chosen token and the logits row it came from.
+struct Chosen {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<std::vector<float>>> rows;  // [b][step][V]
+};
+
+class Chooser {
+ public:
+  Chooser(const std::vector<int64_t>& limits, const SamplingOptions& sampling)
+      : limits_(limits), sampling_(sampling), got_{std::vector<std::vector<int32_t>>(limits.size()),
+                                                    std::vector<std::vector<std::vector<float>>>(limits.size())} {}
+  // Sequences [b0, b0 + n): returns whether every sequence has finished.
+  bool operator()(int64_t b0, const Tensor& logits, std::span<int32_t> out) {
+    const int64_t V = logits.dim(1);
+    for (int64_t j = 0; j < logits.dim(0); ++j) {
+      const size_t b = static_cast<size_t>(b0 + j);
+      out[static_cast<size_t>(j)] = 0;
+      if (static_cast<int64_t>(got_.tokens[b].size()) >= limits_[b]) continue;
+      const float* row = logits.data<float>() + j * V;
+      const std::span<const float> r(row, static_cast<size_t>(V));
+      out[static_cast<size_t>(j)] = sample_token(r, sampling_, b, got_.tokens[b].size());
+      got_.tokens[b].push_back(out[static_cast<size_t>(j)]);
+      got_.rows[b].emplace_back(row, row + V);
+    }
+    for (size_t b = 0; b < limits_.size(); ++b)
+      if (static_cast<int64_t>(got_.tokens[b].size()) < limits_[b]) return false;
+    return true;
+  }
+  const Chosen& got() const { return got_; }
+
+ private:
+  std::vector<int64_t> limits_;
+  SamplingOptions sampling_;
+  Chosen got_;
+};
+
+// Rank 0 chooses; the tokens (and the end) reach every rank by a broadcast, as the generator's.
+Chosen run_chooser(ShardedDecoder& d, const std::vector<std::vector<int32_t>>& prompts,
+                   const std::vector<int64_t>& limits, const SamplingOptions& sampling, bool in_flight) {
+  Communicator& world = test::mpi().world();
+  auto be = make_cpu_backend();
+  const int64_t B = static_cast<int64_t>(prompts.size());
+  const int64_t most = *std::max_element(limits.begin(), limits.end());
+  Result<Tensor> logits = d.prefill(*be, prompts, most);
+  FP_CHECK_OK(logits.status());
+  Chooser chooser(limits, sampling);
+  std::vector<int32_t> tokens(static_cast<size_t>(B) + 1, 0);
+  for (;;) {
+    if (world.rank() == 0)
+      tokens[static_cast<size_t>(B)] = chooser(0, *logits, std::span<int32_t>(tokens.data(), static_cast<size_t>(B)));
+    FP_CHECK_OK(world.broadcast(tokens.data(), tokens.size(), DType::kI32, 0));
+    if (tokens.back() != 0) break;
+    const std::span<const int32_t> step(tokens.data(), static_cast<size_t>(B));
+    if (in_flight) {
+      ShardedDecoder::GroupChooser choose;
+      if (world.rank() == 0) choose = std::ref(chooser);
+      Result<int64_t> rows = d.decode_in_flight(*be, step, choose);
+      FP_CHECK_OK(rows.status());
+      EXPECT_GT(*rows, 0);
+      break;
+    }
+    logits = d.decode(*be, step);
+    FP_CHECK_OK(logits.status());
+  }
+  return chooser.got();
+}
+
+TEST(PipelineDecode, InFlightChoosesWhatTheStepByStepLoopChooses) {
+  if (layouts().empty()) GTEST_SKIP() << "no pp layout for " << test::mpi().world().size() << " ranks";
+  Communicator& world = test::mpi().world();
+  const LlamaConfig c = test_config(false);
+  // B = 5 >= p: groups 3/2 at p = 2, 2/1/1/1 at p = 4; sequences end after 1 to 7 tokens.
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t b = 0; b < 5; ++b) prompts.push_back(random_tokens(c, 3 + 2 * b, static_cast<uint64_t>(40 + b)));
+  const std::vector<int64_t> limits{7, 3, 1, 7, 5};
+  SamplingOptions sampled;
+  sampled.temperature = 0.9;
+  sampled.top_k = 20;
+  sampled.seed = 5;
+  for (const std::string& layout : layouts()) {
+    for (const SamplingOptions& sampling : {SamplingOptions{}, sampled}) {
+      SCOPED_TRACE(layout + (sampling.temperature > 0 ? " sampled" : " greedy"));
+      Built m = build(world, c, layout);
+      ASSERT_TRUE(m.decoder->decodes_in_flight(5));
+      const Chosen want = run_chooser(*m.decoder, prompts, limits, sampling, false);
+      const Chosen got = run_chooser(*m.decoder, prompts, limits, sampling, true);
+      if (world.rank() != 0) continue;
+      for (size_t b = 0; b < limits.size(); ++b) {
+        ASSERT_EQ(want.tokens[b].size(), static_cast<size_t>(limits[b])) << "sequence " << b;
+        EXPECT_EQ(got.tokens[b], want.tokens[b]) << "sequence " << b;
+        ASSERT_EQ(got.rows[b].size(), want.rows[b].size());
+        // The same groups through the same stages: the same logits, bit for bit.
+        for (size_t t = 0; t < got.rows[b].size(); ++t)
+          EXPECT_EQ(got.rows[b][t], want.rows[b][t]) << "sequence " << b << " token " << t;
+      }
+      // The decoding has ended: decode waits for the next prefill.
+      auto be = make_cpu_backend();
+      EXPECT_FALSE(m.decoder->decode(*be, std::vector<int32_t>(5, 1)).ok());
+    }
+  }
+}
+
+TEST(PipelineDecode, InFlightNeedsAsManySequencesAsStages) {
+  Communicator& world = test::mpi().world();
+  if (world.size() != 4) GTEST_SKIP() << "pp=4 on 4 ranks";
+  const LlamaConfig c = test_config(false);
+  Built m = build(world, c, "pp=4,tsp=1");
+  EXPECT_FALSE(m.decoder->decodes_in_flight(3));
+  EXPECT_TRUE(m.decoder->decodes_in_flight(4));
+  auto be = make_cpu_backend();
+  std::vector<std::vector<int32_t>> prompts(3, std::vector<int32_t>{1, 2});
+  ASSERT_TRUE(m.decoder->prefill(*be, prompts, 2).ok());
+  Result<int64_t> r = m.decoder->decode_in_flight(*be, std::vector<int32_t>{1, 2, 3}, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("3 sequences cannot keep 4 pipeline stages busy"), std::string::npos)
+      << r.status().to_string();
 }
 
 // bf16 (no decoder stores bf16 weights or cache), sp stages (no decoder shards the sequence
