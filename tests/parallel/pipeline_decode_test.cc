@@ -261,8 +261,11 @@ class Chooser {
 };
 
 // Rank 0 chooses; the tokens (and the end) reach every rank by a broadcast, as the generator's.
-Chosen run_chooser(ShardedDecoder& d, const std::vector<std::vector<int32_t>>& prompts,
+Chosen run_chooser(ShardedDecoder& d, Mesh& mesh, const LlamaConfig& c, const std::vector<std::vector<int32_t>>& prompts,
                    const std::vector<int64_t>& limits, const SamplingOptions& sampling, bool in_flight) {
+  Communicator* pp = &mesh.comm("pp");
+  const int axis_rank = mesh.has_axis("tsp") ? mesh.coord("tsp") : mesh.has_axis("tp") ? mesh.coord("tp") : 0;
+  const int64_t hidden = c.hidden_size, vocab = c.vocab_size;
   Communicator& world = test::mpi().world();
   auto be = make_cpu_backend();
   const int64_t B = static_cast<int64_t>(prompts.size());
@@ -280,9 +283,26 @@ Chosen run_chooser(ShardedDecoder& d, const std::vector<std::vector<int32_t>>& p
     if (in_flight) {
       ShardedDecoder::GroupChooser choose;
       if (world.rank() == 0) choose = std::ref(chooser);
+      ScopedCommCounter counter(*pp);
       Result<int64_t> rows = d.decode_in_flight(*be, step, choose);
       FP_CHECK_OK(rows.status());
       EXPECT_GT(*rows, 0);
+      // No collective over pp: each boundary carries one [widest + 1, h] f32 message per
+      // group and step (the rows and the end flag), and the last stage's first rank sends
+      // stage 0's first rank each group's logits [widest, V].
+      const CommStats stats = counter.delta();
+      EXPECT_EQ(stats.op(CommOpKind::kBroadcast).calls, 0u);
+      const OpCounters& sends = stats.op(CommOpKind::kSend);
+      const int64_t P = pp->size(), s = pp->rank(), widest = (B + P - 1) / P;
+      const int64_t h = hidden;
+      const bool first_rank = axis_rank == 0;
+      if (s < P - 1) {
+        EXPECT_GT(sends.calls, 0u);
+        EXPECT_EQ(sends.bytes_sent, sends.calls * static_cast<uint64_t>((widest + 1) * h * 4));
+      } else {
+        EXPECT_EQ(sends.calls > 0, first_rank);
+        EXPECT_EQ(sends.bytes_sent, sends.calls * static_cast<uint64_t>(widest * vocab * 4));
+      }
       break;
     }
     logits = d.decode(*be, step);
@@ -308,8 +328,8 @@ TEST(PipelineDecode, InFlightChoosesWhatTheStepByStepLoopChooses) {
       SCOPED_TRACE(layout + (sampling.temperature > 0 ? " sampled" : " greedy"));
       Built m = build(world, c, layout);
       ASSERT_TRUE(m.decoder->decodes_in_flight(5));
-      const Chosen want = run_chooser(*m.decoder, prompts, limits, sampling, false);
-      const Chosen got = run_chooser(*m.decoder, prompts, limits, sampling, true);
+      const Chosen want = run_chooser(*m.decoder, *m.mesh, c, prompts, limits, sampling, false);
+      const Chosen got = run_chooser(*m.decoder, *m.mesh, c, prompts, limits, sampling, true);
       if (world.rank() != 0) continue;
       for (size_t b = 0; b < limits.size(); ++b) {
         ASSERT_EQ(want.tokens[b].size(), static_cast<size_t>(limits[b])) << "sequence " << b;
