@@ -6,7 +6,7 @@
 //   decode   one new token per sequence: weights stay where they are (stationary); only
 //            O(h) activations per token per layer move (parallel/decode_block.h).
 // Strategies: tsp/tsp_decoder.cc (cache sharded by sequence) and megatron/megatron_decoder.cc (cache
-// sharded by heads, the baseline), and pipeline/pipeline_decoder.cc (pp=P over TSP stages,
+// sharded by heads, the baseline), and pipeline/pipeline_decoder.cc (pp=P over TSP or tp stages,
 // each its layers' cache); make_layout.h builds the one a layout string names.
 //
 // Every method that communicates is collective over the layout's communicator: every rank

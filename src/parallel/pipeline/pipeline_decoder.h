@@ -3,7 +3,8 @@
 // [bounds[s], bounds[s+1]) (layout/stage_bounds, as training's PipelineModel), the embedding
 // on stage 0 and the final norm + LM head on stage p-1, under their global names (so
 // load_checkpoint and the Hugging Face loader fill them as in training), and the KV cache of
-// its layers; the stage's model axis runs its StageDecoder (parallel/stage_decoder.h: tsp/).
+// its layers; the stage's model axis runs its StageDecoder (parallel/stage_decoder.h: tsp/, or
+// megatron/ for tp stages).
 // Prefill and every decode step run the B sequences in G = min(B, p) groups of consecutive
 // sequences, pipelined: group g runs on stage s while group g+1 runs on stage s-1. What
 // crosses to the next stage (StageBoundary, as in training) is padded to the largest group,
