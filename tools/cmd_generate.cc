@@ -25,7 +25,7 @@ struct GenerateArgs {
   LayoutArgs layout;
   std::string prompt_file, device = "cpu";
   std::vector<std::string> prompts, stops;
-  bool json = false;
+  bool json = false, lockstep = false;
 };
 
 // "\n", "\t", "\\" in a stop sequence given on the command line.
@@ -52,6 +52,7 @@ Result<GenerateOptions> generate_options(const GenerateArgs& a, int ranks) {
   o.prompts.insert(o.prompts.end(), a.prompts.begin(), a.prompts.end());
   if (o.prompts.empty()) return invalid_argument("no prompt: give --prompt-file or --prompt");
   for (const std::string& s : a.stops) o.generation.stop.push_back(unescape(s));
+  o.generation.in_flight = !a.lockstep;
   return o;
 }
 
@@ -124,6 +125,9 @@ Command add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", o.generation.sampling.seed, "seed of the sampling");
   cmd->add_option("--stop", a->stops, "stop sequence (repeatable; \\n, \\t and \\\\ are escapes); not printed");
   cmd->add_option("--batch", o.generation.batch, "prompts decoded together (0: all)")->check(non_negative());
+  cmd->add_flag("--lockstep", a->lockstep,
+                "pp: decode every step through the stages in turn, the sampler between steps (default with B >= pp "
+                "prompts: pp groups in flight across steps, no fill and drain per token)");
   cmd->add_option("--tokenizer", o.tokenizer, "bytes, a SentencePiece model or a tokenizer.json (default: bytes; --hf: its tokenizer.json when present)");
   add_layout_flags(cmd, a->layout, /*generation=*/true);
   cmd->add_flag("--json", a->json, "one JSON object per completion per line");

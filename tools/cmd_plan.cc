@@ -3,7 +3,7 @@
 //
 //   foldpar plan --model configs/paper-7b.json --seq 131072 --batch 1 --devices 8
 //       --hardware hardware/mi300x-8.json [--train|--forward|--prefill|--decode] [--bf16]
-//       [--recompute block] [--moe-imbalance X] [--layouts tsp=8 tp=8] [--micro-batch M] [--max-new-tokens N] [--json] [--trace F]
+//       [--recompute block] [--moe-imbalance X] [--layouts tsp=8 tp=8] [--micro-batch M] [--choose-schedule] [--max-new-tokens N] [--json] [--trace F]
 //       [--explain]
 #include <cerrno>
 #include <cstdio>
@@ -75,6 +75,9 @@ Command add_plan_command(CLI::App& app) {
                   "training: sequences per forward per data-parallel rank, as train's (default: all; a pipeline "
                   "tries each size that fills it)")
       ->check(positive());
+  cmd->add_flag("--choose-schedule", r.choose_schedule,
+                "training, pipelined --layouts naming no schedule: also plan interleaved:2 and zb beside 1f1b and "
+                "recommend one (always done without --layouts)");
   cmd->add_option("--devices", r.devices, "ranks of the job (N)")->required();
   cmd->add_option("--hardware", a->hardware, "hardware description JSON (hardware/*.json)")
       ->required()

@@ -1,5 +1,6 @@
 // Generation over a ShardedDecoder (parallel/sharded_decoder.h): prompts in, completions out.
-// Per batch of prompts: one prefill, then one decode step per new token. Rank 0 chooses every
+// Per batch of prompts: one prefill, then one decode step per new token (or, where the
+// decoder keeps groups in flight, its decode_in_flight loop with rank 0's choices inside). Rank 0 chooses every
 // token (infer/sampler.h), watches stop sequences and streams text; it broadcasts the chosen
 // tokens and a stop flag over `world` each step (B + 1 i32 values), so every rank feeds the
 // decoder the same tokens whatever its floating-point environment. A finished sequence keeps
@@ -25,6 +26,11 @@ struct GenerationOptions {
   SamplingOptions sampling;
   std::vector<std::string> stop;   // stop sequences: generation ends where one appears (not shown)
   int64_t batch = 0;               // prompts decoded together; 0: all of them
+  // A decoder that keeps groups of sequences in flight across steps (under pp with B >= p,
+  // ShardedDecoder::decodes_in_flight) runs that way: rank 0 chooses each group's tokens as
+  // its logits arrive, and no step waits for the whole batch. false: one decode call per
+  // step (every stage fills and drains each step; generate --lockstep). The tokens are the same.
+  bool in_flight = true;
 };
 
 struct Completion {

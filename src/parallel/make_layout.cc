@@ -24,16 +24,10 @@ Status check_mesh(const Mesh& mesh, const Layout& layout) {
 
 Communicator* axis_comm(Mesh& mesh, const char* axis) { return mesh.has_axis(axis) ? &mesh.comm(axis) : nullptr; }
 
-// Generation under pp: TSP stages only, f32 (what parallel/pipeline/pipeline_decoder.h runs).
+// Generation under pp: TSP or tp stages (what parallel/pipeline/pipeline_decoder.h runs
+// them with), the conditions make_sharded_decoder checked.
 Result<std::unique_ptr<ShardedDecoder>> make_pipeline_stages_decoder(const LlamaConfig& config, Mesh& mesh,
                                                                     const Layout& layout) {
-  const std::string name = layout.to_string();
-  if (layout.strategy != Strategy::kTsp)
-    return unimplemented("layout {}: generation under pp runs on TSP stages (pp=P,tsp=D); pp with tp or sp is not "
-                         "implemented",
-                         name);
-  if (layout.dtype != DType::kF32)
-    return unimplemented("layout {}: generation under pp runs in f32; bf16 is not implemented", name);
   Communicator& pp = mesh.comm("pp");
   // Contiguous stages whatever the training schedule: decoding has no backward to interleave
   // or split.
@@ -43,9 +37,11 @@ Result<std::unique_ptr<ShardedDecoder>> make_pipeline_stages_decoder(const Llama
   const std::vector<int64_t> bounds = stage_bounds(config, contiguous);
   const int s = pp.rank();
   const StageLayers layers{bounds[s], bounds[s + 1], s == 0, s == layout.pp - 1, {}};
-  FP_ASSIGN_OR_RETURN(std::unique_ptr<StageDecoder> stage,
-                      make_tsp_stage_decoder(config, mesh.comm("tsp"), contiguous, layers));
-  return make_pipeline_decoder(config, pp, std::move(stage), contiguous);
+  Result<std::unique_ptr<StageDecoder>> stage =
+      layout.strategy == Strategy::kTsp ? make_tsp_stage_decoder(config, mesh.comm("tsp"), contiguous, layers)
+                                        : make_tp_stage_decoder(config, mesh.comm("tp"), contiguous, layers);
+  FP_RETURN_IF_ERROR(stage.status());
+  return make_pipeline_decoder(config, pp, std::move(*stage), contiguous);
 }
 
 }  // namespace
@@ -77,9 +73,13 @@ Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& 
   if (layout.dp > 1) return unimplemented("layout {}: generation does not take a dp axis", name);
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, 0));
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
+  // Every decoder keeps f32 weights and an f32 KV cache (parallel/decode_block.h).
+  if (layout.dtype != DType::kF32)
+    return unimplemented("layout {}: generation runs in f32 (f32 weights and KV cache); bf16 is not implemented", name);
+  if (layout.sp > 1) return unimplemented("layout {}: generation runs on tsp=N or tp=N (under pp: on such stages)", name);
   if (layout.pp > 1) return make_pipeline_stages_decoder(config, mesh, layout);
   if (layout.strategy == Strategy::kTsp) return make_tsp_decoder(config, mesh.comm("tsp"), layout);
-  if (layout.sp == 1 && mesh.has_axis("tp")) return make_tp_decoder(config, mesh.comm("tp"), layout);
+  if (mesh.has_axis("tp")) return make_tp_decoder(config, mesh.comm("tp"), layout);
   return unimplemented("layout {}: generation runs on tsp=N or tp=N", name);
 }
 

@@ -6,7 +6,7 @@
 //   decode   one new token per sequence: weights stay where they are (stationary); only
 //            O(h) activations per token per layer move (parallel/decode_block.h).
 // Strategies: tsp/tsp_decoder.cc (cache sharded by sequence) and megatron/megatron_decoder.cc (cache
-// sharded by heads, the baseline), and pipeline/pipeline_decoder.cc (pp=P over TSP stages,
+// sharded by heads, the baseline), and pipeline/pipeline_decoder.cc (pp=P over TSP or tp stages,
 // each its layers' cache); make_layout.h builds the one a layout string names.
 //
 // Every method that communicates is collective over the layout's communicator: every rank
@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -55,6 +56,25 @@ class ShardedDecoder {
   // logits after it. invalid_argument before prefill, beyond the max_new_tokens given
   // there, for a wrong count or for an id outside the vocabulary. Collective.
   virtual Result<Tensor> decode(Backend& backend, std::span<const int32_t> tokens) = 0;
+
+  // Decoding with groups of sequences kept in flight across steps (a pipeline decoder with
+  // at least as many sequences as stages; docs/composition.md section 2, Generation): the
+  // caller's sampler runs inside the loop, once per group and step, instead of between
+  // decode calls. Chooses the next tokens of sequences [b0, b0 + tokens.size()) from their
+  // logits (f32 [n, V]) into `tokens`; returns true once every sequence of the batch has
+  // finished, which ends the decoding.
+  using GroupChooser = std::function<bool(int64_t b0, const Tensor& logits, std::span<int32_t> tokens)>;
+  // Whether this decoder runs decode_in_flight for a batch of `batch` sequences.
+  virtual bool decodes_in_flight(int64_t /*batch*/) const { return false; }
+  // After prefill: `tokens` (one per sequence, as decode's) go in, then `choose` (given on
+  // world rank 0 only, which is stage 0's first rank) picks every later token, until it says
+  // every sequence has finished; decode() is refused after it until the next prefill.
+  // Returns the token rows the decode steps computed (finished sequences' included).
+  // Collective.
+  virtual Result<int64_t> decode_in_flight(Backend& /*backend*/, std::span<const int32_t> /*tokens*/,
+                                           const GroupChooser& /*choose*/) {
+    return unimplemented("layout {}: decoding with groups in flight is a pipeline decoder's", layout());
+  }
 
   // Tokens of sequence b so far (prompt plus decoded); 0 before prefill.
   virtual int64_t sequence_length(int64_t b) const = 0;

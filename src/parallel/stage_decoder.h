@@ -1,4 +1,4 @@
-// StageDecoder: what a model-axis generation strategy (tsp/) gives a pipeline stage
+// StageDecoder: what a model-axis generation strategy (tsp/, megatron/ for tp) gives a pipeline stage
 // (pipeline/pipeline_decoder.h), as StageStrategy does for training: the stage's weights
 // (ShardedWeights of its StageLayers, global names) and the KV cache of its layers, and the
 // pieces of prefill and decode over them. The pipeline decoder owns the order, the boundary

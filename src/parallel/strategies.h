@@ -49,6 +49,10 @@ Result<std::unique_ptr<ShardedDecoder>> make_tp_decoder(const LlamaConfig& confi
 // rank's stage pp.rank()), which runs them with the boundary moves and groups in flight.
 Result<std::unique_ptr<StageDecoder>> make_tsp_stage_decoder(const LlamaConfig& config, Communicator& tsp,
                                                              const Layout& layout, const StageLayers& layers);
+// tp=T stages (sp = 1; sequence parallelism is decided by the caller, make_layout.cc):
+// TpDecoder's pieces over one stage's layers (megatron/megatron_decoder.cc).
+Result<std::unique_ptr<StageDecoder>> make_tp_stage_decoder(const LlamaConfig& config, Communicator& tp,
+                                                            const Layout& layout, const StageLayers& layers);
 Result<std::unique_ptr<ShardedDecoder>> make_pipeline_decoder(const LlamaConfig& config, Communicator& pp,
                                                               std::unique_ptr<StageDecoder> stage, const Layout& layout);
 

@@ -228,9 +228,20 @@ Status plan_by_dry_run(const PlanRequest& r, LayoutPlan& p, int64_t micro_batch)
   return Status();
 }
 
+// Of two plans, whether q beats best: one that fits beats one that does not; among those
+// that fit the most tokens/s; among those that do not the least memory.
+bool better_plan(const LayoutPlan& q, const std::optional<LayoutPlan>& best, int64_t capacity) {
+  if (!best) return true;
+  const bool fits = q.memory.total() <= capacity, best_fits = best->memory.total() <= capacity;
+  if (fits != best_fits) return fits;
+  return fits ? q.time.tokens_per_s > best->time.tokens_per_s : q.memory.total() < best->memory.total();
+}
+
 // A pipeline without a micro-batch size: each size that divides the rows per dp rank and
 // gives m >= p micro-batches, largest m first; the fastest that fits, else the smallest.
-Status plan_pipeline(const PlanRequest& r, LayoutPlan& p) {
+// With a micro-batch size: that one alone.
+Status plan_micro_batches(const PlanRequest& r, LayoutPlan& p) {
+  if (r.micro_batch > 0) return plan_by_dry_run(r, p, r.micro_batch);
   const int64_t rows = r.batch / std::max(1, p.layout.dp);
   std::optional<LayoutPlan> best;
   std::vector<std::pair<int64_t, double>> tried;
@@ -241,15 +252,72 @@ Status plan_pipeline(const PlanRequest& r, LayoutPlan& p) {
     q.layout = p.layout;
     FP_RETURN_IF_ERROR(plan_by_dry_run(r, q, micro));
     tried.emplace_back(micro, q.time.tokens_per_s);
-    const bool fits = q.memory.total() <= capacity, best_fits = best && best->memory.total() <= capacity;
-    if (!best || (fits && (!best_fits || q.time.tokens_per_s > best->time.tokens_per_s)) ||
-        (!fits && !best_fits && q.memory.total() < best->memory.total()))
-      best = std::move(q);
+    if (better_plan(q, best, capacity)) best = std::move(q);
   }
   if (!best)  // the message of the trainer's refusal, with the numbers
     return validate_micro_batches(p.layout, rows);
   p = std::move(*best);
   p.micro_batch_tried = std::move(tried);
+  return Status();
+}
+
+// A pipeline whose schedule the plan chooses: 1F1B, interleaved with v = 2 and ZB-H1, each
+// where validate_layout accepts it (L >= 2p and no --stage-layers for interleaving; zb's
+// stages), each over its micro-batch sizes (plan_micro_batches); the best of them
+// (better_plan). Says why: the tokens/s and bubbles of those that fit, the memory of
+// those that do not.
+Status plan_pipeline(const PlanRequest& r, LayoutPlan& p) {
+  const bool named = p.layout.chunks > 1 || p.layout.zero_bubble;
+  if (!r.choose_schedule || named) return plan_micro_batches(r, p);
+  std::vector<Layout> schedules{p.layout};
+  Layout interleaved = p.layout, zb = p.layout;
+  interleaved.chunks = 2;
+  zb.zero_bubble = true;
+  std::vector<std::string> refused;
+  for (const Layout& l : {interleaved, zb}) {
+    const Status ok = validate_layout(r.config, l, r.batch, r.seq);
+    if (ok.ok()) schedules.push_back(l);
+    else refused.push_back(fmt::format("{} ({})", schedule_name(l), ok.message()));
+  }
+  const int64_t capacity = r.hardware.memory_bytes();
+  std::optional<LayoutPlan> best;
+  std::vector<LayoutPlan::ScheduleTry> tried;
+  Status first_error;
+  for (const Layout& l : schedules) {
+    LayoutPlan q;
+    q.layout = l;
+    const Status s = plan_micro_batches(r, q);
+    if (!s.ok()) {  // no micro-batch count this schedule takes (interleaving: m % p)
+      if (first_error.ok()) first_error = s;
+      refused.push_back(fmt::format("{} ({})", schedule_name(l), s.message()));
+      continue;
+    }
+    tried.push_back({schedule_name(l), q.micro_batch, q.micro_batches, q.time.tokens_per_s, q.bubble_s, q.time.step_s,
+                     q.memory.total(), q.memory.total() <= capacity});
+    if (better_plan(q, best, capacity)) best = std::move(q);
+  }
+  if (!best) return first_error;
+  p = std::move(*best);
+  const std::string chosen = schedule_name(p.layout);
+  std::vector<std::string> faster, over;
+  for (const LayoutPlan::ScheduleTry& t : tried) {
+    if (t.schedule == chosen) continue;
+    if (t.fits) {
+      faster.push_back(fmt::format("{} {:.4g} tokens/s at m={} (bubble {:.3g} s)", t.schedule, t.tokens_per_s,
+                                   t.micro_batches, t.bubble_s));
+    } else {
+      over.push_back(fmt::format("{} needs {} on its heaviest stage, over the device's {}", t.schedule,
+                                 bytes_text(static_cast<double>(t.memory)), bytes_text(static_cast<double>(capacity))));
+    }
+  }
+  std::string why = fmt::format("{} at m={}: {:.4g} tokens/s, bubble {:.3g} s, {} on its heaviest stage", chosen,
+                                p.micro_batches, p.time.tokens_per_s, p.bubble_s,
+                                bytes_text(static_cast<double>(p.memory.total())));
+  if (!faster.empty()) why += fmt::format("; beside {}", fmt::join(faster, ", "));
+  if (!over.empty()) why += fmt::format("; ruled out by memory: {}", fmt::join(over, ", "));
+  if (!refused.empty()) why += fmt::format("; not planned: {}", fmt::join(refused, "; "));
+  p.schedule_tried = std::move(tried);
+  p.schedule_reason = std::move(why);
   return Status();
 }
 
@@ -389,6 +457,10 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
   PlanReport report;
   report.request = r;
   std::vector<Layout> layouts = r.layouts.empty() ? candidate_layouts(r.devices, r.batch, r.mode, r.hardware.devices_per_node) : r.layouts;
+  // The layouts the plan makes up name no schedule: it chooses theirs.
+  const bool choose = r.choose_schedule || r.layouts.empty();
+  PlanRequest request = r;
+  request.choose_schedule = choose;
   for (Layout l : layouts) {
     if (r.layouts.empty()) {
       l.dtype = r.bf16 ? DType::kBF16 : DType::kF32;
@@ -401,10 +473,10 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
     LayoutPlan p;
     p.layout = l;
     // validate_layout's verdict first (dry_run)
-    const bool search = l.pp > 1 && r.mode == PlanMode::kTrain && r.micro_batch == 0;
+    const bool search = l.pp > 1 && r.mode == PlanMode::kTrain && (r.micro_batch == 0 || choose);
     const bool moe = r.config.moe.enabled() && plan_strategy(l) == PlanStrategy::kTsp &&
                      l.ranks() == l.dp * l.tsp && l.tsp > 1;
-    Status dry = search ? plan_pipeline(r, p) : moe ? plan_moe(r, p) : plan_by_dry_run(r, p, r.micro_batch);
+    Status dry = search ? plan_pipeline(request, p) : moe ? plan_moe(r, p) : plan_by_dry_run(r, p, r.micro_batch);
     if (!dry.ok()) {
       const std::string name = l.to_string();
       const bool named = dry.message().rfind(name, 0) == 0;
@@ -471,6 +543,8 @@ std::string plan_report_text(const PlanReport& rep) {
       line += fmt::format("; tokens/s by micro-batch {}", fmt::join(t, ", "));
     }
     s += line + "\n";
+    if (!p.schedule_reason.empty())
+      s += fmt::format("schedule {}: {}\n", p.layout.to_string(), p.schedule_reason);
   }
   for (const LayoutPlan& p : rep.layouts) {
     if (!p.moe) continue;
@@ -560,6 +634,15 @@ std::string plan_report_json(const PlanReport& rep) {
       for (const auto& [micro, tps] : p.micro_batch_tried) tried.push_back({{"micro_batch", micro}, {"tokens_per_s", tps}});
       l["pipeline"] = {{"micro_batches", p.micro_batches}, {"micro_batch", p.micro_batch}, {"schedule", schedule_name(p.layout)},
                        {"heaviest_stage", p.heaviest_stage}, {"bubble_s", p.bubble_s}, {"micro_batch_tried", tried}};
+      if (!p.schedule_tried.empty()) {
+        nlohmann::ordered_json sched = nlohmann::ordered_json::array();
+        for (const LayoutPlan::ScheduleTry& t : p.schedule_tried)
+          sched.push_back({{"schedule", t.schedule}, {"micro_batch", t.micro_batch}, {"micro_batches", t.micro_batches},
+                           {"tokens_per_s", t.tokens_per_s}, {"bubble_s", t.bubble_s}, {"step_s", t.step_s},
+                           {"memory_bytes", t.memory}, {"fits", t.fits}});
+        l["pipeline"]["schedule_tried"] = sched;
+        l["pipeline"]["schedule_reason"] = p.schedule_reason;
+      }
     }
     if (p.moe) {
       const MoePlan& m = *p.moe;

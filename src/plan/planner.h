@@ -67,6 +67,11 @@ struct PlanRequest {
   // at least p micro-batches and keeps the fastest that fits (more micro-batches shrink the
   // bubble; TSP and tp move their weights once per micro-batch).
   int64_t micro_batch = 0;
+  // Training, a pipeline whose layout names no schedule (no :interleaved=V, no :zb): plan
+  // 1F1B, interleaved with v = 2 and ZB-H1 too, each where validate_layout accepts it, with
+  // each micro-batch size, and keep the fastest that fits (plan --choose-schedule; always
+  // for the layouts the plan makes up itself, without `layouts`).
+  bool choose_schedule = false;
   // MoE models: the routing the dry run assumes (DryRunOptions::moe_imbalance): 1 balanced,
   // X > 1 expert 0 X times its balanced share on every rank (plan --moe-imbalance).
   double moe_imbalance = 1.0;
@@ -127,6 +132,18 @@ struct LayoutPlan {
   // pp > 1 without PlanRequest::micro_batch: every micro-batch size planned (sequences,
   // tokens/s), the chosen one among them; its figures are this plan's.
   std::vector<std::pair<int64_t, double>> micro_batch_tried;
+  // A pipeline whose schedule the plan chose (PlanRequest::choose_schedule): each schedule
+  // tried, at its best micro-batch size (the fastest that fits, else the smallest), and
+  // what ruled out those not chosen (in schedule_reason).
+  struct ScheduleTry {
+    std::string schedule;   // as train --schedule spells it
+    int64_t micro_batch = 0, micro_batches = 0;
+    double tokens_per_s = 0, bubble_s = 0, step_s = 0;
+    int64_t memory = 0;     // the heaviest stage's total
+    bool fits = false;
+  };
+  std::vector<ScheduleTry> schedule_tried;
+  std::string schedule_reason;  // why the chosen schedule: bubble, memory
   bool fits = false;
   int64_t over_bytes = 0;  // total() - capacity when it does not fit
   // MoE models on tsp: the schemes planned. A layout asked for with moe=auto (the default)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # foldpar generate with real MPI processes and real files, from a tiny model trained here:
 #  - greedy generations are identical on one rank, tsp=2, tsp=4, tp=2, tp=4, with the
-#    contiguous split, and under pp=2,tsp=1 and pp=2,tsp=2 (batches of 2 and 1 prompts); sampled ones (temperature, top-k, top-p, seed) too, and they follow
+#    contiguous split, and under pp=2,tsp=1, pp=2,tsp=2 (batches of 2 and 1 prompts) and pp=2,tp=2
+#    (groups in flight across steps, and --lockstep); sampled ones (temperature, top-k, top-p, seed) too, and they follow
 #    the seed;
 #  - the exported Hugging Face directory generates the same text as the checkpoint;
 #  - a stop sequence ends the completion before it; one prompt streams its text;
@@ -29,7 +30,9 @@ gen 4 "$tmp/tp4.jsonl" --layout tp=4
 gen 2 "$tmp/contig.jsonl" --layout tsp=2 --seq-split contiguous --batch 2
 gen 2 "$tmp/pp2.jsonl" --layout pp=2,tsp=1
 gen 4 "$tmp/pp2tsp2.jsonl" --layout pp=2,tsp=2 --batch 2
-for f in tsp2 tsp4 tp2 tp4 contig pp2 pp2tsp2; do
+gen 4 "$tmp/pp2tp2.jsonl" --layout pp=2,tp=2
+gen 2 "$tmp/pp2lock.jsonl" --layout pp=2,tsp=1 --lockstep
+for f in tsp2 tsp4 tp2 tp4 contig pp2 pp2tsp2 pp2tp2 pp2lock; do
   cmp "$tmp/one.jsonl" "$tmp/$f.jsonl" || { echo "greedy generations differ: one rank vs $f" >&2; exit 1; }
 done
 /usr/bin/python3 - "$tmp/one.jsonl" <<'PY'
@@ -44,8 +47,10 @@ gen 1 "$tmp/s1.jsonl" "${sample[@]}" --seed 5
 gen 2 "$tmp/s2.jsonl" "${sample[@]}" --seed 5 --layout tsp=2
 gen 2 "$tmp/s3.jsonl" "${sample[@]}" --seed 5 --layout tp=2
 gen 1 "$tmp/s4.jsonl" "${sample[@]}" --seed 6
+gen 2 "$tmp/s5.jsonl" "${sample[@]}" --seed 5 --layout pp=2,tsp=1
 cmp "$tmp/s1.jsonl" "$tmp/s2.jsonl"
 cmp "$tmp/s1.jsonl" "$tmp/s3.jsonl"
+cmp "$tmp/s1.jsonl" "$tmp/s5.jsonl"
 ! cmp -s "$tmp/s1.jsonl" "$tmp/one.jsonl" || { echo "sampling gave the greedy text" >&2; exit 1; }
 ! cmp -s "$tmp/s1.jsonl" "$tmp/s4.jsonl" || { echo "another seed gave the same samples" >&2; exit 1; }
 
@@ -69,6 +74,9 @@ stop = sys.argv[3]
 assert got["stop_reason"] == "stop", got
 assert got["completion"] == full[: full.index(stop)], (got, full, stop)
 PY
+# The same with the sampler inside the pipeline (pp=2, three prompts in flight).
+gen 2 "$tmp/stop_pp.jsonl" --layout pp=2,tsp=1 --stop "$stop"
+cmp "$tmp/stop.jsonl" "$tmp/stop_pp.jsonl"
 
 # One prompt streams plain text: the same completion, then a newline.
 "$mpirun" --allow-run-as-root -np 2 "$bin" generate --checkpoint "$tmp/run" --prompt "A fool and" \
@@ -103,7 +111,7 @@ check 1 "exactly one of --checkpoint and --hf" --checkpoint "$tmp/run" --hf "$tm
 check 1 "does not exist" --checkpoint "$tmp/none" --prompt x
 check 2 "generation runs on tsp=N or tp=N" --checkpoint "$tmp/run" --prompt x --layout sp=2
 check 2 "needs 4 ranks" --checkpoint "$tmp/run" --prompt x --layout tsp=4
-check 2 "pp with tp or sp is not implemented" --checkpoint "$tmp/run" --prompt x --layout pp=2,tp=1
+check 2 "bf16 is not implemented" --checkpoint "$tmp/run" --prompt x --layout pp=2,tp=1:bf16
 check 1 "--temperature (-1)" --checkpoint "$tmp/run" --prompt x --temperature -1
 check 1 "--top-p (2)" --checkpoint "$tmp/run" --prompt x --top-p 2
 check 1 "--max-new-tokens (0)" --checkpoint "$tmp/run" --prompt x --max-new-tokens 0

@@ -71,6 +71,20 @@ grep -q "^tp=2,sp=2 " <<<"$old" || fail "old list gave no tp=2,sp=2 row: $old"
 new=$("$bin" plan --model "$src/configs/tiny.json" --seq 128 --devices 4 --hardware "$hw" --layouts tp=2,sp=2 tsp=4 2>&1)
 { grep -q "^tp=2,sp=2 " <<<"$new" && grep -q "^tsp=4 " <<<"$new" && ! grep -q "note:" <<<"$new"; } || fail "new list: $new"
 [ "$(grep -c '<- recommended' <<<"$new")" = 1 ] || fail "not exactly one row of the tiny plan is recommended: $new"
+# The plan chooses a pipeline's schedule (--choose-schedule; always for its own candidates):
+# each schedule tried is in the JSON, and a text line names the choice and why.
+"$bin" plan --model "$src/configs/tiny.json" --seq 256 --batch 4 --devices 2 --hardware "$hw" \
+  --layouts pp=2,tp=1 --choose-schedule --json >"$tmp/sched.json" 2>&1
+/usr/bin/python3 - "$tmp/sched.json" <<'PY' || fail "plan --choose-schedule --json: $(cat "$tmp/sched.json")"
+import json, sys
+p = json.load(open(sys.argv[1]))["layouts"][0]["pipeline"]
+names = [t["schedule"] for t in p["schedule_tried"]]
+assert names[0] == "1f1b" and "zb" in names, names
+assert p["schedule"] in names and p["schedule_reason"].startswith(p["schedule"] + " at m="), p
+PY
+sched=$("$bin" plan --model "$src/configs/tiny.json" --seq 256 --batch 4 --devices 2 --hardware "$hw" \
+  --layouts pp=2,tp=1 --choose-schedule 2>&1)
+grep -q "^schedule pp=2,tp=1.*: .* at m=.*tokens/s, bubble" <<<"$sched" || fail "plan --choose-schedule text: $sched"
 # The seqpar case the old plan recommended and the strategy refused (S=20, tp=4 x sp=2).
 seqpar=$("$bin" plan --model "$src/configs/tiny.json" --seq 20 --devices 8 --hardware "$hw" 2>&1)
 grep -q "^tp=4,sp=2:seqpar " <<<"$seqpar" && fail "plan lists tp=4,sp=2:seqpar at S=20: $seqpar"

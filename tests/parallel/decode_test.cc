@@ -147,6 +147,12 @@ TEST(DecodeParity, TspHeadBuckets) {
   check_parity(s);
 }
 TEST(DecodeParity, TpGqa) { check_parity(make_case("tp")); }
+// tp:seqpar decodes as tp (the prefill runs plain tp over the same weight shards).
+TEST(DecodeParity, TpSequenceParallelDecodesAsTp) {
+  Case s = make_case("tp");
+  s.options.sequence_parallel = true;
+  check_parity(s);
+}
 
 // Fewer KV heads than ranks (issue 21): each rank's query heads read its replica of one KV
 // head; the TSP cache keeps every KV head once per token, the tp cache the rank's replica.
@@ -487,6 +493,15 @@ TEST(DecodeErrors, NameTheProblem) {
     Result<std::unique_ptr<ShardedDecoder>> d = make_sharded_decoder(odd, *mesh, tsp_layout(world.size()));
     EXPECT_NE(message(d.status()).find("num_attention_heads (1) must be divisible by the TSP degree"), std::string::npos)
         << message(d.status());
+  }
+  // No decoder stores bf16 weights or a bf16 cache.
+  for (const std::string bf16 : {"tsp", "tp"}) {
+    const Layout lo = parse_layout(bf16 + "=" + std::to_string(world.size()) + ":bf16").value();
+    Result<Mesh> lm = Mesh::create(world, lo.mesh());
+    ASSERT_TRUE(lm.ok());
+    Result<std::unique_ptr<ShardedDecoder>> d = make_sharded_decoder(s.config, *lm, lo);
+    EXPECT_EQ(d.status().code(), StatusCode::kUnimplemented) << lo.to_string();
+    EXPECT_NE(message(d.status()).find("bf16 is not implemented"), std::string::npos) << message(d.status());
   }
   if (world.size() == 1) return;  // sp=1 is one rank of the Megatron layout: tp=1 generates
   const Layout sp_layout = parse_layout("sp=" + std::to_string(world.size())).value();

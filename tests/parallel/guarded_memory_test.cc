@@ -229,5 +229,24 @@ TEST_P(GuardedGeneration, PrefillAndDecodeTouchNoTensorOnTheHost) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, GuardedGeneration, testing::Values("tsp", "tp"));
 
+// Under pp the two prompts stay in flight across steps (decode_in_flight): the logits cross
+// from the last stage to rank 0's sampler, the end flag is read, through the backend only.
+TEST(GuardedPipelineGeneration, InFlightDecodingTouchesNoTensorOnTheHost) {
+  Communicator& world = test::mpi().world();
+  if (world.size() != 2) GTEST_SKIP() << "pp=2 on 2 ranks";
+  for (const std::string layout : {"pp=2,tsp=1", "pp=2,tp=1"}) {
+    auto cpu = make_cpu_backend();
+    Result<GenerationReport> plain = generate_with(layout, *cpu, {});
+    ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+    GuardedRun g;
+    Result<GenerationReport> guarded = generate_with(layout, *g.backend, g.axis_comm());
+    ASSERT_TRUE(guarded.ok()) << guarded.status().to_string();
+    EXPECT_GT(g.guard.windows_opened(), 10);
+    ASSERT_EQ(guarded->completions.size(), plain->completions.size());
+    for (size_t i = 0; i < plain->completions.size(); ++i)
+      EXPECT_EQ(guarded->completions[i].tokens, plain->completions[i].tokens) << layout << " prompt " << i;
+  }
+}
+
 }  // namespace
 }  // namespace foldpar

@@ -7,9 +7,13 @@
 //  - the stage holds only its layers' KV cache, and the prefill and each decode step move
 //    one padded activation per group across each boundary (counted on pp);
 //  - the attention variants and KV replicas (issue 21) alike;
+//  - decoding with groups in flight (decode_in_flight: the sampler inside the pipeline)
+//    chooses the same tokens from the same logits as the step-by-step loop, greedy and
+//    seeded sampling, with sequences finishing at different steps;
 //  - layouts not implemented are refused by name.
-// Layouts by world size: pp=2,tsp=1 with even and uneven (3/1) stages (2 ranks); pp=2,tsp=2
-// and pp=4,tsp=1 (4 ranks).
+// Layouts by world size: pp=2,tsp=1 with even and uneven (3/1) stages and pp=2,tp=1 (2
+// ranks); pp=2,tsp=2, pp=4,tsp=1 and tp stages pp=2,tp=2 and pp=2,tp=2:seqpar (4 ranks; tp
+// stages hold every token and the cache sharded by heads, as TpDecoder; seqpar decodes as tp).
 #include <gtest/gtest.h>
 
 #include "comm/comm_stats.h"
@@ -17,6 +21,7 @@
 #include "core/rng.h"
 #include "core/tolerance.h"
 #include "decode_reference.h"
+#include "infer/sampler.h"
 #include "mpi_test_main.h"
 #include "parallel/make_layout.h"
 #include "parallel/pipeline/pipeline_decoder.h"
@@ -67,8 +72,8 @@ Built build(Communicator& comm, const LlamaConfig& c, const std::string& layout)
 // The layouts of this world size.
 std::vector<std::string> layouts() {
   switch (test::mpi().world().size()) {
-    case 2: return {"pp=2,tsp=1", "pp=2,tsp=1:stages=3/1"};
-    case 4: return {"pp=2,tsp=2", "pp=4,tsp=1"};
+    case 2: return {"pp=2,tsp=1", "pp=2,tsp=1:stages=3/1", "pp=2,tp=1"};
+    case 4: return {"pp=2,tsp=2", "pp=4,tsp=1", "pp=2,tp=2", "pp=2,tp=2:seqpar"};
     default: return {};
   }
 }
@@ -111,9 +116,11 @@ void check_parity(const std::string& layout, const std::vector<int64_t>& lengths
   ASSERT_TRUE(logits.ok()) << logits.status().to_string();
   const CommStats prefill_pp = prefill_counter.delta();
   for (int64_t b = 0; b < B; ++b) expect_row(*logits, b, ref[b], lengths[b] - 1, "prefill");
-  // Prefill: per group [widest * S/D, h] f32, S the longest prompt padded to 2D (zigzag).
+  // Prefill: per group [widest * S/D, h] f32, S the longest prompt padded to 2D (zigzag)
+  // under TSP; tp stages: [widest * S, h], S the longest prompt (every tp rank holds every token).
   const int64_t longest = *std::max_element(lengths.begin(), lengths.end()), unit = 2 * lo.tsp;
-  const int64_t local_seq = (longest + unit - 1) / unit * unit / lo.tsp;
+  const int64_t local_seq =
+      lo.strategy == Strategy::kTsp ? (longest + unit - 1) / unit * unit / lo.tsp : longest;
   EXPECT_EQ(prefill_pp.op(CommOpKind::kSend).calls, sends) << "stage " << s;
   EXPECT_EQ(prefill_pp.op(CommOpKind::kSend).bytes_sent, sends * widest * local_seq * c.hidden_size * 4)
       << "stage " << s;
@@ -214,13 +221,158 @@ TEST(PipelineDecode, GreedyEqualsSingleRankDecoder) {
   }
 }
 
+// The tokens of a batch chosen step by step (decode calls, the sampler between them) or in
+// flight, as the generator does: every unfinished sequence's next token (0 once finished)
+// from its logits row, sequence b finishing after limits[b] tokens. Rank 0 records each
+// chosen token and the logits row it came from.
+struct Chosen {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<std::vector<float>>> rows;  // [b][step][V]
+};
+
+class Chooser {
+ public:
+  Chooser(const std::vector<int64_t>& limits, const SamplingOptions& sampling)
+      : limits_(limits), sampling_(sampling), got_{std::vector<std::vector<int32_t>>(limits.size()),
+                                                    std::vector<std::vector<std::vector<float>>>(limits.size())} {}
+  // Sequences [b0, b0 + n): returns whether every sequence has finished.
+  bool operator()(int64_t b0, const Tensor& logits, std::span<int32_t> out) {
+    const int64_t V = logits.dim(1);
+    for (int64_t j = 0; j < logits.dim(0); ++j) {
+      const size_t b = static_cast<size_t>(b0 + j);
+      out[static_cast<size_t>(j)] = 0;
+      if (static_cast<int64_t>(got_.tokens[b].size()) >= limits_[b]) continue;
+      const float* row = logits.data<float>() + j * V;
+      const std::span<const float> r(row, static_cast<size_t>(V));
+      out[static_cast<size_t>(j)] = sample_token(r, sampling_, b, got_.tokens[b].size());
+      got_.tokens[b].push_back(out[static_cast<size_t>(j)]);
+      got_.rows[b].emplace_back(row, row + V);
+    }
+    for (size_t b = 0; b < limits_.size(); ++b)
+      if (static_cast<int64_t>(got_.tokens[b].size()) < limits_[b]) return false;
+    return true;
+  }
+  const Chosen& got() const { return got_; }
+
+ private:
+  std::vector<int64_t> limits_;
+  SamplingOptions sampling_;
+  Chosen got_;
+};
+
+// Rank 0 chooses; the tokens (and the end) reach every rank by a broadcast, as the generator's.
+Chosen run_chooser(ShardedDecoder& d, Mesh& mesh, const LlamaConfig& c, const std::vector<std::vector<int32_t>>& prompts,
+                   const std::vector<int64_t>& limits, const SamplingOptions& sampling, bool in_flight) {
+  Communicator* pp = &mesh.comm("pp");
+  const int axis_rank = mesh.has_axis("tsp") ? mesh.coord("tsp") : mesh.has_axis("tp") ? mesh.coord("tp") : 0;
+  const int64_t hidden = c.hidden_size, vocab = c.vocab_size;
+  Communicator& world = test::mpi().world();
+  auto be = make_cpu_backend();
+  const int64_t B = static_cast<int64_t>(prompts.size());
+  const int64_t most = *std::max_element(limits.begin(), limits.end());
+  Result<Tensor> logits = d.prefill(*be, prompts, most);
+  FP_CHECK_OK(logits.status());
+  Chooser chooser(limits, sampling);
+  std::vector<int32_t> tokens(static_cast<size_t>(B) + 1, 0);
+  for (;;) {
+    if (world.rank() == 0)
+      tokens[static_cast<size_t>(B)] = chooser(0, *logits, std::span<int32_t>(tokens.data(), static_cast<size_t>(B)));
+    FP_CHECK_OK(world.broadcast(tokens.data(), tokens.size(), DType::kI32, 0));
+    if (tokens.back() != 0) break;
+    const std::span<const int32_t> step(tokens.data(), static_cast<size_t>(B));
+    if (in_flight) {
+      ShardedDecoder::GroupChooser choose;
+      if (world.rank() == 0) choose = std::ref(chooser);
+      ScopedCommCounter counter(*pp);
+      Result<int64_t> rows = d.decode_in_flight(*be, step, choose);
+      FP_CHECK_OK(rows.status());
+      EXPECT_GT(*rows, 0);
+      // No collective over pp: each boundary carries one [widest + 1, h] f32 message per
+      // group and step (the rows and the end flag), and the last stage's first rank sends
+      // stage 0's first rank each group's logits [widest, V].
+      const CommStats stats = counter.delta();
+      EXPECT_EQ(stats.op(CommOpKind::kBroadcast).calls, 0u);
+      const OpCounters& sends = stats.op(CommOpKind::kSend);
+      const int64_t P = pp->size(), s = pp->rank(), widest = (B + P - 1) / P;
+      const int64_t h = hidden;
+      const bool first_rank = axis_rank == 0;
+      if (s < P - 1) {
+        EXPECT_GT(sends.calls, 0u);
+        EXPECT_EQ(sends.bytes_sent, sends.calls * static_cast<uint64_t>((widest + 1) * h * 4));
+      } else {
+        EXPECT_EQ(sends.calls > 0, first_rank);
+        EXPECT_EQ(sends.bytes_sent, sends.calls * static_cast<uint64_t>(widest * vocab * 4));
+      }
+      break;
+    }
+    logits = d.decode(*be, step);
+    FP_CHECK_OK(logits.status());
+  }
+  return chooser.got();
+}
+
+TEST(PipelineDecode, InFlightChoosesWhatTheStepByStepLoopChooses) {
+  if (layouts().empty()) GTEST_SKIP() << "no pp layout for " << test::mpi().world().size() << " ranks";
+  Communicator& world = test::mpi().world();
+  const LlamaConfig c = test_config(false);
+  // B = 5 >= p: groups 3/2 at p = 2, 2/1/1/1 at p = 4; sequences end after 1 to 7 tokens.
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t b = 0; b < 5; ++b) prompts.push_back(random_tokens(c, 3 + 2 * b, static_cast<uint64_t>(40 + b)));
+  const std::vector<int64_t> limits{7, 3, 1, 7, 5};
+  SamplingOptions sampled;
+  sampled.temperature = 0.9;
+  sampled.top_k = 20;
+  sampled.seed = 5;
+  for (const std::string& layout : layouts()) {
+    for (const SamplingOptions& sampling : {SamplingOptions{}, sampled}) {
+      SCOPED_TRACE(layout + (sampling.temperature > 0 ? " sampled" : " greedy"));
+      Built m = build(world, c, layout);
+      ASSERT_TRUE(m.decoder->decodes_in_flight(5));
+      const Chosen want = run_chooser(*m.decoder, *m.mesh, c, prompts, limits, sampling, false);
+      const Chosen got = run_chooser(*m.decoder, *m.mesh, c, prompts, limits, sampling, true);
+      if (world.rank() != 0) continue;
+      for (size_t b = 0; b < limits.size(); ++b) {
+        ASSERT_EQ(want.tokens[b].size(), static_cast<size_t>(limits[b])) << "sequence " << b;
+        EXPECT_EQ(got.tokens[b], want.tokens[b]) << "sequence " << b;
+        ASSERT_EQ(got.rows[b].size(), want.rows[b].size());
+        // The same groups through the same stages: the same logits, bit for bit.
+        for (size_t t = 0; t < got.rows[b].size(); ++t)
+          EXPECT_EQ(got.rows[b][t], want.rows[b][t]) << "sequence " << b << " token " << t;
+      }
+      // The decoding has ended: decode waits for the next prefill.
+      auto be = make_cpu_backend();
+      EXPECT_FALSE(m.decoder->decode(*be, std::vector<int32_t>(5, 1)).ok());
+    }
+  }
+}
+
+TEST(PipelineDecode, InFlightNeedsAsManySequencesAsStages) {
+  Communicator& world = test::mpi().world();
+  if (world.size() != 4) GTEST_SKIP() << "pp=4 on 4 ranks";
+  const LlamaConfig c = test_config(false);
+  Built m = build(world, c, "pp=4,tsp=1");
+  EXPECT_FALSE(m.decoder->decodes_in_flight(3));
+  EXPECT_TRUE(m.decoder->decodes_in_flight(4));
+  auto be = make_cpu_backend();
+  std::vector<std::vector<int32_t>> prompts(3, std::vector<int32_t>{1, 2});
+  ASSERT_TRUE(m.decoder->prefill(*be, prompts, 2).ok());
+  Result<int64_t> r = m.decoder->decode_in_flight(*be, std::vector<int32_t>{1, 2, 3}, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("3 sequences cannot keep 4 pipeline stages busy"), std::string::npos)
+      << r.status().to_string();
+}
+
+// bf16 (no decoder stores bf16 weights or cache), sp stages (no decoder shards the sequence
+// on the sp axis) and a dp axis (no decoder takes one), as without pp.
 TEST(PipelineDecode, RefusesWhatItDoesNotRun) {
   Communicator& world = test::mpi().world();
   if (world.size() != 2 && world.size() != 4) GTEST_SKIP() << "no pp layout for " << world.size() << " ranks";
   const LlamaConfig c = test_config(false);
-  const std::string tp = world.size() == 2 ? "pp=2,tp=1" : "pp=2,tp=2";
-  const std::string bf16 = world.size() == 2 ? "pp=2,tsp=1:bf16" : "pp=2,tsp=2:bf16";
-  for (const std::string& layout : {tp, bf16}) {
+  const std::vector<std::string> refused =
+      world.size() == 2 ? std::vector<std::string>{"pp=2,tsp=1:bf16", "pp=2,tp=1:bf16"}
+                        : std::vector<std::string>{"pp=2,tsp=2:bf16", "pp=2,tp=2:bf16", "pp=2,sp=2",
+                                                   "pp=2,dp=2,tsp=1", "pp=2,dp=2,tp=1"};
+  for (const std::string& layout : refused) {
     const Layout lo = parse_layout(layout).value();
     Result<Mesh> mesh = Mesh::create(world, lo.mesh());
     FP_CHECK_OK(mesh.status());

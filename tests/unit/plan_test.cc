@@ -349,6 +349,90 @@ TEST(PlannerTest, ZeroBubblePipelinesHaveASmallerBubbleThanOneFOneBAtTheSameM) {
   EXPECT_NE(text.find("(p-1)/(3m+p-1)"), std::string::npos) << text;
 }
 
+// The plan chooses a pipeline's schedule (PlanRequest::choose_schedule, always for the
+// layouts it makes up): 1F1B, interleaved:2 and zb, each over its micro-batch sizes.
+LayoutPlan chosen_schedule(PlanRequest r, const std::string& layout, std::string* text = nullptr) {
+  r.layouts = {spec(layout)};
+  r.choose_schedule = true;
+  Result<PlanReport> rep = make_plan(r);
+  EXPECT_TRUE(rep.ok()) << rep.status().to_string();
+  EXPECT_EQ(rep->layouts.size(), 1u) << (rep->not_buildable.empty() ? "" : rep->not_buildable[0]);
+  if (text != nullptr) *text = plan_report_text(*rep);
+  return rep->layouts.at(0);
+}
+
+TEST(PlannerTest, ChoosesZeroBubbleWhereItIsFastestAndSaysWhy) {
+  // pp=2,tsp=1 over 4 layers at m = 4 (micro-batch 1): ZB-H1 fills the drain with W ops at
+  // 1F1B's traffic, interleaving halves the bubble but adds a message per chunk; zb wins.
+  PlanRequest r;
+  r.config = mha_config(4);
+  r.hardware = *Hardware::from_json(kHardware);
+  r.devices = 2;
+  r.batch = 4;
+  r.seq = 256;
+  r.micro_batch = 1;
+  std::string text;
+  const LayoutPlan p = chosen_schedule(r, "pp=2,tsp=1", &text);
+  EXPECT_EQ(p.layout.to_string(), "pp=2,tsp=1:zb");
+  ASSERT_EQ(p.schedule_tried.size(), 3u);
+  EXPECT_EQ(p.schedule_tried[0].schedule, "1f1b");
+  EXPECT_EQ(p.schedule_tried[1].schedule, "interleaved:2");
+  EXPECT_EQ(p.schedule_tried[2].schedule, "zb");
+  for (const LayoutPlan::ScheduleTry& t : p.schedule_tried) {
+    EXPECT_TRUE(t.fits) << t.schedule;
+    EXPECT_EQ(t.micro_batches, 4) << t.schedule;
+    EXPECT_LE(t.tokens_per_s, p.time.tokens_per_s) << t.schedule;
+  }
+  EXPECT_LT(p.schedule_tried[2].bubble_s, p.schedule_tried[0].bubble_s);
+  EXPECT_NE(text.find("schedule zb;"), std::string::npos) << text;
+  EXPECT_NE(text.find("schedule pp=2,tsp=1:zb: zb at m=4"), std::string::npos) << text;
+  EXPECT_NE(text.find("beside 1f1b"), std::string::npos) << text;
+  // A layout that names its schedule is planned as named.
+  r.layouts = {spec("pp=2,tsp=1")};
+  r.choose_schedule = false;
+  Result<PlanReport> rep = make_plan(r);
+  ASSERT_TRUE(rep.ok());
+  EXPECT_EQ(rep->layouts.at(0).layout.to_string(), "pp=2,tsp=1");
+  EXPECT_TRUE(rep->layouts.at(0).schedule_tried.empty());
+  // tsp=2 stages: zb is refused by validate_layout, so it is not planned, and says so.
+  r.devices = 4;
+  const LayoutPlan t2 = chosen_schedule(r, "pp=2,tsp=2", &text);
+  ASSERT_EQ(t2.schedule_tried.size(), 2u);
+  EXPECT_NE(t2.schedule_reason.find("not planned: zb (layout pp=2,tsp=2:zb: --schedule zb with tsp>1 stages"),
+            std::string::npos)
+      << t2.schedule_reason;
+}
+
+TEST(PlannerTest, MemoryRulesTheInterleavedAndZeroBubbleSchedulesOut) {
+  // At the same m, stage 0 of interleaved:2 holds 2 (p-1) + (v-1) p + 1 = 5 half-stage chunks
+  // of activations against 1F1B's 2 stages, and ZB-H1's adds one micro-batch's W inputs: a
+  // device between 1F1B's peak and theirs keeps 1F1B, the slower schedule, and says why.
+  PlanRequest r;
+  r.config = mha_config(4);
+  r.hardware = *Hardware::from_json(kHardware);
+  r.devices = 2;
+  r.batch = 4;
+  r.seq = 256;
+  r.micro_batch = 1;
+  const LayoutPlan all = chosen_schedule(r, "pp=2,tsp=1");
+  ASSERT_EQ(all.schedule_tried.size(), 3u);
+  const int64_t f1b = all.schedule_tried[0].memory;
+  const int64_t others = std::min(all.schedule_tried[1].memory, all.schedule_tried[2].memory);
+  ASSERT_LT(f1b, others);
+  r.hardware.memory_per_device_gb = static_cast<double>(f1b + others) / 2 / 1e9;
+  std::string text;
+  const LayoutPlan p = chosen_schedule(r, "pp=2,tsp=1", &text);
+  EXPECT_EQ(p.layout.to_string(), "pp=2,tsp=1");
+  ASSERT_EQ(p.schedule_tried.size(), 3u);
+  EXPECT_TRUE(p.schedule_tried[0].fits);
+  EXPECT_FALSE(p.schedule_tried[1].fits);
+  EXPECT_FALSE(p.schedule_tried[2].fits);
+  EXPECT_NE(p.schedule_reason.find("ruled out by memory: interleaved:2 needs"), std::string::npos)
+      << p.schedule_reason;
+  EXPECT_NE(p.schedule_reason.find(", zb needs"), std::string::npos) << p.schedule_reason;
+  EXPECT_NE(text.find("schedule 1f1b;"), std::string::npos) << text;
+}
+
 TEST(PlannerTest, PipelinesWithTooFewMicroBatchesAreRefusedNamingTheNumbers) {
   PlanRequest r;
   r.config = mha_config(4);

@@ -127,4 +127,22 @@ Result<Tensor> MegatronModel::prefill(Backend& be, const MegatronAxes& axes, con
   return x;
 }
 
+Result<Tensor> MegatronModel::prefill_stage(Backend& be, const MegatronAxes& axes, const ShardedWeights& w,
+                                            const Tensor& ids, const StageLayers& stage, Tensor x, KvCache& cache,
+                                            double* exposed_comm_seconds) const {
+  if (seq_par_ || sp_degree() != 1)
+    return invalid_argument("prefill runs plain tensor parallelism (sp degree 1, not sequence-parallel)");
+  if (options_.dtype != DType::kF32)
+    return unimplemented("prefill of {}: generation's KV cache is f32; drop :bf16", options_.to_string());
+  if (ids.rank() != 2 || ids.dtype() != DType::kI32 || ids.dim(1) != shard_.seq())
+    return invalid_argument("prefill ids {}: expected i32 [B, {}]", ids.describe(), shard_.seq());
+  MegatronStep step(*this, be, axes, Batch{ids, ids}, TpStepInputs{&w, nullptr, 0, false, false});
+  step.set_kv_cache(&cache);
+  if (stage.embed) x = step.embed_forward();
+  const int64_t end = stage.end < 0 ? config_.num_hidden_layers : stage.end;
+  for (int64_t l = stage.first; l < end; ++l) x = step.block_forward(l, x, false);
+  if (exposed_comm_seconds != nullptr) *exposed_comm_seconds += step.blocked_seconds();
+  return x;
+}
+
 }  // namespace foldpar

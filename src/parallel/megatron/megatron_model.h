@@ -148,6 +148,13 @@ class MegatronModel {
   // time blocked on communication to *exposed_comm_seconds when given). Collective over tp.
   Result<Tensor> prefill(Backend& backend, const MegatronAxes& axes, const ShardedWeights& weights, const Tensor& ids,
                          KvCache& cache, double* exposed_comm_seconds = nullptr) const;
+  // A pipeline stage's part of the prefill (parallel/pipeline/pipeline_decoder.h), under the
+  // same conditions: the embedding of ids when stage.embed, else from x [B*S, h] (the
+  // previous stage's output; ids still gives B and S), then layers [stage.first, stage.end)
+  // into `cache`. Returns [B*S, h]. Collective over tp.
+  Result<Tensor> prefill_stage(Backend& backend, const MegatronAxes& axes, const ShardedWeights& weights,
+                               const Tensor& ids, const StageLayers& stage, Tensor x, KvCache& cache,
+                               double* exposed_comm_seconds = nullptr) const;
 
  private:
   MegatronModel(const LlamaConfig& config, ShardDims dims, int tp_rank, SequenceShard shard,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <functional>
 
 #include "parallel/strategies.h"
@@ -147,6 +148,145 @@ Result<Tensor> PipelineDecoder::decode(Backend& be, std::span<const int32_t> tok
   times_.decode_seconds += since(t0);
   times_.decode_comm_seconds += timer.seconds() + stage_->blocked_seconds() - blocked0;
   return logits;
+}
+
+namespace {
+
+// What crosses a boundary in flight: the group's rows x [n, h] padded to [rows, h], then the
+// flag row (1 ends the decoding).
+Tensor flagged_rows(Backend& be, const Tensor& x, int64_t rows, int64_t h, bool end) {
+  Tensor msg = Tensor::empty({rows + 1, h}, DType::kF32, MemCategory::kComm);
+  be.fill(0.0, msg);
+  if (x.defined()) {
+    Tensor head = msg.narrow(0, x.dim(0));
+    be.copy(x, head);
+  }
+  if (end) {
+    Tensor flag = msg.narrow(rows, rows + 1);
+    be.fill(1.0, flag);
+  }
+  return msg;
+}
+
+bool end_flag(Backend& be, const Tensor& msg) {
+  std::vector<float> row(static_cast<size_t>(msg.dim(1)));
+  be.copy_to_host(msg.narrow(msg.dim(0) - 1, msg.dim(0)), std::as_writable_bytes(std::span<float>(row)));
+  return row[0] != 0;
+}
+
+}  // namespace
+
+Result<int64_t> PipelineDecoder::decode_in_flight(Backend& be, std::span<const int32_t> first_tokens,
+                                                  const GroupChooser& choose) {
+  const int64_t B = static_cast<int64_t>(lengths_.size());
+  FP_RETURN_IF_ERROR(validate_decode_tokens(config_, first_tokens, B, decoded_, max_new_));
+  if (!decodes_in_flight(B))
+    return invalid_argument("layout {}: {} sequences cannot keep {} pipeline stages busy (need B >= p)", name_, B,
+                            stages_);
+  Communicator& axis = stage_->weight_axis();
+  const bool sampler = stage_index_ == 0 && axis.rank() == 0;
+  FP_CHECK(sampler == static_cast<bool>(choose), "stage {} rank {} of {}: the sampler runs on stage 0's first rank only",
+           stage_index_, axis.rank(), axis.name());
+  const auto t0 = Clock::now();
+  const double blocked0 = stage_->blocked_seconds();
+  groups_ = decode_groups(B, stages_);
+  const int G = static_cast<int>(groups_.size()) - 1;  // = p
+  int64_t widest = 0;
+  for (int g = 0; g < G; ++g) widest = std::max(widest, groups_[g + 1] - groups_[g]);
+  const int64_t h = config_.hidden_size, V = config_.vocab_size;
+  std::vector<int32_t> tokens(first_tokens.begin(), first_tokens.end());
+  // Decode steps each group may still take: the cache holds max_new_ - decoded_ more tokens.
+  const int64_t steps_left = max_new_ - decoded_;
+  int64_t computed = 0;
+  StepTimer timer;
+  {
+    StageBoundary boundary(pp_, widest + 1, h, DType::kF32, timer);
+    configure(boundary);
+    struct Sent {
+      Tensor buffer;
+      CommRequest request;
+    };
+    std::deque<Sent> logits_out;  // last stage's first rank: the logits sent to stage 0
+    auto wait_logits = [&](size_t keep) {
+      while (logits_out.size() > keep) {
+        timer.wait(logits_out.front().request);
+        logits_out.pop_front();
+      }
+    };
+    Tensor logits_in;  // stage 0's first rank
+    auto recv_logits = [&]() {
+      logits_in = Tensor::empty({widest, V}, DType::kF32, MemCategory::kComm);
+      const auto tw = Clock::now();
+      timer.blocking(pp_.recv(logits_in.raw_data(), static_cast<size_t>(widest * V), DType::kF32, stages_ - 1), tw);
+    };
+    if (!boundary.first()) boundary.post_activation_recv(0);
+    for (int64_t i = 0;; ++i) {
+      const int g = static_cast<int>(i % G);
+      const int64_t k = i / G, b0 = groups_[g], b1 = groups_[g + 1], n = b1 - b0;
+      Tensor x;
+      if (boundary.first()) {
+        bool end = false;
+        if (k > 0) {  // group g's next tokens from its logits of step k - 1, item i - G
+          std::vector<int32_t> msg(static_cast<size_t>(n + 1), 0);
+          if (sampler) {
+            recv_logits();
+            std::span<int32_t> out(tokens.data() + b0, static_cast<size_t>(n));
+            end = choose(b0, logits_in.narrow(0, n), out);
+            std::copy(out.begin(), out.end(), msg.begin());
+            msg[static_cast<size_t>(n)] = end ? 1 : 0;
+          }
+          if (axis.size() > 1) {
+            const auto tw = Clock::now();
+            timer.blocking(axis.broadcast(msg.data(), msg.size(), DType::kI32, 0), tw);
+          }
+          std::copy(msg.begin(), msg.begin() + n, tokens.begin() + b0);
+          end = msg[static_cast<size_t>(n)] != 0;
+        }
+        FP_CHECK(end || k < steps_left, "decoding in flight: group {} would take step {} of a cache for {}", g, k + 1,
+                 steps_left);
+        if (end) {
+          boundary.send_activation(i, flagged_rows(be, Tensor(), widest, h, true));
+          // The logits of the items still in flight (i - G + 1 .. i - 1) arrive and are dropped.
+          if (sampler)
+            for (int j = 1; j < G; ++j) recv_logits();
+          break;
+        }
+        if (g == 0) stage_->start_decode(be);
+        x = stage_->decode_embed(be, std::span<const int32_t>(tokens.data() + b0, static_cast<size_t>(n)));
+      } else {
+        Tensor in = boundary.take_activation(i);
+        if (end_flag(be, in)) {
+          if (!boundary.last()) boundary.send_activation(i, std::move(in));
+          break;
+        }
+        boundary.post_activation_recv(i + 1);
+        if (g == 0) stage_->start_decode(be);
+        x = in.narrow(0, n);
+      }
+      x = stage_->decode_layers(be, b0, b1, std::move(x));
+      computed += n;
+      if (boundary.last()) {
+        Tensor logits = stage_->decode_logits(be, x);
+        if (axis.rank() == 0) {
+          Sent t{pad_rows(be, logits, widest), CommRequest()};
+          t.request = pp_.isend(t.buffer.raw_data(), static_cast<size_t>(widest * V), DType::kF32, 0);
+          logits_out.push_back(std::move(t));
+          wait_logits(static_cast<size_t>(stages_));
+        }
+      } else {
+        boundary.send_activation(i, flagged_rows(be, x, widest, h, false));
+      }
+      for (int64_t b = b0; b < b1; ++b) ++lengths_[static_cast<size_t>(b)];
+      if (g == G - 1) stage_->finish_decode();
+      boundary.progress();
+    }
+    wait_logits(0);
+    boundary.finish();
+  }
+  decoded_ = max_new_;  // the groups stopped at different steps: decode() waits for the next prefill
+  times_.decode_seconds += since(t0);
+  times_.decode_comm_seconds += timer.seconds() + stage_->blocked_seconds() - blocked0;
+  return computed;
 }
 
 Result<std::unique_ptr<ShardedDecoder>> make_pipeline_decoder(const LlamaConfig& config, Communicator& pp,

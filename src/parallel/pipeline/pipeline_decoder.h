@@ -3,7 +3,8 @@
 // [bounds[s], bounds[s+1]) (layout/stage_bounds, as training's PipelineModel), the embedding
 // on stage 0 and the final norm + LM head on stage p-1, under their global names (so
 // load_checkpoint and the Hugging Face loader fill them as in training), and the KV cache of
-// its layers; the stage's model axis runs its StageDecoder (parallel/stage_decoder.h: tsp/).
+// its layers; the stage's model axis runs its StageDecoder (parallel/stage_decoder.h: tsp/, or
+// megatron/ for tp stages).
 // Prefill and every decode step run the B sequences in G = min(B, p) groups of consecutive
 // sequences, pipelined: group g runs on stage s while group g+1 runs on stage s-1. What
 // crosses to the next stage (StageBoundary, as in training) is padded to the largest group,
@@ -41,6 +42,15 @@ class PipelineDecoder final : public ShardedDecoder {
   Result<Tensor> prefill(Backend& backend, const std::vector<std::vector<int32_t>>& prompts,
                          int64_t max_new_tokens) override;
   Result<Tensor> decode(Backend& backend, std::span<const int32_t> tokens) override;
+  // G = p groups (B >= p) stay in flight across steps: stage s works on group (t - s) mod p
+  // at slot t, the sampler on stage 0's first rank between a group's logits (sent from the
+  // last stage's first rank, [widest, V]) and its next tokens (broadcast over stage 0's
+  // model axis). What crosses a boundary carries one row more, a flag: 1 ends the decoding
+  // (sent by stage 0 when the sampler says every sequence has finished, forwarded by every
+  // stage), so no stage needs another message to know when to stop.
+  bool decodes_in_flight(int64_t batch) const override { return stages_ > 1 && batch >= stages_; }
+  Result<int64_t> decode_in_flight(Backend& backend, std::span<const int32_t> tokens,
+                                   const GroupChooser& choose) override;
   int64_t sequence_length(int64_t b) const override {
     return lengths_.empty() ? 0 : lengths_[static_cast<size_t>(b)];
   }
