@@ -54,8 +54,8 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
                                                          const Layout& layout) {
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
-  // validate_layout: a MoE model runs on one rank (in the single-rank model) or on dp=R,tsp=D
-  // (TSP, D = 1 included). The attention variants (biases, q/k norms) run in the strategies,
+  // validate_layout: a MoE model runs on one rank (in the single-rank model), on dp=R,tsp=D
+  // (TSP, D = 1 included) or on the Megatron layouts with expert parallelism over tp x sp. The attention variants (biases, q/k norms) run in the strategies,
   // one rank included.
   if (layout.ranks() == 1 && config.moe.enabled())
     return make_single_rank_model(config, layout);
@@ -68,7 +68,15 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
   }
   if (layout.strategy == Strategy::kTsp)
     return make_tsp_sharded_model(config, mesh.comm("tsp"), axis_comm(mesh, "dp"), seq, layout);
-  return make_megatron_sharded_model(config, axis_comm(mesh, "tp"), axis_comm(mesh, "sp"), seq, layout);
+  // A MoE model on tp=T,sp=Q: its expert axis is the tp x sp group, split off the world per
+  // dp replica (rank sp * T + t); with one of the axes, the other is the group.
+  std::unique_ptr<Communicator> ep;
+  if (config.moe.enabled() && layout.tp > 1 && layout.sp > 1) {
+    const int color = layout.dp > 1 ? mesh.coord("dp") : 0;
+    ep = mesh.world().split(color, mesh.coord("sp") * layout.tp + mesh.coord("tp"), "ep");
+  }
+  return make_megatron_sharded_model(config, axis_comm(mesh, "tp"), axis_comm(mesh, "sp"), seq, layout,
+                                     std::move(ep), axis_comm(mesh, "dp"));
 }
 
 Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& config, Mesh& mesh,

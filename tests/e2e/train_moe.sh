@@ -12,7 +12,8 @@
 # greedy generation gives the same completions on one rank, tsp=2 and tsp=4; bf16 storage on one
 # rank, tsp=2 and dp=2 follows f32 within bf16's precision and resumes bit for bit; with two
 # experts on tsp=4 (D > E: each expert split over two ranks) the losses are one rank's, also
-# after its checkpoint resumes on one rank and on tsp=2.
+# after its checkpoint resumes on one rank and on tsp=2; on the Megatron layouts tp=2 and tp=2,sp=2:seqpar
+# (experts over the tp x sp ranks) the losses are one rank's too, resumed on one rank and on tsp=2.
 set -euo pipefail
 mpirun=$1 bin=$2 src=$3
 tmp=$(mktemp -d)
@@ -165,4 +166,28 @@ assert one[1]["aux_loss"] != clean[1]["aux_loss"], "two micro-batches' aux losse
 for step in range(1, 5):
     assert abs(two[step]["loss"] - one[step]["loss"]) <= 2e-5 * one[step]["loss"], (step, two[step], one[step])
 print("moe gradient accumulation: step 1's lm_loss is the whole batch's; tsp=2 follows one rank within 2e-5")
+PY
+# Expert parallelism on the Megatron baselines (docs/composition.md, "Expert parallelism on
+# the Megatron baselines"): tp=2 (two experts per tp rank, each rank dispatching its half of
+# the replicated rows) trains to step 8, checkpoints and resumes on one rank; tp=2,sp=2:seqpar
+# on four ranks (one expert per rank of the tp x sp group) to step 4, its checkpoint resumed
+# under tsp=2; the losses are the one-rank run's within 2e-5.
+NP=2 train "$tmp/ep_tp2" --layout tp=2 --stop-after 8 >/dev/null
+train "$tmp/ep_tp2" --resume >/dev/null
+NP=4 train "$tmp/ep_tp2sp2" --layout tp=2,sp=2:seqpar --stop-after 4 >/dev/null
+NP=2 train "$tmp/ep_tp2sp2" --layout tsp=2 --resume --stop-after 8 >/dev/null
+/usr/bin/python3 - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+def lines(name):
+    return {json.loads(l)["step"]: json.loads(l) for l in open(f"{tmp}/{name}/metrics.jsonl")}
+clean = lines("clean")
+for name, steps in (("ep_tp2", 16), ("ep_tp2sp2", 8)):
+    run = lines(name)
+    assert set(range(1, steps + 1)) <= set(run), (name, sorted(run))
+    for step in range(1, steps + 1):
+        assert abs(run[step]["loss"] - clean[step]["loss"]) <= 2e-5 * clean[step]["loss"], (name, step, run[step], clean[step])
+    assert run[1]["expert_load"] == clean[1]["expert_load"], (name, run[1], clean[1])
+print("moe on tp=2 (resumed on one rank after step 8) and tp=2,sp=2:seqpar (resumed on tsp=2 after step 4) "
+      "matches the one-rank run within 2e-5")
 PY

@@ -844,8 +844,9 @@ TEST(TspMoeErrors, ExpertsThatDoNotDivide) {
 namespace foldpar {
 namespace {
 
-// Where MoE models run (validate_layout): one rank, tsp=D and dp=R,tsp=D, in f32 or bf16;
-// everything else refused by name.
+// Where MoE models run (validate_layout): one rank, tsp=D and dp=R,tsp=D, in f32 or bf16,
+// and the Megatron layouts with the experts over the tp x sp ranks
+// (megatron_moe_parity_test); pp refused by name.
 TEST(TspMoeLayout, WhatRunsAndWhatIsRefusedByName) {
   const LlamaConfig c = moe_config(MoeFamily::kMixtral);
   for (const char* ok : {"tsp=1", "tsp=2", "tsp=4:moe=ring", "dp=2,tsp=1", "dp=2,tsp=2:moe=gather", "tsp=1:bf16",
@@ -856,11 +857,24 @@ TEST(TspMoeLayout, WhatRunsAndWhatIsRefusedByName) {
     EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << layout;
     return s.message();
   };
-  for (const char* layout : {"tp=2", "pp=2,tsp=2", "dp=2,tp=2", "sp=2"})
-    EXPECT_NE(message(layout).find("mixture-of-experts models (mixtral, 4 experts) run on one rank or on dp=R,tsp=D so "
-                                   "far"),
+  for (const char* ok : {"tp=2", "dp=2,tp=2", "sp=2", "tp=2,sp=2:seqpar", "tp=4:bf16", "tp=2,sp=4"})
+    EXPECT_TRUE(validate_layout(c, parse_layout(ok).value(), 4, 16).ok()) << ok;
+  for (const char* layout : {"pp=2,tsp=2", "pp=2,tp=2"})
+    EXPECT_NE(message(layout).find("mixture-of-experts models (mixtral, 4 experts) do not run on a pp axis yet"),
               std::string::npos)
         << layout;
+  // The expert axis of the Megatron layouts is tp x sp: 4 experts over 3 ranks divide
+  // neither way; plain tp dispatches each tp rank's block of S/sp positions.
+  const Status tp3 = validate_layout(c, parse_layout("tp=3").value(), 3, 18);
+  EXPECT_EQ(tp3.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(tp3.message().find("the 4 experts must divide over the 3 tp x sp ranks (the expert axis)"), std::string::npos)
+      << tp3.message();
+  const Status rows = validate_layout(c, parse_layout("tp=4,sp=2").value(), 4, 20);
+  EXPECT_EQ(rows.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(rows.message().find("needs the positions per sp rank (10 = 20 / 2) divisible by tp"), std::string::npos)
+      << rows.message();
+  EXPECT_TRUE(validate_layout(c, parse_layout("tp=4,sp=2:seqpar").value(), 4, 32).ok());
+  EXPECT_EQ(validate_layout(c, parse_layout("ep=2,tp=2").value(), 4, 16).code(), StatusCode::kUnimplemented);
   // D > E: two experts over four ranks split each expert's f_e in two; an f_e that does not
   // divide by D/E, or E and D that divide neither way, are refused with the numbers.
   LlamaConfig two = c;

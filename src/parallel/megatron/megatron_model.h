@@ -93,6 +93,10 @@ namespace foldpar {
 struct MegatronAxes {
   Communicator* tp = nullptr;
   Communicator* sp = nullptr;
+  // A MoE model: the expert axis, the tp x sp group (rank sp * tp + t; tp or sp itself where
+  // the other has one rank), and the dp replicas its routing statistics are summed over.
+  Communicator* ep = nullptr;
+  Communicator* dp = nullptr;
 };
 
 class MegatronModel {
