@@ -276,6 +276,8 @@ struct DpCase {
   const char* layout;
   MoeFamily family = MoeFamily::kMixtral;
   bool per_layer = false;
+  int64_t experts = 0;  // E instead of the config's 4 (0: keep); E < D splits each expert over D/E ranks
+  int64_t top_k = 0;    // k instead of the config's 2 (0: keep)
 };
 
 void check_data_parallel(const DpCase& k) {
@@ -285,6 +287,8 @@ void check_data_parallel(const DpCase& k) {
   SCOPED_TRACE(k.layout);
   LlamaConfig c = moe_config(k.family);
   c.moe.aux_per_layer = k.per_layer;
+  if (k.experts > 0) c.moe.num_experts = k.experts;
+  if (k.top_k > 0) c.moe.num_experts_per_tok = k.top_k;
   const int64_t B = 4, S = 16;  // B / dp sequences per replica
 
   LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
@@ -352,6 +356,16 @@ TEST(TspMoeDataParallel, EqualsTheSingleRankModelOnTheGlobalBatch) {
                           DpCase{"dp=4,tsp=1", MoeFamily::kQwen3, true}, DpCase{"dp=2,tsp=2:moe=a2a"},
                           DpCase{"dp=2,tsp=2:moe=gather", MoeFamily::kQwen2},
                           DpCase{"dp=2,tsp=2:moe=ring", MoeFamily::kQwen3, true}})
+    check_data_parallel(k);
+}
+
+// dp with D > E: dp=2,tsp=2 over one expert (each replica's two ranks share its f_e) at four
+// ranks, for each scheme; Qwen2-MoE's shared expert and dense layer with it.
+TEST(TspMoeDataParallel, SplitExpertsEqualTheSingleRankModelOnTheGlobalBatch) {
+  if (test::mpi().world().size() != 4) GTEST_SKIP() << "dp=2,tsp=2 runs at four ranks";
+  for (const DpCase& k : {DpCase{"dp=2,tsp=2:moe=a2a", MoeFamily::kMixtral, false, 1, 1},
+                          DpCase{"dp=2,tsp=2:moe=gather", MoeFamily::kQwen2, false, 1, 1},
+                          DpCase{"dp=2,tsp=2:moe=ring", MoeFamily::kQwen3, true, 1, 1}})
     check_data_parallel(k);
 }
 
