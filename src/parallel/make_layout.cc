@@ -1,6 +1,9 @@
 // The layout's strategy, over a mesh made from the same layout.
 #include "parallel/make_layout.h"
 
+#include <algorithm>
+
+#include "comm/counting_communicator.h"
 #include "parallel/single_rank_model.h"
 #include "parallel/strategies.h"
 
@@ -72,8 +75,20 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
   // dp replica (rank sp * T + t); with one of the axes, the other is the group.
   std::unique_ptr<Communicator> ep;
   if (config.moe.enabled() && layout.tp > 1 && layout.sp > 1) {
-    const int color = layout.dp > 1 ? mesh.coord("dp") : 0;
-    ep = mesh.world().split(color, mesh.coord("sp") * layout.tp + mesh.coord("tp"), "ep");
+    // The group's world ranks in expert-axis order (tp and sp are regular strides of the mesh).
+    const std::vector<int>& tw = mesh.comm("tp").world_ranks();
+    const std::vector<int>& sw = mesh.comm("sp").world_ranks();
+    const int t = mesh.coord("tp"), s = mesh.coord("sp");
+    const int me = tw[static_cast<size_t>(t)], tstride = tw[1] - tw[0], sstride = sw[1] - sw[0];
+    std::vector<int> group;
+    for (int q = 0; q < layout.sp; ++q)
+      for (int r = 0; r < layout.tp; ++r) group.push_back(me + (q - s) * sstride + (r - t) * tstride);
+    if (auto* counting = dynamic_cast<CountingCommunicator*>(&mesh.world())) {
+      ep = counting->group(group, "ep");  // a dry run: no peers to split with
+    } else {
+      const int color = *std::min_element(group.begin(), group.end());
+      ep = mesh.world().split(color, s * layout.tp + t, "ep");
+    }
   }
   return make_megatron_sharded_model(config, axis_comm(mesh, "tp"), axis_comm(mesh, "sp"), seq, layout,
                                      std::move(ep), axis_comm(mesh, "dp"));
