@@ -415,7 +415,7 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
       // Expert parallelism over tp x sp: the expert memory and the one scheme's figures.
       MoePlan mp = moe_plan_base(r, p.layout, r.micro_batch);
       mp.schemes.push_back(scheme_figures(p, r));
-      mp.chosen = "a2a";
+      mp.schemes.back().scheme = mp.chosen = "a2a";
       p.moe = std::move(mp);
     }
     if (!dry.ok()) {
