@@ -290,5 +290,20 @@ TEST(MegatronMoeTraffic, DispatchBytesForACountedRouting) {
   for (const char* text : {"tp=2", "tp=2:seqpar", "sp=2", "tp=4", "tp=4:seqpar", "sp=4"}) check_counted_traffic(text);
 }
 
+// Generation on tp=N with a MoE model is not built: refused by name, not run.
+TEST(MegatronMoeGeneration, RefusedByName) {
+  Communicator& world = test::mpi().world();
+  if (world.size() != 2) GTEST_SKIP() << "tp=2 at two ranks";
+  const Layout lo = parse_layout("tp=2").value();
+  Result<Mesh> mesh = Mesh::create(world, lo.mesh());
+  ASSERT_TRUE(mesh.ok()) << mesh.status().to_string();
+  Result<std::unique_ptr<ShardedDecoder>> d = make_sharded_decoder(moe_config(MoeFamily::kMixtral), *mesh, lo);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(d.status().message().find("a mixture-of-experts model (mixtral, 4 experts) on tp=2 is not built"),
+            std::string::npos)
+      << d.status().message();
+}
+
 }  // namespace
 }  // namespace foldpar

@@ -129,6 +129,12 @@ Result<std::unique_ptr<ShardedDecoder>> make_tp_decoder(const LlamaConfig& confi
   FP_RETURN_IF_ERROR(validate_layout(config, o, 0, 0));
   if (o.sequence_parallel)
     return unimplemented("generate: tp with --sequence-parallel is not built (decode holds one token per sequence)");
+  // The prefill would run the training step's expert parallelism, which dispatches each tp
+  // rank's block of S/tp positions (prompt lengths need not divide by tp); not built yet.
+  if (config.moe.enabled())
+    return unimplemented("generate: a mixture-of-experts model ({}, {} experts) on tp={} is not built (generation runs "
+                         "MoE models on one rank or tsp=N)",
+                         config.moe.model_type(), config.moe.num_experts, tp.size());
   return std::unique_ptr<ShardedDecoder>(std::make_unique<TpDecoder>(config, shard_dims(config, tp.size()), tp, o.overlap));
 }
 
