@@ -205,6 +205,11 @@ TEST(MegatronMoeParity, RanksWithNoTokensForTheirExperts) {
              {"tp=2,sp=2", MoeFamily::kMixtral, true},
              {"dp=2,tp=2:seqpar", MoeFamily::kQwen2, true}});
 }
+// Recompute::kBlock: the sparse layer's forward runs again in backward, its dispatch with it.
+TEST(MegatronMoeParity, RecomputeBlocks) {
+  check_all({{"tp=2:recompute", MoeFamily::kQwen2}, {"sp=2:recompute", MoeFamily::kMixtral},
+             {"tp=2,sp=2:seqpar:recompute", MoeFamily::kQwen2}, {"tp=4:recompute", MoeFamily::kMixtral}});
+}
 // T Q > E: each expert's f_e split over T Q / E ranks (ShardDims::expert_group).
 TEST(MegatronMoeParity, MoreRanksThanExperts) {
   check_all({{"tp=2", MoeFamily::kMixtral, false, 1, 1},
