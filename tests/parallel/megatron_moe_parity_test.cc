@@ -295,6 +295,77 @@ TEST(MegatronMoeTraffic, DispatchBytesForACountedRouting) {
   for (const char* text : {"tp=2", "tp=2:seqpar", "sp=2", "tp=4", "tp=4:seqpar", "sp=4"}) check_counted_traffic(text);
 }
 
+// Gradient accumulation: four micro-batches of one sequence each, every one its own aux loss
+// weighted by its share v_m / N of the step's valid targets (docs/design.md, "Mixture of
+// experts"), against the single-rank model micro-batch by micro-batch (tsp_moe_parity_test's
+// rule): the loss and every gradient.
+void check_accumulation(const char* text, MoeFamily family) {
+  Communicator& world = test::mpi().world();
+  const Layout lo = parse_layout(text).value();
+  if (lo.ranks() != world.size()) return;
+  SCOPED_TRACE(text);
+  const LlamaConfig c = moe_config(family);
+  const int64_t B = 4, S = 16;
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
+  init_weights(kInit, w);
+  const Batch global = synthetic_batch(c, B, S, 13, 0.1);
+  auto be = make_cpu_backend();
+  const int64_t N = be->count_valid_targets(global.target_ids, kIgnoreIndex);
+  std::vector<Batch> parts;
+  for (int64_t m = 0; m < B; ++m)
+    parts.push_back(Batch{global.input_ids.narrow(m, m + 1), global.target_ids.narrow(m, m + 1)});
+  LlamaWeights ref_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ref_g.zero();
+  std::vector<Tensor> sum;
+  ref_g.for_each([&](const std::string&, Tensor& t) { sum.push_back(t); });
+  double ref_loss = 0;
+  for (const Batch& part : parts) {
+    LlamaWeights g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+    g.zero();
+    Result<StepResult> r = model_forward_backward(c, *be, w, part, StepOptions{}, g);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    const double share = static_cast<double>(r->valid_tokens) / static_cast<double>(N);
+    ref_loss += share * r->loss;
+    size_t i = 0;
+    g.for_each([&](const std::string&, Tensor& t) {
+      for (int64_t j = 0; j < t.numel(); ++j)
+        sum[i].data<float>()[j] += static_cast<float>(share * static_cast<double>(t.data<float>()[j]));
+      ++i;
+    });
+  }
+  Result<Mesh> mesh = Mesh::create(world, lo.mesh());
+  ASSERT_TRUE(mesh.ok()) << mesh.status().to_string();
+  Result<std::unique_ptr<ShardedModel>> made = make_sharded_model(c, *mesh, S, lo);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  ShardedModel& model = **made;
+  model.init_weights(kInit);
+  model.zero_grads(*be);
+  std::vector<Batch> locals;
+  for (const Batch& part : parts) locals.push_back(model.local_batch(part));
+  Result<StepResult> got = model.forward_backward_micro_batches(*be, locals, N);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_NEAR(got->loss_sum / static_cast<double>(N), ref_loss, tol::kF32Parallel * ref_loss);
+  LlamaWeights assembled = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ASSERT_TRUE(model.assemble_grads(assembled).ok());
+  std::vector<std::pair<std::string, Tensor>> ref_list;
+  ref_g.for_each([&](const std::string& n, Tensor& t) { ref_list.emplace_back(n, t); });
+  size_t i = 0;
+  assembled.for_each([&](const std::string& name, Tensor& t) {
+    ASSERT_EQ(name, ref_list[i].first);
+    EXPECT_LE(max_rel_error(t, ref_list[i].second), tol::kF32Parallel)
+        << name << " on rank " << world.rank() << "\n"
+        << describe_mismatches(t, ref_list[i].second, tol::kF32Parallel);
+    ++i;
+  });
+}
+
+TEST(MegatronMoeAccumulation, EachMicroBatchItsOwnAuxLossWeightedByItsValidTargets) {
+  for (const char* text : {"tp=2", "sp=2", "tp=2:seqpar", "tp=2,sp=2", "tp=2,sp=2:seqpar"}) {
+    check_accumulation(text, MoeFamily::kMixtral);
+    check_accumulation(text, MoeFamily::kQwen2);
+  }
+}
+
 // Generation on tp=N with a MoE model is not built: refused by name, not run.
 TEST(MegatronMoeGeneration, RefusedByName) {
   Communicator& world = test::mpi().world();
