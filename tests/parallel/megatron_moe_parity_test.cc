@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "app/synthetic.h"
+#include "backend/bf16_storage_backend.h"
 #include "comm/mesh.h"
 #include "core/tolerance.h"
 #include "mpi_test_main.h"
@@ -363,6 +364,142 @@ TEST(MegatronMoeAccumulation, EachMicroBatchItsOwnAuxLossWeightedByItsValidTarge
   for (const char* text : {"tp=2", "sp=2", "tp=2:seqpar", "tp=2,sp=2", "tp=2,sp=2:seqpar"}) {
     check_accumulation(text, MoeFamily::kMixtral);
     check_accumulation(text, MoeFamily::kQwen2);
+  }
+}
+
+// ---- bf16 storage: tsp_moe_parity_test.cc's rules and routing margin ----
+//
+// Both sides store weights and activations in bf16 through the bf16 storage decorator; the
+// references are the single-rank model in bf16 and in f32. The loss within 1 bf16 ulp, the
+// gradients within 16 (the router's 32), as tsp_moe_parity_test.cc derives them; the weights
+// give every routing choice a margin far above bf16's noise (margin_weights there: coordinate
+// 0 of the residual stream held at 0.5, router column 0 ordering the experts), so the routing
+// and the per-expert load are the references'.
+constexpr double kBf16Ulp = 1.0 / 256;
+constexpr double kBf16LossTol = 1 * kBf16Ulp;
+constexpr double kBf16TensorTol = 16 * kBf16Ulp;
+constexpr double kBf16RouterTol = 32 * kBf16Ulp;
+
+LlamaWeights margin_weights(const LlamaConfig& c) {
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
+  init_weights(kInit, w);
+  auto set_column0 = [](Tensor& t, float value) {
+    std::vector<float> v = read_host_f32(t);
+    for (int64_t r = 0; r < t.dim(0); ++r) v[static_cast<size_t>(r * t.dim(1))] = value;
+    write_host_f32(v, t);
+  };
+  auto zero_row0 = [](Tensor& t) {
+    std::vector<float> v = read_host_f32(t);
+    std::fill_n(v.begin(), t.dim(1), 0.0f);
+    write_host_f32(v, t);
+  };
+  set_column0(w.embed, 0.5f);
+  const float orders[2][4] = {{0.0f, 0.6f, -0.6f, 0.3f}, {0.6f, -0.6f, 0.3f, 0.0f}};
+  for (auto& l : w.layers) {
+    zero_row0(l.wo);
+    if (l.w_down.defined()) zero_row0(l.w_down);
+    if (!l.moe.defined()) continue;
+    for (ExpertWeights& e : l.moe.experts) zero_row0(e.w_down);
+    if (l.moe.shared.w_down.defined()) zero_row0(l.moe.shared.w_down);
+    std::vector<float> r = read_host_f32(l.moe.router);
+    for (float& x : r) x *= 0.1f;
+    const int64_t h = l.moe.router.dim(1);
+    for (int64_t e = 0; e < l.moe.router.dim(0); ++e) r[static_cast<size_t>(e * h)] = orders[l.moe.sparse_index % 2][e % 4];
+    write_host_f32(r, l.moe.router);
+  }
+  return w;
+}
+
+// Every parameter of `model` set from the global weights, slice by slice.
+void load_global(ShardedModel& model, LlamaWeights& global) {
+  std::vector<std::pair<std::string, Tensor>> all;
+  global.for_each([&](const std::string& n, Tensor& t) { all.emplace_back(n, t); });
+  for (ParamRef& p : model.parameters()) {
+    std::vector<float> v = read_host_f32(p.param);
+    for (const GlobalSlice& s : p.slices) {
+      const Tensor* g = nullptr;
+      for (const auto& [n, t] : all)
+        if (n == s.tensor) g = &t;
+      ASSERT_NE(g, nullptr) << s.tensor;
+      const std::vector<float> gv = read_host_f32(*g);
+      const int64_t cols = g->dim(-1);
+      for (int64_t r = 0; r < s.rows; ++r)
+        for (int64_t col = 0; col < s.cols; ++col)
+          v[static_cast<size_t>(s.offset + (s.transposed ? col * s.rows + r : r * s.cols + col))] =
+              gv[static_cast<size_t>((s.row0 + r) * cols + s.col0 + col)];
+    }
+    write_host_f32(v, p.param);
+  }
+}
+
+void check_bf16(const char* text, MoeFamily family) {
+  Communicator& world = test::mpi().world();
+  const Layout lo = parse_layout(text).value();
+  if (lo.ranks() != world.size()) return;
+  SCOPED_TRACE(text);
+  const LlamaConfig c = moe_config(family);
+  const int64_t B = 4, S = 16;
+  const Batch global = synthetic_batch(c, B, S, 13, 0.1);
+  auto cpu = make_cpu_backend();
+  auto bf = make_bf16_storage_backend(*cpu);
+  LlamaWeights w32 = margin_weights(c);
+  LlamaWeights w16 = LlamaWeights::allocate(c, DType::kBF16, MemCategory::kParameters);
+  {
+    std::vector<Tensor> src;
+    w32.for_each([&](const std::string&, Tensor& t) { src.push_back(t); });
+    size_t i = 0;
+    w16.for_each([&](const std::string&, Tensor& t) { write_host_f32(read_host_f32(src[i++]), t); });
+  }
+  auto single = [&](const LlamaWeights& w, Backend& be, LlamaWeights& g) {
+    g.zero();
+    return model_forward_backward(c, be, w, global, StepOptions{}, g);
+  };
+  LlamaWeights want_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  LlamaWeights f32_g = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  Result<StepResult> want = single(w16, *bf, want_g), f32 = single(w32, *cpu, f32_g);
+  ASSERT_TRUE(want.ok() && f32.ok());
+  ASSERT_EQ(want->expert_load, f32->expert_load) << "the margin keeps bf16 and f32 routing alike";
+
+  Result<Mesh> mesh = Mesh::create(world, lo.mesh());
+  ASSERT_TRUE(mesh.ok()) << mesh.status().to_string();
+  Result<std::unique_ptr<ShardedModel>> made = make_sharded_model(c, *mesh, S, lo);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  ShardedModel& model = **made;
+  load_global(model, w32);
+  model.zero_grads(*cpu);
+  const int64_t rows = B / lo.dp, r0 = (lo.dp > 1 ? mesh->coord("dp") : 0) * rows;
+  const Batch replica{global.input_ids.narrow(r0, r0 + rows), global.target_ids.narrow(r0, r0 + rows)};
+  const int64_t normalizer = cpu->count_valid_targets(global.target_ids, kIgnoreIndex);
+  Result<StepResult> got = model.forward_backward(*bf, model.local_batch(replica), normalizer);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  std::vector<ParamRef> params = model.parameters();
+  sum_grads_over_data_axis(mesh->has_axis("dp") ? &mesh->comm("dp") : nullptr, params);
+  EXPECT_EQ(got->expert_load, want->expert_load);
+  double sum = got->loss_sum;
+  FP_CHECK_OK(world.all_reduce(&sum, &sum, 1, DType::kF64, ReduceOp::kSum));
+  const double loss = sum / lo.model_ranks() / static_cast<double>(normalizer);
+  for (const StepResult* ref : {&*want, &*f32}) {
+    EXPECT_NEAR(loss, ref->loss, kBf16LossTol * ref->loss);
+    EXPECT_NEAR(got->aux_loss, ref->aux_loss, kBf16LossTol * ref->aux_loss);
+  }
+  LlamaWeights assembled = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
+  ASSERT_TRUE(model.assemble_grads(assembled).ok());
+  std::vector<Tensor> wg, fg;
+  want_g.for_each([&](const std::string&, Tensor& t) { wg.push_back(t); });
+  f32_g.for_each([&](const std::string&, Tensor& t) { fg.push_back(t); });
+  size_t i = 0;
+  assembled.for_each([&](const std::string& name, Tensor& t) {
+    const double tol = name.ends_with(".gate.weight") ? kBf16RouterTol : kBf16TensorTol;
+    EXPECT_LE(max_rel_error(t, wg[i]), tol) << name << " against bf16\n" << describe_mismatches(t, wg[i], tol);
+    EXPECT_LE(max_rel_error(t, fg[i]), tol) << name << " against f32\n" << describe_mismatches(t, fg[i], tol);
+    ++i;
+  });
+}
+
+TEST(MegatronMoeBf16Parity, AgainstTheSingleRankModelInBf16AndF32) {
+  for (const char* text : {"tp=2:bf16", "tp=2:seqpar:bf16", "sp=2:bf16", "tp=2,sp=2:bf16", "dp=2,tp=2:seqpar:bf16"}) {
+    check_bf16(text, MoeFamily::kMixtral);
+    check_bf16(text, MoeFamily::kQwen2);
   }
 }
 
