@@ -9,7 +9,10 @@
 // Qwen3-MoE-like (decoder_sparse_step, per-layer aux) tiny configs; a zero router (every
 // token to experts 0 and 1: the ranks owning the others receive no rows and still take
 // part). Negative control: two experts of each rank traded places must fail the comparison.
-// Run under mpirun at 1, 2 and 4 ranks; each layout runs where its ranks are the world's.
+// Also: recompute, gradient accumulation, bf16 storage against the single-rank model in bf16
+// and f32 (tsp_moe_parity_test.cc's rules), the dispatch's bytes for a counted routing, and
+// generation on tp=N refused by name. Run under mpirun at 2 and 4 ranks; each layout runs
+// where its ranks are the world's.
 #include <gtest/gtest.h>
 
 #include "app/synthetic.h"
