@@ -72,6 +72,11 @@
 // the storage; 8 for the loss sums.
 // tests/parallel/megatron_traffic_test.cc holds every term per communicator and kind.
 //
+// A MoE model (parallel/megatron/tp_moe.cc; docs/composition.md, "Expert parallelism on the
+// Megatron baselines"): a sparse layer's experts spread over the tp x sp group (MegatronAxes::ep),
+// E/(tp sp) per rank, its rows dispatched by the all-to-all of parallel/moe_dispatch.h; its
+// traffic terms are written there. The routed experts' gradients stay out of the sum over sp.
+//
 // Collective over both communicators: every rank calls forward/forward_backward with the
 // same batch size and options, in the same order.
 #pragma once
