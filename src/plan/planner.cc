@@ -284,7 +284,9 @@ MoePlan moe_plan_base(const PlanRequest& r, const Layout& l, int64_t micro_batch
   mp.expert_grad_bytes = r.mode == PlanMode::kTrain ? elements * 4 : 0;
   mp.expert_optimizer_bytes = r.mode == PlanMode::kTrain ? elements * 8 : 0;
   const int64_t rows = micro_batch > 0 ? micro_batch : r.batch / l.dp;
-  mp.tokens_per_rank = rows * r.seq / X;
+  // Generation on tp=N routes every row on every rank (TpStepBase::moe_forward_replicated).
+  const bool replicated = !tsp && (r.mode == PlanMode::kPrefill || r.mode == PlanMode::kDecode);
+  mp.tokens_per_rank = rows * r.seq / (replicated ? 1 : X);
   mp.imbalance = r.moe_imbalance;
   const int64_t slots = mp.tokens_per_rank * mp.top_k;
   mp.rows_balanced = slots / mp.experts;
@@ -415,7 +417,9 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
       // Expert parallelism over tp x sp: the expert memory and the one scheme's figures.
       MoePlan mp = moe_plan_base(r, p.layout, r.micro_batch);
       mp.schemes.push_back(scheme_figures(p, r));
-      mp.schemes.back().scheme = mp.chosen = "a2a";
+      // Generation (tp=N) runs the replicated form: every rank routes every row.
+      const bool generation = r.mode == PlanMode::kPrefill || r.mode == PlanMode::kDecode;
+      mp.schemes.back().scheme = mp.chosen = generation ? "replicated" : "a2a";
       p.moe = std::move(mp);
     }
     if (!dry.ok()) {
@@ -504,8 +508,10 @@ std::string plan_report_text(const PlanReport& rep) {
     if (m.expert_axis_ranks > 0) {
       for (const MoeSchemePlan& sc : m.schemes)
         s += fmt::format(
-            "  a2a over the expert axis (tp x sp, {} ranks; parallel/megatron/tp_moe.cc): {} sent/step {} (attention's "
+            "  {} over the expert axis (tp x sp, {} ranks; parallel/megatron/tp_moe.cc): {} sent/step {} (attention's "
             "included where the axis is tp or sp itself)\n",
+            sc.scheme == "replicated" ? "replicated (generation: every rank routes every row, one all_reduce over tp)"
+                                      : "a2a",
             m.expert_axis_ranks, sc.axis, bytes_text(static_cast<double>(sc.tsp_bytes_sent)));
       continue;
     }

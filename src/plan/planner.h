@@ -114,7 +114,8 @@ struct MoePlan {
   std::vector<MoeSchemePlan> schemes;  // each planned scheme
   std::string chosen;                  // the least simulated step time among those that fit
   // The Megatron layouts' expert parallelism (parallel/megatron/tp_moe.cc): the experts over
-  // the tp x sp group of expert_axis_ranks ranks, one scheme (a2a); 0 on tsp.
+  // the tp x sp group of expert_axis_ranks ranks, one scheme: a2a, or for generation on tp=N
+  // "replicated" (every rank routes every row: tokens_per_rank all of them); 0 on tsp.
   int expert_axis_ranks = 0;
 };
 

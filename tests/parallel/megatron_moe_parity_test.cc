@@ -10,8 +10,8 @@
 // token to experts 0 and 1: the ranks owning the others receive no rows and still take
 // part). Negative control: two experts of each rank traded places must fail the comparison.
 // Also: recompute, gradient accumulation, bf16 storage against the single-rank model in bf16
-// and f32 (tsp_moe_parity_test.cc's rules), the dispatch's bytes for a counted routing, and
-// generation on tp=N refused by name. Run under mpirun at 2 and 4 ranks; each layout runs
+// and f32 (tsp_moe_parity_test.cc's rules), and the dispatch's bytes for a counted routing
+// (generation on tp=N: decode_test.cc). Run under mpirun at 2 and 4 ranks; each layout runs
 // where its ranks are the world's.
 #include <gtest/gtest.h>
 
@@ -504,21 +504,6 @@ TEST(MegatronMoeBf16Parity, AgainstTheSingleRankModelInBf16AndF32) {
     check_bf16(text, MoeFamily::kMixtral);
     check_bf16(text, MoeFamily::kQwen2);
   }
-}
-
-// Generation on tp=N with a MoE model is not built: refused by name, not run.
-TEST(MegatronMoeGeneration, RefusedByName) {
-  Communicator& world = test::mpi().world();
-  if (world.size() != 2) GTEST_SKIP() << "tp=2 at two ranks";
-  const Layout lo = parse_layout("tp=2").value();
-  Result<Mesh> mesh = Mesh::create(world, lo.mesh());
-  ASSERT_TRUE(mesh.ok()) << mesh.status().to_string();
-  Result<std::unique_ptr<ShardedDecoder>> d = make_sharded_decoder(moe_config(MoeFamily::kMixtral), *mesh, lo);
-  ASSERT_FALSE(d.ok());
-  EXPECT_EQ(d.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(d.status().message().find("a mixture-of-experts model (mixtral, 4 experts) on tp=2 is not built"),
-            std::string::npos)
-      << d.status().message();
 }
 
 }  // namespace

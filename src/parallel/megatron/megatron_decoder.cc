@@ -70,7 +70,7 @@ Result<Tensor> TpDecoder::prefill(Backend& be, const std::vector<std::vector<int
   o.strategy = Strategy::kMegatron;
   o.tp = comm_.size();
   o.overlap = overlap_;
-  FP_ASSIGN_OR_RETURN(MegatronModel model, MegatronModel::create(config_, o, comm_.rank(), 0, S));
+  FP_ASSIGN_OR_RETURN(MegatronModel model, MegatronModel::create(config_, o, comm_.rank(), 0, S, /*for_prefill=*/true));
   // Shorter prompts are padded after their end (token 0), which causal attention never shows them.
   std::vector<int32_t> host_ids(static_cast<size_t>(B * S), 0);
   lengths_.assign(static_cast<size_t>(B), 0);
@@ -129,12 +129,6 @@ Result<std::unique_ptr<ShardedDecoder>> make_tp_decoder(const LlamaConfig& confi
   FP_RETURN_IF_ERROR(validate_layout(config, o, 0, 0));
   if (o.sequence_parallel)
     return unimplemented("generate: tp with --sequence-parallel is not built (decode holds one token per sequence)");
-  // The prefill would run the training step's expert parallelism, which dispatches each tp
-  // rank's block of S/tp positions (prompt lengths need not divide by tp); not built yet.
-  if (config.moe.enabled())
-    return unimplemented("generate: a mixture-of-experts model ({}, {} experts) on tp={} is not built (generation runs "
-                         "MoE models on one rank or tsp=N)",
-                         config.moe.model_type(), config.moe.num_experts, tp.size());
   return std::unique_ptr<ShardedDecoder>(std::make_unique<TpDecoder>(config, shard_dims(config, tp.size()), tp, o.overlap));
 }
 

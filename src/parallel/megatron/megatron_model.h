@@ -110,9 +110,11 @@ class MegatronModel {
   // possibly 1) at sequence length `seq`: validate_layout's verdict first (invalid_argument
   // naming the numbers), nothing allocated before it. bf16 storage (layout.dtype) keeps
   // weights, activations and what travels in bf16, per-row statistics and gradients f32
-  // (the f32 masters are the optimizer's). Not collective.
+  // (the f32 masters are the optimizer's). Not collective. for_prefill: generation's model
+  // (prefill below), whose MoE layers run replicated over tp, so validate_layout's sizes at
+  // `seq` (a prompt's length, which need not divide by tp) are not asked.
   static Result<MegatronModel> create(const LlamaConfig& config, const Layout& layout, int tp_rank, int sp_rank,
-                                      int64_t seq);
+                                      int64_t seq, bool for_prefill = false);
 
   const LlamaConfig& config() const { return config_; }
   const ShardDims& dims() const { return dims_; }

@@ -42,7 +42,11 @@ class MegatronStep : public TpStepBase {
 
   // Generation: attention_forward also stores K (after RoPE) and V of this rank's KV heads,
   // every token, into `cache` (KvCache::store_prefill). One sp rank only.
-  void set_kv_cache(KvCache* cache) { kv_cache_ = cache; }
+  // A MoE model's sparse layers then run generation's replicated form (tp_moe.cc).
+  void set_kv_cache(KvCache* cache) {
+    kv_cache_ = cache;
+    moe_replicated_ = cache != nullptr;
+  }
 
  private:
   // One sp rank, sequence parallel: the gains' gradients of this rank's rows are partial

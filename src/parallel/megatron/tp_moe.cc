@@ -213,6 +213,59 @@ Tensor TpStepBase::moe_backward(int l, const TpMlpSaved& saved, const Tensor& d_
                        norm_grad(in_.grads->mlp_norm[l], static_cast<int>(c_.num_hidden_layers) + l));
 }
 
+Tensor TpStepBase::moe_forward_replicated(int l, const Tensor& x_mid) {
+  FP_CHECK(!seq_par_ && in_.grads == nullptr && dims_.expert_degree == tp_.size(),
+           "replicated MoE layer: a prefill on tp={} (experts over {} ranks)", tp_.size(), dims_.expert_degree);
+  const MoeLayerWeights& mw = w_.moe[l];
+  const MoeConfig& m = c_.moe;
+  const int64_t N = rows_, h = dims_.h, E = m.num_experts, k = m.num_experts_per_tok, El = dims_.experts;
+  NormSaved norm = norm_forward(row_ctx_, w_.mlp_norm[l], x_mid);  // every row, on every tp rank
+  const Tensor& a = norm.a;
+  Tensor logits = act({N, E}), probs = act({N, E}), weights = act({N, k});
+  Tensor experts = Tensor::empty({N, k}, DType::kI32, MemCategory::kActivations);
+  be_.matmul(a, false, mw.router, true, logits);
+  be_.moe_route_forward(logits, m.norm_topk_prob, probs, weights, experts);
+  std::vector<int32_t> host_experts(static_cast<size_t>(N * k));
+  be_.copy_to_host(experts, std::as_writable_bytes(std::span<int32_t>(host_experts)));
+  std::vector<int64_t> offsets;
+  std::vector<int32_t> token_rows, slot_rows;
+  moe_dispatch_order(host_experts, k, E, offsets, token_rows, slot_rows);
+  // This rank's experts (or its f_e slice of one): their rows are one block of the order.
+  const int64_t e0 = dims_.expert0(tp_.rank()), first = offsets[e0], last = offsets[e0 + El];
+  Tensor y = act({N, h});
+  be_.fill(0.0, y);
+  if (last > first) {
+    const std::vector<int32_t> own_tokens(token_rows.begin() + first, token_rows.begin() + last);
+    const std::vector<int32_t> own_slots(slot_rows.begin() + first, slot_rows.begin() + last);
+    const Tensor tokens = moe_upload_i32(be_, own_tokens), slots = moe_upload_i32(be_, own_slots);
+    const int64_t R = last - first;
+    Tensor in = act({R, h}), row_w = act({R, 1}), out = act({R, h});
+    be_.gather_rows(a, tokens, nullptr, in);
+    be_.gather_rows(weights.reshape({N * k, 1}), slots, nullptr, row_w);
+    for (int64_t j = 0; j < El; ++j) {
+      const int64_t begin = offsets[e0 + j] - first, end = offsets[e0 + j + 1] - first;
+      if (begin == end) continue;
+      Tensor o = out.narrow(begin, end);
+      foldpar::mlp_forward(moe_group_context(ctx_, end - begin), expert_mlp_weights(mw.experts[j]),
+                           in.narrow(begin, end), o, nullptr, {}, 0.0f);
+    }
+    be_.scatter_add_rows(out, tokens, &row_w, y);
+  }
+  tp_.all_reduce(y);  // every rank's experts (and an expert's slices)
+  if (mw.shared_gate.defined()) {
+    // y += sigmoid(a Wsg^T) * shared(a), once, after the sum (replicated weights, every row).
+    Tensor z = act({N, h}), gate_logit = act({N, 1}), gate = act({N, 1});
+    foldpar::mlp_forward(ctx_, expert_mlp_weights(mw.shared), a, z, nullptr, {}, 0.0f);
+    be_.matmul(a, false, mw.shared_gate, true, gate_logit);
+    be_.sigmoid_forward(gate_logit, gate);
+    std::vector<int32_t> identity(static_cast<size_t>(N));
+    std::iota(identity.begin(), identity.end(), 0);
+    be_.scatter_add_rows(z, moe_upload_i32(be_, identity), &gate, y);
+  }
+  be_.add_inplace(x_mid, y);  // x_out = x_mid + moe
+  return y;
+}
+
 MoeAux TpStepBase::sum_moe_stats(Communicator* dp, int64_t* valid_tokens) {
   MoeAux sum = moe_stats_;
   const size_t layers = sum.counts.size();

@@ -182,7 +182,8 @@ Tensor TpStepBase::block_forward(int64_t layer, const Tensor& x, bool save) {
   const bool keep_gathered = save && in_.recompute;
   const int l = static_cast<int>(layer);
   Tensor x_mid = attention_forward(l, x, s != nullptr ? &s->attn : nullptr, keep_gathered);
-  if (l < static_cast<int>(w_.moe.size()) && w_.moe[l].defined()) return moe_forward(l, x_mid, s != nullptr ? &s->mlp : nullptr);
+  if (l < static_cast<int>(w_.moe.size()) && w_.moe[l].defined())
+    return moe_replicated_ ? moe_forward_replicated(l, x_mid) : moe_forward(l, x_mid, s != nullptr ? &s->mlp : nullptr);
   return mlp_forward(l, x_mid, s != nullptr ? &s->mlp : nullptr, keep_gathered);
 }
 

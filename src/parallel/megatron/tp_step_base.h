@@ -137,6 +137,11 @@ class TpStepBase : public ModelStep {
   // experts spread over the expert axis (set_expert_axis: the tp x sp group).
   Tensor moe_forward(int layer, const Tensor& x_mid, TpMlpSaved* saved);
   Tensor moe_backward(int layer, const TpMlpSaved& s, const Tensor& d_out);
+  // Generation's prefill (tp=N, sp 1, no sequence parallelism, forward only): every tp rank
+  // routes every row, runs its own experts on the rows routed to them, and one all_reduce over
+  // tp sums the experts' outputs (decode's MoE block, parallel/decode_block.cc), so prompt
+  // lengths need not divide by tp.
+  Tensor moe_forward_replicated(int layer, const Tensor& x_mid);
   // The step's routing statistics summed over the expert axis and, given `dp` (the replicas),
   // over it too with *valid_tokens: the single-rank model's on the global batch.
   MoeAux sum_moe_stats(Communicator* dp, int64_t* valid_tokens);
@@ -209,6 +214,7 @@ class TpStepBase : public ModelStep {
   void sum_variant_grads(ShardedWeights& grads);
 
   Communicator* ep_ = nullptr;          // MoE: the expert axis
+  bool moe_replicated_ = false;         // MoE: generation's prefill (moe_forward_replicated)
   MoeAux moe_stats_;                    // MoE: this rank's routing statistics per sparse layer
   std::vector<std::vector<double>> moe_prob_grad_;  // MoE: the aux loss's gradient per sparse layer
 
