@@ -1,6 +1,8 @@
 // CountingCommunicator: operations that complete at once and are recorded; the counting mesh.
 #include "comm/counting_communicator.h"
 
+#include <algorithm>
+
 #include <numeric>
 
 #include "core/check.h"
@@ -61,6 +63,14 @@ std::unique_ptr<Communicator> CountingCommunicator::split(int /*color*/, int /*k
   FP_CHECK(false, "split of counting communicator {} into {}: a dry run builds its mesh with make_counting_mesh",
            describe(), name);
   return nullptr;
+}
+
+std::unique_ptr<Communicator> CountingCommunicator::group(const std::vector<int>& group, std::string name) {
+  const int me = world_ranks()[static_cast<size_t>(rank())];
+  const auto at = std::find(group.begin(), group.end(), me);
+  FP_CHECK(at != group.end(), "group {} of {}: world rank {} is not a member", name, describe(), me);
+  return std::make_unique<CountingCommunicator>(static_cast<int>(at - group.begin()), static_cast<int>(group.size()),
+                                                std::move(name), group, order_, trace_);
 }
 
 Status CountingCommunicator::supports(const CommOp& op) const {

@@ -69,6 +69,10 @@ class CountingCommunicator final : public Communicator {
   // Refused: a counting communicator has no peers to agree with (build meshes with
   // make_counting_mesh).
   std::unique_ptr<Communicator> split(int color, int key, std::string name) override;
+  // What a split would give this rank without peers to agree with: the communicator of the
+  // listed world ranks (this one's among them, ranked in that order), counted like the mesh's
+  // (a MoE model's tp x sp expert axis, parallel/make_layout.cc).
+  std::unique_ptr<Communicator> group(const std::vector<int>& world_ranks, std::string name);
 
  protected:
   Status supports(const CommOp& op) const override;

@@ -45,7 +45,7 @@ struct Layout {
   int tsp = 1;  // TSP degree D: 1/D of the weights and of the tokens per rank
   int tp = 1;   // Megatron tensor-parallel degree
   int sp = 1;   // sequence (context) parallel degree
-  int ep = 1;   // expert-parallel degree (not implemented yet: refused above 1)
+  int ep = 1;   // refused above 1: a MoE model's expert axis is implicit (tsp=D: the TSP axis; tp/sp: the tp x sp group)
   Strategy strategy = Strategy::kTsp;  // kTsp when tsp is written, else kMegatron
 
   // ---- strategy knobs (each applies where said; validate_layout refuses a knob set on a

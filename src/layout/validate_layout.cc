@@ -24,7 +24,12 @@ Status check_axes(const Layout& l, const std::string& name) {
     return invalid_argument("{}: tsp does not combine with tp or sp", name);
   if (l.strategy == Strategy::kMegatron && l.tsp > 1)
     return invalid_argument("{}: tsp does not combine with tp or sp", name);
-  if (l.ep > 1) return unimplemented("{}: expert parallelism (ep={}) is not built yet", name, l.ep);
+  // Expert parallelism has no axis of its own: a MoE model on tp=T / sp=Q / tp=T,sp=Q spreads
+  // its experts over the tp x sp group (parallel/megatron/tp_moe.cc), on tsp=D over the TSP axis.
+  if (l.ep > 1)
+    return unimplemented("{}: a separate expert axis (ep={}) is not built; a MoE model's experts spread over the tp x sp "
+                         "(or tsp) ranks",
+                         name, l.ep);
   return Status();
 }
 
@@ -252,28 +257,38 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
     return unimplemented("layout {}: MLP biases (mlp_bias) run in the single-rank model only so far (verify without "
                          "--layout)",
                          name);
-  // The MoE layer runs in the single-rank model (parallel/single_rank_model.h) and on a
+  // The MoE layer runs in the single-rank model (parallel/single_rank_model.h), on a
   // tsp=D axis with E/D whole experts per rank, or D/E ranks per expert each with a slice of
-  // its f_e (parallel/tsp/tsp_moe.cc), with or without a dp
-  // axis (the routing statistics summed over tsp and dp), in f32 or bf16 storage.
+  // its f_e (parallel/tsp/tsp_moe.cc), and on the Megatron layouts tp=T[:seqpar], sp=Q,
+  // tp=T,sp=Q with the experts spread the same way over the T*Q ranks of the tp x sp group
+  // (parallel/megatron/tp_moe.cc); with or without a dp axis (the routing statistics summed
+  // over the expert axis and dp), in f32 or bf16 storage. Not with pp.
   if (layout.moe_dispatch != Layout::MoeDispatchOption::kAuto && layout.strategy != Strategy::kTsp)
     return invalid_argument("{}: moe=a2a|gather|ring chooses the dispatch of a tsp=N layout", name);
   if (config.moe.enabled()) {
     const MoeConfig& m = config.moe;
-    const bool dp_tsp = layout.strategy == Strategy::kTsp && layout.ranks() == layout.dp * layout.tsp;
-    if (layout.ranks() != 1 && !dp_tsp)
-      return unimplemented("layout {}: mixture-of-experts models ({}, {} experts) run on one rank or on dp=R,tsp=D so far",
-                           name, m.model_type(), m.num_experts);
+    if (layout.pp > 1)
+      return unimplemented("layout {}: mixture-of-experts models ({}, {} experts) do not run on a pp axis yet", name,
+                           m.model_type(), m.num_experts);
+    // TSP: the experts over the TSP axis; the Megatron baselines: over the tp x sp group
+    // (expert parallelism, parallel/megatron/tp_moe.cc).
+    const bool tsp = layout.strategy == Strategy::kTsp;
+    const int64_t D = tsp ? layout.tsp : static_cast<int64_t>(layout.tp) * layout.sp, E = m.num_experts;
+    const char* axis = tsp ? "TSP ranks" : "tp x sp ranks (the expert axis)";
     // E % D == 0: E/D whole experts per rank; D % E == 0: each expert's f_e split over its D/E ranks.
-    const int64_t D = layout.tsp, E = m.num_experts;
     if (D > 1 && E % D != 0 && D % E != 0)
-      return invalid_argument("layout {}: the {} experts must divide over the {} TSP ranks, or the ranks over the "
+      return invalid_argument("layout {}: the {} experts must divide over the {} {}, or the ranks over the "
                               "experts (D/E ranks share an expert)",
-                              name, E, D);
+                              name, E, D, axis);
     if (D > E && m.moe_intermediate_size % (D / E) != 0)
-      return invalid_argument("layout {}: moe_intermediate_size ({}) must be divisible by the TSP ranks per expert "
+      return invalid_argument("layout {}: moe_intermediate_size ({}) must be divisible by the {} per expert "
                               "({} = {} ranks / {} experts)",
-                              name, m.moe_intermediate_size, D / E, D, E);
+                              name, m.moe_intermediate_size, axis, D / E, D, E);
+    // Plain tp: each tp rank dispatches its block of S/(sp tp) positions of every sequence.
+    if (!tsp && layout.tp > 1 && !layout.sequence_parallel && seq > 0 && (seq / layout.sp) % layout.tp != 0)
+      return invalid_argument("layout {}: a mixture-of-experts model on tp={} needs the positions per sp rank ({} = {} "
+                              "/ {}) divisible by tp (each tp rank dispatches its share)",
+                              name, layout.tp, seq / layout.sp, seq, layout.sp);
   }
   FP_RETURN_IF_ERROR(check_axes(layout, name));
   FP_RETURN_IF_ERROR(check_knobs(layout, name));

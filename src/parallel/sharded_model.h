@@ -104,10 +104,20 @@ class WeightShardedModel : public ShardedModel {
   WeightShardedModel(const LlamaConfig& config, const ShardDims& dims, Communicator& weight_axis, std::string layout,
                      DType dtype, Counting counting);
 
+  // Expert parallelism wider than the weight axis (the Megatron baselines' tp x sp expert
+  // axis): this rank's place on it, and the axis across weight-axis groups (sp) whose ranks
+  // hold the other experts, over which assembly also sums the routed experts' tensors.
+  void set_expert_axis(int expert_rank, Communicator* across) {
+    weights_.expert_rank = expert_rank;
+    grads_.views().expert_rank = expert_rank;
+    expert_across_ = across;
+  }
+
   ShardedWeights weights_;
   ShardedGrads grads_;
 
  private:
+  Communicator* expert_across_ = nullptr;
   Status assemble(const ShardedWeights& shard, LlamaWeights& global);
 
   Communicator& weight_axis_;

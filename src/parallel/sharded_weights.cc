@@ -18,12 +18,13 @@ void for_each_moe_slice(ShardedWeights& w, size_t l,
   all.router = m.router;
   all.shared = m.shared;
   all.shared_gate = m.shared_gate;
-  const int64_t local = static_cast<int64_t>(m.experts.size()), e0 = local > 0 ? d.expert0(w.owner) : 0;
-  const int64_t E = local == 0 ? 0 : (d.expert_group > 1 ? d.degree / d.expert_group : local * d.degree);
+  const int owner = w.expert_owner();
+  const int64_t local = static_cast<int64_t>(m.experts.size()), e0 = local > 0 ? d.expert0(owner) : 0;
+  const int64_t E = local == 0 ? 0 : (d.expert_group > 1 ? d.expert_degree / d.expert_group : local * d.expert_degree);
   all.experts.resize(static_cast<size_t>(E));
   for (int64_t j = 0; j < local; ++j) all.experts[static_cast<size_t>(e0 + j)] = m.experts[j];
   // A slice's rows (gate, up) or columns (down) of f_e; the whole width when experts are whole.
-  const int64_t f0 = d.expert_slice(w.owner) * d.expert_rows, fe = d.expert_rows * d.expert_group;
+  const int64_t f0 = d.expert_slice(owner) * d.expert_rows, fe = d.expert_rows * d.expert_group;
   for_each_moe_tensor(fmt::format("model.layers.{}.", l), w.moe_family, all, [&](const std::string& name, Tensor& t) {
     if (!t.defined()) return;
     const bool replicated = name.find(".experts.") == std::string::npos;
@@ -196,7 +197,7 @@ void move_shards(ShardedWeights& s, LlamaWeights& g, bool to_global, bool replic
 
 }  // namespace
 
-ShardDims shard_dims(const LlamaConfig& c, int D) {
+ShardDims shard_dims(const LlamaConfig& c, int D, int expert_degree) {
   // validate_layout (layout/) refuses, with the user's numbers, every layout whose weight
   // degree does not divide these; reaching here with one is a bug.
   const int64_t n_kv = c.num_key_value_heads;
@@ -216,12 +217,14 @@ ShardDims shard_dims(const LlamaConfig& c, int D) {
   d.f_rows = c.intermediate_size / D;
   d.v_rows = c.vocab_size / D;
   const int64_t E = c.moe.num_experts;
-  if (c.moe.enabled() && E % D == 0) {
-    d.experts = E / D;
+  const int X = expert_degree > 0 ? expert_degree : D;
+  d.expert_degree = X;
+  if (c.moe.enabled() && E % X == 0) {
+    d.experts = E / X;
     d.expert_rows = c.moe.moe_intermediate_size;
-  } else if (c.moe.enabled() && D % E == 0 && c.moe.moe_intermediate_size % (D / E) == 0) {
+  } else if (c.moe.enabled() && X % E == 0 && c.moe.moe_intermediate_size % (X / E) == 0) {
     d.experts = 1;
-    d.expert_group = D / E;
+    d.expert_group = X / E;
     d.expert_rows = c.moe.moe_intermediate_size / d.expert_group;
   }
   return d;
@@ -366,7 +369,9 @@ ShardedGrads ShardedGrads::allocate(const LlamaConfig& c, const ShardDims& dims,
     if (stage.holds_layer(l) && mc.is_sparse_layer(l)) {
       auto expert = [&](int64_t f) { return ExpertWeights{take({f, h}, true), take({f, h}, true), take({h, f}, true)}; };
       m.router = take({mc.num_experts, h}, true);
+      const int64_t experts_begin = offset;
       for (int64_t e = 0; e < dims.experts; ++e) m.experts.push_back(expert(dims.expert_rows));
+      g.expert_regions_.emplace_back(experts_begin, offset);
       if (fs > 0) {
         m.shared = expert(fs);
         m.shared_gate = take({1, h}, true);
@@ -602,7 +607,10 @@ std::vector<ParamRef> sharded_param_refs(ShardedWeights& w, ShardedWeights& g, b
     size_t i = 0;
     for_each_moe_slice(w, l, [&](const GlobalSlice& at, Tensor& t, bool rep) {
       FP_CHECK(i < grads.size() && grads[i].first == at.tensor, "MoE gradient for {}", at.tensor);
-      refs.push_back(ParamRef{at.tensor, t, grads[i++].second, true, rep ? count_replicated : count_sharded, {at}});
+      // Experts spread wider than the weight axis (the Megatron baselines' tp x sp expert axis)
+    // are this rank's own, whichever replica of the weight slices it is: counted here.
+    const bool count_experts = d.expert_degree > d.degree || count_sharded;
+    refs.push_back(ParamRef{at.tensor, t, grads[i++].second, true, rep ? count_replicated : count_experts, {at}});
     });
   }
   if (w.embed.defined())

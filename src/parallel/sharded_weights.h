@@ -50,6 +50,10 @@ struct ShardDims {
   int64_t experts = 0;       // the (possibly sliced) routed experts each rank holds
   int64_t expert_group = 1;  // ranks that share one expert: D/E when D > E, else 1
   int64_t expert_rows = 0;   // each held expert's width: f_e / expert_group
+  // The ranks the experts are spread over (the fields above are of expert_degree ranks):
+  // the weight axis itself (TSP: D), or, for the Megatron baselines' expert parallelism, the
+  // tp x sp group of tp*sp ranks (parallel/megatron/tp_moe.cc), wider than the tp degree.
+  int expert_degree = 1;
 
   int64_t n_kv() const { return kv_heads * degree / kv_group; }  // the model's KV heads
   int64_t kv_head0(int r) const { return r / kv_group * kv_heads; }  // rank r's first KV head
@@ -74,7 +78,8 @@ struct ShardDims {
 // The shard sizes of `degree` ranks. validate_layout (layout/) is the check that n_h, f and V
 // divide by the degree and n_kv either divides by it or divides it (KV replicas); here it is an
 // FP_CHECK (a caller that skipped it is a bug).
-ShardDims shard_dims(const LlamaConfig& config, int degree);
+// expert_degree: the ranks the experts are spread over (0: the degree itself).
+ShardDims shard_dims(const LlamaConfig& config, int degree, int expert_degree = 0);
 
 // Row offsets inside the packed buffers.
 struct AttnPieces {
@@ -110,6 +115,10 @@ struct StageLayers {
 struct ShardedWeights {
   ShardDims dims;
   int owner = 0;                  // r: the rank whose shards these are
+  // The owner's rank on the expert axis (dims.expert_degree ranks; -1: owner itself, as when
+  // the experts are spread over the weight axis). The Megatron baselines: sp_rank * tp + tp_rank.
+  int expert_rank = -1;
+  int expert_owner() const { return expert_rank < 0 ? owner : expert_rank; }
   std::vector<Tensor> attn;       // L x [attn_rows, h]
   std::vector<Tensor> mlp;        // L x [mlp_rows, h]; undefined in a MoE model's sparse layers
   // L entries, defined in the sparse layers of a MoE model only (TSP, parallel/tsp/tsp_moe.cc):
@@ -183,12 +192,16 @@ class ShardedGrads {
   // place instead of through a scratch buffer.
   bool known_zero() const { return known_zero_; }
   void mark_written() { known_zero_ = false; }
+  // [begin, end) of each sparse layer's routed experts in flat() (their gradients are the
+  // owner's alone: under expert parallelism over tp x sp they are not summed over sp).
+  const std::vector<std::pair<int64_t, int64_t>>& expert_regions() const { return expert_regions_; }
 
  private:
   Tensor flat_;  // f32 [every element this rank holds]
   ShardedWeights views_;
   int64_t norm_offset_ = 0;
   bool known_zero_ = false;
+  std::vector<std::pair<int64_t, int64_t>> expert_regions_;
 };
 
 // A step's partial norm-gain gradients (attn_norm[L], mlp_norm[L], final_norm: each [h], in

@@ -20,9 +20,14 @@ Result<std::unique_ptr<ShardedModel>> make_tsp_sharded_model(const LlamaConfig& 
                                                              Communicator* dp, int64_t seq, const Layout& options);
 // megatron/: Megatron tensor parallelism inside tp groups, sequence (context) parallelism
 // across them: tp=T (sp null), sp=S (tp null) and tp=T,sp=S. A null axis runs as one rank.
+// A MoE model's experts spread over the tp x sp group (expert parallelism): `ep` is that
+// group's communicator (rank sp * tp + t), or null where tp or sp has one rank (the other is
+// the group); dp the replicas its routing statistics are summed over (or null).
 Result<std::unique_ptr<ShardedModel>> make_megatron_sharded_model(const LlamaConfig& config, Communicator* tp,
                                                                   Communicator* sp, int64_t seq,
-                                                                  const Layout& options);
+                                                                  const Layout& options,
+                                                                  std::unique_ptr<Communicator> ep = nullptr,
+                                                                  Communicator* dp = nullptr);
 
 // Pipeline stages (parallel/stage_strategy.h): tsp/'s and megatron/'s (a null axis runs as
 // one rank) step pieces over one stage's layers;

@@ -2,6 +2,7 @@
 // of the real strategy.
 #include "plan/dry_run.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "backend/bf16_storage_backend.h"
@@ -62,6 +63,25 @@ Status measure(MemoryTracker& meta, const Mesh& mesh, const EventOrder& order, D
   out.step = meta.stats();
   for (size_t i = 0; i < comms.size(); ++i) out.comm.emplace_back(comms[i]->name(), comms[i]->stats() - before[i]);
   return Status();
+}
+
+// Communicators built beside the mesh's axes (a MoE model's tp x sp expert axis "ep" on the
+// Megatron layouts, parallel/make_layout.cc) count like the axes: their step's operations
+// from the trace, as their counters would have them.
+void add_traffic_beside_the_mesh(const Mesh& mesh, DryRunResult& out) {
+  std::vector<std::string> named{"world"};
+  for (const Communicator* c : mesh.communicators()) named.push_back(c->name());
+  for (const CommEvent& e : out.comm_trace.events) {
+    if (e.type != CommEvent::Type::kStart || e.seq < out.step_first_seq) continue;
+    const std::string& name = out.comm_trace.comms[static_cast<size_t>(e.comm)].name;
+    if (std::find(named.begin(), named.end(), name) != named.end()) continue;
+    auto it = std::find_if(out.comm.begin(), out.comm.end(), [&](const auto& c) { return c.first == name; });
+    if (it == out.comm.end()) {
+      out.comm.emplace_back(name, CommStats());
+      it = out.comm.end() - 1;
+    }
+    it->second.record(e.kind, OpTraffic{e.bytes_sent, e.bytes_received});
+  }
 }
 
 // Prefill (and for kDecode one decode step) of B prompts of S zero tokens.
@@ -128,6 +148,7 @@ Result<DryRunResult> dry_run(const DryRunOptions& o) {
         locals.push_back(std::move(local));
       }
       FP_RETURN_IF_ERROR(measure(*meta, *cm.mesh, order, out, [&] { return run_model_step(o, *model, locals, backend, out); }));
+      add_traffic_beside_the_mesh(*cm.mesh, out);
     }
   }
   out.ops = meta_backend.records();

@@ -337,7 +337,11 @@ MoePlan moe_plan_base(const PlanRequest& r, const Layout& l, int64_t micro_batch
   const MoeConfig& m = c.moe;
   MoePlan mp;
   mp.experts = m.num_experts;
-  const ShardDims dims = shard_dims(c, l.tsp);
+  // The expert axis: tsp, or the Megatron layouts' tp x sp group.
+  const bool tsp = plan_strategy(l) == PlanStrategy::kTsp;
+  const int X = tsp ? l.tsp : l.tp * l.sp;
+  const ShardDims dims = tsp ? shard_dims(c, l.tsp) : shard_dims(c, l.tp, X);
+  if (!tsp) mp.expert_axis_ranks = X;
   mp.experts_per_rank = dims.experts;
   mp.ranks_per_expert = dims.expert_group;
   mp.top_k = m.num_experts_per_tok;
@@ -348,7 +352,9 @@ MoePlan moe_plan_base(const PlanRequest& r, const Layout& l, int64_t micro_batch
   mp.expert_grad_bytes = r.mode == PlanMode::kTrain ? elements * 4 : 0;
   mp.expert_optimizer_bytes = r.mode == PlanMode::kTrain ? elements * 8 : 0;
   const int64_t rows = micro_batch > 0 ? micro_batch : r.batch / l.dp;
-  mp.tokens_per_rank = rows * r.seq / l.tsp;
+  // Generation on tp=N routes every row on every rank (TpStepBase::moe_forward_replicated).
+  const bool replicated = !tsp && (r.mode == PlanMode::kPrefill || r.mode == PlanMode::kDecode);
+  mp.tokens_per_rank = rows * r.seq / (replicated ? 1 : X);
   mp.imbalance = r.moe_imbalance;
   const int64_t slots = mp.tokens_per_rank * mp.top_k;
   mp.rows_balanced = slots / mp.experts;
@@ -359,15 +365,17 @@ MoePlan moe_plan_base(const PlanRequest& r, const Layout& l, int64_t micro_batch
   mp.ring_break_even_tokens = factor * static_cast<double>(mp.experts * mp.expert_width) /
                               static_cast<double>(mp.top_k * mp.ranks_per_expert);
   // What moe=auto runs without a plan (tsp_moe.cc: the training rule in every mode).
-  mp.formula_choice = dispatch_name(moe_dispatch_by_bytes(m, mp.tokens_per_rank, l.tsp));
+  mp.formula_choice = tsp ? dispatch_name(moe_dispatch_by_bytes(m, mp.tokens_per_rank, l.tsp)) : "a2a";
   return mp;
 }
 
 MoeSchemePlan scheme_figures(const LayoutPlan& q, const PlanRequest& r) {
   MoeSchemePlan s;
   s.scheme = dispatch_name(q.layout.moe_dispatch);
+  const Layout& l = q.layout;
+  s.axis = plan_strategy(l) == PlanStrategy::kTsp ? "tsp" : l.tp > 1 && l.sp > 1 ? "ep" : l.tp > 1 ? "tp" : "sp";
   for (const AxisTraffic& a : q.traffic.axes)
-    if (a.axis == "tsp") s.tsp_bytes_sent = static_cast<int64_t>(a.total().bytes_sent);
+    if (a.axis == s.axis) s.tsp_bytes_sent = static_cast<int64_t>(a.total().bytes_sent);
   s.step_s = q.time.step_s;
   s.compute_s = q.time.compute_s;
   s.exposed_comm_s = q.time.exposed_comm_s;
@@ -477,6 +485,15 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
     const bool moe = r.config.moe.enabled() && plan_strategy(l) == PlanStrategy::kTsp &&
                      l.ranks() == l.dp * l.tsp && l.tsp > 1;
     Status dry = search ? plan_pipeline(request, p) : moe ? plan_moe(r, p) : plan_by_dry_run(r, p, r.micro_batch);
+    if (dry.ok() && r.config.moe.enabled() && plan_strategy(l) != PlanStrategy::kTsp && l.pp == 1) {
+      // Expert parallelism over tp x sp: the expert memory and the one scheme's figures.
+      MoePlan mp = moe_plan_base(r, p.layout, r.micro_batch);
+      mp.schemes.push_back(scheme_figures(p, r));
+      // Generation (tp=N) runs the replicated form: every rank routes every row.
+      const bool generation = r.mode == PlanMode::kPrefill || r.mode == PlanMode::kDecode;
+      mp.schemes.back().scheme = mp.chosen = generation ? "replicated" : "a2a";
+      p.moe = std::move(mp);
+    }
     if (!dry.ok()) {
       const std::string name = l.to_string();
       const bool named = dry.message().rfind(name, 0) == 0;
@@ -562,6 +579,16 @@ std::string plan_report_text(const PlanReport& rep) {
         "balanced, the busiest {}\n",
         m.imbalance > 1 ? fmt::format("expert 0 at {:.3g}x its share", m.imbalance) : std::string("balanced"),
         m.tokens_per_rank, m.rows_balanced, m.rows_busiest);
+    if (m.expert_axis_ranks > 0) {
+      for (const MoeSchemePlan& sc : m.schemes)
+        s += fmt::format(
+            "  {} over the expert axis (tp x sp, {} ranks; parallel/megatron/tp_moe.cc): {} sent/step {} (attention's "
+            "included where the axis is tp or sp itself)\n",
+            sc.scheme == "replicated" ? "replicated (generation: every rank routes every row, one all_reduce over tp)"
+                                      : "a2a",
+            m.expert_axis_ranks, sc.axis, bytes_text(static_cast<double>(sc.tsp_bytes_sent)));
+      continue;
+    }
     for (const MoeSchemePlan& sc : m.schemes)
       s += fmt::format("  {:<7} tsp sent/step {:>11}  step {:.4g} s (compute {:.4g} s, exposed comm {:.4g} s)  {} {}{}\n",
                        sc.scheme, bytes_text(static_cast<double>(sc.tsp_bytes_sent)), sc.step_s, sc.compute_s,
@@ -648,10 +675,11 @@ std::string plan_report_json(const PlanReport& rep) {
       const MoePlan& m = *p.moe;
       nlohmann::ordered_json schemes = nlohmann::json::array();
       for (const MoeSchemePlan& sc : m.schemes)
-        schemes.push_back({{"scheme", sc.scheme}, {"tsp_bytes_sent", sc.tsp_bytes_sent}, {"step_s", sc.step_s},
+        schemes.push_back({{"scheme", sc.scheme}, {"axis", sc.axis}, {"tsp_bytes_sent", sc.tsp_bytes_sent}, {"step_s", sc.step_s},
                            {"compute_s", sc.compute_s}, {"exposed_comm_s", sc.exposed_comm_s},
                            {"memory_total_bytes", sc.memory_total}, {"fits", sc.fits}});
       l["moe"] = {{"experts", m.experts},
+                  {"expert_axis_ranks", m.expert_axis_ranks},
                   {"experts_per_rank", m.experts_per_rank},
                   {"ranks_per_expert", m.ranks_per_expert},
                   {"top_k", m.top_k},

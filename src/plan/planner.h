@@ -87,10 +87,14 @@ struct TimeEstimate {
 };
 
 // A MoE model on a tsp=D layout: the expert part of the memory per rank and each dispatch
-// scheme of tsp_moe.cc planned by its own dry run (PlanRequest::moe_imbalance's routing).
+// scheme of tsp_moe.cc planned by its own dry run (PlanRequest::moe_imbalance's routing). On
+// the Megatron layouts (tp, sp, tp x sp: expert parallelism over the tp x sp group) the same
+// figures for the one scheme they run, the all-to-all.
 struct MoeSchemePlan {
   std::string scheme;           // "a2a", "gather", "ring"
-  int64_t tsp_bytes_sent = 0;   // the tsp axis's bytes of the step (the worst rank's)
+  int64_t tsp_bytes_sent = 0;   // the expert axis's bytes of the step (the worst rank's): tsp, or on the Megatron
+                                // layouts the tp x sp group's ("tp", "sp" or "ep", where attention's add in too)
+  std::string axis = "tsp";     // the communicator those bytes are counted on
   double step_s = 0, compute_s = 0, exposed_comm_s = 0;
   int64_t memory_total = 0;     // MemoryEstimate::total() of the worst rank
   bool fits = false;
@@ -114,6 +118,10 @@ struct MoePlan {
   std::string formula_choice;
   std::vector<MoeSchemePlan> schemes;  // each planned scheme
   std::string chosen;                  // the least simulated step time among those that fit
+  // The Megatron layouts' expert parallelism (parallel/megatron/tp_moe.cc): the experts over
+  // the tp x sp group of expert_axis_ranks ranks, one scheme: a2a, or for generation on tp=N
+  // "replicated" (every rank routes every row: tokens_per_rank all of them); 0 on tsp.
+  int expert_axis_ranks = 0;
 };
 
 struct LayoutPlan {

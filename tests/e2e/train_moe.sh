@@ -9,10 +9,11 @@
 # and importing it then exporting again gives the same bytes; gradient accumulation runs (each
 # micro-batch its own aux loss) on one rank and tsp=2 alike; every metrics line carries the aux
 # term, the loss without it and a per-expert load that adds up to B S k x the sparse layers;
-# greedy generation gives the same completions on one rank, tsp=2 and tsp=4; bf16 storage on one
+# greedy generation gives the same completions on one rank, tsp=2, tsp=4 and tp=2; bf16 storage on one
 # rank, tsp=2 and dp=2 follows f32 within bf16's precision and resumes bit for bit; with two
 # experts on tsp=4 (D > E: each expert split over two ranks) the losses are one rank's, also
-# after its checkpoint resumes on one rank and on tsp=2.
+# after its checkpoint resumes on one rank and on tsp=2; on the Megatron layouts tp=2 and tp=2,sp=2:seqpar
+# (experts over the tp x sp ranks) the losses are one rank's too, resumed on one rank and on tsp=2.
 set -euo pipefail
 mpirun=$1 bin=$2 src=$3
 tmp=$(mktemp -d)
@@ -114,7 +115,8 @@ print("moe with 2 experts on tsp=4 (each expert split over 2 ranks; a2a, ring) m
       "resumed after step 4 on one rank and on tsp=2 (gather)")
 PY
 # Generation routes each new token: greedy completions of the trained model are the same on one
-# rank, tsp=2 and tsp=4 (each rank its own experts; prefill a2a, gather and ring).
+# rank, tsp=2, tsp=4 (each rank its own experts; prefill a2a, gather and ring) and tp=2 (the
+# experts over the tp ranks, every row routed on every rank, summed over tp).
 gen() {  # gen NP OUT [flags]
   local np=$1 out=$2; shift 2
   "$mpirun" --allow-run-as-root --oversubscribe -np "$np" "$bin" generate --checkpoint "$tmp/clean" \
@@ -124,14 +126,15 @@ gen 1 "$tmp/gen1.jsonl"
 gen 2 "$tmp/gen2.jsonl" --layout tsp=2:moe=a2a
 gen 2 "$tmp/gen2g.jsonl" --layout tsp=2:moe=gather
 gen 4 "$tmp/gen4.jsonl" --layout tsp=4:moe=ring
-for f in gen2 gen2g gen4; do
+gen 2 "$tmp/gen2tp.jsonl" --layout tp=2
+for f in gen2 gen2g gen4 gen2tp; do
   cmp "$tmp/gen1.jsonl" "$tmp/$f.jsonl" || { echo "moe greedy generations differ: one rank vs $f" >&2; exit 1; }
 done
 /usr/bin/python3 - "$tmp/gen1.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 assert len(rows) == 2 and all(r["tokens"] == 16 for r in rows), rows
-print("moe generation: the same greedy completions on one rank, tsp=2 (a2a, gather) and tsp=4 (ring)")
+print("moe generation: the same greedy completions on one rank, tsp=2 (a2a, gather), tsp=4 (ring) and tp=2")
 PY
 "$bin" export --checkpoint "$tmp/clean" -o "$tmp/hf" >/dev/null
 /usr/bin/python3 - "$tmp/hf" "$src/scripts" <<'PY'
@@ -165,4 +168,28 @@ assert one[1]["aux_loss"] != clean[1]["aux_loss"], "two micro-batches' aux losse
 for step in range(1, 5):
     assert abs(two[step]["loss"] - one[step]["loss"]) <= 2e-5 * one[step]["loss"], (step, two[step], one[step])
 print("moe gradient accumulation: step 1's lm_loss is the whole batch's; tsp=2 follows one rank within 2e-5")
+PY
+# Expert parallelism on the Megatron baselines (docs/composition.md, "Expert parallelism on
+# the Megatron baselines"): tp=2 (two experts per tp rank, each rank dispatching its half of
+# the replicated rows) trains to step 8, checkpoints and resumes on one rank; tp=2,sp=2:seqpar
+# on four ranks (one expert per rank of the tp x sp group) to step 4, its checkpoint resumed
+# under tsp=2; the losses are the one-rank run's within 2e-5.
+NP=2 train "$tmp/ep_tp2" --layout tp=2 --stop-after 8 >/dev/null
+train "$tmp/ep_tp2" --resume >/dev/null
+NP=4 train "$tmp/ep_tp2sp2" --layout tp=2,sp=2:seqpar --stop-after 4 >/dev/null
+NP=2 train "$tmp/ep_tp2sp2" --layout tsp=2 --resume --stop-after 8 >/dev/null
+/usr/bin/python3 - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+def lines(name):
+    return {json.loads(l)["step"]: json.loads(l) for l in open(f"{tmp}/{name}/metrics.jsonl")}
+clean = lines("clean")
+for name, steps in (("ep_tp2", 16), ("ep_tp2sp2", 8)):
+    run = lines(name)
+    assert set(range(1, steps + 1)) <= set(run), (name, sorted(run))
+    for step in range(1, steps + 1):
+        assert abs(run[step]["loss"] - clean[step]["loss"]) <= 2e-5 * clean[step]["loss"], (name, step, run[step], clean[step])
+    assert run[1]["expert_load"] == clean[1]["expert_load"], (name, run[1], clean[1])
+print("moe on tp=2 (resumed on one rank after step 8) and tp=2,sp=2:seqpar (resumed on tsp=2 after step 4) "
+      "matches the one-rank run within 2e-5")
 PY

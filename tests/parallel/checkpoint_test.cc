@@ -10,7 +10,9 @@
 #include <tuple>
 
 #include "checkpoint/checkpoint.h"
+#include "comm/mesh.h"
 #include "mpi_test_main.h"
+#include "parallel/make_layout.h"
 #include "parallel/sharded_weights.h"
 #include "tensor/compare.h"
 
@@ -75,8 +77,10 @@ LlamaConfig moe_config(int64_t experts) {
 // kv_heads: num_key_value_heads (1: KV replicas at N > 1, written once per KV head from
 // each group's first rank, loaded into every replica). A MoE config's experts are written
 // whole or, where N > E, as the f_e slices of each expert's N/E ranks.
+// writer: the layout that writes (make_sharded_model's parameters, as train saves them);
+// null: tsp=N by hand.
 void expect_written_under_tsp_loads_under_any_layout(const std::string& root_, int64_t kv_heads,
-                                                     LlamaConfig c = config()) {
+                                                     LlamaConfig c = config(), const char* writer = nullptr) {
   Communicator& world = test::mpi().world();
   const int N = world.size(), p = world.rank();
   c.num_key_value_heads = kv_heads;
@@ -86,6 +90,19 @@ void expect_written_under_tsp_loads_under_any_layout(const std::string& root_, i
   ShardedWeights g = ShardedWeights::allocate(c, dims, p, DType::kF32, MemCategory::kGradients);
   init_sharded_weights(init, w);
   std::vector<ParamRef> refs = sharded_param_refs(w, g, p == 0);
+  std::unique_ptr<Mesh> mesh;
+  std::unique_ptr<ShardedModel> model;
+  if (writer != nullptr) {
+    const Layout lo = parse_layout(writer).value();
+    Result<Mesh> made_mesh = Mesh::create(world, lo.mesh());
+    ASSERT_TRUE(made_mesh.ok()) << made_mesh.status().to_string();
+    mesh = std::make_unique<Mesh>(std::move(*made_mesh));
+    Result<std::unique_ptr<ShardedModel>> made = make_sharded_model(c, *mesh, 16, lo);
+    ASSERT_TRUE(made.ok()) << made.status().to_string();
+    model = std::move(*made);
+    model->init_weights(init);
+    refs = model->parameters();
+  }
   std::vector<Tensor> m, v;
   fill_moments(refs, m, v);
   CheckpointState st{7, 123, 9, "tsp", c};
@@ -154,6 +171,23 @@ TEST_F(Checkpoint, WrittenWithKvReplicasLoadsUnderAnyLayout) {
 TEST_F(Checkpoint, MoeWithExpertsSplitOverRanksLoadsUnderAnyLayout) {
   expect_written_under_tsp_loads_under_any_layout(root_ + "/e2", 4, moe_config(2));
   expect_written_under_tsp_loads_under_any_layout(root_ + "/e1", 4, moe_config(1));
+}
+
+// Expert parallelism on the Megatron baselines: written by tp=2 / sp=2 (two ranks: two of
+// the four experts each) and tp=2,sp=2 / tp=2,sp=2:seqpar (four ranks: one expert each, the
+// tp slices of attention written by sp rank 0 only, the experts by every rank), loaded on one
+// rank and on tsp=2 (parallel/megatron/tp_moe.cc).
+TEST_F(Checkpoint, MoeWrittenUnderExpertParallelMegatronLayoutsLoadsUnderAnyLayout) {
+  const int N = test::mpi().world().size();
+  if (N == 1) GTEST_SKIP() << "expert parallelism needs two ranks";
+  const std::vector<const char*> writers =
+      N == 2 ? std::vector<const char*>{"tp=2", "sp=2"} : std::vector<const char*>{"tp=2,sp=2", "tp=2,sp=2:seqpar"};
+  int i = 0;
+  for (const char* writer : writers) {
+    SCOPED_TRACE(writer);
+    expect_written_under_tsp_loads_under_any_layout(root_ + "/ep" + std::to_string(i++), 4, moe_config(4), writer);
+  }
+  if (N == 4) expect_written_under_tsp_loads_under_any_layout(root_ + "/ep2", 4, moe_config(2), "tp=2,sp=2");
 }
 
 TEST_F(Checkpoint, AFailedWriteKeepsThePreviousCheckpoint) {

@@ -254,6 +254,25 @@ TEST(DecodeParity, MixtureOfExpertsOnTsp) {
   }
 }
 
+// tp=N: the experts spread over the tp ranks as in training (parallel/megatron/tp_moe.cc);
+// prefill and decode route every row on every rank and sum the ranks' experts over tp. At 2
+// and 4 ranks (E = 4 divides), and E = 2 at 4 ranks (each expert split over two).
+TEST(DecodeParity, MixtureOfExpertsOnTp) {
+  const int D = test::mpi().world().size();
+  if (4 % D != 0) GTEST_SKIP() << "4 experts do not divide over " << D << " ranks";
+  for (MoeFamily family : {MoeFamily::kMixtral, MoeFamily::kQwen2}) {
+    SCOPED_TRACE(family == MoeFamily::kQwen2 ? "qwen2_moe" : "mixtral");
+    check_parity(Case{moe_decode_config(family), "tp", {}});
+  }
+  if (D == 4) {
+    LlamaConfig c = moe_decode_config(MoeFamily::kQwen2);
+    c.moe.num_experts = 2;
+    c.moe.num_experts_per_tok = 2;
+    SCOPED_TRACE("E=2 over tp=4");
+    check_parity(Case{c, "tp", {}});
+  }
+}
+
 // D > E: E = D/2 experts (k = E), each split over two ranks (an f_e slice each): the decode
 // step's all_reduce sums an expert's slices as it sums the ranks' experts.
 TEST(DecodeParity, MixtureOfExpertsSplitOverRanks) {
@@ -321,11 +340,11 @@ TEST(DecodeGreedy, EqualsSingleRankOnEveryLayout) {
   check_greedy(test_config(test::mpi().world().size(), true, false), {"tsp", "tp"});
 }
 
-TEST(DecodeGreedy, MixtureOfExpertsEqualsSingleRankOnTsp) {
+TEST(DecodeGreedy, MixtureOfExpertsEqualsSingleRankOnTspAndTp) {
   const int D = test::mpi().world().size();
   if (4 % D != 0) GTEST_SKIP() << "4 experts do not divide over " << D << " ranks";
-  check_greedy(moe_decode_config(MoeFamily::kMixtral), {"tsp"});
-  check_greedy(moe_decode_config(MoeFamily::kQwen2), {"tsp"});
+  check_greedy(moe_decode_config(MoeFamily::kMixtral), {"tsp", "tp"});
+  check_greedy(moe_decode_config(MoeFamily::kQwen2), {"tsp", "tp"});
 }
 
 // generate(): the report counts what the model computed (every slot of every decode step,

@@ -438,7 +438,12 @@ INSTANTIATE_TEST_SUITE_P(
                     MoeCase{"tsp=2:moe=a2a", 2, kFB, 1.0, 1}, MoeCase{"tsp=2:moe=gather", 2, kFB, 1.0, 1},
                     MoeCase{"tsp=2:moe=ring", 2, kFB, 1.0, 1}, MoeCase{"tsp=4:moe=a2a", 4, kFB, 1.0, 2},
                     MoeCase{"tsp=4:moe=gather", 4, kF, 1.0, 2},
-                    MoeCase{"tsp=4:moe=ring", 4, kFB, 1.0, 2}),
+                    MoeCase{"tsp=4:moe=ring", 4, kFB, 1.0, 2},
+                    // The Megatron baselines' expert parallelism (parallel/megatron/tp_moe.cc),
+                    // on layouts whose expert axis is a mesh axis itself (tp or sp).
+                    MoeCase{"tp=2", 2, kFB}, MoeCase{"tp=2:seqpar", 2, kFB}, MoeCase{"sp=2", 2, kFB},
+                    MoeCase{"tp=2", 2, kFB, 1.5}, MoeCase{"sp=2:bf16", 2, kFB}, MoeCase{"tp=4", 4, kFB},
+                    MoeCase{"dp=2,sp=2", 4, kFB}, MoeCase{"tp=4", 4, kFB, 1.0, 2}),
     [](const testing::TestParamInfo<MoeCase>& i) {
       std::string n = std::string(i.param.layout) + (i.param.mode == kF ? "_fwd" : "_train") +
                       (i.param.imbalance > 1 ? "_imbalanced" : "") +

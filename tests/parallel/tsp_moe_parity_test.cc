@@ -276,6 +276,8 @@ struct DpCase {
   const char* layout;
   MoeFamily family = MoeFamily::kMixtral;
   bool per_layer = false;
+  int64_t experts = 0;  // E instead of the config's 4 (0: keep); E < D splits each expert over D/E ranks
+  int64_t top_k = 0;    // k instead of the config's 2 (0: keep)
 };
 
 void check_data_parallel(const DpCase& k) {
@@ -285,6 +287,8 @@ void check_data_parallel(const DpCase& k) {
   SCOPED_TRACE(k.layout);
   LlamaConfig c = moe_config(k.family);
   c.moe.aux_per_layer = k.per_layer;
+  if (k.experts > 0) c.moe.num_experts = k.experts;
+  if (k.top_k > 0) c.moe.num_experts_per_tok = k.top_k;
   const int64_t B = 4, S = 16;  // B / dp sequences per replica
 
   LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
@@ -352,6 +356,16 @@ TEST(TspMoeDataParallel, EqualsTheSingleRankModelOnTheGlobalBatch) {
                           DpCase{"dp=4,tsp=1", MoeFamily::kQwen3, true}, DpCase{"dp=2,tsp=2:moe=a2a"},
                           DpCase{"dp=2,tsp=2:moe=gather", MoeFamily::kQwen2},
                           DpCase{"dp=2,tsp=2:moe=ring", MoeFamily::kQwen3, true}})
+    check_data_parallel(k);
+}
+
+// dp with D > E: dp=2,tsp=2 over one expert (each replica's two ranks share its f_e) at four
+// ranks, for each scheme; Qwen2-MoE's shared expert and dense layer with it.
+TEST(TspMoeDataParallel, SplitExpertsEqualTheSingleRankModelOnTheGlobalBatch) {
+  if (test::mpi().world().size() != 4) GTEST_SKIP() << "dp=2,tsp=2 runs at four ranks";
+  for (const DpCase& k : {DpCase{"dp=2,tsp=2:moe=a2a", MoeFamily::kMixtral, false, 1, 1},
+                          DpCase{"dp=2,tsp=2:moe=gather", MoeFamily::kQwen2, false, 1, 1},
+                          DpCase{"dp=2,tsp=2:moe=ring", MoeFamily::kQwen3, true, 1, 1}})
     check_data_parallel(k);
 }
 
@@ -844,8 +858,9 @@ TEST(TspMoeErrors, ExpertsThatDoNotDivide) {
 namespace foldpar {
 namespace {
 
-// Where MoE models run (validate_layout): one rank, tsp=D and dp=R,tsp=D, in f32 or bf16;
-// everything else refused by name.
+// Where MoE models run (validate_layout): one rank, tsp=D and dp=R,tsp=D, in f32 or bf16,
+// and the Megatron layouts with the experts over the tp x sp ranks
+// (megatron_moe_parity_test); pp refused by name.
 TEST(TspMoeLayout, WhatRunsAndWhatIsRefusedByName) {
   const LlamaConfig c = moe_config(MoeFamily::kMixtral);
   for (const char* ok : {"tsp=1", "tsp=2", "tsp=4:moe=ring", "dp=2,tsp=1", "dp=2,tsp=2:moe=gather", "tsp=1:bf16",
@@ -856,11 +871,24 @@ TEST(TspMoeLayout, WhatRunsAndWhatIsRefusedByName) {
     EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << layout;
     return s.message();
   };
-  for (const char* layout : {"tp=2", "pp=2,tsp=2", "dp=2,tp=2", "sp=2"})
-    EXPECT_NE(message(layout).find("mixture-of-experts models (mixtral, 4 experts) run on one rank or on dp=R,tsp=D so "
-                                   "far"),
+  for (const char* ok : {"tp=2", "dp=2,tp=2", "sp=2", "tp=2,sp=2:seqpar", "tp=4:bf16", "tp=2,sp=4"})
+    EXPECT_TRUE(validate_layout(c, parse_layout(ok).value(), 4, 16).ok()) << ok;
+  for (const char* layout : {"pp=2,tsp=2", "pp=2,tp=2"})
+    EXPECT_NE(message(layout).find("mixture-of-experts models (mixtral, 4 experts) do not run on a pp axis yet"),
               std::string::npos)
         << layout;
+  // The expert axis of the Megatron layouts is tp x sp: 4 experts over 3 ranks divide
+  // neither way; plain tp dispatches each tp rank's block of S/sp positions.
+  const Status tp3 = validate_layout(c, parse_layout("tp=3").value(), 3, 18);
+  EXPECT_EQ(tp3.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(tp3.message().find("the 4 experts must divide over the 3 tp x sp ranks (the expert axis)"), std::string::npos)
+      << tp3.message();
+  const Status rows = validate_layout(c, parse_layout("tp=4,sp=2").value(), 4, 20);
+  EXPECT_EQ(rows.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(rows.message().find("needs the positions per sp rank (10 = 20 / 2) divisible by tp"), std::string::npos)
+      << rows.message();
+  EXPECT_TRUE(validate_layout(c, parse_layout("tp=4,sp=2:seqpar").value(), 4, 32).ok());
+  EXPECT_EQ(validate_layout(c, parse_layout("ep=2,tp=2").value(), 4, 16).code(), StatusCode::kUnimplemented);
   // D > E: two experts over four ranks split each expert's f_e in two; an f_e that does not
   // divide by D/E, or E and D that divide neither way, are refused with the numbers.
   LlamaConfig two = c;

@@ -28,14 +28,18 @@ MegatronModel::MegatronModel(const LlamaConfig& config, ShardDims dims, int tp_r
 }
 
 Result<MegatronModel> MegatronModel::create(const LlamaConfig& config, const Layout& layout, int t, int p,
-                                            int64_t seq) {
+                                            int64_t seq, bool for_prefill) {
   FP_CHECK(layout.strategy == Strategy::kMegatron, "MegatronModel for layout {}", layout.to_string());
-  FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));
+  FP_CHECK(!for_prefill || (layout.sp == 1 && !layout.sequence_parallel), "prefill model for layout {}",
+           layout.to_string());
+  FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, for_prefill ? 0 : seq));
   FP_CHECK(t >= 0 && t < layout.tp && p >= 0 && p < layout.sp, "rank ({}, {}) of layout {}", t, p,
            layout.to_string());
   // One sp rank holds every position in order, whatever the split.
   const SeqSplit split = layout.sp == 1 ? SeqSplit::kContiguous : layout.split;
-  return MegatronModel(config, shard_dims(config, layout.tp), t, SequenceShard::create(seq, layout.sp, p, split),
+  // A MoE model's experts spread over the tp x sp group (expert parallelism, tp_moe.cc).
+  const int expert_degree = config.moe.enabled() ? layout.tp * layout.sp : 0;
+  return MegatronModel(config, shard_dims(config, layout.tp, expert_degree), t, SequenceShard::create(seq, layout.sp, p, split),
                        layout);
 }
 

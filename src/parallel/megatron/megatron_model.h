@@ -72,6 +72,11 @@
 // the storage; 8 for the loss sums.
 // tests/parallel/megatron_traffic_test.cc holds every term per communicator and kind.
 //
+// A MoE model (parallel/megatron/tp_moe.cc; docs/composition.md, "Expert parallelism on the
+// Megatron baselines"): a sparse layer's experts spread over the tp x sp group (MegatronAxes::ep),
+// E/(tp sp) per rank, its rows dispatched by the all-to-all of parallel/moe_dispatch.h; its
+// traffic terms are written there. The routed experts' gradients stay out of the sum over sp.
+//
 // Collective over both communicators: every rank calls forward/forward_backward with the
 // same batch size and options, in the same order.
 #pragma once
@@ -93,6 +98,10 @@ namespace foldpar {
 struct MegatronAxes {
   Communicator* tp = nullptr;
   Communicator* sp = nullptr;
+  // A MoE model: the expert axis, the tp x sp group (rank sp * tp + t; tp or sp itself where
+  // the other has one rank), and the dp replicas its routing statistics are summed over.
+  Communicator* ep = nullptr;
+  Communicator* dp = nullptr;
 };
 
 class MegatronModel {
@@ -101,9 +110,11 @@ class MegatronModel {
   // possibly 1) at sequence length `seq`: validate_layout's verdict first (invalid_argument
   // naming the numbers), nothing allocated before it. bf16 storage (layout.dtype) keeps
   // weights, activations and what travels in bf16, per-row statistics and gradients f32
-  // (the f32 masters are the optimizer's). Not collective.
+  // (the f32 masters are the optimizer's). Not collective. for_prefill: generation's model
+  // (prefill below), whose MoE layers run replicated over tp, so validate_layout's sizes at
+  // `seq` (a prompt's length, which need not divide by tp) are not asked.
   static Result<MegatronModel> create(const LlamaConfig& config, const Layout& layout, int tp_rank, int sp_rank,
-                                      int64_t seq);
+                                      int64_t seq, bool for_prefill = false);
 
   const LlamaConfig& config() const { return config_; }
   const ShardDims& dims() const { return dims_; }

@@ -24,21 +24,36 @@ class MegatronShardedModel final : public WeightShardedModel {
   // speaks for them; the norm gains are replicated on every rank: (tp 0, sp 0) speaks for
   // them. Assembly runs over tp only: every sp group holds the same slices (and, after a
   // step, the same summed gradients), so each group assembles the whole model on its own.
+  // A MoE model: ep is the tp x sp group (owned here when split off the world), dp its
+  // replicas; every rank of the group holds its own experts (WeightShardedModel's expert axis).
   MegatronShardedModel(MegatronModel model, Communicator& tp, Communicator& sp, std::string layout,
-                       std::unique_ptr<Communicator> self)
+                       std::unique_ptr<Communicator> self, std::unique_ptr<Communicator> ep_owned, Communicator* dp)
       : WeightShardedModel(model.config(), model.dims(), tp, std::move(layout), model.options().dtype,
                            Counting{tp.rank() == 0 && sp.rank() == 0, sp.rank() == 0}),
         self_(std::move(self)),
+        ep_owned_(std::move(ep_owned)),
         model_(std::move(model)),
         tp_(tp),
-        sp_(sp) {}
+        sp_(sp),
+        dp_(dp) {
+    if (model_.config().moe.enabled()) {
+      ep_ = ep_owned_ != nullptr ? ep_owned_.get() : (sp.size() > 1 ? &sp : &tp);
+      FP_CHECK(ep_->size() == tp.size() * sp.size() && ep_->rank() == sp.rank() * tp.size() + tp.rank(),
+               "expert axis {} for tp rank {} of {}, sp rank {} of {}", ep_->describe(), tp.rank(), tp.size(),
+               sp.rank(), sp.size());
+      set_expert_axis(ep_->rank(), &sp);
+    }
+  }
 
   Batch local_batch(const Batch& global) const override { return model_.local_batch(global); }
   Result<StepResult> forward_backward(Backend& be, const Batch& local, int64_t loss_normalizer) override {
-    return model_.forward_backward(be, MegatronAxes{&tp_, &sp_}, weights_, local, grads_, loss_normalizer);
+    FP_ASSIGN_OR_RETURN(StepResult r, model_.forward_backward(be, MegatronAxes{&tp_, &sp_, ep_, dp_}, weights_, local,
+                                                              grads_, loss_normalizer));
+    return with_aux_in_sum(std::move(r));
   }
   Result<StepResult> forward(Backend& be, const Batch& local) override {
-    return model_.forward(be, MegatronAxes{&tp_, &sp_}, weights_, local);
+    FP_ASSIGN_OR_RETURN(StepResult r, model_.forward(be, MegatronAxes{&tp_, &sp_, ep_, dp_}, weights_, local));
+    return with_aux_in_sum(std::move(r));
   }
   // Plain: the ranks of one sp communicator hold disjoint positions that cover the sequence
   // (the tp ranks of a group hold the same rows), so a sum over sp assembles the logits.
@@ -48,17 +63,30 @@ class MegatronShardedModel final : public WeightShardedModel {
   }
 
  private:
+  // loss_sum carries the MoE aux term, as TSP's (tsp_sharded_model.cc): each dp replica adds
+  // coef * aux (the global batch's) * its own valid tokens.
+  StepResult with_aux_in_sum(StepResult r) const {
+    const MoeConfig& moe = model_.config().moe;
+    if (moe.enabled() && moe.output_router_logits)
+      r.loss_sum += moe.router_aux_loss_coef * r.aux_loss * static_cast<double>(r.valid_tokens);
+    return r;
+  }
+
   std::unique_ptr<Communicator> self_;
+  std::unique_ptr<Communicator> ep_owned_;
   MegatronModel model_;
   Communicator& tp_;
   Communicator& sp_;
+  Communicator* dp_;
+  Communicator* ep_ = nullptr;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<ShardedModel>> make_megatron_sharded_model(const LlamaConfig& config, Communicator* tp,
                                                                   Communicator* sp, int64_t seq,
-                                                                  const Layout& options) {
+                                                                  const Layout& options,
+                                                                  std::unique_ptr<Communicator> ep, Communicator* dp) {
   FP_CHECK(tp != nullptr || sp != nullptr, "a Megatron layout needs a tp or an sp axis");
   std::unique_ptr<Communicator> self;
   std::string layout;
@@ -76,7 +104,8 @@ Result<std::unique_ptr<ShardedModel>> make_megatron_sharded_model(const LlamaCon
   FP_ASSIGN_OR_RETURN(MegatronModel model,
                       MegatronModel::create(config, options, tp->rank(), sp->rank(), seq));
   return std::unique_ptr<ShardedModel>(
-      std::make_unique<MegatronShardedModel>(std::move(model), *tp, *sp, std::move(layout), std::move(self)));
+      std::make_unique<MegatronShardedModel>(std::move(model), *tp, *sp, std::move(layout), std::move(self),
+                                                                  std::move(ep), dp));
 }
 
 }  // namespace foldpar

@@ -19,7 +19,9 @@ MegatronStep::MegatronStep(const MegatronModel& model, Backend& backend, const M
       opt_(model.options()),
       sp_(*axes.sp),
       local_(model.sp_degree() == 1),
-      gather_(!local_ && model.options().kv_exchange == Layout::KvExchange::kAllGather) {
+      gather_(!local_ && model.options().kv_exchange == Layout::KvExchange::kAllGather),
+      dp_(model.config().moe.enabled() ? axes.dp : nullptr) {
+  set_expert_axis(axes.ep);
   FP_CHECK(sp_.size() == model.shard().degree() && sp_.rank() == model.shard().rank(),
            "Megatron model for sp rank {} of {} on communicator {}", model.shard().rank(), model.shard().degree(),
            sp_.describe());
@@ -67,32 +69,67 @@ void sum_grads_over_sp(TpComm& tp, Communicator& sp, bool seq_par, ShardedGrads&
     tp.all_reduce(norms);
   }
   // Every gradient saw only this sp rank's tokens. MPI counts are int: a 7B model's
-  // gradient slices need several messages.
+  // gradient slices need several messages. A MoE model's routed experts spread over tp x sp
+  // (expert parallelism) are each rank's own, complete: their regions are left out (one
+  // all_reduce per stretch between them).
   constexpr int64_t kMaxElements = int64_t{1} << 30;
   Tensor& flat = partial.flat();
   const int64_t n = flat.numel();
-  for (int64_t begin = 0; begin < n; begin += kMaxElements) {
-    Tensor chunk = flat.narrow(begin, std::min(n, begin + kMaxElements));
-    const auto t0 = StepTimer::Clock::now();
-    tp.timer().blocking(sp.all_reduce(chunk.raw_data(), chunk.raw_data(), static_cast<size_t>(chunk.numel()),
-                                      DType::kF32, ReduceOp::kSum),
-                        t0);
-  }
+  std::vector<std::pair<int64_t, int64_t>> stretches;
+  int64_t at = 0;
+  if (partial.views().dims.expert_degree > partial.views().dims.degree)
+    for (const auto& [b, e] : partial.expert_regions()) {
+      if (b > at) stretches.emplace_back(at, b);
+      at = e;
+    }
+  if (n > at) stretches.emplace_back(at, n);
+  for (const auto& [first, last] : stretches)
+    for (int64_t begin = first; begin < last; begin += kMaxElements) {
+      Tensor chunk = flat.narrow(begin, std::min(last, begin + kMaxElements));
+      const auto t0 = StepTimer::Clock::now();
+      tp.timer().blocking(sp.all_reduce(chunk.raw_data(), chunk.raw_data(), static_cast<size_t>(chunk.numel()),
+                                        DType::kF32, ReduceOp::kSum),
+                          t0);
+    }
 }
 
 // ---- the loss over sp ----
 
 StepResult MegatronStep::head_forward(const Tensor& x, bool save) {
   StepResult r = TpStepBase::head_forward(x, save);
-  if (local_) return r;  // this sp rank's rows are the global batch
-  // The same sums on every tp rank of the group; over sp they add up to the global batch's.
-  double sums[2] = {r.loss_sum, static_cast<double>(r.valid_tokens)};
-  const auto t0 = StepTimer::Clock::now();
-  tp_.timer().blocking(sp_.all_reduce(sums, sums, 2, DType::kF64, ReduceOp::kSum), t0);
-  r.loss_sum = sums[0];
-  r.valid_tokens = static_cast<int64_t>(sums[1]);
-  r.loss = r.valid_tokens > 0 ? r.loss_sum / static_cast<double>(r.valid_tokens) : 0.0;
+  if (!local_) {
+    // The same sums on every tp rank of the group; over sp they add up to the global batch's.
+    double sums[2] = {r.loss_sum, static_cast<double>(r.valid_tokens)};
+    const auto t0 = StepTimer::Clock::now();
+    tp_.timer().blocking(sp_.all_reduce(sums, sums, 2, DType::kF64, ReduceOp::kSum), t0);
+    r.loss_sum = sums[0];
+    r.valid_tokens = static_cast<int64_t>(sums[1]);
+    r.loss = r.valid_tokens > 0 ? r.loss_sum / static_cast<double>(r.valid_tokens) : 0.0;
+  }
+  step_valid_ = r.valid_tokens;
+  const MoeConfig& moe = c_.moe;
+  if (moe.enabled()) {
+    // The routing statistics of the expert axis (and of the dp replicas): the single-rank
+    // model's aux loss on the global batch (tp_moe.cc).
+    aux_ = std::make_unique<MoeAux>(sum_moe_stats(dp_, &step_valid_));
+    r.aux_loss = aux_->loss(moe.aux_per_layer);
+    r.expert_load = aux_->load();
+    if (moe.output_router_logits) r.loss += moe.router_aux_loss_coef * r.aux_loss;
+  }
   return r;
+}
+
+Tensor MegatronStep::head_backward(const StepResult& r) {
+  const MoeConfig& moe = c_.moe;
+  if (moe.enabled() && moe.output_router_logits && aux_ != nullptr) {
+    // Accumulating: this micro-batch's aux term weighs its share of the step's valid tokens
+    // (own: the micro-batch's over sp and dp), as loss_sum carries it (TSP's rule).
+    const int64_t own = step_valid_ >= 0 ? step_valid_ : r.valid_tokens;
+    const int64_t normalizer = in_.loss_normalizer > 0 ? in_.loss_normalizer : own;
+    const double share = normalizer > 0 ? static_cast<double>(own) / static_cast<double>(normalizer) : 1.0;
+    set_moe_prob_grad(aux_->prob_grad(moe.router_aux_loss_coef * share, moe.aux_per_layer));
+  }
+  return TpStepBase::head_backward(r);
 }
 
 }  // namespace foldpar::megatron_detail

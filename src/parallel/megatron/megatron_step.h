@@ -7,6 +7,7 @@
 // counted by the tp half's StepTimer.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "parallel/kv_cache.h"
@@ -24,7 +25,11 @@ class MegatronStep : public TpStepBase {
                TpStepInputs in);
 
   // The loss of the sp shard's rows, then its sum and valid count over sp: the global batch's.
+  // A MoE model: plus the aux loss of the routing statistics summed over the expert axis
+  // (tp x sp) and dp.
   StepResult head_forward(const Tensor& x, bool save) override;
+  // A MoE model: the aux loss's gradient for the sparse layers' backward first.
+  Tensor head_backward(const StepResult& result) override;
 
   // This step's partial gradients summed. More than one sp rank: the norm gains over tp
   // (sequence parallel only), then everything over sp, in place. One sp rank: the gains'
@@ -37,7 +42,11 @@ class MegatronStep : public TpStepBase {
 
   // Generation: attention_forward also stores K (after RoPE) and V of this rank's KV heads,
   // every token, into `cache` (KvCache::store_prefill). One sp rank only.
-  void set_kv_cache(KvCache* cache) { kv_cache_ = cache; }
+  // A MoE model's sparse layers then run generation's replicated form (tp_moe.cc).
+  void set_kv_cache(KvCache* cache) {
+    kv_cache_ = cache;
+    moe_replicated_ = cache != nullptr;
+  }
 
  private:
   // One sp rank, sequence parallel: the gains' gradients of this rank's rows are partial
@@ -61,6 +70,9 @@ class MegatronStep : public TpStepBase {
   Tensor rope_;   // [S/sp, 2, d/2]
   std::vector<Tensor> norm_partials_;  // one sp rank, sequence parallel: attn_norm[L], mlp_norm[L], final_norm
   KvCache* kv_cache_ = nullptr;        // prefill only
+  Communicator* dp_;                   // MoE: the replicas the routing statistics are summed over (or null)
+  std::unique_ptr<MoeAux> aux_;        // MoE: the step's routing statistics, summed
+  int64_t step_valid_ = -1;            // the valid targets over sp (and dp for a MoE model); -1 before the head
 };
 
 // Gradients each sp rank accumulated over its own tokens, summed: the norm gains over tp

@@ -29,6 +29,7 @@ TpStepBase::TpStepBase(const LlamaConfig& config, const ShardDims& dims, Backend
       row_ctx_{&config, &backend, rows.batch, rows.local_seq, nullptr, nullptr},
       w_(*in.weights),
       in_(in),
+      moe_stats_(config.moe.num_experts, config.moe.sparse_layer_count(config.num_hidden_layers)),
       saved_(in.grads != nullptr ? static_cast<size_t>(config.num_hidden_layers) : 0) {
   FP_CHECK(tp.size() == dims_.degree && tp.rank() == tp_rank, "tp rank {} of {} on communicator {}", tp_rank,
            dims_.degree, tp.describe());
@@ -181,13 +182,16 @@ Tensor TpStepBase::block_forward(int64_t layer, const Tensor& x, bool save) {
   const bool keep_gathered = save && in_.recompute;
   const int l = static_cast<int>(layer);
   Tensor x_mid = attention_forward(l, x, s != nullptr ? &s->attn : nullptr, keep_gathered);
+  if (l < static_cast<int>(w_.moe.size()) && w_.moe[l].defined())
+    return moe_replicated_ ? moe_forward_replicated(l, x_mid) : moe_forward(l, x_mid, s != nullptr ? &s->mlp : nullptr);
   return mlp_forward(l, x_mid, s != nullptr ? &s->mlp : nullptr, keep_gathered);
 }
 
 Tensor TpStepBase::block_backward(int64_t layer, Tensor dx) {
   LayerSaved& s = saved_[static_cast<size_t>(layer)];
   const int l = static_cast<int>(layer);
-  dx = mlp_backward(l, s.mlp, dx);  // frees d(x_out)
+  dx = l < static_cast<int>(w_.moe.size()) && w_.moe[l].defined() ? moe_backward(l, s.mlp, dx)
+                                                                    : mlp_backward(l, s.mlp, dx);  // frees d(x_out)
   dx = attention_backward(l, s.attn, dx);
   s = LayerSaved();
   return dx;

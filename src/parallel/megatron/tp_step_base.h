@@ -28,8 +28,10 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "model/moe_layer.h"
 #include "model/step_order.h"
 #include "model/sub_blocks.h"
+#include "parallel/moe_dispatch.h"
 #include "parallel/sharded_weights.h"
 #include "parallel/tensor_parallel.h"
 
@@ -49,6 +51,7 @@ struct TpMlpSaved {
   NormSaved norm;          // x_mid [R, h], rstd [R], a2 [R, h]
   Tensor a2_full;          // [N, h], as a1_full
   MlpSaved mlp;            // gate, up, act [N, f/tp]
+  MoeShardSaved moe;       // a MoE model's sparse layer (tp_moe.cc): its norm.a holds this rank's share of a2
 };
 
 struct LayerSaved {
@@ -105,6 +108,9 @@ class TpStepBase : public ModelStep {
   // backward.
   bool defer_weight_grads(WeightGradQueue* queue) override;
 
+  // A MoE model: the communicator of its expert axis (the tp x sp group, rank sp * tp + t).
+  void set_expert_axis(Communicator* ep) { ep_ = ep; }
+
   // Seconds this rank spent blocked in communication.
   double blocked_seconds() const { return tp_.blocked_seconds(); }
 
@@ -127,6 +133,19 @@ class TpStepBase : public ModelStep {
   // f/tp columns, [g] the row-parallel down projection's sum.
   Tensor mlp_forward(int layer, const Tensor& x_mid, TpMlpSaved* saved, bool keep_gathered);
   Tensor mlp_backward(int layer, const TpMlpSaved& s, const Tensor& d_out);
+  // A MoE model's sparse layer instead (tp_moe.cc): x_out = x_mid + moe(norm(x_mid)) with the
+  // experts spread over the expert axis (set_expert_axis: the tp x sp group).
+  Tensor moe_forward(int layer, const Tensor& x_mid, TpMlpSaved* saved);
+  Tensor moe_backward(int layer, const TpMlpSaved& s, const Tensor& d_out);
+  // Generation's prefill (tp=N, sp 1, no sequence parallelism, forward only): every tp rank
+  // routes every row, runs its own experts on the rows routed to them, and one all_reduce over
+  // tp sums the experts' outputs (decode's MoE block, parallel/decode_block.cc), so prompt
+  // lengths need not divide by tp.
+  Tensor moe_forward_replicated(int layer, const Tensor& x_mid);
+  // The step's routing statistics summed over the expert axis and, given `dp` (the replicas),
+  // over it too with *valid_tokens: the single-rank model's on the global batch.
+  MoeAux sum_moe_stats(Communicator* dp, int64_t* valid_tokens);
+  void set_moe_prob_grad(std::vector<std::vector<double>> g) { moe_prob_grad_ = std::move(g); }
 
   // Activations and what travels in the storage dtype; per-row statistics always f32.
   Tensor act(const Shape& shape) const { return Tensor::empty(shape, dtype_, MemCategory::kActivations); }
@@ -193,6 +212,11 @@ class TpStepBase : public ModelStep {
   // Adds variant_partials_ summed over tp into `grads` (one all_reduce; nothing without
   // variants). Collective over tp.
   void sum_variant_grads(ShardedWeights& grads);
+
+  Communicator* ep_ = nullptr;          // MoE: the expert axis
+  bool moe_replicated_ = false;         // MoE: generation's prefill (moe_forward_replicated)
+  MoeAux moe_stats_;                    // MoE: this rank's routing statistics per sparse layer
+  std::vector<std::vector<double>> moe_prob_grad_;  // MoE: the aux loss's gradient per sparse layer
 
  private:
   std::vector<LayerSaved> saved_;  // per layer, training steps only

@@ -8,7 +8,8 @@
 // (model/moe_layer.cc: softmax, top k, ties to the lower index, dispatch order sorted by
 // expert, stably), so the routing is that of the single-rank model, row for row.
 //
-// Scheme A (MoeDispatch::kAllToAll): the dispatch order sorted by global expert id puts the
+// Scheme A (MoeDispatch::kAllToAll; parallel/moe_dispatch.h, shared with the Megatron
+// baselines' expert parallelism): the dispatch order sorted by global expert id puts the
 // rows for rank r's experts in one contiguous block; the per-expert counts go first (one
 // all_to_all of E/D counts per peer), then each block to its owner (point-to-point, rows of
 // h, zero-size blocks skipped on both sides, which both know from the counts). The owner
@@ -46,39 +47,6 @@
 namespace foldpar::tsp_detail {
 namespace {
 
-// The T * k slots sorted by expert, stably (moe_layer.cc's dispatch order).
-void dispatch_order(const std::vector<int32_t>& experts, int64_t k, int64_t E, std::vector<int64_t>& offsets,
-                    std::vector<int32_t>& token_rows, std::vector<int32_t>& slot_rows) {
-  offsets.assign(static_cast<size_t>(E + 1), 0);
-  for (int32_t e : experts) {
-    FP_CHECK(e >= 0 && e < E, "routing chose expert {} of {}", e, E);
-    ++offsets[e + 1];
-  }
-  std::partial_sum(offsets.begin(), offsets.end(), offsets.begin());
-  std::vector<int64_t> next(offsets.begin(), offsets.end() - 1);
-  token_rows.resize(experts.size());
-  slot_rows.resize(experts.size());
-  for (size_t p = 0; p < experts.size(); ++p) {
-    const int64_t at = next[experts[p]]++;
-    token_rows[at] = static_cast<int32_t>(p / k);
-    slot_rows[at] = static_cast<int32_t>(p);
-  }
-}
-
-// Host values into a communication buffer of the backend (device memory where the
-// communicator is NCCL) and back.
-template <typename T>
-Tensor comm_from_host(Backend& be, const std::vector<T>& v, DType dtype) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, dtype, MemCategory::kComm);
-  if (!v.empty()) be.copy_from_host(std::as_bytes(std::span<const T>(v)), t);
-  return t;
-}
-template <typename T>
-void comm_to_host(Backend& be, const Tensor& t, std::vector<T>& v) {
-  v.resize(static_cast<size_t>(t.numel()));
-  if (!v.empty()) be.copy_to_host(t, std::as_writable_bytes(std::span<T>(v)));
-}
-
 std::vector<double> host_f64(Backend& be, const Tensor& t) {
   std::vector<float> f(static_cast<size_t>(t.numel()));
   be.copy_to_host(t, std::as_writable_bytes(std::span<float>(f)));
@@ -86,15 +54,6 @@ std::vector<double> host_f64(Backend& be, const Tensor& t) {
 }
 
 }  // namespace
-
-const char* moe_dispatch_name(MoeDispatch d) {
-  switch (d) {
-    case MoeDispatch::kAllToAll: return "a2a";
-    case MoeDispatch::kGather: return "gather";
-    case MoeDispatch::kRing: return "ring";
-  }
-  return "?";
-}
 
 MoeDispatch TspStep::moe_scheme() const {
   // auto: the training break-evens of spec COMPOSITION.md 3 on forward+backward bytes
@@ -131,45 +90,6 @@ ExpertWeights TspStep::expert_block(const Tensor& block, int64_t j) const {
                        block.narrow(r0 + 2 * fe, r0 + 3 * fe).reshape({h, fe})};
 }
 
-Tensor TspStep::exchange_rows(const Tensor& src, const std::vector<int64_t>& send_rows,
-                              const std::vector<int64_t>& recv_rows) {
-  std::vector<int64_t> send_at(static_cast<size_t>(D_) + 1, 0);
-  for (int r = 0; r < D_; ++r) send_at[r + 1] = send_at[r] + send_rows[r];
-  FP_CHECK(send_at[D_] == src.dim(0), "exchange of {} rows from {}", send_at[D_], src.describe());
-  return exchange_rows(src, send_at, send_rows, recv_rows);
-}
-
-Tensor TspStep::exchange_rows(const Tensor& src, const std::vector<int64_t>& send_at,
-                              const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows) {
-  const int64_t h = src.dim(1);
-  int64_t total = 0;
-  for (int64_t n : recv_rows) total += n;
-  Tensor dst = comm_buffer({total, h}, src.dtype());
-  std::vector<int64_t> recv_at(static_cast<size_t>(D_) + 1, 0);
-  for (int r = 0; r < D_; ++r) {
-    recv_at[r + 1] = recv_at[r] + recv_rows[r];
-    FP_CHECK(send_at[r] >= 0 && send_at[r] + send_rows[r] <= src.dim(0), "rows {}+{} for rank {} from {}", send_at[r],
-             send_rows[r], r, src.describe());
-  }
-  std::vector<CommRequest> requests;
-  for (int r = 0; r < D_; ++r) {
-    if (r == p_ || recv_rows[r] == 0) continue;
-    Tensor block = dst.narrow(recv_at[r], recv_at[r + 1]);
-    requests.push_back(comm_.irecv(block.raw_data(), static_cast<size_t>(block.numel()), dst.dtype(), r));
-  }
-  for (int r = 0; r < D_; ++r) {
-    if (r == p_ || send_rows[r] == 0) continue;
-    Tensor block = src.narrow(send_at[r], send_at[r] + send_rows[r]);
-    requests.push_back(comm_.isend(block.raw_data(), static_cast<size_t>(block.numel()), src.dtype(), r));
-  }
-  if (send_rows[p_] > 0) {
-    Tensor own = dst.narrow(recv_at[p_], recv_at[p_ + 1]);
-    be_.copy(src.narrow(send_at[p_], send_at[p_] + send_rows[p_]), own);
-  }
-  wait_all(requests);
-  return dst;
-}
-
 void TspStep::record_moe_stats(const MoeLayerWeights& w, const std::vector<int64_t>& offsets, const Tensor& probs) {
   const int64_t E = c_.moe.num_experts, T = rows_;
   Tensor ones = act({1, T}), sums = stat({1, E});  // f32 sums of bf16 probabilities too
@@ -199,17 +119,17 @@ MoeAux TspStep::sum_moe_stats(Communicator* data_axis, int64_t* valid_tokens) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   if (!packed.empty()) {
-    Tensor buf = comm_from_host(be_, packed, DType::kF64);
+    Tensor buf = moe_comm_from_host(be_, packed, DType::kF64);
     blocking(comm_.all_reduce(buf.raw_data(), buf.raw_data(), packed.size(), DType::kF64, ReduceOp::kSum), t0);
-    comm_to_host(be_, buf, packed);
+    moe_comm_to_host(be_, buf, packed);
   }
   if (data_axis != nullptr && data_axis->size() > 1) {
     // The replicas' sums (and valid targets): the global batch's statistics on every rank.
     packed.push_back(static_cast<double>(*valid_tokens));
-    Tensor buf = comm_from_host(be_, packed, DType::kF64);
+    Tensor buf = moe_comm_from_host(be_, packed, DType::kF64);
     const auto t1 = std::chrono::steady_clock::now();
     blocking(data_axis->all_reduce(buf.raw_data(), buf.raw_data(), packed.size(), DType::kF64, ReduceOp::kSum), t1);
-    comm_to_host(be_, buf, packed);
+    moe_comm_to_host(be_, buf, packed);
     *valid_tokens = static_cast<int64_t>(packed.back());
     packed.pop_back();
   }
@@ -255,7 +175,7 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
   std::vector<int32_t> host_experts(static_cast<size_t>(M));
   be_.copy_to_host(r.experts, std::as_writable_bytes(std::span<int32_t>(host_experts)));
   std::vector<int32_t> token_rows, slot_rows;
-  dispatch_order(host_experts, k, E, r.offsets, token_rows, slot_rows);
+  moe_dispatch_order(host_experts, k, E, r.offsets, token_rows, slot_rows);
   r.token_rows = moe_upload_i32(be_, token_rows);
   r.slot_rows = moe_upload_i32(be_, slot_rows);
   record_moe_stats(mw, r.offsets, r.probs);
@@ -263,85 +183,8 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
   be_.gather_rows(r.weights.reshape({M, 1}), r.slot_rows, nullptr, r.row_weights);
 
   if (s.scheme == MoeDispatch::kAllToAll) {
-    // ---- counts: this rank's counts of rank q's El experts go to q ----
-    const size_t n = static_cast<size_t>(D_ * El);
-    std::vector<int64_t> send_counts(n), recv_counts(n);
-    s.send_at.assign(static_cast<size_t>(D_), 0);
-    s.send_rows.assign(static_cast<size_t>(D_), 0);
-    s.recv_rows.assign(static_cast<size_t>(D_), 0);
-    for (int q = 0; q < D_; ++q) {
-      const int64_t e0 = dims_.expert0(q);
-      s.send_at[q] = r.offsets[e0];  // split experts: the D/E ranks of one expert get the same rows
-      for (int64_t j = 0; j < El; ++j) send_counts[q * El + j] = r.offsets[e0 + j + 1] - r.offsets[e0 + j];
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    Tensor send_buf = comm_from_host(be_, send_counts, DType::kI64), recv_buf = comm_from_host(be_, recv_counts, DType::kI64);
-    blocking(comm_.all_to_all(send_buf.raw_data(), recv_buf.raw_data(), static_cast<size_t>(El), DType::kI64), t0);
-    comm_to_host(be_, recv_buf, recv_counts);
-    for (int q = 0; q < D_; ++q)
-      for (int64_t j = 0; j < El; ++j) {
-        s.send_rows[q] += send_counts[q * El + j];
-        s.recv_rows[q] += recv_counts[q * El + j];
-      }
-    if (dims_.expert_group > 1) {
-      // Each dispatched row comes back once from every rank of its expert's group, a partial
-      // output over that rank's f_e slice: where each returned row adds in (dispatch order)
-      // and the token it belongs to (the backward's d(rows) go there).
-      std::vector<int32_t> combine_rows, combine_tokens;
-      for (int q = 0; q < D_; ++q)
-        for (int64_t i = 0; i < s.send_rows[q]; ++i) {
-          combine_rows.push_back(static_cast<int32_t>(s.send_at[q] + i));
-          combine_tokens.push_back(token_rows[static_cast<size_t>(s.send_at[q] + i)]);
-        }
-      s.combine_rows = moe_upload_i32(be_, combine_rows);
-      s.combine_tokens = moe_upload_i32(be_, combine_tokens);
-    }
-    // ---- the received rows, source-major, into expert-major groups ----
-    std::vector<int64_t> source_at(static_cast<size_t>(D_) + 1, 0);
-    for (int q = 0; q < D_; ++q) source_at[q + 1] = source_at[q] + s.recv_rows[q];
-    const int64_t R = source_at[D_];
-    std::vector<int32_t> to_expert, to_source(static_cast<size_t>(R));
-    s.expert_offsets.assign(static_cast<size_t>(El) + 1, 0);
-    for (int64_t j = 0; j < El; ++j) {
-      for (int q = 0; q < D_; ++q) {
-        int64_t first = source_at[q];
-        for (int64_t i = 0; i < j; ++i) first += recv_counts[q * El + i];
-        for (int64_t i = 0; i < recv_counts[q * El + j]; ++i) {
-          to_source[static_cast<size_t>(first + i)] = static_cast<int32_t>(to_expert.size());
-          to_expert.push_back(static_cast<int32_t>(first + i));
-        }
-      }
-      s.expert_offsets[j + 1] = static_cast<int64_t>(to_expert.size());
-    }
-    s.to_expert = moe_upload_i32(be_, to_expert);
-    s.to_source = moe_upload_i32(be_, to_source);
-    Tensor dispatched = act({M, h});
-    be_.gather_rows(a, r.token_rows, nullptr, dispatched);
-    Tensor received = exchange_rows(dispatched, s.send_at, s.send_rows, s.recv_rows);
-    dispatched = Tensor();
-    s.expert_in = act({R, h});
-    if (R > 0) be_.gather_rows(received, s.to_expert, nullptr, s.expert_in);
-    received = Tensor();
-    Tensor expert_out = act({R, h});
-    s.expert_mlp.resize(static_cast<size_t>(El));
-    for (int64_t j = 0; j < El; ++j) {
-      const int64_t begin = s.expert_offsets[j], end = s.expert_offsets[j + 1];
-      if (begin == end) continue;
-      Tensor out = expert_out.narrow(begin, end);
-      foldpar::mlp_forward(moe_group_context(ctx_, end - begin), expert_mlp_weights(mw.experts[j]), s.expert_in.narrow(begin, end),
-                           out, saved != nullptr ? &s.expert_mlp[j] : nullptr, {}, 0.0f);
-    }
-    Tensor back = act({R, h});
-    if (R > 0) be_.gather_rows(expert_out, s.to_source, nullptr, back);
-    expert_out = Tensor();
-    Tensor returned = exchange_rows(back, s.recv_rows, s.send_rows);  // per rank q, its outputs of q's rows
-    if (dims_.expert_group == 1) {
-      r.expert_out = std::move(returned);  // [M, h] in dispatch order
-    } else {
-      r.expert_out = act({M, h});  // the sum of the D/E partial outputs of each row
-      be_.fill(0.0, r.expert_out);
-      if (returned.dim(0) > 0) be_.scatter_add_rows(returned, s.combine_rows, nullptr, r.expert_out);
-    }
+    // ---- counts, then each rank's rows to its experts' owners and back (parallel/moe_dispatch.h) ----
+    MoeAllToAll(be_, comm_, dims_, opt_.dtype, timer_).forward(ctx_, mw, a, r, token_rows, s, saved != nullptr);
     be_.scatter_add_rows(r.expert_out, r.token_rows, &r.row_weights, y);
   } else if (s.scheme == MoeDispatch::kRing) {
     // ---- the experts come to the tokens: rank q's block of E/D experts at ring step j ----
@@ -379,7 +222,7 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
     blocking(comm_.all_gather(r.weights.raw_data(), all_w.raw_data(), static_cast<size_t>(M), r.weights.dtype()), t0);
     Tensor all_ids = comm_buffer({D_ * M}, DType::kI32);
     blocking(comm_.all_gather(r.experts.raw_data(), all_ids.raw_data(), static_cast<size_t>(M), DType::kI32), t0);
-    comm_to_host(be_, all_ids, all_experts);
+    moe_comm_to_host(be_, all_ids, all_experts);
     // The slots of the gathered tokens routed to this rank's experts, grouped by expert.
     std::vector<int32_t> g_token, g_slot;
     s.expert_offsets.assign(static_cast<size_t>(El) + 1, 0);
@@ -474,19 +317,7 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
     be_.gather_rows(dy, r.token_rows, &r.row_weights, d_out);
     dy_rows = Tensor();
     be_.scatter_add_rows(d_row_w, r.slot_rows, nullptr, d_weights_rows);
-    Tensor d_received = exchange_rows(d_out, s.send_at, s.send_rows, s.recv_rows);
-    d_out = Tensor();
-    const int64_t R = d_received.dim(0);
-    Tensor d_expert_out = act({R, h}), d_expert_in = act({R, h});
-    if (R > 0) be_.gather_rows(d_received, s.to_expert, nullptr, d_expert_out);
-    be_.fill(0.0, d_expert_in);
-    experts_backward(d_expert_out, d_expert_in);
-    Tensor d_back = act({R, h});
-    if (R > 0) be_.gather_rows(d_expert_in, s.to_source, nullptr, d_back);
-    // [M, h] in dispatch order; split experts: D/E partial d(rows) of each row, summed per token.
-    Tensor d_dispatched = exchange_rows(d_back, s.recv_rows, s.send_rows);
-    if (d_dispatched.dim(0) > 0)
-      be_.scatter_add_rows(d_dispatched, dims_.expert_group == 1 ? r.token_rows : s.combine_tokens, nullptr, d_a);
+    MoeAllToAll(be_, comm_, dims_, opt_.dtype, timer_).backward(ctx_, mw, s, r, d_out, d_a, gw);
   } else if (s.scheme == MoeDispatch::kRing) {
     // The combine's adjoint as in A; then the weight ring again, and the gradient ring (the
     // weight ring's adjoint) carrying each block's summed gradient home.

@@ -11,6 +11,7 @@
 #include "model/moe_layer.h"
 #include "model/step_order.h"
 #include "model/sub_blocks.h"
+#include "parallel/moe_dispatch.h"
 #include "parallel/step_timer.h"
 #include "parallel/tsp/tsp_model.h"
 
@@ -34,24 +35,8 @@ struct RingMlpSaved {
   std::vector<foldpar::MlpSaved> chunks;  // per step: gate, up, act [T, f/D]
 };
 
-// How a sparse layer's tokens meet their experts (tsp_moe.cc).
-enum class MoeDispatch { kAllToAll, kGather, kRing };
-const char* moe_dispatch_name(MoeDispatch d);
-
-// What a sparse layer keeps for backward (tsp_moe.cc).
-struct MoeShardSaved {
-  MoeDispatch scheme = MoeDispatch::kAllToAll;
-  NormSaved norm;                          // x_mid [T, h], rstd [T], a2 [T, h]
-  MoeSaved route;                          // this rank's routing, dispatch order, combine rows, shared expert
-  std::vector<int64_t> send_rows, recv_rows;  // A: rows to / from each rank
-  std::vector<int64_t> send_at;            // A: the first dispatched row sent to each rank
-  Tensor combine_rows, combine_tokens;     // A, split experts: i32 [D/E * M] each returned row's dispatch row, token
-  Tensor to_expert, to_source;             // A: i32 [R] received (source-major) <-> expert-major rows
-  std::vector<int64_t> expert_offsets;     // [El + 1] first row of each own (slice of an) expert in expert_in
-  Tensor expert_in;                        // [R, h] the rows this rank's experts computed on
-  std::vector<foldpar::MlpSaved> expert_mlp;  // El (dims.experts)
-  Tensor g_token, g_slot, g_weight, g_out;  // B: gathered token / slot of each row, its weight, expert output
-};
+// MoeDispatch and MoeShardSaved: parallel/moe_dispatch.h (scheme A is shared with the Megatron
+// baselines' expert parallelism).
 
 struct LayerSaved {
   AttnSaved attn;
@@ -154,13 +139,6 @@ class TspStep {
   void blocking(const Status& status, StepTimer::Clock::time_point started) { timer_.blocking(status, started); }
   // Advances in-flight transfers (MPI progresses only inside MPI calls).
   static void poke(std::vector<CommRequest>& requests) { StepTimer::poke(requests); }
-  // MoE scheme A: rows src [sum send_rows, h] in destination blocks to every rank; returns
-  // [sum recv_rows, h] in source blocks (point-to-point, zero-size blocks skipped).
-  Tensor exchange_rows(const Tensor& src, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows);
-  // The same with rank r's block at src rows [send_at[r], send_at[r] + send_rows[r]): blocks
-  // may overlap (split experts send one expert's rows to each of its D/E ranks).
-  Tensor exchange_rows(const Tensor& src, const std::vector<int64_t>& send_at, const std::vector<int64_t>& send_rows,
-                       const std::vector<int64_t>& recv_rows);
   // Scheme C: a rank's El experts packed in one ring block [El * 3 f, h] (per expert gate, up,
   // down; f = dims.expert_rows, f_e or a split expert's slice), and expert j's views into it.
   Tensor pack_experts(const std::vector<ExpertWeights>& experts) const;

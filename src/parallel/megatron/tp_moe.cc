@@ -1,0 +1,309 @@
+// Expert parallelism on the Megatron baselines (docs/composition.md, "Expert parallelism on
+// the Megatron baselines"): attention stays Megatron's (tp heads, sp tokens); in a sparse
+// layer the E experts are spread over an expert axis made of the same tp x sp ranks (rank
+// sp * tp + t; ShardDims::expert_degree = tp * sp: E/(tp sp) whole experts per rank, or, when
+// tp sp > E, a 1/(tp sp / E) slice of one expert's f_e). Each rank routes rows of its own,
+// distinct from every other rank's of the group, exactly as the single-rank layer does, and
+// they meet their experts by TSP's scheme A (parallel/moe_dispatch.h: all-to-all of counts,
+// point-to-point rows to the owners and back).
+//
+// Which rows are a rank's own:
+//   sequence parallel  the R = B S/(sp tp) rows of its norm region, already distinct;
+//   sp only (tp = 1)   its sp shard's rows;
+//   plain tp (T > 1)   every tp rank holds all N = B S/sp rows of its sp shard (replicated):
+//                      rank t takes the block [t n, (t+1) n) of each sequence (n = S/(sp T),
+//                      sequence parallelism's split), dispatches those, and an all_gather over
+//                      tp (all_gather_seq) restores the replicated output; backward, each
+//                      takes its block of d(out) (replicated, so no communication), and an
+//                      all_gather over tp restores the replicated d(a2) before the norm's
+//                      backward. Chosen over "every tp rank routes every row and the outputs
+//                      are summed" because that dispatches every row T times (T-fold the
+//                      all-to-all and the expert FLOPs) and needs an all_reduce (twice the
+//                      bytes of the all_gather) to sum them.
+// Gradients: a routed expert's is its owner's alone, complete over the group's rows (every
+// row routed to it came to it): not summed over sp (MegatronModel's sum over sp skips the
+// expert regions, ShardedGrads::expert_regions). The router, the shared expert and its gate
+// are replicated and saw this rank's rows only: summed over tp here (sum_over_tp), over sp
+// with the rest of the gradients. The aux loss's statistics (per-expert counts and
+// probability sums) are summed over the expert axis (and dp) once per step, before the loss.
+#include <chrono>
+#include <numeric>
+
+#include "parallel/megatron/tp_step_base.h"
+
+namespace foldpar::megatron_detail {
+namespace {
+
+std::vector<double> host_f64(Backend& be, const Tensor& t) {
+  std::vector<float> f(static_cast<size_t>(t.numel()));
+  be.copy_to_host(t, std::as_writable_bytes(std::span<float>(f)));
+  return std::vector<double>(f.begin(), f.end());
+}
+
+}  // namespace
+
+Tensor TpStepBase::moe_forward(int l, const Tensor& x_mid, TpMlpSaved* saved) {
+  FP_CHECK(ep_ != nullptr && ep_->size() == dims_.expert_degree, "MoE layer without its expert axis of {} ranks",
+           dims_.expert_degree);
+  const MoeLayerWeights& mw = w_.moe[l];
+  const MoeConfig& m = c_.moe;
+  const int64_t h = dims_.h, E = m.num_experts, k = m.num_experts_per_tok;
+  const bool split = !seq_par_ && tp_.size() > 1;  // replicated rows: this rank dispatches its block
+  NormSaved norm = norm_forward(row_ctx_, w_.mlp_norm[l], x_mid);  // a2 [R, h]
+  MoeShardSaved s;
+  int64_t T = rows_;
+  if (split) {
+    const int64_t n = tp_seq_ / tp_.size();
+    std::vector<int32_t> rows;
+    for (int64_t b = 0; b < batch_; ++b)
+      for (int64_t i = tp_.rank() * n; i < (tp_.rank() + 1) * n; ++i) rows.push_back(static_cast<int32_t>(b * tp_seq_ + i));
+    T = static_cast<int64_t>(rows.size());
+    s.rows = moe_upload_i32(be_, rows);
+    s.norm.a = act({T, h});
+    be_.gather_rows(norm.a, s.rows, nullptr, s.norm.a);
+  } else {
+    s.norm.a = norm.a;
+  }
+  const Tensor& a = s.norm.a;
+  const int64_t M = T * k;
+  const BlockContext lctx = moe_group_context(split ? ctx_ : row_ctx_, T);
+  // ---- routing of this rank's rows (the single-rank layer's) ----
+  MoeSaved& r = s.route;
+  Tensor logits = act({T, E});
+  be_.matmul(a, false, mw.router, true, logits);
+  r.probs = act({T, E});
+  r.weights = act({T, k});
+  r.experts = Tensor::empty({T, k}, DType::kI32, MemCategory::kActivations);
+  be_.moe_route_forward(logits, m.norm_topk_prob, r.probs, r.weights, r.experts);
+  logits = Tensor();
+  std::vector<int32_t> host_experts(static_cast<size_t>(M));
+  be_.copy_to_host(r.experts, std::as_writable_bytes(std::span<int32_t>(host_experts)));
+  std::vector<int32_t> token_rows, slot_rows;
+  moe_dispatch_order(host_experts, k, E, r.offsets, token_rows, slot_rows);
+  r.token_rows = moe_upload_i32(be_, token_rows);
+  r.slot_rows = moe_upload_i32(be_, slot_rows);
+  {  // this rank's statistics for the aux loss
+    Tensor ones = act({1, T}), sums = stat({1, E});
+    be_.fill(1.0, ones);
+    be_.matmul(ones, false, r.probs, false, sums);
+    auto& counts = moe_stats_.counts[mw.sparse_index];
+    counts.assign(static_cast<size_t>(E), 0);
+    for (int64_t e = 0; e < E; ++e) counts[e] = r.offsets[e + 1] - r.offsets[e];
+    moe_stats_.prob_sums[mw.sparse_index] = host_f64(be_, sums);
+    moe_stats_.rows[mw.sparse_index] = T;
+  }
+  r.row_weights = act({M, 1});
+  be_.gather_rows(r.weights.reshape({M, 1}), r.slot_rows, nullptr, r.row_weights);
+  // ---- the rows to their experts' ranks and back ----
+  MoeAllToAll(be_, *ep_, dims_, dtype_, tp_.timer()).forward(lctx, mw, a, r, token_rows, s, saved != nullptr);
+  Tensor out = act({T, h});
+  be_.fill(0.0, out);
+  be_.scatter_add_rows(r.expert_out, r.token_rows, &r.row_weights, out);
+  if (mw.shared_gate.defined()) {
+    // out += sigmoid(a Wsg^T) * shared(a): replicated weights, this rank's rows.
+    r.shared_out = act({T, h});
+    foldpar::mlp_forward(lctx, expert_mlp_weights(mw.shared), a, r.shared_out, saved != nullptr ? &r.shared_mlp : nullptr,
+                         {}, 0.0f);
+    Tensor gate_logit = act({T, 1});
+    be_.matmul(a, false, mw.shared_gate, true, gate_logit);
+    r.shared_gate = act({T, 1});
+    be_.sigmoid_forward(gate_logit, r.shared_gate);
+    std::vector<int32_t> identity(static_cast<size_t>(T));
+    std::iota(identity.begin(), identity.end(), 0);
+    r.identity_rows = moe_upload_i32(be_, identity);
+    be_.scatter_add_rows(r.shared_out, r.identity_rows, &r.shared_gate, out);
+  }
+  Tensor y = out;
+  if (split) {  // every tp rank's block: the replicated output [N, h]
+    y = act({all_rows_, h});
+    Tensor full = y.reshape({batch_, tp_seq_, h});
+    tp_.all_gather_seq(out.reshape({batch_, T / batch_, h}), full);
+  }
+  be_.add_inplace(x_mid, y);  // x_out = x_mid + moe
+  if (saved != nullptr) {
+    saved->norm = std::move(norm);
+    saved->moe = std::move(s);
+  }
+  return y;
+}
+
+Tensor TpStepBase::moe_backward(int l, const TpMlpSaved& saved, const Tensor& d_out) {
+  const MoeLayerWeights& mw = w_.moe[l];
+  MoeLayerWeights& gw = in_.grads->moe[l];
+  const MoeShardSaved& s = saved.moe;
+  const MoeSaved& r = s.route;
+  const MoeConfig& m = c_.moe;
+  const bool split = s.rows.defined();
+  const Tensor& a = s.norm.a;
+  const int64_t T = a.dim(0), h = dims_.h, E = m.num_experts, k = m.num_experts_per_tok, M = T * k;
+  const BlockContext lctx = moe_group_context(split ? ctx_ : row_ctx_, T);
+  // This rank's rows of d(out): d_out is replicated over tp when split.
+  Tensor dy = d_out;
+  if (split) {
+    dy = act({T, h});
+    be_.gather_rows(d_out, s.rows, nullptr, dy);
+  }
+  Tensor d_a = act({T, h});
+  be_.fill(0.0, d_a);
+  Tensor d_weights = act({T, k});
+  be_.fill(0.0, d_weights);
+  Tensor d_weights_rows = d_weights.reshape({M, 1});
+  {  // the combine's adjoint, then d(out) to the owners and d(in) back
+    Tensor dy_rows = act({M, h}), d_rows = act({M, h}), d_row_w = act({M, 1});
+    be_.gather_rows(dy, r.token_rows, nullptr, dy_rows);
+    be_.rows_dot(dy_rows, r.expert_out, d_row_w);
+    be_.gather_rows(dy, r.token_rows, &r.row_weights, d_rows);
+    dy_rows = Tensor();
+    be_.scatter_add_rows(d_row_w, r.slot_rows, nullptr, d_weights_rows);
+    MoeAllToAll(be_, *ep_, dims_, dtype_, tp_.timer()).backward(lctx, mw, s, r, d_rows, d_a, gw);
+  }
+  // The replicated tensors' gradients: this rank's rows' part, summed over tp (over sp with
+  // the rest of the step's gradients).
+  auto sum_over_tp = [&](Tensor& partial, Tensor& grad) {
+    tp_.all_reduce(partial);
+    be_.add_inplace(partial, grad);
+  };
+  // ---- the router: through top-k and softmax, plus the aux loss's gradient ----
+  Tensor bias;
+  if (!moe_prob_grad_.empty()) {
+    const std::vector<double>& pg = moe_prob_grad_[static_cast<size_t>(mw.sparse_index)];
+    FP_CHECK(static_cast<int64_t>(pg.size()) == E, "aux gradient of {} experts for E={}", pg.size(), E);
+    bias = Tensor::empty({E}, DType::kF32, MemCategory::kActivations);
+    std::vector<float> f(pg.begin(), pg.end());
+    be_.copy_from_host(std::as_bytes(std::span<const float>(f)), bias);
+  }
+  Tensor d_logits = act({T, E});
+  Backend::MoeRouteGrad rg{&r.probs, &r.weights, &r.experts, &d_weights, bias.defined() ? &bias : nullptr,
+                           m.norm_topk_prob};
+  be_.moe_route_backward(rg, d_logits);
+  be_.matmul(d_logits, false, mw.router, false, d_a, 1.0f, 1.0f);
+  Tensor d_router = Tensor::empty({E, h}, DType::kF32, MemCategory::kComm);
+  be_.matmul(d_logits, true, a, false, d_router, 1.0f, 0.0f);
+  sum_over_tp(d_router, gw.router);
+  if (mw.shared_gate.defined()) {
+    // out += gate * z: d_z = gate * dy, d_gate = <dy, z>, d_logit = gate (1 - gate) d_gate
+    Tensor d_z = act({T, h}), d_gate = act({T, 1}), d_logit = act({T, 1});
+    be_.gather_rows(dy, r.identity_rows, &r.shared_gate, d_z);
+    be_.rows_dot(dy, r.shared_out, d_gate);
+    be_.sigmoid_backward(r.shared_gate, d_gate, d_logit);
+    be_.matmul(d_logit, false, mw.shared_gate, false, d_a, 1.0f, 1.0f);
+    Tensor d_sg = Tensor::empty({1, h}, DType::kF32, MemCategory::kComm);
+    be_.matmul(d_logit, true, a, false, d_sg, 1.0f, 0.0f);
+    const int64_t fs = mw.shared.w_gate.dim(0);
+    ExpertWeights part{Tensor::empty({fs, h}, DType::kF32, MemCategory::kComm),
+                       Tensor::empty({fs, h}, DType::kF32, MemCategory::kComm),
+                       Tensor::empty({h, fs}, DType::kF32, MemCategory::kComm)};
+    for (Tensor* t : {&part.w_gate, &part.w_up, &part.w_down}) be_.fill(0.0, *t);
+    MlpWeights gs = expert_mlp_weights(part);
+    foldpar::mlp_backward(lctx, expert_mlp_weights(mw.shared), r.shared_mlp, a, d_z, d_a, gs, 1.0f);
+    sum_over_tp(d_sg, gw.shared_gate);
+    sum_over_tp(part.w_gate, gw.shared.w_gate);
+    sum_over_tp(part.w_up, gw.shared.w_up);
+    sum_over_tp(part.w_down, gw.shared.w_down);
+  }
+  Tensor d_a2 = d_a;
+  if (split) {  // every tp rank's block: the replicated d(a2) [N, h]
+    d_a2 = act({all_rows_, h});
+    Tensor full = d_a2.reshape({batch_, tp_seq_, h});
+    tp_.all_gather_seq(d_a.reshape({batch_, T / batch_, h}), full);
+  }
+  // a2 = norm(x_mid); dx_mid = d_out + norm^T(d_a2).
+  NormSaved norm = saved.norm;
+  return norm_backward(row_ctx_, w_.mlp_norm[l], norm, d_a2, &d_out,
+                       norm_grad(in_.grads->mlp_norm[l], static_cast<int>(c_.num_hidden_layers) + l));
+}
+
+Tensor TpStepBase::moe_forward_replicated(int l, const Tensor& x_mid) {
+  FP_CHECK(!seq_par_ && in_.grads == nullptr && dims_.expert_degree == tp_.size(),
+           "replicated MoE layer: a prefill on tp={} (experts over {} ranks)", tp_.size(), dims_.expert_degree);
+  const MoeLayerWeights& mw = w_.moe[l];
+  const MoeConfig& m = c_.moe;
+  const int64_t N = rows_, h = dims_.h, E = m.num_experts, k = m.num_experts_per_tok, El = dims_.experts;
+  NormSaved norm = norm_forward(row_ctx_, w_.mlp_norm[l], x_mid);  // every row, on every tp rank
+  const Tensor& a = norm.a;
+  Tensor logits = act({N, E}), probs = act({N, E}), weights = act({N, k});
+  Tensor experts = Tensor::empty({N, k}, DType::kI32, MemCategory::kActivations);
+  be_.matmul(a, false, mw.router, true, logits);
+  be_.moe_route_forward(logits, m.norm_topk_prob, probs, weights, experts);
+  std::vector<int32_t> host_experts(static_cast<size_t>(N * k));
+  be_.copy_to_host(experts, std::as_writable_bytes(std::span<int32_t>(host_experts)));
+  std::vector<int64_t> offsets;
+  std::vector<int32_t> token_rows, slot_rows;
+  moe_dispatch_order(host_experts, k, E, offsets, token_rows, slot_rows);
+  // This rank's experts (or its f_e slice of one): their rows are one block of the order.
+  const int64_t e0 = dims_.expert0(tp_.rank()), first = offsets[e0], last = offsets[e0 + El];
+  Tensor y = act({N, h});
+  be_.fill(0.0, y);
+  if (last > first) {
+    const std::vector<int32_t> own_tokens(token_rows.begin() + first, token_rows.begin() + last);
+    const std::vector<int32_t> own_slots(slot_rows.begin() + first, slot_rows.begin() + last);
+    const Tensor tokens = moe_upload_i32(be_, own_tokens), slots = moe_upload_i32(be_, own_slots);
+    const int64_t R = last - first;
+    Tensor in = act({R, h}), row_w = act({R, 1}), out = act({R, h});
+    be_.gather_rows(a, tokens, nullptr, in);
+    be_.gather_rows(weights.reshape({N * k, 1}), slots, nullptr, row_w);
+    for (int64_t j = 0; j < El; ++j) {
+      const int64_t begin = offsets[e0 + j] - first, end = offsets[e0 + j + 1] - first;
+      if (begin == end) continue;
+      Tensor o = out.narrow(begin, end);
+      foldpar::mlp_forward(moe_group_context(ctx_, end - begin), expert_mlp_weights(mw.experts[j]),
+                           in.narrow(begin, end), o, nullptr, {}, 0.0f);
+    }
+    be_.scatter_add_rows(out, tokens, &row_w, y);
+  }
+  tp_.all_reduce(y);  // every rank's experts (and an expert's slices)
+  if (mw.shared_gate.defined()) {
+    // y += sigmoid(a Wsg^T) * shared(a), once, after the sum (replicated weights, every row).
+    Tensor z = act({N, h}), gate_logit = act({N, 1}), gate = act({N, 1});
+    foldpar::mlp_forward(ctx_, expert_mlp_weights(mw.shared), a, z, nullptr, {}, 0.0f);
+    be_.matmul(a, false, mw.shared_gate, true, gate_logit);
+    be_.sigmoid_forward(gate_logit, gate);
+    std::vector<int32_t> identity(static_cast<size_t>(N));
+    std::iota(identity.begin(), identity.end(), 0);
+    be_.scatter_add_rows(z, moe_upload_i32(be_, identity), &gate, y);
+  }
+  be_.add_inplace(x_mid, y);  // x_out = x_mid + moe
+  return y;
+}
+
+MoeAux TpStepBase::sum_moe_stats(Communicator* dp, int64_t* valid_tokens) {
+  MoeAux sum = moe_stats_;
+  const size_t layers = sum.counts.size();
+  const int64_t E = sum.experts;
+  // Counts (exact in f64), probability sums and rows of every layer, and the valid targets
+  // over dp, in one all_reduce per axis.
+  std::vector<double> packed;
+  for (size_t l = 0; l < layers; ++l) {
+    std::vector<int64_t> c = sum.counts[l];
+    std::vector<double> pr = sum.prob_sums[l];
+    c.resize(static_cast<size_t>(E), 0);
+    pr.resize(static_cast<size_t>(E), 0.0);
+    for (int64_t e = 0; e < E; ++e) packed.push_back(static_cast<double>(c[e]));
+    for (int64_t e = 0; e < E; ++e) packed.push_back(pr[e]);
+    packed.push_back(static_cast<double>(sum.rows[l]));
+  }
+  auto reduce = [&](Communicator& axis) {
+    Tensor buf = moe_comm_from_host(be_, packed, DType::kF64);
+    const auto t0 = std::chrono::steady_clock::now();
+    tp_.timer().blocking(axis.all_reduce(buf.raw_data(), buf.raw_data(), packed.size(), DType::kF64, ReduceOp::kSum), t0);
+    moe_comm_to_host(be_, buf, packed);
+  };
+  if (!packed.empty() && ep_ != nullptr && ep_->size() > 1) reduce(*ep_);
+  if (dp != nullptr && dp->size() > 1) {
+    packed.push_back(static_cast<double>(*valid_tokens));
+    reduce(*dp);
+    *valid_tokens = static_cast<int64_t>(packed.back());
+    packed.pop_back();
+  }
+  size_t i = 0;
+  for (size_t l = 0; l < layers; ++l) {
+    sum.counts[l].assign(static_cast<size_t>(E), 0);
+    sum.prob_sums[l].assign(static_cast<size_t>(E), 0.0);
+    for (int64_t e = 0; e < E; ++e) sum.counts[l][e] = static_cast<int64_t>(packed[i++]);
+    for (int64_t e = 0; e < E; ++e) sum.prob_sums[l][e] = packed[i++];
+    sum.rows[l] = static_cast<int64_t>(packed[i++]);
+  }
+  return sum;
+}
+
+}  // namespace foldpar::megatron_detail
