@@ -160,9 +160,6 @@ Status write_gguf_model(const std::string& path, const LlamaConfig& c, const Lla
                          rope_type_name(c.rope_scaling.type));
   if (c.moe.enabled())
     return unimplemented("GGUF export of a mixture-of-experts model ({}) is not supported", c.moe.model_type());
-  // llama.cpp's llama architecture reads ffn_*.bias, but foldpar generates with MLP biases in
-  // no layout yet, so a file could not be held to foldpar's tokens.
-  if (c.mlp_bias) return unimplemented("GGUF export of MLP biases (mlp_bias: ffn_gate.bias) is not supported");
   // The llama architecture of llama.cpp attends over the whole causal context: a windowed
   // model written as it would generate differently from foldpar without a word.
   if (c.sliding_window > 0)

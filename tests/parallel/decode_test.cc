@@ -212,6 +212,19 @@ TEST(DecodeParity, AttentionBiasesAndQkNormsOnTspAndTp) {
     }
 }
 
+// Llama's mlp_bias (alone, and with attention_bias): each rank's columns' gate/up bias slices,
+// the down bias once after the sum, in the prefill and every decode step.
+TEST(DecodeParity, MlpBiasOnTspAndTp) {
+  for (const char* layout : {"tsp", "tp"})
+    for (bool attention_bias : {false, true}) {
+      Case s = make_case(layout);
+      s.config.mlp_bias = true;
+      s.config.qkv_bias = s.config.o_bias = attention_bias;
+      SCOPED_TRACE(std::string(layout) + (attention_bias ? " with attention_bias" : ""));
+      check_parity(s);
+    }
+}
+
 // Mixture-of-experts models (4 experts, top 2): Mixtral-like, and Qwen2-MoE-like with a shared
 // expert and a dense layer between the sparse ones. Each decode step routes the new tokens
 // through the router and every rank's experts (decode_block.h); the prefill is TSP's forward

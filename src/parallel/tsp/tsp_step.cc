@@ -38,6 +38,8 @@ TspStep::TspStep(const TspModel& model, Backend& backend, Communicator& comm, in
     be_.fill(0.0, norm_partials_.back());
   }
   variant_partials_ = allocate_variant_partials(be_, c_, dims_, /*with_o_bias=*/true);
+  if (c_.mlp_bias)
+    unit_mlp_bias_grad_ = Tensor::empty({2 * dims_.f_rows + dims_.h}, DType::kF32, MemCategory::kGradients);
   if (c_.qk_norm) unit_norm_grad_ = Tensor::empty({2, dims_.d}, DType::kF32, MemCategory::kGradients);
   if (c_.qkv_bias)
     unit_bias_grad_ = Tensor::empty({(heads_b_ + 2 * kvh_b_) * dims_.d + dims_.h}, DType::kF32, MemCategory::kGradients);
@@ -62,6 +64,13 @@ TspStep::BucketWeights TspStep::bucket_weights(const Tensor& packed, int bucket)
 MlpWeights TspStep::mlp_chunk(const Tensor& packed) const {
   const MlpPieces m = mlp_pieces(dims_, packed);
   return MlpWeights{m.w_gate, m.w_up, LinearView{m.w_down_t, true}};
+}
+
+MlpWeights TspStep::mlp_chunk(const Tensor& packed, const ShardedWeights& w, int l, int step) const {
+  MlpWeights m = mlp_chunk(packed);
+  attach_mlp_bias(w, l, ring_owner(step) * dims_.f_rows, dims_.f_rows, m);
+  if (step == 0 && static_cast<size_t>(l) < w.down_bias.size()) m.down.b = w.down_bias[static_cast<size_t>(l)];
+  return m;
 }
 
 std::vector<CommRequest> TspStep::start_gather(const Tensor& local, Tensor& full) {
