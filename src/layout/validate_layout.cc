@@ -50,8 +50,9 @@ Status check_knobs(const Layout& l, const std::string& name) {
 
 // KV heads: n_kv divisible by the weight degree W, or fewer than W with W divisible by n_kv
 // (each rank then holds a replica of the one KV head its query heads read; docs/tsp.md
-// section 3). Replicas are built for tsp=D and tp=T (with or without sp) of a dense model,
-// under pp and dp, in f32 and bf16; what they are not built with is refused by name.
+// section 3). Replicas are built for tsp=D (dense and MoE models) and tp=T (with or without
+// sp), under pp and dp, in f32 and bf16; what they are not built with (head buckets, which
+// would share the rank's one KV head between units) is refused by name.
 Status check_kv_heads(const LlamaConfig& c, const Layout& l, const std::string& name) {
   const int W = l.weight_degree();
   const int64_t n_kv = c.num_key_value_heads;
@@ -66,7 +67,6 @@ Status check_kv_heads(const LlamaConfig& c, const Layout& l, const std::string& 
                          name, n_kv, waxis, W, what);
   };
   if (l.head_buckets != 1) return refuse(fmt::format("head buckets ({})", l.head_buckets));
-  if (c.moe.enabled()) return refuse("a mixture-of-experts model");
   return Status();
 }
 

@@ -261,6 +261,26 @@ TEST(DecodeParity, MixtureOfExpertsOnTsp) {
   }
 }
 
+// A MoE model with one KV head (a replica on every rank at D > 1): the TSP prefill's KV
+// replicas and the decode step's attention on the replica, with each dispatch; and with
+// experts split over ranks (D > E).
+TEST(DecodeParity, MixtureOfExpertsWithOneKvHead) {
+  const int D = test::mpi().world().size();
+  if (4 % D != 0) GTEST_SKIP() << "4 experts do not divide over " << D << " ranks";
+  for (Layout::MoeDispatchOption dispatch : {Layout::MoeDispatchOption::kAllToAll, Layout::MoeDispatchOption::kGather,
+                                             Layout::MoeDispatchOption::kRing}) {
+    LlamaConfig c = moe_decode_config(dispatch == Layout::MoeDispatchOption::kGather ? MoeFamily::kQwen2
+                                                                                      : MoeFamily::kMixtral);
+    c.num_key_value_heads = 1;
+    if (D > 1 && dispatch == Layout::MoeDispatchOption::kRing) c.moe.num_experts = c.moe.num_experts_per_tok = D / 2;
+    Case s{c, "tsp", {}};
+    s.options.moe_dispatch = dispatch;
+    SCOPED_TRACE("one KV head, E=" + std::to_string(c.moe.num_experts) + ", prefill dispatch " +
+                 std::to_string(static_cast<int>(dispatch)));
+    check_parity(s);
+  }
+}
+
 // D > E: E = D/2 experts (k = E), each split over two ranks (an f_e slice each): the decode
 // step's all_reduce sums an expert's slices as it sums the ranks' experts.
 TEST(DecodeParity, MixtureOfExpertsSplitOverRanks) {
