@@ -51,8 +51,8 @@ Status check_knobs(const Layout& l, const std::string& name) {
 // KV heads: n_kv divisible by the weight degree W, or fewer than W with W divisible by n_kv
 // (each rank then holds a replica of the one KV head its query heads read; docs/tsp.md
 // section 3). Replicas are built for tsp=D (dense and MoE models) and tp=T (with or without
-// sp), under pp and dp, in f32 and bf16; what they are not built with (head buckets, which
-// would share the rank's one KV head between units) is refused by name.
+// sp), under pp and dp, in f32 and bf16, with TSP head buckets (the buckets of a rank share
+// its one KV head, gathered once per group).
 Status check_kv_heads(const LlamaConfig& c, const Layout& l, const std::string& name) {
   const int W = l.weight_degree();
   const int64_t n_kv = c.num_key_value_heads;
@@ -66,7 +66,6 @@ Status check_kv_heads(const LlamaConfig& c, const Layout& l, const std::string& 
     return unimplemented("{}: num_key_value_heads ({}) below the {} degree ({}) (KV replicas) is not built with {}",
                          name, n_kv, waxis, W, what);
   };
-  if (l.head_buckets != 1) return refuse(fmt::format("head buckets ({})", l.head_buckets));
   return Status();
 }
 
@@ -103,6 +102,12 @@ Status check_sizes(const LlamaConfig& c, const Layout& l, int64_t batch, int64_t
       (c.num_key_value_heads / l.tsp) % l.head_buckets != 0)
     return invalid_argument("{}: head buckets ({}) must divide the KV heads per TSP rank ({} = {} / {})", name,
                             l.head_buckets, c.num_key_value_heads / l.tsp, c.num_key_value_heads, l.tsp);
+  // KV replicas: the buckets split the rank's query heads and share its one KV head.
+  if (l.strategy == Strategy::kTsp && c.num_key_value_heads < l.tsp &&
+      (c.num_attention_heads / l.tsp) % l.head_buckets != 0)
+    return invalid_argument("{}: head buckets ({}) must divide the query heads per TSP rank ({} = {} / {}) with KV "
+                            "replicas",
+                            name, l.head_buckets, c.num_attention_heads / l.tsp, c.num_attention_heads, l.tsp);
   return Status();
 }
 

@@ -352,6 +352,29 @@ TEST(TspParity, FewerKvHeadsThanRanks) {
   check_parity(k);
 }
 
+// KV replicas with head buckets: a rank's buckets split its query heads and share its one KV
+// head; the group's first unit gathers K/V, its last reduce-scatters the summed dK/dV. With
+// overlap on and off, kept K/V, recompute, and the q/k/v biases (the k/v bias once per group).
+TEST(TspParity, FewerKvHeadsThanRanksWithHeadBuckets) {
+  const int D = test::mpi().world().size();
+  const int nb = D == 1 ? 1 : 2;  // D = 1: one KV head is no replica, and one bucket holds it
+  Case k;
+  k.kv_heads = 1;
+  k.options.head_buckets = nb;
+  check_parity(k);
+  k.options.overlap = false;
+  k.options.head_buckets = D == 2 ? 4 : nb;  // 8 query heads per rank at D = 2
+  k.variant = Variant::kQwen2;
+  check_parity(k);
+  k = Case{};
+  k.kv_heads = D == 4 ? 2 : 1;
+  k.options.head_buckets = nb;
+  k.options.keep_kv = true;
+  k.options.recompute = Recompute::kBlock;
+  k.variant = Variant::kAllBiases;
+  check_parity(k);
+}
+
 // bf16 storage (train --bf16): weights, activations and what travels (shards, K/V) in
 // bf16 through the storage decorator, gradients f32, against the single-rank model in bf16
 // with the same weights, under megatron_parity_test.cc's rules (its "bf16 storage" section

@@ -307,9 +307,9 @@ TEST(ValidateLayout, FewerKvHeadsThanRanks) {
   c.num_attention_heads = 8;
   c.hidden_size = 64;
   EXPECT_EQ(message(1, "tsp=4:bf16"), "ok");
-  EXPECT_EQ(message(1, "tsp=4:buckets=2"),
-            "tsp=4:buckets=2: num_key_value_heads (1) below the TSP degree (4) (KV replicas) is not built with head "
-            "buckets (2)");
+  EXPECT_EQ(message(1, "tsp=4:buckets=2"), "ok");  // the buckets share the rank's KV head
+  EXPECT_EQ(message(1, "tsp=4:buckets=4"),
+            "tsp=4:buckets=4: head buckets (4) must divide the query heads per TSP rank (2 = 8 / 4) with KV replicas");
   EXPECT_EQ(message(1, "dp=2,tp=2"), "ok");
   EXPECT_EQ(message(1, "pp=2,tsp=2"), "ok");
   EXPECT_EQ(message(2, "pp=2,dp=2,tsp=4"), "ok");

@@ -234,6 +234,16 @@ class TspStep {
   int p_;                // this rank
   int D_;
   int64_t kvh_b_, heads_b_;  // KV heads and query heads per bucket
+  // Bucket b's first KV head among the rank's: b kvh_b_, or 0 with KV replicas (shared).
+  int64_t bucket_kv0(int b) const { return dims_.replicated_kv() ? 0 : b * kvh_b_; }
+  // With KV replicas the units (round r, bucket b) of a KV group read one K/V: its first unit
+  // projects and gathers it, its last reduce-scatters the summed dK/dV and runs the k/v backward.
+  bool kv_group_first_unit(int r, int b) const {
+    return !dims_.replicated_kv() || (r == dims_.kv_group_first(r) && b == 0);
+  }
+  bool kv_group_last_unit(int r, int b) const {
+    return !dims_.replicated_kv() || (r == dims_.kv_group_last(r) && b == opt_.head_buckets - 1);
+  }
   Tensor q_pos_;         // i32 [S/D]
   Tensor k_pos_;         // i32 [S], rank order
   Tensor rope_;          // [S/D, 2, d/2] at the local positions
