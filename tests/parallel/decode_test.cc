@@ -157,6 +157,14 @@ TEST(DecodeParity, OneKvHeadOnTspAndTp) {
     SCOPED_TRACE(std::string(layout) + " n_kv 1");
     check_parity(s);
   }
+  // The TSP prefill with head buckets sharing each rank's replica (D > 1: one KV head is no
+  // replica on one rank, where it cannot split into buckets).
+  if (test::mpi().world().size() == 1) return;
+  Case s = make_case("tsp");
+  s.config.num_key_value_heads = 1;
+  s.options.head_buckets = 2;
+  SCOPED_TRACE("tsp n_kv 1, 2 head buckets");
+  check_parity(s);
 }
 // head_dim apart from h / n_h (12 and 4 with h / n_h = 8): q width n_h * d above and below h.
 TEST(DecodeParity, HeadDimApartFromHiddenOnTspAndTp) {

@@ -470,6 +470,12 @@ TEST(TspBf16Parity, PlainVariantsAndKvReplicasMatchTheSingleRankBf16Model) {
   k.variant = Variant::kAllBiases;
   k.options.head_buckets = D == 3 ? 1 : 2;
   check_bf16_parity(k);
+  if (D > 1) {  // KV replicas with head buckets
+    k = Case{};
+    k.kv_heads = 1;
+    k.options.head_buckets = 2;
+    check_bf16_parity(k);
+  }
 }
 
 TEST(TspErrors, SizesThatDoNotDivide) {
