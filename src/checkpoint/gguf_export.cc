@@ -32,24 +32,46 @@ GgufTensorType matrix_type(GgufDType d) {
   return d == GgufDType::kF32 ? GgufTensorType::kF32 : d == GgufDType::kF16 ? GgufTensorType::kF16 : GgufTensorType::kBF16;
 }
 
-void add_hyper_parameters(GgufMetadata& m, const LlamaConfig& c, GgufDType dtype) {
-  m.add_string("general.architecture", "llama");
+// The llama.cpp architecture a config is written as. Its RoPE decides the q/k row order:
+// "llama" rotates adjacent pairs (rows permuted, see the header), "qwen2" and "qwen3" rotate
+// the halves like Hugging Face (NeoX style in llama.cpp: rows kept).
+struct GgufArch {
+  std::string name;
+  bool permute_qk = true;
+};
+
+Result<GgufArch> gguf_architecture(const LlamaConfig& c) {
+  // llama.cpp's qwen3 reads the q/k norms and no biases; its qwen2 the q/k/v biases and no
+  // o_proj bias; its llama all four attention biases and the three MLP biases, all optional.
+  if (c.qk_norm) {
+    if (c.qkv_bias || c.o_bias)
+      return unimplemented("GGUF export of qwen3 with attention_bias (q/k/v/o biases) is not supported: llama.cpp's "
+                           "qwen3 architecture reads no attention biases");
+    return GgufArch{"qwen3", false};
+  }
+  if (c.qkv_bias && !c.o_bias) return GgufArch{"qwen2", false};
+  return GgufArch{"llama", true};
+}
+
+void add_hyper_parameters(GgufMetadata& m, const LlamaConfig& c, const std::string& arch, GgufDType dtype) {
+  const auto key = [&](const char* k) { return fmt::format("{}.{}", arch, k); };
+  m.add_string("general.architecture", arch);
   m.add_string("general.name", "foldpar");
   m.add_u32("general.file_type", file_type(dtype));
-  m.add_u32("llama.context_length", static_cast<uint32_t>(c.max_position_embeddings));
-  m.add_u32("llama.embedding_length", static_cast<uint32_t>(c.hidden_size));
-  m.add_u32("llama.block_count", static_cast<uint32_t>(c.num_hidden_layers));
-  m.add_u32("llama.feed_forward_length", static_cast<uint32_t>(c.intermediate_size));
-  m.add_u32("llama.attention.head_count", static_cast<uint32_t>(c.num_attention_heads));
-  m.add_u32("llama.attention.head_count_kv", static_cast<uint32_t>(c.num_key_value_heads));
-  m.add_f32("llama.rope.freq_base", static_cast<float>(c.rope_theta));
-  m.add_f32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(c.rms_norm_eps));
-  m.add_u32("llama.rope.dimension_count", static_cast<uint32_t>(c.head_dim()));
+  m.add_u32(key("context_length"), static_cast<uint32_t>(c.max_position_embeddings));
+  m.add_u32(key("embedding_length"), static_cast<uint32_t>(c.hidden_size));
+  m.add_u32(key("block_count"), static_cast<uint32_t>(c.num_hidden_layers));
+  m.add_u32(key("feed_forward_length"), static_cast<uint32_t>(c.intermediate_size));
+  m.add_u32(key("attention.head_count"), static_cast<uint32_t>(c.num_attention_heads));
+  m.add_u32(key("attention.head_count_kv"), static_cast<uint32_t>(c.num_key_value_heads));
+  m.add_f32(key("rope.freq_base"), static_cast<float>(c.rope_theta));
+  m.add_f32(key("attention.layer_norm_rms_epsilon"), static_cast<float>(c.rms_norm_eps));
+  m.add_u32(key("rope.dimension_count"), static_cast<uint32_t>(c.head_dim()));
   if (c.q_dim() != c.hidden_size) {  // llama.cpp assumes n_embd / n_head otherwise
-    m.add_u32("llama.attention.key_length", static_cast<uint32_t>(c.head_dim()));
-    m.add_u32("llama.attention.value_length", static_cast<uint32_t>(c.head_dim()));
+    m.add_u32(key("attention.key_length"), static_cast<uint32_t>(c.head_dim()));
+    m.add_u32(key("attention.value_length"), static_cast<uint32_t>(c.head_dim()));
   }
-  m.add_u32("llama.vocab_size", static_cast<uint32_t>(c.vocab_size));
+  m.add_u32(key("vocab_size"), static_cast<uint32_t>(c.vocab_size));
 }
 
 void add_vocab(GgufMetadata& m, const GgufVocab& v) {
@@ -116,7 +138,7 @@ Result<GgufDType> gguf_dtype_from_name(const std::string& name) {
 }
 
 std::vector<float> permute_rows_for_gguf_rope(const Tensor& w, int64_t n_heads, int64_t head_dim) {
-  const int64_t cols = w.dim(1), half = head_dim / 2;
+  const int64_t cols = w.numel() / w.dim(0), half = head_dim / 2;
   FP_CHECK(w.dim(0) == n_heads * head_dim && head_dim % 2 == 0, "{} rows for {} heads of {}", w.dim(0), n_heads,
            head_dim);
   const float* src = w.data<float>();
@@ -138,12 +160,6 @@ Status write_gguf_model(const std::string& path, const LlamaConfig& c, const Lla
                          rope_type_name(c.rope_scaling.type));
   if (c.moe.enabled())
     return unimplemented("GGUF export of a mixture-of-experts model ({}) is not supported", c.moe.model_type());
-  // llama.cpp reads q/k norms under its qwen3 architecture (NeoX RoPE, other keys) and biases
-  // with rows permuted like their weights'; neither is written or checked against llama.cpp yet.
-  if (c.qk_norm) return unimplemented("GGUF export of per-head q/k norms (qwen3: attn_q_norm.weight) is not supported");
-  if (c.qkv_bias || c.o_bias)
-    return unimplemented("GGUF export of attention biases (qwen2, attention_bias: attn_q.bias) is not supported");
-  if (c.mlp_bias) return unimplemented("GGUF export of MLP biases (mlp_bias: ffn_gate.bias) is not supported");
   // The llama architecture of llama.cpp attends over the whole causal context: a windowed
   // model written as it would generate differently from foldpar without a word.
   if (c.sliding_window > 0)
@@ -151,34 +167,52 @@ Status write_gguf_model(const std::string& path, const LlamaConfig& c, const Lla
   if (static_cast<int64_t>(vocab.tokens.size()) != c.vocab_size || vocab.token_types.size() != vocab.tokens.size())
     return invalid_argument("the GGUF vocabulary has {} tokens ({} types), the model {}", vocab.tokens.size(),
                             vocab.token_types.size(), c.vocab_size);
+  FP_ASSIGN_OR_RETURN(GgufArch arch, gguf_architecture(c));
   GgufMetadata meta;
-  add_hyper_parameters(meta, c, dtype);
+  add_hyper_parameters(meta, c, arch.name, dtype);
   add_vocab(meta, vocab);
   const GgufTensorType mt = matrix_type(dtype);
   std::vector<GgufTensor> tensors;
-  std::vector<std::vector<float>> permuted;  // owns the reordered q and k rows
-  permuted.reserve(2 * w.layers.size());
+  std::vector<std::vector<float>> permuted;  // owns the reordered q and k rows (and biases)
+  permuted.reserve(4 * w.layers.size());
   auto matrix = [&](std::string name, const Tensor& t) { tensors.push_back({std::move(name), shape_of(t), mt, values_of(t)}); };
-  auto gain = [&](std::string name, const Tensor& t) {
-    tensors.push_back({std::move(name), shape_of(t), GgufTensorType::kF32, values_of(t)});
+  auto f32_vector = [&](std::string name, const Tensor& t) {  // norm gains and biases: f32 whatever dtype
+    if (t.defined()) tensors.push_back({std::move(name), shape_of(t), GgufTensorType::kF32, values_of(t)});
+  };
+  // q or k weight (type mt) or bias (f32) of n heads, rows permuted for the llama architecture.
+  auto rope_rows = [&](std::string name, const Tensor& t, int64_t n, GgufTensorType type) {
+    if (!t.defined()) return;
+    if (!arch.permute_qk) {
+      tensors.push_back({std::move(name), shape_of(t), type, values_of(t)});
+      return;
+    }
+    permuted.push_back(permute_rows_for_gguf_rope(t, n, c.head_dim()));
+    tensors.push_back({std::move(name), shape_of(t), type, permuted.back()});
   };
   matrix("token_embd.weight", w.embed);
   for (size_t l = 0; l < w.layers.size(); ++l) {
     const LayerWeights& L = w.layers[l];
     const std::string p = fmt::format("blk.{}.", l);
-    gain(p + "attn_norm.weight", L.attn_norm);
-    permuted.push_back(permute_rows_for_gguf_rope(L.wq, c.num_attention_heads, c.head_dim()));
-    tensors.push_back({p + "attn_q.weight", shape_of(L.wq), mt, permuted.back()});
-    permuted.push_back(permute_rows_for_gguf_rope(L.wk, c.num_key_value_heads, c.head_dim()));
-    tensors.push_back({p + "attn_k.weight", shape_of(L.wk), mt, permuted.back()});
+    f32_vector(p + "attn_norm.weight", L.attn_norm);
+    rope_rows(p + "attn_q.weight", L.wq, c.num_attention_heads, mt);
+    rope_rows(p + "attn_k.weight", L.wk, c.num_key_value_heads, mt);
     matrix(p + "attn_v.weight", L.wv);
     matrix(p + "attn_output.weight", L.wo);
-    gain(p + "ffn_norm.weight", L.mlp_norm);
+    rope_rows(p + "attn_q.bias", L.bq, c.num_attention_heads, GgufTensorType::kF32);
+    rope_rows(p + "attn_k.bias", L.bk, c.num_key_value_heads, GgufTensorType::kF32);
+    f32_vector(p + "attn_v.bias", L.bv);
+    f32_vector(p + "attn_output.bias", L.bo);
+    f32_vector(p + "attn_q_norm.weight", L.q_norm);  // qwen3 only, [d] in its own (Hugging Face) order
+    f32_vector(p + "attn_k_norm.weight", L.k_norm);
+    f32_vector(p + "ffn_norm.weight", L.mlp_norm);
     matrix(p + "ffn_gate.weight", L.w_gate);
     matrix(p + "ffn_up.weight", L.w_up);
     matrix(p + "ffn_down.weight", L.w_down);
+    f32_vector(p + "ffn_gate.bias", L.b_gate);
+    f32_vector(p + "ffn_up.bias", L.b_up);
+    f32_vector(p + "ffn_down.bias", L.b_down);
   }
-  gain("output_norm.weight", w.final_norm);
+  f32_vector("output_norm.weight", w.final_norm);
   if (!w.tied) matrix("output.weight", w.lm_head);
   return write_gguf(path, meta, tensors);
 }

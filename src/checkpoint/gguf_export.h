@@ -1,10 +1,14 @@
-// A Llama model as a GGUF file llama.cpp loads (general.architecture "llama"): the
-// hyper-parameters under llama.*, the tensors under llama.cpp's names, and the vocabulary
-// under tokenizer.ggml.*. Two conventions differ from the Hugging Face layout foldpar keeps:
+// A Llama-family model as a GGUF file llama.cpp loads: the hyper-parameters under ARCH.*,
+// the tensors under llama.cpp's names, and the vocabulary under tokenizer.ggml.*. ARCH is
+// "qwen3" with per-head q/k norms, "qwen2" with q/k/v biases and no o_proj bias, else
+// "llama" (which also reads Llama's attention_bias and mlp_bias). Conventions that differ
+// from the Hugging Face layout foldpar keeps:
 //  - RoPE: foldpar (as Hugging Face) rotates the pairs (i, i + d/2) of each head by angle
-//    i; llama.cpp's "llama" architecture rotates the adjacent pairs (2i, 2i + 1). So within
-//    each head the rows of q_proj and k_proj are reordered: file row 2i + j holds HF row
-//    j * d/2 + i (j = 0, 1), which makes q.k identical under either rotation.
+//    i; so do llama.cpp's qwen2 and qwen3 (its NeoX rotation), whose rows are written as
+//    they are. Its "llama" architecture rotates the adjacent pairs (2i, 2i + 1), so within
+//    each head the rows of q_proj and k_proj (weights and biases) are reordered: file row
+//    2i + j holds HF row j * d/2 + i (j = 0, 1), which makes q.k identical under either.
+//  - Biases and norm gains are f32 tensors whatever the matrices' dtype.
 //  - Tied embeddings: output.weight is left out; llama.cpp then uses token_embd.weight.
 // Not collective; the caller runs it on one rank with full weights.
 #pragma once
@@ -52,7 +56,8 @@ std::string byte_level_char(uint8_t byte);
 enum class GgufDType { kF32, kF16, kBF16 };  // of the matrices; 1-D norm gains are always f32
 Result<GgufDType> gguf_dtype_from_name(const std::string& name);  // "f32", "f16", "bf16"
 
-// Rows of one projection [n_heads * d, h] reordered per head for llama.cpp's RoPE (above).
+// Rows of one projection [n_heads * d, h] or its bias [n_heads * d] reordered per head for
+// the RoPE of llama.cpp's llama architecture (above).
 std::vector<float> permute_rows_for_gguf_rope(const Tensor& w, int64_t n_heads, int64_t head_dim);
 
 // Writes `weights` (f32, full) of `config` to `path`.

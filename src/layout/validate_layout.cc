@@ -55,8 +55,9 @@ Status check_knobs(const Layout& l, const std::string& name) {
 
 // KV heads: n_kv divisible by the weight degree W, or fewer than W with W divisible by n_kv
 // (each rank then holds a replica of the one KV head its query heads read; docs/tsp.md
-// section 3). Replicas are built for tsp=D and tp=T (with or without sp) of a dense model,
-// under pp and dp, in f32 and bf16; what they are not built with is refused by name.
+// section 3). Replicas are built for tsp=D (dense and MoE models) and tp=T (with or without
+// sp), under pp and dp, in f32 and bf16, with TSP head buckets (the buckets of a rank share
+// its one KV head, gathered once per group).
 Status check_kv_heads(const LlamaConfig& c, const Layout& l, const std::string& name) {
   const int W = l.weight_degree();
   const int64_t n_kv = c.num_key_value_heads;
@@ -70,8 +71,6 @@ Status check_kv_heads(const LlamaConfig& c, const Layout& l, const std::string& 
     return unimplemented("{}: num_key_value_heads ({}) below the {} degree ({}) (KV replicas) is not built with {}",
                          name, n_kv, waxis, W, what);
   };
-  if (l.head_buckets != 1) return refuse(fmt::format("head buckets ({})", l.head_buckets));
-  if (c.moe.enabled()) return refuse("a mixture-of-experts model");
   return Status();
 }
 
@@ -108,6 +107,12 @@ Status check_sizes(const LlamaConfig& c, const Layout& l, int64_t batch, int64_t
       (c.num_key_value_heads / l.tsp) % l.head_buckets != 0)
     return invalid_argument("{}: head buckets ({}) must divide the KV heads per TSP rank ({} = {} / {})", name,
                             l.head_buckets, c.num_key_value_heads / l.tsp, c.num_key_value_heads, l.tsp);
+  // KV replicas: the buckets split the rank's query heads and share its one KV head.
+  if (l.strategy == Strategy::kTsp && c.num_key_value_heads < l.tsp &&
+      (c.num_attention_heads / l.tsp) % l.head_buckets != 0)
+    return invalid_argument("{}: head buckets ({}) must divide the query heads per TSP rank ({} = {} / {}) with KV "
+                            "replicas",
+                            name, l.head_buckets, c.num_attention_heads / l.tsp, c.num_attention_heads, l.tsp);
   return Status();
 }
 
@@ -251,12 +256,6 @@ std::vector<int64_t> stage_bounds(const LlamaConfig& c, const Layout& l) {
 Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t batch, int64_t seq) {
   FP_RETURN_IF_ERROR(config.validate());
   const std::string name = layout.to_string();
-  // MLP biases (llama's mlp_bias) run in the single-rank model only (verify on one rank); no
-  // sharded step carries them yet, tsp=1 included.
-  if (config.mlp_bias)
-    return unimplemented("layout {}: MLP biases (mlp_bias) run in the single-rank model only so far (verify without "
-                         "--layout)",
-                         name);
   // The MoE layer runs in the single-rank model (parallel/single_rank_model.h), on a
   // tsp=D axis with E/D whole experts per rank, or D/E ranks per expert each with a slice of
   // its f_e (parallel/tsp/tsp_moe.cc), and on the Megatron layouts tp=T[:seqpar], sp=Q,

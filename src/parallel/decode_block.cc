@@ -85,10 +85,17 @@ Tensor mlp_block(const DecodeContext& ctx, const ShardedWeights& w, int l, const
   Tensor gate = act({B, dm.f_rows}), up = act({B, dm.f_rows}), a = act({B, dm.f_rows});
   be.matmul(a2, false, m.w_gate, true, gate);
   be.matmul(a2, false, m.w_up, true, up);
+  MlpWeights biases;  // Llama's mlp_bias: this rank's columns' slices (sharded_weights.h)
+  attach_mlp_bias(w, l, ctx.comm->rank() * dm.f_rows, dm.f_rows, biases);
+  if (biases.b_gate.defined()) {
+    add_rows(be, biases.b_gate, gate);
+    add_rows(be, biases.b_up, up);
+  }
   be.swiglu_forward(gate, up, a);
   Tensor y = act({B, h});
   be.matmul(a, false, m.w_down_t, false, y);
   ctx.comm->all_reduce(y);  // g
+  if (l < static_cast<int>(w.down_bias.size())) add_rows(be, w.down_bias[l], y);  // replicated: once, after the sum
   be.add_inplace(x_mid, y);
   return y;
 }

@@ -145,6 +145,12 @@ void move_variants(ShardedWeights& s, size_t l, LayerWeights& lw, bool to_global
     copy_span(n.narrow(0, 1), lw.q_norm, 0, to_global);
     copy_span(n.narrow(1, 2), lw.k_norm, 0, to_global);
   }
+  if (Tensor b = element_of(s.mlp_bias, l); b.defined()) {
+    const int64_t f = lw.b_gate.numel();
+    copy_span(b.narrow(0, f), lw.b_gate, 0, to_global);
+    copy_span(b.narrow(f, 2 * f), lw.b_up, 0, to_global);
+  }
+  if (Tensor b = element_of(s.down_bias, l); b.defined()) copy_span(b, lw.b_down, 0, to_global);
 }
 
 void move_shards(ShardedWeights& s, LlamaWeights& g, bool to_global, bool replicated) {
@@ -287,6 +293,10 @@ ShardedWeights ShardedWeights::allocate(const LlamaConfig& c, const ShardDims& d
     if (c.qkv_bias) w.qkv_bias.push_back(make({c.q_dim() + 2 * c.kv_dim()}, held));
     if (c.o_bias) w.o_bias.push_back(make({d.h}, held));
     if (c.qk_norm) w.qk_norm.push_back(make({2, d.d}, held));
+    if (c.mlp_bias) {
+      w.mlp_bias.push_back(make({2 * c.intermediate_size}, held));
+      w.down_bias.push_back(make({d.h}, held));
+    }
   }
   w.final_norm = make({d.h}, stage.head);
   w.embed = make({d.v_rows, d.h}, holds_embed(stage, w.tied));
@@ -311,6 +321,8 @@ void ShardedWeights::for_each(const std::function<void(const std::string&, Tenso
     if (l < qkv_bias.size()) each(fmt::format("layers.{}.qkv_bias", l), qkv_bias[l], true);
     if (l < o_bias.size()) each(fmt::format("layers.{}.o_bias", l), o_bias[l], true);
     if (l < qk_norm.size()) each(fmt::format("layers.{}.qk_norm", l), qk_norm[l], true);
+    if (l < mlp_bias.size()) each(fmt::format("layers.{}.mlp_bias", l), mlp_bias[l], true);
+    if (l < down_bias.size()) each(fmt::format("layers.{}.down_bias", l), down_bias[l], true);
   }
   each("final_norm", final_norm, true);
 }
@@ -342,7 +354,7 @@ ShardedGrads ShardedGrads::allocate(const LlamaConfig& c, const ShardDims& dims,
   // held layer, between the sharded region and the norm gains (which stay contiguous: Megatron
   // sums them over tp on their own).
   const int64_t variant_elems = (c.qkv_bias ? c.q_dim() + 2 * c.kv_dim() : 0) + (c.o_bias ? h : 0) +
-                                (c.qk_norm ? 2 * dims.d : 0);
+                                (c.qk_norm ? 2 * dims.d : 0) + (c.mlp_bias ? 2 * c.intermediate_size + h : 0);
   const int64_t total = layers * dims.attn_elems() + dense_layers * dims.mlp_elems() + moe_elems +
                         vocab_tensors * dims.vocab_elems() + layers * variant_elems +
                         (2 * layers + (stage.head ? 1 : 0)) * h;
@@ -386,6 +398,10 @@ ShardedGrads ShardedGrads::allocate(const LlamaConfig& c, const ShardDims& dims,
     if (c.qkv_bias) w.qkv_bias.push_back(take({c.q_dim() + 2 * c.kv_dim()}, held));
     if (c.o_bias) w.o_bias.push_back(take({h}, held));
     if (c.qk_norm) w.qk_norm.push_back(take({2, dims.d}, held));
+    if (c.mlp_bias) {
+      w.mlp_bias.push_back(take({2 * c.intermediate_size}, held));
+      w.down_bias.push_back(take({h}, held));
+    }
   }
   g.norm_offset_ = offset;
   for (int64_t l = 0; l < L; ++l) {
@@ -434,6 +450,8 @@ ShardedWeights allocate_variant_partials(Backend& be, const LlamaConfig& c, cons
     if (c.qkv_bias) p.qkv_bias.push_back(zero({c.q_dim() + 2 * c.kv_dim()}));
     if (c.o_bias && with_o_bias) p.o_bias.push_back(zero({d.h}));
     if (c.qk_norm) p.qk_norm.push_back(zero({2, d.d}));
+    if (c.mlp_bias) p.mlp_bias.push_back(zero({2 * c.intermediate_size}));
+    if (c.mlp_bias && with_o_bias) p.down_bias.push_back(zero({d.h}));
   }
   return p;
 }
@@ -448,6 +466,8 @@ void sum_variant_partials(Backend& be, const ShardedWeights& partials, ShardedWe
   collect(partials.qkv_bias, grads.qkv_bias);
   collect(partials.o_bias, grads.o_bias);
   collect(partials.qk_norm, grads.qk_norm);
+  collect(partials.mlp_bias, grads.mlp_bias);
+  collect(partials.down_bias, grads.down_bias);
   int64_t n = 0;
   for (const auto& [p, g] : pairs) n += p.numel();
   if (n == 0) return;
@@ -525,6 +545,11 @@ void init_sharded_weights(const InitOptions& o, ShardedWeights& w) {
       fill_span(n.narrow(0, 1), pre + "self_attn.q_norm.weight", 0);
       fill_span(n.narrow(1, 2), pre + "self_attn.k_norm.weight", 0);
     }
+    if (Tensor b = element_of(w.mlp_bias, l); b.defined()) {
+      fill_span(b.narrow(0, f), pre + "mlp.gate_proj.bias", 0);
+      fill_span(b.narrow(f, 2 * f), pre + "mlp.up_proj.bias", 0);
+    }
+    if (Tensor b = element_of(w.down_bias, l); b.defined()) fill_span(b, pre + "mlp.down_proj.bias", 0);
   }
   if (w.final_norm.defined()) fill_rows(w.final_norm, "model.norm.weight", 0);
   if (w.embed.defined()) fill_rows(w.embed, "model.embed_tokens.weight", r * d.v_rows);
@@ -642,6 +667,16 @@ std::vector<ParamRef> sharded_param_refs(ShardedWeights& w, ShardedWeights& g, b
                               count_replicated,
                               {GlobalSlice{pre + "self_attn.q_norm.weight", 0, 1, 0, d.d, false, 0},
                                GlobalSlice{pre + "self_attn.k_norm.weight", 0, 1, 0, d.d, false, d.d}}});
+    if (Tensor b = element_of(w.mlp_bias, l); b.defined()) {
+      const int64_t f = d.f_rows * d.degree;
+      refs.push_back(ParamRef{fmt::format("layers.{}.mlp_bias", l), b, element_of(g.mlp_bias, l), false,
+                              count_replicated,
+                              {GlobalSlice{pre + "mlp.gate_proj.bias", 0, 1, 0, f, false, 0},
+                               GlobalSlice{pre + "mlp.up_proj.bias", 0, 1, 0, f, false, f}}});
+    }
+    if (Tensor b = element_of(w.down_bias, l); b.defined())
+      refs.push_back(ParamRef{fmt::format("layers.{}.down_bias", l), b, element_of(g.down_bias, l), false,
+                              count_replicated, {whole(pre + "mlp.down_proj.bias", b)}});
   }
   if (w.final_norm.defined())
     refs.push_back(ParamRef{"final_norm", w.final_norm, g.final_norm, false, count_replicated,
@@ -663,6 +698,14 @@ void attach_attn_variants(const ShardedWeights& s, int l, int64_t q_head0, int64
     w.q_norm = n.narrow(0, 1).reshape({d.d});
     w.k_norm = n.narrow(1, 2).reshape({d.d});
   }
+}
+
+void attach_mlp_bias(const ShardedWeights& s, int l, int64_t col0, int64_t cols, MlpWeights& w) {
+  const Tensor b = element_of(s.mlp_bias, static_cast<size_t>(l));
+  if (!b.defined()) return;
+  const int64_t f = b.numel() / 2;
+  w.b_gate = b.narrow(col0, col0 + cols);
+  w.b_up = b.narrow(f + col0, f + col0 + cols);
 }
 
 Tensor kv_replica_rows(const ShardDims& d, const Tensor& packed_attn) {

@@ -138,6 +138,11 @@ struct ShardedWeights {
   std::vector<Tensor> qkv_bias;   // L x [n_h d + 2 n_kv d]
   std::vector<Tensor> o_bias;     // L x [h]
   std::vector<Tensor> qk_norm;    // L x [2, d]
+  // Llama's mlp_bias, replicated the same way and for the same reason: the gate and up biases
+  // [b_gate; b_up] of every column (a rank applies its columns' slices, attach_mlp_bias), and
+  // the down_proj bias, added once per token like the o_proj bias.
+  std::vector<Tensor> mlp_bias;   // L x [2f]
+  std::vector<Tensor> down_bias;  // L x [h]
   Tensor final_norm;              // [h], replicated
   Tensor embed;                   // [V/D, h] rows [r*V/D, (r+1)*V/D)
   Tensor lm_head;                 // [V/D, h]; the embed tensor when tied
@@ -213,8 +218,9 @@ void sum_norm_partials(Backend& backend, const std::vector<Tensor>& partials, Sh
                        const std::function<void(Tensor& packed)>& reduce);
 
 // A step's partial gradients of the replicated attention variants (qkv_bias, o_bias (when
-// with_o_bias), qk_norm of every layer; f32, zeroed), in a ShardedWeights that holds nothing
-// else, so attach_attn_variants gives views into it. Kept apart from the gradients, which
+// with_o_bias), qk_norm of every layer; f32, zeroed) and MLP biases (mlp_bias; down_bias
+// when with_o_bias), in a ShardedWeights that holds nothing else, so attach_attn_variants
+// and attach_mlp_bias give views into it. Kept apart from the gradients, which
 // hold earlier micro-batches' sums, until sum_variant_partials.
 ShardedWeights allocate_variant_partials(Backend& backend, const LlamaConfig& config, const ShardDims& dims,
                                          bool with_o_bias);
@@ -239,6 +245,10 @@ Status assemble_global(const ShardedWeights& shard, Communicator& axis, LlamaWei
 // [q_head0, q_head0 + n_q) and KV heads [kv_head0, kv_head0 + n_kv) into `w` (a no-op without them).
 void attach_attn_variants(const ShardedWeights& weights, int l, int64_t q_head0, int64_t n_q, int64_t kv_head0,
                           int64_t n_kv, QkvWeights& w);
+
+// The gate and up biases of MLP columns [col0, col0 + cols) of layer l (ShardedWeights::mlp_bias)
+// into `w` (a no-op without them); the down bias is the caller's (it is added once per token).
+void attach_mlp_bias(const ShardedWeights& weights, int l, int64_t col0, int64_t cols, MlpWeights& w);
 
 // ---- KV replicas (ShardDims::kv_group > 1; docs/tsp.md section 3) ----
 // The wk/wv rows [2 kv_rows, h] of a packed attention shard (or its gradient): a view.

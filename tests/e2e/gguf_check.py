@@ -9,9 +9,10 @@ published description, independent of foldpar's writer).
                                             the same generated ids, as many prompt tokens as
                                             foldpar prefilled (bytes: the prompts' bytes)
   gguf_check.py random CONFIG HF_DIR SEED     a Hugging Face directory with random weights
-                                            (std 0.02, q/k 0.12: attention far from uniform)
-                                            for vocabularies too large for verify --dump's pace
-  gguf_check.py sharpen HF_DIR FACTOR       multiplies q_proj and k_proj by FACTOR in place, so
+                                            (std 0.02, q/k 0.12, q/k norm gains 3: attention far from uniform;
+                                            qwen2's q/k/v biases, qwen3's q/k norms) for
+                                            vocabularies too large for verify --dump's pace
+  gguf_check.py sharpen HF_DIR FACTOR       multiplies q_proj, k_proj (and q/k norm gains) by FACTOR in place, so
                                             that a random model's attention is far from uniform
                                             (at init it barely depends on positions, and a wrong
                                             RoPE row order would go unseen)
@@ -97,9 +98,17 @@ def read_safetensors(path):
 
 
 def to_llama_rope_rows(w, n_head):
-    # HF rotates (i, i + d/2) of each head; llama.cpp (i.e. the GGUF "llama" architecture) the
-    # adjacent pairs (2i, 2i + 1): row 2i + j of a head takes HF row j * d/2 + i.
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, w.shape[1]).swapaxes(1, 2).reshape(w.shape)
+    # HF rotates (i, i + d/2) of each head; llama.cpp's "llama" architecture the adjacent pairs
+    # (2i, 2i + 1): row 2i + j of a head takes HF row j * d/2 + i (a bias [n*d] likewise).
+    cols = w.shape[1:]
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *cols).swapaxes(1, 2).reshape(w.shape)
+
+
+def architecture(cfg):
+    # The llama.cpp architecture foldpar writes (checkpoint/gguf_export.h): qwen2 and qwen3 rotate
+    # the halves of each head like Hugging Face (rows kept), llama adjacent pairs (rows permuted).
+    t = cfg.get("model_type", "llama")
+    return t if t in ("qwen2", "qwen3") else "llama"
 
 
 def rounded(a, dtype):
@@ -121,16 +130,21 @@ def check_tensors(gguf, hf_dir, dtype):
     cfg = json.load(open(f"{hf_dir}/config.json"))
     st = read_safetensors(f"{hf_dir}/model.safetensors")
     h, n_h, n_kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    arch = architecture(cfg)
+    d = cfg.get("head_dim") or h // n_h
     want_meta = {
-        "general.architecture": "llama", "llama.context_length": cfg["max_position_embeddings"],
-        "llama.embedding_length": h, "llama.block_count": cfg["num_hidden_layers"],
-        "llama.feed_forward_length": cfg["intermediate_size"], "llama.attention.head_count": n_h,
-        "llama.attention.head_count_kv": n_kv, "llama.rope.dimension_count": h // n_h,
-        "llama.vocab_size": cfg["vocab_size"], "tokenizer.ggml.model": "gpt2",
+        "general.architecture": arch, "context_length": cfg["max_position_embeddings"],
+        "embedding_length": h, "block_count": cfg["num_hidden_layers"],
+        "feed_forward_length": cfg["intermediate_size"], "attention.head_count": n_h,
+        "attention.head_count_kv": n_kv, "rope.dimension_count": d,
+        "vocab_size": cfg["vocab_size"], "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.add_bos_token": False,
-        "llama.rope.freq_base": np.float32(cfg["rope_theta"]),
-        "llama.attention.layer_norm_rms_epsilon": np.float32(cfg["rms_norm_eps"]),
+        "rope.freq_base": np.float32(cfg["rope_theta"]),
+        "attention.layer_norm_rms_epsilon": np.float32(cfg["rms_norm_eps"]),
     }
+    if n_h * d != h:
+        want_meta.update({"attention.key_length": d, "attention.value_length": d})
+    want_meta = {(k if k.startswith(("general.", "tokenizer.")) else f"{arch}.{k}"): v for k, v in want_meta.items()}
     for k, v in want_meta.items():
         if meta.get(k) != v:
             fail(f"{gguf}: {k} is {meta.get(k)!r}, want {v!r}")
@@ -142,9 +156,11 @@ def check_tensors(gguf, hf_dir, dtype):
     hf_layer = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
                 "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    hf_layer.update({"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"})
     for l in range(cfg["num_hidden_layers"]):
         for a, b in hf_layer.items():
-            names[f"model.layers.{l}.{a}.weight"] = f"blk.{l}.{b}.weight"
+            for kind in ("weight", "bias"):
+                names[f"model.layers.{l}.{a}.{kind}"] = f"blk.{l}.{b}.{kind}"
     tied = cfg.get("tie_word_embeddings", False)
     expected = {g for k, g in names.items() if k in st}
     if tied and "output.weight" in tensors:
@@ -155,9 +171,9 @@ def check_tensors(gguf, hf_dir, dtype):
         if k not in st:
             continue
         w = st[k]
-        if "q_proj" in k:
+        if "q_proj" in k and arch == "llama":
             w = to_llama_rope_rows(w, n_h)
-        if "k_proj" in k:
+        if "k_proj" in k and arch == "llama":
             w = to_llama_rope_rows(w, n_kv)
         kind, a = tensors[g]
         want = dtype if w.ndim == 2 else "f32"
@@ -165,7 +181,7 @@ def check_tensors(gguf, hf_dir, dtype):
             fail(f"{gguf}: {g} is {kind}, want {want}")
         if a.shape != w.shape or not np.array_equal(a, rounded(w, want)):
             fail(f"{gguf}: {g} ({a.shape}) differs from {k} ({w.shape}) rounded to {want}")
-    print(f"{gguf}: {len(tensors)} tensors ({dtype}) and the hyper-parameters match {hf_dir}")
+    print(f"{gguf}: {len(tensors)} tensors ({dtype}) and the {arch} hyper-parameters match {hf_dir}")
 
 
 def compare(tokenizer, foldpar_jsonl, foldpar_stderr, llama_out, prompts):
@@ -211,17 +227,24 @@ def random_model(config, hf_dir, seed):
     json.dump(cfg, open(f"{hf_dir}/config.json", "w"))
     rng = np.random.default_rng(seed)
     h, f, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    d = h // cfg["num_attention_heads"]
-    kv = cfg["num_key_value_heads"] * d
+    d = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
+    t_ = cfg.get("model_type", "llama")
+    qkv_bias = t_ == "qwen2"
     w = lambda *shape, std=0.02: (rng.standard_normal(shape, dtype=np.float32) * np.float32(std))
     gain = lambda: 1 + w(h, std=0.1)
     t = {"model.embed_tokens.weight": w(V, h)}
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}."
-        t.update({p + "input_layernorm.weight": gain(), p + "self_attn.q_proj.weight": w(h, h, std=0.12),
+        t.update({p + "input_layernorm.weight": gain(), p + "self_attn.q_proj.weight": w(q, h, std=0.12),
                   p + "self_attn.k_proj.weight": w(kv, h, std=0.12), p + "self_attn.v_proj.weight": w(kv, h),
-                  p + "self_attn.o_proj.weight": w(h, h), p + "post_attention_layernorm.weight": gain(),
+                  p + "self_attn.o_proj.weight": w(h, q), p + "post_attention_layernorm.weight": gain(),
                   p + "mlp.gate_proj.weight": w(f, h), p + "mlp.up_proj.weight": w(f, h), p + "mlp.down_proj.weight": w(h, f)})
+        if qkv_bias:
+            t.update({p + "self_attn.q_proj.bias": w(q, std=0.5), p + "self_attn.k_proj.bias": w(kv, std=0.5),
+                      p + "self_attn.v_proj.bias": w(kv)})
+        if t_ == "qwen3":
+            t.update({p + "self_attn.q_norm.weight": 3 + w(d, std=0.3), p + "self_attn.k_norm.weight": 3 + w(d, std=0.3)})
     t["model.norm.weight"] = gain()
     if not cfg.get("tie_word_embeddings", False):
         t["lm_head.weight"] = w(V, h)
@@ -233,7 +256,7 @@ def sharpen(hf_dir, factor):
     data = bytearray(open(path, "rb").read())
     n = struct.unpack_from("<Q", data, 0)[0]
     for k, v in json.loads(data[8:8 + n]).items():
-        if "q_proj" in k or "k_proj" in k:
+        if any(n in k for n in ("q_proj", "k_proj", "q_norm", "k_norm")):  # qwen3 normalizes q, k: scale the gains
             a, b = v["data_offsets"]
             w = np.frombuffer(bytes(data[8 + n + a:8 + n + b]), dtype=np.float32) * np.float32(factor)
             data[8 + n + a:8 + n + b] = w.tobytes()

@@ -9,7 +9,9 @@
 #    or a replica that drifts, moves the loss by far more than the tolerance within a step;
 #  - a pp=2,tsp=2 checkpoint at step 4 resumed on one rank, and a dp=2,tsp=2 one resumed under
 #    tp=2: the next losses match (the variants and replicas reshard through their ParamRefs);
-#  - bf16 storage: dp=2,tsp=2 and pp=2,tp=2 follow one rank in bf16 (one bf16 ulp) and f32 (3%).
+#  - bf16 storage: dp=2,tsp=2 and pp=2,tp=2 follow one rank in bf16 (one bf16 ulp) and f32 (3%);
+#  - Llama with attention_bias and mlp_bias (gate/up/down biases, replicated): tsp=2, tp=2:seqpar,
+#    dp=2,tsp=2 and pp=2,tp=2 give one rank's losses, and a pp=2,tsp=2 checkpoint resumes on tp=2.
 # Tolerance: 2e-5 relative, as train_layouts.sh (only the order of f32 sums differs).
 set -euo pipefail
 mpirun=$1 bin=$2 src=$3
@@ -21,10 +23,14 @@ c = json.load(open(sys.argv[1]))
 c.update({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": True,
           "num_key_value_heads": 1})
 json.dump(c, open(sys.argv[2], "w"))
+c = json.load(open(sys.argv[1]))
+c.update({"attention_bias": True, "mlp_bias": True})
+json.dump(c, open(sys.argv[2].replace("model.json", "mlp_bias.json"), "w"))
 PY
+model=$tmp/model.json
 run() {  # run NP LAYOUT OUT [extra train flags]
   local np=$1 layout=$2 out=$3; shift 3
-  "$mpirun" --allow-run-as-root --oversubscribe -np "$np" "$bin" train --model "$tmp/model.json" \
+  "$mpirun" --allow-run-as-root --oversubscribe -np "$np" "$bin" train --model "$model" \
     --data "$tmp/data" --out "$out" --layout "$layout" --steps 8 --seq 64 --batch 4 --lr 3e-3 --warmup 2 \
     --eval-every 0 --eval-batches 1 --print-every 100 --seed 7 "$@" >/dev/null
 }
@@ -86,4 +92,15 @@ for name in ["one_bf16", "dp2tsp2_bf16", "pp2tp2_bf16"]:
     assert d32 < 0.03, f"{name}: losses differ from f32 by {d32:.3f} (relative)"
     print(f"{name}: worst loss difference {d:.2e} from one rank in bf16, {d32:.2e} from f32")
 PY
-echo "train_variants: qwen3 with attention_bias and one KV head trains alike under dp and pp (f32 and bf16), and reshards"
+
+model=$tmp/mlp_bias.json
+run 1 tsp=1 "$tmp/mlp_one"
+run 2 tsp=2 "$tmp/mlp_tsp2"
+run 2 tp=2:seqpar "$tmp/mlp_tp2"
+run 4 dp=2,tsp=2 "$tmp/mlp_dp2tsp2"
+run 4 pp=2,tp=2 "$tmp/mlp_pp2tp2" --micro-batch 2
+run 4 pp=2,tsp=2 "$tmp/mlp_from_pp" --micro-batch 1 --stop-after 4
+run 2 tp=2 "$tmp/mlp_from_pp" --resume
+compare mlp_one mlp_tsp2 mlp_tp2 mlp_dp2tsp2 mlp_pp2tp2 mlp_from_pp
+echo "train_variants: qwen3 with attention_bias and one KV head, and llama with attention_bias and mlp_bias, train alike"
+echo "under dp and pp (f32 and bf16), and reshard"

@@ -163,6 +163,14 @@ TEST(DecodeParity, OneKvHeadOnTspAndTp) {
     SCOPED_TRACE(std::string(layout) + " n_kv 1");
     check_parity(s);
   }
+  // The TSP prefill with head buckets sharing each rank's replica (D > 1: one KV head is no
+  // replica on one rank, where it cannot split into buckets).
+  if (test::mpi().world().size() == 1) return;
+  Case s = make_case("tsp");
+  s.config.num_key_value_heads = 1;
+  s.options.head_buckets = 2;
+  SCOPED_TRACE("tsp n_kv 1, 2 head buckets");
+  check_parity(s);
 }
 // head_dim apart from h / n_h (12 and 4 with h / n_h = 8): q width n_h * d above and below h.
 TEST(DecodeParity, HeadDimApartFromHiddenOnTspAndTp) {
@@ -214,6 +222,19 @@ TEST(DecodeParity, AttentionBiasesAndQkNormsOnTspAndTp) {
       s.config.qk_norm = variant == 2;
       if (variant == 2) s.config.explicit_head_dim = 12;
       SCOPED_TRACE(std::string(layout) + " variant " + std::to_string(variant));
+      check_parity(s);
+    }
+}
+
+// Llama's mlp_bias (alone, and with attention_bias): each rank's columns' gate/up bias slices,
+// the down bias once after the sum, in the prefill and every decode step.
+TEST(DecodeParity, MlpBiasOnTspAndTp) {
+  for (const char* layout : {"tsp", "tp"})
+    for (bool attention_bias : {false, true}) {
+      Case s = make_case(layout);
+      s.config.mlp_bias = true;
+      s.config.qkv_bias = s.config.o_bias = attention_bias;
+      SCOPED_TRACE(std::string(layout) + (attention_bias ? " with attention_bias" : ""));
       check_parity(s);
     }
 }
@@ -270,6 +291,26 @@ TEST(DecodeParity, MixtureOfExpertsOnTp) {
     c.moe.num_experts_per_tok = 2;
     SCOPED_TRACE("E=2 over tp=4");
     check_parity(Case{c, "tp", {}});
+  }
+}
+
+// A MoE model with one KV head (a replica on every rank at D > 1): the TSP prefill's KV
+// replicas and the decode step's attention on the replica, with each dispatch; and with
+// experts split over ranks (D > E).
+TEST(DecodeParity, MixtureOfExpertsWithOneKvHead) {
+  const int D = test::mpi().world().size();
+  if (4 % D != 0) GTEST_SKIP() << "4 experts do not divide over " << D << " ranks";
+  for (Layout::MoeDispatchOption dispatch : {Layout::MoeDispatchOption::kAllToAll, Layout::MoeDispatchOption::kGather,
+                                             Layout::MoeDispatchOption::kRing}) {
+    LlamaConfig c = moe_decode_config(dispatch == Layout::MoeDispatchOption::kGather ? MoeFamily::kQwen2
+                                                                                      : MoeFamily::kMixtral);
+    c.num_key_value_heads = 1;
+    if (D > 1 && dispatch == Layout::MoeDispatchOption::kRing) c.moe.num_experts = c.moe.num_experts_per_tok = D / 2;
+    Case s{c, "tsp", {}};
+    s.options.moe_dispatch = dispatch;
+    SCOPED_TRACE("one KV head, E=" + std::to_string(c.moe.num_experts) + ", prefill dispatch " +
+                 std::to_string(static_cast<int>(dispatch)));
+    check_parity(s);
   }
 }
 

@@ -80,8 +80,9 @@ LlamaConfig test_config(Family f, int T, bool tied, bool gqa, int layers) {
 enum class Ignore { kNone, kSp0, kFirstTpBlock };
 
 // The Hugging Face attention variants (model/llama_config.h): none, Qwen2's q/k/v biases,
-// Llama's attention_bias (q/k/v and o biases), Qwen3's per-head q/k RMSNorm.
-enum class Variant { kNone, kQwen2, kAttentionBias, kQwen3 };
+// Llama's attention_bias (q/k/v and o biases), Qwen3's per-head q/k RMSNorm; Llama's
+// mlp_bias (gate/up/down biases) alone and with attention_bias.
+enum class Variant { kNone, kQwen2, kAttentionBias, kQwen3, kMlpBias, kAllBiases };
 
 struct Case {
   std::string name{};
@@ -127,9 +128,11 @@ int degree_of(const std::string& layout, std::string_view axis) {
 // KV heads.
 LlamaConfig case_config(const Case& k, int T) {
   LlamaConfig c = test_config(k.family, T, k.tied, k.gqa, k.layers);
-  c.qkv_bias = k.variant == Variant::kQwen2 || k.variant == Variant::kAttentionBias;
-  c.o_bias = k.variant == Variant::kAttentionBias;
+  const bool all = k.variant == Variant::kAllBiases;
+  c.qkv_bias = k.variant == Variant::kQwen2 || k.variant == Variant::kAttentionBias || all;
+  c.o_bias = k.variant == Variant::kAttentionBias || all;
   c.qk_norm = k.variant == Variant::kQwen3;
+  c.mlp_bias = k.variant == Variant::kMlpBias || all;
   if (k.head_dim > 0) c.explicit_head_dim = k.head_dim;
   if (k.kv_heads > 0) c.num_key_value_heads = k.kv_heads;
   return c;
@@ -353,6 +356,12 @@ void add_tp_cases(std::vector<Case>& out) {
     k.recompute = sp ? Recompute::kBlock : Recompute::kNone;
     k.head_dim = sp ? 0 : 12;
     out.push_back(named(k, p + (sp ? "_qwen3_qk_norms_recompute" : "_qwen3_qk_norms_head_dim_12")));
+    // Llama's mlp_bias: gate/up bias slices with this rank's columns, the down bias once
+    // after the row-parallel sum, its gradient from dy (no tp sum), the others summed over tp.
+    k = base;
+    k.variant = sp ? Variant::kAllBiases : Variant::kMlpBias;
+    k.tied = sp;
+    out.push_back(named(k, p + (sp ? "_all_biases_tied" : "_mlp_bias")));
   }
 }
 
@@ -397,6 +406,9 @@ void add_sp_cases(std::vector<Case>& out) {
     k = base;
     k.variant = x == Exchange::kRing ? Variant::kQwen3 : Variant::kAttentionBias;
     out.push_back(named(k, p + (x == Exchange::kRing ? "_qwen3_qk_norms" : "_attention_bias")));
+    k = base;
+    k.variant = Variant::kMlpBias;
+    out.push_back(named(k, p + "_mlp_bias"));
   }
 }
 
@@ -448,6 +460,11 @@ void add_mesh_cases(std::vector<Case>& out) {
                      .family = m,
                      .sequence_parallel = true,
                      .variant = Variant::kAttentionBias});
+  out.push_back(Case{.name = "mesh_seqpar_ring_all_biases",
+                     .family = m,
+                     .exchange = ring,
+                     .sequence_parallel = true,
+                     .variant = Variant::kAllBiases});
   out.push_back(Case{.name = "mesh_ring_qwen3_qk_norms_head_dim_12",
                      .family = m,
                      .exchange = ring,
@@ -669,7 +686,11 @@ std::vector<Bf16Case> bf16_cases() {
                    .sequence_parallel = true,
                    .variant = Variant::kAttentionBias},
           Bf16Case{.name = "mesh_bf16_qwen3_one_kv_head", .family = Family::kMesh, .variant = Variant::kQwen3,
-                   .kv_heads = 1}};
+                   .kv_heads = 1},
+          // Llama's mlp_bias (bf16 biases, replicated; gradients f32).
+          Bf16Case{.name = "tp_bf16_seqpar_all_biases", .family = Family::kTp, .sequence_parallel = true,
+                   .variant = Variant::kAllBiases},
+          Bf16Case{.name = "mesh_bf16_mlp_bias", .family = Family::kMesh, .variant = Variant::kMlpBias}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Bf16, MegatronBf16Parity, ::testing::ValuesIn(bf16_cases()),

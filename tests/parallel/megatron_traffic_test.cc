@@ -43,9 +43,12 @@ using test::Family;
 // The layouts a policy runs on: those of the family it was written for.
 std::vector<std::string> layouts(Family f) { return test::megatron_layouts(f); }
 
-LlamaConfig traffic_config(int layers, bool tied, int kv_heads, bool variants = false) {
+// variants: 0 none; 1 qwen3 with attention_bias (every attention variant at once); 2 Llama's
+// mlp_bias alone.
+LlamaConfig traffic_config(int layers, bool tied, int kv_heads, int variants = 0) {
   LlamaConfig c;
-  c.qkv_bias = c.o_bias = c.qk_norm = variants;  // qwen3 with attention_bias: every variant at once
+  c.qkv_bias = c.o_bias = c.qk_norm = variants == 1;
+  c.mlp_bias = variants == 2;
   c.hidden_size = 96;
   c.num_attention_heads = 12;
   c.num_key_value_heads = kv_heads;  // 4: g = 3, two KV heads per rank at T = 2; 6 at T = 3
@@ -96,7 +99,7 @@ struct Counted {
 
 // One step's counters on each axis the mesh has (nothing on an axis it lacks).
 // kv_heads > 0 replaces the sizes' KV heads.
-Counted run(const std::string& layout, int layers, const Policy& pol, bool backward, bool variants = false,
+Counted run(const std::string& layout, int layers, const Policy& pol, bool backward, int variants = 0,
             int kv_heads = 0) {
   Result<Mesh> mesh = Mesh::create(test::mpi().world(), layout);
   FP_CHECK_OK(mesh.status());
@@ -374,6 +377,29 @@ TEST_P(MegatronTrafficVariants, AddOneTpAllReduceAndGrowTheSpGradientSum) {
       if (backward && F.P > 1) sp.add_all_reduce_growth(F.grad_elems(1), F.grad_elems(1) + qkv + F.h + 2 * d, F.P, F.p);
       expect_counters(variants.tp - plain.tp, tp, "tp, " + what);
       expect_counters(variants.sp - plain.sp, sp, "sp, " + what);
+    }
+  }
+}
+
+// Llama's mlp_bias against the plain model: the forward moves the same; the backward adds one
+// all_reduce over tp of the gate/up bias partials, L 2f elements (the down bias, like the o
+// bias, needs none), and their L (2f + h) gradient elements grow the gradient sum over sp.
+TEST_P(MegatronTrafficVariants, MlpBiasAddsOneTpAllReduceAndGrowsTheSpGradientSum) {
+  const Policy pol = GetParam();
+  for (const std::string& layout : layouts(pol.family)) {
+    SCOPED_TRACE(layout);
+    const Formulas F = formulas(layout, pol);
+    const Sizes z = sizes(Mesh::create(test::mpi().world(), layout).value(), pol.family);
+    const LlamaConfig c = traffic_config(1, pol.tied, z.kv_heads, 2);
+    const uint64_t f2 = 2 * static_cast<uint64_t>(c.intermediate_size);
+    for (bool backward : {false, true}) {
+      const std::string what = backward ? "forward+backward" : "forward";
+      const Counted plain = run(layout, 1, pol, backward), biased = run(layout, 1, pol, backward, 2);
+      Expected tp, sp;
+      if (backward && F.T > 1) tp.add_all_reduce(1, f2, F.T, F.t);
+      if (backward && F.P > 1) sp.add_all_reduce_growth(F.grad_elems(1), F.grad_elems(1) + f2 + F.h, F.P, F.p);
+      expect_counters(biased.tp - plain.tp, tp, "tp, " + what);
+      expect_counters(biased.sp - plain.sp, sp, "sp, " + what);
     }
   }
 }

@@ -49,8 +49,9 @@ LlamaConfig test_config(int layers, bool tied) {
 }
 
 // The Hugging Face attention variants (model/llama_config.h): none, Qwen2's q/k/v biases,
-// Llama's attention_bias (q/k/v and o biases), Qwen3's per-head q/k RMSNorm.
-enum class Variant { kNone, kQwen2, kAttentionBias, kQwen3 };
+// Llama's attention_bias (q/k/v and o biases), Qwen3's per-head q/k RMSNorm; Llama's
+// mlp_bias (gate/up/down biases) alone and with attention_bias.
+enum class Variant { kNone, kQwen2, kAttentionBias, kQwen3, kMlpBias, kAllBiases };
 
 struct Case {
   std::string layout{};     // run where its ranks equal the world size
@@ -68,9 +69,11 @@ struct Case {
 
 LlamaConfig case_config(const Case& k) {
   LlamaConfig c = test_config(k.layers, k.tied);
-  c.qkv_bias = k.variant == Variant::kQwen2 || k.variant == Variant::kAttentionBias;
-  c.o_bias = k.variant == Variant::kAttentionBias;
+  const bool all = k.variant == Variant::kAllBiases;
+  c.qkv_bias = k.variant == Variant::kQwen2 || k.variant == Variant::kAttentionBias || all;
+  c.o_bias = k.variant == Variant::kAttentionBias || all;
   c.qk_norm = k.variant == Variant::kQwen3;
+  c.mlp_bias = k.variant == Variant::kMlpBias || all;
   if (k.kv_heads > 0) c.num_key_value_heads = k.kv_heads;
   return c;
 }
@@ -355,6 +358,22 @@ TEST(PipelineParity, AttentionVariantsOnStages) {
               Case{.layout = "pp=4,tsp=1", .layers = 5, .variant = Variant::kAttentionBias},
               Case{.layout = "pp=4,tsp=2", .tied = true, .variant = Variant::kQwen3},
               Case{.layout = "pp=2,tp=2,sp=2", .variant = Variant::kQwen2});
+}
+
+// Llama's mlp_bias on pipeline stages and under dp: replicated like the attention variants,
+// so each stage holds, sums and counts its own layers' MLP biases, and dp adds each copy once.
+TEST(PipelineParity, MlpBiasOnStagesAndWithDataParallel) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,tsp=1", .m_per_stage = 2, .variant = Variant::kMlpBias},
+              Case{.layout = "dp=2,tp=1", .tied = true, .variant = Variant::kAllBiases},
+              Case{.layout = "pp=2,tsp=1:zb", .m_per_stage = 2, .variant = Variant::kAllBiases},
+              Case{.layout = "pp=2,tsp=2", .tied = true, .m_per_stage = 2, .variant = Variant::kAllBiases},
+              Case{.layout = "pp=2,tp=2:seqpar", .layers = 3, .variant = Variant::kMlpBias},
+              Case{.layout = "pp=2,sp=2:ring", .variant = Variant::kAllBiases},
+              Case{.layout = "pp=2,tp=2:zb", .m_per_stage = 2, .variant = Variant::kMlpBias},
+              Case{.layout = "dp=2,tsp=2", .variant = Variant::kMlpBias},
+              Case{.layout = "dp=2,tp=2", .tied = true, .variant = Variant::kAllBiases, .kv_heads = 1},
+              Case{.layout = "pp=2,dp=2,tsp=2", .m_per_stage = 2, .variant = Variant::kAllBiases},
+              Case{.layout = "pp=2,tp=2,sp=2", .variant = Variant::kMlpBias});
 }
 
 // KV replicas on pipeline stages: the group's wk/wv gradient copy (TSP) or sum (tp) runs per
@@ -727,7 +746,10 @@ TEST(PipelineBf16, AttentionVariantsAndKvReplicasMatchTheSingleRankBf16Model) {
       {"pp=2,tp=1:bf16", Case{.layers = 3, .variant = Variant::kQwen2}},
       {"pp=2,tsp=2:bf16", Case{.layers = 3, .variant = Variant::kAttentionBias, .kv_heads = 1}},
       {"pp=2,tp=2:seqpar:bf16", Case{.layers = 3, .variant = Variant::kQwen3, .kv_heads = 1}},
-      {"pp=2,sp=2:bf16", Case{.layers = 3, .variant = Variant::kAttentionBias}}};
+      {"pp=2,sp=2:bf16", Case{.layers = 3, .variant = Variant::kAttentionBias}},
+      {"pp=2,tsp=1:bf16", Case{.layers = 3, .variant = Variant::kAllBiases}},
+      {"pp=2,tsp=2:bf16", Case{.layers = 3, .variant = Variant::kMlpBias}},
+      {"pp=2,tp=2:seqpar:bf16", Case{.layers = 3, .variant = Variant::kAllBiases}}};
   for (const auto& [text, k] : cases) ran = run_bf16_parity(text, k) || ran;
   if (!ran) GTEST_SKIP() << "no layout for " << test::mpi().world().size() << " ranks";
 }

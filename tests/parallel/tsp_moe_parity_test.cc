@@ -68,6 +68,7 @@ struct Case {
   // Negative control with split experts (D > E): each rank's down projection is its group
   // partner's f_e slice (rank p ^ 1), misaligned with its own gate and up rows.
   bool misalign_slice = false;
+  int64_t kv_heads = 0;  // > 0: num_key_value_heads (fewer than D: KV replicas)
 };
 
 const InitOptions kInit{.seed = 5, .std = 0.1, .norm_jitter = 0.2};
@@ -80,6 +81,7 @@ void check_parity(const Case& k) {
   if (k.expert_width > 0) c.moe.moe_intermediate_size = k.expert_width;
   if (k.experts > 0) c.moe.num_experts = k.experts;
   if (k.top_k > 0) c.moe.num_experts_per_tok = k.top_k;
+  if (k.kv_heads > 0) c.num_key_value_heads = k.kv_heads;
   const int64_t B = 2, S = 16;
 
   LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
@@ -171,6 +173,22 @@ void check_parity(const Case& k) {
   size_t j = 0;
   sliced.for_each([&](const std::string& name, Tensor& t, bool) { EXPECT_EQ(max_rel_error(own[j++], t), 0.0) << name; });
   EXPECT_EQ(j, own.size());
+  if (model->dims().replicated_kv()) {
+    // KV replicas: every member of a group holds its wk/wv gradient rows bit for bit, and they
+    // equal the reference rows of the group's KV head (assemble_global reads the first only).
+    const ShardDims& dm = model->dims();
+    for (size_t l = 0; l < tg.attn.size(); ++l) {
+      const Tensor rows = kv_replica_rows(dm, tg.attn[l]);
+      const int64_t r0 = dm.kv_head0(p) * dm.d;
+      EXPECT_LE(max_rel_error(rows.narrow(0, dm.kv_rows), ref_g.layers[l].wk.narrow(r0, r0 + dm.kv_rows)),
+                tol::kF32Parallel)
+          << "wk replica, layer " << l << ", rank " << p;
+      Tensor all = Tensor::empty({D, rows.numel()}, DType::kF32, MemCategory::kWorkspace);
+      ASSERT_TRUE(world.all_gather(rows.raw_data(), all.raw_data(), static_cast<size_t>(rows.numel()), DType::kF32).ok());
+      const int first = dm.kv_group_first(p);
+      EXPECT_EQ(max_rel_error(all.narrow(p, p + 1), all.narrow(first, first + 1)), 0.0) << "layer " << l << " rank " << p;
+    }
+  }
 }
 
 constexpr auto kA2A = Layout::MoeDispatchOption::kAllToAll;
@@ -183,6 +201,20 @@ TEST(TspMoeParity, Qwen2SharedExpertAndDenseLayerAllToAll) { check_parity(Case{M
 TEST(TspMoeParity, Qwen2SharedExpertAndDenseLayerGather) { check_parity(Case{MoeFamily::kQwen2, kGather}); }
 TEST(TspMoeParity, MixtralRing) { check_parity(Case{MoeFamily::kMixtral, kRing}); }
 TEST(TspMoeParity, Qwen2SharedExpertAndDenseLayerRing) { check_parity(Case{MoeFamily::kQwen2, kRing}); }
+// Fewer KV heads than ranks in a MoE model (one KV head: a replica on every rank), under each
+// dispatch: the attention is TSP's, whose KV replicas the MoE layer does not touch.
+TEST(TspMoeParity, OneKvHeadEachDispatch) {
+  for (auto dispatch : {kA2A, kGather, kRing}) {
+    Case k{MoeFamily::kMixtral, dispatch};
+    k.kv_heads = 1;
+    check_parity(k);
+    k = Case{MoeFamily::kQwen2, dispatch};
+    k.kv_heads = 1;
+    k.recompute = Recompute::kBlock;
+    check_parity(k);
+  }
+}
+
 TEST(TspMoeParity, Qwen3SparseStepPerLayerAux) {
   check_parity(Case{MoeFamily::kQwen3, kA2A, /*per_layer=*/true});
   check_parity(Case{MoeFamily::kQwen3, kGather, /*per_layer=*/true});

@@ -40,13 +40,20 @@ LlamaConfig test_config(int D, bool tied, bool gqa) {
 }
 
 // The Hugging Face attention variants (model/llama_config.h): none, Qwen2's q/k/v biases,
-// Llama's attention_bias (q/k/v and o biases), Qwen3's per-head q/k RMSNorm.
-enum class Variant { kNone, kQwen2, kAttentionBias, kQwen3 };
+// Llama's attention_bias (q/k/v and o biases), Qwen3's per-head q/k RMSNorm; Llama's
+// mlp_bias (gate/up/down biases) alone and with attention_bias.
+enum class Variant { kNone, kQwen2, kAttentionBias, kQwen3, kMlpBias, kAllBiases };
 
 void apply_variant(Variant v, LlamaConfig& c) {
-  c.qkv_bias = v == Variant::kQwen2 || v == Variant::kAttentionBias;
-  c.o_bias = v == Variant::kAttentionBias;
+  c.qkv_bias = v == Variant::kQwen2 || v == Variant::kAttentionBias || v == Variant::kAllBiases;
+  c.o_bias = v == Variant::kAttentionBias || v == Variant::kAllBiases;
   c.qk_norm = v == Variant::kQwen3;
+  c.mlp_bias = v == Variant::kMlpBias || v == Variant::kAllBiases;
+}
+
+// The replicated variants (biases, q/k norm gains) among the Hugging Face tensor names.
+bool is_variant(const std::string& name) {
+  return name.ends_with("_proj.bias") || (name.find("self_attn") != std::string::npos && name.ends_with("_norm.weight"));
 }
 
 struct Case {
@@ -162,14 +169,13 @@ void check_parity(const Case& k) {
   i = 0;
   own_g.for_each([&](const std::string& name, Tensor& t) {
     const Tensor& want = ref_list[i++].second;
-    if (!name.ends_with("_proj.bias") && !name.ends_with("_norm.weight") ) return;
-    if (name.find("self_attn") == std::string::npos) return;
+    if (!is_variant(name)) return;
     ++variants;
     EXPECT_LE(max_rel_error(t, want), tol::kF32Parallel) << name << " held by rank " << p << "\n"
                                                          << describe_mismatches(t, want, tol::kF32Parallel);
   });
   EXPECT_EQ(static_cast<int64_t>(variants),
-            c.num_hidden_layers * ((c.qkv_bias ? 3 : 0) + (c.o_bias ? 1 : 0) + (c.qk_norm ? 2 : 0)));
+            c.num_hidden_layers * ((c.qkv_bias ? 3 : 0) + (c.o_bias ? 1 : 0) + (c.qk_norm ? 2 : 0) + (c.mlp_bias ? 3 : 0)));
   // The shards initialized on their own equal the slices of the global weights.
   ShardedWeights sliced = ShardedWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kWorkspace);
   shard_from_global(w, sliced);
@@ -298,6 +304,29 @@ TEST(TspParity, Qwen3QkNorms) {
   check_parity(k);
 }
 
+// Llama's mlp_bias: each ring step's chunk takes its owner's columns' gate/up bias slices, the
+// down bias rides in step 0's chunk (once per token); the gradients, over the local tokens,
+// are summed over the axis with the attention variants' (checked on every rank above). With
+// the attention biases, head buckets, no overlap, tied embeddings, kept weights, recompute.
+TEST(TspParity, LlamaMlpBias) {
+  const int D = test::mpi().world().size();
+  Case k;
+  k.variant = Variant::kMlpBias;
+  check_parity(k);
+  k.variant = Variant::kAllBiases;
+  k.options.head_buckets = D == 3 ? 1 : 2;
+  k.options.overlap = false;
+  k.tied = true;
+  check_parity(k);
+  k = Case{};
+  k.variant = Variant::kAllBiases;
+  k.options.keep_weights = true;
+  k.options.recompute = Recompute::kBlock;
+  k.kv_heads = 1;
+  k.batch = 2;
+  check_parity(k);
+}
+
 // Fewer KV heads than ranks (issue 21): n_kv = 1 (every rank one replica) and, at D = 4,
 // n_kv = 2 (groups of two), in the schedules that treat K/V differently: overlap on and off,
 // the contiguous split, kept weights and K/V, block recompute, Qwen2's q/k/v biases and the
@@ -320,6 +349,29 @@ TEST(TspParity, FewerKvHeadsThanRanks) {
   k.options.recompute = Recompute::kBlock;
   k.variant = Variant::kQwen3;
   k.tied = true;
+  check_parity(k);
+}
+
+// KV replicas with head buckets: a rank's buckets split its query heads and share its one KV
+// head; the group's first unit gathers K/V, its last reduce-scatters the summed dK/dV. With
+// overlap on and off, kept K/V, recompute, and the q/k/v biases (the k/v bias once per group).
+TEST(TspParity, FewerKvHeadsThanRanksWithHeadBuckets) {
+  const int D = test::mpi().world().size();
+  const int nb = D == 1 ? 1 : 2;  // D = 1: one KV head is no replica, and one bucket holds it
+  Case k;
+  k.kv_heads = 1;
+  k.options.head_buckets = nb;
+  check_parity(k);
+  k.options.overlap = false;
+  k.options.head_buckets = D == 2 ? 4 : nb;  // 8 query heads per rank at D = 2
+  k.variant = Variant::kQwen2;
+  check_parity(k);
+  k = Case{};
+  k.kv_heads = D == 4 ? 2 : 1;
+  k.options.head_buckets = nb;
+  k.options.keep_kv = true;
+  k.options.recompute = Recompute::kBlock;
+  k.variant = Variant::kAllBiases;
   check_parity(k);
 }
 
@@ -372,7 +424,7 @@ void check_bf16_parity(const Case& k) {
   assembled.for_each([&](const std::string& name, Tensor& t) {
     const double tol = 16 * kBf16Ulp;
     EXPECT_LE(max_rel_error(t, want[i]), tol) << name << " on rank " << p << "\n" << describe_mismatches(t, want[i], tol);
-    if (name.find("self_attn") != std::string::npos && (name.ends_with("bias") || name.ends_with("norm.weight")))
+    if (is_variant(name))
       EXPECT_EQ(max_rel_error(mine[i], t), 0.0) << name << ": rank " << p << "'s copy differs from rank 0's";
     ++i;
   });
@@ -414,6 +466,16 @@ TEST(TspBf16Parity, PlainVariantsAndKvReplicasMatchTheSingleRankBf16Model) {
   k.kv_heads = 1;
   k.options.overlap = false;
   check_bf16_parity(k);
+  k = Case{};
+  k.variant = Variant::kAllBiases;
+  k.options.head_buckets = D == 3 ? 1 : 2;
+  check_bf16_parity(k);
+  if (D > 1) {  // KV replicas with head buckets
+    k = Case{};
+    k.kv_heads = 1;
+    k.options.head_buckets = 2;
+    check_bf16_parity(k);
+  }
 }
 
 TEST(TspErrors, SizesThatDoNotDivide) {
@@ -448,10 +510,14 @@ TEST(TspErrors, SizesThatDoNotDivide) {
     EXPECT_NE(message(bad, 48).find("num_key_value_heads (3) must be divisible by the TSP degree (4)"),
               std::string::npos);
   }
+  // KV replicas with head buckets: the buckets must divide the query heads per rank (2, 4 or 8 here).
   bad = c;
   bad.num_key_value_heads = 1;
+  o.head_buckets = 3;
+  EXPECT_NE(message(bad, 48, o).find("head buckets (3) must divide the query heads per TSP rank"), std::string::npos)
+      << message(bad, 48, o);
   o.head_buckets = 2;
-  EXPECT_NE(message(bad, 48, o).find("is not built with head buckets (2)"), std::string::npos);
+  EXPECT_EQ(message(bad, 48, o), "ok");
 }
 
 }  // namespace

@@ -76,6 +76,20 @@ TEST(GgufWrite, ReorderedRowsGiveTheSameScoresUnderAdjacentPairRope) {
       }
 }
 
+// A q or k bias [n_heads * d] moves with its weight's rows (the llama architecture): element
+// j d/2 + i of a head goes to 2i + j, as a one-column weight's row would.
+TEST(GgufWrite, BiasEntriesFollowTheirRows) {
+  const int64_t n_heads = 2, d = 6, h = 3;
+  const Tensor w = testing::random_tensor({n_heads * d, h}, DType::kF32, 5);
+  Tensor b = Tensor::empty({n_heads * d}, DType::kF32, MemCategory::kWorkspace);
+  for (int64_t r = 0; r < n_heads * d; ++r) b.data<float>()[r] = w.data<float>()[r * h];  // column 0
+  const std::vector<float> pw = permute_rows_for_gguf_rope(w, n_heads, d), pb = permute_rows_for_gguf_rope(b, n_heads, d);
+  ASSERT_EQ(pb.size(), static_cast<size_t>(n_heads * d));
+  for (int64_t r = 0; r < n_heads * d; ++r) EXPECT_EQ(pb[r], pw[r * h]) << "row " << r;
+  EXPECT_EQ(pb[2], b.data<float>()[1]);          // file row 2i + j = 2 (i 1, j 0): HF row j d/2 + i = 1
+  EXPECT_EQ(pb[3], b.data<float>()[d / 2 + 1]);  // file row 3 (i 1, j 1): HF row d/2 + 1
+}
+
 TEST(GgufWrite, ByteTokenizerVocabularyIsDistinctPrintableAndPadded) {
   Result<GgufVocab> v = byte_tokenizer_vocab(300);
   ASSERT_TRUE(v.ok()) << v.status().to_string();

@@ -203,19 +203,16 @@ TEST(ValidateLayout, AttentionVariantsRunOnEveryAxis) {
   }
 }
 
-// Llama's mlp_bias runs in the single-rank model only: every layout refuses it by name, tsp=1
-// and tp=1 included (they run the sharded steps, which do not carry the MLP biases).
-TEST(ValidateLayout, MlpBiasRunsOnTheSingleRankModelOnly) {
+// Llama's mlp_bias runs on every layout (replicated like the attention biases: tsp, the
+// Megatron layouts, dp, pp, bf16); the parity tests hold each against the single-rank model.
+TEST(ValidateLayout, MlpBiasRunsOnEveryLayout) {
   LlamaConfig c = mha_config();
   c.num_hidden_layers = 2;
   c.mlp_bias = true;
-  for (const char* layout : {"tsp=1", "tp=1", "tsp=2", "tp=2,sp=2", "dp=2,tsp=2", "pp=2,tsp=1"}) {
-    const Status s = validate_layout(c, parse(layout), 4, 128);
-    EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << layout;
-    EXPECT_EQ(s.message(), fmt::format("layout {}: MLP biases (mlp_bias) run in the single-rank model only so far "
-                                       "(verify without --layout)",
-                                       parse(layout).to_string()));
-  }
+  for (const char* layout : {"tsp=1", "tp=1", "tsp=2", "tp=2:seqpar", "sp=2", "tp=2,sp=2", "dp=2,tsp=2", "pp=2,tsp=1",
+                             "pp=2,tp=2:zb", "tsp=2:bf16"})
+    EXPECT_TRUE(validate_layout(c, parse(layout), 4, 128).ok()) << layout << ": "
+                                                                 << validate_layout(c, parse(layout), 4, 128).message();
 }
 
 TEST(LayoutStages, PipelineMeshOrderSpellingAndStageBounds) {
@@ -310,9 +307,9 @@ TEST(ValidateLayout, FewerKvHeadsThanRanks) {
   c.num_attention_heads = 8;
   c.hidden_size = 64;
   EXPECT_EQ(message(1, "tsp=4:bf16"), "ok");
-  EXPECT_EQ(message(1, "tsp=4:buckets=2"),
-            "tsp=4:buckets=2: num_key_value_heads (1) below the TSP degree (4) (KV replicas) is not built with head "
-            "buckets (2)");
+  EXPECT_EQ(message(1, "tsp=4:buckets=2"), "ok");  // the buckets share the rank's KV head
+  EXPECT_EQ(message(1, "tsp=4:buckets=4"),
+            "tsp=4:buckets=4: head buckets (4) must divide the query heads per TSP rank (2 = 8 / 4) with KV replicas");
   EXPECT_EQ(message(1, "dp=2,tp=2"), "ok");
   EXPECT_EQ(message(1, "pp=2,tsp=2"), "ok");
   EXPECT_EQ(message(2, "pp=2,dp=2,tsp=4"), "ok");

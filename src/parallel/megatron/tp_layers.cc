@@ -16,7 +16,9 @@
 // slices and the q/k norm gains ride in the model's q/k/v sub-block (qkv_view); the o bias in
 // tp rank 0's row-parallel partial, so g / g' adds it once. Gradients: the o bias's from dy
 // (every row on every tp rank, so no tp sum), the rest into per-step partials summed over tp
-// (sum_variant_grads).
+// (sum_variant_grads). Llama's mlp_bias likewise: this rank's columns' gate/up bias slices
+// with its MLP, their gradients into the partials; the down bias in tp rank 0's partial, its
+// gradient from dy without a tp sum.
 #include "parallel/megatron/tp_step_base.h"
 
 namespace foldpar::megatron_detail {
@@ -101,7 +103,7 @@ Tensor TpStepBase::mlp_forward(int l, const Tensor& x_mid, TpMlpSaved* s, bool k
   // writes the partial.
   Tensor partial = row_partial();
   MlpSaved chunk;  // gate, up, act [N, f/tp]: held to the end either way
-  foldpar::mlp_forward(ctx_, mlp_view(w_.mlp[l]), a2_full, partial, &chunk, {}, /*y_beta=*/0.0f);
+  foldpar::mlp_forward(ctx_, mlp_biased_view(l), a2_full, partial, &chunk, {}, /*y_beta=*/0.0f);
   Tensor y = reduce_rows(partial);  // fwd: g or g'
   be_.add_inplace(x_mid, y);
   if (s != nullptr)
@@ -112,6 +114,10 @@ Tensor TpStepBase::mlp_forward(int l, const Tensor& x_mid, TpMlpSaved* s, bool k
 Tensor TpStepBase::mlp_backward(int l, const TpMlpSaved& s, const Tensor& d_out) {
   ShardedWeights& grads = *in_.grads;
   MlpWeights g = mlp_view(grads.mlp[l]);
+  attach_mlp_bias(variant_partials_, l, tp_.rank() * dims_.f_rows, dims_.f_rows, g);
+  // dy holds every row of the tp group on every tp rank: the down bias's gradient is complete
+  // on each, as the o bias's.
+  if (static_cast<size_t>(l) < grads.down_bias.size()) g.down.b = grads.down_bias[l];
   const Tensor dy = gather_rows(d_out);  // bwd of g: identity; of g': all_gather
   Tensor a2_full = seq_par_ ? s.a2_full : s.norm.a;
   TpComm::Pending a2_req;
@@ -129,7 +135,7 @@ Tensor TpStepBase::mlp_backward(int l, const TpMlpSaved& s, const Tensor& d_out)
     tp_.progress(a2_req);
     tp_.progress(dx_req);
   };
-  const MlpInputGrads d = mlp_backward_input(ctx_, mlp_view(w_.mlp[l]), s.mlp, dy, d_a2_partial, g, 1.0f, sched);
+  const MlpInputGrads d = mlp_backward_input(ctx_, mlp_biased_view(l), s.mlp, dy, d_a2_partial, g, 1.0f, sched);
   dx_req = start_reduce_rows(d_a2_partial, d_a2);
   tp_.wait(a2_req);
   mlp_backward_weight(ctx_, d, a2_full, g, 1.0f, sched);

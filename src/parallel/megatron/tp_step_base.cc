@@ -122,6 +122,13 @@ MlpWeights TpStepBase::mlp_view(const Tensor& packed_mlp) const {
   return MlpWeights{m.w_gate, m.w_up, LinearView{m.w_down_t, true}};
 }
 
+MlpWeights TpStepBase::mlp_biased_view(int l) const {
+  MlpWeights m = mlp_view(w_.mlp[l]);
+  attach_mlp_bias(w_, l, tp_.rank() * dims_.f_rows, dims_.f_rows, m);
+  if (tp_.rank() == 0 && static_cast<size_t>(l) < w_.down_bias.size()) m.down.b = w_.down_bias[l];
+  return m;
+}
+
 // ---- embedding, head and loss ----
 
 Tensor TpStepBase::embed_forward() {

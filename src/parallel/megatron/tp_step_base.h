@@ -187,6 +187,9 @@ class TpStepBase : public ModelStep {
   QkvWeights qkv_view(const ShardedWeights& w, int layer) const;
   LinearView wo_view(const Tensor& packed_attn) const;
   MlpWeights mlp_view(const Tensor& packed_mlp) const;
+  // Layer l's MLP with Llama's mlp_bias, when the model has it: this rank's columns' gate/up
+  // bias slices, and the down bias on tp rank 0 only (the sum over tp adds it once).
+  MlpWeights mlp_biased_view(int l) const;
 
   const LlamaConfig& c_;
   const ShardDims& dims_;

@@ -19,7 +19,10 @@
 // summed locally; the group's last round reduce-scatters them once and runs the k/v
 // backward, so its reduce brings owner r1 (the last) the whole wk/wv gradient; the other
 // rounds send zero wk/wv rows; after the layer r1 copies its wk/wv gradient rows to the
-// group's other members (copy_kv_replica), which keeps the replicas bit-identical.
+// group's other members (copy_kv_replica), which keeps the replicas bit-identical. With head
+// buckets the group is its units (round, bucket): every bucket of a round shares the rank's
+// one KV head, so "first" and "last" are the group's first and last units
+// (kv_group_first_unit, kv_group_last_unit).
 #include <cmath>
 
 #include "parallel/tsp/tsp_step.h"
@@ -79,8 +82,8 @@ Tensor TspStep::attention_forward(int l, const ShardedWeights& w, const Tensor& 
     const int r = u / nb, b = u % nb;
     const BucketWeights bw = bucket_weights(shard[r], b);
     QkvWeights qw = qkv_view(bw);  // the bucket's heads, with their biases and the q/k norms if any
-    const int64_t kv_head0 = dims_.kv_head0(r) + b * kvh_b_;
-    const bool reuse = dims_.replicated_kv() && r != dims_.kv_group_first(r);  // the group's K/V are here
+    const int64_t kv_head0 = dims_.kv_head0(r) + bucket_kv0(b);
+    const bool reuse = !kv_group_first_unit(r, b);  // KV replicas: the group's K/V are here
     attach_attn_variants(w, l, r * dims_.heads + b * heads_b_, heads_b_, kv_head0, kvh_b_, qw);
     QkvSaved qkv = qkv_forward(ctx_, qw, a1);
     UnitTensors t;
@@ -190,7 +193,7 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
       const size_t u = static_cast<size_t>(r * nb + b);
       const BucketWeights bw = bucket_weights(shard[r], b);
       BucketWeights gw = bucket_weights(g, b);
-      const bool group_first = !rep || r == dims_.kv_group_first(r), group_last = !rep || r == dims_.kv_group_last(r);
+      const bool group_first = kv_group_first_unit(r, b), group_last = kv_group_last_unit(r, b);
       // K/V of the unit: kept, the KV group's (gathered by its first round), or gathered
       // again from the saved local k, v.
       Tensor k_full, v_full;
@@ -258,7 +261,7 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
       // forward attached them) with their gradients through this unit's scratch (ub,
       // unit_norm_grad_), added into this step's replicated partials below: the bias slices
       // are this unit's alone, the norm gains every unit's.
-      const int64_t q_head0 = r * dims_.heads + b * heads_b_, kv_head0 = dims_.kv_head0(r) + b * kvh_b_;
+      const int64_t q_head0 = r * dims_.heads + b * heads_b_, kv_head0 = dims_.kv_head0(r) + bucket_kv0(b);
       QkvWeights qw = qkv_view(bw), g_qkv = qkv_view(gw), partial;
       attach_attn_variants(w, l, q_head0, heads_b_, kv_head0, kvh_b_, qw);
       attach_attn_variants(variant_partials_, l, q_head0, heads_b_, kv_head0, kvh_b_, partial);

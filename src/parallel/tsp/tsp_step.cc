@@ -23,7 +23,8 @@ TspStep::TspStep(const TspModel& model, Backend& backend, Communicator& comm, in
       moe_stats_(model.config().moe.num_experts, model.config().moe.sparse_layer_count(model.config().num_hidden_layers)) {
   FP_CHECK(D_ == dims_.degree && p_ == model.shard().rank(), "TSP model for rank {} of {} on communicator {}",
            model.shard().rank(), dims_.degree, comm.describe());
-  kvh_b_ = dims_.kv_heads / opt_.head_buckets;
+  // KV replicas: the rank's one KV head is every bucket's (bucket_kv0 0 for all).
+  kvh_b_ = dims_.replicated_kv() ? dims_.kv_heads : dims_.kv_heads / opt_.head_buckets;
   heads_b_ = dims_.heads / opt_.head_buckets;
   const std::vector<int32_t>& local = model.shard().positions();
   const std::vector<int32_t> all = model.shard().gathered_positions();
@@ -38,6 +39,8 @@ TspStep::TspStep(const TspModel& model, Backend& backend, Communicator& comm, in
     be_.fill(0.0, norm_partials_.back());
   }
   variant_partials_ = allocate_variant_partials(be_, c_, dims_, /*with_o_bias=*/true);
+  if (c_.mlp_bias)
+    unit_mlp_bias_grad_ = Tensor::empty({2 * dims_.f_rows + dims_.h}, DType::kF32, MemCategory::kGradients);
   if (c_.qk_norm) unit_norm_grad_ = Tensor::empty({2, dims_.d}, DType::kF32, MemCategory::kGradients);
   if (c_.qkv_bias)
     unit_bias_grad_ = Tensor::empty({(heads_b_ + 2 * kvh_b_) * dims_.d + dims_.h}, DType::kF32, MemCategory::kGradients);
@@ -53,7 +56,7 @@ TspStep::UnitBiasGrads TspStep::unit_bias_grads() {
 
 TspStep::BucketWeights TspStep::bucket_weights(const Tensor& packed, int bucket) const {
   const AttnPieces a = attn_pieces(dims_, packed);
-  const int64_t q0 = bucket * heads_b_ * dims_.d, kv0 = bucket * kvh_b_ * dims_.d;
+  const int64_t q0 = bucket * heads_b_ * dims_.d, kv0 = bucket_kv0(bucket) * dims_.d;
   const int64_t qn = heads_b_ * dims_.d, kvn = kvh_b_ * dims_.d;
   return BucketWeights{a.wq.narrow(q0, q0 + qn), a.wk.narrow(kv0, kv0 + kvn), a.wv.narrow(kv0, kv0 + kvn),
                        a.wo_t.narrow(q0, q0 + qn)};
@@ -62,6 +65,13 @@ TspStep::BucketWeights TspStep::bucket_weights(const Tensor& packed, int bucket)
 MlpWeights TspStep::mlp_chunk(const Tensor& packed) const {
   const MlpPieces m = mlp_pieces(dims_, packed);
   return MlpWeights{m.w_gate, m.w_up, LinearView{m.w_down_t, true}};
+}
+
+MlpWeights TspStep::mlp_chunk(const Tensor& packed, const ShardedWeights& w, int l, int step) const {
+  MlpWeights m = mlp_chunk(packed);
+  attach_mlp_bias(w, l, ring_owner(step) * dims_.f_rows, dims_.f_rows, m);
+  if (step == 0 && static_cast<size_t>(l) < w.down_bias.size()) m.down.b = w.down_bias[static_cast<size_t>(l)];
+  return m;
 }
 
 std::vector<CommRequest> TspStep::start_gather(const Tensor& local, Tensor& full) {

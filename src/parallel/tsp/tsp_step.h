@@ -125,6 +125,9 @@ class TspStep {
   static LinearView wo_view(const BucketWeights& b) { return LinearView{b.wo_t, true}; }
   // A packed MLP shard [mlp_rows, h] as the model's column chunk of f/D columns.
   MlpWeights mlp_chunk(const Tensor& packed) const;
+  // The same with layer l's MLP biases for ring step `step`: the gate/up slices of the
+  // chunk's owner, the down bias at step 0 only (so once per token).
+  MlpWeights mlp_chunk(const Tensor& packed, const ShardedWeights& w, int l, int step) const;
   // Activations in the storage dtype; per-row statistics (rstd, lse) always f32.
   Tensor act(const Shape& shape) const { return Tensor::empty(shape, opt_.dtype, MemCategory::kActivations); }
   Tensor stat(const Shape& shape) const { return Tensor::empty(shape, DType::kF32, MemCategory::kActivations); }
@@ -209,14 +212,25 @@ class TspStep {
   int p_;                // this rank
   int D_;
   int64_t kvh_b_, heads_b_;  // KV heads and query heads per bucket
+  // Bucket b's first KV head among the rank's: b kvh_b_, or 0 with KV replicas (shared).
+  int64_t bucket_kv0(int b) const { return dims_.replicated_kv() ? 0 : b * kvh_b_; }
+  // With KV replicas the units (round r, bucket b) of a KV group read one K/V: its first unit
+  // projects and gathers it, its last reduce-scatters the summed dK/dV and runs the k/v backward.
+  bool kv_group_first_unit(int r, int b) const {
+    return !dims_.replicated_kv() || (r == dims_.kv_group_first(r) && b == 0);
+  }
+  bool kv_group_last_unit(int r, int b) const {
+    return !dims_.replicated_kv() || (r == dims_.kv_group_last(r) && b == opt_.head_buckets - 1);
+  }
   Tensor q_pos_;         // i32 [S/D]
   Tensor k_pos_;         // i32 [S], rank order
   Tensor rope_;          // [S/D, 2, d/2] at the local positions
   BlockContext ctx_;     // the local rows (B, S/D), q_pos_ and rope_ for the model's sub-blocks
   std::vector<Tensor> norm_partials_;  // attn_norm[L], mlp_norm[L], final_norm: partial gradients
-  ShardedWeights variant_partials_;    // qkv_bias, o_bias, qk_norm of this step's tokens (none without them)
+  ShardedWeights variant_partials_;    // qkv_bias, o_bias, qk_norm, mlp_bias, down_bias of this step's tokens
   Tensor unit_norm_grad_;              // [2, d]: one unit's q/k norm gradient, before it joins the partial
   Tensor unit_bias_grad_;              // [heads_b d + 2 kvh_b d + h]: one unit's bias gradients, likewise
+  Tensor unit_mlp_bias_grad_;          // [2 f/D + h]: one MLP chunk's gate/up (and down) bias gradients
   KvCache* kv_cache_ = nullptr;        // prefill only
   MoeAux moe_stats_;                   // this rank's routing statistics per sparse layer
   std::vector<std::vector<double>> moe_prob_grad_;
