@@ -1,6 +1,7 @@
 // The layout benchmark (app/layout_bench.h).
 #include "app/layout_bench.h"
 
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -33,8 +34,15 @@ struct Sample {
   int64_t peak = 0;
   uint64_t sent = 0;
   std::map<std::string, OpTime> ops;  // profile: the timed step's backend ops
+  int64_t faults = 0;                   // rank 0's minor page faults in the timed step
   std::map<std::string, OpTime> waits;  // profile: "axis kind" -> seconds blocked, calls (rank 0)
 };
+
+int64_t minor_page_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
 
 // Rank 0's seconds blocked and calls per (axis, operation kind) over the timed step.
 struct WaitSnapshot {
@@ -98,20 +106,27 @@ Result<Sample> run_once(Communicator& world, const LlamaConfig& c, const Layout&
     };
     // The peak is the first step's (the plan's figure); later steps of some layouts keep
     // buffers from the first and peak higher (docs/PERFORMANCE.md, Plan against measurement).
+    // Every step starts from zeroed gradients, as the trainer's do (ShardedModel::zero_grads,
+    // untimed): otherwise sp's second step on accumulates into a fresh scratch copy of the
+    // whole gradient (megatron_model.cc), which training never allocates.
     for (int w = 0; w < o.warmup; ++w) {
+      if (!o.forward_only) m->zero_grads(*be);
       FP_RETURN_IF_ERROR(step(*be).status());
       if (w == 0) s.peak = mt.stats().peak_total - base;
     }
     std::vector<const Communicator*> comms;
     for (const char* axis : {"tsp", "tp", "sp", "pp"})
       if (mesh.has_axis(axis)) comms.push_back(&mesh.comm(axis));
+    if (!o.forward_only) m->zero_grads(*be);
     TimedBackend timed(*be);
     FP_RETURN_IF_ERROR(world.barrier());
     ScopedCommCounter counter(comms);
     const WaitSnapshot waits = snapshot_waits(comms);
+    const int64_t faults0 = minor_page_faults();
     const double t0 = now_seconds();
     FP_ASSIGN_OR_RETURN(StepResult r, step(o.profile ? static_cast<Backend&>(timed) : *be));
     s.seconds = now_seconds() - t0;
+    s.faults = minor_page_faults() - faults0;
     s.waits = waits_since(waits);
     s.exposed = r.exposed_comm_seconds;
     s.sent = counter.delta().total().bytes_sent;
@@ -222,10 +237,11 @@ Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& o
       row.layout = spec.to_string();
       row.seq = S;
       row.batch = o.batch;
-      std::vector<double> t, e;
+      std::vector<double> t, e, f;
       for (const Sample& s : v) {
         t.push_back(s.seconds);
         e.push_back(s.exposed);
+        f.push_back(static_cast<double>(s.faults));
         row.peak_bytes = std::max(row.peak_bytes, s.peak);
       }
       row.bytes_sent = v.front().sent;
@@ -233,6 +249,7 @@ Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& o
         row.step_s = median(t);
         row.exposed_s = median(e);
         row.tokens_per_s = static_cast<double>(o.batch * S) / row.step_s;
+        row.page_faults = static_cast<int64_t>(median(f));
       }
       if (o.profile) {
         // Per op, the median over the repetitions of rank 0's seconds.
@@ -294,8 +311,8 @@ std::string layout_bench_profile_text(const std::vector<LayoutBenchRow>& rows) {
   std::string s;
   for (const LayoutBenchRow& r : rows) {
     if (r.profile.empty()) continue;
-    s += fmt::format("\nS {} {}: step {:.3f} s (plan {:.3f}), exposed {:.3f} s (plan {:.3f})\n", r.seq, r.layout,
-                     r.step_s, r.predicted_step_s, r.exposed_s, r.predicted_exposed_s);
+    s += fmt::format("\nS {} {}: step {:.3f} s (plan {:.3f}), exposed {:.3f} s (plan {:.3f}), {} page faults\n", r.seq,
+                     r.layout, r.step_s, r.predicted_step_s, r.exposed_s, r.predicted_exposed_s, r.page_faults);
     s += fmt::format("  {:<24} {:>11} {:>11} {:>7} {:>8} {:>8}\n", "op", "measured s", "plan s", "plan/m", "calls",
                      "plan");
     for (const OpProfileRow& p : r.profile)

@@ -67,10 +67,6 @@ Status check_kv_heads(const LlamaConfig& c, const Layout& l, const std::string& 
     return invalid_argument("{}: num_key_value_heads ({}) must be divisible by the {} degree ({}), or divide it (KV "
                             "replicas)",
                             name, n_kv, waxis, W);
-  const auto refuse = [&](const std::string& what) {
-    return unimplemented("{}: num_key_value_heads ({}) below the {} degree ({}) (KV replicas) is not built with {}",
-                         name, n_kv, waxis, W, what);
-  };
   return Status();
 }
 

@@ -107,7 +107,7 @@ Tensor TpStepBase::mlp_forward(int l, const Tensor& x_mid, TpMlpSaved* s, bool k
   Tensor y = reduce_rows(partial);  // fwd: g or g'
   be_.add_inplace(x_mid, y);
   if (s != nullptr)
-    *s = TpMlpSaved{std::move(norm), keep_gathered && seq_par_ ? a2_full : Tensor(), std::move(chunk)};
+    *s = TpMlpSaved{std::move(norm), keep_gathered && seq_par_ ? a2_full : Tensor(), std::move(chunk), {}};
   return y;
 }
 
