@@ -451,22 +451,12 @@ void MpiCommunicator::all_reduce_pairwise(const CommOp& op, Plan& p) {
   post_pairwise(op, p, input, counts, offsets, output + offsets[rank()] * w);
   FP_MPI_CHECK(MPI_Waitall(p.n_requests, p.requests.data(), p.statuses.data()));
   reduce_pairwise(op, p);
-  // The all-gather as messages too: each rank's reduced block to every other rank, theirs
-  // into place (the library's in-place all-gatherv faults in a temporary of the whole
-  // buffer on every call: 73 MiB of fresh pages per sp=2 step for configs/small.json).
-  const int r = rank();
-  constexpr int kGatherTag = 2;
-  std::vector<MPI_Request> rq(2 * static_cast<size_t>(N - 1), MPI_REQUEST_NULL);
-  for (int k = 1; k < N; ++k) {
-    const int from = (r - k + N) % N;
-    FP_MPI_CHECK(MPI_Irecv(output + offsets[from] * w, static_cast<int>(counts[from]), p.type, from, kGatherTag,
-                           pairwise_comm_, &rq[2 * (k - 1)]));
+  std::vector<int> icounts(N), idispls(N);
+  for (int j = 0; j < N; ++j) {
+    icounts[j] = static_cast<int>(counts[j]);
+    idispls[j] = static_cast<int>(offsets[j]);
   }
-  for (int k = 1; k < N; ++k) {
-    FP_MPI_CHECK(MPI_Isend(output + offsets[r] * w, static_cast<int>(counts[r]), p.type, (r + k) % N, kGatherTag,
-                           pairwise_comm_, &rq[2 * (k - 1) + 1]));
-  }
-  FP_MPI_CHECK(MPI_Waitall(static_cast<int>(rq.size()), rq.data(), MPI_STATUSES_IGNORE));
+  FP_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, p.type, output, icounts.data(), idispls.data(), p.type, comm_));
   p.n_requests = 0;
 }
 

@@ -472,7 +472,9 @@ void check_accumulation(MoeFamily family, Layout::MoeDispatchOption dispatch, bo
   ASSERT_TRUE(got.ok()) << got.status().to_string();
   // loss_sum is the axis's (every rank holds it): the trainer's loss is loss_sum / N.
   EXPECT_NEAR(got->loss_sum / static_cast<double>(N), ref_loss, tol::kF32Parallel * ref_loss);
-  if (aux_in_loss) EXPECT_NEAR(got->aux_loss, ref_aux, tol::kF32Parallel * ref_aux);
+  if (aux_in_loss) {
+    EXPECT_NEAR(got->aux_loss, ref_aux, tol::kF32Parallel * ref_aux);
+  }
   int64_t load = 0;
   for (int64_t n : got->expert_load) load += n;
   EXPECT_EQ(load, B * S * c.moe.num_experts_per_tok * c.moe.sparse_layer_count(c.num_hidden_layers));

@@ -424,8 +424,9 @@ void check_bf16_parity(const Case& k) {
   assembled.for_each([&](const std::string& name, Tensor& t) {
     const double tol = 16 * kBf16Ulp;
     EXPECT_LE(max_rel_error(t, want[i]), tol) << name << " on rank " << p << "\n" << describe_mismatches(t, want[i], tol);
-    if (is_variant(name))
+    if (is_variant(name)) {
       EXPECT_EQ(max_rel_error(mine[i], t), 0.0) << name << ": rank " << p << "'s copy differs from rank 0's";
+    }
     ++i;
   });
   if (model->dims().replicated_kv()) {
