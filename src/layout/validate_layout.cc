@@ -147,18 +147,14 @@ Status check_stages(const LlamaConfig& c, const Layout& l, const std::string& na
   return Status();
 }
 
-// ZB-H1 defers each block's weight-gradient products (model/weight_grad_queue.h); a stage
-// whose weight gradients travel or are summed during its backward cannot wait for them.
+// ZB-H1 defers each block's weight-gradient products (model/weight_grad_queue.h), on tsp=D
+// stages with what sends them home (the reduce to the shard's owner, the gradient ring); a
+// stage whose weight gradients are summed during its backward cannot wait for them.
 Status check_zero_bubble(const LlamaConfig& c, const Layout& l, const std::string& name) {
   if (l.pp == 1)
     return invalid_argument("{}: the zero-bubble schedule (zb) is the pp axis's (a layout with pp=P)", name);
   if (l.chunks > 1)
     return invalid_argument("{}: zb and interleaved:{} are two pipeline schedules; pick one", name, l.chunks);
-  if (l.strategy == Strategy::kTsp && l.tsp > 1)
-    return unimplemented("layout {}: --schedule zb with tsp>1 stages is not built (TSP sends each weight gradient home "
-                         "during the backward, by the ring and the reduce to the shard's owner, so the weight pass "
-                         "cannot be deferred); use tsp=1 or tp/sp stages, or --schedule 1f1b",
-                         name);
   if (l.strategy == Strategy::kMegatron && c.num_key_value_heads < l.tp)
     return unimplemented("layout {}: --schedule zb with KV replicas (num_key_value_heads {} below tp={}) is not built "
                          "(the replicas' K/V weight gradients are summed over the KV group during the backward)",

@@ -296,6 +296,26 @@ TEST(PipelineParity, ZeroBubble) {
               Case{.layout = "pp=2,tp=2,sp=2:zb", .m_per_stage = 2});
 }
 
+// ZB-H1 on tsp=D stages: B runs the input gradient with the weight shards moving as today,
+// W the queued weight products with the reduces to each shard's owner and the MLP's gradient
+// ring behind them (TspStep::set_weight_grads). pp=2,tsp=2 at m = p and 2p, tied and untied,
+// uneven stages, B = 2 with recomputation, the attention and MLP biases (their gradients stay
+// in B), no overlap with two head buckets, KV replicas (their zeroing and copy run in W);
+// with dp, at pp = 4 and at tsp = 4 where the world has 8 ranks.
+TEST(PipelineParity, ZeroBubbleOnTspStages) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,tsp=2:zb"}, Case{.layout = "pp=2,tsp=2:zb", .m_per_stage = 2},
+              Case{.layout = "pp=2,tsp=2:zb", .tied = true},
+              Case{.layout = "pp=2,tsp=2:zb", .tied = true, .m_per_stage = 2},
+              Case{.layout = "pp=2,tsp=2:zb", .layers = 3, .tied = true, .m_per_stage = 2, .stages = {1, 2}},
+              Case{.layout = "pp=2,tsp=2:zb", .m_per_stage = 2, .batch = 2, .recompute = Recompute::kBlock},
+              Case{.layout = "pp=2,tsp=2:zb", .tied = true, .m_per_stage = 2, .variant = Variant::kAllBiases},
+              Case{.layout = "pp=2,tsp=2:nooverlap:buckets=2:zb", .m_per_stage = 2, .variant = Variant::kQwen3},
+              Case{.layout = "pp=2,tsp=2:zb", .m_per_stage = 2, .variant = Variant::kQwen2, .kv_heads = 1},
+              Case{.layout = "pp=2,dp=2,tsp=2:zb", .tied = true, .m_per_stage = 2},
+              Case{.layout = "pp=4,tsp=2:zb", .layers = 5, .m_per_stage = 2, .stages = {2, 1, 1, 1}},
+              Case{.layout = "pp=2,tsp=4:zb", .tied = true, .m_per_stage = 2, .kv_heads = 2});
+}
+
 TEST(PipelineParity, BatchTwoAndRecompute) {
   RUN_OR_SKIP(Case{.layout = "pp=2,tsp=1", .batch = 2, .recompute = Recompute::kBlock},
               Case{.layout = "pp=2,tsp=2", .m_per_stage = 2, .batch = 2, .recompute = Recompute::kBlock});
@@ -439,10 +459,8 @@ TEST(PipelineErrors, RefusalsNameTheNumbers) {
   EXPECT_EQ(message("tsp=1:zb"), "tsp=1:zb: the zero-bubble schedule (zb) is the pp axis's (a layout with pp=P)");
   EXPECT_EQ(message("pp=2,tsp=1:interleaved=2:zb"),
             "pp=2,tsp=1:interleaved=2:zb: zb and interleaved:2 are two pipeline schedules; pick one");
-  EXPECT_EQ(message("pp=2,tsp=2:zb"),
-            "layout pp=2,tsp=2:zb: --schedule zb with tsp>1 stages is not built (TSP sends each weight gradient home "
-            "during the backward, by the ring and the reduce to the shard's owner, so the weight pass cannot be "
-            "deferred); use tsp=1 or tp/sp stages, or --schedule 1f1b");
+  EXPECT_EQ(message("pp=2,tsp=2:zb"), "ok");
+  EXPECT_EQ(message("pp=4,tsp=4:zb"), "ok");
   LlamaConfig mqa = c;
   mqa.num_key_value_heads = 1;
   EXPECT_EQ(validate_layout(mqa, parse_layout("pp=2,tp=2:zb").value(), 0, 32).message(),
@@ -531,7 +549,7 @@ TEST(PipelineMemory, ActivationsInFlightAreBoundedByTheStages) {
 TEST(PipelineMemory, ZeroBubblePeakIsOneFOneBsPlusTheDeferredWeightInputs) {
   Communicator& world = test::mpi().world();
   bool ran = false;
-  for (const std::string text : {"pp=2,tsp=1", "pp=4,tsp=1"}) {
+  for (const std::string text : {"pp=2,tsp=1", "pp=4,tsp=1", "pp=2,tsp=2"}) {
     Layout lo = parse_layout(text).value();
     if (lo.ranks() != world.size()) continue;
     ran = true;
@@ -641,6 +659,55 @@ TEST(PipelineTraffic, ModelAxisBytesGrowByTheSameAmountPerMicroBatch) {
     }
     if (axis.size() > 1) {
       EXPECT_GT(t2.total().bytes_sent, t1.total().bytes_sent) << text;
+    }
+  }
+  if (!ran) GTEST_SKIP() << "no layout for " << world.size() << " ranks";
+}
+
+// ZB-H1 on tsp=D stages moves the reduces and the gradient ring from B into W, nothing more:
+// per operation kind its TSP-axis calls and bytes equal 1F1B's exactly at m = p and 2p (so
+// the single-stage formula times m, by the test above), with KV replicas too (their copy in
+// W), and nothing extra crosses the pp axis.
+TEST(PipelineTraffic, ZeroBubbleMovesTheTspAxisBytesOfOneFOneB) {
+  Communicator& world = test::mpi().world();
+  bool ran = false;
+  for (const std::string text : {"pp=2,tsp=2", "pp=4,tsp=2", "pp=2,tsp=4"}) {
+    for (const int64_t kv_heads : {4, 1}) {
+      const Layout lo = parse_layout(text).value();
+      if (lo.ranks() != world.size()) continue;
+      ran = true;
+      LlamaConfig c = test_config(4, true);
+      c.num_key_value_heads = kv_heads;
+      Mesh mesh = Mesh::create(world, lo.mesh()).value();
+      auto be = make_cpu_backend();
+      const Batch global = synthetic_batch(c, 2 * lo.pp, 32, 11, 0.1);
+      auto traffic = [&](bool zb, int m, const std::string& axis) {
+        Layout l = lo;
+        l.zero_bubble = zb;
+        std::unique_ptr<ShardedModel> model = make_sharded_model(c, mesh, 32, l).value();
+        model->init_weights(kInit);
+        model->zero_grads(*be);
+        std::vector<Batch> locals;
+        for (int i = 0; i < m; ++i) locals.push_back(model->local_batch(rows(global, i, i + 1)));
+        ScopedCommCounter counter(mesh.comm(axis));
+        FP_CHECK_OK(model->forward_backward_micro_batches(*be, locals, 0).status());
+        return counter.delta();
+      };
+      for (int m : {lo.pp, 2 * lo.pp}) {
+        for (const std::string axis : {"tsp", "pp"}) {
+          const CommStats one_f_one_b = traffic(false, m, axis), zero_bubble = traffic(true, m, axis);
+          for (int k = 0; k < kNumCommOpKinds; ++k) {
+            const auto kind = static_cast<CommOpKind>(k);
+            EXPECT_EQ(zero_bubble.op(kind).bytes_sent, one_f_one_b.op(kind).bytes_sent)
+                << text << " n_kv " << kv_heads << " m " << m << " " << axis << " " << comm_op_name(kind);
+            EXPECT_EQ(zero_bubble.op(kind).calls, one_f_one_b.op(kind).calls)
+                << text << " n_kv " << kv_heads << " m " << m << " " << axis << " " << comm_op_name(kind);
+          }
+          if (axis == "tsp") {
+            EXPECT_GT(zero_bubble.op(CommOpKind::kReduce).calls, 0u) << text;
+          }
+        }
+      }
     }
   }
   if (!ran) GTEST_SKIP() << "no layout for " << world.size() << " ranks";
