@@ -6,7 +6,7 @@
 namespace foldpar {
 
 void WeightGradQueue::push(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float beta) {
-  gemms_.push_back(Gemm{a, trans_a, b, trans_b, c, beta});
+  gemms_.push_back(Gemm{a, trans_a, b, trans_b, c, beta, {}});
 }
 
 void WeightGradQueue::push_action(std::function<void()> action) {

@@ -316,6 +316,15 @@ TEST(PipelineParity, ZeroBubbleOnTspStages) {
               Case{.layout = "pp=2,tsp=4:zb", .tied = true, .m_per_stage = 2, .kv_heads = 2});
 }
 
+// ZB-H1 with KV replicas on Megatron stages (n_kv < tp): the wk/wv gradients' sum over the
+// KV group is queued behind their products and runs in W.
+TEST(PipelineParity, ZeroBubbleWithKvReplicasOnMegatronStages) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,tp=2:zb", .tied = true, .m_per_stage = 2, .variant = Variant::kQwen2, .kv_heads = 1},
+              Case{.layout = "pp=2,tp=2:seqpar:zb", .variant = Variant::kAttentionBias, .kv_heads = 1},
+              Case{.layout = "pp=2,tp=2,sp=2:zb", .m_per_stage = 2, .kv_heads = 1},
+              Case{.layout = "pp=2,tp=4:zb", .m_per_stage = 2, .variant = Variant::kQwen3, .kv_heads = 1});
+}
+
 TEST(PipelineParity, BatchTwoAndRecompute) {
   RUN_OR_SKIP(Case{.layout = "pp=2,tsp=1", .batch = 2, .recompute = Recompute::kBlock},
               Case{.layout = "pp=2,tsp=2", .m_per_stage = 2, .batch = 2, .recompute = Recompute::kBlock});
@@ -463,9 +472,8 @@ TEST(PipelineErrors, RefusalsNameTheNumbers) {
   EXPECT_EQ(message("pp=4,tsp=4:zb"), "ok");
   LlamaConfig mqa = c;
   mqa.num_key_value_heads = 1;
-  EXPECT_EQ(validate_layout(mqa, parse_layout("pp=2,tp=2:zb").value(), 0, 32).message(),
-            "layout pp=2,tp=2:zb: --schedule zb with KV replicas (num_key_value_heads 1 below tp=2) is not built (the "
-            "replicas' K/V weight gradients are summed over the KV group during the backward)");
+  EXPECT_TRUE(validate_layout(mqa, parse_layout("pp=2,tp=2:zb").value(), 0, 32).ok());
+  EXPECT_TRUE(validate_layout(mqa, parse_layout("pp=2,tsp=2:zb").value(), 0, 32).ok());
   EXPECT_EQ(parse_layout("pp=2,tsp=1:interleaved=2")->chunks, 2);
   EXPECT_EQ(parse_layout("pp=2,tsp=1:interleaved=1")->to_string(), "pp=2,tsp=1");
 }
@@ -667,11 +675,12 @@ TEST(PipelineTraffic, ModelAxisBytesGrowByTheSameAmountPerMicroBatch) {
 // ZB-H1 on tsp=D stages moves the reduces and the gradient ring from B into W, nothing more:
 // per operation kind its TSP-axis calls and bytes equal 1F1B's exactly at m = p and 2p (so
 // the single-stage formula times m, by the test above), with KV replicas too (their copy in
-// W), and nothing extra crosses the pp axis.
+// W), and nothing extra crosses the pp axis. Likewise tp stages with KV replicas (their KV
+// group's sum in W).
 TEST(PipelineTraffic, ZeroBubbleMovesTheTspAxisBytesOfOneFOneB) {
   Communicator& world = test::mpi().world();
   bool ran = false;
-  for (const std::string text : {"pp=2,tsp=2", "pp=4,tsp=2", "pp=2,tsp=4"}) {
+  for (const std::string text : {"pp=2,tsp=2", "pp=4,tsp=2", "pp=2,tsp=4", "pp=2,tp=2", "pp=2,tp=4"}) {
     for (const int64_t kv_heads : {4, 1}) {
       const Layout lo = parse_layout(text).value();
       if (lo.ranks() != world.size()) continue;
@@ -694,7 +703,8 @@ TEST(PipelineTraffic, ZeroBubbleMovesTheTspAxisBytesOfOneFOneB) {
         return counter.delta();
       };
       for (int m : {lo.pp, 2 * lo.pp}) {
-        for (const std::string axis : {"tsp", "pp"}) {
+        const std::string model_axis = lo.strategy == Strategy::kTsp ? "tsp" : "tp";
+        for (const std::string& axis : {model_axis, std::string("pp")}) {
           const CommStats one_f_one_b = traffic(false, m, axis), zero_bubble = traffic(true, m, axis);
           for (int k = 0; k < kNumCommOpKinds; ++k) {
             const auto kind = static_cast<CommOpKind>(k);
@@ -705,6 +715,9 @@ TEST(PipelineTraffic, ZeroBubbleMovesTheTspAxisBytesOfOneFOneB) {
           }
           if (axis == "tsp") {
             EXPECT_GT(zero_bubble.op(CommOpKind::kReduce).calls, 0u) << text;
+          }
+          if (axis == "tp" && kv_heads == 1) {  // the KV group's sums (sum_kv_replicas)
+            EXPECT_GT(zero_bubble.op(CommOpKind::kSend).calls, 0u) << text;
           }
         }
       }

@@ -435,13 +435,18 @@ TEST(PlannerTest, ChoosesZeroBubbleWhereItIsFastestAndSaysWhy) {
   const LayoutPlan t2 = chosen_schedule(r, "pp=2,tsp=2", &text);
   ASSERT_EQ(t2.schedule_tried.size(), 3u);
   EXPECT_EQ(t2.schedule_tried[2].schedule, "zb");
-  // KV replicas on tp stages: zb is refused by validate_layout, so it is not planned, and says so.
+  // And on tp stages with KV replicas.
   r.config.num_key_value_heads = 1;
   const LayoutPlan tp2 = chosen_schedule(r, "pp=2,tp=2", &text);
-  ASSERT_EQ(tp2.schedule_tried.size(), 2u);
-  EXPECT_NE(tp2.schedule_reason.find("not planned: zb (layout pp=2,tp=2:zb: --schedule zb with KV replicas"),
-            std::string::npos)
-      << tp2.schedule_reason;
+  ASSERT_EQ(tp2.schedule_tried.size(), 3u);
+  EXPECT_EQ(tp2.schedule_tried[2].schedule, "zb");
+  // A schedule validate_layout refuses is not planned, and the line says so: interleaving
+  // needs L >= 2 pp.
+  r.config = mha_config(3);
+  const LayoutPlan short_model = chosen_schedule(r, "pp=2,tsp=2", &text);
+  ASSERT_EQ(short_model.schedule_tried.size(), 2u);
+  EXPECT_NE(short_model.schedule_reason.find("not planned: interleaved:2"), std::string::npos)
+      << short_model.schedule_reason;
 }
 
 TEST(PlannerTest, MemoryRulesTheInterleavedAndZeroBubbleSchedulesOut) {
