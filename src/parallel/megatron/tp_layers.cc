@@ -66,7 +66,8 @@ Tensor TpStepBase::qkv_backward(int l, const AttnSaved& s, const QkvGrads& d, co
                        dims_.kv_heads, g);
   // KV replicas (n_kv < tp): each rank's wk/wv gradient is its own query heads' part, into a
   // scratch summed over the KV group below (sum_kv_replicas) and then added, so the replicas
-  // get the same sum (under zb the scratch is held to W, 2 kv_rows h f32 per layer). dX needs no change: the all_reduce of d_a1 adds every rank's dK Wk.
+  // get the same sum (under zb the scratch is held to W, 2 kv_rows h f32 per layer). dX needs
+  // no change: the all_reduce of d_a1 adds every rank's dK Wk.
   Tensor kv_partial;
   if (dims_.replicated_kv()) {
     kv_partial = Tensor::empty({2 * dims_.kv_rows, dims_.h}, DType::kF32, MemCategory::kGradients);
