@@ -300,7 +300,8 @@ TEST(PipelineParity, ZeroBubble) {
 // W the queued weight products with the reduces to each shard's owner and the MLP's gradient
 // ring behind them (TspStep::set_weight_grads). pp=2,tsp=2 at m = p and 2p, tied and untied,
 // uneven stages, B = 2 with recomputation, the attention and MLP biases (their gradients stay
-// in B), no overlap with two head buckets, KV replicas (their zeroing and copy run in W);
+// in B), no overlap with two head buckets, the forward's weights and K/V kept, KV replicas
+// (their zeroing and copy run in W);
 // with dp, at pp = 4 and at tsp = 4 where the world has 8 ranks.
 TEST(PipelineParity, ZeroBubbleOnTspStages) {
   RUN_OR_SKIP(Case{.layout = "pp=2,tsp=2:zb"}, Case{.layout = "pp=2,tsp=2:zb", .m_per_stage = 2},
@@ -310,6 +311,7 @@ TEST(PipelineParity, ZeroBubbleOnTspStages) {
               Case{.layout = "pp=2,tsp=2:zb", .m_per_stage = 2, .batch = 2, .recompute = Recompute::kBlock},
               Case{.layout = "pp=2,tsp=2:zb", .tied = true, .m_per_stage = 2, .variant = Variant::kAllBiases},
               Case{.layout = "pp=2,tsp=2:nooverlap:buckets=2:zb", .m_per_stage = 2, .variant = Variant::kQwen3},
+              Case{.layout = "pp=2,tsp=2:keepw:keepkv:zb", .tied = true, .m_per_stage = 2},
               Case{.layout = "pp=2,tsp=2:zb", .m_per_stage = 2, .variant = Variant::kQwen2, .kv_heads = 1},
               Case{.layout = "pp=2,dp=2,tsp=2:zb", .tied = true, .m_per_stage = 2},
               Case{.layout = "pp=4,tsp=2:zb", .layers = 5, .m_per_stage = 2, .stages = {2, 1, 1, 1}},
@@ -830,6 +832,18 @@ TEST(PipelineBf16, AttentionVariantsAndKvReplicasMatchTheSingleRankBf16Model) {
       {"pp=2,tsp=1:bf16", Case{.layers = 3, .variant = Variant::kAllBiases}},
       {"pp=2,tsp=2:bf16", Case{.layers = 3, .variant = Variant::kMlpBias}},
       {"pp=2,tp=2:seqpar:bf16", Case{.layers = 3, .variant = Variant::kAllBiases}}};
+  for (const auto& [text, k] : cases) ran = run_bf16_parity(text, k) || ran;
+  if (!ran) GTEST_SKIP() << "no layout for " << test::mpi().world().size() << " ranks";
+}
+
+// ZB-H1 in bf16 storage on tsp=2 stages and on tp stages with KV replicas: the deferred
+// products read bf16 operands into the f32 gradients and partials, as the direct backward.
+TEST(PipelineBf16, ZeroBubbleMatchesTheSingleRankBf16Model) {
+  bool ran = false;
+  const std::pair<std::string, Case> cases[] = {
+      {"pp=2,tsp=2:bf16:zb", Case{.layers = 3, .variant = Variant::kAllBiases}},
+      {"pp=2,tsp=2:bf16:zb", Case{.layers = 3, .variant = Variant::kQwen3, .kv_heads = 1}},
+      {"pp=2,tp=2:bf16:zb", Case{.layers = 3, .variant = Variant::kQwen2, .kv_heads = 1}}};
   for (const auto& [text, k] : cases) ran = run_bf16_parity(text, k) || ran;
   if (!ran) GTEST_SKIP() << "no layout for " << test::mpi().world().size() << " ranks";
 }
