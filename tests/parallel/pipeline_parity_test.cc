@@ -7,7 +7,8 @@
 // boundary's traffic is exactly 2*m*B*(S/D)*h*beta per boundary; the refusals name their
 // numbers. Layouts by world size W: pp=2,tsp=1 and pp=2,tp=1 (W = 2); pp=2,tsp=2, pp=4,tsp=1,
 // pp=2,dp=2,tsp=1, pp=2,tp=2, pp=2,tp=2:seqpar and pp=2,sp=2 (W = 4); pp=2,dp=2,tsp=2 (W = 8);
-// the interleaved schedule (v chunks per rank, `:interleaved=V`) at pp=2 x tsp=1 and 2 and pp=4.
+// the interleaved schedule (v chunks per rank, `:interleaved=V`) at pp=2 x tsp=1 and 2 and pp=4;
+// ZB-H1 (`:zb`) on tsp=1, tsp=2 and 4 and Megatron stages, KV replicas included.
 // The attention variants and KV replicas (issue 21) on stages and under dp, where dp runs
 // also without a pp axis (dp=K around tsp, tp, sp and tp x sp: the same harness, the trainer's
 // data-parallel sum of every ParamRef, no pipeline traffic to check).
