@@ -42,7 +42,7 @@ void add_layout_flags(CLI::App* cmd, LayoutArgs& a, bool generation) {
       ->delimiter(',');
   cmd->add_option("--schedule", a.schedule,
                   "pp: 1f1b, interleaved:V (V model chunks per rank, rank s holding chunks s, s+p, ...; m a "
-                  "multiple of p), or zb (ZB-H1: weight gradients deferred into the bubble; tsp=1 or tp/sp stages)");
+                  "multiple of p), or zb (ZB-H1: weight gradients deferred into the bubble)");
   cmd->add_flag("--sequence-parallel", a.sequence_parallel, "tp: Megatron sequence parallelism in the norm regions");
   cmd->add_option("--kv-exchange", a.kv_exchange, "sp: how attention exchanges K/V: allgather or ring")
       ->transform(choice<Layout::KvExchange>(

@@ -76,8 +76,8 @@ struct Layout {
   int chunks = 1;
   // pp: the zero-bubble schedule ZB-H1 (parallel/pipeline/pipeline_schedule.h): each backward
   // split into the input gradient and the weight gradients, these deferred into the bubble
-  // (`--schedule zb`, or `:zb` in the layout string). Contiguous stages (chunks 1); stages of
-  // tsp=1 or tp/sp (validate_layout refuses tsp > 1 by name).
+  // (`--schedule zb`, or `:zb` in the layout string). Contiguous stages (chunks 1), of any
+  // strategy.
   bool zero_bubble = false;
   // tsp with a MoE model: all-to-all dispatch and combine (a2a), all-gather of the tokens with a
   // reduce-scatter of the outputs (gather), the expert-weight ring (ring), or auto: spec

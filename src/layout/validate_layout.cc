@@ -147,22 +147,14 @@ Status check_stages(const LlamaConfig& c, const Layout& l, const std::string& na
   return Status();
 }
 
-// ZB-H1 defers each block's weight-gradient products (model/weight_grad_queue.h); a stage
-// whose weight gradients travel or are summed during its backward cannot wait for them.
-Status check_zero_bubble(const LlamaConfig& c, const Layout& l, const std::string& name) {
+// ZB-H1 defers each block's weight-gradient products (model/weight_grad_queue.h) with what
+// moves them afterwards (TSP's reduce to the shard's owner and gradient ring, the KV
+// replicas' sums and copies): every stage strategy splits; MoE layers have no pp axis yet.
+Status check_zero_bubble(const Layout& l, const std::string& name) {
   if (l.pp == 1)
     return invalid_argument("{}: the zero-bubble schedule (zb) is the pp axis's (a layout with pp=P)", name);
   if (l.chunks > 1)
     return invalid_argument("{}: zb and interleaved:{} are two pipeline schedules; pick one", name, l.chunks);
-  if (l.strategy == Strategy::kTsp && l.tsp > 1)
-    return unimplemented("layout {}: --schedule zb with tsp>1 stages is not built (TSP sends each weight gradient home "
-                         "during the backward, by the ring and the reduce to the shard's owner, so the weight pass "
-                         "cannot be deferred); use tsp=1 or tp/sp stages, or --schedule 1f1b",
-                         name);
-  if (l.strategy == Strategy::kMegatron && c.num_key_value_heads < l.tp)
-    return unimplemented("layout {}: --schedule zb with KV replicas (num_key_value_heads {} below tp={}) is not built "
-                         "(the replicas' K/V weight gradients are summed over the KV group during the backward)",
-                         name, c.num_key_value_heads, l.tp);
   return Status();
 }
 
@@ -293,7 +285,7 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
   if (layout.pp == 1 && layout.chunks > 1)
     return invalid_argument("{}: the interleaved schedule (interleaved:{}) is the pp axis's (a layout with pp=P)", name,
                             layout.chunks);
-  if (layout.zero_bubble) FP_RETURN_IF_ERROR(check_zero_bubble(config, layout, name));
+  if (layout.zero_bubble) FP_RETURN_IF_ERROR(check_zero_bubble(layout, name));
   if (layout.pp > 1) FP_RETURN_IF_ERROR(check_stages(config, layout, name));
   return check_sizes(config, layout, batch, seq, name);
 }

@@ -6,11 +6,20 @@
 namespace foldpar {
 
 void WeightGradQueue::push(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float beta) {
-  gemms_.push_back(Gemm{a, trans_a, b, trans_b, c, beta});
+  gemms_.push_back(Gemm{a, trans_a, b, trans_b, c, beta, {}});
+}
+
+void WeightGradQueue::push_action(std::function<void()> action) {
+  Gemm g;
+  g.action = std::move(action);
+  gemms_.push_back(std::move(g));
 }
 
 void WeightGradQueue::run(Backend& be) {
-  for (Gemm& g : gemms_) be.matmul(g.a, g.trans_a, g.b, g.trans_b, g.c, 1.0f, g.beta);
+  for (Gemm& g : gemms_) {
+    if (g.action) g.action();
+    else be.matmul(g.a, g.trans_a, g.b, g.trans_b, g.c, 1.0f, g.beta);
+  }
   gemms_.clear();
 }
 
@@ -19,7 +28,7 @@ int64_t WeightGradQueue::held_bytes() const {
   int64_t bytes = 0;
   for (const Gemm& g : gemms_)
     for (const Tensor* t : {&g.a, &g.b})
-      if (seen.insert(t->raw_data()).second) bytes += static_cast<int64_t>(t->nbytes());
+      if (t->defined() && seen.insert(t->raw_data()).second) bytes += static_cast<int64_t>(t->nbytes());
   return bytes;
 }
 

@@ -8,9 +8,13 @@
 // and the saved activations (held here, so they outlive the saved state), the output a view
 // of the gradient, which nothing else writes in between. Bias gradients (column sums of dy)
 // are not queued: they stay in B (cheap, and strategies fold them into per-step partials).
+// A strategy whose weight gradients travel after their products (TSP's reduce to the shard's
+// owner and gradient ring, parallel/tsp/) queues that work too, as actions between the
+// products, so W runs both in the recorded order.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "backend/backend.h"
@@ -21,7 +25,11 @@ class WeightGradQueue {
  public:
   // c = a^(T?) b^(T?) + beta c, later. a, b: the products' operands; c: the gradient view.
   void push(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float beta);
-  // Runs every queued product in order and releases what they held.
+  // `action` later, after the products pushed before it and before those pushed after it.
+  // What it captures is held until run() (not counted by held_bytes: an action allocates
+  // what it moves when it runs).
+  void push_action(std::function<void()> action);
+  // Runs every queued product and action in order and releases what they held.
   void run(Backend& backend);
   bool empty() const { return gemms_.empty(); }
   size_t size() const { return gemms_.size(); }
@@ -37,6 +45,7 @@ class WeightGradQueue {
     bool trans_b = false;
     Tensor c;
     float beta = 1.0f;
+    std::function<void()> action;  // set: this entry is an action, not a product
   };
   std::vector<Gemm> gemms_;
 };

@@ -262,10 +262,9 @@ Status plan_micro_batches(const PlanRequest& r, LayoutPlan& p) {
 }
 
 // A pipeline whose schedule the plan chooses: 1F1B, interleaved with v = 2 and ZB-H1, each
-// where validate_layout accepts it (L >= 2p and no --stage-layers for interleaving; zb's
-// stages), each over its micro-batch sizes (plan_micro_batches); the best of them
-// (better_plan). Says why: the tokens/s and bubbles of those that fit, the memory of
-// those that do not.
+// where validate_layout accepts it (L >= 2p and no --stage-layers for interleaving), each
+// over its micro-batch sizes (plan_micro_batches); the best of them (better_plan). Says
+// why: the tokens/s and bubbles of those that fit, the memory of those that do not.
 Status plan_pipeline(const PlanRequest& r, LayoutPlan& p) {
   const bool named = p.layout.chunks > 1 || p.layout.zero_bubble;
   if (!r.choose_schedule || named) return plan_micro_batches(r, p);

@@ -249,6 +249,9 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"pp=2,tp=2", 4, kFB, nullptr, false, 1}, Case{"dp=2,pp=2,tsp=1", 4, kFB, nullptr, false, 1},
                     // ZB-H1: the weight-gradient products queued in B and run as W.
                     Case{"pp=2,tsp=1:zb", 2, kFB, nullptr, false, 1}, Case{"pp=2,tp=2:zb", 4, kFB, nullptr, false, 1},
+                    // ... and on tsp=2 stages with the reduces and the gradient ring behind them.
+                    Case{"pp=2,tsp=2:zb", 4, kFB, nullptr, false, 1},
+                    Case{"pp=2,tsp=2:zb:nooverlap:keepw", 4, kFB, nullptr, false, 1},
                     Case{"tsp=2", 2, kFB, nullptr, false, 1},
                     // bf16 storage under Megatron: bf16 rows, K/V and partials travel (2 bytes).
                     Case{"tp=2:bf16", 2, kFB}, Case{"tp=2:bf16", 2, kF}, Case{"tp=2:bf16:seqpar", 2, kFB},

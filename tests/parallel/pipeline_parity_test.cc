@@ -7,7 +7,8 @@
 // boundary's traffic is exactly 2*m*B*(S/D)*h*beta per boundary; the refusals name their
 // numbers. Layouts by world size W: pp=2,tsp=1 and pp=2,tp=1 (W = 2); pp=2,tsp=2, pp=4,tsp=1,
 // pp=2,dp=2,tsp=1, pp=2,tp=2, pp=2,tp=2:seqpar and pp=2,sp=2 (W = 4); pp=2,dp=2,tsp=2 (W = 8);
-// the interleaved schedule (v chunks per rank, `:interleaved=V`) at pp=2 x tsp=1 and 2 and pp=4.
+// the interleaved schedule (v chunks per rank, `:interleaved=V`) at pp=2 x tsp=1 and 2 and pp=4;
+// ZB-H1 (`:zb`) on tsp=1, tsp=2 and 4 and Megatron stages, KV replicas included.
 // The attention variants and KV replicas (issue 21) on stages and under dp, where dp runs
 // also without a pp axis (dp=K around tsp, tp, sp and tp x sp: the same harness, the trainer's
 // data-parallel sum of every ParamRef, no pipeline traffic to check).
@@ -296,6 +297,37 @@ TEST(PipelineParity, ZeroBubble) {
               Case{.layout = "pp=2,tp=2,sp=2:zb", .m_per_stage = 2});
 }
 
+// ZB-H1 on tsp=D stages: B runs the input gradient with the weight shards moving as today,
+// W the queued weight products with the reduces to each shard's owner and the MLP's gradient
+// ring behind them (TspStep::set_weight_grads). pp=2,tsp=2 at m = p and 2p, tied and untied,
+// uneven stages, B = 2 with recomputation, the attention and MLP biases (their gradients stay
+// in B), no overlap with two head buckets, the forward's weights and K/V kept, KV replicas
+// (their zeroing and copy run in W);
+// with dp, at pp = 4 and at tsp = 4 where the world has 8 ranks.
+TEST(PipelineParity, ZeroBubbleOnTspStages) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,tsp=2:zb"}, Case{.layout = "pp=2,tsp=2:zb", .m_per_stage = 2},
+              Case{.layout = "pp=2,tsp=2:zb", .tied = true},
+              Case{.layout = "pp=2,tsp=2:zb", .tied = true, .m_per_stage = 2},
+              Case{.layout = "pp=2,tsp=2:zb", .layers = 3, .tied = true, .m_per_stage = 2, .stages = {1, 2}},
+              Case{.layout = "pp=2,tsp=2:zb", .m_per_stage = 2, .batch = 2, .recompute = Recompute::kBlock},
+              Case{.layout = "pp=2,tsp=2:zb", .tied = true, .m_per_stage = 2, .variant = Variant::kAllBiases},
+              Case{.layout = "pp=2,tsp=2:nooverlap:buckets=2:zb", .m_per_stage = 2, .variant = Variant::kQwen3},
+              Case{.layout = "pp=2,tsp=2:keepw:keepkv:zb", .tied = true, .m_per_stage = 2},
+              Case{.layout = "pp=2,tsp=2:zb", .m_per_stage = 2, .variant = Variant::kQwen2, .kv_heads = 1},
+              Case{.layout = "pp=2,dp=2,tsp=2:zb", .tied = true, .m_per_stage = 2},
+              Case{.layout = "pp=4,tsp=2:zb", .layers = 5, .m_per_stage = 2, .stages = {2, 1, 1, 1}},
+              Case{.layout = "pp=2,tsp=4:zb", .tied = true, .m_per_stage = 2, .kv_heads = 2});
+}
+
+// ZB-H1 with KV replicas on Megatron stages (n_kv < tp): the wk/wv gradients' sum over the
+// KV group is queued behind their products and runs in W.
+TEST(PipelineParity, ZeroBubbleWithKvReplicasOnMegatronStages) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,tp=2:zb", .tied = true, .m_per_stage = 2, .variant = Variant::kQwen2, .kv_heads = 1},
+              Case{.layout = "pp=2,tp=2:seqpar:zb", .variant = Variant::kAttentionBias, .kv_heads = 1},
+              Case{.layout = "pp=2,tp=2,sp=2:zb", .m_per_stage = 2, .kv_heads = 1},
+              Case{.layout = "pp=2,tp=4:zb", .m_per_stage = 2, .variant = Variant::kQwen3, .kv_heads = 1});
+}
+
 TEST(PipelineParity, BatchTwoAndRecompute) {
   RUN_OR_SKIP(Case{.layout = "pp=2,tsp=1", .batch = 2, .recompute = Recompute::kBlock},
               Case{.layout = "pp=2,tsp=2", .m_per_stage = 2, .batch = 2, .recompute = Recompute::kBlock});
@@ -439,15 +471,12 @@ TEST(PipelineErrors, RefusalsNameTheNumbers) {
   EXPECT_EQ(message("tsp=1:zb"), "tsp=1:zb: the zero-bubble schedule (zb) is the pp axis's (a layout with pp=P)");
   EXPECT_EQ(message("pp=2,tsp=1:interleaved=2:zb"),
             "pp=2,tsp=1:interleaved=2:zb: zb and interleaved:2 are two pipeline schedules; pick one");
-  EXPECT_EQ(message("pp=2,tsp=2:zb"),
-            "layout pp=2,tsp=2:zb: --schedule zb with tsp>1 stages is not built (TSP sends each weight gradient home "
-            "during the backward, by the ring and the reduce to the shard's owner, so the weight pass cannot be "
-            "deferred); use tsp=1 or tp/sp stages, or --schedule 1f1b");
+  EXPECT_EQ(message("pp=2,tsp=2:zb"), "ok");
+  EXPECT_EQ(message("pp=4,tsp=4:zb"), "ok");
   LlamaConfig mqa = c;
   mqa.num_key_value_heads = 1;
-  EXPECT_EQ(validate_layout(mqa, parse_layout("pp=2,tp=2:zb").value(), 0, 32).message(),
-            "layout pp=2,tp=2:zb: --schedule zb with KV replicas (num_key_value_heads 1 below tp=2) is not built (the "
-            "replicas' K/V weight gradients are summed over the KV group during the backward)");
+  EXPECT_TRUE(validate_layout(mqa, parse_layout("pp=2,tp=2:zb").value(), 0, 32).ok());
+  EXPECT_TRUE(validate_layout(mqa, parse_layout("pp=2,tsp=2:zb").value(), 0, 32).ok());
   EXPECT_EQ(parse_layout("pp=2,tsp=1:interleaved=2")->chunks, 2);
   EXPECT_EQ(parse_layout("pp=2,tsp=1:interleaved=1")->to_string(), "pp=2,tsp=1");
 }
@@ -531,7 +560,7 @@ TEST(PipelineMemory, ActivationsInFlightAreBoundedByTheStages) {
 TEST(PipelineMemory, ZeroBubblePeakIsOneFOneBsPlusTheDeferredWeightInputs) {
   Communicator& world = test::mpi().world();
   bool ran = false;
-  for (const std::string text : {"pp=2,tsp=1", "pp=4,tsp=1"}) {
+  for (const std::string text : {"pp=2,tsp=1", "pp=4,tsp=1", "pp=2,tsp=2"}) {
     Layout lo = parse_layout(text).value();
     if (lo.ranks() != world.size()) continue;
     ran = true;
@@ -646,6 +675,60 @@ TEST(PipelineTraffic, ModelAxisBytesGrowByTheSameAmountPerMicroBatch) {
   if (!ran) GTEST_SKIP() << "no layout for " << world.size() << " ranks";
 }
 
+// ZB-H1 on tsp=D stages moves the reduces and the gradient ring from B into W, nothing more:
+// per operation kind its TSP-axis calls and bytes equal 1F1B's exactly at m = p and 2p (so
+// the single-stage formula times m, by the test above), with KV replicas too (their copy in
+// W), and nothing extra crosses the pp axis. Likewise tp stages with KV replicas (their KV
+// group's sum in W).
+TEST(PipelineTraffic, ZeroBubbleMovesTheTspAxisBytesOfOneFOneB) {
+  Communicator& world = test::mpi().world();
+  bool ran = false;
+  for (const std::string text : {"pp=2,tsp=2", "pp=4,tsp=2", "pp=2,tsp=4", "pp=2,tp=2", "pp=2,tp=4"}) {
+    for (const int64_t kv_heads : {4, 1}) {
+      const Layout lo = parse_layout(text).value();
+      if (lo.ranks() != world.size()) continue;
+      ran = true;
+      LlamaConfig c = test_config(4, true);
+      c.num_key_value_heads = kv_heads;
+      Mesh mesh = Mesh::create(world, lo.mesh()).value();
+      auto be = make_cpu_backend();
+      const Batch global = synthetic_batch(c, 2 * lo.pp, 32, 11, 0.1);
+      auto traffic = [&](bool zb, int m, const std::string& axis) {
+        Layout l = lo;
+        l.zero_bubble = zb;
+        std::unique_ptr<ShardedModel> model = make_sharded_model(c, mesh, 32, l).value();
+        model->init_weights(kInit);
+        model->zero_grads(*be);
+        std::vector<Batch> locals;
+        for (int i = 0; i < m; ++i) locals.push_back(model->local_batch(rows(global, i, i + 1)));
+        ScopedCommCounter counter(mesh.comm(axis));
+        FP_CHECK_OK(model->forward_backward_micro_batches(*be, locals, 0).status());
+        return counter.delta();
+      };
+      for (int m : {lo.pp, 2 * lo.pp}) {
+        const std::string model_axis = lo.strategy == Strategy::kTsp ? "tsp" : "tp";
+        for (const std::string& axis : {model_axis, std::string("pp")}) {
+          const CommStats one_f_one_b = traffic(false, m, axis), zero_bubble = traffic(true, m, axis);
+          for (int k = 0; k < kNumCommOpKinds; ++k) {
+            const auto kind = static_cast<CommOpKind>(k);
+            EXPECT_EQ(zero_bubble.op(kind).bytes_sent, one_f_one_b.op(kind).bytes_sent)
+                << text << " n_kv " << kv_heads << " m " << m << " " << axis << " " << comm_op_name(kind);
+            EXPECT_EQ(zero_bubble.op(kind).calls, one_f_one_b.op(kind).calls)
+                << text << " n_kv " << kv_heads << " m " << m << " " << axis << " " << comm_op_name(kind);
+          }
+          if (axis == "tsp") {
+            EXPECT_GT(zero_bubble.op(CommOpKind::kReduce).calls, 0u) << text;
+          }
+          if (axis == "tp" && kv_heads == 1) {  // the KV group's sums (sum_kv_replicas)
+            EXPECT_GT(zero_bubble.op(CommOpKind::kSend).calls, 0u) << text;
+          }
+        }
+      }
+    }
+  }
+  if (!ran) GTEST_SKIP() << "no layout for " << world.size() << " ranks";
+}
+
 TEST(PipelineForward, LossEqualsTheSingleRankModelsOnEveryStage) {
   Communicator& world = test::mpi().world();
   bool ran = false;
@@ -750,6 +833,18 @@ TEST(PipelineBf16, AttentionVariantsAndKvReplicasMatchTheSingleRankBf16Model) {
       {"pp=2,tsp=1:bf16", Case{.layers = 3, .variant = Variant::kAllBiases}},
       {"pp=2,tsp=2:bf16", Case{.layers = 3, .variant = Variant::kMlpBias}},
       {"pp=2,tp=2:seqpar:bf16", Case{.layers = 3, .variant = Variant::kAllBiases}}};
+  for (const auto& [text, k] : cases) ran = run_bf16_parity(text, k) || ran;
+  if (!ran) GTEST_SKIP() << "no layout for " << test::mpi().world().size() << " ranks";
+}
+
+// ZB-H1 in bf16 storage on tsp=2 stages and on tp stages with KV replicas: the deferred
+// products read bf16 operands into the f32 gradients and partials, as the direct backward.
+TEST(PipelineBf16, ZeroBubbleMatchesTheSingleRankBf16Model) {
+  bool ran = false;
+  const std::pair<std::string, Case> cases[] = {
+      {"pp=2,tsp=2:bf16:zb", Case{.layers = 3, .variant = Variant::kAllBiases}},
+      {"pp=2,tsp=2:bf16:zb", Case{.layers = 3, .variant = Variant::kQwen3, .kv_heads = 1}},
+      {"pp=2,tp=2:bf16:zb", Case{.layers = 3, .variant = Variant::kQwen2, .kv_heads = 1}}};
   for (const auto& [text, k] : cases) ran = run_bf16_parity(text, k) || ran;
   if (!ran) GTEST_SKIP() << "no layout for " << test::mpi().world().size() << " ranks";
 }

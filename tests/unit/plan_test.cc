@@ -349,6 +349,42 @@ TEST(PlannerTest, ZeroBubblePipelinesHaveASmallerBubbleThanOneFOneBAtTheSameM) {
   EXPECT_NE(text.find("(p-1)/(3m+p-1)"), std::string::npos) << text;
 }
 
+TEST(PlannerTest, ZeroBubbleOnTspStagesMovesOneFOneBsBytesWithASmallerBubble) {
+  // tsp=2 stages: W runs the weight products with the reduces and the gradient ring behind
+  // them (parallel/tsp/), so the dry run counts the same calls and bytes per operation kind
+  // as 1F1B's at the same m, in a shorter step with a smaller bubble.
+  PlanRequest r;
+  r.config = mha_config(4);
+  r.hardware = *Hardware::from_json(kHardware);
+  r.devices = 4;
+  r.batch = 4;
+  r.seq = 256;
+  r.micro_batch = 1;  // m = 4
+  r.layouts = {spec("pp=2,tsp=2"), spec("pp=2,tsp=2:zb")};
+  Result<PlanReport> rep = make_plan(r);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  ASSERT_EQ(rep->layouts.size(), 2u) << (rep->not_buildable.empty() ? "" : rep->not_buildable[0]);
+  const LayoutPlan& f1b = rep->layouts[0];
+  const LayoutPlan& zb = rep->layouts[1];
+  ASSERT_EQ(zb.layout.to_string(), "pp=2,tsp=2:zb");
+  EXPECT_EQ(zb.micro_batches, 4);
+  EXPECT_LT(zb.bubble_s, f1b.bubble_s);
+  EXPECT_LT(zb.time.step_s, f1b.time.step_s);
+  ASSERT_EQ(zb.traffic.axes.size(), f1b.traffic.axes.size());
+  for (size_t a = 0; a < zb.traffic.axes.size(); ++a) {
+    const AxisTraffic &z = zb.traffic.axes[a], &f = f1b.traffic.axes[a];
+    EXPECT_EQ(z.axis, f.axis);
+    for (int k = 0; k < kNumPlanOps; ++k) {
+      const auto op = static_cast<PlanOp>(k);
+      EXPECT_EQ(z.op(op).bytes_sent, f.op(op).bytes_sent) << z.axis << " " << plan_op_name(op);
+      EXPECT_EQ(z.op(op).calls, f.op(op).calls) << z.axis << " " << plan_op_name(op);
+    }
+  }
+  const AxisTraffic* tsp = zb.traffic.axis("tsp");
+  ASSERT_NE(tsp, nullptr);
+  EXPECT_GT(tsp->op(PlanOp::kReduce).calls, 0u);
+}
+
 // The plan chooses a pipeline's schedule (PlanRequest::choose_schedule, always for the
 // layouts it makes up): 1F1B, interleaved:2 and zb, each over its micro-batch sizes.
 LayoutPlan chosen_schedule(PlanRequest r, const std::string& layout, std::string* text = nullptr) {
@@ -394,13 +430,23 @@ TEST(PlannerTest, ChoosesZeroBubbleWhereItIsFastestAndSaysWhy) {
   ASSERT_TRUE(rep.ok());
   EXPECT_EQ(rep->layouts.at(0).layout.to_string(), "pp=2,tsp=1");
   EXPECT_TRUE(rep->layouts.at(0).schedule_tried.empty());
-  // tsp=2 stages: zb is refused by validate_layout, so it is not planned, and says so.
+  // tsp=2 stages: all three schedules are planned.
   r.devices = 4;
   const LayoutPlan t2 = chosen_schedule(r, "pp=2,tsp=2", &text);
-  ASSERT_EQ(t2.schedule_tried.size(), 2u);
-  EXPECT_NE(t2.schedule_reason.find("not planned: zb (layout pp=2,tsp=2:zb: --schedule zb with tsp>1 stages"),
-            std::string::npos)
-      << t2.schedule_reason;
+  ASSERT_EQ(t2.schedule_tried.size(), 3u);
+  EXPECT_EQ(t2.schedule_tried[2].schedule, "zb");
+  // And on tp stages with KV replicas.
+  r.config.num_key_value_heads = 1;
+  const LayoutPlan tp2 = chosen_schedule(r, "pp=2,tp=2", &text);
+  ASSERT_EQ(tp2.schedule_tried.size(), 3u);
+  EXPECT_EQ(tp2.schedule_tried[2].schedule, "zb");
+  // A schedule validate_layout refuses is not planned, and the line says so: interleaving
+  // needs L >= 2 pp.
+  r.config = mha_config(3);
+  const LayoutPlan short_model = chosen_schedule(r, "pp=2,tsp=2", &text);
+  ASSERT_EQ(short_model.schedule_tried.size(), 2u);
+  EXPECT_NE(short_model.schedule_reason.find("not planned: interleaved:2"), std::string::npos)
+      << short_model.schedule_reason;
 }
 
 TEST(PlannerTest, MemoryRulesTheInterleavedAndZeroBubbleSchedulesOut) {

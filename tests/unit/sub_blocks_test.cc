@@ -365,5 +365,27 @@ TEST(WeightGradQueue, DeferredBlockBackwardEqualsTheDirectOne) {
   for (const auto& [got, want] : in_w) EXPECT_EQ(max_rel_error(*got, *want), 0.0) << want->describe();
 }
 
+// Actions (what moves a weight gradient after its products: TSP's reduce and ring) run in
+// the recorded order between the products, each once, and hold no operand bytes.
+TEST(WeightGradQueue, ActionsRunInOrderBetweenTheProducts) {
+  auto be = make_reference_backend();
+  Tensor a = Tensor::empty({2, 2}, DType::kF32, MemCategory::kWorkspace);
+  for (int64_t i = 0; i < 4; ++i) a.data<float>()[i] = static_cast<float>(i + 1);  // [[1, 2], [3, 4]]
+  Tensor c = Tensor::zeros({2, 2}, DType::kF32, MemCategory::kGradients);
+  std::vector<float> seen;  // c[0][0] when each action runs
+  WeightGradQueue queue;
+  queue.push_action([&] { seen.push_back(c.data<float>()[0]); });
+  queue.push(a, true, a, false, c, 0.0f);  // c = a^T a: c[0][0] = 1 + 9
+  queue.push_action([&] { seen.push_back(c.data<float>()[0]); });
+  queue.push(a, true, a, false, c, 1.0f);  // c += a^T a
+  queue.push_action([&] { seen.push_back(c.data<float>()[0]); });
+  EXPECT_EQ(queue.size(), 5u);
+  EXPECT_EQ(queue.held_bytes(), static_cast<int64_t>(a.nbytes()));
+  EXPECT_TRUE(seen.empty()) << "an action ran before W";
+  queue.run(*be);
+  EXPECT_EQ(seen, (std::vector<float>{0.0f, 10.0f, 20.0f}));
+  EXPECT_TRUE(queue.empty());
+}
+
 }  // namespace
 }  // namespace foldpar

@@ -19,6 +19,7 @@
 // (sum_variant_grads). Llama's mlp_bias likewise: this rank's columns' gate/up bias slices
 // with its MLP, their gradients into the partials; the down bias in tp rank 0's partial, its
 // gradient from dy without a tp sum.
+#include "model/weight_grad_queue.h"
 #include "parallel/megatron/tp_step_base.h"
 
 namespace foldpar::megatron_detail {
@@ -65,7 +66,8 @@ Tensor TpStepBase::qkv_backward(int l, const AttnSaved& s, const QkvGrads& d, co
                        dims_.kv_heads, g);
   // KV replicas (n_kv < tp): each rank's wk/wv gradient is its own query heads' part, into a
   // scratch summed over the KV group below (sum_kv_replicas) and then added, so the replicas
-  // get the same sum. dX needs no change: the all_reduce of d_a1 adds every rank's dK Wk.
+  // get the same sum (under zb the scratch is held to W, 2 kv_rows h f32 per layer). dX needs
+  // no change: the all_reduce of d_a1 adds every rank's dK Wk.
   Tensor kv_partial;
   if (dims_.replicated_kv()) {
     kv_partial = Tensor::empty({2 * dims_.kv_rows, dims_.h}, DType::kF32, MemCategory::kGradients);
@@ -87,10 +89,15 @@ Tensor TpStepBase::qkv_backward(int l, const AttnSaved& s, const QkvGrads& d, co
   foldpar::qkv_backward(ctx_, qkv_view(w_, l), a1_full, d, d_a1_partial, g, 1.0f, sched, &s.qkv);
   tp_.wait(dx_req);
   if (kv_partial.defined()) {
-    const auto t0 = StepTimer::Clock::now();
-    tp_.timer().blocking(sum_kv_replicas(be_, tp_.comm(), dims_, kv_partial), t0);
-    Tensor rows = kv_replica_rows(dims_, grads.attn[l]);
-    be_.add_inplace(kv_partial, rows);
+    // After the products that write kv_partial: at once, or in W under the zero-bubble
+    // schedule (ctx_.weight_grads), where every tp rank of the stage runs it at the same slot.
+    auto sum_and_add = [this, kv_partial, rows = kv_replica_rows(dims_, grads.attn[l])]() mutable {
+      const auto t0 = StepTimer::Clock::now();
+      tp_.timer().blocking(sum_kv_replicas(be_, tp_.comm(), dims_, kv_partial), t0);
+      be_.add_inplace(kv_partial, rows);
+    };
+    if (ctx_.weight_grads != nullptr) ctx_.weight_grads->push_action(std::move(sum_and_add));
+    else sum_and_add();
   }
   // a1 = norm(x_in) on this rank's rows; dx = d_out + norm^T(d_a1).
   return norm_backward(row_ctx_, w_.attn_norm[l], s.norm, d_a1, &d_out, norm_grad(grads.attn_norm[l], l));

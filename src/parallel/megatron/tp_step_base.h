@@ -104,8 +104,7 @@ class TpStepBase : public ModelStep {
   void embed_backward(const Tensor& dx) override;
   // The zero-bubble split: every weight gradient of a block is this rank's own slice,
   // accumulated locally (the sp sum waits for the step's end), so its products can wait;
-  // except with KV replicas, whose wk/wv gradients are summed over the KV group during the
-  // backward.
+  // with KV replicas the wk/wv gradients' sum over the KV group is queued behind them.
   bool defer_weight_grads(WeightGradQueue* queue) override;
 
   // A MoE model: the communicator of its expert axis (the tp x sp group, rank sp * tp + t).

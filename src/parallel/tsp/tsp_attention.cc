@@ -12,6 +12,8 @@
 // (sum_norm_partials), so every rank applies the same update.
 // With overlap the broadcast of shard r+1 starts once shard r-1 is done with its buffer,
 // and the all-gather of unit u+1 starts before the attention of unit u.
+// Under the zero-bubble schedule the backward's weight products, the reduces and the KV
+// replicas' zeroing and copy are queued in this order and run in W (TspStep::set_weight_grads).
 // KV replicas (n_kv < D, ShardDims::kv_group = D/n_kv ranks share one KV head; docs/tsp.md
 // section 3): the rounds r of one group read the same K/V. Its first round projects and
 // all-gathers them; the group's other rounds reuse that K/V (their local k, v projections
@@ -24,6 +26,7 @@
 // one KV head, so "first" and "last" are the group's first and last units
 // (kv_group_first_unit, kv_group_last_unit).
 #include <cmath>
+#include <memory>
 
 #include "parallel/tsp/tsp_step.h"
 
@@ -169,9 +172,11 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
   auto start_bcast = [&](int r) {
     start_shard_broadcast(bc, r, w.attn[l], nullptr, opt_.keep_weights ? &s.weights[r] : nullptr);
   };
-  // ---- packed weight-gradient partials, reduced to their owner ----
+  // ---- packed weight-gradient partials, reduced to their owner: now, or in W behind the
+  // deferred products (after_products), in the step's two deferred partial buffers ----
+  const bool deferred = ctx_.weight_grads != nullptr;
   Tensor gbuf[2];
-  CommRequest g_req;
+  auto g_req = std::make_shared<CommRequest>();
   // KV replicas: the group's K/V (gathered by its first round) and its rounds' dK/dV sums.
   const bool rep = dims_.replicated_kv();
   Tensor group_k_full, group_v_full, dk_sum, dv_sum;
@@ -184,6 +189,8 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
     Tensor g;
     if (r == p_) {
       g = grads.attn[l];
+    } else if (deferred) {
+      g = deferred_partial(deferred_attn_, r % 2, {dims_.attn_rows(), h});
     } else {
       if (!gbuf[r % 2].defined()) gbuf[r % 2] = comm_buffer({dims_.attn_rows(), h}, DType::kF32);
       g = gbuf[r % 2];
@@ -242,8 +249,9 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
         if (group_last) {
           group_k_full = group_v_full = dk_sum = dv_sum = Tensor();
         } else if (r != p_) {
-          Tensor stale = kv_replica_rows(dims_, g);  // this buffer's wk/wv rows go to owner r: zero
-          be_.fill(0.0, stale);
+          // This buffer's wk/wv rows go to owner r: zero (after the products that write the
+          // rest of it, which deferred run in W).
+          after_products([this, stale = kv_replica_rows(dims_, g)]() mutable { be_.fill(0.0, stale); });
         }
       }
       // dK, dV of every position go home: rank p receives the sum for its own tokens.
@@ -293,19 +301,20 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
       if (u == 0 && g_wo.b.defined()) be_.add_inplace(ub.o, variant_partials_.o_bias[static_cast<size_t>(l)]);
     }
     // fwd: broadcast from r; bwd: reduce to r (in place at the owner).
-    wait(g_req);
-    g_req = comm_.ireduce(g.raw_data(), r == p_ ? g.raw_data() : nullptr, shard_elems, g.dtype(), ReduceOp::kSum, r);
-    if (!opt_.overlap) wait(g_req);
+    FP_CHECK(static_cast<size_t>(g.numel()) == shard_elems, "attention partial {} for a shard of {}", g.describe(),
+             shard_elems);
+    after_products([this, g_req, g, r]() mutable { reduce_home(*g_req, g, r); });
     if (r + 1 < D_) {
       if (!opt_.overlap) start_bcast(r + 1);
       wait(w_req);
     }
   }
-  wait(g_req);
+  after_products([this, g_req] { wait(*g_req); });
   if (rep) {  // the group's last owner holds the whole wk/wv gradient: copied to the replicas
-    Tensor rows = kv_replica_rows(dims_, grads.attn[l]);
-    const auto t0 = StepTimer::Clock::now();
-    blocking(copy_kv_replica(comm_, dims_, dims_.kv_group_last(p_), rows), t0);
+    after_products([this, rows = kv_replica_rows(dims_, grads.attn[l])]() mutable {
+      const auto t0 = StepTimer::Clock::now();
+      blocking(copy_kv_replica(comm_, dims_, dims_.kv_group_last(p_), rows), t0);
+    });
   }
   // x_mid = x + ...: dx = d_out + norm^T(d_a1); the norm gain's partial stays local until
   // sum_norm_partials().

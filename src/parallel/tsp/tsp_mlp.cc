@@ -4,11 +4,14 @@
 //     start hop (send cur to p+1, receive the next from p-1)   fwd: weight ring
 //     y_p += mlp_forward(chunk of f/D columns)                  (local accumulation)
 //   backward: the same weight ring again, plus the gradient ring (bwd of the weight ring)
-//   that carries each shard's summed gradient home.
+//   that carries each shard's summed gradient home; under the zero-bubble schedule the
+//   products and the gradient ring run later, in W (TspStep::set_weight_grads).
 // Llama's mlp_bias (replicated, sharded_weights.h): each chunk takes its owner's columns'
 // gate/up bias slices; the down bias rides in step 0's chunk, so each token gets it once.
 // Their gradients, over this rank's tokens, go into the per-step partials that
 // sum_norm_partials() sums over the axis with the attention variants'.
+#include <memory>
+
 #include "parallel/tsp/tsp_step.h"
 
 namespace foldpar::tsp_detail {
@@ -39,7 +42,8 @@ Tensor TspStep::mlp_backward(int l, const ShardedWeights& w, const RingMlpSaved&
   Tensor d_a2 = act({rows_, dims_.h});  // [T, h], summed over the D chunks
   be_.fill(0.0, d_a2);
   WeightRing ring = weight_ring(w.mlp[l]);
-  GradRing gring;
+  // The gradient ring runs behind the products it carries: now, or in W (after_products).
+  auto gring = std::make_shared<GradRing>();
   for (int j = 0; j < D_; ++j) {
     weight_ring_send(ring, j);
     Tensor partial = grad_ring_partial(grads.mlp[l], j, {dims_.mlp_rows(), dims_.h});
@@ -62,10 +66,10 @@ Tensor TspStep::mlp_backward(int l, const ShardedWeights& w, const RingMlpSaved&
       be_.add_inplace(g.b_up, into.b_up);
       if (j == 0) be_.add_inplace(g.down.b, variant_partials_.down_bias[static_cast<size_t>(l)]);
     }
-    grad_ring_send(gring, j, partial);
+    after_products([this, gring, j, partial]() mutable { grad_ring_send(*gring, j, partial); });
     weight_ring_advance(ring, j);
   }
-  grad_ring_finish(gring, grads.mlp[l]);
+  after_products([this, gring, own = grads.mlp[l]]() mutable { grad_ring_finish(*gring, own); });
   // The norm gain's partial stays local until sum_norm_partials().
   return norm_backward(ctx_, w.mlp_norm[l], s.norm, d_a2, &d_out, norm_partials_[c_.num_hidden_layers + l]);
 }

@@ -105,10 +105,11 @@ class TspModelStep final : public ModelStep {
     return dx;
   }
 
-  // D > 1: each weight gradient travels home during the backward (the attention shard's
-  // reduce to its owner, the MLP's gradient ring), so it cannot wait; MoE layers likewise.
+  // D > 1: what sends each weight gradient home (the attention shard's reduce to its owner,
+  // the MLP's gradient ring) is queued behind its products (TspStep::set_weight_grads). MoE
+  // layers' expert gradients are summed by their dispatch during the backward: not split.
   bool defer_weight_grads(WeightGradQueue* queue) override {
-    if (queue != nullptr && (m_.shard().degree() > 1 || m_.config().moe.enabled())) return false;
+    if (queue != nullptr && m_.config().moe.enabled()) return false;
     deferred_ = queue;
     return true;
   }

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "backend/rope_table.h"
+#include "model/weight_grad_queue.h"
 #include "parallel/kv_exchange.h"
 
 namespace foldpar::tsp_detail {
@@ -124,7 +125,10 @@ void TspStep::weight_ring_advance(WeightRing& ring, int step) {
 }
 
 Tensor TspStep::grad_ring_partial(Tensor& own_grad, int step, const Shape& shape) {
-  return step == 0 ? own_grad : comm_buffer(shape, own_grad.dtype());
+  if (step == 0) return own_grad;
+  // Deferred: step j's products run in W, where step j-1's partial may still be travelling.
+  if (ctx_.weight_grads != nullptr) return deferred_partial(deferred_mlp_, step % 2, shape);
+  return comm_buffer(shape, own_grad.dtype());
 }
 
 void TspStep::grad_ring_send(GradRing& ring, int step, Tensor& partial) {
@@ -145,6 +149,24 @@ void TspStep::grad_ring_finish(GradRing& ring, Tensor& own_grad) {
   wait(ring.hop);
   be_.add_inplace(ring.incoming, own_grad);
   ring = GradRing();
+}
+
+void TspStep::reduce_home(CommRequest& request, Tensor& g, int owner) {
+  wait(request);
+  request = comm_.ireduce(g.raw_data(), owner == p_ ? g.raw_data() : nullptr, static_cast<size_t>(g.numel()),
+                          g.dtype(), ReduceOp::kSum, owner);
+  if (!opt_.overlap) wait(request);
+}
+
+void TspStep::after_products(std::function<void()> work) {
+  if (ctx_.weight_grads != nullptr) ctx_.weight_grads->push_action(std::move(work));
+  else work();
+}
+
+Tensor TspStep::deferred_partial(Tensor (&bufs)[2], int i, const Shape& shape) {
+  if (!bufs[i].defined()) bufs[i] = comm_buffer(shape, DType::kF32);
+  FP_CHECK(bufs[i].shape() == shape, "deferred partial {} for {}", bufs[i].describe(), shape.to_string());
+  return bufs[i];
 }
 
 }  // namespace foldpar::tsp_detail

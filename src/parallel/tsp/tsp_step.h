@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -104,12 +105,16 @@ class TspStep {
   void set_kv_cache(KvCache* cache) { kv_cache_ = cache; }
 
   // The zero-bubble split (model/step_order.h, ModelStep::defer_weight_grads): the sub-blocks'
-  // weight-gradient products go to `queue` (null: run at once). Only on an axis of one rank
-  // (D = 1), where no weight gradient travels during the backward.
-  void set_weight_grads(WeightGradQueue* queue) {
-    FP_CHECK(queue == nullptr || D_ == 1, "deferred weight gradients on a TSP axis of {} ranks", D_);
-    ctx_.weight_grads = queue;
-  }
+  // weight-gradient products go to `queue` (null: run at once), and so does what sends them
+  // home (attention's reduce of each packed shard to its owner, the MLP's gradient ring, the
+  // KV replicas' copy), in the same order, after the products it moves: W runs the reduces
+  // and the ring that B would have run, so the axis's bytes and calls are unchanged. The
+  // products write into two partial buffers per sub-block kept for the step (the deferred
+  // partials below), used alternately as B uses its transient ones. Every rank of the axis
+  // runs its W at the same slot of the schedule (a stage's ranks share it), so the
+  // collectives stay in the same order on every rank. Dense layers only (moe_backward's
+  // dispatch sums its expert gradients during the backward; TspModelStep refuses it).
+  void set_weight_grads(WeightGradQueue* queue) { ctx_.weight_grads = queue; }
 
   // Seconds this rank has spent blocked on communication (waits and blocking collectives):
   // the exposed communication time, what overlap failed to hide.
@@ -199,6 +204,16 @@ class TspStep {
   void grad_ring_send(GradRing& ring, int step, Tensor& partial);
   // After the last step: the accumulator of this rank's own shard arrives; add it.
   void grad_ring_finish(GradRing& ring, Tensor& own_grad);
+  // Waits for the previous reduce (`request`, which read the other partial buffer), then
+  // starts the reduce of partial g [attn_rows, h] f32 to rank `owner` (in place there).
+  void reduce_home(CommRequest& request, Tensor& g, int owner);
+
+  // `work` now, or, while the weight gradients are deferred (ctx_.weight_grads), queued behind
+  // the products queued so far: the communication or adjustment of what they write.
+  void after_products(std::function<void()> work);
+  // Partial buffer i (0 or 1) of `bufs`, allocated at its first use and kept for the step:
+  // the deferred products of every micro-batch write there when their W runs.
+  Tensor deferred_partial(Tensor (&bufs)[2], int i, const Shape& shape);
 
   const TspModel& model_;
   const LlamaConfig& c_;
@@ -231,6 +246,10 @@ class TspStep {
   Tensor unit_norm_grad_;              // [2, d]: one unit's q/k norm gradient, before it joins the partial
   Tensor unit_bias_grad_;              // [heads_b d + 2 kvh_b d + h]: one unit's bias gradients, likewise
   Tensor unit_mlp_bias_grad_;          // [2 f/D + h]: one MLP chunk's gate/up (and down) bias gradients
+  // Deferred weight gradients (set_weight_grads): the non-owned shards' partials, f32,
+  // attention's [attn_rows, h] reduced to the owner and the MLP's [mlp_rows, h] sent round the
+  // gradient ring, two of each used alternately.
+  Tensor deferred_attn_[2], deferred_mlp_[2];
   KvCache* kv_cache_ = nullptr;        // prefill only
   MoeAux moe_stats_;                   // this rank's routing statistics per sparse layer
   std::vector<std::vector<double>> moe_prob_grad_;
