@@ -34,14 +34,17 @@ struct Sample {
   int64_t peak = 0;
   uint64_t sent = 0;
   std::map<std::string, OpTime> ops;  // profile: the timed step's backend ops
-  int64_t faults = 0;                   // rank 0's minor page faults in the timed step
+  int64_t faults = 0, major_faults = 0;  // rank 0's page faults in the timed step (minor, major)
   std::map<std::string, OpTime> waits;  // profile: "axis kind" -> seconds blocked, calls (rank 0)
 };
 
-int64_t minor_page_faults() {
+struct Faults {
+  int64_t minor = 0, major = 0;
+};
+Faults page_faults() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
-  return u.ru_minflt;
+  return {u.ru_minflt, u.ru_majflt};
 }
 
 // Rank 0's seconds blocked and calls per (axis, operation kind) over the timed step.
@@ -122,11 +125,13 @@ Result<Sample> run_once(Communicator& world, const LlamaConfig& c, const Layout&
     FP_RETURN_IF_ERROR(world.barrier());
     ScopedCommCounter counter(comms);
     const WaitSnapshot waits = snapshot_waits(comms);
-    const int64_t faults0 = minor_page_faults();
+    const Faults faults0 = page_faults();
     const double t0 = now_seconds();
     FP_ASSIGN_OR_RETURN(StepResult r, step(o.profile ? static_cast<Backend&>(timed) : *be));
     s.seconds = now_seconds() - t0;
-    s.faults = minor_page_faults() - faults0;
+    const Faults faults1 = page_faults();
+    s.faults = faults1.minor - faults0.minor;
+    s.major_faults = faults1.major - faults0.major;
     s.waits = waits_since(waits);
     s.exposed = r.exposed_comm_seconds;
     s.sent = counter.delta().total().bytes_sent;
@@ -237,11 +242,12 @@ Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& o
       row.layout = spec.to_string();
       row.seq = S;
       row.batch = o.batch;
-      std::vector<double> t, e, f;
+      std::vector<double> t, e, f, fm;
       for (const Sample& s : v) {
         t.push_back(s.seconds);
         e.push_back(s.exposed);
         f.push_back(static_cast<double>(s.faults));
+        fm.push_back(static_cast<double>(s.major_faults));
         row.peak_bytes = std::max(row.peak_bytes, s.peak);
       }
       row.bytes_sent = v.front().sent;
@@ -250,6 +256,7 @@ Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& o
         row.exposed_s = median(e);
         row.tokens_per_s = static_cast<double>(o.batch * S) / row.step_s;
         row.page_faults = static_cast<int64_t>(median(f));
+        row.major_page_faults = static_cast<int64_t>(median(fm));
       }
       if (o.profile) {
         // Per op, the median over the repetitions of rank 0's seconds.
@@ -311,8 +318,9 @@ std::string layout_bench_profile_text(const std::vector<LayoutBenchRow>& rows) {
   std::string s;
   for (const LayoutBenchRow& r : rows) {
     if (r.profile.empty()) continue;
-    s += fmt::format("\nS {} {}: step {:.3f} s (plan {:.3f}), exposed {:.3f} s (plan {:.3f}), {} page faults\n", r.seq,
-                     r.layout, r.step_s, r.predicted_step_s, r.exposed_s, r.predicted_exposed_s, r.page_faults);
+    s += fmt::format("\nS {} {}: step {:.3f} s (plan {:.3f}), exposed {:.3f} s (plan {:.3f}), {} page faults ({} major)\n",
+                     r.seq, r.layout, r.step_s, r.predicted_step_s, r.exposed_s, r.predicted_exposed_s, r.page_faults,
+                     r.major_page_faults);
     s += fmt::format("  {:<24} {:>11} {:>11} {:>7} {:>8} {:>8}\n", "op", "measured s", "plan s", "plan/m", "calls",
                      "plan");
     for (const OpProfileRow& p : r.profile)

@@ -67,9 +67,10 @@ struct LayoutBenchRow {
   // equal-count names, as the plan has them), rank 0's seconds blocked in it against the
   // timeline's stalls on it, and its calls against the timeline's transfers. Largest first.
   std::vector<OpProfileRow> waits;
-  // With profile: rank 0's page faults during the timed step (getrusage's minor faults; a warm
-  // step that faults is touching fresh memory: docs/PERFORMANCE.md, "Fresh pages"). Median.
-  int64_t page_faults = 0;
+  // With profile: rank 0's page faults during the timed step (getrusage's minor faults: a warm
+  // step that faults is touching fresh memory, docs/PERFORMANCE.md "Fresh pages"; major
+  // faults: pages read back from disk, e.g. code the kernel dropped). Medians.
+  int64_t page_faults = 0, major_page_faults = 0;
 };
 
 // invalid_argument for a layout that does not use every rank or does not divide the sizes.
