@@ -259,33 +259,31 @@ Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& o
         row.major_page_faults = static_cast<int64_t>(median(fm));
       }
       if (o.profile) {
-        // Per op, the median over the repetitions of rank 0's seconds.
-        std::map<std::string, std::vector<double>> secs;
-        std::map<std::string, int64_t> calls;
-        for (const Sample& s : v)
-          for (const auto& [op, op_time] : s.ops) {
-            secs[op].push_back(op_time.seconds);
-            calls[op] = op_time.calls;
+        // Per op (and per axis operation waited on), the median over the repetitions of rank
+        // 0's seconds; a repetition without the op counts 0.
+        const auto medians = [&](std::map<std::string, OpTime> Sample::*field) {
+          std::map<std::string, std::vector<double>> secs;
+          std::map<std::string, int64_t> calls;
+          for (const Sample& s : v)
+            for (const auto& [op, op_time] : s.*field) {
+              secs[op].push_back(op_time.seconds);
+              calls[op] = op_time.calls;
+            }
+          std::vector<OpProfileRow> out;
+          for (auto& [op, ts] : secs) {
+            ts.resize(v.size(), 0.0);
+            out.push_back(OpProfileRow{.op = op, .measured_s = median(ts), .measured_calls = calls[op]});
           }
-        for (auto& [op, ts] : secs) {
-          while (ts.size() < v.size()) ts.push_back(0);  // a repetition without the op
-          row.profile.push_back(OpProfileRow{.op = op, .measured_s = median(ts), .measured_calls = calls[op]});
-        }
-        std::map<std::string, std::vector<double>> wait_secs;
-        std::map<std::string, int64_t> wait_calls;
-        for (const Sample& s : v)
-          for (const auto& [op, op_time] : s.waits) {
-            wait_secs[op].push_back(op_time.seconds);
-            wait_calls[op] = op_time.calls;
-          }
-        for (auto& [op, ts] : wait_secs) {
-          while (ts.size() < v.size()) ts.push_back(0);
-          row.waits.push_back(OpProfileRow{.op = op, .measured_s = median(ts), .measured_calls = wait_calls[op]});
-        }
+          return out;
+        };
+        row.profile = medians(&Sample::ops);
+        row.waits = medians(&Sample::waits);
       }
       FP_RETURN_IF_ERROR(predict_row(o, spec, row));
-      if (!o.profile) row.profile.clear();
-      if (!o.profile) row.waits.clear();
+      if (!o.profile) {
+        row.profile.clear();
+        row.waits.clear();
+      }
       const auto by_time = [](const OpProfileRow& a, const OpProfileRow& b) {
         return std::max(a.measured_s, a.predicted_s) > std::max(b.measured_s, b.predicted_s);
       };
