@@ -17,7 +17,10 @@ tmp=$(mktemp -d)
 trap 'for p in $(pgrep -f -- "$tmp/"); do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
 host=$(hostname)
 "$bin" prepare-data --out "$tmp/data" >/dev/null
-args=(train --model "$src/configs/tiny.json" --data "$tmp/data" --steps 40 --stop-after 8 --seq 128 --batch 4
+# A step takes 10-40 ms here, so the killed job's horizon is 200 steps: it cannot finish in
+# the moment between step 4's line and the kill. The resumed and the reference runs stop 3
+# steps after the checkpoint resumed from (--stop-after), whichever step that is.
+args=(train --model "$src/configs/tiny.json" --data "$tmp/data" --steps 200 --seq 128 --batch 4
       --micro-batch 1 --eval-every 0 --eval-batches 1 --progress none --seed 3 --checkpoint-every 3)
 pp_train() { "$mpirun" --allow-run-as-root --oversubscribe -np 4 "$@"; }
 
@@ -41,13 +44,14 @@ echo "killed rank 3 in step $killed_in: the job ended in $job_s s, exit $job_rc"
 # 2. Resume: the same layout bit for bit, and tsp=2 on two ranks within 2e-5.
 from=$(newest_checkpoint "$tmp/killed/checkpoints")
 [ "$from" -ge 3 ] || die "no checkpoint before the kill"
+last=$((from + 3))
 cp -r "$tmp/killed" "$tmp/killed_tsp"
-pp_train "$bin" "${args[@]}" --layout pp=2,tsp=2 --out "$tmp/killed" --resume >/dev/null
-pp_train "$bin" "${args[@]}" --layout pp=2,tsp=2 --out "$tmp/clean" >/dev/null
-same_losses "$tmp/killed" "$tmp/clean" $((from + 1)) 8
+pp_train "$bin" "${args[@]}" --layout pp=2,tsp=2 --out "$tmp/killed" --resume --stop-after $last >/dev/null
+pp_train "$bin" "${args[@]}" --layout pp=2,tsp=2 --out "$tmp/clean" --stop-after $last >/dev/null
+same_losses "$tmp/killed" "$tmp/clean" $((from + 1)) $last
 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$bin" "${args[@]}" --layout tsp=2 --out "$tmp/killed_tsp" \
-  --resume >/dev/null
-/usr/bin/python3 - "$tmp/killed_tsp" "$tmp/clean" $((from + 1)) 8 <<'PY'
+  --resume --stop-after $last >/dev/null
+/usr/bin/python3 - "$tmp/killed_tsp" "$tmp/clean" $((from + 1)) $last <<'PY'
 import json, sys
 run, ref, first, last = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 def losses(d):

@@ -15,7 +15,9 @@ trap 'mh_down; rm -rf "$tmp"' EXIT
 timeout_s=3
 export FOLDPAR_COMM_TIMEOUT=$timeout_s
 "$bin" prepare-data --out "$tmp/data" >/dev/null
-args=(train --model "$src/configs/tiny.json" --data "$tmp/data" --layout tsp=2 --steps 40 --stop-after 12 --seq 64
+# A step takes milliseconds, so the job's horizon is 200 steps: it cannot finish between step
+# 5's line and the cut. The resumed and the undisturbed runs stop 3 steps after the checkpoint.
+args=(train --model "$src/configs/tiny.json" --data "$tmp/data" --layout tsp=2 --steps 200 --seq 64
       --batch 4 --eval-every 0 --eval-batches 1 --progress none --seed 3 --checkpoint-every 4)
 
 mh_up 2
@@ -49,7 +51,8 @@ grep "no answer" "$tmp/cut.log" | head -1
 mh_mend 1
 from=$(newest_checkpoint "$tmp/cut/checkpoints")
 [ "$from" -ge 4 ] || die "no checkpoint before the cut"
-mh_mpirun -np 2 "$bin" "${args[@]}" --out "$tmp/cut" --resume >/dev/null
-"$mpirun" --allow-run-as-root --oversubscribe -np 2 "$bin" "${args[@]}" --out "$tmp/clean" >/dev/null
-same_losses "$tmp/cut" "$tmp/clean" $((from + 1)) 12
+mh_mpirun -np 2 "$bin" "${args[@]}" --out "$tmp/cut" --resume --stop-after $((from + 3)) >/dev/null
+"$mpirun" --allow-run-as-root --oversubscribe -np 2 "$bin" "${args[@]}" --out "$tmp/clean" \
+  --stop-after $((from + 3)) >/dev/null
+same_losses "$tmp/cut" "$tmp/clean" $((from + 1)) $((from + 3))
 echo "resumed over both hosts from step $from"
