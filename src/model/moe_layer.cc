@@ -202,25 +202,54 @@ void moe_forward(const BlockContext& ctx, const MoeLayerWeights& w, const Tensor
   if (saved != nullptr) *saved = std::move(s);
 }
 
-namespace {
-
-void shared_backward(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSaved& s, const Tensor& a,
-                     const Tensor& dy, Tensor& d_a, MoeLayerWeights& g) {
-  Backend& be = *ctx.backend;
-  const int64_t T = ctx.rows(), h = a.dim(-1);
-  // y += gate * z: d_z = gate * dy, d_gate = <dy, z>, d_logit = gate (1 - gate) d_gate
-  Tensor d_z = act({T, h}, dy), d_gate = act({T, 1}, dy), d_logit = act({T, 1}, dy);
-  be.gather_rows(dy, s.identity_rows, &s.shared_gate, d_z);
-  be.rows_dot(dy, s.shared_out, d_gate);
-  be.sigmoid_backward(s.shared_gate, d_gate, d_logit);
-  // logit = a Wsg^T: d_a += d_logit Wsg, dWsg += d_logit^T a
-  be.matmul(d_logit, false, w.shared_gate, false, d_a, 1.0f, 1.0f);
-  be.matmul(d_logit, true, a, false, g.shared_gate, 1.0f, 1.0f);
-  MlpWeights gs = expert_mlp_weights(g.shared);
-  mlp_backward(ctx, expert_mlp_weights(w.shared), s.shared_mlp, a, d_z, d_a, gs, 1.0f);
+Tensor moe_combine_backward(Backend& be, const MoeSaved& s, const Tensor& dy, Tensor& d_weights_rows) {
+  const int64_t M = s.token_rows.numel(), h = dy.dim(-1);
+  Tensor dy_rows = act({M, h}, dy), d_out = act({M, h}, dy), d_row_w = act({M, 1}, dy);
+  be.gather_rows(dy, s.token_rows, nullptr, dy_rows);
+  be.rows_dot(dy_rows, s.expert_out, d_row_w);
+  be.gather_rows(dy, s.token_rows, &s.row_weights, d_out);
+  be.scatter_add_rows(d_row_w, s.slot_rows, nullptr, d_weights_rows);
+  return d_out;
 }
 
-}  // namespace
+void moe_router_backward(Backend& be, const MoeConfig& m, const MoeLayerWeights& w, const MoeSaved& s, const Tensor& a,
+                         const Tensor& d_weights, const std::vector<double>& prob_grad, Tensor& d_a, Tensor& d_router,
+                         float beta) {
+  const int64_t T = a.dim(0), E = m.num_experts;
+  Tensor bias;
+  if (!prob_grad.empty()) {
+    FP_CHECK(static_cast<int64_t>(prob_grad.size()) == E, "aux gradient of {} experts for E={}", prob_grad.size(), E);
+    bias = Tensor::empty({E}, stat_dtype(d_weights.dtype()), MemCategory::kActivations);
+    if (bias.dtype() == DType::kF64) {
+      be.copy_from_host(std::as_bytes(std::span<const double>(prob_grad)), bias);
+    } else {
+      std::vector<float> f(prob_grad.begin(), prob_grad.end());
+      be.copy_from_host(std::as_bytes(std::span<const float>(f)), bias);
+    }
+  }
+  Tensor d_logits = act({T, E}, d_weights);
+  Backend::MoeRouteGrad rg{&s.probs, &s.weights, &s.experts, &d_weights, bias.defined() ? &bias : nullptr,
+                           m.norm_topk_prob};
+  be.moe_route_backward(rg, d_logits);
+  // logits = a Wr^T: d_a += d_logits Wr, dWr = d_logits^T a (+ beta dWr)
+  be.matmul(d_logits, false, w.router, false, d_a, 1.0f, 1.0f);
+  be.matmul(d_logits, true, a, false, d_router, 1.0f, beta);
+}
+
+void moe_shared_backward(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSaved& s, const Tensor& a,
+                         const Tensor& dy, Tensor& d_a, Tensor& d_gate, float beta, MlpWeights& d_shared) {
+  Backend& be = *ctx.backend;
+  const int64_t T = a.dim(0), h = a.dim(-1);
+  // y += gate * z: d_z = gate * dy, d_gate = <dy, z>, d_logit = gate (1 - gate) d_gate
+  Tensor d_z = act({T, h}, dy), d_g = act({T, 1}, dy), d_logit = act({T, 1}, dy);
+  be.gather_rows(dy, s.identity_rows, &s.shared_gate, d_z);
+  be.rows_dot(dy, s.shared_out, d_g);
+  be.sigmoid_backward(s.shared_gate, d_g, d_logit);
+  // logit = a Wsg^T: d_a += d_logit Wsg, dWsg = d_logit^T a (+ beta dWsg)
+  be.matmul(d_logit, false, w.shared_gate, false, d_a, 1.0f, 1.0f);
+  be.matmul(d_logit, true, a, false, d_gate, 1.0f, beta);
+  mlp_backward(ctx, expert_mlp_weights(w.shared), s.shared_mlp, a, d_z, d_a, d_shared, 1.0f);
+}
 
 void moe_backward(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSaved& s, const Tensor& a,
                   const Tensor& dy, Tensor& d_a, MoeLayerWeights& g, const std::vector<double>& prob_grad) {
@@ -231,12 +260,10 @@ void moe_backward(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSa
     d_a = act({T, h}, dy);
     be.fill(0.0, d_a);
   }
-  // ---- the combine's adjoint ----
-  Tensor dy_rows = act({M, h}, dy), d_out = act({M, h}, dy), d_row_w = act({M, 1}, dy);
-  be.gather_rows(dy, s.token_rows, nullptr, dy_rows);
-  be.rows_dot(dy_rows, s.expert_out, d_row_w);
-  be.gather_rows(dy, s.token_rows, &s.row_weights, d_out);
-  dy_rows = Tensor();
+  Tensor d_weights = act({T, k}, dy);
+  be.fill(0.0, d_weights);
+  Tensor d_weights_rows = d_weights.reshape({M, 1});
+  Tensor d_out = moe_combine_backward(be, s, dy, d_weights_rows);
   // ---- each expert's group, then the dispatch's adjoint ----
   Tensor d_dispatched = act({M, h}, dy);
   be.fill(0.0, d_dispatched);
@@ -251,29 +278,11 @@ void moe_backward(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSa
   d_out = Tensor();
   be.scatter_add_rows(d_dispatched, s.token_rows, nullptr, d_a);
   d_dispatched = Tensor();
-  // ---- the router: d_weights from the rows, through top-k and softmax (plus the aux loss) ----
-  Tensor d_weights = act({T, k}, dy);
-  be.fill(0.0, d_weights);
-  Tensor d_weights_rows = d_weights.reshape({M, 1});
-  be.scatter_add_rows(d_row_w, s.slot_rows, nullptr, d_weights_rows);
-  Tensor bias;
-  if (!prob_grad.empty()) {
-    FP_CHECK(static_cast<int64_t>(prob_grad.size()) == E, "aux gradient of {} experts for E={}", prob_grad.size(), E);
-    bias = Tensor::empty({E}, stat_dtype(dy.dtype()), MemCategory::kActivations);
-    if (bias.dtype() == DType::kF64) {
-      be.copy_from_host(std::as_bytes(std::span<const double>(prob_grad)), bias);
-    } else {
-      std::vector<float> f(prob_grad.begin(), prob_grad.end());
-      be.copy_from_host(std::as_bytes(std::span<const float>(f)), bias);
-    }
+  moe_router_backward(be, m, w, s, a, d_weights, prob_grad, d_a, g.router, 1.0f);
+  if (w.shared_gate.defined()) {
+    MlpWeights gs = expert_mlp_weights(g.shared);
+    moe_shared_backward(ctx, w, s, a, dy, d_a, g.shared_gate, 1.0f, gs);
   }
-  Tensor d_logits = act({T, E}, dy);
-  Backend::MoeRouteGrad rg{&s.probs, &s.weights, &s.experts, &d_weights, bias.defined() ? &bias : nullptr,
-                           m.norm_topk_prob};
-  be.moe_route_backward(rg, d_logits);
-  be.matmul(d_logits, false, w.router, false, d_a, 1.0f, 1.0f);
-  be.matmul(d_logits, true, a, false, g.router, 1.0f, 1.0f);
-  if (w.shared_gate.defined()) shared_backward(ctx, w, s, a, dy, d_a, g);
 }
 
 Tensor moe_upload_i32(Backend& be, const std::vector<int32_t>& v) {

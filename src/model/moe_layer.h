@@ -71,11 +71,30 @@ void moe_forward(const BlockContext& ctx, const MoeLayerWeights& w, const Tensor
 void moe_backward(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSaved& s, const Tensor& a,
                   const Tensor& dy, Tensor& d_a, MoeLayerWeights& g, const std::vector<double>& prob_grad);
 
-// Pieces the layer shares with its sharded forms (parallel/tsp/tsp_moe.cc): host ids as a
-// tensor of the backend (nothing moves for an empty list), the context of one expert's
-// group of `rows` dispatched rows, and an expert as the gated MLP the sub-blocks run.
+// Pieces the layer shares with its sharded forms (parallel/tsp/tsp_moe.cc,
+// parallel/megatron/tp_moe.cc): host ids as a tensor of the backend (nothing moves for an
+// empty list), the context of one expert's group of `rows` dispatched rows, and an expert as
+// the gated MLP the sub-blocks run.
 Tensor moe_upload_i32(Backend& be, const std::vector<int32_t>& v);
 BlockContext moe_group_context(const BlockContext& ctx, int64_t rows);
 MlpWeights expert_mlp_weights(const ExpertWeights& e);
+
+// The backward's pieces that do not depend on where the experts live (every strategy runs
+// them on its own T token rows; a sharded one then sums the replicated weights' gradients).
+//
+// The combine's adjoint (y += sum_j w_j expert_out_j): returns d(out) [M, h] of each
+// dispatched row (dy of its token times its routing weight) and adds each row's
+// <dy, expert_out> into its slot of d_weights_rows [M, 1].
+Tensor moe_combine_backward(Backend& be, const MoeSaved& s, const Tensor& dy, Tensor& d_weights_rows);
+// The router's: d_weights [T, k] back through top-k and the softmax (plus the aux loss's
+// gradient `prob_grad` [E], when not empty) to the logits a Wr^T; d_a += d_logits Wr,
+// d_router = d_logits^T a + beta d_router.
+void moe_router_backward(Backend& be, const MoeConfig& m, const MoeLayerWeights& w, const MoeSaved& s, const Tensor& a,
+                         const Tensor& d_weights, const std::vector<double>& prob_grad, Tensor& d_a, Tensor& d_router,
+                         float beta);
+// The shared expert's and its gate's (y += sigmoid(a Wsg^T) * shared(a)): d_a += both
+// paths, d_gate = d(Wsg) + beta d_gate, `d_shared` += the shared expert's weight gradients.
+void moe_shared_backward(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSaved& s, const Tensor& a,
+                         const Tensor& dy, Tensor& d_a, Tensor& d_gate, float beta, MlpWeights& d_shared);
 
 }  // namespace foldpar

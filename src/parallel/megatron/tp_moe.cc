@@ -149,12 +149,7 @@ Tensor TpStepBase::moe_backward(int l, const TpMlpSaved& saved, const Tensor& d_
   be_.fill(0.0, d_weights);
   Tensor d_weights_rows = d_weights.reshape({M, 1});
   {  // the combine's adjoint, then d(out) to the owners and d(in) back
-    Tensor dy_rows = act({M, h}), d_rows = act({M, h}), d_row_w = act({M, 1});
-    be_.gather_rows(dy, r.token_rows, nullptr, dy_rows);
-    be_.rows_dot(dy_rows, r.expert_out, d_row_w);
-    be_.gather_rows(dy, r.token_rows, &r.row_weights, d_rows);
-    dy_rows = Tensor();
-    be_.scatter_add_rows(d_row_w, r.slot_rows, nullptr, d_weights_rows);
+    Tensor d_rows = moe_combine_backward(be_, r, dy, d_weights_rows);
     MoeAllToAll(be_, *ep_, dims_, dtype_, tp_.timer()).backward(lctx, mw, s, r, d_rows, d_a, gw);
   }
   // The replicated tensors' gradients: this rank's rows' part, summed over tp (over sp with
@@ -163,39 +158,22 @@ Tensor TpStepBase::moe_backward(int l, const TpMlpSaved& saved, const Tensor& d_
     tp_.all_reduce(partial);
     be_.add_inplace(partial, grad);
   };
-  // ---- the router: through top-k and softmax, plus the aux loss's gradient ----
-  Tensor bias;
-  if (!moe_prob_grad_.empty()) {
-    const std::vector<double>& pg = moe_prob_grad_[static_cast<size_t>(mw.sparse_index)];
-    FP_CHECK(static_cast<int64_t>(pg.size()) == E, "aux gradient of {} experts for E={}", pg.size(), E);
-    bias = Tensor::empty({E}, DType::kF32, MemCategory::kActivations);
-    std::vector<float> f(pg.begin(), pg.end());
-    be_.copy_from_host(std::as_bytes(std::span<const float>(f)), bias);
-  }
-  Tensor d_logits = act({T, E});
-  Backend::MoeRouteGrad rg{&r.probs, &r.weights, &r.experts, &d_weights, bias.defined() ? &bias : nullptr,
-                           m.norm_topk_prob};
-  be_.moe_route_backward(rg, d_logits);
-  be_.matmul(d_logits, false, mw.router, false, d_a, 1.0f, 1.0f);
+  // ---- the router and the shared expert ----
+  static const std::vector<double> kNoAux;
+  const std::vector<double>& prob_grad =
+      moe_prob_grad_.empty() ? kNoAux : moe_prob_grad_[static_cast<size_t>(mw.sparse_index)];
   Tensor d_router = Tensor::empty({E, h}, DType::kF32, MemCategory::kComm);
-  be_.matmul(d_logits, true, a, false, d_router, 1.0f, 0.0f);
+  moe_router_backward(be_, m, mw, r, a, d_weights, prob_grad, d_a, d_router, 0.0f);
   sum_over_tp(d_router, gw.router);
   if (mw.shared_gate.defined()) {
-    // out += gate * z: d_z = gate * dy, d_gate = <dy, z>, d_logit = gate (1 - gate) d_gate
-    Tensor d_z = act({T, h}), d_gate = act({T, 1}), d_logit = act({T, 1});
-    be_.gather_rows(dy, r.identity_rows, &r.shared_gate, d_z);
-    be_.rows_dot(dy, r.shared_out, d_gate);
-    be_.sigmoid_backward(r.shared_gate, d_gate, d_logit);
-    be_.matmul(d_logit, false, mw.shared_gate, false, d_a, 1.0f, 1.0f);
     Tensor d_sg = Tensor::empty({1, h}, DType::kF32, MemCategory::kComm);
-    be_.matmul(d_logit, true, a, false, d_sg, 1.0f, 0.0f);
     const int64_t fs = mw.shared.w_gate.dim(0);
     ExpertWeights part{Tensor::empty({fs, h}, DType::kF32, MemCategory::kComm),
                        Tensor::empty({fs, h}, DType::kF32, MemCategory::kComm),
                        Tensor::empty({h, fs}, DType::kF32, MemCategory::kComm)};
     for (Tensor* t : {&part.w_gate, &part.w_up, &part.w_down}) be_.fill(0.0, *t);
     MlpWeights gs = expert_mlp_weights(part);
-    foldpar::mlp_backward(lctx, expert_mlp_weights(mw.shared), r.shared_mlp, a, d_z, d_a, gs, 1.0f);
+    moe_shared_backward(lctx, mw, r, a, dy, d_a, d_sg, 0.0f, gs);
     sum_over_tp(d_sg, gw.shared_gate);
     sum_over_tp(part.w_gate, gw.shared.w_gate);
     sum_over_tp(part.w_up, gw.shared.w_up);
