@@ -1,7 +1,5 @@
 #include "comm/scratch_pool.h"
 
-#include <sys/mman.h>
-
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -12,7 +10,7 @@ namespace foldpar {
 
 namespace {
 
-constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kLargeGranule = size_t{2} << 20;  // large buffers' sizes round up to this
 
 struct Pool {
   std::mutex mu;
@@ -27,11 +25,11 @@ Pool& pool() {
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+// Not advised as transparent huge pages: they make the first touch cheaper here but every
+// step after it slower (docs/PERFORMANCE.md, "Huge pages: faster first touch, slower steps").
 std::byte* allocate(size_t capacity) {
-  const size_t align = capacity >= kHugePage ? kHugePage : 64;
-  void* p = std::aligned_alloc(align, capacity);
+  void* p = std::aligned_alloc(64, capacity);
   if (p == nullptr) throw std::bad_alloc();
-  if (capacity >= kHugePage) (void)madvise(p, capacity, MADV_HUGEPAGE);  // advice only
   return static_cast<std::byte*>(p);
 }
 
@@ -39,7 +37,7 @@ std::byte* allocate(size_t capacity) {
 
 ScratchBuffer ScratchBuffer::take(size_t bytes) {
   if (bytes == 0) return {};
-  const size_t capacity = round_up(bytes, bytes >= kHugePage ? kHugePage : 64);
+  const size_t capacity = round_up(bytes, bytes >= kLargeGranule ? kLargeGranule : 64);
   Pool& p = pool();
   {
     std::lock_guard lock(p.mu);

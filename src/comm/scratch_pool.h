@@ -5,8 +5,7 @@
 // (1.4-3 ms per MiB, docs/PERFORMANCE.md "Fresh pages"), and glibc returns large blocks to
 // the system on free, so a buffer allocated per call was faulted in on every call: a
 // 16 MiB reduce-scatter took 34 ms where its bytes take 1 ms. A taken buffer is not zeroed.
-// Buffers of 2 MiB or more are 2 MiB aligned and advised as transparent huge pages, so the
-// first touch faults once per 2 MiB.
+// Sizes of 2 MiB or more round up to a multiple of 2 MiB, so that nearby sizes share buffers.
 //
 // The pool is process-wide and thread-safe; it keeps at most kMaxKeptBytes of free buffers
 // (the largest go first). It is host memory outside MemoryTracker's counts, like the MPI
