@@ -75,6 +75,12 @@ class Backend {
   // storage decorator asks before it widens. Where true, attention_forward/backward take
   // bf16 q, k, v too (out, d_out, dq, dk, dv bf16; lse f32 or bf16): bf16 products, f32 softmax.
   virtual bool matmul_takes_bf16() const { return false; }
+  // Whether the token-wise ops add_inplace, rmsnorm_forward/backward, rope_forward/backward
+  // and swiglu_forward/backward take bf16 tensors in any operand (rstd and the rope table
+  // stay f32): f32 arithmetic on the widened values, each bf16 output rounded once, the
+  // same bits as the bf16 storage decorator's widened f32 call. Where true the decorator
+  // passes them as they are, with no workspace copies.
+  virtual bool tokenwise_takes_bf16() const { return false; }
 
   // ---- elementwise ----
   // dst written, same numel; the same dtype, or one f32 and the other bf16: the value

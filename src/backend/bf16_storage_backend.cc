@@ -46,6 +46,7 @@ class Bf16StorageBackend final : public Backend {
   explicit Bf16StorageBackend(Backend& inner) : in_(inner) {}
   std::string_view name() const override { return in_.name(); }
   bool matmul_takes_bf16() const override { return in_.matmul_takes_bf16(); }
+  bool tokenwise_takes_bf16() const override { return in_.tokenwise_takes_bf16(); }
 
   // bf16 x bf16 straight to an inner backend that multiplies bf16 natively (f32 accumulation,
   // c rounded once as below); elsewhere widened like every other op.
@@ -61,7 +62,10 @@ class Bf16StorageBackend final : public Backend {
   void copy_strided(const Tensor& src, Tensor& dst, const StridedCopy& c) override { in_.copy_strided(src, dst, c); }
   void copy_from_host(std::span<const std::byte> src, Tensor& dst) override { in_.copy_from_host(src, dst); }
   void copy_to_host(const Tensor& src, std::span<std::byte> dst) override { in_.copy_to_host(src, dst); }
+  // The token-wise ops straight to an inner backend that reads and writes bf16 itself
+  // (Backend::tokenwise_takes_bf16: the same bits as below); elsewhere widened.
   void add_inplace(const Tensor& x, Tensor& y) override {
+    if (in_.tokenwise_takes_bf16()) return in_.add_inplace(x, y);
     Out o(in_, y, true);
     in_.add_inplace(widen(in_, x), o.f32());
     o.finish();
@@ -114,6 +118,7 @@ class Bf16StorageBackend final : public Backend {
     o.finish();
   }
   void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) override {
+    if (in_.tokenwise_takes_bf16() && !is_bf16(rstd)) return in_.rmsnorm_forward(x, w, eps, y, rstd);
     Out oy(in_, y, false), orr(in_, rstd, false);
     in_.rmsnorm_forward(widen(in_, x), widen(in_, w), eps, oy.f32(), orr.f32());
     oy.finish();
@@ -121,17 +126,20 @@ class Bf16StorageBackend final : public Backend {
   }
   void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
                         Tensor& dw) override {
+    if (in_.tokenwise_takes_bf16() && !is_bf16(rstd)) return in_.rmsnorm_backward(x, w, rstd, dy, dx, dw);
     Out odx(in_, dx, false), odw(in_, dw, true);
     in_.rmsnorm_backward(widen(in_, x), widen(in_, w), widen(in_, rstd), widen(in_, dy), odx.f32(), odw.f32());
     odx.finish();
     odw.finish();
   }
   void rope_forward(const Tensor& table, Tensor& x) override {
+    if (in_.tokenwise_takes_bf16() && !is_bf16(table)) return in_.rope_forward(table, x);
     Out o(in_, x, true);
     in_.rope_forward(widen(in_, table), o.f32());
     o.finish();
   }
   void rope_backward(const Tensor& table, Tensor& dx) override {
+    if (in_.tokenwise_takes_bf16() && !is_bf16(table)) return in_.rope_backward(table, dx);
     Out o(in_, dx, true);
     in_.rope_backward(widen(in_, table), o.f32());
     o.finish();
@@ -166,12 +174,14 @@ class Bf16StorageBackend final : public Backend {
     ol.finish();
   }
   void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) override {
+    if (in_.tokenwise_takes_bf16()) return in_.swiglu_forward(gate, up, out);
     Out o(in_, out, false);
     in_.swiglu_forward(widen(in_, gate), widen(in_, up), o.f32());
     o.finish();
   }
   void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& d_out, Tensor& d_gate,
                        Tensor& d_up) override {
+    if (in_.tokenwise_takes_bf16()) return in_.swiglu_backward(gate, up, d_out, d_gate, d_up);
     Out og(in_, d_gate, false), ou(in_, d_up, false);
     in_.swiglu_backward(widen(in_, gate), widen(in_, up), widen(in_, d_out), og.f32(), ou.f32());
     og.finish();

@@ -17,6 +17,7 @@ class GuardedBackend final : public Backend {
     inner_.matmul(a, ta, b, tb, c, alpha, beta);
   }
   bool matmul_takes_bf16() const override { return inner_.matmul_takes_bf16(); }
+  bool tokenwise_takes_bf16() const override { return inner_.tokenwise_takes_bf16(); }
   void copy(const Tensor& src, Tensor& dst) override {
     GuardOpen w(&guard_);
     inner_.copy(src, dst);

@@ -83,8 +83,10 @@ void check_copy(const Tensor& src, const Tensor& dst) {
            "copy {} -> {} (same numel; same dtype, or f32 <-> bf16)", src.describe(), dst.describe());
 }
 
-void check_add_inplace(const Tensor& x, const Tensor& y) {
-  FP_CHECK(x.numel() == y.numel() && x.dtype() == y.dtype(), "add_inplace {} into {}", x.describe(), y.describe());
+void check_add_inplace(const Tensor& x, const Tensor& y, bool mixed_bf16) {
+  auto f32_or_bf16 = [](const Tensor& t) { return t.dtype() == DType::kF32 || t.dtype() == DType::kBF16; };
+  const bool dtypes_ok = x.dtype() == y.dtype() || (mixed_bf16 && f32_or_bf16(x) && f32_or_bf16(y));
+  FP_CHECK(x.numel() == y.numel() && dtypes_ok, "add_inplace {} into {}", x.describe(), y.describe());
 }
 
 void check_adamw(const Tensor& grad, const Tensor& param, const Tensor& m, const Tensor& v) {

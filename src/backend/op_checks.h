@@ -38,7 +38,9 @@ AttentionScratch cpu_flash_attention_scratch(const AttentionDims& dims, bool bac
 // The shape rules of the other ops, one per op (dtype policy, f32 only or f32/f64, stays
 // with each backend). Each FP_CHECKs what Backend's comment for the op states.
 void check_copy(const Tensor& src, const Tensor& dst);
-void check_add_inplace(const Tensor& x, const Tensor& y);
+// Same numel and dtype; with mixed_bf16, f32 into bf16 or bf16 into f32 too (a backend
+// whose tokenwise_takes_bf16 is true).
+void check_add_inplace(const Tensor& x, const Tensor& y, bool mixed_bf16 = false);
 void check_adamw(const Tensor& grad, const Tensor& param, const Tensor& m, const Tensor& v);
 void check_embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out);
 void check_embedding_backward(const Tensor& ids, const Tensor& d_out, const Tensor& d_table);

@@ -38,11 +38,12 @@ struct bf16 {
 };
 template <> struct DTypeOf<bf16> { static constexpr DType value = DType::kBF16; };
 
+// Branch-free (a select), so that loops of conversions vectorize.
 constexpr bf16 f32_to_bf16(float x) {
-  uint32_t u = std::bit_cast<uint32_t>(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{static_cast<uint16_t>((u >> 16) | 0x40u)};  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return bf16{static_cast<uint16_t>(u >> 16)};
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  return bf16{static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : nearest)};
 }
 constexpr float bf16_to_f32(bf16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.bits) << 16); }
 

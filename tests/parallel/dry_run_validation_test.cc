@@ -281,6 +281,7 @@ class ForcedRouting final : public Backend {
   ForcedRouting(Backend& inner, double imbalance) : inner_(inner), imbalance_(imbalance) {}
   std::string_view name() const override { return inner_.name(); }
   bool matmul_takes_bf16() const override { return inner_.matmul_takes_bf16(); }
+  bool tokenwise_takes_bf16() const override { return inner_.tokenwise_takes_bf16(); }
   void moe_route_forward(const Tensor& logits, bool normalize, Tensor& probs, Tensor& weights,
                          Tensor& experts) override {
     inner_.moe_route_forward(logits, normalize, probs, weights, experts);

@@ -3,6 +3,8 @@
 // statistics) stays within bf16's precision of the f32 model and halves the activations.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "backend/bf16_storage_backend.h"
 #include "model/llama_model.h"
 #include "test_util.h"
@@ -46,6 +48,106 @@ TEST(Bf16Storage, Bf16OperandsAreWidenedAndResultsRoundedOnce) {
   cpu->rmsnorm_forward(x.to(DType::kF32, MemCategory::kWorkspace), w, 1e-5, y_want, rstd_want);
   EXPECT_EQ(max_rel_error(rstd, rstd_want), 0.0);
   EXPECT_EQ(max_rel_error(y, y_want.to(DType::kBF16, MemCategory::kWorkspace)), 0.0);
+}
+
+// The token-wise ops (Backend::tokenwise_takes_bf16): the CPU backend on bf16 tensors (and
+// f32 / bf16 mixes) against the same backend's f32 op on the widened values, rounded once:
+// the same bits, which is what lets the decorator pass bf16 tensors straight through. Sizes
+// span several of the backend's runs (4096 elements) with a remainder.
+Tensor bf(const Shape& shape, uint64_t seed) { return random_tensor(shape, DType::kF32, seed).to(DType::kBF16, MemCategory::kWorkspace); }
+Tensor f32(const Tensor& t) { return t.to(DType::kF32, MemCategory::kWorkspace); }
+Tensor rounded(const Tensor& t) { return t.to(DType::kBF16, MemCategory::kWorkspace); }
+void expect_same_bits(const Tensor& got, const Tensor& want, const char* what) {
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  ASSERT_EQ(got.numel(), want.numel()) << what;
+  const size_t bytes = static_cast<size_t>(got.numel()) * dtype_size(got.dtype());
+  EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), bytes), 0) << what << ": not the same bits";
+}
+
+TEST(Bf16Tokenwise, Bf16OperandsGiveTheWidenedF32OpsBitsRoundedOnce) {
+  auto cpu = make_cpu_backend();
+  const Shape flat{3, 3001};  // 9003 elements: two full runs and a remainder
+  {  // swiglu forward and backward
+    const Tensor g = bf(flat, 11), u = bf(flat, 12), d_o = bf(flat, 13);
+    Tensor out = Tensor::empty(flat, DType::kBF16, MemCategory::kWorkspace), want = f32(out);
+    cpu->swiglu_forward(g, u, out);
+    cpu->swiglu_forward(f32(g), f32(u), want);
+    expect_same_bits(out, rounded(want), "swiglu_forward");
+    Tensor dg = Tensor::empty(flat, DType::kBF16, MemCategory::kWorkspace), du = dg.clone(MemCategory::kWorkspace);
+    Tensor dg_want = f32(dg), du_want = f32(du);
+    cpu->swiglu_backward(g, u, d_o, dg, du);
+    cpu->swiglu_backward(f32(g), f32(u), f32(d_o), dg_want, du_want);
+    expect_same_bits(dg, rounded(dg_want), "swiglu_backward d_gate");
+    expect_same_bits(du, rounded(du_want), "swiglu_backward d_up");
+  }
+  {  // add_inplace: bf16 into bf16, bf16 into f32, f32 into bf16
+    const Tensor x = bf(flat, 14);
+    Tensor y = bf(flat, 15), want = f32(y);
+    cpu->add_inplace(x, y);
+    cpu->add_inplace(f32(x), want);
+    expect_same_bits(y, rounded(want), "add_inplace bf16 into bf16");
+    Tensor yf = random_tensor(flat, DType::kF32, 16), yf_want = yf.clone(MemCategory::kWorkspace);
+    cpu->add_inplace(x, yf);
+    cpu->add_inplace(f32(x), yf_want);
+    expect_same_bits(yf, yf_want, "add_inplace bf16 into f32");
+    Tensor yb = bf(flat, 17), yb_want = f32(yb);
+    cpu->add_inplace(yf, yb);
+    cpu->add_inplace(yf, yb_want);
+    expect_same_bits(yb, rounded(yb_want), "add_inplace f32 into bf16");
+  }
+  {  // rmsnorm forward and backward: bf16 x, dy, y, dx; w bf16 or f32; rstd f32; dw accumulated
+    const int64_t rows = 37, h = 96;
+    const Tensor x = bf({rows, h}, 18), dy = bf({rows, h}, 19);
+    for (DType wt : {DType::kBF16, DType::kF32}) {
+      const Tensor w = wt == DType::kBF16 ? bf({h}, 20) : random_tensor({h}, DType::kF32, 20);
+      Tensor y = Tensor::empty({rows, h}, DType::kBF16, MemCategory::kWorkspace), y_want = f32(y);
+      Tensor rstd = Tensor::empty({rows}, DType::kF32, MemCategory::kWorkspace), rstd_want = rstd.clone(MemCategory::kWorkspace);
+      cpu->rmsnorm_forward(x, w, 1e-5, y, rstd);
+      cpu->rmsnorm_forward(f32(x), f32(w), 1e-5, y_want, rstd_want);
+      expect_same_bits(y, rounded(y_want), "rmsnorm_forward y");
+      expect_same_bits(rstd, rstd_want, "rmsnorm_forward rstd");
+      Tensor dx = Tensor::empty({rows, h}, DType::kBF16, MemCategory::kWorkspace), dx_want = f32(dx);
+      Tensor dw = wt == DType::kBF16 ? bf({h}, 21) : random_tensor({h}, DType::kF32, 21);
+      Tensor dw_want = f32(dw);
+      cpu->rmsnorm_backward(x, w, rstd, dy, dx, dw);
+      cpu->rmsnorm_backward(f32(x), f32(w), rstd, f32(dy), dx_want, dw_want);
+      expect_same_bits(dx, rounded(dx_want), "rmsnorm_backward dx");
+      expect_same_bits(dw, wt == DType::kBF16 ? rounded(dw_want) : dw_want, "rmsnorm_backward dw");
+    }
+  }
+  {  // rope forward and backward, in place
+    const int64_t B = 2, S = 5, n = 3, d = 8;
+    const Tensor table = random_tensor({S, 2, d / 2}, DType::kF32, 22);
+    for (bool forward : {true, false}) {
+      Tensor x = bf({B, S, n, d}, 23), want = f32(x);
+      if (forward) {
+        cpu->rope_forward(table, x);
+        cpu->rope_forward(table, want);
+      } else {
+        cpu->rope_backward(table, x);
+        cpu->rope_backward(table, want);
+      }
+      expect_same_bits(x, rounded(want), forward ? "rope_forward" : "rope_backward");
+    }
+  }
+}
+
+// Where the CPU backend takes them, the decorator hands bf16 token-wise ops over as they are:
+// no widened copy is allocated.
+TEST(Bf16Tokenwise, TheDecoratorPassesThemWithoutCopies) {
+  auto cpu = make_cpu_backend();
+  if (!cpu->tokenwise_takes_bf16()) GTEST_SKIP() << "this CPU has no bf16 matmul, so bf16 layouts widen everything";
+  auto dec = make_bf16_storage_backend(*cpu);
+  ASSERT_TRUE(dec->tokenwise_takes_bf16());
+  const Tensor g = bf({64, 64}, 31), u = bf({64, 64}, 32), x = bf({64, 64}, 33), w = bf({64}, 34);
+  Tensor out = Tensor::empty({64, 64}, DType::kBF16, MemCategory::kWorkspace), y = out.clone(MemCategory::kWorkspace);
+  Tensor rstd = Tensor::empty({64}, DType::kF32, MemCategory::kWorkspace);
+  MemoryTracker& mt = MemoryTracker::process();
+  const int64_t before = mt.stats().total_allocations;
+  dec->swiglu_forward(g, u, out);
+  dec->add_inplace(x, out);
+  dec->rmsnorm_forward(x, w, 1e-5, y, rstd);
+  EXPECT_EQ(mt.stats().total_allocations, before) << "the decorator widened a token-wise op's operands";
 }
 
 LlamaConfig config() {

@@ -23,6 +23,65 @@ void check_f32(const Tensor& t, const char* what) {
   FP_CHECK(t.dtype() == DType::kF32, "cpu backend {}: {} is not f32", what, t.describe());
 }
 
+// The token-wise ops on f32 or bf16 tensors (Backend::tokenwise_takes_bf16): a run of a
+// tensor's elements as f32 (its own memory when f32; widened into a small buffer when bf16,
+// so a bf16 element is read once and stays in L1), and writable runs rounded back once.
+void check_tokenwise(const Tensor& t, const char* what) {
+  FP_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16, "cpu backend {}: {} is not f32 or bf16", what,
+           t.describe());
+}
+constexpr int64_t kTokenwiseRun = 4096;  // elements per run of the flat ops (16 KiB as f32)
+
+class F32In {
+ public:
+  explicit F32In(const Tensor& t) : t_(t) {}
+  const float* at(int64_t offset, int64_t n) {
+    if (t_.dtype() == DType::kF32) return t_.data<float>() + offset;
+    buf_.resize(static_cast<size_t>(n));
+    const bf16* p = t_.data<bf16>() + offset;
+    for (int64_t i = 0; i < n; ++i) buf_[static_cast<size_t>(i)] = bf16_to_f32(p[i]);
+    return buf_.data();
+  }
+
+ private:
+  const Tensor& t_;
+  std::vector<float> buf_;
+};
+
+// at() gives the run to write (holding the old values when `load`); commit() stores it.
+class F32Out {
+ public:
+  F32Out(Tensor& t, bool load) : t_(t), load_(load) {}
+  float* at(int64_t offset, int64_t n) {
+    offset_ = offset;
+    n_ = n;
+    if (t_.dtype() == DType::kF32) return t_.data<float>() + offset;
+    buf_.resize(static_cast<size_t>(n));
+    if (load_) {
+      const bf16* p = t_.data<bf16>() + offset;
+      for (int64_t i = 0; i < n; ++i) buf_[static_cast<size_t>(i)] = bf16_to_f32(p[i]);
+    }
+    return buf_.data();
+  }
+  void commit() {
+    if (t_.dtype() == DType::kF32) return;
+    bf16* p = t_.data<bf16>() + offset_;
+    for (int64_t i = 0; i < n_; ++i) p[i] = f32_to_bf16(buf_[static_cast<size_t>(i)]);
+  }
+
+ private:
+  Tensor& t_;
+  bool load_;
+  int64_t offset_ = 0, n_ = 0;
+  std::vector<float> buf_;
+};
+
+// fn(offset, n) over [0, total) in runs of kTokenwiseRun.
+template <typename Fn>
+void for_runs(int64_t total, Fn&& fn) {
+  for (int64_t o = 0; o < total; o += kTokenwiseRun) fn(o, std::min(kTokenwiseRun, total - o));
+}
+
 class CpuBackend final : public Backend {
  public:
   std::string_view name() const override { return "cpu"; }
@@ -47,6 +106,9 @@ class CpuBackend final : public Backend {
     }
   }
   bool matmul_takes_bf16() const override { return gemm_engine_report().bf16_native; }
+  // Any CPU could, but bf16 layouts run here only where matmul takes bf16, and the dry run's
+  // meta backend answers the same (MetaBackend: both follow its matmul_takes_bf16).
+  bool tokenwise_takes_bf16() const override { return matmul_takes_bf16(); }
 
   // Same dtype: one memmove. f32 <-> bf16: one pass (widening is a shift; narrowing rounds
   // to nearest even, f32_to_bf16), what the bf16 storage decorator widens and narrows with.
@@ -84,12 +146,16 @@ class CpuBackend final : public Backend {
     if (!dst.empty()) std::memcpy(dst.data(), src.raw_data(), dst.size());
   }
   void add_inplace(const Tensor& x, Tensor& y) override {
-    check_add_inplace(x, y);
-    check_f32(x, "add_inplace");
-    const float* X = x.data<float>();
-    float* Y = y.data<float>();
-    const int64_t n = x.numel();
-    for (int64_t i = 0; i < n; ++i) Y[i] += X[i];
+    check_add_inplace(x, y, tokenwise_takes_bf16());
+    check_tokenwise(x, "add_inplace");
+    F32In xi(x);
+    F32Out yo(y, true);
+    for_runs(x.numel(), [&](int64_t o, int64_t n) {
+      const float* X = xi.at(o, n);
+      float* Y = yo.at(o, n);
+      for (int64_t i = 0; i < n; ++i) Y[i] += X[i];
+      yo.commit();
+    });
   }
   void scale_inplace(double alpha, Tensor& y) override {
     check_f32(y, "scale_inplace");
@@ -164,41 +230,51 @@ class CpuBackend final : public Backend {
 
   void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) override {
     check_rmsnorm_forward(x, w, y, rstd);
-    check_f32(x, "rmsnorm");
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &w, &y}) check_tokenwise(*t, "rmsnorm");
+    check_f32(rstd, "rmsnorm rstd");
     const int64_t rows = rows_of(x), h = x.dim(-1);
-    const float *X = x.data<float>(), *W = w.data<float>();
-    float *Y = y.data<float>(), *R = rstd.data<float>();
+    F32In xi(x), wi(w);
+    F32Out yo(y, false);
+    const float* W = wi.at(0, h);
+    float* R = rstd.data<float>();
     for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = X + r * h;
+      const float* xr = xi.at(r * h, h);
       float ss = 0;
       for (int64_t i = 0; i < h; ++i) ss += xr[i] * xr[i];
       const float inv = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ss) / h + eps));
       R[r] = inv;
-      float* yr = Y + r * h;
+      float* yr = yo.at(r * h, h);
       for (int64_t i = 0; i < h; ++i) yr[i] = xr[i] * inv * W[i];
+      yo.commit();
     }
   }
   void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
                         Tensor& dw) override {
     check_rmsnorm_backward(x, w, rstd, dy, dx, dw);
-    check_f32(x, "rmsnorm_backward");
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &w, &dy, &dx, &dw}) check_tokenwise(*t, "rmsnorm_backward");
+    check_f32(rstd, "rmsnorm_backward rstd");
     const int64_t rows = rows_of(x), h = x.dim(-1);
-    const float *X = x.data<float>(), *W = w.data<float>(), *R = rstd.data<float>(), *DY = dy.data<float>();
-    float *DX = dx.data<float>(), *DW = dw.data<float>();
+    F32In xi(x), wi(w), dyi(dy);
+    F32Out dxo(dx, false), dwo(dw, true);
+    const float* W = wi.at(0, h);
+    const float* R = rstd.data<float>();
     std::vector<double> dw_acc(static_cast<size_t>(h), 0.0);
     for (int64_t r = 0; r < rows; ++r) {
-      const float *xr = X + r * h, *gr = DY + r * h;
+      const float *xr = xi.at(r * h, h), *gr = dyi.at(r * h, h);
       const float s = R[r];
       float dot = 0;
       for (int64_t i = 0; i < h; ++i) dot += gr[i] * W[i] * xr[i];
       const float coef = s * s * s * dot / static_cast<float>(h);
-      float* dxr = DX + r * h;
+      float* dxr = dxo.at(r * h, h);
       for (int64_t i = 0; i < h; ++i) {
         dxr[i] = s * gr[i] * W[i] - coef * xr[i];
         dw_acc[i] += gr[i] * xr[i] * s;
       }
+      dxo.commit();
     }
+    float* DW = dwo.at(0, h);
     for (int64_t i = 0; i < h; ++i) DW[i] += static_cast<float>(dw_acc[i]);
+    dwo.commit();
   }
 
   void rope_forward(const Tensor& table, Tensor& x) override { rope(table, x, 1.0f); }
@@ -260,25 +336,34 @@ class CpuBackend final : public Backend {
 
   void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) override {
     check_swiglu_forward(gate, up, out);
-    check_f32(gate, "swiglu");
-    const float *G = gate.data<float>(), *U = up.data<float>();
-    float* O = out.data<float>();
-    const int64_t n = gate.numel();
-    for (int64_t i = 0; i < n; ++i) O[i] = G[i] * vec::sigmoid(G[i]) * U[i];
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&gate, &up, &out}) check_tokenwise(*t, "swiglu");
+    F32In gi(gate), ui(up);
+    F32Out oo(out, false);
+    for_runs(gate.numel(), [&](int64_t o, int64_t n) {
+      const float *G = gi.at(o, n), *U = ui.at(o, n);
+      float* O = oo.at(o, n);
+      for (int64_t i = 0; i < n; ++i) O[i] = G[i] * vec::sigmoid(G[i]) * U[i];
+      oo.commit();
+    });
   }
   void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& d_out, Tensor& d_gate,
                        Tensor& d_up) override {
     check_swiglu_backward(gate, up, d_out, d_gate, d_up);
-    check_f32(gate, "swiglu_backward");
-    const float *G = gate.data<float>(), *U = up.data<float>(), *DO = d_out.data<float>();
-    float *DG = d_gate.data<float>(), *DU = d_up.data<float>();
-    const int64_t n = gate.numel();
-    for (int64_t i = 0; i < n; ++i) {
-      const float g = G[i], sig = vec::sigmoid(g), d_o = DO[i];
-      const float u = U[i];
-      DU[i] = d_o * g * sig;
-      DG[i] = d_o * u * sig * (1.0f + g * (1.0f - sig));
-    }
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&gate, &up, &d_out, &d_gate, &d_up}) check_tokenwise(*t, "swiglu_backward");
+    F32In gi(gate), ui(up), doi(d_out);
+    F32Out dgo(d_gate, false), duo(d_up, false);
+    for_runs(gate.numel(), [&](int64_t o, int64_t n) {
+      const float *G = gi.at(o, n), *U = ui.at(o, n), *DO = doi.at(o, n);
+      float *DG = dgo.at(o, n), *DU = duo.at(o, n);
+      for (int64_t i = 0; i < n; ++i) {
+        const float g = G[i], sig = vec::sigmoid(g), d_o = DO[i];
+        const float u = U[i];
+        DU[i] = d_o * g * sig;
+        DG[i] = d_o * u * sig * (1.0f + g * (1.0f - sig));
+      }
+      dgo.commit();
+      duo.commit();
+    });
   }
 
   double cross_entropy_forward(const Tensor& logits, const Tensor& targets, int32_t ignore_index,
@@ -437,18 +522,19 @@ class CpuBackend final : public Backend {
   }
 
   static void rope(const Tensor& table, Tensor& x, float sign) {
-    check_f32(x, "rope");
+    check_tokenwise(x, "rope");
     check_rope(table, x);
     check_f32(table, "rope table");
     const int64_t B = x.dim(0), S = x.dim(1), n = x.dim(2), d = x.dim(3), half = d / 2;
     const float* tab = table.data<float>();
-    float* X = x.data<float>();
+    F32Out xo(x, true);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t s = 0; s < S; ++s) {
         const float* cos_row = tab + s * 2 * half;
         const float* sin_row = cos_row + half;
+        float* X = xo.at((b * S + s) * n * d, n * d);
         for (int64_t hh = 0; hh < n; ++hh) {
-          float* row = X + ((b * S + s) * n + hh) * d;
+          float* row = X + hh * d;
           for (int64_t i = 0; i < half; ++i) {
             const float c = cos_row[i], sn = sign * sin_row[i];
             const float x1 = row[i], x2 = row[i + half];
@@ -456,6 +542,7 @@ class CpuBackend final : public Backend {
             row[i + half] = x2 * c + x1 * sn;
           }
         }
+        xo.commit();
       }
   }
 };

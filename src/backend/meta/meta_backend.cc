@@ -159,7 +159,7 @@ void MetaBackend::copy(const Tensor& src, Tensor& dst) {
 }
 
 void MetaBackend::add_inplace(const Tensor& x, Tensor& y) {
-  check_add_inplace(x, y);
+  check_add_inplace(x, y, tokenwise_takes_bf16());
   check_floating(x, "add_inplace");
   record_tokenwise("add_inplace", y, 0, {&x, &y}, {&y});
 }

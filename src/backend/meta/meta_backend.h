@@ -77,6 +77,8 @@ class MetaBackend final : public Backend {
   void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha = 1.0f,
               float beta = 0.0f) override;
   bool matmul_takes_bf16() const override { return options_.matmul_takes_bf16; }
+  // As the CPU backend: token-wise ops take bf16 where its matmul does.
+  bool tokenwise_takes_bf16() const override { return options_.matmul_takes_bf16; }
   void copy(const Tensor& src, Tensor& dst) override;
   void add_inplace(const Tensor& x, Tensor& y) override;
   void scale_inplace(double alpha, Tensor& y) override;
