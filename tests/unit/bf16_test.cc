@@ -54,7 +54,9 @@ TEST(Bf16Storage, Bf16OperandsAreWidenedAndResultsRoundedOnce) {
 // f32 / bf16 mixes) against the same backend's f32 op on the widened values, rounded once:
 // the same bits, which is what lets the decorator pass bf16 tensors straight through. Sizes
 // span several of the backend's runs (4096 elements) with a remainder.
-Tensor bf(const Shape& shape, uint64_t seed) { return random_tensor(shape, DType::kF32, seed).to(DType::kBF16, MemCategory::kWorkspace); }
+Tensor bf(const Shape& shape, uint64_t seed) {
+  return random_tensor(shape, DType::kF32, seed).to(DType::kBF16, MemCategory::kWorkspace);
+}
 Tensor f32(const Tensor& t) { return t.to(DType::kF32, MemCategory::kWorkspace); }
 Tensor rounded(const Tensor& t) { return t.to(DType::kBF16, MemCategory::kWorkspace); }
 void expect_same_bits(const Tensor& got, const Tensor& want, const char* what) {
@@ -101,7 +103,8 @@ TEST(Bf16Tokenwise, Bf16OperandsGiveTheWidenedF32OpsBitsRoundedOnce) {
     for (DType wt : {DType::kBF16, DType::kF32}) {
       const Tensor w = wt == DType::kBF16 ? bf({h}, 20) : random_tensor({h}, DType::kF32, 20);
       Tensor y = Tensor::empty({rows, h}, DType::kBF16, MemCategory::kWorkspace), y_want = f32(y);
-      Tensor rstd = Tensor::empty({rows}, DType::kF32, MemCategory::kWorkspace), rstd_want = rstd.clone(MemCategory::kWorkspace);
+      Tensor rstd = Tensor::empty({rows}, DType::kF32, MemCategory::kWorkspace);
+      Tensor rstd_want = rstd.clone(MemCategory::kWorkspace);
       cpu->rmsnorm_forward(x, w, 1e-5, y, rstd);
       cpu->rmsnorm_forward(f32(x), f32(w), 1e-5, y_want, rstd_want);
       expect_same_bits(y, rounded(y_want), "rmsnorm_forward y");

@@ -30,6 +30,9 @@ void check_tokenwise(const Tensor& t, const char* what) {
   FP_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16, "cpu backend {}: {} is not f32 or bf16", what,
            t.describe());
 }
+void check_tokenwise(std::initializer_list<const Tensor*> ts, const char* what) {
+  for (const Tensor* t : ts) check_tokenwise(*t, what);
+}
 constexpr int64_t kTokenwiseRun = 4096;  // elements per run of the flat ops (16 KiB as f32)
 
 class F32In {
@@ -230,7 +233,7 @@ class CpuBackend final : public Backend {
 
   void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) override {
     check_rmsnorm_forward(x, w, y, rstd);
-    for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &w, &y}) check_tokenwise(*t, "rmsnorm");
+    check_tokenwise({&x, &w, &y}, "rmsnorm");
     check_f32(rstd, "rmsnorm rstd");
     const int64_t rows = rows_of(x), h = x.dim(-1);
     F32In xi(x), wi(w);
@@ -251,7 +254,7 @@ class CpuBackend final : public Backend {
   void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx,
                         Tensor& dw) override {
     check_rmsnorm_backward(x, w, rstd, dy, dx, dw);
-    for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &w, &dy, &dx, &dw}) check_tokenwise(*t, "rmsnorm_backward");
+    check_tokenwise({&x, &w, &dy, &dx, &dw}, "rmsnorm_backward");
     check_f32(rstd, "rmsnorm_backward rstd");
     const int64_t rows = rows_of(x), h = x.dim(-1);
     F32In xi(x), wi(w), dyi(dy);
@@ -336,7 +339,7 @@ class CpuBackend final : public Backend {
 
   void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) override {
     check_swiglu_forward(gate, up, out);
-    for (const Tensor* t : std::initializer_list<const Tensor*>{&gate, &up, &out}) check_tokenwise(*t, "swiglu");
+    check_tokenwise({&gate, &up, &out}, "swiglu");
     F32In gi(gate), ui(up);
     F32Out oo(out, false);
     for_runs(gate.numel(), [&](int64_t o, int64_t n) {
@@ -349,7 +352,7 @@ class CpuBackend final : public Backend {
   void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& d_out, Tensor& d_gate,
                        Tensor& d_up) override {
     check_swiglu_backward(gate, up, d_out, d_gate, d_up);
-    for (const Tensor* t : std::initializer_list<const Tensor*>{&gate, &up, &d_out, &d_gate, &d_up}) check_tokenwise(*t, "swiglu_backward");
+    check_tokenwise({&gate, &up, &d_out, &d_gate, &d_up}, "swiglu_backward");
     F32In gi(gate), ui(up), doi(d_out);
     F32Out dgo(d_gate, false), duo(d_up, false);
     for_runs(gate.numel(), [&](int64_t o, int64_t n) {
