@@ -20,8 +20,6 @@ class TimedBackend final : public Backend {
  public:
   explicit TimedBackend(Backend& inner) : inner_(inner) {}
   std::string_view name() const override { return inner_.name(); }
-  bool matmul_takes_bf16() const override { return inner_.matmul_takes_bf16(); }
-  bool tokenwise_takes_bf16() const override { return inner_.tokenwise_takes_bf16(); }
   const std::map<std::string, OpTime>& times() const { return times_; }
   void reset() { times_.clear(); }
 
