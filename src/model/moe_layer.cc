@@ -251,6 +251,32 @@ void moe_shared_backward(const BlockContext& ctx, const MoeLayerWeights& w, cons
   mlp_backward(ctx, expert_mlp_weights(w.shared), s.shared_mlp, a, d_z, d_a, d_shared, 1.0f);
 }
 
+void moe_replicated_backward(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSaved& s, const Tensor& a,
+                             const Tensor& dy, const Tensor& d_weights,
+                             const std::vector<std::vector<double>>& prob_grads, Tensor& d_a, MoeLayerWeights& g,
+                             const std::function<void(Tensor& partial, Tensor& grad)>& sum_into) {
+  Backend& be = *ctx.backend;
+  const int64_t h = a.dim(-1);
+  auto partial = [](const Shape& shape) { return Tensor::empty(shape, DType::kF32, MemCategory::kComm); };
+  static const std::vector<double> kNoAux;
+  const std::vector<double>& prob_grad =
+      prob_grads.empty() ? kNoAux : prob_grads[static_cast<size_t>(w.sparse_index)];
+  Tensor d_router = partial({ctx.config->moe.num_experts, h});
+  moe_router_backward(be, ctx.config->moe, w, s, a, d_weights, prob_grad, d_a, d_router, 0.0f);
+  sum_into(d_router, g.router);
+  if (!w.shared_gate.defined()) return;
+  const int64_t fs = w.shared.w_gate.dim(0);
+  Tensor d_gate = partial({1, h});
+  ExpertWeights d_shared{partial({fs, h}), partial({fs, h}), partial({h, fs})};
+  for (Tensor* t : {&d_shared.w_gate, &d_shared.w_up, &d_shared.w_down}) be.fill(0.0, *t);
+  MlpWeights gs = expert_mlp_weights(d_shared);
+  moe_shared_backward(ctx, w, s, a, dy, d_a, d_gate, 0.0f, gs);
+  sum_into(d_gate, g.shared_gate);
+  sum_into(d_shared.w_gate, g.shared.w_gate);
+  sum_into(d_shared.w_up, g.shared.w_up);
+  sum_into(d_shared.w_down, g.shared.w_down);
+}
+
 void moe_backward(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSaved& s, const Tensor& a,
                   const Tensor& dy, Tensor& d_a, MoeLayerWeights& g, const std::vector<double>& prob_grad) {
   Backend& be = *ctx.backend;

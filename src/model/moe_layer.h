@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "model/llama_weights.h"
@@ -96,5 +97,13 @@ void moe_router_backward(Backend& be, const MoeConfig& m, const MoeLayerWeights&
 // paths, d_gate = d(Wsg) + beta d_gate, `d_shared` += the shared expert's weight gradients.
 void moe_shared_backward(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSaved& s, const Tensor& a,
                          const Tensor& dy, Tensor& d_a, Tensor& d_gate, float beta, MlpWeights& d_shared);
+// Both of the above for a sharded strategy, whose router and shared expert are replicated:
+// this rank's rows' gradients go into fresh f32 buffers and `sum_into(partial, grad)` adds
+// each into g (over the strategy's axis). prob_grads: MoeAux::prob_grad per sparse layer
+// (empty: no aux loss).
+void moe_replicated_backward(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSaved& s, const Tensor& a,
+                             const Tensor& dy, const Tensor& d_weights,
+                             const std::vector<std::vector<double>>& prob_grads, Tensor& d_a, MoeLayerWeights& g,
+                             const std::function<void(Tensor& partial, Tensor& grad)>& sum_into);
 
 }  // namespace foldpar

@@ -35,15 +35,19 @@ void check_tokenwise(std::initializer_list<const Tensor*> ts, const char* what) 
 }
 constexpr int64_t kTokenwiseRun = 4096;  // elements per run of the flat ops (16 KiB as f32)
 
+// n bf16 elements of t from `offset`, widened into buf (resized to n).
+float* widen_run(const Tensor& t, int64_t offset, int64_t n, std::vector<float>& buf) {
+  buf.resize(static_cast<size_t>(n));
+  const bf16* p = t.data<bf16>() + offset;
+  for (int64_t i = 0; i < n; ++i) buf[static_cast<size_t>(i)] = bf16_to_f32(p[i]);
+  return buf.data();
+}
+
 class F32In {
  public:
   explicit F32In(const Tensor& t) : t_(t) {}
   const float* at(int64_t offset, int64_t n) {
-    if (t_.dtype() == DType::kF32) return t_.data<float>() + offset;
-    buf_.resize(static_cast<size_t>(n));
-    const bf16* p = t_.data<bf16>() + offset;
-    for (int64_t i = 0; i < n; ++i) buf_[static_cast<size_t>(i)] = bf16_to_f32(p[i]);
-    return buf_.data();
+    return t_.dtype() == DType::kF32 ? t_.data<float>() + offset : widen_run(t_, offset, n, buf_);
   }
 
  private:
@@ -59,11 +63,8 @@ class F32Out {
     offset_ = offset;
     n_ = n;
     if (t_.dtype() == DType::kF32) return t_.data<float>() + offset;
+    if (load_) return widen_run(t_, offset, n, buf_);
     buf_.resize(static_cast<size_t>(n));
-    if (load_) {
-      const bf16* p = t_.data<bf16>() + offset;
-      for (int64_t i = 0; i < n; ++i) buf_[static_cast<size_t>(i)] = bf16_to_f32(p[i]);
-    }
     return buf_.data();
   }
   void commit() {

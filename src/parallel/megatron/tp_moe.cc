@@ -135,7 +135,7 @@ Tensor TpStepBase::moe_backward(int l, const TpMlpSaved& saved, const Tensor& d_
   const MoeConfig& m = c_.moe;
   const bool split = s.rows.defined();
   const Tensor& a = s.norm.a;
-  const int64_t T = a.dim(0), h = dims_.h, E = m.num_experts, k = m.num_experts_per_tok, M = T * k;
+  const int64_t T = a.dim(0), h = dims_.h, k = m.num_experts_per_tok, M = T * k;
   const BlockContext lctx = moe_group_context(split ? ctx_ : row_ctx_, T);
   // This rank's rows of d(out): d_out is replicated over tp when split.
   Tensor dy = d_out;
@@ -158,27 +158,7 @@ Tensor TpStepBase::moe_backward(int l, const TpMlpSaved& saved, const Tensor& d_
     tp_.all_reduce(partial);
     be_.add_inplace(partial, grad);
   };
-  // ---- the router and the shared expert ----
-  static const std::vector<double> kNoAux;
-  const std::vector<double>& prob_grad =
-      moe_prob_grad_.empty() ? kNoAux : moe_prob_grad_[static_cast<size_t>(mw.sparse_index)];
-  Tensor d_router = Tensor::empty({E, h}, DType::kF32, MemCategory::kComm);
-  moe_router_backward(be_, m, mw, r, a, d_weights, prob_grad, d_a, d_router, 0.0f);
-  sum_over_tp(d_router, gw.router);
-  if (mw.shared_gate.defined()) {
-    Tensor d_sg = Tensor::empty({1, h}, DType::kF32, MemCategory::kComm);
-    const int64_t fs = mw.shared.w_gate.dim(0);
-    ExpertWeights part{Tensor::empty({fs, h}, DType::kF32, MemCategory::kComm),
-                       Tensor::empty({fs, h}, DType::kF32, MemCategory::kComm),
-                       Tensor::empty({h, fs}, DType::kF32, MemCategory::kComm)};
-    for (Tensor* t : {&part.w_gate, &part.w_up, &part.w_down}) be_.fill(0.0, *t);
-    MlpWeights gs = expert_mlp_weights(part);
-    moe_shared_backward(lctx, mw, r, a, dy, d_a, d_sg, 0.0f, gs);
-    sum_over_tp(d_sg, gw.shared_gate);
-    sum_over_tp(part.w_gate, gw.shared.w_gate);
-    sum_over_tp(part.w_up, gw.shared.w_up);
-    sum_over_tp(part.w_down, gw.shared.w_down);
-  }
+  moe_replicated_backward(lctx, mw, r, a, dy, d_weights, moe_prob_grad_, d_a, gw, sum_over_tp);
   Tensor d_a2 = d_a;
   if (split) {  // every tp rank's block: the replicated d(a2) [N, h]
     d_a2 = act({all_rows_, h});

@@ -290,7 +290,7 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
   MoeLayerWeights& gw = grads.moe[l];
   const MoeConfig& m = c_.moe;
   const MoeSaved& r = s.route;
-  const int64_t T = rows_, h = dims_.h, E = m.num_experts, k = m.num_experts_per_tok, M = T * k, El = dims_.experts;
+  const int64_t T = rows_, h = dims_.h, k = m.num_experts_per_tok, M = T * k, El = dims_.experts;
   const Tensor& a = s.norm.a;
   Tensor d_a = act({T, h});
   be_.fill(0.0, d_a);
@@ -382,25 +382,8 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
     be_.add_inplace(mine_w, d_weights_rows);
   }
   // ---- the router and the shared expert (replicated): this rank's rows' part, summed ----
-  static const std::vector<double> kNoAux;
-  const std::vector<double>& prob_grad =
-      moe_prob_grad_.empty() ? kNoAux : moe_prob_grad_[static_cast<size_t>(mw.sparse_index)];
-  Tensor d_router = comm_buffer({E, h}, DType::kF32);
-  moe_router_backward(be_, m, mw, r, a, d_weights, prob_grad, d_a, d_router, 0.0f);
-  sum_into(d_router, gw.router);
-  if (mw.shared_gate.defined()) {
-    Tensor d_sg = comm_buffer({1, h}, DType::kF32);
-    const int64_t fs = mw.shared.w_gate.dim(0);
-    ExpertWeights part{comm_buffer({fs, h}, DType::kF32), comm_buffer({fs, h}, DType::kF32),
-                       comm_buffer({h, fs}, DType::kF32)};
-    for (Tensor* t : {&part.w_gate, &part.w_up, &part.w_down}) be_.fill(0.0, *t);
-    MlpWeights gs = expert_mlp_weights(part);
-    moe_shared_backward(ctx_, mw, r, a, dy, d_a, d_sg, 0.0f, gs);
-    sum_into(d_sg, gw.shared_gate);
-    sum_into(part.w_gate, gw.shared.w_gate);
-    sum_into(part.w_up, gw.shared.w_up);
-    sum_into(part.w_down, gw.shared.w_down);
-  }
+  moe_replicated_backward(ctx_, mw, r, a, dy, d_weights, moe_prob_grad_, d_a, gw,
+                          [&](Tensor& partial, Tensor& grad) { sum_into(partial, grad); });
   return norm_backward(ctx_, w.mlp_norm[l], s.norm, d_a, &dy, norm_partials_[c_.num_hidden_layers + l]);
 }
 
