@@ -5,8 +5,11 @@
 // comparison with real runs is tests/parallel/dry_run_validation_test.cc.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "model/flop_count.h"
 #include "plan/dry_run.h"
@@ -65,6 +68,52 @@ TEST_P(DryRunLayouts, CompletesWithoutHostAccess) {
   o.matmul_takes_bf16 = o.bf16_native = c.bf16_native;
   EXPECT_EXIT(run_or_exit(o), testing::ExitedWithCode(0), "")
       << c.layout << " rank " << c.rank;
+}
+
+// TSP's backward gathers each unit's K/V again (not kept): with overlap the next unit's
+// gather is posted during the current unit's backward, so GEMMs run between its start and its
+// completion; without overlap it completes before any. Read off the dry run's program order.
+struct GatherOverlap {
+  int gathers = 0, overlapped = 0;  // the backward's non-blocking all-gathers; with a matmul in flight
+};
+GatherOverlap backward_kv_gathers(const std::string& layout) {
+  DryRunOptions o = options(layout, 0, DryRunMode::kForwardBackward);
+  Result<DryRunResult> r = dry_run(o);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  if (!r.ok()) return {};
+  uint64_t backward_from = UINT64_MAX;  // the first attention backward
+  for (const OpRecord& op : r->ops)
+    if (op.op == "attention_backward") backward_from = std::min(backward_from, op.seq);
+  EXPECT_NE(backward_from, UINT64_MAX);
+  std::vector<uint64_t> matmuls;
+  for (const OpRecord& op : r->ops)
+    if (op.op == "matmul") matmuls.push_back(op.seq);
+  GatherOverlap g;
+  for (const CommEvent& start : r->comm_trace.events) {
+    if (start.type != CommEvent::Type::kStart || start.kind != CommOpKind::kAllGather || start.blocking ||
+        start.seq < backward_from)
+      continue;
+    uint64_t done = UINT64_MAX;
+    for (const CommEvent& e : r->comm_trace.events)
+      if (e.type == CommEvent::Type::kComplete && e.request == start.request) done = e.seq;
+    EXPECT_NE(done, UINT64_MAX) << "a gather that never completes";
+    ++g.gathers;
+    g.overlapped += std::any_of(matmuls.begin(), matmuls.end(), [&](uint64_t m) { return m > start.seq && m < done; });
+  }
+  return g;
+}
+
+TEST(DryRunTspBackward, PrefetchesTheNextUnitsKvWithOverlapOnly) {
+  // tsp=2, 2 layers: units (shard 0, shard 1) per layer; the gather of every layer's second
+  // unit and of the last layer's first (posted before the backward's first attention) is
+  // hidden: more than half.
+  const GatherOverlap on = backward_kv_gathers("tsp=2"), off = backward_kv_gathers("tsp=2:nooverlap");
+  EXPECT_GT(on.gathers, 0);
+  EXPECT_EQ(on.gathers, off.gathers);
+  EXPECT_GE(2 * on.overlapped, on.gathers) << on.overlapped << " of " << on.gathers;
+  EXPECT_EQ(off.overlapped, 0);
+  // Kept K/V: nothing is gathered again.
+  EXPECT_EQ(backward_kv_gathers("tsp=2:keepkv").gathers, 0);
 }
 
 constexpr DryRunMode kFB = DryRunMode::kForwardBackward, kF = DryRunMode::kForward;

@@ -95,7 +95,12 @@ TEST(PlanMemoryTest, TspShardsParametersGradientsAndOptimizerByD) {
   ASSERT_TRUE(widened.ok() && native.ok());
   EXPECT_GT(widened->step.at_peak[static_cast<int>(MemCategory::kWorkspace)],
             native->step.at_peak[static_cast<int>(MemCategory::kWorkspace)]);
-  EXPECT_EQ(p[3].memory.peak, native->step.peak_total);
+  // The plan reports the worst rank: the ranks' peaks differ by when each allocates the
+  // partial buffers of the shards it does not own.
+  o.rank = 1;
+  Result<DryRunResult> native1 = dry_run(o);
+  ASSERT_TRUE(native1.ok());
+  EXPECT_EQ(p[3].memory.peak, std::max(native->step.peak_total, native1->step.peak_total));
   o.matmul_takes_bf16 = false;
   EXPECT_FALSE(dry_run(o).ok());  // a backend that stores bf16 multiplies it
 }

@@ -180,8 +180,28 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
   // KV replicas: the group's K/V (gathered by its first round) and its rounds' dK/dV sums.
   const bool rep = dims_.replicated_kv();
   Tensor group_k_full, group_v_full, dk_sum, dv_sum;
+  // K/V gathered again (not kept) for the units that start a KV group: with overlap the
+  // next unit's gather is posted during this unit's backward (below), as the forward does.
+  struct Regather {
+    int unit = -1;
+    Tensor k_full, v_full;
+    std::vector<CommRequest> gather;
+  };
+  auto needs_gather = [&](int u) { return !opt_.keep_kv && u < D_ * nb && kv_group_first_unit(u / nb, u % nb); };
+  auto start_regather = [&](int u) {
+    Regather g;
+    g.unit = u;
+    g.k_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
+    g.v_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
+    g.gather = start_gather(s.k[static_cast<size_t>(u)], g.k_full);
+    std::vector<CommRequest> gv = start_gather(s.v[static_cast<size_t>(u)], g.v_full);
+    for (CommRequest& req : gv) g.gather.push_back(std::move(req));
+    return g;
+  };
+  Regather next_kv;  // the prefetched gather (overlap), of the next unit that needs one
 
   start_bcast(0);
+  if (opt_.overlap && needs_gather(0)) next_kv = start_regather(0);
   wait(w_req);
   for (int r = 0; r < D_; ++r) {
     if (opt_.overlap && r + 1 < D_) start_bcast(r + 1);
@@ -211,12 +231,12 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
         k_full = group_k_full;
         v_full = group_v_full;
       } else {
-        k_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
-        v_full = comm_buffer({B, S, kvh_b_, d}, opt_.dtype);
-        std::vector<CommRequest> gather = start_gather(s.k[u], k_full);
-        std::vector<CommRequest> gv = start_gather(s.v[u], v_full);
-        for (CommRequest& req : gv) gather.push_back(std::move(req));
-        wait_all(gather);
+        Regather cur = next_kv.unit >= 0 ? std::move(next_kv) : start_regather(static_cast<int>(u));
+        next_kv = Regather();
+        FP_CHECK(cur.unit == static_cast<int>(u), "K/V re-gather of unit {} consumed at unit {}", cur.unit, u);
+        wait_all(cur.gather);
+        k_full = cur.k_full;
+        v_full = cur.v_full;
         if (rep && !group_last) {
           group_k_full = k_full;
           group_v_full = v_full;
@@ -254,6 +274,11 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
           after_products([this, stale = kv_replica_rows(dims_, g)]() mutable { be_.fill(0.0, stale); });
         }
       }
+      // With overlap, the next unit's K/V start moving now, behind this unit's projections'
+      // backward and the next unit's output projection: in the buffers this unit's K/V just
+      // left (a KV group's are released by its last unit), so the peak does not grow.
+      if (opt_.overlap && needs_gather(static_cast<int>(u) + 1) && !group_k_full.defined())
+        next_kv = start_regather(static_cast<int>(u) + 1);
       // dK, dV of every position go home: rank p receives the sum for its own tokens.
       Tensor dk, dv;
       std::vector<CommRequest> rs;
@@ -285,6 +310,7 @@ Tensor TspStep::attention_backward(int l, const ShardedWeights& w, const AttnSav
         g_qkv.k_norm = unit_norm_grad_.narrow(1, 2).reshape({d});
       }
       q_backward(ctx_, qw, s.norm.a, dq, d_a1, g_qkv, g_beta, normed);
+      poke(next_kv.gather);
       if (group_last) {
         poke(rs);
         wait_all(rs);
