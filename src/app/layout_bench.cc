@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "app/step_bench.h"
@@ -36,6 +37,7 @@ struct Sample {
   std::map<std::string, OpTime> ops;  // profile: the timed step's backend ops
   int64_t faults = 0, major_faults = 0;  // rank 0's page faults in the timed step (minor, major)
   std::map<std::string, OpTime> waits;  // profile: "axis kind" -> seconds blocked, calls (rank 0)
+  std::vector<int64_t> expert_load;     // MoE models: the timed step's tokens per expert (all layers)
 };
 
 struct Faults {
@@ -136,6 +138,7 @@ Result<Sample> run_once(Communicator& world, const LlamaConfig& c, const Layout&
     s.exposed = r.exposed_comm_seconds;
     s.sent = counter.delta().total().bytes_sent;
     s.ops = timed.times();
+    s.expert_load = r.expert_load;
   }
   if (o.warmup == 0) s.peak = mt.stats().peak_total - base;
   FP_RETURN_IF_ERROR(world.all_reduce(&s.seconds, &s.seconds, 1, DType::kF64, ReduceOp::kMax));
@@ -156,6 +159,7 @@ Status predict_row(const LayoutBenchOptions& o, const Layout& spec, LayoutBenchR
   req.batch = row.batch;
   req.seq = row.seq;
   req.layouts = {spec};
+  req.moe_imbalance = row.moe_imbalance;  // the routing the step measured
   req.bf16 = (spec.dtype == DType::kBF16);
   req.recompute = spec.recompute;
   req.mode = o.forward_only ? PlanMode::kForward : PlanMode::kTrain;
@@ -251,6 +255,13 @@ Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& o
         row.peak_bytes = std::max(row.peak_bytes, s.peak);
       }
       row.bytes_sent = v.front().sent;
+      // MoE: the routing of the timed step (the same weights and batch every repetition), and
+      // the plan's equivalent of it for the prediction (moe_imbalance_of_load).
+      if (o.config.moe.enabled()) {
+        row.expert_load = v.front().expert_load;
+        const int64_t expert_ranks = spec.strategy == Strategy::kTsp ? spec.tsp : int64_t{spec.tp} * spec.sp;
+        row.moe_imbalance = moe_imbalance_of_load(row.expert_load, expert_ranks, o.config.moe.num_experts_per_tok);
+      }
       if (!o.memory_only) {
         row.step_s = median(t);
         row.exposed_s = median(e);
@@ -309,6 +320,11 @@ std::string layout_bench_text(const std::vector<LayoutBenchRow>& rows) {
                      static_cast<double>(r.predicted_peak_bytes) / static_cast<double>(std::max<int64_t>(1, r.peak_bytes)),
                      r.bytes_sent / 1e6, r.predicted_bytes_sent / 1e6, r.predicted_tokens_per_s);
   }
+  // MoE rows: the measured routing the predictions assumed (the plan has no data of its own).
+  for (const LayoutBenchRow& r : rows)
+    if (!r.expert_load.empty())
+      s += fmt::format("moe routing {} S={}: tokens per expert {}; predicted with --moe-imbalance {:.3f}\n", r.layout,
+                       r.seq, fmt::join(r.expert_load, " "), r.moe_imbalance);
   return s;
 }
 
@@ -354,6 +370,10 @@ Result<std::vector<std::string>> write_layout_bench(const std::vector<LayoutBenc
                  {"predicted_peak_bytes", r.predicted_peak_bytes}, {"bytes_sent", r.bytes_sent},
                  {"predicted_bytes_sent", r.predicted_bytes_sent}, {"predicted_step_s", r.predicted_step_s},
                  {"predicted_tokens_per_s", r.predicted_tokens_per_s}});
+    if (!r.expert_load.empty()) {
+      j.back()["expert_load"] = r.expert_load;
+      j.back()["moe_imbalance"] = r.moe_imbalance;
+    }
   }
   csv.close();
   std::ofstream(dir / "table.json") << j.dump(2) << '\n';

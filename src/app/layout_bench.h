@@ -71,6 +71,10 @@ struct LayoutBenchRow {
   // step that faults is touching fresh memory, docs/PERFORMANCE.md "Fresh pages"; major
   // faults: pages read back from disk, e.g. code the kernel dropped). Medians.
   int64_t page_faults = 0, major_page_faults = 0;
+  // MoE models: the tokens each expert received in the timed step (all sparse layers), and
+  // the routing the prediction assumed from it (plan --moe-imbalance X: moe_imbalance_of_load).
+  std::vector<int64_t> expert_load;
+  double moe_imbalance = 1.0;
 };
 
 // invalid_argument for a layout that does not use every rank or does not divide the sizes.

@@ -704,4 +704,24 @@ std::string plan_report_json(const PlanReport& rep) {
   return j.dump(2) + "\n";
 }
 
+double moe_imbalance_of_load(const std::vector<int64_t>& load, int64_t ranks, int64_t top_k) {
+  const int64_t E = static_cast<int64_t>(load.size());
+  int64_t total = 0;
+  for (int64_t n : load) total += n;
+  if (E < 2 || ranks < 2 || total <= 0 || top_k < 1 || top_k >= E) return 1.0;
+  const int64_t m = std::max<int64_t>(1, E / ranks);  // experts per rank
+  if (m >= E) return 1.0;
+  // Split experts (ranks > E): each of an expert's ranks computes its slice over all of its
+  // rows, so the busiest rank's share follows the busiest expert's.
+  double busiest = 0;
+  for (int64_t e0 = 0; e0 < E; e0 += m) {
+    int64_t rows = 0;
+    for (int64_t e = e0; e < e0 + m; ++e) rows += load[static_cast<size_t>(e)];
+    busiest = std::max(busiest, static_cast<double>(rows));
+  }
+  const double R = busiest / (static_cast<double>(total) * static_cast<double>(m) / static_cast<double>(E));
+  const double x = (R * static_cast<double>(m * (E - 1)) - static_cast<double>((m - 1) * E)) / static_cast<double>(E - m);
+  return std::clamp(x, 1.0, static_cast<double>(E) / static_cast<double>(top_k));
+}
+
 }  // namespace foldpar

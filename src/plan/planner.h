@@ -176,6 +176,16 @@ struct PlanReport {
 // tsp=N and tp=N only. Other pipelined layouts are planned when named (PlanRequest::layouts).
 std::vector<Layout> candidate_layouts(int devices, int64_t batch, PlanMode mode, int devices_per_node = 0);
 
+// The routing a plan should assume (PlanRequest::moe_imbalance) to reproduce a measured one:
+// `load` the tokens each of the E experts received (StepResult::expert_load), the experts
+// spread contiguously over `ranks` ranks (E/ranks each, or ranks/E ranks per expert). Returns
+// the X of planned_moe_routing whose busiest rank gets the measured busiest rank's share of
+// the rows: R = max over ranks of its experts' load / the mean per rank, then
+// X = (R m (E-1) - (m-1) E) / (E - m) with m = max(1, E / ranks) experts per rank (X = R when
+// m = 1), clamped to [1, E / k] (expert 0 on every token at most). 1 for an empty load, one
+// rank, or k >= E (every token on every expert: no imbalance to plan).
+double moe_imbalance_of_load(const std::vector<int64_t>& load, int64_t ranks, int64_t top_k);
+
 // invalid_argument for a request no layout could satisfy (devices < 1, bad sizes) naming
 // the values; layouts that do not divide are listed in not_buildable.
 Result<PlanReport> make_plan(const PlanRequest& request);

@@ -121,6 +121,30 @@ for r in rows:
     assert r["step_s"] > 0 and r["predicted_step_s"] > 0, r
 PY
 [ "$(head -1 "$tmp/bench/table.csv" | cut -d, -f1-3)" = "layout,seq,batch" ] || fail "table.csv header"
+# A MoE model: each row carries the timed step's expert load (B S k tokens per sparse layer,
+# the same for every scheme: same weights, same batch) and the routing the prediction assumed
+# from it, the plan's --moe-imbalance X that gives the busiest rank the measured busiest
+# rank's rows (recomputed here from the load).
+bench=$("$mpirun" --allow-run-as-root -np 2 "$bin" bench-layouts --layouts tsp=2:moe=a2a tsp=2:moe=ring \
+  --model "$src/configs/tiny-moe.json" --seq 128 --batch 2 --steps 1 --hardware "$src/hardware/this-machine.json" \
+  --out "$tmp/bench-moe" 2>&1) || fail "bench-layouts on a MoE model: $bench"
+grep -q '^moe routing tsp=2:moe=a2a S=128: tokens per expert [0-9 ]*; predicted with --moe-imbalance [0-9.]*$' \
+  <<<"$bench" || fail "bench-layouts does not state the MoE routing: $bench"
+/usr/bin/python3 - "$tmp/bench-moe/table.json" <<'PY' || fail "bench-layouts MoE table.json content"
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert len(rows) == 2, rows
+E, k, layers, D = 4, 2, 2, 2
+m = E // D
+for r in rows:
+    load = r["expert_load"]
+    assert len(load) == E and sum(load) == 2 * 128 * k * layers, load
+    R = max(sum(load[i:i + m]) for i in range(0, E, m)) / (sum(load) / D)
+    x = min(max((R * m * (E - 1) - (m - 1) * E) / (E - m), 1.0), E / k)
+    assert abs(r["moe_imbalance"] - x) < 1e-9, (r["moe_imbalance"], x, load)
+    assert r["step_s"] > 0 and r["predicted_step_s"] > 0, r
+assert rows[0]["expert_load"] == rows[1]["expert_load"], rows
+PY
 # A pipeline runs its batch as micro-batches (one sequence each by default: m = B = 4) through
 # its schedule; its worst rank's peak and bytes (the boundary's included) equal the plan's.
 bench=$("$mpirun" --allow-run-as-root -np 2 "$bin" bench-layouts --layouts pp=2,tsp=1 pp=2,tsp=1:zb \

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "backend/meta/meta_backend.h"
 #include "plan/dry_run.h"
 #include "plan/planner.h"
 
@@ -647,6 +648,35 @@ const MoeSchemePlan& scheme(const MoePlan& m, const std::string& name) {
 // Expert memory: E/D whole experts per rank in every sparse layer; the tracked parameters are
 // the dense model's with the experts and the router in place of the dense MLP; AdamW's
 // state is 8 bytes per tracked parameter.
+// moe_imbalance_of_load inverts planned_moe_routing: the routing the plan builds for X,
+// counted per expert, gives X back (up to the routing's whole-row rounding), for
+// whole experts per rank and for experts split over ranks.
+TEST(PlannerMoeTest, MeasuredLoadGivesThePlannedRoutingsImbalance) {
+  const int64_t T = 4096, k = 2, E = 8;
+  for (int64_t ranks : {2, 4, 8, 16}) {
+    for (double x : {1.0, 1.5, 2.0, 3.0, 4.0}) {
+      std::vector<int64_t> load(E, 0);
+      for (int32_t e : planned_moe_routing(T, k, E, x)) ++load[static_cast<size_t>(e)];
+      // 5e-3: the other experts' round robin leaves a remainder of a few rows on rank 0 (one
+      // row in 1024 of an expert's share moves X by about 0.003 at m = 4).
+      EXPECT_NEAR(moe_imbalance_of_load(load, ranks, k), x, 5e-3) << "ranks " << ranks << " X " << x;
+    }
+  }
+  // A measured routing (small-moe.json at init, S = 4096, four layers): rank 0 of tsp=2 holds
+  // experts 0-3 with 21144 of 32768 rows, 1.29x its share; the equivalent X puts the same
+  // share on rank 0: X + 3 (8 - X) / 7 = 4 x 1.29.
+  const std::vector<int64_t> measured{1041, 4112, 6656, 9335, 1456, 194, 8466, 1508};
+  const double R = 21144.0 / 16384.0, x = moe_imbalance_of_load(measured, 2, k);
+  EXPECT_NEAR(x + 3 * (8 - x) / 7, 4 * R, 1e-9);
+  // Split experts (16 ranks, 2 per expert): the busiest expert's share, 9335 / 4096.
+  EXPECT_NEAR(moe_imbalance_of_load(measured, 16, k), 9335.0 / 4096.0, 1e-9);
+  // Degenerate cases: nothing to plan, or more than the routing can express.
+  EXPECT_EQ(moe_imbalance_of_load({}, 2, k), 1.0);
+  EXPECT_EQ(moe_imbalance_of_load(measured, 1, k), 1.0);
+  EXPECT_EQ(moe_imbalance_of_load({4096, 0, 0, 0, 0, 0, 0, 4096}, 8, k), 4.0);  // clamped to E / k
+  EXPECT_EQ(moe_imbalance_of_load({100, 0, 0, 100}, 2, 1), 1.0);                // balanced ranks
+}
+
 TEST(PlannerMoeTest, ExpertMemoryIsEOverDExpertsPerRank) {
   const LlamaConfig c = moe_config();
   Result<PlanReport> rep = moe_plan("tsp=2", 512, 100);
