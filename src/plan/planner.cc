@@ -493,6 +493,16 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
       mp.schemes.back().scheme = mp.chosen = generation ? "replicated" : "a2a";
       p.moe = std::move(mp);
     }
+    if (dry.ok() && r.config.moe.enabled() && plan_strategy(l) == PlanStrategy::kTsp && l.pp > 1) {
+      // Under pp the schedule and micro-batch search (plan_pipeline) runs the layout's scheme:
+      // the one named, else what moe=auto picks at the chosen micro-batch (tsp_moe.cc's rule).
+      MoePlan mp = moe_plan_base(r, p.layout, p.micro_batch);
+      mp.schemes.push_back(scheme_figures(p, r));
+      mp.schemes.back().scheme = mp.chosen = p.layout.moe_dispatch == Layout::MoeDispatchOption::kAuto
+                                                 ? mp.formula_choice
+                                                 : dispatch_name(p.layout.moe_dispatch);
+      p.moe = std::move(mp);
+    }
     if (!dry.ok()) {
       const std::string name = l.to_string();
       const bool named = dry.message().rfind(name, 0) == 0;
