@@ -258,8 +258,8 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
   if (config.moe.enabled()) {
     const MoeConfig& m = config.moe;
     if (layout.pp > 1 && layout.strategy != Strategy::kTsp)
-      return unimplemented("layout {}: mixture-of-experts models ({}, {} experts) run under pp on tsp=D stages; on tp/sp "
-                           "stages they are not built",
+      return unimplemented("layout {}: mixture-of-experts models ({}, {} experts) run under pp on tsp=D stages; "
+                           "on tp/sp stages they are not built",
                            name, m.model_type(), m.num_experts);
     if (layout.pp > 1 && layout.zero_bubble)
       return unimplemented("layout {}: the zero-bubble schedule (zb) does not split a mixture-of-experts layer's "

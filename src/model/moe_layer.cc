@@ -177,8 +177,8 @@ std::vector<double> MoeAux::pack() const {
 }
 
 void MoeAux::unpack(const std::vector<double>& v) {
-  FP_CHECK(static_cast<int64_t>(v.size()) == packed_size(), "{} packed MoE statistics for {} sparse layers x (2 x {} + 1)",
-           v.size(), counts.size(), experts);
+  FP_CHECK(static_cast<int64_t>(v.size()) == packed_size(),
+           "{} packed MoE statistics for {} sparse layers x (2 x {} + 1)", v.size(), counts.size(), experts);
   size_t i = 0;
   for (size_t l = 0; l < counts.size(); ++l) {
     counts[l].assign(static_cast<size_t>(experts), 0);

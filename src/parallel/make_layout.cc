@@ -61,8 +61,9 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
     return make_single_rank_model(config, layout);
   if (layout.pp > 1) {
     Result<std::unique_ptr<StageStrategy>> stage =
-        layout.strategy == Strategy::kTsp ? make_tsp_stage_strategy(config, mesh.comm("tsp"), axis_comm(mesh, "dp"), seq, layout)
-                                          : make_megatron_stage_strategy(config, axis_comm(mesh, "tp"), axis_comm(mesh, "sp"), seq, layout);
+        layout.strategy == Strategy::kTsp
+            ? make_tsp_stage_strategy(config, mesh.comm("tsp"), axis_comm(mesh, "dp"), seq, layout)
+            : make_megatron_stage_strategy(config, axis_comm(mesh, "tp"), axis_comm(mesh, "sp"), seq, layout);
     FP_RETURN_IF_ERROR(stage.status());
     return make_pipeline_model(config, mesh.comm("pp"), std::move(*stage), layout);
   }

@@ -148,7 +148,8 @@ bool check_parity(const Case& k) {
   std::vector<Batch> locals;
   for (int i = 0; i < m; ++i) {
     const int64_t row = static_cast<int64_t>(d) * m + i;
-    locals.push_back(model.local_batch(Batch{global.input_ids.narrow(row, row + 1), global.target_ids.narrow(row, row + 1)}));
+    locals.push_back(
+        model.local_batch(Batch{global.input_ids.narrow(row, row + 1), global.target_ids.narrow(row, row + 1)}));
   }
   ScopedCommCounter counter({&mesh->comm("pp")});
   Result<StepResult> got = model.forward_backward_micro_batches(*be, locals, N);
@@ -267,8 +268,9 @@ TEST(PipelineMoeLayout, RefusalsNameTheReason) {
     EXPECT_TRUE(validate_layout(c, parse_layout(ok).value(), 4, 16).ok()) << ok;
   const Status zb = validate_layout(c, parse_layout("pp=2,tsp=2:zb").value(), 4, 16);
   EXPECT_EQ(zb.code(), StatusCode::kUnimplemented);
-  EXPECT_EQ(zb.message(), "layout pp=2,tsp=2:zb: the zero-bubble schedule (zb) does not split a mixture-of-experts "
-                          "layer's backward (its expert gradients travel with the dispatch); use 1f1b or interleaved:N");
+  EXPECT_EQ(zb.message(),
+            "layout pp=2,tsp=2:zb: the zero-bubble schedule (zb) does not split a mixture-of-experts layer's backward "
+            "(its expert gradients travel with the dispatch); use 1f1b or interleaved:N");
   const Status tp = validate_layout(c, parse_layout("pp=2,tp=2").value(), 4, 16);
   EXPECT_EQ(tp.code(), StatusCode::kUnimplemented);
   EXPECT_EQ(tp.message(), "layout pp=2,tp=2: mixture-of-experts models (mixtral, 4 experts) run under pp on tsp=D "

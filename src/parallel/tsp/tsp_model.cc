@@ -62,7 +62,8 @@ class TspModelStep final : public ModelStep {
   Tensor block_forward(int64_t l, const Tensor& x, bool save) override {
     LayerSaved* s = save ? &saved_[l] : nullptr;
     Tensor x_mid = step_.attention_forward(static_cast<int>(l), w_, x, s != nullptr ? &s->attn : nullptr);
-    if (!w_.moe[l].defined()) return step_.mlp_forward(static_cast<int>(l), w_, x_mid, s != nullptr ? &s->mlp : nullptr);
+    if (!w_.moe[l].defined())
+      return step_.mlp_forward(static_cast<int>(l), w_, x_mid, s != nullptr ? &s->mlp : nullptr);
     step_.set_moe_stats(&stats_);  // the step is shared by the micro-batches in flight
     Tensor y = step_.moe_forward(static_cast<int>(l), w_, x_mid, s != nullptr ? &s->moe : nullptr);
     step_.set_moe_stats(nullptr);
