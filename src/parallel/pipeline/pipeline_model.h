@@ -15,7 +15,11 @@
 // caller's normalizer (the valid targets of the whole global batch) and broadcast over pp, so
 // every rank returns the same StepResult. With tied embeddings the two end stages' copies of
 // the embedding gradient are summed between them (one exchange of the V/D x h shard), so both
-// copies stay equal bit for bit; stage 0 speaks for the tensor (ParamRef::counted).
+// copies stay equal bit for bit; stage 0 speaks for the tensor (ParamRef::counted). A MoE
+// model's routing statistics travel with each micro-batch's activation and the aux loss's
+// gradient with its gradient (ModelStep::routing_stats / aux_prob_grad, stats_values), so the
+// last stage forms the aux loss of every sparse layer and every stage's routers get its
+// gradient (docs/composition.md, "MoE under pp").
 //
 // Collective over the pp communicator and the stage strategy's axis.
 #pragma once
