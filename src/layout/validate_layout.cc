@@ -149,7 +149,8 @@ Status check_stages(const LlamaConfig& c, const Layout& l, const std::string& na
 
 // ZB-H1 defers each block's weight-gradient products (model/weight_grad_queue.h) with what
 // moves them afterwards (TSP's reduce to the shard's owner and gradient ring, the KV
-// replicas' sums and copies): every stage strategy splits; MoE layers have no pp axis yet.
+// replicas' sums and copies): every stage strategy splits; MoE layers do not (their expert
+// gradients are summed by the dispatch during the backward), and are refused above.
 Status check_zero_bubble(const Layout& l, const std::string& name) {
   if (l.pp == 1)
     return invalid_argument("{}: the zero-bubble schedule (zb) is the pp axis's (a layout with pp=P)", name);
@@ -249,14 +250,21 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
   // its f_e (parallel/tsp/tsp_moe.cc), and on the Megatron layouts tp=T[:seqpar], sp=Q,
   // tp=T,sp=Q with the experts spread the same way over the T*Q ranks of the tp x sp group
   // (parallel/megatron/tp_moe.cc); with or without a dp axis (the routing statistics summed
-  // over the expert axis and dp), in f32 or bf16 storage. Not with pp.
+  // over the expert axis and dp), in f32 or bf16 storage. Under pp on TSP stages (1F1B and
+  // interleaved), each micro-batch's routing statistics travelling with it across the stage
+  // boundaries (parallel/pipeline/pipeline_model.h); not on Megatron stages, not under ZB-H1.
   if (layout.moe_dispatch != Layout::MoeDispatchOption::kAuto && layout.strategy != Strategy::kTsp)
     return invalid_argument("{}: moe=a2a|gather|ring chooses the dispatch of a tsp=N layout", name);
   if (config.moe.enabled()) {
     const MoeConfig& m = config.moe;
-    if (layout.pp > 1)
-      return unimplemented("layout {}: mixture-of-experts models ({}, {} experts) do not run on a pp axis yet", name,
-                           m.model_type(), m.num_experts);
+    if (layout.pp > 1 && layout.strategy != Strategy::kTsp)
+      return unimplemented("layout {}: mixture-of-experts models ({}, {} experts) run under pp on tsp=D stages; "
+                           "on tp/sp stages they are not built",
+                           name, m.model_type(), m.num_experts);
+    if (layout.pp > 1 && layout.zero_bubble)
+      return unimplemented("layout {}: the zero-bubble schedule (zb) does not split a mixture-of-experts layer's "
+                           "backward (its expert gradients travel with the dispatch); use 1f1b or interleaved:N",
+                           name);
     // TSP: the experts over the TSP axis; the Megatron baselines: over the tp x sp group
     // (expert parallelism, parallel/megatron/tp_moe.cc).
     const bool tsp = layout.strategy == Strategy::kTsp;

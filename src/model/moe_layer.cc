@@ -163,6 +163,48 @@ std::vector<int64_t> MoeAux::load() const {
   return out;
 }
 
+std::vector<double> MoeAux::pack() const {
+  std::vector<double> v;
+  v.reserve(static_cast<size_t>(packed_size()));
+  for (size_t l = 0; l < counts.size(); ++l) {
+    for (int64_t e = 0; e < experts; ++e)
+      v.push_back(static_cast<size_t>(e) < counts[l].size() ? static_cast<double>(counts[l][e]) : 0.0);
+    for (int64_t e = 0; e < experts; ++e)
+      v.push_back(static_cast<size_t>(e) < prob_sums[l].size() ? prob_sums[l][e] : 0.0);
+    v.push_back(static_cast<double>(rows[l]));
+  }
+  return v;
+}
+
+void MoeAux::unpack(const std::vector<double>& v) {
+  FP_CHECK(static_cast<int64_t>(v.size()) == packed_size(),
+           "{} packed MoE statistics for {} sparse layers x (2 x {} + 1)", v.size(), counts.size(), experts);
+  size_t i = 0;
+  for (size_t l = 0; l < counts.size(); ++l) {
+    counts[l].assign(static_cast<size_t>(experts), 0);
+    prob_sums[l].assign(static_cast<size_t>(experts), 0.0);
+    for (int64_t e = 0; e < experts; ++e) counts[l][e] = static_cast<int64_t>(v[i++]);
+    for (int64_t e = 0; e < experts; ++e) prob_sums[l][e] = v[i++];
+    rows[l] = static_cast<int64_t>(v[i++]);
+  }
+}
+
+std::vector<double> MoeAux::flatten(const std::vector<std::vector<double>>& g) {
+  std::vector<double> v;
+  for (const auto& row : g) v.insert(v.end(), row.begin(), row.end());
+  return v;
+}
+
+std::vector<std::vector<double>> MoeAux::unflatten(const std::vector<double>& v) const {
+  FP_CHECK(v.size() == counts.size() * static_cast<size_t>(experts), "{} aux gradients for {} sparse layers x {}",
+           v.size(), counts.size(), experts);
+  std::vector<std::vector<double>> g(counts.size());
+  for (size_t l = 0; l < g.size(); ++l)
+    g[l].assign(v.begin() + static_cast<std::ptrdiff_t>(l * static_cast<size_t>(experts)),
+                v.begin() + static_cast<std::ptrdiff_t>((l + 1) * static_cast<size_t>(experts)));
+  return g;
+}
+
 void moe_forward(const BlockContext& ctx, const MoeLayerWeights& w, const Tensor& a, Tensor& y, MoeSaved* saved,
                  MoeAux* aux) {
   Backend& be = *ctx.backend;

@@ -42,6 +42,18 @@ struct MoeAux {
   std::vector<std::vector<double>> prob_grad(double coef, bool per_layer) const;
   // The tokens each expert received, summed over the layers: the metrics' load.
   std::vector<int64_t> load() const;
+
+  // The statistics as one f64 vector, per sparse layer E counts (exact in f64), E
+  // probability sums and the rows: packed_size() = sparse layers x (2E + 1). What the
+  // sharded strategies all-reduce, and what a pipeline stage hands the next with a
+  // micro-batch (parallel/pipeline/).
+  int64_t packed_size() const { return static_cast<int64_t>(counts.size()) * (2 * experts + 1); }
+  std::vector<double> pack() const;
+  // The inverse of pack (v.size() == packed_size()).
+  void unpack(const std::vector<double>& v);
+  // prob_grad's [sparse layers][E] as one vector of sparse layers x E, and back.
+  static std::vector<double> flatten(const std::vector<std::vector<double>>& g);
+  std::vector<std::vector<double>> unflatten(const std::vector<double>& v) const;
 };
 
 struct MoeSaved {

@@ -36,6 +36,20 @@ class ModelStep {
   // runs the queue later. Null: run them again. False, and nothing changes, where this
   // step's weight gradients cannot wait (they travel or are summed during its backward).
   virtual bool defer_weight_grads(WeightGradQueue* queue) { return queue == nullptr; }
+
+  // A MoE model's aux loss under pp (parallel/pipeline/): a product of routing statistics
+  // over every sparse layer, so no stage knows it alone. The statistics travel with the
+  // micro-batch. routing_stats(): what this rank's rows recorded so far, the layers of the
+  // stages before included (MoeAux::pack; empty for a dense model: nothing travels);
+  // set_routing_stats(): the previous chunk's, before this chunk's blocks (they overwrite
+  // only their own layers' rows). After head_forward (the last stage) or
+  // set_aux_prob_grad (the others), aux_prob_grad() is the aux loss's gradient on the router
+  // probabilities of every sparse layer (MoeAux::flatten; empty: none), which the blocks'
+  // backward reads; set_aux_prob_grad() hands it to the stages before.
+  virtual std::vector<double> routing_stats() const { return {}; }
+  virtual void set_routing_stats(const std::vector<double>& /*stats*/) {}
+  virtual std::vector<double> aux_prob_grad() const { return {}; }
+  virtual void set_aux_prob_grad(const std::vector<double>& /*g*/) {}
 };
 
 // A pipeline stage's part of the order (parallel/pipeline/): the forward of blocks

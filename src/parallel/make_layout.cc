@@ -54,14 +54,16 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
   // validate_layout: a MoE model runs on one rank (in the single-rank model), on dp=R,tsp=D
-  // (TSP, D = 1 included) or on the Megatron layouts with expert parallelism over tp x sp. The attention variants (biases, q/k norms) run in the strategies,
-  // one rank included.
+  // (TSP, D = 1 included), on pp=P,tsp=D stages (and dp), or on the Megatron layouts with
+  // expert parallelism over tp x sp. The attention variants (biases, q/k norms) run in the
+  // strategies, one rank included.
   if (layout.ranks() == 1 && config.moe.enabled())
     return make_single_rank_model(config, layout);
   if (layout.pp > 1) {
     Result<std::unique_ptr<StageStrategy>> stage =
-        layout.strategy == Strategy::kTsp ? make_tsp_stage_strategy(config, mesh.comm("tsp"), seq, layout)
-                                          : make_megatron_stage_strategy(config, axis_comm(mesh, "tp"), axis_comm(mesh, "sp"), seq, layout);
+        layout.strategy == Strategy::kTsp
+            ? make_tsp_stage_strategy(config, mesh.comm("tsp"), axis_comm(mesh, "dp"), seq, layout)
+            : make_megatron_stage_strategy(config, axis_comm(mesh, "tp"), axis_comm(mesh, "sp"), seq, layout);
     FP_RETURN_IF_ERROR(stage.status());
     return make_pipeline_model(config, mesh.comm("pp"), std::move(*stage), layout);
   }
@@ -100,6 +102,10 @@ Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& 
   if (layout.dtype != DType::kF32)
     return unimplemented("layout {}: generation runs in f32 (f32 weights and KV cache); bf16 is not implemented", name);
   if (layout.sp > 1) return unimplemented("layout {}: generation runs on tsp=N or tp=N (under pp: on such stages)", name);
+  if (layout.pp > 1 && config.moe.enabled())
+    return unimplemented("layout {}: generation of a mixture-of-experts model ({}, {} experts) under pp is not built; "
+                         "generate on tsp=N or tp=N",
+                         name, config.moe.model_type(), config.moe.num_experts);
   if (layout.pp > 1) return make_pipeline_stages_decoder(config, mesh, layout);
   if (layout.strategy == Strategy::kTsp) return make_tsp_decoder(config, mesh.comm("tsp"), layout);
   if (mesh.has_axis("tp")) return make_tp_decoder(config, mesh.comm("tp"), layout);

@@ -33,8 +33,10 @@ Result<std::unique_ptr<ShardedModel>> make_megatron_sharded_model(const LlamaCon
 // one rank) step pieces over one stage's layers;
 // pipeline/'s model over the pp axis (layout.pp stages, this rank's stage pp.rank()), which
 // owns the stage's weights and runs the 1F1B schedule over the stage strategy.
+// dp (null: none): the replicas a MoE model's routing statistics are summed over on the last
+// stage, as make_tsp_sharded_model's.
 Result<std::unique_ptr<StageStrategy>> make_tsp_stage_strategy(const LlamaConfig& config, Communicator& tsp,
-                                                               int64_t seq, const Layout& layout);
+                                                               Communicator* dp, int64_t seq, const Layout& layout);
 Result<std::unique_ptr<StageStrategy>> make_megatron_stage_strategy(const LlamaConfig& config, Communicator* tp,
                                                                     Communicator* sp, int64_t seq,
                                                                     const Layout& layout);

@@ -493,6 +493,16 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
       mp.schemes.back().scheme = mp.chosen = generation ? "replicated" : "a2a";
       p.moe = std::move(mp);
     }
+    if (dry.ok() && r.config.moe.enabled() && plan_strategy(l) == PlanStrategy::kTsp && l.pp > 1) {
+      // Under pp the schedule and micro-batch search (plan_pipeline) runs the layout's scheme:
+      // the one named, else what moe=auto picks at the chosen micro-batch (tsp_moe.cc's rule).
+      MoePlan mp = moe_plan_base(r, p.layout, p.micro_batch);
+      mp.schemes.push_back(scheme_figures(p, r));
+      mp.schemes.back().scheme = mp.chosen = p.layout.moe_dispatch == Layout::MoeDispatchOption::kAuto
+                                                 ? mp.formula_choice
+                                                 : dispatch_name(p.layout.moe_dispatch);
+      p.moe = std::move(mp);
+    }
     if (!dry.ok()) {
       const std::string name = l.to_string();
       const bool named = dry.message().rfind(name, 0) == 0;
@@ -593,11 +603,15 @@ std::string plan_report_text(const PlanReport& rep) {
                        sc.scheme, bytes_text(static_cast<double>(sc.tsp_bytes_sent)), sc.step_s, sc.compute_s,
                        sc.exposed_comm_s, bytes_text(static_cast<double>(sc.memory_total)),
                        sc.fits ? "fits" : "does not fit", sc.scheme == m.chosen ? "  <- auto" : "");
+    const std::string why = m.schemes.size() > 1 ? "the least simulated step time of the three"
+                            : p.layout.pp > 1  ? "under pp the schedule search plans one scheme: the one named, else "
+                                                 "moe=auto's rule below"
+                                               : "the least simulated step time, the one named";
     s += fmt::format(
-        "  auto: {} (the least simulated step time{}); the bytes break-even of the ring against a2a is T = {} E f_e / k "
+        "  auto: {} ({}); the bytes break-even of the ring against a2a is T = {} E f_e / k "
         "= {:.4g} tokens per rank; without a plan moe=auto (T > 2.25 E f_e / k: ring, else gather if D < k, else "
         "a2a) runs {} at T={}\n",
-        m.chosen, m.schemes.size() > 1 ? " of the three" : ", the one named",
+        m.chosen, why,
         r.mode == PlanMode::kTrain ? "2.25" : "1.5", m.ring_break_even_tokens, m.formula_choice, m.tokens_per_rank);
   }
   for (const std::string& n : rep.not_buildable) s += fmt::format("not buildable: {}\n", n);

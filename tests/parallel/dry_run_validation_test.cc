@@ -350,6 +350,10 @@ struct MoeCase {
   DryRunMode mode;
   double imbalance = 1.0;
   int64_t experts = 4;  // E (k = min(2, E)); below the TSP degree each expert is split over D/E ranks
+  // pp: sequences per micro-batch (0: one micro-batch of B / dp), the global batch, the layers.
+  int64_t micro = 0;
+  int64_t batch = 2;
+  int64_t layers = 2;
 };
 
 class DryRunMoe : public testing::TestWithParam<MoeCase> {};
@@ -364,12 +368,17 @@ TEST_P(DryRunMoe, PeakAndTrafficEqualTheRealStepOnTheAssumedRouting) {
   LlamaConfig config = moe_validation_config();
   config.moe.num_experts = c.experts;
   config.moe.num_experts_per_tok = std::min<int64_t>(2, c.experts);
-  const int64_t B = 2, S = 256;
+  config.num_hidden_layers = c.layers;
+  const int64_t B = c.batch, S = 256;
   std::unique_ptr<Backend> cpu = make_cpu_backend();
   ForcedRouting forced(*cpu, c.imbalance);
-  const Measured real = measure(lo, B, S, c.mode, forced, 0, config, c.ranks == 1 ? &self : nullptr);
-  ASSERT_EQ(forced.routed(), static_cast<int>(config.moe.sparse_layer_count(config.num_hidden_layers)))
-      << "the real step routed through the forced backend once per sparse layer";
+  const Measured real = measure(lo, B, S, c.mode, forced, c.micro, config, c.ranks == 1 ? &self : nullptr);
+  // Under pp each stage routes its own sparse layers (every layer is sparse here, the stages
+  // equal), once per micro-batch.
+  const int64_t micro_batches = c.micro > 0 ? B / lo.dp / c.micro : 1;
+  ASSERT_EQ(forced.routed(),
+            static_cast<int>(config.moe.sparse_layer_count(config.num_hidden_layers) / lo.pp * micro_batches))
+      << "the real step routed through the forced backend once per sparse layer of the stage and micro-batch";
   DryRunOptions o;
   o.config = config;
   o.layout = lo;
@@ -377,6 +386,7 @@ TEST_P(DryRunMoe, PeakAndTrafficEqualTheRealStepOnTheAssumedRouting) {
   o.batch = B;
   o.seq = S;
   o.mode = c.mode;
+  o.micro_batch = c.micro;
   o.moe_imbalance = c.imbalance;
   o.matmul_takes_bf16 = forced.matmul_takes_bf16();  // bf16 layouts: as the real step's backend answers
   Result<DryRunResult> dry = dry_run(o);
@@ -447,11 +457,20 @@ INSTANTIATE_TEST_SUITE_P(
                     // on layouts whose expert axis is a mesh axis itself (tp or sp).
                     MoeCase{"tp=2", 2, kFB}, MoeCase{"tp=2:seqpar", 2, kFB}, MoeCase{"sp=2", 2, kFB},
                     MoeCase{"tp=2", 2, kFB, 1.5}, MoeCase{"sp=2:bf16", 2, kFB}, MoeCase{"tp=4", 4, kFB},
-                    MoeCase{"dp=2,sp=2", 4, kFB}, MoeCase{"tp=4", 4, kFB, 1.0, 2}),
+                    MoeCase{"dp=2,sp=2", 4, kFB}, MoeCase{"tp=4", 4, kFB, 1.0, 2},
+                    // pp on TSP stages: the routing statistics forward and the aux gradient back
+                    // beside each boundary message, the last stage's sums over tsp and dp.
+                    MoeCase{"pp=2,tsp=1", 2, kFB, 1.0, 4, 1}, MoeCase{"pp=2,tsp=1", 2, kF},
+                    MoeCase{"pp=2,tsp=1:interleaved=2", 2, kFB, 1.0, 4, 1, 2, 4},
+                    MoeCase{"pp=2,tsp=1:bf16", 2, kFB, 1.5, 4, 1},
+                    MoeCase{"pp=2,tsp=2:moe=a2a", 4, kFB, 1.0, 4, 1}, MoeCase{"pp=2,tsp=2:moe=ring", 4, kFB, 1.5, 4, 1},
+                    MoeCase{"pp=2,tsp=2:moe=gather", 4, kF}, MoeCase{"pp=2,tsp=2:moe=gather", 4, kFB, 1.0, 2, 1},
+                    MoeCase{"pp=2,dp=2,tsp=1", 4, kFB, 1.0, 4, 1, 4}),
     [](const testing::TestParamInfo<MoeCase>& i) {
       std::string n = std::string(i.param.layout) + (i.param.mode == kF ? "_fwd" : "_train") +
                       (i.param.imbalance > 1 ? "_imbalanced" : "") +
-                      (i.param.experts != 4 ? "_E" + std::to_string(i.param.experts) : "");
+                      (i.param.experts != 4 ? "_E" + std::to_string(i.param.experts) : "") +
+                      (i.param.micro > 0 ? "_micro" + std::to_string(i.param.micro) : "");
       for (char& ch : n)
         if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;

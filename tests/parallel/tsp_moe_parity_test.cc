@@ -894,7 +894,8 @@ namespace {
 
 // Where MoE models run (validate_layout): one rank, tsp=D and dp=R,tsp=D, in f32 or bf16,
 // and the Megatron layouts with the experts over the tp x sp ranks
-// (megatron_moe_parity_test); pp refused by name.
+// (megatron_moe_parity_test); pp on TSP stages (pipeline_moe_parity_test), on Megatron
+// stages and under zb refused by name.
 TEST(TspMoeLayout, WhatRunsAndWhatIsRefusedByName) {
   const LlamaConfig c = moe_config(MoeFamily::kMixtral);
   for (const char* ok : {"tsp=1", "tsp=2", "tsp=4:moe=ring", "dp=2,tsp=1", "dp=2,tsp=2:moe=gather", "tsp=1:bf16",
@@ -907,10 +908,15 @@ TEST(TspMoeLayout, WhatRunsAndWhatIsRefusedByName) {
   };
   for (const char* ok : {"tp=2", "dp=2,tp=2", "sp=2", "tp=2,sp=2:seqpar", "tp=4:bf16", "tp=2,sp=4"})
     EXPECT_TRUE(validate_layout(c, parse_layout(ok).value(), 4, 16).ok()) << ok;
-  for (const char* layout : {"pp=2,tsp=2", "pp=2,tp=2"})
-    EXPECT_NE(message(layout).find("mixture-of-experts models (mixtral, 4 experts) do not run on a pp axis yet"),
-              std::string::npos)
-        << layout;
+  // pp on TSP stages runs (pipeline_moe_parity_test); on Megatron stages and under zb not.
+  for (const char* ok : {"pp=2,tsp=2", "pp=2,dp=2,tsp=1:moe=ring"})
+    EXPECT_TRUE(validate_layout(c, parse_layout(ok).value(), 4, 16).ok()) << ok;
+  EXPECT_NE(message("pp=2,tp=2").find("mixture-of-experts models (mixtral, 4 experts) run under pp on tsp=D stages; "
+                                      "on tp/sp stages they are not built"),
+            std::string::npos);
+  EXPECT_NE(message("pp=2,tsp=1:zb").find("the zero-bubble schedule (zb) does not split a mixture-of-experts layer's "
+                                          "backward"),
+            std::string::npos);
   // The expert axis of the Megatron layouts is tp x sp: 4 experts over 3 ranks divide
   // neither way; plain tp dispatches each tp rank's block of S/sp positions.
   const Status tp3 = validate_layout(c, parse_layout("tp=3").value(), 3, 18);

@@ -779,10 +779,11 @@ TEST(PlannerMoeTest, SchemeChoiceCrossesWithLinkBandwidthUnderImbalance) {
   EXPECT_NE(slow->layouts[0].moe->chosen, "ring") << plan_report_text(*slow);
 }
 
-// What the plan still refuses for MoE is named: pp (validate_layout's message, with the
-// layout), and bad routing assumptions with the values. dp=2,tsp=2 and tsp=4:bf16 are planned
-// per scheme as tsp=4 is; tp=4 (the Megatron baselines' expert parallelism over its 4 ranks)
-// with its one scheme, the all-to-all, whose bytes are the tp axis's.
+// What the plan still refuses for MoE is named: pp on Megatron stages (validate_layout's
+// message, with the layout), and bad routing assumptions with the values. dp=2,tsp=2,
+// pp=2,tsp=2 and tsp=4:bf16 are planned per scheme as tsp=4 is; tp=4 (the Megatron
+// baselines' expert parallelism over its 4 ranks) with its one scheme, the all-to-all, whose
+// bytes are the tp axis's.
 TEST(PlannerMoeTest, RemainingRefusalsAreNamed) {
   PlanRequest r;
   r.config = moe_config();
@@ -790,10 +791,11 @@ TEST(PlannerMoeTest, RemainingRefusalsAreNamed) {
   r.seq = 256;
   r.batch = 2;
   r.devices = 4;
-  r.layouts = {spec("dp=2,tsp=2"), spec("pp=2,tsp=2"), spec("tsp=4:bf16"), spec("tp=4"), spec("tsp=4")};
+  r.layouts = {spec("dp=2,tsp=2"), spec("pp=2,tp=2"), spec("pp=2,tsp=2"), spec("tsp=4:bf16"), spec("tp=4"),
+               spec("tsp=4")};
   Result<PlanReport> rep = make_plan(r);
   ASSERT_TRUE(rep.ok()) << rep.status().to_string();
-  ASSERT_EQ(rep->layouts.size(), 4u) << plan_report_text(*rep);
+  ASSERT_EQ(rep->layouts.size(), 5u) << plan_report_text(*rep);
   std::vector<std::string> planned;
   for (const LayoutPlan& p : rep->layouts) {
     planned.push_back(p.layout.to_string());
@@ -806,14 +808,22 @@ TEST(PlannerMoeTest, RemainingRefusalsAreNamed) {
       EXPECT_EQ(p.moe->schemes[0].axis, "tp");
       EXPECT_GT(p.moe->schemes[0].tsp_bytes_sent, 0);
     }
+    if (planned.back().rfind("pp=2,tsp=2", 0) == 0 && p.moe) {
+      // pp on TSP stages: the schedule search's scheme (auto: tsp_moe.cc's rule), E/D experts.
+      EXPECT_EQ(p.moe->experts_per_rank, p.moe->experts / 2);
+      ASSERT_EQ(p.moe->schemes.size(), 1u);
+      EXPECT_EQ(p.moe->chosen, p.moe->formula_choice);
+      EXPECT_EQ(p.moe->schemes[0].axis, "tsp");
+    }
   }
   std::sort(planned.begin(), planned.end());
   EXPECT_EQ(planned[0].rfind("dp=2,tsp=2:moe=", 0), 0u) << planned[0];
-  EXPECT_EQ(planned[1], "tp=4");
-  EXPECT_EQ(planned[2].rfind("tsp=4:bf16:moe=", 0), 0u) << planned[2];
-  EXPECT_EQ(planned[3].rfind("tsp=4:moe=", 0), 0u) << planned[3];
+  EXPECT_EQ(planned[1].rfind("pp=2,tsp=2", 0), 0u) << planned[1];
+  EXPECT_EQ(planned[2], "tp=4");
+  EXPECT_EQ(planned[3].rfind("tsp=4:bf16:moe=", 0), 0u) << planned[3];
+  EXPECT_EQ(planned[4].rfind("tsp=4:moe=", 0), 0u) << planned[4];
   ASSERT_EQ(rep->not_buildable.size(), 1u) << plan_report_text(*rep);
-  EXPECT_EQ(rep->not_buildable[0].rfind("pp=2,tsp=2:", 0), 0u) << rep->not_buildable[0];
+  EXPECT_EQ(rep->not_buildable[0].rfind("pp=2,tp=2", 0), 0u) << rep->not_buildable[0];
   EXPECT_NE(rep->not_buildable[0].find("mixture-of-experts"), std::string::npos) << rep->not_buildable[0];
   r.layouts = {spec("tsp=2")};
   r.devices = 2;

@@ -14,6 +14,12 @@
 // neighbours are one rank, no (chunk, micro-batch) can be taken for another.
 // Per step and boundary: m v activations one way and m v gradients the other (less the ends
 // of the chunk chain), each T*h*beta bytes: 2*m*v*B*(S/D)*h*beta in all.
+// Side messages (set_side; a MoE model's routing statistics forward and the aux loss's
+// gradient back, parallel/pipeline/pipeline_model.h): each activation and gradient may be
+// followed by a fixed number of f64 values of its own, a second message posted right after
+// it on both ends (contiguous stages: on the same stream, so in-order matching pairs them;
+// interleaved: on a stream of its own per (direction, sending chunk)), sent and kept
+// together with it.
 // Every transfer carries its purpose for the watchdog (CommPurpose): a rank that never
 // arrives is named by stage, world rank, model-axis index, micro-batch and direction.
 #pragma once
@@ -58,6 +64,12 @@ class StageBoundary {
   // (borrowed; null: none).
   void set_place(BoundaryPlace place) { place_ = place; }
   void set_hooks(const BoundaryHooks* hooks) { hooks_ = hooks; }
+  // Optional, before the first transfer: f64 values that go with every activation and with
+  // every gradient (0: none); then send_* must be given, and take_* hands back, that many.
+  void set_side(int64_t activation_values, int64_t gradient_values) {
+    side_[0] = activation_values;
+    side_[1] = gradient_values;
+  }
   StageBoundary(const StageBoundary&) = delete;
   StageBoundary& operator=(const StageBoundary&) = delete;
   ~StageBoundary();  // FP_CHECKs that finish() ran: a send left in flight is a bug
@@ -72,17 +84,19 @@ class StageBoundary {
   // chunk (the first chunk: no receive) or of its gradient from the next (the last: none), once.
   void post_activation_recv(int i, int c = 0);
   void post_gradient_recv(int i, int c = 0);
-  // Waits for what the post brought (posting it first if needed): [rows, h].
-  Tensor take_activation(int i, int c = 0);
-  Tensor take_gradient(int i, int c = 0);
+  // Waits for what the post brought (posting it first if needed): [rows, h]; with side
+  // values (set_side) they go into *side, f64 [n] (null: dropped).
+  Tensor take_activation(int i, int c = 0, Tensor* side = nullptr);
+  Tensor take_gradient(int i, int c = 0, Tensor* side = nullptr);
   // Starts sending chunk c's output [rows, h] of micro-batch i to the next chunk, or its
   // input gradient to the previous one. The tensor is kept until a fixed point of the
   // schedule, not until MPI happens to report the send done, so a stage's memory is the same
   // in every run (and the plan's dry run predicts it exactly): until p more sends of its
   // direction are posted (then the oldest is waited, which cannot block under 1F1B: see the
   // .cc; interleaved: pipeline_schedule_test's simulation of every rank) or finish().
-  void send_activation(int i, Tensor x, int c = 0);
-  void send_gradient(int i, Tensor dx, int c = 0);
+  // `side`: the f64 [n] values of set_side (undefined when n is 0).
+  void send_activation(int i, Tensor x, int c = 0, Tensor side = Tensor());
+  void send_gradient(int i, Tensor dx, int c = 0, Tensor side = Tensor());
   // Advances the transfers in flight; never blocks, releases nothing.
   void progress();
   // Waits for every send; every posted receive must have been taken.
@@ -92,14 +106,22 @@ class StageBoundary {
   struct Transfer {
     Tensor buffer;
     CommRequest request;
+    Tensor side;               // set_side's values (undefined: none)
+    CommRequest side_request;
   };
   using Key = std::pair<int, int>;  // (local chunk, micro-batch)
   int global_chunk(int c) const { return c * stages_ + stage_; }
-  // The stream of messages sent by global chunk g in `direction`: 0 without chunks.
+  // The stream of messages sent by global chunk g in `direction`: 0 without chunks; the
+  // side values' streams (interleaved) after every chunk's (2 p v + 1 + ...).
   int tag(BoundaryDirection direction, int sender_chunk) const;
+  int side_tag(BoundaryDirection direction, int sender_chunk) const;
+  int64_t side_values(BoundaryDirection direction) const {
+    return side_[direction == BoundaryDirection::kActivation ? 0 : 1];
+  }
+  void wait(Transfer& t);
   void post_recv(std::map<Key, Transfer>& pending, int i, int c, BoundaryDirection direction);
-  Tensor take(std::map<Key, Transfer>& pending, int i, int c, BoundaryDirection direction);
-  void send(std::deque<Transfer>& in_flight, Tensor t, int i, int c, BoundaryDirection direction);
+  Tensor take(std::map<Key, Transfer>& pending, int i, int c, BoundaryDirection direction, Tensor* side);
+  void send(std::deque<Transfer>& in_flight, Tensor t, Tensor side, int i, int c, BoundaryDirection direction);
   // "stage s (world rank w, tsp index r) never sent/received ... of micro-batch i ..."
   // (interleaved: "... (chunk g) ...", the chunk the message is for).
   CommPurpose purpose(bool receive, BoundaryDirection direction, int i, int peer, int for_chunk) const;
@@ -111,6 +133,7 @@ class StageBoundary {
   StepTimer& timer_;
   BoundaryPlace place_;
   const BoundaryHooks* hooks_ = nullptr;
+  int64_t side_[2] = {0, 0};  // set_side: f64 values per activation, per gradient
   std::map<Key, Transfer> activations_in_, gradients_in_;  // by (chunk, micro-batch)
   std::deque<Transfer> to_next_, to_prev_;                  // sends kept, oldest first
 };

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 
+#include "model/moe_layer.h"
 #include "model/weight_grad_queue.h"
+#include "parallel/moe_dispatch.h"
 #include "parallel/pipeline/pipeline_schedule.h"
 #include "parallel/strategies.h"
 
@@ -71,6 +73,8 @@ Result<StepResult> PipelineModel::run_schedule(Backend& be, const std::vector<Ba
   const int v = layout_.chunks;
   StageBoundary boundary(pp_, locals[0].input_ids.numel(), config_.hidden_size, layout_.dtype, timer, v);
   configure(boundary);
+  const int64_t grad_values = aux_grad_values();
+  boundary.set_side(stats_values(), grad_values);
   std::vector<std::vector<Tensor>> inputs(static_cast<size_t>(m));  // Recompute::kBlock: block inputs
   std::vector<StepResult> results(static_cast<size_t>(m));         // last stage
   // ZB-H1: each micro-batch's weight-gradient products between its B and its W.
@@ -84,12 +88,16 @@ Result<StepResult> PipelineModel::run_schedule(Backend& be, const std::vector<Ba
     ModelStep& step = *mb[i];
     if (ops[k].kind == PipelineOp::Kind::kForward) {
       inputs[i].resize(static_cast<size_t>(config_.num_hidden_layers));
-      Tensor x = boundary.first_chunk(c) ? step.embed_forward() : boundary.take_activation(i, c);
+      Tensor stats;  // MoE: the routing statistics of the chunks before
+      Tensor x = boundary.first_chunk(c) ? step.embed_forward() : boundary.take_activation(i, c, &stats);
+      if (stats.defined()) step.set_routing_stats(to_host(be, stats));
       x = forward_blocks_saving(step, first, end, std::move(x), layout_.recompute, inputs[i]);
       if (boundary.last_chunk(c)) results[i] = step.head_forward(x, true);
-      else boundary.send_activation(i, std::move(x), c);
+      else boundary.send_activation(i, std::move(x), c, side(be, step.routing_stats()));
     } else if (ops[k].kind == PipelineOp::Kind::kBackward) {
-      Tensor dx = boundary.last_chunk(c) ? step.head_backward(results[i]) : boundary.take_gradient(i, c);
+      Tensor aux_grad;  // MoE: the aux loss's gradient from the last stage
+      Tensor dx = boundary.last_chunk(c) ? step.head_backward(results[i]) : boundary.take_gradient(i, c, &aux_grad);
+      if (aux_grad.defined()) step.set_aux_prob_grad(to_host(be, aux_grad));
       // ZB-H1's B: the blocks' input gradients only (validate_layout admits the stages that split).
       if (layout_.zero_bubble) {
         FP_CHECK(step.defer_weight_grads(&deferred[i]), "{}: this stage's weight gradients cannot be deferred",
@@ -101,7 +109,7 @@ Result<StepResult> PipelineModel::run_schedule(Backend& be, const std::vector<Ba
         deferred_bytes_ = std::max(deferred_bytes_, deferred[i].held_bytes());
       }
       if (boundary.first_chunk(c)) step.embed_backward(dx);
-      else boundary.send_gradient(i, std::move(dx), c);
+      else boundary.send_gradient(i, std::move(dx), c, grad_values > 0 ? side(be, step.aux_prob_grad()) : Tensor());
       if (c == 0 && !layout_.zero_bubble) finish_micro_batch(*steps, mb[i], inputs[i]);
     } else {  // ZB-H1's W: the deferred products, then the micro-batch is done
       deferred[i].run(be);
@@ -121,13 +129,7 @@ Result<StepResult> PipelineModel::run_schedule(Backend& be, const std::vector<Ba
   steps->finish_backward();
   sum_tied_embedding(be);
   grads_.mark_written();
-  double loss_sum = 0;
-  int64_t valid = 0;
-  for (const StepResult& r : results) {
-    loss_sum += r.loss_sum;
-    valid += r.valid_tokens;
-  }
-  StepResult r = share_loss(loss_sum, valid);
+  StepResult r = share_loss(results);
   r.exposed_comm_seconds = timer.seconds() + steps->wait_seconds();
   if (m == 1) r.logits = results[0].logits;  // keep_logits, last stage: this rank's rows
   return r;
@@ -147,16 +149,19 @@ Result<StepResult> PipelineModel::forward(Backend& be, const Batch& local) {
   const int v = layout_.chunks;
   StageBoundary boundary(pp_, local.input_ids.numel(), config_.hidden_size, layout_.dtype, timer, v);
   configure(boundary);
+  boundary.set_side(stats_values(), 0);
   StepResult last;
   for (int c = 0; c < v; ++c) {  // chunk c of every rank, then chunk c + 1
-    Tensor x = boundary.first_chunk(c) ? step->embed_forward() : boundary.take_activation(0, c);
+    Tensor stats;
+    Tensor x = boundary.first_chunk(c) ? step->embed_forward() : boundary.take_activation(0, c, &stats);
+    if (stats.defined()) step->set_routing_stats(to_host(be, stats));
     const auto [first, end] = chunk_layers(c);
     for (int64_t l = first; l < end; ++l) x = step->block_forward(l, x, false);
     if (boundary.last_chunk(c)) last = step->head_forward(x, false);
-    else boundary.send_activation(0, std::move(x), c);
+    else boundary.send_activation(0, std::move(x), c, side(be, step->routing_stats()));
   }
   boundary.finish();
-  StepResult r = share_loss(last.loss_sum, last.valid_tokens);
+  StepResult r = share_loss({last});
   r.exposed_comm_seconds = timer.seconds() + steps->wait_seconds();
   r.logits = last.logits;
   return r;
@@ -168,13 +173,52 @@ void PipelineModel::configure(StageBoundary& boundary) {
   boundary.set_hooks(&hooks_);
 }
 
-StepResult PipelineModel::share_loss(double loss_sum, int64_t valid_tokens) {
-  double sums[2] = {loss_sum, static_cast<double>(valid_tokens)};  // host scalars
-  if (stages_ > 1) FP_CHECK_OK(pp_.broadcast(sums, 2, DType::kF64, stages_ - 1));
+int64_t PipelineModel::stats_values() const {
+  const MoeConfig& m = config_.moe;
+  return m.enabled() ? MoeAux(m.num_experts, m.sparse_layer_count(config_.num_hidden_layers)).packed_size() : 0;
+}
+
+int64_t PipelineModel::aux_grad_values() const {
+  const MoeConfig& m = config_.moe;
+  return m.enabled() && m.output_router_logits ? m.num_experts * m.sparse_layer_count(config_.num_hidden_layers) : 0;
+}
+
+Tensor PipelineModel::side(Backend& be, const std::vector<double>& values) {
+  return values.empty() ? Tensor() : moe_comm_from_host(be, values, DType::kF64);
+}
+
+std::vector<double> PipelineModel::to_host(Backend& be, const Tensor& t) {
+  std::vector<double> v;
+  moe_comm_to_host(be, t, v);
+  return v;
+}
+
+StepResult PipelineModel::share_loss(const std::vector<StepResult>& results) {
+  // Host scalars: loss_sum and the valid targets; a MoE model's aux loss times the valid
+  // targets and the expert load [E] too (as ShardedModel::forward_backward_micro_batches sums
+  // them). loss_sum carries the aux term as the single-rank model's does
+  // (single_rank_model.cc): coef x each micro-batch's aux loss x its valid targets.
+  const MoeConfig& moe = config_.moe;
+  const size_t E = moe.enabled() ? static_cast<size_t>(moe.num_experts) : 0;
+  std::vector<double> sums(moe.enabled() ? 3 + E : 2, 0.0);
+  for (const StepResult& r : results) {
+    const double valid = static_cast<double>(r.valid_tokens);
+    sums[0] += r.loss_sum;
+    sums[1] += valid;
+    if (!moe.enabled()) continue;
+    if (moe.output_router_logits) sums[0] += moe.router_aux_loss_coef * r.aux_loss * valid;
+    sums[2] += r.aux_loss * valid;
+    for (size_t e = 0; e < r.expert_load.size() && e < E; ++e) sums[3 + e] += static_cast<double>(r.expert_load[e]);
+  }
+  if (stages_ > 1) FP_CHECK_OK(pp_.broadcast(sums.data(), sums.size(), DType::kF64, stages_ - 1));
   StepResult r;
   r.loss_sum = sums[0];
   r.valid_tokens = static_cast<int64_t>(sums[1]);
   r.loss = r.valid_tokens > 0 ? r.loss_sum / static_cast<double>(r.valid_tokens) : 0.0;
+  if (moe.enabled()) {
+    r.aux_loss = r.valid_tokens > 0 ? sums[2] / static_cast<double>(r.valid_tokens) : 0.0;
+    for (size_t e = 0; e < E; ++e) r.expert_load.push_back(static_cast<int64_t>(sums[3 + e]));
+  }
   return r;
 }
 

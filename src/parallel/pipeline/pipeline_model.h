@@ -15,7 +15,11 @@
 // caller's normalizer (the valid targets of the whole global batch) and broadcast over pp, so
 // every rank returns the same StepResult. With tied embeddings the two end stages' copies of
 // the embedding gradient are summed between them (one exchange of the V/D x h shard), so both
-// copies stay equal bit for bit; stage 0 speaks for the tensor (ParamRef::counted).
+// copies stay equal bit for bit; stage 0 speaks for the tensor (ParamRef::counted). A MoE
+// model's routing statistics travel with each micro-batch's activation and the aux loss's
+// gradient with its gradient (ModelStep::routing_stats / aux_prob_grad, stats_values), so the
+// last stage forms the aux loss of every sparse layer and every stage's routers get its
+// gradient (docs/composition.md, "MoE under pp").
 //
 // Collective over the pp communicator and the stage strategy's axis.
 #pragma once
@@ -74,8 +78,18 @@ class PipelineModel final : public ShardedModel {
   // After a micro-batch's last op on this rank: the strategy's sums that close it, then its
   // saved state and kept block inputs go.
   static void finish_micro_batch(StageSteps& steps, std::unique_ptr<ModelStep>& step, std::vector<Tensor>& inputs);
-  // The last stage's loss sums to every stage (a broadcast of two f64 over pp).
-  StepResult share_loss(double loss_sum, int64_t valid_tokens);
+  // The last stage's loss sums over its micro-batches' results to every stage (a broadcast
+  // of two f64 over pp; a MoE model's 3 + E: the aux loss and the expert load too).
+  StepResult share_loss(const std::vector<StepResult>& results);
+  // A MoE model's side values on the boundary (StageBoundary::set_side; 0 for a dense
+  // model): the packed routing statistics with each activation, sparse layers x (2E + 1)
+  // f64, and the aux loss's gradient with each gradient, sparse layers x E f64 (only when
+  // the aux term is in the loss, output_router_logits).
+  int64_t stats_values() const;
+  int64_t aux_grad_values() const;
+  // Host values as a comm tensor of the backend (undefined for none), and back.
+  static Tensor side(Backend& backend, const std::vector<double>& values);
+  static std::vector<double> to_host(Backend& backend, const Tensor& t);
   // Tied embeddings: the end stages add each other's embedding gradient.
   void sum_tied_embedding(Backend& backend);
   Status assemble(const ShardedWeights& shard, LlamaWeights& global);

@@ -50,15 +50,24 @@ struct StepInputs {
 class TspModelStep final : public ModelStep {
  public:
   TspModelStep(TspStep& step, const TspModel& m, const ShardedWeights& w, StepInputs in)
-      : step_(step), m_(m), w_(w), in_(std::move(in)), saved_(w.attn.size()) {}
+      : step_(step),
+        m_(m),
+        w_(w),
+        in_(std::move(in)),
+        saved_(w.attn.size()),
+        stats_(m.config().moe.num_experts, m.config().moe.sparse_layer_count(m.config().num_hidden_layers)) {}
 
   Tensor embed_forward() override { return step_.embed(w_, in_.ids); }
 
   Tensor block_forward(int64_t l, const Tensor& x, bool save) override {
     LayerSaved* s = save ? &saved_[l] : nullptr;
     Tensor x_mid = step_.attention_forward(static_cast<int>(l), w_, x, s != nullptr ? &s->attn : nullptr);
-    if (w_.moe[l].defined()) return step_.moe_forward(static_cast<int>(l), w_, x_mid, s != nullptr ? &s->moe : nullptr);
-    return step_.mlp_forward(static_cast<int>(l), w_, x_mid, s != nullptr ? &s->mlp : nullptr);
+    if (!w_.moe[l].defined())
+      return step_.mlp_forward(static_cast<int>(l), w_, x_mid, s != nullptr ? &s->mlp : nullptr);
+    step_.set_moe_stats(&stats_);  // the step is shared by the micro-batches in flight
+    Tensor y = step_.moe_forward(static_cast<int>(l), w_, x_mid, s != nullptr ? &s->moe : nullptr);
+    step_.set_moe_stats(nullptr);
+    return y;
   }
 
   StepResult head_forward(const Tensor& x, bool /*save: the head always keeps its state*/) override {
@@ -70,7 +79,7 @@ class TspModelStep final : public ModelStep {
     if (moe.enabled()) {
       // The routing statistics of the whole axis (and of the dp replicas): the single-rank
       // model's aux loss on the global batch.
-      aux_ = std::make_unique<MoeAux>(step_.sum_moe_stats(in_.data_axis, &step_valid_));
+      aux_ = std::make_unique<MoeAux>(step_.sum_moe_stats(stats_, in_.data_axis, &step_valid_));
       r.aux_loss = aux_->loss(moe.aux_per_layer);
       r.expert_load = aux_->load();
       if (moe.output_router_logits) r.loss += moe.router_aux_loss_coef * r.aux_loss;
@@ -87,7 +96,7 @@ class TspModelStep final : public ModelStep {
       // Accumulating: this micro-batch's aux term weighs its share of the step's valid tokens
       // (own: the micro-batch's over the axis and dp), as loss_sum carries it.
       const double share = normalizer > 0 ? static_cast<double>(own) / static_cast<double>(normalizer) : 1.0;
-      step_.set_moe_prob_grad(aux_->prob_grad(moe.router_aux_loss_coef * share, moe.aux_per_layer));
+      prob_grad_ = aux_->prob_grad(moe.router_aux_loss_coef * share, moe.aux_per_layer);
     }
     Tensor dx = step_.head_backward(w_, hs_, in_.targets, normalizer, *in_.grads);
     hs_ = HeadSaved();
@@ -97,9 +106,11 @@ class TspModelStep final : public ModelStep {
   Tensor block_backward(int64_t l, Tensor dx) override {
     LayerSaved& s = saved_[l];
     step_.set_weight_grads(deferred_);  // the step is shared by the micro-batches in flight
+    step_.set_moe_prob_grad(&prob_grad_);
     dx = w_.moe[l].defined() ? step_.moe_backward(static_cast<int>(l), w_, s.moe, dx, *in_.grads)
                              : step_.mlp_backward(static_cast<int>(l), w_, s.mlp, dx, *in_.grads);  // frees d(x_out)
     dx = step_.attention_backward(static_cast<int>(l), w_, s.attn, dx, *in_.grads);
+    step_.set_moe_prob_grad(nullptr);
     step_.set_weight_grads(nullptr);
     s = LayerSaved();
     return dx;
@@ -116,6 +127,15 @@ class TspModelStep final : public ModelStep {
 
   void embed_backward(const Tensor& dx) override { step_.embed_backward(in_.ids, dx, *in_.grads); }
 
+  // Under pp: this rank's rows' statistics travel with the micro-batch (the same TSP index
+  // of every stage holds the same rows), summed over the axis and dp on the last stage only.
+  std::vector<double> routing_stats() const override {
+    return m_.config().moe.enabled() ? stats_.pack() : std::vector<double>{};
+  }
+  void set_routing_stats(const std::vector<double>& stats) override { stats_.unpack(stats); }
+  std::vector<double> aux_prob_grad() const override { return MoeAux::flatten(prob_grad_); }
+  void set_aux_prob_grad(const std::vector<double>& g) override { prob_grad_ = stats_.unflatten(g); }
+
  private:
   TspStep& step_;
   const TspModel& m_;
@@ -123,7 +143,9 @@ class TspModelStep final : public ModelStep {
   StepInputs in_;
   std::vector<LayerSaved> saved_;  // per layer
   HeadSaved hs_;
+  MoeAux stats_;                   // MoE: this rank's rows' routing statistics (under pp, the stages' before too)
   std::unique_ptr<MoeAux> aux_;    // MoE: the step's routing statistics summed over the axis (and dp)
+  std::vector<std::vector<double>> prob_grad_;  // MoE: the aux loss's gradient per sparse layer [E]
   // The valid targets of this micro-batch over the axis, and for a MoE model over the dp
   // replicas too (the whole global batch's when it is one micro-batch); -1 before the head.
   int64_t step_valid_ = -1;
@@ -135,11 +157,12 @@ class TspModelStep final : public ModelStep {
 namespace tsp_detail {
 
 std::unique_ptr<ModelStep> make_model_step(TspStep& step, const TspModel& m, const ShardedWeights& w,
-                                           const Batch& local, ShardedWeights* grads, int64_t loss_normalizer) {
+                                           const Batch& local, ShardedWeights* grads, int64_t loss_normalizer,
+                                           Communicator* data_axis) {
   const int64_t T = local.input_ids.numel();
-  return std::make_unique<TspModelStep>(
-      step, m, w,
-      StepInputs{local.input_ids.reshape({T}), local.target_ids.reshape({T}), local.batch(), grads, loss_normalizer});
+  return std::make_unique<TspModelStep>(step, m, w,
+                                        StepInputs{local.input_ids.reshape({T}), local.target_ids.reshape({T}),
+                                                   local.batch(), grads, loss_normalizer, data_axis});
 }
 
 Status check_local_batch(Backend& be, const TspModel& m, const Batch& local) {

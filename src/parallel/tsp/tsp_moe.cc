@@ -91,32 +91,21 @@ ExpertWeights TspStep::expert_block(const Tensor& block, int64_t j) const {
 }
 
 void TspStep::record_moe_stats(const MoeLayerWeights& w, const std::vector<int64_t>& offsets, const Tensor& probs) {
+  if (moe_stats_ == nullptr) return;
   const int64_t E = c_.moe.num_experts, T = rows_;
   Tensor ones = act({1, T}), sums = stat({1, E});  // f32 sums of bf16 probabilities too
   be_.fill(1.0, ones);
   be_.matmul(ones, false, probs, false, sums);
-  auto& counts = moe_stats_.counts[w.sparse_index];
+  auto& counts = moe_stats_->counts[w.sparse_index];
   counts.assign(static_cast<size_t>(E), 0);
   for (int64_t e = 0; e < E; ++e) counts[e] = offsets[e + 1] - offsets[e];
-  moe_stats_.prob_sums[w.sparse_index] = host_f64(be_, sums);
-  moe_stats_.rows[w.sparse_index] = T;
+  moe_stats_->prob_sums[w.sparse_index] = host_f64(be_, sums);
+  moe_stats_->rows[w.sparse_index] = T;
 }
 
-MoeAux TspStep::sum_moe_stats(Communicator* data_axis, int64_t* valid_tokens) {
-  MoeAux sum = moe_stats_;
-  const size_t layers = sum.counts.size();
-  const int64_t E = sum.experts;
+MoeAux TspStep::sum_moe_stats(const MoeAux& local, Communicator* data_axis, int64_t* valid_tokens) {
   // Counts (exact in f64), probability sums and rows of every layer in one all-reduce.
-  std::vector<double> packed;
-  for (size_t l = 0; l < layers; ++l) {
-    std::vector<int64_t> c = sum.counts[l];
-    std::vector<double> pr = sum.prob_sums[l];
-    c.resize(static_cast<size_t>(E), 0);
-    pr.resize(static_cast<size_t>(E), 0.0);
-    for (int64_t e = 0; e < E; ++e) packed.push_back(static_cast<double>(c[e]));
-    for (int64_t e = 0; e < E; ++e) packed.push_back(pr[e]);
-    packed.push_back(static_cast<double>(sum.rows[l]));
-  }
+  std::vector<double> packed = local.pack();
   const auto t0 = std::chrono::steady_clock::now();
   if (!packed.empty()) {
     Tensor buf = moe_comm_from_host(be_, packed, DType::kF64);
@@ -133,14 +122,8 @@ MoeAux TspStep::sum_moe_stats(Communicator* data_axis, int64_t* valid_tokens) {
     *valid_tokens = static_cast<int64_t>(packed.back());
     packed.pop_back();
   }
-  size_t i = 0;
-  for (size_t l = 0; l < layers; ++l) {
-    sum.counts[l].assign(static_cast<size_t>(E), 0);
-    sum.prob_sums[l].assign(static_cast<size_t>(E), 0.0);
-    for (int64_t e = 0; e < E; ++e) sum.counts[l][e] = static_cast<int64_t>(packed[i++]);
-    for (int64_t e = 0; e < E; ++e) sum.prob_sums[l][e] = packed[i++];
-    sum.rows[l] = static_cast<int64_t>(packed[i++]);
-  }
+  MoeAux sum = local;
+  sum.unpack(packed);
   return sum;
 }
 
@@ -382,7 +365,8 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
     be_.add_inplace(mine_w, d_weights_rows);
   }
   // ---- the router and the shared expert (replicated): this rank's rows' part, summed ----
-  moe_replicated_backward(ctx_, mw, r, a, dy, d_weights, moe_prob_grad_, d_a, gw,
+  static const std::vector<std::vector<double>> kNoAux;
+  moe_replicated_backward(ctx_, mw, r, a, dy, d_weights, moe_prob_grad_ != nullptr ? *moe_prob_grad_ : kNoAux, d_a, gw,
                           [&](Tensor& partial, Tensor& grad) { sum_into(partial, grad); });
   return norm_backward(ctx_, w.mlp_norm[l], s.norm, d_a, &dy, norm_partials_[c_.num_hidden_layers + l]);
 }

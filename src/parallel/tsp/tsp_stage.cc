@@ -13,16 +13,21 @@ using tsp_detail::TspStep;
 
 class TspStageSteps final : public StageSteps {
  public:
-  TspStageSteps(const TspModel& model, Backend& be, Communicator& comm, const ShardedWeights& w, ShardedGrads* g,
-                int64_t batch)
-      : model_(model), be_(be), step_(model, be, comm, batch), w_(w), g_(g != nullptr ? &g->views() : nullptr),
+  TspStageSteps(const TspModel& model, Backend& be, Communicator& comm, Communicator* data_axis,
+                const ShardedWeights& w, ShardedGrads* g, int64_t batch)
+      : model_(model),
+        be_(be),
+        step_(model, be, comm, batch),
+        data_axis_(data_axis),
+        w_(w),
+        g_(g != nullptr ? &g->views() : nullptr),
         batch_(batch) {}
 
   Result<std::unique_ptr<ModelStep>> micro_batch(const Batch& local, int64_t loss_normalizer) override {
     FP_RETURN_IF_ERROR(tsp_detail::check_local_batch(be_, model_, local));
     if (local.batch() != batch_)
       return invalid_argument("a micro-batch of {} sequences in a pipeline step of {}", local.batch(), batch_);
-    return tsp_detail::make_model_step(step_, model_, w_, local, g_, loss_normalizer);
+    return tsp_detail::make_model_step(step_, model_, w_, local, g_, loss_normalizer, data_axis_);
   }
   void finish_backward() override { step_.sum_norm_partials(*g_); }
   double wait_seconds() const override { return step_.wait_seconds(); }
@@ -31,6 +36,7 @@ class TspStageSteps final : public StageSteps {
   const TspModel& model_;
   Backend& be_;
   TspStep step_;
+  Communicator* data_axis_;  // MoE: the replicas the last stage sums the routing statistics over
   const ShardedWeights& w_;
   ShardedWeights* g_;
   int64_t batch_;
@@ -38,7 +44,9 @@ class TspStageSteps final : public StageSteps {
 
 class TspStageStrategy final : public StageStrategy {
  public:
-  TspStageStrategy(TspModel model, Communicator& comm) : model_(std::move(model)), comm_(comm) {}
+  // data_axis: a MoE model's dp replicas (null otherwise or without dp).
+  TspStageStrategy(TspModel model, Communicator& comm, Communicator* data_axis)
+      : model_(std::move(model)), comm_(comm), data_axis_(model_.config().moe.enabled() ? data_axis : nullptr) {}
 
   Batch local_batch(const Batch& global) const override { return model_.shard().local_batch(global); }
   const ShardDims& dims() const override { return model_.dims(); }
@@ -48,20 +56,21 @@ class TspStageStrategy final : public StageStrategy {
     return model_.assemble_logits(comm_, local, global);
   }
   std::unique_ptr<StageSteps> begin(Backend& be, const ShardedWeights& w, ShardedGrads* g, int64_t batch) override {
-    return std::make_unique<TspStageSteps>(model_, be, comm_, w, g, batch);
+    return std::make_unique<TspStageSteps>(model_, be, comm_, data_axis_, w, g, batch);
   }
 
  private:
   TspModel model_;
   Communicator& comm_;
+  Communicator* data_axis_;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<StageStrategy>> make_tsp_stage_strategy(const LlamaConfig& config, Communicator& tsp,
-                                                               int64_t seq, const Layout& layout) {
+                                                               Communicator* dp, int64_t seq, const Layout& layout) {
   FP_ASSIGN_OR_RETURN(TspModel model, TspModel::create(config, layout, tsp.rank(), seq));
-  return std::unique_ptr<StageStrategy>(std::make_unique<TspStageStrategy>(std::move(model), tsp));
+  return std::unique_ptr<StageStrategy>(std::make_unique<TspStageStrategy>(std::move(model), tsp, dp));
 }
 
 }  // namespace foldpar

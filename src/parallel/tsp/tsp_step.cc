@@ -20,8 +20,7 @@ TspStep::TspStep(const TspModel& model, Backend& backend, Communicator& comm, in
       local_seq_(model.shard().local_seq()),
       rows_(batch * model.shard().local_seq()),
       p_(comm.rank()),
-      D_(comm.size()),
-      moe_stats_(model.config().moe.num_experts, model.config().moe.sparse_layer_count(model.config().num_hidden_layers)) {
+      D_(comm.size()) {
   FP_CHECK(D_ == dims_.degree && p_ == model.shard().rank(), "TSP model for rank {} of {} on communicator {}",
            model.shard().rank(), dims_.degree, comm.describe());
   // KV replicas: the rank's one KV head is every bucket's (bucket_kv0 0 for all).

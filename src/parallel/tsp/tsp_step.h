@@ -72,14 +72,18 @@ class TspStep {
   Tensor moe_forward(int layer, const ShardedWeights& w, const Tensor& x_mid, MoeShardSaved* saved);
   Tensor moe_backward(int layer, const ShardedWeights& w, const MoeShardSaved& s, const Tensor& d_out,
                       ShardedWeights& grads);
-  // This step's routing statistics summed over the axis (one all-reduce) and, with a
-  // data-parallel axis of more than one rank, over the replicas too (one more all-reduce,
+  // Where moe_forward records this rank's routing statistics (per sparse layer, by
+  // sparse_index), and the aux loss's gradient on the router probabilities moe_backward
+  // reads (MoeAux::prob_grad of the summed statistics; null or empty: none): the
+  // micro-batch's own (TspModelStep sets both around its blocks), since a pipeline stage's
+  // micro-batches in flight share the step. Borrowed; null: nothing recorded.
+  void set_moe_stats(MoeAux* stats) { moe_stats_ = stats; }
+  void set_moe_prob_grad(const std::vector<std::vector<double>>* g) { moe_prob_grad_ = g; }
+  // `local` (this rank's routing statistics) summed over the axis (one all-reduce) and, with
+  // a data-parallel axis of more than one rank, over the replicas too (one more all-reduce,
   // which also sums *valid_tokens, the axis's valid targets, into the global batch's): the
   // single-rank model's on the whole global batch. Collective over the axis and data_axis.
-  MoeAux sum_moe_stats(Communicator* data_axis, int64_t* valid_tokens);
-  // The aux loss's gradient on the router probabilities (MoeAux::prob_grad of the summed
-  // statistics), read by moe_backward; empty: none.
-  void set_moe_prob_grad(std::vector<std::vector<double>> g) { moe_prob_grad_ = std::move(g); }
+  MoeAux sum_moe_stats(const MoeAux& local, Communicator* data_axis, int64_t* valid_tokens);
   MoeDispatch moe_scheme() const;
 
   // Embedding by the vocabulary ring: x [T, h].
@@ -251,17 +255,18 @@ class TspStep {
   // gradient ring, two of each used alternately.
   Tensor deferred_attn_[2], deferred_mlp_[2];
   KvCache* kv_cache_ = nullptr;        // prefill only
-  MoeAux moe_stats_;                   // this rank's routing statistics per sparse layer
-  std::vector<std::vector<double>> moe_prob_grad_;
+  MoeAux* moe_stats_ = nullptr;        // set_moe_stats: the micro-batch's routing statistics
+  const std::vector<std::vector<double>>* moe_prob_grad_ = nullptr;  // set_moe_prob_grad
   StepTimer timer_;
 };
 
 // One micro-batch's parts of the model's step order (model/step_order.h) over `step`, which
 // several micro-batches in flight may share (a pipeline stage's: parallel/pipeline/). local:
 // this rank's rows [B, S/D]; grads null for a forward only; loss_normalizer as in
-// TspModel::forward_backward.
+// TspModel::forward_backward; data_axis a MoE model's dp replicas (null: none).
 std::unique_ptr<ModelStep> make_model_step(TspStep& step, const TspModel& model, const ShardedWeights& weights,
-                                           const Batch& local, ShardedWeights* grads, int64_t loss_normalizer);
+                                           const Batch& local, ShardedWeights* grads, int64_t loss_normalizer,
+                                           Communicator* data_axis = nullptr);
 // A local batch's shapes and ids against the model (invalid_argument naming them).
 Status check_local_batch(Backend& backend, const TspModel& model, const Batch& local);
 
