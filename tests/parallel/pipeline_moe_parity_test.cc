@@ -87,7 +87,8 @@ struct Reference {
 // block of m rows (replica d holds global rows [d m, (d + 1) m)).
 Reference reference(const LlamaConfig& c, const LlamaWeights& w, const Batch& global, int m, int dp, int64_t N) {
   auto be = make_cpu_backend();
-  Reference ref{LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients)};
+  Reference ref;
+  ref.grads = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
   ref.grads.zero();
   ref.load.assign(static_cast<size_t>(c.moe.num_experts), 0);
   std::vector<Tensor> sum;
