@@ -102,10 +102,6 @@ Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& 
   if (layout.dtype != DType::kF32)
     return unimplemented("layout {}: generation runs in f32 (f32 weights and KV cache); bf16 is not implemented", name);
   if (layout.sp > 1) return unimplemented("layout {}: generation runs on tsp=N or tp=N (under pp: on such stages)", name);
-  if (layout.pp > 1 && config.moe.enabled())
-    return unimplemented("layout {}: generation of a mixture-of-experts model ({}, {} experts) under pp is not built; "
-                         "generate on tsp=N or tp=N",
-                         name, config.moe.model_type(), config.moe.num_experts);
   if (layout.pp > 1) return make_pipeline_stages_decoder(config, mesh, layout);
   if (layout.strategy == Strategy::kTsp) return make_tsp_decoder(config, mesh.comm("tsp"), layout);
   if (mesh.has_axis("tp")) return make_tp_decoder(config, mesh.comm("tp"), layout);
