@@ -87,6 +87,11 @@ void StageBoundary::wait(Transfer& t) {
   if (t.side.defined()) timer_.wait(t.side_request);
 }
 
+void StageBoundary::poke(Transfer& t) {
+  StepTimer::poke(t.request);
+  if (t.side.defined()) StepTimer::poke(t.side_request);
+}
+
 void StageBoundary::post_recv(std::map<Key, Transfer>& pending, int i, int c, BoundaryDirection direction) {
   const Key key{c, i};
   if (pending.count(key) != 0) return;
@@ -198,15 +203,9 @@ void StageBoundary::send_gradient(int i, Tensor dx, int c, Tensor side) {
 
 void StageBoundary::progress() {
   for (std::map<Key, Transfer>* in : {&activations_in_, &gradients_in_})
-    for (auto& [i, t] : *in) {
-      StepTimer::poke(t.request);
-      if (t.side.defined()) StepTimer::poke(t.side_request);
-    }
+    for (auto& [i, t] : *in) poke(t);
   for (std::deque<Transfer>* q : {&to_next_, &to_prev_})
-    for (Transfer& s : *q) {
-      StepTimer::poke(s.request);
-      if (s.side.defined()) StepTimer::poke(s.side_request);
-    }
+    for (Transfer& s : *q) poke(s);
 }
 
 void StageBoundary::finish() {

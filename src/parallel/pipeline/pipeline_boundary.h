@@ -118,7 +118,9 @@ class StageBoundary {
   int64_t side_values(BoundaryDirection direction) const {
     return side_[direction == BoundaryDirection::kActivation ? 0 : 1];
   }
+  // A transfer and its side message, if any: waited / advanced together.
   void wait(Transfer& t);
+  static void poke(Transfer& t);
   void post_recv(std::map<Key, Transfer>& pending, int i, int c, BoundaryDirection direction);
   Tensor take(std::map<Key, Transfer>& pending, int i, int c, BoundaryDirection direction, Tensor* side);
   void send(std::deque<Transfer>& in_flight, Tensor t, Tensor side, int i, int c, BoundaryDirection direction);
