@@ -192,6 +192,51 @@ Result<LinkFigures> measure_link(Communicator& world) {
   return f;
 }
 
+// The share of a transfer's time that the computing cores spend on it (Hardware::
+// intra_node_copy_share): a 16 MiB ring step posted, then [256 x 1024] x [1024 x 1024]
+// GEMMs for about three times the step's measured time, with a test() between any two (as
+// the strategies progress their transfers), then the wait; against the same GEMMs with
+// nothing in flight. Where a copy engine moved the bytes the two would take the same time
+// (share 0); where this rank's core copies them the difference is the whole step (share 1).
+// Median of 5 of each, interleaved, every rank at once after a barrier, the slowest rank.
+Result<double> measure_copy_share(Communicator& world, double transfer_s, double* gemms_s, double* with_transfer_s) {
+  const int p = world.rank(), N = world.size();
+  auto be = make_cpu_backend();
+  Tensor a = filled(*be, {256, 1024}, 0.5), b = filled(*be, {1024, 1024}, 0.25);
+  Tensor c = Tensor::empty({256, 1024}, DType::kF32, MemCategory::kWorkspace);
+  const double gemm_s = seconds_per_call([&] { be->matmul(a, false, b, false, c); });
+  double calls_d = std::ceil(3.0 * transfer_s / std::max(gemm_s, 1e-7));
+  FP_RETURN_IF_ERROR(world.all_reduce(&calls_d, &calls_d, 1, DType::kF64, ReduceOp::kMax));
+  const int calls = static_cast<int>(std::clamp(calls_d, 4.0, 20000.0));
+  std::vector<float> send(kLargeBytes / 4, 1.0f), recv(kLargeBytes / 4);
+  auto run = [&](bool transfer) -> Result<double> {
+    FP_RETURN_IF_ERROR(world.barrier());
+    const double t0 = now_seconds();
+    CommRequest req;
+    if (transfer) req = world.isend_recv(send.data(), recv.data(), send.size(), DType::kF32, (p + 1) % N, (p - 1 + N) % N);
+    bool done = !transfer;
+    for (int i = 0; i < calls; ++i) {
+      be->matmul(a, false, b, false, c);
+      if (!done) FP_RETURN_IF_ERROR(req.test(&done));
+    }
+    FP_RETURN_IF_ERROR(req.wait());
+    double s = now_seconds() - t0;
+    FP_RETURN_IF_ERROR(world.all_reduce(&s, &s, 1, DType::kF64, ReduceOp::kMax));
+    return s;
+  };
+  FP_RETURN_IF_ERROR(run(true).status());  // warm-up
+  std::vector<double> alone, both;
+  for (int rep = 0; rep < 5; ++rep) {
+    FP_ASSIGN_OR_RETURN(const double x, run(false));
+    FP_ASSIGN_OR_RETURN(const double y, run(true));
+    alone.push_back(x);
+    both.push_back(y);
+  }
+  *gemms_s = median(alone);
+  *with_transfer_s = median(both);
+  return std::clamp((*with_transfer_s - *gemms_s) / std::max(transfer_s, 1e-9), 0.0, 1.0);
+}
+
 // all_reduce, all_gather and reduce_scatter of a few bytes and of 16 MiB (the full tensor),
 // each measured beside the ring model's prediction from `hw`'s link figures with efficiency
 // 1 (bytes by comm_stats.h's convention; N divides the counts, so all_reduce of n moves
@@ -265,6 +310,9 @@ Result<Hardware> calibrate_hardware(Communicator& world) {
   h.memory_gb_per_s = cf.memory_gb_per_s;
   h.intra_node_gb_per_s = h.inter_node_gb_per_s = link.gb_per_s;
   h.intra_node_latency_s = h.inter_node_latency_s = link.latency_s;
+  double gemms_s = 0, with_transfer_s = 0;
+  FP_ASSIGN_OR_RETURN(h.intra_node_copy_share, measure_copy_share(world, link.large_s, &gemms_s, &with_transfer_s));
+  h.inter_node_copy_share = h.intra_node_copy_share;
   h.overlap_efficiency = 0.5;
   h.measured.emplace_back("attention_fwd_gflops", cf.attention_fwd_gflops);
   h.measured.emplace_back("attention_bwd_gflops", cf.attention_bwd_gflops);
@@ -277,6 +325,8 @@ Result<Hardware> calibrate_hardware(Communicator& world) {
   h.measured.emplace_back("training_step_without_attention_gflops", cf.step_rest_gflops);
   h.measured.emplace_back("send_recv_4B_s", link.small_s);
   h.measured.emplace_back("send_recv_16MiB_s", link.large_s);
+  h.measured.emplace_back("copy_share_gemms_alone_s", gemms_s);
+  h.measured.emplace_back("copy_share_gemms_with_send_recv_16MiB_s", with_transfer_s);
   FP_RETURN_IF_ERROR(measure_collectives(world, h));
   h.notes = fmt::format(
       "Measured by `foldpar calibrate` with {} MPI ranks on one node ({} hardware threads), each rank a device, all "
@@ -287,11 +337,13 @@ Result<Hardware> calibrate_hardware(Communicator& world) {
       "{:.2f} GB/s (memory_gb_per_s); a ring send_recv of 4 B ({:.3g} s) and 16 MiB ({:.3g} s) solved for latency "
       "{:.3g} s and {:.3f} GB/s one way (inter-node set equal: one node); matmul_efficiency = the rest of a "
       "single-rank training step (h=512, L=2, S={}; its attention time taken out) at {:.2f} GFLOP/s over the best "
-      "GEMM; collective_efficiency = the ring model's bandwidth time over the measured one for all_reduce, all_gather and reduce_scatter of 16 MiB; `measured` has the raw figures and those collectives (also of a few bytes) beside the ring model's at efficiency 1. Stated, not "
-      "measured: overlap_efficiency 0.5 (MPI progresses transfers only inside MPI calls) and one transfer at a time "
-      "per link.",
+      "GEMM; collective_efficiency = the ring model's bandwidth time over the measured one for all_reduce, all_gather and reduce_scatter of 16 MiB; `measured` has the raw figures and those collectives (also of a few bytes) beside the ring model's at efficiency 1; "
+      "intra_node_copy_share {:.2f} = (GEMMs with a 16 MiB ring step in flight, test() between them, {:.3g} s - the "
+      "same GEMMs alone, {:.3g} s) / the step's time, clamped to [0, 1] (inter-node set equal: one node). Stated, not "
+      "measured: overlap_efficiency 0.5 (unused by the timeline) and one transfer at a time per link.",
       world.size(), std::thread::hardware_concurrency(), best, kSeq, cf.attention_fwd_gflops, cf.attention_bwd_gflops,
-      cf.memory_gb_per_s, link.small_s, link.large_s, link.latency_s, link.gb_per_s, kSeq, cf.step_rest_gflops);
+      cf.memory_gb_per_s, link.small_s, link.large_s, link.latency_s, link.gb_per_s, kSeq, cf.step_rest_gflops,
+      h.intra_node_copy_share, with_transfer_s, gemms_s);
   FP_RETURN_IF_ERROR(h.validate());
   return h;
 }

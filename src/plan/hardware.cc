@@ -90,6 +90,10 @@ Status validate_fine_fields(const Hardware& h) {
                                                {"inter_node_concurrency", h.inter_node_concurrency}};
   for (const auto& [field, v] : slots)
     if (v < 1) return invalid_argument("hardware '{}': {} ({}) must be at least 1", h.name, field, v);
+  const std::pair<const char*, double> shares[] = {{"intra_node_copy_share", h.intra_node_copy_share},
+                                                   {"inter_node_copy_share", h.inter_node_copy_share}};
+  for (const auto& [field, v] : shares)
+    if (!(v >= 0 && v <= 1)) return invalid_argument("hardware '{}': {} ({}) must lie in [0, 1]", h.name, field, v);
   for (const auto& [kind, e] : h.collective_efficiency) {
     bool known = false;
     for (const char* k : kCollectiveKinds) known = known || kind == k;
@@ -170,7 +174,7 @@ Result<Hardware> Hardware::from_json(const std::string& text) {
                                        "measured", "gemm_efficiency_by_min_dim", "attention_fwd_efficiency",
                                        "attention_bwd_efficiency", "intra_node_latency_s", "inter_node_latency_s",
                                        "intra_node_concurrency", "inter_node_concurrency", "collective_efficiency",
-                                       "attention_efficiency_by_seq"};
+                                       "attention_efficiency_by_seq", "intra_node_copy_share", "inter_node_copy_share"};
   for (const auto& [key, value] : j.items()) {
     bool known = false;
     for (const char* k : kKnown) known = known || key == k;
@@ -205,6 +209,8 @@ Result<Hardware> Hardware::from_json(const std::string& text) {
   FP_RETURN_IF_ERROR(number("attention_bwd_efficiency", h.attention_bwd_efficiency, false));
   FP_RETURN_IF_ERROR(number("intra_node_latency_s", h.intra_node_latency_s, false));
   FP_RETURN_IF_ERROR(number("inter_node_latency_s", h.inter_node_latency_s, false));
+  FP_RETURN_IF_ERROR(number("intra_node_copy_share", h.intra_node_copy_share, false));
+  FP_RETURN_IF_ERROR(number("inter_node_copy_share", h.inter_node_copy_share, false));
   auto integer = [&](const char* key, int& out) -> Status {
     double v = out;
     FP_RETURN_IF_ERROR(number(key, v, false));
@@ -264,6 +270,8 @@ std::string Hardware::to_json() const {
   j["inter_node_latency_s"] = inter_node_latency_s;
   j["intra_node_concurrency"] = intra_node_concurrency;
   j["inter_node_concurrency"] = inter_node_concurrency;
+  if (intra_node_copy_share > 0) j["intra_node_copy_share"] = intra_node_copy_share;
+  if (inter_node_copy_share > 0) j["inter_node_copy_share"] = inter_node_copy_share;
   if (!collective_efficiency.empty()) {
     j["collective_efficiency"] = nlohmann::ordered_json::object();
     for (const auto& [kind, e] : collective_efficiency) j["collective_efficiency"][kind] = e;

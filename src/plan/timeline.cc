@@ -301,17 +301,23 @@ class RankSimulator {
       return Status();
     }
     stuck_.reset();
-    if (t.op.end > now_) {
+    // Where a processor moves the bytes (Hardware::*_copy_share), the wait also pays this
+    // rank's share of the transfer's time on the compute stream, however early it began.
+    const double share = t.op.stream == Stream::kCommIntra ? hw_.intra_node_copy_share : hw_.inter_node_copy_share;
+    const double copied = now_ + share * (t.op.end - t.op.start);
+    if (t.op.end > now_ || copied > now_) {
       TimelineOp stall;
       stall.kind = TimelineOp::Kind::kStall;
       stall.name = "wait " + t.op.name;
       stall.op_class = t.op.name;
       stall.communicator = t.op.communicator;
       stall.start = now_;
-      stall.end = t.op.end;
+      stall.end = std::max(t.op.end, copied);
       stall.request = w.request;
-      now_ = t.op.end;
-      stall_transfer_[items_.size()] = it->second;
+      now_ = stall.end;
+      // A stall the transfer's end bounds leads the critical path to the transfer; one the
+      // copy bounds leads to the compute before it.
+      if (t.op.end >= copied) stall_transfer_[items_.size()] = it->second;
       items_.push_back(stall);
     }
     pending_.erase(it);

@@ -23,7 +23,10 @@
 //    receive (bytes in only) run side by side on one slot, while a collective or a
 //    send_recv (bytes both ways) takes both directions.
 //  - A wait blocks the compute stream until the transfer it names has finished; a blocking
-//    operation is a start followed at once by its wait.
+//    operation is a start followed at once by its wait. Where the link's copy share
+//    (Hardware::intra/inter_node_copy_share) is above 0, the wait also lasts at least that
+//    share of the transfer's time: the cores that compute move the bytes (a CPU's MPI over
+//    shared memory, TCP), so only the rest of the transfer overlaps computation.
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # foldpar calibrate, end to end at 2 ranks: it writes a hardware description that loads
 # (foldpar plan reads it), with every timeline field measured and in range, the collectives
-# beside the ring model; at 1 rank it exits 2 naming the rank count. Checks what was
-# written, never how fast this machine is.
+# beside the ring model, the copy share from its two measured figures; at 1 rank it exits 2
+# naming the rank count. Checks what was written, never how fast this machine is.
 set -u
 mpirun=$1 bin=$2 src=$3
 tmp=$(mktemp -d)
@@ -32,6 +32,14 @@ assert set(h["collective_efficiency"]) == {"all_reduce", "all_gather", "reduce_s
 m = h["measured"]
 for k in ["all_reduce", "all_gather", "reduce_scatter"]:
     assert m[k + "_16777216B_s"] > 0 and m[k + "_16777216B_ring_model_s"] > 0, k
+# The copy share is the measured GEMMs' slowdown with a 16 MiB ring step in flight over the
+# step's own time, clamped to [0, 1] (absent from the file when 0); one node: inter = intra.
+alone, both = m["copy_share_gemms_alone_s"], m["copy_share_gemms_with_send_recv_16MiB_s"]
+assert alone > 0 and both > 0, (alone, both)
+share = h.get("intra_node_copy_share", 0.0)
+want = min(1.0, max(0.0, (both - alone) / m["send_recv_16MiB_s"]))
+assert abs(share - want) < 1e-9, (share, want)
+assert h.get("inter_node_copy_share", 0.0) == share, h.get("inter_node_copy_share")
 PY
 "$bin" plan --model "$src/configs/tiny.json" --seq 256 --devices 2 --hardware "$tmp/hw.json" >/dev/null ||
   fail "plan does not take calibrate's file (exit $?)"

@@ -28,13 +28,16 @@ TEST(HardwareFile, OldFilesGetTheFallbacks) {
   EXPECT_EQ(h->intra_node_latency_s, 0.0);
   EXPECT_EQ(h->intra_node_concurrency, 1);
   EXPECT_EQ(h->inter_node_concurrency, 1);
+  EXPECT_EQ(h->intra_node_copy_share, 0.0);  // copy engines: transfers overlap compute fully
+  EXPECT_EQ(h->inter_node_copy_share, 0.0);
 }
 
 TEST(HardwareFile, TimelineFieldsRoundTrip) {
   Result<Hardware> h = parse(R"("gemm_efficiency_by_min_dim": [[64, 0.25], [512, 0.75]], "attention_fwd_efficiency": 0.4,
     "attention_bwd_efficiency": 0.3, "intra_node_latency_s": 2e-6, "inter_node_latency_s": 8e-6,
     "intra_node_concurrency": 2, "inter_node_concurrency": 3, "collective_efficiency": {"all_reduce": 0.5},
-    "measured": {"all_reduce_1MiB_s": 0.001}, "attention_efficiency_by_seq": [[1024, 0.5, 0.4], [4096, 0.7, 0.6]])");
+    "measured": {"all_reduce_1MiB_s": 0.001}, "attention_efficiency_by_seq": [[1024, 0.5, 0.4], [4096, 0.7, 0.6]],
+    "intra_node_copy_share": 0.875, "inter_node_copy_share": 0.25)");
   ASSERT_TRUE(h.ok()) << h.status().to_string();
   ASSERT_EQ(h->gemm_efficiency_by_min_dim.size(), 2u);
   EXPECT_DOUBLE_EQ(h->gemm_efficiency_by_min_dim[1].first, 512);
@@ -60,6 +63,8 @@ TEST(HardwareFile, TimelineFieldsRoundTrip) {
   EXPECT_DOUBLE_EQ(again->attention_efficiency_by_seq[1].backward, 0.6);
   EXPECT_DOUBLE_EQ(again->attention_fwd_rate(1024), 0.5);
   EXPECT_EQ(again->collective_efficiency, h->collective_efficiency);
+  EXPECT_DOUBLE_EQ(again->intra_node_copy_share, 0.875);
+  EXPECT_DOUBLE_EQ(again->inter_node_copy_share, 0.25);
 }
 
 TEST(HardwareFile, BadTimelineFieldsNameTheField) {
@@ -77,6 +82,8 @@ TEST(HardwareFile, BadTimelineFieldsNameTheField) {
       {R"("intra_node_latency_s": -1e-6)", "intra_node_latency_s (-1e-06)"},
       {R"("inter_node_latency_s": 5)", "inter_node_latency_s (5)"},
       {R"("intra_node_concurrency": 0)", "intra_node_concurrency (0)"},
+      {R"("intra_node_copy_share": 1.5)", "intra_node_copy_share (1.5) must lie in [0, 1]"},
+      {R"("inter_node_copy_share": -0.1)", "inter_node_copy_share (-0.1) must lie in [0, 1]"},
       {R"("inter_node_concurrency": 1.5)", "inter_node_concurrency (1.5) must be an integer"},
       {R"("inter_node_concurrency": "two")", "'inter_node_concurrency' must be a number"},
       {R"("measured": [1])", "'measured' must be an object"},

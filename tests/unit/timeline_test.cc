@@ -251,6 +251,48 @@ TEST(TimelineSimulation, TransferExposed) {
   EXPECT_EQ(r.critical_path[1].stream, Stream::kCommInter);
 }
 
+// A link whose copies run on the computing cores (Hardware::*_copy_share): the wait pays
+// the share of the transfer's time even when the transfer ended long before, and only the
+// rest of the transfer hides behind compute. all_gather of 300 MB over 4 intra-node ranks:
+// 3 x 10 us + 0.03 s = 0.03003 s; 1 s of GEMM after it.
+TEST(TimelineSimulation, CopyShareTakesTheComputeStream) {
+  const std::vector<TimelineEvent> events = {start(7, CommKind::kAllGather, "tsp", 4, LinkClass::kIntraNode, 300'000'000),
+                                             gemm(5e11), CommWait{7}, tokenwise(1e10)};
+  Hardware hw = test_hardware();
+  hw.intra_node_copy_share = 1.0;
+  RankTimeline r = simulate(events, hw);
+  EXPECT_NEAR(r.step_s, 1.0 + 0.03003 + 0.1, kTol);  // nothing of it hidden
+  EXPECT_NEAR(r.exposed_comm_s, 0.03003, kTol);
+  EXPECT_NEAR(totals(r, "all_gather", "tsp")->exposed_s, 0.03003, kTol);
+  // The copy bounds the stall, so the critical path runs through compute and the stall,
+  // not through the transfer (which ended at 0.03003 s).
+  EXPECT_EQ(path_names(r), (std::vector<std::string>{"matmul", "wait all_gather", "add_inplace"}));
+  EXPECT_NEAR(path_seconds(r), r.step_s, kTol);
+  hw.intra_node_copy_share = 0.5;
+  r = simulate(events, hw);
+  EXPECT_NEAR(r.exposed_comm_s, 0.5 * 0.03003, kTol);
+  // The other link class's share does not apply to an intra-node transfer.
+  hw.intra_node_copy_share = 0;
+  hw.inter_node_copy_share = 1;
+  r = simulate(events, hw);
+  EXPECT_EQ(r.exposed_comm_s, 0.0);
+  // A transfer still running at the wait: the stall lasts until the later of its end and
+  // the copy. 0.2 s GEMM, all_reduce inter-node (1.0002 s) posted, 0.5 s GEMM, wait: the
+  // transfer ends at 1.2002 s, the copy at 0.7 + 0.5 x 1.0002 = 1.2001 s.
+  hw.inter_node_copy_share = 0.5;
+  r = simulate({gemm(1e11), start(1, CommKind::kAllReduce, "dp", 2, LinkClass::kInterNode, 1'000'000'000), gemm(2.5e11),
+                CommWait{1}},
+               hw);
+  EXPECT_NEAR(r.step_s, 1.2002, kTol);
+  EXPECT_EQ(path_names(r), (std::vector<std::string>{"matmul", "all_reduce"}));
+  hw.inter_node_copy_share = 1;  // the copy ends at 1.7002 s, after the transfer
+  r = simulate({gemm(1e11), start(1, CommKind::kAllReduce, "dp", 2, LinkClass::kInterNode, 1'000'000'000), gemm(2.5e11),
+                CommWait{1}},
+               hw);
+  EXPECT_NEAR(r.step_s, 1.7002, kTol);
+  EXPECT_EQ(path_names(r), (std::vector<std::string>{"matmul", "matmul", "wait all_reduce"}));
+}
+
 std::vector<TimelineEvent> two_transfers() {
   // Two 1e9 B send_recv over 2 intra-node ranks, 1 x 10 us + 0.1 s = 0.10001 s each, both
   // posted at 0 and waited at once.
