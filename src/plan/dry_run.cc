@@ -236,10 +236,11 @@ Result<RankTrace> step_timeline_trace(const DryRunResult& r, int rank, int devic
     s.bytes_received = e.bytes_received;
     s.blocking = e.blocking;
     s.tag = e.tag;
-    // The partner of a send or receive by world rank, for simulate_coupled.
-    const int partner = e.kind == CommOpKind::kSend ? e.peer : e.kind == CommOpKind::kRecv ? e.source : -1;
-    if (partner >= 0 && partner < static_cast<int>(m.world_ranks.size()))
-      s.peer = m.world_ranks[static_cast<size_t>(partner)];
+    // The partners of a send, receive or send_recv by world rank, for simulate_coupled.
+    auto world = [&m](int x) { return x >= 0 && x < static_cast<int>(m.world_ranks.size()) ? m.world_ranks[static_cast<size_t>(x)] : -1; };
+    if (e.kind == CommOpKind::kSend || e.kind == CommOpKind::kSendRecv) s.peer = world(e.peer);
+    if (e.kind == CommOpKind::kRecv) s.peer = world(e.source);
+    if (e.kind == CommOpKind::kSendRecv) s.source = world(e.source);
     t.events.emplace_back(std::move(s));
   }
   return t;

@@ -77,8 +77,17 @@ DryRunMode dry_mode(PlanMode m) {
 // first and the last model rank of a stage (zigzag ends, the last vocabulary shard), one
 // group each, holding that rank of every pipeline stage (one rank without pp). Mesh order
 // pp, dp, then the model axes: stage s of replica 0 starts at world rank s * dp * inner.
-std::vector<std::vector<int>> rank_groups(const Layout& l) {
+// A MoE model without pp: every model rank of replica 0 in one group. Its ranks' expert
+// work differs with the routing, and the dispatch's ring steps couple neighbours (a rank
+// waits in its send_recv for the neighbour still computing the step before), which only a
+// simulation of the ranks together sees.
+std::vector<std::vector<int>> rank_groups(const Layout& l, bool moe) {
   const int inner = l.model_ranks() / l.pp;
+  if (moe && l.pp == 1 && inner > 1) {
+    std::vector<int> all(static_cast<size_t>(inner));
+    for (int i = 0; i < inner; ++i) all[static_cast<size_t>(i)] = i;
+    return {all};
+  }
   std::vector<int> index{0};
   if (inner > 1) index.push_back(inner - 1);
   std::vector<std::vector<int>> groups;
@@ -153,8 +162,9 @@ Result<RankRun> run_rank(const PlanRequest& r, const Layout& l, int rank, int st
 }
 
 // The figures of one layout from the dry runs of its distinct ranks (rank_groups), the worst
-// of each figure; a pipeline's stages are simulated together (simulate_coupled), so a stage
-// waits for its neighbours, and the memory is the heaviest stage's.
+// of each figure; a group's ranks are simulated together (simulate_coupled: a pipeline's
+// stages, a MoE model's ranks), so a rank waits for its neighbours, and the memory is the
+// heaviest rank's.
 Status plan_by_dry_run(const PlanRequest& r, LayoutPlan& p, int64_t micro_batch) {
   const Layout& l = p.layout;
   const int64_t rows = r.batch / l.dp;
@@ -162,21 +172,18 @@ Status plan_by_dry_run(const PlanRequest& r, LayoutPlan& p, int64_t micro_batch)
   p.micro_batches = p.micro_batch > 0 && rows % p.micro_batch == 0 ? rows / p.micro_batch : 1;
   bool first = true;
   double busiest = 0, busiest_other_waits = 0;  // the most compute of a rank so far, its non-pipeline waits
-  for (const std::vector<int>& group : rank_groups(l)) {
+  for (const std::vector<int>& group : rank_groups(l, r.config.moe.enabled())) {
     std::vector<RankRun> runs;
     std::vector<RankTrace> traces;
     for (size_t s = 0; s < group.size(); ++s) {
-      FP_ASSIGN_OR_RETURN(RankRun run, run_rank(r, l, group[s], static_cast<int>(s), p.micro_batch));
+      const int stage = l.pp > 1 ? static_cast<int>(s) : 0;
+      FP_ASSIGN_OR_RETURN(RankRun run, run_rank(r, l, group[s], stage, p.micro_batch));
       traces.push_back(run.trace);
       runs.push_back(std::move(run));
     }
     std::vector<RankTimeline> timelines;
-    if (l.pp > 1) {
-      FP_ASSIGN_OR_RETURN(timelines, simulate_coupled(traces, r.hardware));
-    } else {
-      FP_ASSIGN_OR_RETURN(RankTimeline tl, simulate_rank(traces.front(), r.hardware));
-      timelines.push_back(std::move(tl));
-    }
+    FP_ASSIGN_OR_RETURN(timelines, group.size() > 1 ? simulate_coupled(traces, r.hardware)
+                                                    : simulate_ranks(traces, r.hardware));
     for (size_t i = 0; i < runs.size(); ++i) {
       const RankRun& run = runs[i];
       RankTimeline& tl = timelines[i];

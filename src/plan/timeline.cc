@@ -192,12 +192,13 @@ class RankSimulator {
     return Status();
   }
 
-  // The matcher's answer for a coupled transfer.
+  // The matcher's answer for one leg of a coupled transfer: it starts when its last leg does.
   void resolve(size_t transfer, double start, double end) {
     Transfer& t = transfers_[transfer];
-    t.op.start = start;
-    t.op.end = end;
-    t.resolved = true;
+    const bool first = t.legs == (t.op.name == "send_recv" ? 2 : 1);
+    t.op.start = first ? start : std::max(t.op.start, start);
+    t.op.end = first ? end : std::max(t.op.end, end);
+    t.resolved = --t.legs == 0;
   }
 
   RankTimeline result(int rank) const;
@@ -209,6 +210,7 @@ class RankSimulator {
     size_t posted_after = 0;  // compute-stream items before it was posted
     int64_t slot_prev = -1;   // the transfer it queued behind on its slot, or -1 (started when posted)
     bool resolved = true;     // false: a coupled transfer whose peer has not posted yet
+    int legs = 0;             // coupled: its matches still to come (a send_recv has two)
     int peer = -1;
   };
 
@@ -234,8 +236,11 @@ class RankSimulator {
     if (s.comm_size < 1) return invalid_argument("request {}: comm_size ({}) must be at least 1", s.request, s.comm_size);
     seen_.insert(s.request);
     const int link = s.link == LinkClass::kIntraNode ? 0 : 1;
-    const bool coupled = matcher_ != nullptr && (s.kind == CommKind::kSend || s.kind == CommKind::kRecv) &&
-                         s.peer >= 0 && matcher_->coupled(s.peer);
+    const bool p2p = s.kind == CommKind::kSend || s.kind == CommKind::kRecv;
+    const bool coupled = matcher_ != nullptr &&
+                         ((p2p && s.peer >= 0 && matcher_->coupled(s.peer)) ||
+                          (s.kind == CommKind::kSendRecv && s.peer >= 0 && s.source >= 0 &&
+                           matcher_->coupled(s.peer) && matcher_->coupled(s.source)));
     Transfer t;
     t.posted = now_;
     t.posted_after = items_.size();
@@ -251,6 +256,7 @@ class RankSimulator {
     t.op.request = s.request;
     if (coupled) {
       t.resolved = false;
+      t.legs = s.kind == CommKind::kSendRecv ? 2 : 1;
       t.op.start = t.op.end = std::numeric_limits<double>::quiet_NaN();
     } else {
       // The directions it occupies: a send only the outgoing one, a receive only the
@@ -282,9 +288,14 @@ class RankSimulator {
     pending_[s.request] = transfers_.size();
     transfers_.push_back(t);
     if (coupled) {
-      const bool send = s.kind == CommKind::kSend;
-      matcher_->post(send, send ? world_rank_ : s.peer, send ? s.peer : world_rank_, s.communicator, s.tag,
-                     P2pMatcher::Post{index_, transfers_.size() - 1, now_, transfer_seconds(s, hw_)});
+      const P2pMatcher::Post post{index_, transfers_.size() - 1, now_, transfer_seconds(s, hw_)};
+      if (s.kind == CommKind::kSendRecv) {  // a send to peer and a receive from source
+        matcher_->post(true, world_rank_, s.peer, s.communicator, s.tag, post);
+        matcher_->post(false, s.source, world_rank_, s.communicator, s.tag, post);
+      } else {
+        const bool send = s.kind == CommKind::kSend;
+        matcher_->post(send, send ? world_rank_ : s.peer, send ? s.peer : world_rank_, s.communicator, s.tag, post);
+      }
     }
     if (s.blocking) return handle(CommWait{s.request});
     return Status();

@@ -11,10 +11,14 @@
 //    transfer starts as soon as this rank posts it and a slot of its link class is free.
 //    Ranks that differ (zigzag ends) are simulated one by one; the slowest gives the step.
 //  - Except point-to-point transfers between ranks simulated together (simulate_coupled:
-//    the stages of a pipeline): a send and the receive it matches (the n-th send from A to
-//    B on a communicator matches B's n-th receive from A, MPI's order) start when the later
-//    of the two is posted and end together; a wait on one blocks until then, which is how
-//    a stage waits for its neighbours (the pipeline's bubble). They take no link slot.
+//    the stages of a pipeline, the ranks of a TSP ring): a send and the receive it matches
+//    (the n-th send from A to B on a communicator matches B's n-th receive from A, MPI's
+//    order) start when the later of the two is posted and end together; a wait on one
+//    blocks until then, which is how a stage waits for its neighbours (the pipeline's
+//    bubble) and a ring step for the neighbour still computing the step before. A
+//    send_recv is a send to its peer and a receive from its source, coupled when both are
+//    simulated (the set must then hold the whole ring, or its ranks wait for ever, named):
+//    it starts when the later of its two matches does. They take no link slot.
 //  - One compute stream runs compute events in program order, one at a time.
 //  - One communication stream per link class (intra-node, inter-node) with
 //    Hardware::*_concurrency slots; transfers take slots in posting order (first free slot),
@@ -82,8 +86,9 @@ struct CommStart {
   LinkClass link = LinkClass::kIntraNode;  // see link_class()
   uint64_t bytes_sent = 0, bytes_received = 0;
   bool blocking = false;     // start + wait at once (no CommWait follows)
-  int peer = -1;             // kSend: the destination's world rank; kRecv: the source's; else -1
-  int tag = 0;               // kSend, kRecv: the message stream (CommOp::tag)
+  int peer = -1;             // kSend, kSendRecv: the destination's world rank; kRecv: the source's; else -1
+  int source = -1;           // kSendRecv: the source's world rank; else -1
+  int tag = 0;               // kSend, kRecv, kSendRecv: the message stream (CommOp::tag)
 };
 struct CommWait {
   int64_t request = 0;

@@ -471,6 +471,41 @@ TEST(TimelineCoupled, SendsMatchReceivesInOrderAndTheLaterPostStartsThem) {
   EXPECT_NEAR((*r)[0].step_s, 1.0 + t, kTol);
 }
 
+CommStart ring_step(int64_t request, int peer, int source, uint64_t bytes) {
+  CommStart s = start(request, CommKind::kSendRecv, "tsp", 3, LinkClass::kIntraNode, bytes);
+  s.peer = peer;
+  s.source = source;
+  return s;
+}
+
+TEST(TimelineCoupled, ARingStepStartsWhenItsSourceAndPeerHavePosted) {
+  // A ring of three (0 -> 1 -> 2 -> 0), one step of 1e8 B (10 us + 0.01 s): each rank
+  // computes, posts the step, computes 0.2 s, waits. Rank 1 computes 1 s before posting,
+  // ranks 0 and 2 0.2 s. Rank 0 sends to 1 and receives from 2: its step starts at 1 s
+  // (rank 1's post), so it waits 1.01001 - 0.4. Rank 2 receives from 1: the same. Rank 1
+  // waits only for the carriage. Simulated alone every rank would wait 0 (0.2 s of compute
+  // hides the 0.01 s).
+  const double t = 1e-5 + 0.01;
+  const std::vector<RankTrace> traces{
+      RankTrace{0, {gemm(1e11), ring_step(1, 1, 2, 100'000'000), gemm(1e11), CommWait{1}}},
+      RankTrace{1, {gemm(5e11), ring_step(1, 2, 0, 100'000'000), gemm(1e11), CommWait{1}}},
+      RankTrace{2, {gemm(1e11), ring_step(1, 0, 1, 100'000'000), gemm(1e11), CommWait{1}}}};
+  Result<std::vector<RankTimeline>> r = simulate_coupled(traces, test_hardware());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_NEAR((*r)[0].step_s, 1.0 + t, kTol);
+  EXPECT_NEAR((*r)[0].exposed_comm_s, 1.0 + t - 0.4, kTol);
+  EXPECT_NEAR((*r)[2].step_s, 1.0 + t, kTol);
+  EXPECT_NEAR((*r)[1].step_s, 1.2, kTol);  // its step ended at 1 + t, under its 0.2 s GEMM
+  EXPECT_EQ((*r)[1].exposed_comm_s, 0.0);
+  Result<RankTimeline> alone = simulate_rank(traces[0], test_hardware());
+  ASSERT_TRUE(alone.ok());
+  EXPECT_EQ(alone->exposed_comm_s, 0.0);
+  // A step whose source is outside the simulated set is carried as in simulate_rank.
+  Result<std::vector<RankTimeline>> two = simulate_coupled({traces[0], traces[1]}, test_hardware());
+  ASSERT_TRUE(two.ok()) << two.status().to_string();
+  EXPECT_NEAR((*two)[0].step_s, 0.4, kTol);
+}
+
 TEST(TimelineCoupled, RanksThatWaitForEverAreNamed) {
   // Both ranks wait on a receive from the other before sending: a deadlock, named.
   const std::vector<RankTrace> traces{
