@@ -894,8 +894,8 @@ namespace {
 
 // Where MoE models run (validate_layout): one rank, tsp=D and dp=R,tsp=D, in f32 or bf16,
 // and the Megatron layouts with the experts over the tp x sp ranks
-// (megatron_moe_parity_test); pp on TSP stages (pipeline_moe_parity_test), on Megatron
-// stages and under zb refused by name.
+// (megatron_moe_parity_test); pp on TSP and Megatron stages (pipeline_moe_parity_test),
+// under zb refused by name.
 TEST(TspMoeLayout, WhatRunsAndWhatIsRefusedByName) {
   const LlamaConfig c = moe_config(MoeFamily::kMixtral);
   for (const char* ok : {"tsp=1", "tsp=2", "tsp=4:moe=ring", "dp=2,tsp=1", "dp=2,tsp=2:moe=gather", "tsp=1:bf16",
@@ -908,11 +908,11 @@ TEST(TspMoeLayout, WhatRunsAndWhatIsRefusedByName) {
   };
   for (const char* ok : {"tp=2", "dp=2,tp=2", "sp=2", "tp=2,sp=2:seqpar", "tp=4:bf16", "tp=2,sp=4"})
     EXPECT_TRUE(validate_layout(c, parse_layout(ok).value(), 4, 16).ok()) << ok;
-  // pp on TSP stages runs (pipeline_moe_parity_test); on Megatron stages and under zb not.
-  for (const char* ok : {"pp=2,tsp=2", "pp=2,dp=2,tsp=1:moe=ring"})
+  // pp on TSP and Megatron stages runs (pipeline_moe_parity_test); under zb not.
+  for (const char* ok : {"pp=2,tsp=2", "pp=2,dp=2,tsp=1:moe=ring", "pp=2,tp=2", "pp=2,sp=2", "pp=2,tp=2,sp=2:seqpar"})
     EXPECT_TRUE(validate_layout(c, parse_layout(ok).value(), 4, 16).ok()) << ok;
-  EXPECT_NE(message("pp=2,tp=2").find("mixture-of-experts models (mixtral, 4 experts) run under pp on tsp=D stages; "
-                                      "on tp/sp stages they are not built"),
+  EXPECT_NE(message("pp=2,tp=2:zb").find("the zero-bubble schedule (zb) does not split a mixture-of-experts layer's "
+                                         "backward"),
             std::string::npos);
   EXPECT_NE(message("pp=2,tsp=1:zb").find("the zero-bubble schedule (zb) does not split a mixture-of-experts layer's "
                                           "backward"),
