@@ -1,15 +1,19 @@
-// Mixture-of-experts models under pp (pp=P over TSP stages, parallel/pipeline/) against the
-// single-rank MoE model. Each micro-batch has its own aux loss (gradient accumulation,
+// Mixture-of-experts models under pp (pp=P over TSP or Megatron stages, parallel/pipeline/)
+// against the single-rank MoE model. Each micro-batch has its own aux loss (gradient accumulation,
 // docs/design.md "Mixture of experts"), a product of routing statistics over every sparse
 // layer of every stage: the reference is the single-rank model micro-batch by micro-batch
 // (micro-batch i is row i of every dp replica's share), weighted by its share v_i / N of
 // the step's valid targets. Compared: the loss (with the aux term), the aux loss, the expert
 // load, every assembled gradient (1e-5 rule) and the pp traffic exactly (the boundary's
 // activations and gradients plus the routing statistics forward and the aux gradient back).
-// Layouts by world size W: pp=2,tsp=1 (W = 2); pp=2,tsp=2 with each dispatch scheme, pp=4,tsp=1
-// and pp=2,dp=2,tsp=1 (W = 4); pp=2,dp=2,tsp=2 (W = 8); 1F1B and interleaved:2, m = p and 2p,
-// Mixtral-, Qwen2-MoE- (shared expert, dense layers on the last stage only) and Qwen3-MoE-like
-// (decoder_sparse_step) configs, the HF and the per-layer aux modes, uneven stages.
+// Layouts by world size W: pp=2,tsp=1 and pp=2,tp=1 (W = 2); pp=2,tsp=2 with each dispatch
+// scheme, pp=4,tsp=1, pp=2,dp=2,tsp=1, and the Megatron stages pp=2,tp=2, pp=2,tp=2:seqpar and
+// pp=2,sp=2 (experts over the tp x sp group; W = 4); pp=2,dp=2,tsp=2, pp=2,tp=2,sp=2 (its
+// expert axis split off the world) and pp=2,dp=2,tp=2 (W = 8); 1F1B and interleaved:2, m = p
+// and 2p, Mixtral-, Qwen2-MoE- (shared expert, dense layers on the last stage only) and
+// Qwen3-MoE-like (decoder_sparse_step) configs, the HF and the per-layer aux modes, uneven
+// stages.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -260,22 +264,51 @@ TEST(PipelineMoeParity, WithDataParallel) {
               Case{.layout = "pp=2,dp=2,tsp=2:moe=ring", .family = MoeFamily::kQwen3, .m_per_stage = 2});
 }
 
-// What stays refused under pp, by name: ZB-H1 (the MoE backward does not split) and Megatron
-// stages. (Generation under pp on TSP stages runs: tests/parallel/pipeline_decode_test.cc.)
+// Megatron stages: each micro-batch's MegatronStep records its own routing statistics; the
+// last stage sums them over the expert axis (tp x sp) and dp.
+TEST(PipelineMoeParity, MegatronStages) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,tp=1", .m_per_stage = 2},
+              Case{.layout = "pp=2,tp=1", .family = MoeFamily::kQwen2, .chunks = 2},
+              Case{.layout = "pp=2,tp=2"}, Case{.layout = "pp=2,tp=2", .family = MoeFamily::kQwen2, .m_per_stage = 2},
+              Case{.layout = "pp=2,sp=2", .m_per_stage = 2},
+              Case{.layout = "pp=2,sp=2", .family = MoeFamily::kQwen3, .per_layer = true},
+              Case{.layout = "pp=2,tp=2:seqpar", .m_per_stage = 2},
+              Case{.layout = "pp=2,tp=2:seqpar", .family = MoeFamily::kQwen2, .per_layer = true},
+              Case{.layout = "pp=2,tp=2,sp=2", .m_per_stage = 2},
+              Case{.layout = "pp=2,tp=2,sp=2:seqpar", .family = MoeFamily::kQwen2, .per_layer = true});
+}
+
+TEST(PipelineMoeParity, MegatronStagesInterleavedRecomputeAndNoAuxTerm) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,tp=2", .m_per_stage = 2, .chunks = 2},
+              Case{.layout = "pp=2,sp=2", .family = MoeFamily::kQwen2, .chunks = 2},
+              Case{.layout = "pp=2,tp=2:seqpar", .family = MoeFamily::kQwen3, .m_per_stage = 2, .chunks = 2},
+              Case{.layout = "pp=2,tp=2", .stages = {3, 1}, .recompute = Recompute::kBlock},
+              Case{.layout = "pp=2,sp=2", .m_per_stage = 2, .aux_in_loss = false},
+              Case{.layout = "pp=2,tp=2,sp=2", .family = MoeFamily::kQwen3, .chunks = 2});
+}
+
+TEST(PipelineMoeParity, MegatronStagesWithDataParallel) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,dp=2,tp=1", .m_per_stage = 2},
+              Case{.layout = "pp=2,dp=2,tp=2", .family = MoeFamily::kQwen2, .m_per_stage = 2},
+              Case{.layout = "pp=2,dp=2,sp=2", .chunks = 2});
+}
+
+// What stays refused under pp, by name: ZB-H1 (the MoE backward does not split), on either
+// stage. (Generation under pp on TSP stages runs: tests/parallel/pipeline_decode_test.cc.)
 TEST(PipelineMoeLayout, RefusalsNameTheReason) {
   const LlamaConfig c = moe_config(MoeFamily::kMixtral);
   for (const char* ok : {"pp=2,tsp=1", "pp=2,tsp=2:moe=ring", "pp=2,dp=2,tsp=2", "pp=2,tsp=2:interleaved=2",
-                         "pp=4,tsp=1:bf16"})
+                         "pp=4,tsp=1:bf16", "pp=2,tp=2", "pp=2,sp=2:interleaved=2", "pp=2,tp=2,sp=2:seqpar",
+                         "pp=2,dp=2,tp=2:bf16"})
     EXPECT_TRUE(validate_layout(c, parse_layout(ok).value(), 4, 16).ok()) << ok;
-  const Status zb = validate_layout(c, parse_layout("pp=2,tsp=2:zb").value(), 4, 16);
-  EXPECT_EQ(zb.code(), StatusCode::kUnimplemented);
-  EXPECT_EQ(zb.message(),
-            "layout pp=2,tsp=2:zb: the zero-bubble schedule (zb) does not split a mixture-of-experts layer's backward "
-            "(its expert gradients travel with the dispatch); use 1f1b or interleaved:N");
-  const Status tp = validate_layout(c, parse_layout("pp=2,tp=2").value(), 4, 16);
-  EXPECT_EQ(tp.code(), StatusCode::kUnimplemented);
-  EXPECT_EQ(tp.message(), "layout pp=2,tp=2: mixture-of-experts models (mixtral, 4 experts) run under pp on tsp=D "
-                          "stages; on tp/sp stages they are not built");
+  for (const char* layout : {"pp=2,tsp=2:zb", "pp=2,tp=2:zb"}) {
+    const Status zb = validate_layout(c, parse_layout(layout).value(), 4, 16);
+    EXPECT_EQ(zb.code(), StatusCode::kUnimplemented);
+    EXPECT_EQ(zb.message(),
+              fmt::format("layout {}: the zero-bubble schedule (zb) does not split a mixture-of-experts layer's "
+                          "backward (its expert gradients travel with the dispatch); use 1f1b or interleaved:N",
+                          layout));
+  }
 }
 
 }  // namespace
