@@ -295,7 +295,8 @@ void check_bf16_parity(const Case& k) {
   const LlamaWeights w16 = test::converted_weights(c, w32, DType::kBF16);
   const Batch global = synthetic_batch(c, static_cast<int64_t>(m) * lo.dp, kSeq, 13, 0.1);
   const int64_t N = cpu->count_valid_targets(global.target_ids, kIgnoreIndex);
-  const Reference want = reference(c, w16, global, m, lo.dp, N, *bf), f32 = reference(c, w32, global, m, lo.dp, N, *cpu);
+  const Reference want = reference(c, w16, global, m, lo.dp, N, *bf);
+  const Reference f32 = reference(c, w32, global, m, lo.dp, N, *cpu);
   ASSERT_EQ(want.load, f32.load) << "the margin keeps bf16 and f32 routing alike";
 
   Result<Mesh> mesh = Mesh::create(world, lo.mesh());
