@@ -246,16 +246,8 @@ std::vector<ParamRef> PipelineModel::parameters() {
 
 Status PipelineModel::assemble(const ShardedWeights& shard, LlamaWeights& global) {
   FP_RETURN_IF_ERROR(assemble_global(shard, stage_->weight_axis(), global));
-  // Experts spread wider than the weight axis: each weight-axis group holds its own (zero
-  // elsewhere), summed over the groups (as WeightShardedModel's assembly).
-  Communicator* across = stage_->expert_across();
-  if (across != nullptr && across->size() > 1)
-    for (LayerWeights& layer : global.layers)
-      for (ExpertWeights& e : layer.moe.experts)
-        for (Tensor* t : {&e.w_gate, &e.w_up, &e.w_down})
-          FP_RETURN_IF_ERROR(
-              across->all_reduce(t->raw_data(), t->raw_data(), static_cast<size_t>(t->numel()), DType::kF32,
-                                 ReduceOp::kSum));
+  // Experts spread wider than the weight axis: each weight-axis group holds its own.
+  FP_RETURN_IF_ERROR(sum_experts_across(stage_->expert_across(), global));
   // Host-side assembly: each element from the one stage that holds it (the tied embedding from stage 0).
   if (config_.tie_word_embeddings && !layers_.embed) global.embed.zero();
   Status status;
