@@ -250,17 +250,13 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
   // its f_e (parallel/tsp/tsp_moe.cc), and on the Megatron layouts tp=T[:seqpar], sp=Q,
   // tp=T,sp=Q with the experts spread the same way over the T*Q ranks of the tp x sp group
   // (parallel/megatron/tp_moe.cc); with or without a dp axis (the routing statistics summed
-  // over the expert axis and dp), in f32 or bf16 storage. Under pp on TSP stages (1F1B and
-  // interleaved), each micro-batch's routing statistics travelling with it across the stage
-  // boundaries (parallel/pipeline/pipeline_model.h); not on Megatron stages, not under ZB-H1.
+  // over the expert axis and dp), in f32 or bf16 storage. Under pp on TSP and Megatron stages
+  // (1F1B and interleaved), each micro-batch's routing statistics travelling with it across
+  // the stage boundaries (parallel/pipeline/pipeline_model.h); not under ZB-H1.
   if (layout.moe_dispatch != Layout::MoeDispatchOption::kAuto && layout.strategy != Strategy::kTsp)
     return invalid_argument("{}: moe=a2a|gather|ring chooses the dispatch of a tsp=N layout", name);
   if (config.moe.enabled()) {
     const MoeConfig& m = config.moe;
-    if (layout.pp > 1 && layout.strategy != Strategy::kTsp)
-      return unimplemented("layout {}: mixture-of-experts models ({}, {} experts) run under pp on tsp=D stages; "
-                           "on tp/sp stages they are not built",
-                           name, m.model_type(), m.num_experts);
     if (layout.pp > 1 && layout.zero_bubble)
       return unimplemented("layout {}: the zero-bubble schedule (zb) does not split a mixture-of-experts layer's "
                            "backward (its expert gradients travel with the dispatch); use 1f1b or interleaved:N",

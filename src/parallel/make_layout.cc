@@ -47,6 +47,25 @@ Result<std::unique_ptr<ShardedDecoder>> make_pipeline_stages_decoder(const Llama
   return make_pipeline_decoder(config, pp, std::move(*stage), contiguous);
 }
 
+// A MoE model on tp=T,sp=Q (a pipeline stage's too): its expert axis is the tp x sp group,
+// split off the world per dp replica and pp stage (rank sp * T + t); null with one of the
+// axes, where the other is the group. Collective over the world when split.
+std::unique_ptr<Communicator> make_expert_axis(const LlamaConfig& config, Mesh& mesh, const Layout& layout) {
+  if (!config.moe.enabled() || layout.tp == 1 || layout.sp == 1) return nullptr;
+  // The group's world ranks in expert-axis order (tp and sp are regular strides of the mesh).
+  const std::vector<int>& tw = mesh.comm("tp").world_ranks();
+  const std::vector<int>& sw = mesh.comm("sp").world_ranks();
+  const int t = mesh.coord("tp"), s = mesh.coord("sp");
+  const int me = tw[static_cast<size_t>(t)], tstride = tw[1] - tw[0], sstride = sw[1] - sw[0];
+  std::vector<int> group;
+  for (int q = 0; q < layout.sp; ++q)
+    for (int r = 0; r < layout.tp; ++r) group.push_back(me + (q - s) * sstride + (r - t) * tstride);
+  if (auto* counting = dynamic_cast<CountingCommunicator*>(&mesh.world()))
+    return counting->group(group, "ep");  // a dry run: no peers to split with
+  const int color = *std::min_element(group.begin(), group.end());
+  return mesh.world().split(color, s * layout.tp + t, "ep");
+}
+
 }  // namespace
 
 Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& config, Mesh& mesh, int64_t seq,
@@ -54,8 +73,8 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));
   FP_RETURN_IF_ERROR(check_mesh(mesh, layout));
   // validate_layout: a MoE model runs on one rank (in the single-rank model), on dp=R,tsp=D
-  // (TSP, D = 1 included), on pp=P,tsp=D stages (and dp), or on the Megatron layouts with
-  // expert parallelism over tp x sp. The attention variants (biases, q/k norms) run in the
+  // (TSP, D = 1 included), or on the Megatron layouts with expert parallelism over tp x sp;
+  // under pp on stages of either (and dp). The attention variants (biases, q/k norms) run in the
   // strategies, one rank included.
   if (layout.ranks() == 1 && config.moe.enabled())
     return make_single_rank_model(config, layout);
@@ -63,33 +82,15 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
     Result<std::unique_ptr<StageStrategy>> stage =
         layout.strategy == Strategy::kTsp
             ? make_tsp_stage_strategy(config, mesh.comm("tsp"), axis_comm(mesh, "dp"), seq, layout)
-            : make_megatron_stage_strategy(config, axis_comm(mesh, "tp"), axis_comm(mesh, "sp"), seq, layout);
+            : make_megatron_stage_strategy(config, axis_comm(mesh, "tp"), axis_comm(mesh, "sp"), seq, layout,
+                                           make_expert_axis(config, mesh, layout), axis_comm(mesh, "dp"));
     FP_RETURN_IF_ERROR(stage.status());
     return make_pipeline_model(config, mesh.comm("pp"), std::move(*stage), layout);
   }
   if (layout.strategy == Strategy::kTsp)
     return make_tsp_sharded_model(config, mesh.comm("tsp"), axis_comm(mesh, "dp"), seq, layout);
-  // A MoE model on tp=T,sp=Q: its expert axis is the tp x sp group, split off the world per
-  // dp replica (rank sp * T + t); with one of the axes, the other is the group.
-  std::unique_ptr<Communicator> ep;
-  if (config.moe.enabled() && layout.tp > 1 && layout.sp > 1) {
-    // The group's world ranks in expert-axis order (tp and sp are regular strides of the mesh).
-    const std::vector<int>& tw = mesh.comm("tp").world_ranks();
-    const std::vector<int>& sw = mesh.comm("sp").world_ranks();
-    const int t = mesh.coord("tp"), s = mesh.coord("sp");
-    const int me = tw[static_cast<size_t>(t)], tstride = tw[1] - tw[0], sstride = sw[1] - sw[0];
-    std::vector<int> group;
-    for (int q = 0; q < layout.sp; ++q)
-      for (int r = 0; r < layout.tp; ++r) group.push_back(me + (q - s) * sstride + (r - t) * tstride);
-    if (auto* counting = dynamic_cast<CountingCommunicator*>(&mesh.world())) {
-      ep = counting->group(group, "ep");  // a dry run: no peers to split with
-    } else {
-      const int color = *std::min_element(group.begin(), group.end());
-      ep = mesh.world().split(color, s * layout.tp + t, "ep");
-    }
-  }
   return make_megatron_sharded_model(config, axis_comm(mesh, "tp"), axis_comm(mesh, "sp"), seq, layout,
-                                     std::move(ep), axis_comm(mesh, "dp"));
+                                     make_expert_axis(config, mesh, layout), axis_comm(mesh, "dp"));
 }
 
 Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& config, Mesh& mesh,

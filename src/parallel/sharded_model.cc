@@ -51,14 +51,8 @@ Status WeightShardedModel::assemble(const ShardedWeights& shard, LlamaWeights& g
     global.zero();
     unshard_into_global(shard, /*replicated=*/true, global);  // one rank holds everything (of the weight axis)
   }
-  if (expert_across_ == nullptr || expert_across_->size() == 1) return Status();
   // Each weight-axis group holds its own experts (zero elsewhere): their sum over the groups.
-  for (LayerWeights& layer : global.layers)
-    for (ExpertWeights& e : layer.moe.experts)
-      for (Tensor* t : {&e.w_gate, &e.w_up, &e.w_down})
-        FP_RETURN_IF_ERROR(expert_across_->all_reduce(t->raw_data(), t->raw_data(), static_cast<size_t>(t->numel()),
-                                                      DType::kF32, ReduceOp::kSum));
-  return Status();
+  return sum_experts_across(expert_across_, global);
 }
 
 }  // namespace foldpar

@@ -577,6 +577,16 @@ Status assemble_global(const ShardedWeights& shard, Communicator& axis, LlamaWei
   return status;
 }
 
+Status sum_experts_across(Communicator* across, LlamaWeights& global) {
+  if (across == nullptr || across->size() == 1) return Status();
+  for (LayerWeights& layer : global.layers)
+    for (ExpertWeights& e : layer.moe.experts)
+      for (Tensor* t : {&e.w_gate, &e.w_up, &e.w_down})
+        FP_RETURN_IF_ERROR(across->all_reduce(t->raw_data(), t->raw_data(), static_cast<size_t>(t->numel()),
+                                              DType::kF32, ReduceOp::kSum));
+  return Status();
+}
+
 namespace {
 
 // Global 2-D view of the tensor called `name`: [rows, cols].

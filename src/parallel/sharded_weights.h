@@ -236,6 +236,11 @@ class Communicator;
 // (LlamaWeights::allocate) with the config's shapes. For verification, dumps and
 // checkpoints, not for training steps: it moves the whole model.
 Status assemble_global(const ShardedWeights& shard, Communicator& axis, LlamaWeights& global);
+// Experts spread wider than the weight axis (the Megatron baselines' tp x sp expert axis):
+// after assemble_global each weight-axis group holds its own routed experts in `global` (zero
+// elsewhere); their sum over `across` (the axis across the groups, sp) completes them.
+// Collective over `across`; nothing issued when it is null or has one rank.
+Status sum_experts_across(Communicator* across, LlamaWeights& global);
 
 
 // The ParamRefs of sharded weights and their gradients: packed shards with their global

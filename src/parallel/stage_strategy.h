@@ -48,6 +48,12 @@ class StageStrategy {
   virtual Communicator& weight_axis() = 0;
   virtual bool counts_replicated() const = 0;
   virtual bool counts_sharded() const { return true; }
+  // A MoE model whose experts spread wider than the weight axis (Megatron stages: over the
+  // tp x sp group): this rank's place on that expert axis (ShardedWeights::expert_rank; -1:
+  // the weight axis itself) and the axis across weight-axis groups whose ranks hold the other
+  // experts, over which assembly also sums the routed experts' tensors (null: none).
+  virtual int expert_rank() const { return -1; }
+  virtual Communicator* expert_across() { return nullptr; }
   // Verification: this rank's logits rows [B, S_local, V] (keep_logits) placed into the full
   // [B, S, V] on every rank of the weight axis, as ShardedModel::assemble_logits.
   virtual Status assemble_logits(const Tensor& local, Tensor& global) = 0;

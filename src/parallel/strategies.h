@@ -37,9 +37,12 @@ Result<std::unique_ptr<ShardedModel>> make_megatron_sharded_model(const LlamaCon
 // stage, as make_tsp_sharded_model's.
 Result<std::unique_ptr<StageStrategy>> make_tsp_stage_strategy(const LlamaConfig& config, Communicator& tsp,
                                                                Communicator* dp, int64_t seq, const Layout& layout);
+// A Megatron stage of a MoE model: ep and dp as make_megatron_sharded_model's.
 Result<std::unique_ptr<StageStrategy>> make_megatron_stage_strategy(const LlamaConfig& config, Communicator* tp,
                                                                     Communicator* sp, int64_t seq,
-                                                                    const Layout& layout);
+                                                                    const Layout& layout,
+                                                                    std::unique_ptr<Communicator> ep = nullptr,
+                                                                    Communicator* dp = nullptr);
 Result<std::unique_ptr<ShardedModel>> make_pipeline_model(const LlamaConfig& config, Communicator& pp,
                                                           std::unique_ptr<StageStrategy> stage, const Layout& layout);
 

@@ -491,9 +491,10 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
     const bool moe = r.config.moe.enabled() && plan_strategy(l) == PlanStrategy::kTsp &&
                      l.ranks() == l.dp * l.tsp && l.tsp > 1;
     Status dry = search ? plan_pipeline(request, p) : moe ? plan_moe(r, p) : plan_by_dry_run(r, p, r.micro_batch);
-    if (dry.ok() && r.config.moe.enabled() && plan_strategy(l) != PlanStrategy::kTsp && l.pp == 1) {
-      // Expert parallelism over tp x sp: the expert memory and the one scheme's figures.
-      MoePlan mp = moe_plan_base(r, p.layout, r.micro_batch);
+    if (dry.ok() && r.config.moe.enabled() && plan_strategy(l) != PlanStrategy::kTsp) {
+      // Expert parallelism over tp x sp: the expert memory and the one scheme's figures (under
+      // pp at the micro-batch the schedule search chose).
+      MoePlan mp = moe_plan_base(r, p.layout, l.pp > 1 ? p.micro_batch : r.micro_batch);
       mp.schemes.push_back(scheme_figures(p, r));
       // Generation (tp=N) runs the replicated form: every rank routes every row.
       const bool generation = r.mode == PlanMode::kPrefill || r.mode == PlanMode::kDecode;

@@ -19,6 +19,7 @@
 #include "backend/bf16_storage_backend.h"
 #include "comm/mesh.h"
 #include "core/tolerance.h"
+#include "moe_bf16_rules.h"
 #include "mpi_test_main.h"
 #include "parallel/make_layout.h"
 #include "tensor/compare.h"
@@ -370,70 +371,17 @@ TEST(MegatronMoeAccumulation, EachMicroBatchItsOwnAuxLossWeightedByItsValidTarge
   }
 }
 
-// ---- bf16 storage: tsp_moe_parity_test.cc's rules and routing margin ----
+// ---- bf16 storage: moe_bf16_rules.h's tolerances and routing margin ----
 //
 // Both sides store weights and activations in bf16 through the bf16 storage decorator; the
 // references are the single-rank model in bf16 and in f32. The loss within 1 bf16 ulp, the
-// gradients within 16 (the router's 32), as tsp_moe_parity_test.cc derives them; the weights
-// give every routing choice a margin far above bf16's noise (margin_weights there: coordinate
+// gradients within 16 (the router's 32), as moe_bf16_rules.h derives them; the weights
+// give every routing choice a margin far above bf16's noise (moe_margin_weights: coordinate
 // 0 of the residual stream held at 0.5, router column 0 ordering the experts), so the routing
 // and the per-expert load are the references'.
-constexpr double kBf16Ulp = 1.0 / 256;
-constexpr double kBf16LossTol = 1 * kBf16Ulp;
-constexpr double kBf16TensorTol = 16 * kBf16Ulp;
-constexpr double kBf16RouterTol = 32 * kBf16Ulp;
-
-LlamaWeights margin_weights(const LlamaConfig& c) {
-  LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
-  init_weights(kInit, w);
-  auto set_column0 = [](Tensor& t, float value) {
-    std::vector<float> v = read_host_f32(t);
-    for (int64_t r = 0; r < t.dim(0); ++r) v[static_cast<size_t>(r * t.dim(1))] = value;
-    write_host_f32(v, t);
-  };
-  auto zero_row0 = [](Tensor& t) {
-    std::vector<float> v = read_host_f32(t);
-    std::fill_n(v.begin(), t.dim(1), 0.0f);
-    write_host_f32(v, t);
-  };
-  set_column0(w.embed, 0.5f);
-  const float orders[2][4] = {{0.0f, 0.6f, -0.6f, 0.3f}, {0.6f, -0.6f, 0.3f, 0.0f}};
-  for (auto& l : w.layers) {
-    zero_row0(l.wo);
-    if (l.w_down.defined()) zero_row0(l.w_down);
-    if (!l.moe.defined()) continue;
-    for (ExpertWeights& e : l.moe.experts) zero_row0(e.w_down);
-    if (l.moe.shared.w_down.defined()) zero_row0(l.moe.shared.w_down);
-    std::vector<float> r = read_host_f32(l.moe.router);
-    for (float& x : r) x *= 0.1f;
-    const int64_t h = l.moe.router.dim(1);
-    for (int64_t e = 0; e < l.moe.router.dim(0); ++e) r[static_cast<size_t>(e * h)] = orders[l.moe.sparse_index % 2][e % 4];
-    write_host_f32(r, l.moe.router);
-  }
-  return w;
-}
-
-// Every parameter of `model` set from the global weights, slice by slice.
-void load_global(ShardedModel& model, LlamaWeights& global) {
-  std::vector<std::pair<std::string, Tensor>> all;
-  global.for_each([&](const std::string& n, Tensor& t) { all.emplace_back(n, t); });
-  for (ParamRef& p : model.parameters()) {
-    std::vector<float> v = read_host_f32(p.param);
-    for (const GlobalSlice& s : p.slices) {
-      const Tensor* g = nullptr;
-      for (const auto& [n, t] : all)
-        if (n == s.tensor) g = &t;
-      ASSERT_NE(g, nullptr) << s.tensor;
-      const std::vector<float> gv = read_host_f32(*g);
-      const int64_t cols = g->dim(-1);
-      for (int64_t r = 0; r < s.rows; ++r)
-        for (int64_t col = 0; col < s.cols; ++col)
-          v[static_cast<size_t>(s.offset + (s.transposed ? col * s.rows + r : r * s.cols + col))] =
-              gv[static_cast<size_t>((s.row0 + r) * cols + s.col0 + col)];
-    }
-    write_host_f32(v, p.param);
-  }
-}
+using test::kBf16LossTol;
+using test::kBf16RouterTol;
+using test::kBf16TensorTol;
 
 void check_bf16(const char* text, MoeFamily family) {
   Communicator& world = test::mpi().world();
@@ -445,14 +393,8 @@ void check_bf16(const char* text, MoeFamily family) {
   const Batch global = synthetic_batch(c, B, S, 13, 0.1);
   auto cpu = make_cpu_backend();
   auto bf = make_bf16_storage_backend(*cpu);
-  LlamaWeights w32 = margin_weights(c);
-  LlamaWeights w16 = LlamaWeights::allocate(c, DType::kBF16, MemCategory::kParameters);
-  {
-    std::vector<Tensor> src;
-    w32.for_each([&](const std::string&, Tensor& t) { src.push_back(t); });
-    size_t i = 0;
-    w16.for_each([&](const std::string&, Tensor& t) { write_host_f32(read_host_f32(src[i++]), t); });
-  }
+  LlamaWeights w32 = test::moe_margin_weights(c, kInit);
+  const LlamaWeights w16 = test::converted_weights(c, w32, DType::kBF16);
   auto single = [&](const LlamaWeights& w, Backend& be, LlamaWeights& g) {
     g.zero();
     return model_forward_backward(c, be, w, global, StepOptions{}, g);
@@ -468,7 +410,7 @@ void check_bf16(const char* text, MoeFamily family) {
   Result<std::unique_ptr<ShardedModel>> made = make_sharded_model(c, *mesh, S, lo);
   ASSERT_TRUE(made.ok()) << made.status().to_string();
   ShardedModel& model = **made;
-  load_global(model, w32);
+  test::load_global(model.parameters(), w32);
   model.zero_grads(*cpu);
   const int64_t rows = B / lo.dp, r0 = (lo.dp > 1 ? mesh->coord("dp") : 0) * rows;
   const Batch replica{global.input_ids.narrow(r0, r0 + rows), global.target_ids.narrow(r0, r0 + rows)};

@@ -17,6 +17,7 @@
 #include "core/tolerance.h"
 #include "comm/mesh.h"
 #include "comm/self_communicator.h"
+#include "moe_bf16_rules.h"
 #include "mpi_test_main.h"
 #include "parallel/make_layout.h"
 #include "parallel/tsp/tsp_model.h"
@@ -581,78 +582,12 @@ TEST(TspMoeAccumulation, UnderDataParallelismMicroBatchAIsEveryReplicasAth) {
 
 // ---- bf16 storage (:bf16) on one rank and on tsp=D ----
 //
-// Both sides store weights and activations in bf16 and compute through the bf16 storage
-// decorator (f32 arithmetic, every bf16 result rounded once; statistics, the routing sums,
-// the aux gradient and the gradients f32), as `train --bf16` runs them; the references are
-// the single-rank model in bf16 and in f32. The tolerances are megatron_parity_test.cc's,
-// with its derivation: one bf16 rounding moves a value by up to 2^-9 relative (one ulp is
-// 2^-8); a step chains about 40 dependent rounded results, so the loss (an average over the
-// tokens) stays within 1 ulp and logits and gradients within 16 ulp. A sparse layer adds
-// the routing weights and the weighted combine to a token's chain, within that budget.
-//
-// Routing is a discontinuous function of the router logits: two runs that round differently
-// (the layout sums partial outputs shard by shard) pick different experts for a token whose
-// k-th and (k+1)-th logits lie within bf16's noise of each other, and then differ by O(1) in
-// that token's row whatever the precision. So the weights (margin_weights) give every choice
-// a margin far above that noise in every layer: coordinate 0 of the residual stream is 0.5
-// for every token (embedding column 0) and stays so (row 0 of o_proj and of every down
-// projection is zero: nothing writes it), so a_0 = 0.5 g_0 / rms(x) > 0 for every token;
-// router column 0 is c_e (per sparse layer one of two orders, so every expert is chosen in
-// some layer), the rest of the router a tenth of its initialization. The k-th and (k+1)-th
-// logits are then 0.3 a_0 apart against a token-dependent part about ten times smaller, while
-// the routing weights and probabilities still differ per token. The per-expert load must
-// equal the references' (bf16 and f32 alike).
-constexpr double kBf16Ulp = 1.0 / 256;  // 2^-8: the spacing of bf16 values relative to their size
-constexpr double kBf16LossTol = 1 * kBf16Ulp;
-constexpr double kBf16TensorTol = 16 * kBf16Ulp;
-// The routers' gradients take two more cancelling differences than any dense weight's: the
-// renormalised top-k weights' derivative d_w_i - sum_j w_j d_w_j and the softmax's
-// p_i (g_i - sum_j p_j g_j), each a difference of bf16-rounded terms of similar size, which
-// can lose a bit or two relative to the result. Observed up to 6.6e-2 (17 ulp) against f32
-// and 4.7e-2 against bf16; 32 ulp, far below the O(1) of a wrong formula.
-constexpr double kBf16RouterTol = 32 * kBf16Ulp;
-
-void set_column0(Tensor& t, float value) {
-  std::vector<float> v = read_host_f32(t);
-  for (int64_t r = 0; r < t.dim(0); ++r) v[static_cast<size_t>(r * t.dim(1))] = value;
-  write_host_f32(v, t);
-}
-void zero_row0(Tensor& t) {
-  std::vector<float> v = read_host_f32(t);
-  std::fill_n(v.begin(), t.dim(1), 0.0f);
-  write_host_f32(v, t);
-}
-
-// f32 weights of kInit with the routing margin described above.
-LlamaWeights margin_weights(const LlamaConfig& c) {
-  LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
-  init_weights(kInit, w);
-  set_column0(w.embed, 0.5f);
-  const float orders[2][4] = {{0.0f, 0.6f, -0.6f, 0.3f}, {0.6f, -0.6f, 0.3f, 0.0f}};
-  for (auto& l : w.layers) {
-    zero_row0(l.wo);
-    if (l.w_down.defined()) zero_row0(l.w_down);
-    if (!l.moe.defined()) continue;
-    for (ExpertWeights& e : l.moe.experts) zero_row0(e.w_down);
-    if (l.moe.shared.w_down.defined()) zero_row0(l.moe.shared.w_down);
-    std::vector<float> r = read_host_f32(l.moe.router);
-    for (float& x : r) x *= 0.1f;
-    const int64_t h = l.moe.router.dim(1);
-    for (int64_t e = 0; e < l.moe.router.dim(0); ++e) r[static_cast<size_t>(e * h)] = orders[l.moe.sparse_index % 2][e % 4];
-    write_host_f32(r, l.moe.router);
-  }
-  return w;
-}
-
-// w in `dtype` (bf16: each value rounded to nearest even, as init_weights in bf16 rounds).
-LlamaWeights converted(const LlamaConfig& c, LlamaWeights& w, DType dtype) {
-  LlamaWeights out = LlamaWeights::allocate(c, dtype, MemCategory::kParameters);
-  std::vector<Tensor> src;
-  w.for_each([&](const std::string&, Tensor& t) { src.push_back(t); });
-  size_t i = 0;
-  out.for_each([&](const std::string&, Tensor& t) { write_host_f32(read_host_f32(src[i++]), t); });
-  return out;
-}
+// The tolerances and the routing margin are moe_bf16_rules.h's (with their derivation): the
+// loss within 1 bf16 ulp, logits and gradients within 16, the routers' within 32; the
+// references are the single-rank model in bf16 and in f32.
+using test::kBf16LossTol;
+using test::kBf16RouterTol;
+using test::kBf16TensorTol;
 
 struct Bf16Run {
   Result<StepResult> step = StepResult();
@@ -682,8 +617,8 @@ void check_bf16_parity(const std::string& text, MoeFamily family) {
   const Batch global = synthetic_batch(c, B, S, 13, 0.1);
   auto cpu = make_cpu_backend();
   auto bf = make_bf16_storage_backend(*cpu);
-  LlamaWeights w32 = margin_weights(c);
-  const LlamaWeights w16 = converted(c, w32, DType::kBF16);
+  LlamaWeights w32 = test::moe_margin_weights(c, kInit);
+  const LlamaWeights w16 = test::converted_weights(c, w32, DType::kBF16);
   const Bf16Run want = single_rank(c, w16, *bf, global), f32 = single_rank(c, w32, *cpu, global);
   ASSERT_TRUE(want.step.ok() && f32.step.ok()) << want.step.status().to_string() << f32.step.status().to_string();
   ASSERT_EQ(want.step->expert_load, f32.step->expert_load) << "the margin keeps bf16 and f32 routing alike";
@@ -894,8 +829,8 @@ namespace {
 
 // Where MoE models run (validate_layout): one rank, tsp=D and dp=R,tsp=D, in f32 or bf16,
 // and the Megatron layouts with the experts over the tp x sp ranks
-// (megatron_moe_parity_test); pp on TSP stages (pipeline_moe_parity_test), on Megatron
-// stages and under zb refused by name.
+// (megatron_moe_parity_test); pp on TSP and Megatron stages (pipeline_moe_parity_test),
+// under zb refused by name.
 TEST(TspMoeLayout, WhatRunsAndWhatIsRefusedByName) {
   const LlamaConfig c = moe_config(MoeFamily::kMixtral);
   for (const char* ok : {"tsp=1", "tsp=2", "tsp=4:moe=ring", "dp=2,tsp=1", "dp=2,tsp=2:moe=gather", "tsp=1:bf16",
@@ -908,11 +843,11 @@ TEST(TspMoeLayout, WhatRunsAndWhatIsRefusedByName) {
   };
   for (const char* ok : {"tp=2", "dp=2,tp=2", "sp=2", "tp=2,sp=2:seqpar", "tp=4:bf16", "tp=2,sp=4"})
     EXPECT_TRUE(validate_layout(c, parse_layout(ok).value(), 4, 16).ok()) << ok;
-  // pp on TSP stages runs (pipeline_moe_parity_test); on Megatron stages and under zb not.
-  for (const char* ok : {"pp=2,tsp=2", "pp=2,dp=2,tsp=1:moe=ring"})
+  // pp on TSP and Megatron stages runs (pipeline_moe_parity_test); under zb not.
+  for (const char* ok : {"pp=2,tsp=2", "pp=2,dp=2,tsp=1:moe=ring", "pp=2,tp=2", "pp=2,sp=2", "pp=2,tp=2,sp=2:seqpar"})
     EXPECT_TRUE(validate_layout(c, parse_layout(ok).value(), 4, 16).ok()) << ok;
-  EXPECT_NE(message("pp=2,tp=2").find("mixture-of-experts models (mixtral, 4 experts) run under pp on tsp=D stages; "
-                                      "on tp/sp stages they are not built"),
+  EXPECT_NE(message("pp=2,tp=2:zb").find("the zero-bubble schedule (zb) does not split a mixture-of-experts layer's "
+                                         "backward"),
             std::string::npos);
   EXPECT_NE(message("pp=2,tsp=1:zb").find("the zero-bubble schedule (zb) does not split a mixture-of-experts layer's "
                                           "backward"),

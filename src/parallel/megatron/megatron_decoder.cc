@@ -153,7 +153,8 @@ class TpStageDecoder final : public StageDecoder {
     o.strategy = Strategy::kMegatron;
     o.tp = comm_.size();
     o.overlap = overlap_;
-    FP_ASSIGN_OR_RETURN(MegatronModel model, MegatronModel::create(config_, o, comm_.rank(), 0, S));
+    FP_ASSIGN_OR_RETURN(MegatronModel model,
+                        MegatronModel::create(config_, o, comm_.rank(), 0, S, /*for_prefill=*/true));
     model_.emplace(std::move(model));
     // Shorter prompts are padded after their end (token 0), which causal attention never shows them.
     std::vector<int32_t> host_ids(static_cast<size_t>(B * S), 0);

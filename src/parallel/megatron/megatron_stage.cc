@@ -4,7 +4,10 @@
 // its backward ends. One sp rank: so are, with sequence parallelism, its norm-gain partials,
 // as MegatronModel::forward_backward does per call. Several sp ranks: the step's accumulated
 // gradients are summed over sp (gains over tp first with sequence parallelism) once, after
-// the last backward, so they must start the step at zero (ShardedModel::zero_grads).
+// the last backward, so they must start the step at zero (ShardedModel::zero_grads). A MoE
+// model: each micro-batch's MegatronStep records its own routing statistics (those of the
+// stages before arrive with its activation, ModelStep::set_routing_stats), and the last
+// stage sums them over the expert axis (tp x sp) and dp, as the step without pp does.
 #include "comm/self_communicator.h"
 #include "parallel/megatron/megatron_step.h"
 #include "parallel/stage_strategy.h"
@@ -31,6 +34,7 @@ class MegatronStageSteps final : public StageSteps {
     const Layout& o = model_.options();
     TpStepInputs in{&w_, g_ != nullptr ? &g_->views() : nullptr, loss_normalizer, o.keep_logits,
                     o.recompute == Recompute::kBlock};
+    // Its own step, so its own routing statistics and aux gradient while others are in flight.
     return std::unique_ptr<ModelStep>(std::make_unique<MegatronStep>(model_, be_, axes_, local, in));
   }
   void finish_micro_batch(ModelStep& step) override {
@@ -64,22 +68,33 @@ class MegatronStageSteps final : public StageSteps {
 
 // tp and sp: the layout's axes, or communicators of one rank standing for the one it lacks
 // (owned in self_). Every sp rank holds the same tp slices: sp rank 0 speaks for them, and
-// (tp 0, sp 0) for the replicated gains.
+// (tp 0, sp 0) for the replicated gains. A MoE model: ep is the tp x sp group (owned here
+// when split off the world; tp or sp itself where the other has one rank), every rank of it
+// holding its own experts; dp the replicas its routing statistics are summed over.
 class MegatronStageStrategy final : public StageStrategy {
  public:
-  MegatronStageStrategy(MegatronModel model, Communicator& tp, Communicator& sp, std::unique_ptr<Communicator> self)
-      : model_(std::move(model)), tp_(tp), sp_(sp), self_(std::move(self)) {}
+  MegatronStageStrategy(MegatronModel model, Communicator& tp, Communicator& sp, std::unique_ptr<Communicator> self,
+                        std::unique_ptr<Communicator> ep_owned, Communicator* dp)
+      : model_(std::move(model)), tp_(tp), sp_(sp), self_(std::move(self)), ep_owned_(std::move(ep_owned)), dp_(dp) {
+    if (!model_.config().moe.enabled()) return;
+    ep_ = ep_owned_ != nullptr ? ep_owned_.get() : (sp.size() > 1 ? &sp : &tp);
+    FP_CHECK(ep_->size() == tp.size() * sp.size() && ep_->rank() == sp.rank() * tp.size() + tp.rank(),
+             "expert axis {} for tp rank {} of {}, sp rank {} of {}", ep_->describe(), tp.rank(), tp.size(), sp.rank(),
+             sp.size());
+  }
 
   Batch local_batch(const Batch& global) const override { return model_.local_batch(global); }
   const ShardDims& dims() const override { return model_.dims(); }
   Communicator& weight_axis() override { return tp_; }
   bool counts_replicated() const override { return tp_.rank() == 0 && sp_.rank() == 0; }
   bool counts_sharded() const override { return sp_.rank() == 0; }
+  int expert_rank() const override { return ep_ != nullptr ? ep_->rank() : -1; }
+  Communicator* expert_across() override { return ep_ != nullptr ? &sp_ : nullptr; }
   Status assemble_logits(const Tensor& local, Tensor& global) override {
     return model_.assemble_logits(tp_, sp_, local, global);
   }
   std::unique_ptr<StageSteps> begin(Backend& be, const ShardedWeights& w, ShardedGrads* g, int64_t) override {
-    return std::make_unique<MegatronStageSteps>(model_, be, MegatronAxes{&tp_, &sp_}, w, g);
+    return std::make_unique<MegatronStageSteps>(model_, be, MegatronAxes{&tp_, &sp_, ep_, dp_}, w, g);
   }
 
  private:
@@ -87,13 +102,18 @@ class MegatronStageStrategy final : public StageStrategy {
   Communicator& tp_;
   Communicator& sp_;
   std::unique_ptr<Communicator> self_;
+  std::unique_ptr<Communicator> ep_owned_;
+  Communicator* dp_;
+  Communicator* ep_ = nullptr;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<StageStrategy>> make_megatron_stage_strategy(const LlamaConfig& config, Communicator* tp,
                                                                     Communicator* sp, int64_t seq,
-                                                                    const Layout& layout) {
+                                                                    const Layout& layout,
+                                                                    std::unique_ptr<Communicator> ep,
+                                                                    Communicator* dp) {
   FP_CHECK(tp != nullptr || sp != nullptr, "a Megatron stage needs a tp or an sp axis");
   const Communicator& present = tp != nullptr ? *tp : *sp;
   std::unique_ptr<Communicator> self;
@@ -104,7 +124,7 @@ Result<std::unique_ptr<StageStrategy>> make_megatron_stage_strategy(const LlamaC
   }
   FP_ASSIGN_OR_RETURN(MegatronModel model, MegatronModel::create(config, layout, tp->rank(), sp->rank(), seq));
   return std::unique_ptr<StageStrategy>(
-      std::make_unique<MegatronStageStrategy>(std::move(model), *tp, *sp, std::move(self)));
+      std::make_unique<MegatronStageStrategy>(std::move(model), *tp, *sp, std::move(self), std::move(ep), dp));
 }
 
 }  // namespace foldpar

@@ -205,6 +205,7 @@ Tensor TpStepBase::block_backward(int64_t layer, Tensor dx) {
 }
 
 bool TpStepBase::defer_weight_grads(WeightGradQueue* queue) {
+  if (queue != nullptr && c_.moe.enabled()) return false;
   ctx_.weight_grads = queue;  // ctx_ is this micro-batch's; the head's and norms' contexts are not
   return true;
 }

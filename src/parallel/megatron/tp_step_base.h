@@ -104,8 +104,18 @@ class TpStepBase : public ModelStep {
   void embed_backward(const Tensor& dx) override;
   // The zero-bubble split: every weight gradient of a block is this rank's own slice,
   // accumulated locally (the sp sum waits for the step's end), so its products can wait;
-  // with KV replicas the wk/wv gradients' sum over the KV group is queued behind them.
+  // with KV replicas the wk/wv gradients' sum over the KV group is queued behind them. A MoE
+  // model's expert gradients are summed by their dispatch during the backward: not split.
   bool defer_weight_grads(WeightGradQueue* queue) override;
+  // A MoE model under pp (ModelStep's contract): this step's routing statistics, the stages'
+  // before included, travel with its activation; the aux loss's gradient with its gradient.
+  // Each micro-batch in flight is a step of its own, so each keeps its own.
+  std::vector<double> routing_stats() const override {
+    return c_.moe.enabled() ? moe_stats_.pack() : std::vector<double>{};
+  }
+  void set_routing_stats(const std::vector<double>& stats) override { moe_stats_.unpack(stats); }
+  std::vector<double> aux_prob_grad() const override { return MoeAux::flatten(moe_prob_grad_); }
+  void set_aux_prob_grad(const std::vector<double>& g) override { moe_prob_grad_ = moe_stats_.unflatten(g); }
 
   // A MoE model: the communicator of its expert axis (the tp x sp group, rank sp * tp + t).
   void set_expert_axis(Communicator* ep) { ep_ = ep; }

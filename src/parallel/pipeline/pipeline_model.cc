@@ -42,7 +42,10 @@ PipelineModel::PipelineModel(const LlamaConfig& config, Communicator& pp, std::u
       weights_(ShardedWeights::allocate(config, stage_->dims(), stage_->weight_axis().rank(), layout.dtype,
                                         MemCategory::kParameters, layers)),
       grads_(ShardedGrads::allocate(config, stage_->dims(), stage_->weight_axis().rank(), MemCategory::kGradients,
-                                    layers)) {}
+                                    layers)) {
+  weights_.expert_rank = stage_->expert_rank();
+  grads_.views().expert_rank = stage_->expert_rank();
+}
 
 Result<StepResult> PipelineModel::forward_backward(Backend& be, const Batch& local, int64_t loss_normalizer) {
   return run_schedule(be, {local}, loss_normalizer);
@@ -243,6 +246,8 @@ std::vector<ParamRef> PipelineModel::parameters() {
 
 Status PipelineModel::assemble(const ShardedWeights& shard, LlamaWeights& global) {
   FP_RETURN_IF_ERROR(assemble_global(shard, stage_->weight_axis(), global));
+  // Experts spread wider than the weight axis: each weight-axis group holds its own.
+  FP_RETURN_IF_ERROR(sum_experts_across(stage_->expert_across(), global));
   // Host-side assembly: each element from the one stage that holds it (the tied embedding from stage 0).
   if (config_.tie_word_embeddings && !layers_.embed) global.embed.zero();
   Status status;
