@@ -90,6 +90,18 @@ struct Reference {
   std::vector<int64_t> load;  // summed over the micro-batches
 };
 
+// Replica d's m micro-batches of one sequence each (rows d*m .. d*m+m-1 of the global
+// batch), as this rank's model shards them.
+std::vector<Batch> replica_micro_batches(ShardedModel& model, const Batch& global, int d, int m) {
+  std::vector<Batch> locals;
+  for (int i = 0; i < m; ++i) {
+    const int64_t row = static_cast<int64_t>(d) * m + i;
+    locals.push_back(
+        model.local_batch(Batch{global.input_ids.narrow(row, row + 1), global.target_ids.narrow(row, row + 1)}));
+  }
+  return locals;
+}
+
 // The single-rank model micro-batch by micro-batch: micro-batch i is row i of each replica's
 // block of m rows (replica d holds global rows [d m, (d + 1) m)).
 Reference reference(const LlamaConfig& c, const LlamaWeights& w, const Batch& global, int m, int dp, int64_t N,
@@ -184,12 +196,7 @@ bool check_parity(const Case& k) {
   model.init_weights(kInit);
   model.zero_grads(*be);
   const int d = mesh->coord("dp");
-  std::vector<Batch> locals;
-  for (int i = 0; i < m; ++i) {
-    const int64_t row = static_cast<int64_t>(d) * m + i;
-    locals.push_back(
-        model.local_batch(Batch{global.input_ids.narrow(row, row + 1), global.target_ids.narrow(row, row + 1)}));
-  }
+  const std::vector<Batch> locals = replica_micro_batches(model, global, d, m);
   ScopedCommCounter counter({&mesh->comm("pp")});
   Result<StepResult> got = model.forward_backward_micro_batches(*be, locals, N);
   FP_CHECK_OK(got.status());
@@ -307,12 +314,7 @@ void check_bf16_parity(const Case& k) {
   test::load_global(model.parameters(), w32);
   model.zero_grads(*cpu);
   const int d = mesh->coord("dp");
-  std::vector<Batch> locals;
-  for (int i = 0; i < m; ++i) {
-    const int64_t row = static_cast<int64_t>(d) * m + i;
-    locals.push_back(
-        model.local_batch(Batch{global.input_ids.narrow(row, row + 1), global.target_ids.narrow(row, row + 1)}));
-  }
+  const std::vector<Batch> locals = replica_micro_batches(model, global, d, m);
   ScopedCommCounter counter({&mesh->comm("pp")});
   Result<StepResult> got = model.forward_backward_micro_batches(*bf, locals, N);
   ASSERT_TRUE(got.ok()) << got.status().to_string();
