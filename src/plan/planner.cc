@@ -337,8 +337,21 @@ const char* dispatch_name(Layout::MoeDispatchOption d) {
   return "auto";
 }
 
-// The expert memory and the assumption's figures of a MoE model on tsp=D (MoePlan).
-MoePlan moe_plan_base(const PlanRequest& r, const Layout& l, int64_t micro_batch) {
+// Sparse layers of the model, or under pp of pipeline stage `stage` (its chunks g, g % p ==
+// stage, of stage_bounds).
+int64_t sparse_layers_of(const LlamaConfig& c, const Layout& l, int stage) {
+  if (l.pp == 1 || stage < 0) return c.moe.sparse_layer_count(c.num_hidden_layers);
+  const std::vector<int64_t> bounds = stage_bounds(c, l);
+  int64_t n = 0;
+  for (size_t g = 0; g + 1 < bounds.size(); ++g)
+    if (static_cast<int>(g % static_cast<size_t>(l.pp)) == stage)
+      for (int64_t i = bounds[g]; i < bounds[g + 1]; ++i) n += c.moe.is_sparse_layer(i) ? 1 : 0;
+  return n;
+}
+
+// The expert memory and the assumption's figures of a MoE model on tsp=D or tp x sp
+// (MoePlan); under pp, of pipeline stage `stage` (the heaviest).
+MoePlan moe_plan_base(const PlanRequest& r, const Layout& l, int64_t micro_batch, int stage = -1) {
   const LlamaConfig& c = r.config;
   const MoeConfig& m = c.moe;
   MoePlan mp;
@@ -352,7 +365,8 @@ MoePlan moe_plan_base(const PlanRequest& r, const Layout& l, int64_t micro_batch
   mp.ranks_per_expert = dims.expert_group;
   mp.top_k = m.num_experts_per_tok;
   mp.expert_width = m.moe_intermediate_size;
-  mp.sparse_layers = m.sparse_layer_count(c.num_hidden_layers);
+  mp.stage = l.pp > 1 ? stage : -1;
+  mp.sparse_layers = sparse_layers_of(c, l, stage);
   const int64_t elements = mp.sparse_layers * dims.experts * 3 * c.hidden_size * dims.expert_rows;
   mp.expert_param_bytes = elements * l.storage_bytes();
   mp.expert_grad_bytes = r.mode == PlanMode::kTrain ? elements * 4 : 0;
@@ -494,7 +508,7 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
     if (dry.ok() && r.config.moe.enabled() && plan_strategy(l) != PlanStrategy::kTsp) {
       // Expert parallelism over tp x sp: the expert memory and the one scheme's figures (under
       // pp at the micro-batch the schedule search chose).
-      MoePlan mp = moe_plan_base(r, p.layout, l.pp > 1 ? p.micro_batch : r.micro_batch);
+      MoePlan mp = moe_plan_base(r, p.layout, l.pp > 1 ? p.micro_batch : r.micro_batch, p.heaviest_stage);
       mp.schemes.push_back(scheme_figures(p, r));
       // Generation (tp=N) runs the replicated form: every rank routes every row.
       const bool generation = r.mode == PlanMode::kPrefill || r.mode == PlanMode::kDecode;
@@ -504,7 +518,7 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
     if (dry.ok() && r.config.moe.enabled() && plan_strategy(l) == PlanStrategy::kTsp && l.pp > 1) {
       // Under pp the schedule and micro-batch search (plan_pipeline) runs the layout's scheme:
       // the one named, else what moe=auto picks at the chosen micro-batch (tsp_moe.cc's rule).
-      MoePlan mp = moe_plan_base(r, p.layout, p.micro_batch);
+      MoePlan mp = moe_plan_base(r, p.layout, p.micro_batch, p.heaviest_stage);
       mp.schemes.push_back(scheme_figures(p, r));
       mp.schemes.back().scheme = mp.chosen = p.layout.moe_dispatch == Layout::MoeDispatchOption::kAuto
                                                  ? mp.formula_choice
@@ -584,11 +598,12 @@ std::string plan_report_text(const PlanReport& rep) {
     if (!p.moe) continue;
     const MoePlan& m = *p.moe;
     s += fmt::format(
-        "moe {}: {} of {} experts per rank (k={}, f_e={}, {} sparse layers): expert weights {}, grads {}, optimizer "
+        "moe {}: {} of {} experts per rank (k={}, f_e={}, {} sparse layers{}): expert weights {}, grads {}, optimizer "
         "{} per rank\n",
         p.layout.to_string(),
         m.ranks_per_expert > 1 ? fmt::format("1/{} of one", m.ranks_per_expert) : std::to_string(m.experts_per_rank),
         m.experts, m.top_k, m.expert_width, m.sparse_layers,
+        m.stage >= 0 ? fmt::format(" on stage {}, the heaviest", m.stage) : std::string(),
         bytes_text(static_cast<double>(m.expert_param_bytes)), bytes_text(static_cast<double>(m.expert_grad_bytes)),
         bytes_text(static_cast<double>(m.expert_optimizer_bytes)));
     s += fmt::format(
@@ -706,6 +721,7 @@ std::string plan_report_json(const PlanReport& rep) {
                   {"top_k", m.top_k},
                   {"expert_intermediate_size", m.expert_width},
                   {"sparse_layers", m.sparse_layers},
+                  {"stage", m.stage},
                   {"expert_param_bytes", m.expert_param_bytes},
                   {"expert_grad_bytes", m.expert_grad_bytes},
                   {"expert_optimizer_bytes", m.expert_optimizer_bytes},

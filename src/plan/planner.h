@@ -102,9 +102,10 @@ struct MoeSchemePlan {
 struct MoePlan {
   int64_t experts = 0, experts_per_rank = 0, top_k = 0, expert_width = 0;  // E, E/D (1 when D > E), k, f_e
   int64_t ranks_per_expert = 1;  // D/E when D > E (each rank holds a 1/(D/E) slice of f_e), else 1
-  int64_t sparse_layers = 0;
-  // The routed experts this rank owns, over the sparse layers: f32 weights, gradients, AdamW
-  // m and v (the router and the shared expert are replicated and not counted here).
+  int64_t sparse_layers = 0;  // the model's; under pp, those of the heaviest stage (its chunks)
+  int stage = -1;              // under pp: that stage; -1 without pp
+  // The routed experts this rank owns, over those sparse layers: f32 weights, gradients,
+  // AdamW m and v (the router and the shared expert are replicated and not counted here).
   int64_t expert_param_bytes = 0, expert_grad_bytes = 0, expert_optimizer_bytes = 0;
   int64_t tokens_per_rank = 0;        // T = B * S / D (per micro-batch)
   double imbalance = 1.0;             // the routing assumption

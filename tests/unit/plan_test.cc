@@ -858,6 +858,16 @@ TEST(PlannerMoeTest, RemainingRefusalsAreNamed) {
       EXPECT_EQ(p.moe->chosen, p.moe->formula_choice);
       EXPECT_EQ(p.moe->schemes[0].axis, "tsp");
     }
+    if (planned.back().rfind("pp=2", 0) == 0 && p.moe) {
+      // The expert memory is the heaviest stage's: one of the two sparse layers.
+      EXPECT_EQ(p.moe->stage, p.heaviest_stage);
+      EXPECT_EQ(p.moe->sparse_layers, 1);
+      EXPECT_EQ(p.moe->expert_param_bytes, 1 * (p.moe->experts / 2) * 3 * r.config.hidden_size *
+                                               r.config.moe.moe_intermediate_size * 4);
+    } else if (p.moe) {
+      EXPECT_EQ(p.moe->stage, -1);
+      EXPECT_EQ(p.moe->sparse_layers, 2);
+    }
   }
   std::sort(planned.begin(), planned.end());
   EXPECT_EQ(planned[0].rfind("dp=2,tsp=2:moe=", 0), 0u) << planned[0];
