@@ -241,6 +241,8 @@ Result<RankTrace> step_timeline_trace(const DryRunResult& r, int rank, int devic
     if (e.kind == CommOpKind::kSend || e.kind == CommOpKind::kSendRecv) s.peer = world(e.peer);
     if (e.kind == CommOpKind::kRecv) s.peer = world(e.source);
     if (e.kind == CommOpKind::kSendRecv) s.source = world(e.source);
+    if (e.kind != CommOpKind::kSend && e.kind != CommOpKind::kRecv && e.kind != CommOpKind::kSendRecv)
+      s.members = m.world_ranks;
     t.events.emplace_back(std::move(s));
   }
   return t;

@@ -73,27 +73,36 @@ DryRunMode dry_mode(PlanMode m) {
   return DryRunMode::kForwardBackward;
 }
 
-// The world ranks whose dry runs give a layout's figures, in groups simulated together: the
-// first and the last model rank of a stage (zigzag ends, the last vocabulary shard), one
-// group each, holding that rank of every pipeline stage (one rank without pp). Mesh order
-// pp, dp, then the model axes: stage s of replica 0 starts at world rank s * dp * inner.
-// A MoE model without pp: every model rank of replica 0 in one group. Its ranks' expert
-// work differs with the routing, and the dispatch's ring steps couple neighbours (a rank
-// waits in its send_recv for the neighbour still computing the step before), which only a
-// simulation of the ranks together sees.
-std::vector<std::vector<int>> rank_groups(const Layout& l, bool moe) {
+// How many model ranks per stage the plan simulates all of, together: up to this many every
+// collective and ring step waits for its last member (the peers' lag); beyond it, to keep
+// plans of large meshes fast, the distinct ranks alone (rank_groups).
+constexpr int kCoupledModelRanks = 4;
+
+struct GroupRank {
+  int rank = 0, stage = 0;  // world rank, its pipeline stage
+};
+
+// The world ranks whose dry runs give a layout's figures, in groups simulated together. Mesh
+// order pp, dp, then the model axes: stage s of replica 0 starts at world rank s * dp * inner.
+// Up to kCoupledModelRanks model ranks per stage, and on a MoE model without pp (its ranks'
+// expert work differs with the routing): every model rank of replica 0, of every stage, in
+// one group. Otherwise the first and the last model rank of a stage (zigzag ends, the last
+// vocabulary shard), one group each, holding that rank of every pipeline stage.
+std::vector<std::vector<GroupRank>> rank_groups(const Layout& l, bool moe) {
   const int inner = l.model_ranks() / l.pp;
-  if (moe && l.pp == 1 && inner > 1) {
-    std::vector<int> all(static_cast<size_t>(inner));
-    for (int i = 0; i < inner; ++i) all[static_cast<size_t>(i)] = i;
+  auto rank_of = [&](int s, int i) { return GroupRank{s * l.dp * inner + i, s}; };
+  if (inner <= kCoupledModelRanks || (moe && l.pp == 1)) {
+    std::vector<GroupRank> all;
+    for (int s = 0; s < l.pp; ++s)
+      for (int i = 0; i < inner; ++i) all.push_back(rank_of(s, i));
     return {all};
   }
   std::vector<int> index{0};
   if (inner > 1) index.push_back(inner - 1);
-  std::vector<std::vector<int>> groups;
+  std::vector<std::vector<GroupRank>> groups;
   for (int i : index) {
-    std::vector<int> g;
-    for (int s = 0; s < l.pp; ++s) g.push_back(s * l.dp * inner + i);
+    std::vector<GroupRank> g;
+    for (int s = 0; s < l.pp; ++s) g.push_back(rank_of(s, i));
     groups.push_back(g);
   }
   return groups;
@@ -140,7 +149,7 @@ Result<RankRun> run_rank(const PlanRequest& r, const Layout& l, int rank, int st
     FP_RETURN_IF_ERROR(link.status());
     run.trace.events.emplace_back(CommStart{.request = 1 << 30, .kind = CommKind::kAllReduce, .communicator = "dp",
                                             .comm_size = l.dp, .link = *link, .bytes_sent = ar.bytes_sent,
-                                            .bytes_received = ar.bytes_received, .blocking = true});
+                                            .bytes_received = ar.bytes_received, .blocking = true, .members = {}});
   }
   for (const auto& [name, stats] : run.dry.comm) {
     AxisTraffic a{name, 1, {}};
@@ -172,12 +181,11 @@ Status plan_by_dry_run(const PlanRequest& r, LayoutPlan& p, int64_t micro_batch)
   p.micro_batches = p.micro_batch > 0 && rows % p.micro_batch == 0 ? rows / p.micro_batch : 1;
   bool first = true;
   double busiest = 0, busiest_other_waits = 0;  // the most compute of a rank so far, its non-pipeline waits
-  for (const std::vector<int>& group : rank_groups(l, r.config.moe.enabled())) {
+  for (const std::vector<GroupRank>& group : rank_groups(l, r.config.moe.enabled())) {
     std::vector<RankRun> runs;
     std::vector<RankTrace> traces;
-    for (size_t s = 0; s < group.size(); ++s) {
-      const int stage = l.pp > 1 ? static_cast<int>(s) : 0;
-      FP_ASSIGN_OR_RETURN(RankRun run, run_rank(r, l, group[s], stage, p.micro_batch));
+    for (const GroupRank& g : group) {
+      FP_ASSIGN_OR_RETURN(RankRun run, run_rank(r, l, g.rank, g.stage, p.micro_batch));
       traces.push_back(run.trace);
       runs.push_back(std::move(run));
     }

@@ -130,13 +130,25 @@ class P2pMatcher {
     by_index_.push_back(sim);
   }
   bool coupled(int world_rank) const { return sims_.count(world_rank) > 0; }
+  bool coupled(const std::vector<int>& members) const {
+    if (members.empty()) return false;
+    for (int r : members)
+      if (!coupled(r)) return false;
+    return true;
+  }
   void post(bool send, int from, int to, const std::string& comm, int tag, const Post& p);
+  // A collective of `members` (all coupled), posted by world rank `rank`: the n-th of each
+  // member on (comm, members) meet, and start when the last is posted.
+  void post_collective(int rank, const std::string& comm, const std::vector<int>& members, const Post& p);
 
  private:
   using Key = std::tuple<int, int, std::string, int>;  // sender, receiver, communicator, tag
+  using Group = std::pair<std::string, std::vector<int>>;  // communicator, its world ranks
   std::map<int, RankSimulator*> sims_;  // by world rank
   std::vector<RankSimulator*> by_index_;
   std::map<Key, std::deque<Post>> sends_, recvs_;  // posts not matched yet
+  std::map<std::pair<Group, int>, int64_t> posted_;                // (group, rank) -> collectives posted
+  std::map<std::pair<Group, int64_t>, std::vector<Post>> rounds_;  // (group, n) -> its posts so far
 };
 
 // The simulation's state for one rank. Compute-stream items (compute ops and stalls) are
@@ -237,10 +249,13 @@ class RankSimulator {
     seen_.insert(s.request);
     const int link = s.link == LinkClass::kIntraNode ? 0 : 1;
     const bool p2p = s.kind == CommKind::kSend || s.kind == CommKind::kRecv;
+    const bool collective = !p2p && s.kind != CommKind::kSendRecv;
     const bool coupled = matcher_ != nullptr &&
                          ((p2p && s.peer >= 0 && matcher_->coupled(s.peer)) ||
                           (s.kind == CommKind::kSendRecv && s.peer >= 0 && s.source >= 0 &&
-                           matcher_->coupled(s.peer) && matcher_->coupled(s.source)));
+                           matcher_->coupled(s.peer) && matcher_->coupled(s.source)) ||
+                          (collective && s.comm_size > 1 && static_cast<int>(s.members.size()) == s.comm_size &&
+                           matcher_->coupled(s.members)));
     Transfer t;
     t.posted = now_;
     t.posted_after = items_.size();
@@ -289,7 +304,9 @@ class RankSimulator {
     transfers_.push_back(t);
     if (coupled) {
       const P2pMatcher::Post post{index_, transfers_.size() - 1, now_, transfer_seconds(s, hw_)};
-      if (s.kind == CommKind::kSendRecv) {  // a send to peer and a receive from source
+      if (collective) {
+        matcher_->post_collective(world_rank_, s.communicator, s.members, post);
+      } else if (s.kind == CommKind::kSendRecv) {  // a send to peer and a receive from source
         matcher_->post(true, world_rank_, s.peer, s.communicator, s.tag, post);
         matcher_->post(false, s.source, world_rank_, s.communicator, s.tag, post);
       } else {
@@ -367,6 +384,22 @@ void P2pMatcher::post(bool send, int from, int to, const std::string& comm, int 
   const double start = std::max(p.posted, o.posted), end = start + std::max(p.seconds, o.seconds);
   by_index_[p.sim]->resolve(p.transfer, start, end);
   by_index_[o.sim]->resolve(o.transfer, start, end);
+}
+
+void P2pMatcher::post_collective(int rank, const std::string& comm, const std::vector<int>& members, const Post& p) {
+  Group group{comm, members};
+  const int64_t n = posted_[{group, rank}]++;
+  auto key = std::make_pair(std::move(group), n);
+  std::vector<Post>& round = rounds_[key];
+  round.push_back(p);
+  if (round.size() < members.size()) return;
+  double start = 0, seconds = 0;
+  for (const Post& q : round) {
+    start = std::max(start, q.posted);
+    seconds = std::max(seconds, q.seconds);
+  }
+  for (const Post& q : round) by_index_[q.sim]->resolve(q.transfer, start, start + seconds);
+  rounds_.erase(key);
 }
 
 // Walks back from the compute stream's end: a compute op leads to the item before it; a

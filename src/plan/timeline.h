@@ -18,7 +18,9 @@
 //    bubble) and a ring step for the neighbour still computing the step before. A
 //    send_recv is a send to its peer and a receive from its source, coupled when both are
 //    simulated (the set must then hold the whole ring, or its ranks wait for ever, named):
-//    it starts when the later of its two matches does. They take no link slot.
+//    it starts when the later of its two matches does. Likewise a collective whose members
+//    (CommStart::members) are all simulated: the n-th collective of a communicator's member
+//    set on each member starts when the last of them posts it. They take no link slot.
 //  - One compute stream runs compute events in program order, one at a time.
 //  - One communication stream per link class (intra-node, inter-node) with
 //    Hardware::*_concurrency slots; transfers take slots in posting order (first free slot),
@@ -89,6 +91,7 @@ struct CommStart {
   int peer = -1;             // kSend, kSendRecv: the destination's world rank; kRecv: the source's; else -1
   int source = -1;           // kSendRecv: the source's world rank; else -1
   int tag = 0;               // kSend, kRecv, kSendRecv: the message stream (CommOp::tag)
+  std::vector<int> members;  // collectives: the communicator's world ranks, for simulate_coupled; may be empty
 };
 struct CommWait {
   int64_t request = 0;

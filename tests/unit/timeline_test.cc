@@ -506,6 +506,40 @@ TEST(TimelineCoupled, ARingStepStartsWhenItsSourceAndPeerHavePosted) {
   EXPECT_NEAR((*two)[0].step_s, 0.4, kTol);
 }
 
+CommStart collective(int64_t request, const std::vector<int>& members, uint64_t bytes) {
+  CommStart s = start(request, CommKind::kAllGather, "tsp", static_cast<int>(members.size()), LinkClass::kIntraNode,
+                      bytes);
+  s.members = members;
+  return s;
+}
+
+TEST(TimelineCoupled, ACollectiveStartsWhenItsLastMemberPosts) {
+  // all_gather over ranks 0 and 1, 1e8 B (10 us + 0.01 s). Rank 1 computes 1 s first, rank
+  // 0 posts at once and waits: it stalls until 1 s + the transfer. The second all_gather
+  // (both post at 1.01001 s, rank 0 after 0.2 s more compute) pairs with the second.
+  const double t = 1e-5 + 0.01;
+  const std::vector<RankTrace> traces{
+      RankTrace{0, {collective(1, {0, 1}, 100'000'000), CommWait{1}, gemm(1e11), collective(2, {0, 1}, 100'000'000),
+                    CommWait{2}}},
+      RankTrace{1, {gemm(5e11), collective(1, {0, 1}, 100'000'000), CommWait{1}, collective(2, {0, 1}, 100'000'000),
+                    CommWait{2}}}};
+  Result<std::vector<RankTimeline>> r = simulate_coupled(traces, test_hardware());
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_NEAR((*r)[0].step_s, 1.0 + t + 0.2 + t, kTol);
+  EXPECT_NEAR((*r)[0].exposed_comm_s, 1.0 + t + t, kTol);
+  EXPECT_NEAR((*r)[1].step_s, 1.0 + t + 0.2 + t, kTol);  // its second waits for rank 0's post
+  EXPECT_NEAR((*r)[1].exposed_comm_s, t + 0.2 + t, kTol);
+  // Alone (or with a member outside the simulated set) the peers are present.
+  Result<RankTimeline> alone = simulate_rank(traces[0], test_hardware());
+  ASSERT_TRUE(alone.ok());
+  EXPECT_NEAR(alone->step_s, t + 0.2 + t, kTol);
+  const std::vector<RankTrace> partial{
+      RankTrace{0, {collective(1, {0, 2}, 100'000'000), CommWait{1}}}, RankTrace{1, {gemm(5e11)}}};
+  Result<std::vector<RankTimeline>> p = simulate_coupled(partial, test_hardware());
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_NEAR((*p)[0].step_s, t, kTol);
+}
+
 TEST(TimelineCoupled, RanksThatWaitForEverAreNamed) {
   // Both ranks wait on a receive from the other before sending: a deadlock, named.
   const std::vector<RankTrace> traces{
