@@ -237,7 +237,9 @@ Result<RankTrace> step_timeline_trace(const DryRunResult& r, int rank, int devic
     s.blocking = e.blocking;
     s.tag = e.tag;
     // The partners of a send, receive or send_recv by world rank, for simulate_coupled.
-    auto world = [&m](int x) { return x >= 0 && x < static_cast<int>(m.world_ranks.size()) ? m.world_ranks[static_cast<size_t>(x)] : -1; };
+    auto world = [&m](int x) {
+      return x >= 0 && x < static_cast<int>(m.world_ranks.size()) ? m.world_ranks[static_cast<size_t>(x)] : -1;
+    };
     if (e.kind == CommOpKind::kSend || e.kind == CommOpKind::kSendRecv) s.peer = world(e.peer);
     if (e.kind == CommOpKind::kRecv) s.peer = world(e.source);
     if (e.kind == CommOpKind::kSendRecv) s.source = world(e.source);

@@ -207,9 +207,8 @@ class RankSimulator {
   // The matcher's answer for one leg of a coupled transfer: it starts when its last leg does.
   void resolve(size_t transfer, double start, double end) {
     Transfer& t = transfers_[transfer];
-    const bool first = t.legs == (t.op.name == "send_recv" ? 2 : 1);
-    t.op.start = first ? start : std::max(t.op.start, start);
-    t.op.end = first ? end : std::max(t.op.end, end);
+    t.op.start = std::max(t.op.start, start);
+    t.op.end = std::max(t.op.end, end);
     t.resolved = --t.legs == 0;
   }
 
@@ -272,7 +271,7 @@ class RankSimulator {
     if (coupled) {
       t.resolved = false;
       t.legs = s.kind == CommKind::kSendRecv ? 2 : 1;
-      t.op.start = t.op.end = std::numeric_limits<double>::quiet_NaN();
+      t.op.start = t.op.end = -std::numeric_limits<double>::infinity();  // until its legs are matched
     } else {
       // The directions it occupies: a send only the outgoing one, a receive only the
       // incoming one, anything that moves both ways (or nothing: a barrier) both. The slot
