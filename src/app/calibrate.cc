@@ -192,49 +192,70 @@ Result<LinkFigures> measure_link(Communicator& world) {
   return f;
 }
 
-// The share of a transfer's time that the computing cores spend on it (Hardware::
-// intra_node_copy_share): a 16 MiB ring step posted, then [256 x 1024] x [1024 x 1024]
-// GEMMs for about three times the step's measured time, with a test() between any two (as
-// the strategies progress their transfers), then the wait; against the same GEMMs with
-// nothing in flight. Where a copy engine moved the bytes the two would take the same time
-// (share 0); where this rank's core copies them the difference is the whole step (share 1).
-// Median of 5 of each, interleaved, every rank at once after a barrier, the slowest rank.
-Result<double> measure_copy_share(Communicator& world, double transfer_s, double* gemms_s, double* with_transfer_s) {
+// The compute time a transfer costs the ranks that compute beside it, as a share of the
+// transfer's own time (Hardware::intra_node_copy_share): [256 x 1024] x [1024 x 1024] GEMMs
+// for about 40 of the ring step's measured times, with a test() between any two (as the
+// strategies progress their transfers) and 16 MiB ring steps kept in flight back to back
+// (the next posted after about one step's time of GEMMs, once the one before is waited),
+// against the same GEMMs with nothing in flight. The
+// share is the GEMMs' slowdown over the steps' own time (count x `transfer_s`): 0 where a copy
+// engine moves the bytes, 1 where this rank's core copies them, above 1 where the copies also
+// slow the GEMMs beside them (memory bandwidth, caches). A stream of steps, not one: one
+// step's 1-2 ms is within the GEMMs' own spread here. Median of 5 of each, interleaved, every
+// rank at once after a barrier, the slowest rank.
+Result<double> measure_copy_share(Communicator& world, double transfer_s, double* gemms_s, double* with_transfer_s,
+                                  int* transfers) {
   const int p = world.rank(), N = world.size();
   auto be = make_cpu_backend();
   Tensor a = filled(*be, {256, 1024}, 0.5), b = filled(*be, {1024, 1024}, 0.25);
   Tensor c = Tensor::empty({256, 1024}, DType::kF32, MemCategory::kWorkspace);
   const double gemm_s = seconds_per_call([&] { be->matmul(a, false, b, false, c); });
-  double calls_d = std::ceil(3.0 * transfer_s / std::max(gemm_s, 1e-7));
+  double calls_d = std::ceil(40.0 * transfer_s / std::max(gemm_s, 1e-7));
   FP_RETURN_IF_ERROR(world.all_reduce(&calls_d, &calls_d, 1, DType::kF64, ReduceOp::kMax));
-  const int calls = static_cast<int>(std::clamp(calls_d, 4.0, 20000.0));
+  const int calls = static_cast<int>(std::clamp(calls_d, 16.0, 20000.0));
   std::vector<float> send(kLargeBytes / 4, 1.0f), recv(kLargeBytes / 4);
-  auto run = [&](bool transfer) -> Result<double> {
+  // A step is posted every `stride` GEMMs (about one step's measured time), after the wait
+  // for the one before: the same GEMM indices on every rank, so every step has both ends.
+  double stride_d = std::ceil(transfer_s / std::max(gemm_s, 1e-7));
+  FP_RETURN_IF_ERROR(world.all_reduce(&stride_d, &stride_d, 1, DType::kF64, ReduceOp::kMax));
+  const int stride = static_cast<int>(std::clamp(stride_d, 1.0, static_cast<double>(calls)));
+  auto run = [&](bool transfer) -> Result<std::pair<double, int>> {
     FP_RETURN_IF_ERROR(world.barrier());
     const double t0 = now_seconds();
     CommRequest req;
-    if (transfer) req = world.isend_recv(send.data(), recv.data(), send.size(), DType::kF32, (p + 1) % N, (p - 1 + N) % N);
-    bool done = !transfer;
+    int count = 0;
     for (int i = 0; i < calls; ++i) {
+      if (transfer && i % stride == 0) {
+        if (i > 0) FP_RETURN_IF_ERROR(req.wait());
+        req = world.isend_recv(send.data(), recv.data(), send.size(), DType::kF32, (p + 1) % N, (p - 1 + N) % N);
+        ++count;
+      }
       be->matmul(a, false, b, false, c);
-      if (!done) FP_RETURN_IF_ERROR(req.test(&done));
+      if (transfer) {
+        bool done = false;
+        FP_RETURN_IF_ERROR(req.test(&done));
+      }
     }
     FP_RETURN_IF_ERROR(req.wait());
     double s = now_seconds() - t0;
     FP_RETURN_IF_ERROR(world.all_reduce(&s, &s, 1, DType::kF64, ReduceOp::kMax));
-    return s;
+    return std::pair<double, int>{s, count};
   };
   FP_RETURN_IF_ERROR(run(true).status());  // warm-up
   std::vector<double> alone, both;
+  int counted = 0;
   for (int rep = 0; rep < 5; ++rep) {
-    FP_ASSIGN_OR_RETURN(const double x, run(false));
-    FP_ASSIGN_OR_RETURN(const double y, run(true));
-    alone.push_back(x);
-    both.push_back(y);
+    FP_ASSIGN_OR_RETURN(const auto x, run(false));
+    FP_ASSIGN_OR_RETURN(const auto y, run(true));
+    alone.push_back(x.first);
+    both.push_back(y.first);
+    counted = y.second;  // the same in every run
   }
   *gemms_s = median(alone);
   *with_transfer_s = median(both);
-  return std::clamp((*with_transfer_s - *gemms_s) / std::max(transfer_s, 1e-9), 0.0, 1.0);
+  *transfers = counted;
+  return std::clamp((*with_transfer_s - *gemms_s) / (counted * std::max(transfer_s, 1e-9)), 0.0,
+                    Hardware::kMaxCopyShare);
 }
 
 // all_reduce, all_gather and reduce_scatter of a few bytes and of 16 MiB (the full tensor),
@@ -311,7 +332,9 @@ Result<Hardware> calibrate_hardware(Communicator& world) {
   h.intra_node_gb_per_s = h.inter_node_gb_per_s = link.gb_per_s;
   h.intra_node_latency_s = h.inter_node_latency_s = link.latency_s;
   double gemms_s = 0, with_transfer_s = 0;
-  FP_ASSIGN_OR_RETURN(h.intra_node_copy_share, measure_copy_share(world, link.large_s, &gemms_s, &with_transfer_s));
+  int copy_share_transfers = 0;
+  FP_ASSIGN_OR_RETURN(h.intra_node_copy_share,
+                      measure_copy_share(world, link.large_s, &gemms_s, &with_transfer_s, &copy_share_transfers));
   h.inter_node_copy_share = h.intra_node_copy_share;
   h.overlap_efficiency = 0.5;
   h.measured.emplace_back("attention_fwd_gflops", cf.attention_fwd_gflops);
@@ -327,6 +350,7 @@ Result<Hardware> calibrate_hardware(Communicator& world) {
   h.measured.emplace_back("send_recv_16MiB_s", link.large_s);
   h.measured.emplace_back("copy_share_gemms_alone_s", gemms_s);
   h.measured.emplace_back("copy_share_gemms_with_send_recv_16MiB_s", with_transfer_s);
+  h.measured.emplace_back("copy_share_send_recv_16MiB_count", copy_share_transfers);
   FP_RETURN_IF_ERROR(measure_collectives(world, h));
   h.notes = fmt::format(
       "Measured by `foldpar calibrate` with {} MPI ranks on one node ({} hardware threads), each rank a device, all "
@@ -338,12 +362,13 @@ Result<Hardware> calibrate_hardware(Communicator& world) {
       "{:.3g} s and {:.3f} GB/s one way (inter-node set equal: one node); matmul_efficiency = the rest of a "
       "single-rank training step (h=512, L=2, S={}; its attention time taken out) at {:.2f} GFLOP/s over the best "
       "GEMM; collective_efficiency = the ring model's bandwidth time over the measured one for all_reduce, all_gather and reduce_scatter of 16 MiB; `measured` has the raw figures and those collectives (also of a few bytes) beside the ring model's at efficiency 1; "
-      "intra_node_copy_share {:.2f} = (GEMMs with a 16 MiB ring step in flight, test() between them, {:.3g} s - the "
-      "same GEMMs alone, {:.3g} s) / the step's time, clamped to [0, 1] (inter-node set equal: one node). Stated, not "
+      "intra_node_copy_share {:.2f} = (GEMMs with {} 16 MiB ring steps in flight one after another, test() between "
+      "them, {:.3g} s - the same GEMMs alone, {:.3g} s) / the steps' time, clamped to [0, {}] (inter-node set equal: "
+      "one node). Stated, not "
       "measured: overlap_efficiency 0.5 (unused by the timeline) and one transfer at a time per link.",
       world.size(), std::thread::hardware_concurrency(), best, kSeq, cf.attention_fwd_gflops, cf.attention_bwd_gflops,
       cf.memory_gb_per_s, link.small_s, link.large_s, link.latency_s, link.gb_per_s, kSeq, cf.step_rest_gflops,
-      h.intra_node_copy_share, with_transfer_s, gemms_s);
+      h.intra_node_copy_share, copy_share_transfers, with_transfer_s, gemms_s, Hardware::kMaxCopyShare);
   FP_RETURN_IF_ERROR(h.validate());
   return h;
 }

@@ -93,7 +93,8 @@ Status validate_fine_fields(const Hardware& h) {
   const std::pair<const char*, double> shares[] = {{"intra_node_copy_share", h.intra_node_copy_share},
                                                    {"inter_node_copy_share", h.inter_node_copy_share}};
   for (const auto& [field, v] : shares)
-    if (!(v >= 0 && v <= 1)) return invalid_argument("hardware '{}': {} ({}) must lie in [0, 1]", h.name, field, v);
+    if (!(v >= 0 && v <= Hardware::kMaxCopyShare))
+      return invalid_argument("hardware '{}': {} ({}) must lie in [0, {}]", h.name, field, v, Hardware::kMaxCopyShare);
   for (const auto& [kind, e] : h.collective_efficiency) {
     bool known = false;
     for (const char* k : kCollectiveKinds) known = known || kind == k;

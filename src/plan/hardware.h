@@ -57,13 +57,17 @@ struct Hardware {
   double inter_node_latency_s = 0;
   int intra_node_concurrency = 1;
   int inter_node_concurrency = 1;
-  // Per link class: the share of a transfer's time that this rank's own cores spend moving
-  // its bytes, [0, 1]. Where a processor copies the data (MPI over shared memory: the
-  // receiver copies out of the peer's pages inside its MPI calls; TCP: the kernel's copies
-  // run on the cores that compute), that time is taken from the compute stream: a wait
-  // ends no earlier than the wait's start plus this share of the transfer's time, however
-  // long ago the transfer began. 0 (the default): copy engines or RDMA move the bytes and
-  // a transfer overlaps compute fully. `foldpar calibrate` measures it (intra-node).
+  // Per link class: the compute time a transfer costs this rank, as a share of the
+  // transfer's own time, [0, kMaxCopyShare]. Where a processor copies the data (MPI over
+  // shared memory: the receiver copies out of the peer's pages inside its MPI calls; TCP:
+  // the kernel's copies run on the cores that compute), that time is taken from the compute
+  // stream: a wait ends no earlier than the wait's start plus this share of the transfer's
+  // time, however long ago the transfer began. 0 (the default): copy engines or RDMA move
+  // the bytes and a transfer overlaps compute fully. Above 1: the copies also slow the
+  // computation beside them (they take memory bandwidth and evict its caches), so a transfer
+  // in flight costs more compute time than it takes alone. `foldpar calibrate` measures it
+  // (intra-node).
+  static constexpr double kMaxCopyShare = 4;
   double intra_node_copy_share = 0;
   double inter_node_copy_share = 0;
   // Per collective kind (plan/timeline.h's names: "all_reduce", "all_gather", ...): achieved

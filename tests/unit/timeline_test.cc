@@ -271,6 +271,12 @@ TEST(TimelineSimulation, CopyShareTakesTheComputeStream) {
   hw.intra_node_copy_share = 0.5;
   r = simulate(events, hw);
   EXPECT_NEAR(r.exposed_comm_s, 0.5 * 0.03003, kTol);
+  // Above 1, the copies also slow the compute beside them: the wait pays more than the
+  // transfer's own time.
+  hw.intra_node_copy_share = 2.5;
+  r = simulate(events, hw);
+  EXPECT_NEAR(r.step_s, 1.0 + 2.5 * 0.03003 + 0.1, kTol);
+  EXPECT_NEAR(r.exposed_comm_s, 2.5 * 0.03003, kTol);
   // The other link class's share does not apply to an intra-node transfer.
   hw.intra_node_copy_share = 0;
   hw.inter_node_copy_share = 1;
