@@ -52,6 +52,9 @@ std::vector<Dims> awkward_dims() {
       out.push_back({x, y, 257});
     }
   for (Dims d : {Dims{2, 37, 515}, Dims{4, 64, 9}, Dims{5, 9, 48}}) out.push_back(d);
+  // m and k multiples of 64: oneDNN's primitive built for the shape (every other extent above
+  // leaves m or k to run time: gemm_engine.cc, runtime_extent).
+  for (Dims d : {Dims{64, 17, 128}, Dims{128, 3, 64}}) out.push_back(d);
   return out;
 }
 
@@ -144,6 +147,35 @@ TEST(GemmEngine, CpuBackendMatmulRoutesEveryShapeClass) {
   cpu->matmul(a, true, b, false, c, 1.0f, 0.5f);
   ref->matmul(a, true, b, false, want, 1.0f, 0.5f);
   EXPECT_TRUE(near_rel(c, want, 0.0));
+}
+
+// A MoE expert's rows change every call: products whose m or k is not a multiple of 64 share
+// one primitive per family (the other dims, transposes, types), built once, instead of a JIT
+// compilation per new extent; multiples of 64 (a model's token counts) get their own.
+TEST(GemmEngine, VaryingRowsBuildOnePrimitive) {
+  auto ref = make_reference_backend();
+  // As the model multiplies: NT x W^T with the rows as m; TN dy^T x with the rows as k, both
+  // operands [rows, ...] so no leading dimension varies.
+  const auto product = [&](int64_t m, int64_t k, bool ta) {
+    const Dims c{m, 48, k};
+    const bool tb = !ta;
+    const Tensor a = operand_a(c, ta, 21), b = operand_b(c, tb, 22);
+    Tensor got = ws({m, 48}, DType::kF32), want = ws({m, 48}, DType::kF32);
+    gemm_f32(GemmEngine::kOneDnn, check_matmul(a, ta, b, tb, got), ta, tb, a.data<float>(), b.data<float>(),
+             got.data<float>(), 1.0f, 0.0f);
+    ref->matmul(a, ta, b, tb, want);
+    EXPECT_TRUE(near_rel(got, want, tol::kF32Op)) << m << "x48x" << k << " ta=" << ta;
+  };
+  product(5, 96, false);  // the family's primitive, built here if no earlier test did
+  product(96, 5, true);
+  const int64_t before = onednn_primitives_built();
+  for (int64_t rows = 6; rows < 40; ++rows) {
+    product(rows, 96, false);  // rows as m (an expert's forward, its data gradient)
+    product(96, rows, true);   // rows as k (its weight gradient)
+  }
+  EXPECT_EQ(onednn_primitives_built(), before);
+  for (int64_t rows : {64, 128, 192}) product(rows, 96, false);
+  EXPECT_EQ(onednn_primitives_built(), before + 3);  // one per shape
 }
 
 // ---- bf16 ----

@@ -161,6 +161,19 @@ const EngineState& engine_state() {
 
 // ---- oneDNN: one engine and stream, primitives cached by everything they are built from ----
 
+// Building a matmul primitive costs 0.2-2 ms here (oneDNN JIT-compiles a kernel for the
+// shape), as much as running a [300 x 512] x [512 x 512] product. The products of a dense
+// step repeat every step, but a MoE expert's rows (its share of the routed tokens) and a
+// prompt's length change from call to call, and a primitive per new extent cost a MoE
+// training step a quarter of its time. So an extent that can vary, m (rows) or k (the rows
+// a weight gradient sums over), is fixed in the primitive only where it is a multiple of
+// kFixedExtent, as a model's token counts are; any other is left to run time
+// (DNNL_RUNTIME_DIM_VAL: oneDNN's gemm kernel, built once for all of them, as fast as the
+// specialized one at these sizes in f32; docs/PERFORMANCE.md). The choice is a function of
+// the shape alone, so a product gives the same bits whatever ran before it.
+constexpr int64_t kFixedExtent = 64;
+bool runtime_extent(int64_t x) { return x % kFixedExtent != 0; }
+
 using PrimitiveKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int, int, float, float>;
 
 class OneDnnMatmuls {
@@ -171,7 +184,9 @@ class OneDnnMatmuls {
            dnnl::memory::data_type ct, float alpha, float beta) {
     std::lock_guard<std::mutex> lock(mu_);
     const Entry& e = entry(d, ta, tb, ab, ct, alpha, beta);
-    dnnl::memory ma(e.a, engine_, const_cast<void*>(a)), mb(e.b, engine_, const_cast<void*>(b)), mc(e.c, engine_, c);
+    // Memory descriptors with this call's extents (the primitive's may leave m or k open).
+    const Descs x = descs(d, d.m, d.k, ta, tb, ab, ct);
+    dnnl::memory ma(x.a, engine_, const_cast<void*>(a)), mb(x.b, engine_, const_cast<void*>(b)), mc(x.c, engine_, c);
     e.prim.execute(stream_, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
     stream_.wait();
   }
@@ -182,9 +197,16 @@ class OneDnnMatmuls {
     return entry(d, ta, tb, ab, ct, 1.0f, beta).impl;
   }
 
+  int64_t built() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return built_;
+  }
+
  private:
-  struct Entry {
+  struct Descs {
     dnnl::memory::desc a, b, c;
+  };
+  struct Entry {
     dnnl::matmul prim;
     std::string impl;
   };
@@ -192,18 +214,25 @@ class OneDnnMatmuls {
   // cache that outgrows this is cleared rather than evicted one by one.
   static constexpr size_t kCapacity = 256;
 
+  // Row-major operands as stored; a transpose is the same memory with swapped strides. m and
+  // k may be DNNL_RUNTIME_DIM_VAL (the leading dimensions never are).
+  static Descs descs(const MatmulDims& d, int64_t m, int64_t k, bool ta, bool tb, dnnl::memory::data_type ab,
+                     dnnl::memory::data_type ct) {
+    using dims = dnnl::memory::dims;
+    return Descs{dnnl::memory::desc(dims{m, k}, ab, ta ? dims{1, d.lda} : dims{d.lda, 1}),
+                 dnnl::memory::desc(dims{k, d.n}, ab, tb ? dims{1, d.ldb} : dims{d.ldb, 1}),
+                 dnnl::memory::desc(dims{m, d.n}, ct, dims{d.n, 1})};
+  }
+
   const Entry& entry(const MatmulDims& d, bool ta, bool tb, dnnl::memory::data_type ab, dnnl::memory::data_type ct,
                      float alpha, float beta) {
-    const PrimitiveKey key{d.m, d.n, d.k, d.lda, d.ldb, ta, tb, static_cast<int>(ab), static_cast<int>(ct), alpha, beta};
+    const int64_t m = runtime_extent(d.m) ? DNNL_RUNTIME_DIM_VAL : d.m;
+    const int64_t k = runtime_extent(d.k) ? DNNL_RUNTIME_DIM_VAL : d.k;
+    const PrimitiveKey key{m, d.n, k, d.lda, d.ldb, ta, tb, static_cast<int>(ab), static_cast<int>(ct), alpha, beta};
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
     if (cache_.size() >= kCapacity) cache_.clear();
-    using dims = dnnl::memory::dims;
-    // Row-major operands as stored; a transpose is the same memory with swapped strides.
-    Entry e;
-    e.a = dnnl::memory::desc(dims{d.m, d.k}, ab, ta ? dims{1, d.lda} : dims{d.lda, 1});
-    e.b = dnnl::memory::desc(dims{d.k, d.n}, ab, tb ? dims{1, d.ldb} : dims{d.ldb, 1});
-    e.c = dnnl::memory::desc(dims{d.m, d.n}, ct, dims{d.n, 1});
+    const Descs x = descs(d, m, k, ta, tb, ab, ct);
     dnnl::primitive_attr attr;
     if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
     if (beta != 0.0f) {
@@ -211,9 +240,11 @@ class OneDnnMatmuls {
       po.append_sum(beta);
       attr.set_post_ops(po);
     }
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e.a, e.b, e.c), attr, engine_);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(x.a, x.b, x.c), attr, engine_);
+    Entry e;
     e.impl = pd.impl_info_str();
     e.prim = dnnl::matmul(pd);
+    ++built_;
     return cache_.emplace(key, std::move(e)).first->second;
   }
 
@@ -221,6 +252,7 @@ class OneDnnMatmuls {
   dnnl::stream stream_;
   std::mutex mu_;
   std::map<PrimitiveKey, Entry> cache_;
+  int64_t built_ = 0;
 };
 
 OneDnnMatmuls& onednn() {
@@ -416,6 +448,8 @@ void set_gemm_threads(int threads) {
   openblas_set_num_threads(threads);
   omp_set_num_threads(threads);
 }
+
+int64_t onednn_primitives_built() { return onednn().built(); }
 
 std::string onednn_impl_name(const MatmulDims& d, bool ta, bool tb, DType ab_dtype, DType c_dtype, float beta) {
   const auto dt = [](DType t) { return t == DType::kBF16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32; };

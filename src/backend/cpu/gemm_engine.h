@@ -74,4 +74,9 @@ void set_gemm_threads(int threads);
 std::string onednn_impl_name(const MatmulDims& d, bool trans_a, bool trans_b, DType ab_dtype, DType c_dtype,
                              float beta = 0.0f);
 
+// How many oneDNN matmul primitives this process has built (each a JIT compilation): one
+// per shape whose varying extents (m, k) are multiples of 64, one per family (the other
+// dims, transposes, types, alpha, beta) for all the rest.
+int64_t onednn_primitives_built();
+
 }  // namespace foldpar
