@@ -56,6 +56,9 @@ std::vector<double> host_f64(Backend& be, const Tensor& t) {
 }  // namespace
 
 MoeDispatch TspStep::moe_scheme() const {
+  // Experts over dp replicas: the all-to-all over the expert group, the one scheme built there
+  // (validate_layout refuses the others by name), on every rank alike.
+  if (model_.expert_group() != nullptr) return MoeDispatch::kAllToAll;
   // auto: the training break-evens of spec COMPOSITION.md 3 on forward+backward bytes
   // (moe_dispatch_by_bytes). T, D, E, f_e, k are the same on every rank, so every rank picks
   // the same scheme.
@@ -107,6 +110,23 @@ MoeAux TspStep::sum_moe_stats(const MoeAux& local, Communicator* data_axis, int6
   // Counts (exact in f64), probability sums and rows of every layer in one all-reduce.
   std::vector<double> packed = local.pack();
   const auto t0 = std::chrono::steady_clock::now();
+  if (Communicator* edp = model_.expert_data(); edp != nullptr) {
+    // Experts over K dp replicas: over the expert group (each replica's valid targets from its
+    // tsp rank 0), then over the replicas holding the same experts: every rank of dp x tsp once.
+    packed.push_back(comm_.rank() == 0 ? static_cast<double>(*valid_tokens) : 0.0);
+    for (Communicator* axis : {model_.expert_group(), edp}) {
+      if (axis->size() == 1) continue;
+      Tensor buf = moe_comm_from_host(be_, packed, DType::kF64);
+      const auto t1 = std::chrono::steady_clock::now();
+      blocking(axis->all_reduce(buf.raw_data(), buf.raw_data(), packed.size(), DType::kF64, ReduceOp::kSum), t1);
+      moe_comm_to_host(be_, buf, packed);
+    }
+    *valid_tokens = static_cast<int64_t>(packed.back());
+    packed.pop_back();
+    MoeAux sum = local;
+    sum.unpack(packed);
+    return sum;
+  }
   if (!packed.empty()) {
     Tensor buf = moe_comm_from_host(be_, packed, DType::kF64);
     blocking(comm_.all_reduce(buf.raw_data(), buf.raw_data(), packed.size(), DType::kF64, ReduceOp::kSum), t0);
@@ -167,7 +187,7 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
 
   if (s.scheme == MoeDispatch::kAllToAll) {
     // ---- counts, then each rank's rows to its experts' owners and back (parallel/moe_dispatch.h) ----
-    MoeAllToAll(be_, comm_, dims_, opt_.dtype, timer_).forward(ctx_, mw, a, r, token_rows, s, saved != nullptr);
+    MoeAllToAll(be_, expert_comm(), dims_, opt_.dtype, timer_).forward(ctx_, mw, a, r, token_rows, s, saved != nullptr);
     be_.scatter_add_rows(r.expert_out, r.token_rows, &r.row_weights, y);
   } else if (s.scheme == MoeDispatch::kRing) {
     // ---- the experts come to the tokens: rank q's block of E/D experts at ring step j ----
@@ -295,7 +315,7 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
   if (s.scheme == MoeDispatch::kAllToAll) {
     // The combine's adjoint at home, then d(out) to the owners.
     Tensor d_out = moe_combine_backward(be_, r, dy, d_weights_rows);
-    MoeAllToAll(be_, comm_, dims_, opt_.dtype, timer_).backward(ctx_, mw, s, r, d_out, d_a, gw);
+    MoeAllToAll(be_, expert_comm(), dims_, opt_.dtype, timer_).backward(ctx_, mw, s, r, d_out, d_a, gw);
   } else if (s.scheme == MoeDispatch::kRing) {
     // The combine's adjoint as in A; then the weight ring again, and the gradient ring (the
     // weight ring's adjoint) carrying each block's summed gradient home.
