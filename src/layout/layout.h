@@ -6,7 +6,8 @@
 // Grammar (canonical): axes as `name=degree` joined by ',', then options each after ':':
 //   tsp=4          dp=2,tsp=4:bf16          tp=2,sp=2:ring:seqpar          sp=4:contiguous
 // Axes: dp (data), pp (pipeline), tp (tensor), sp (sequence), tsp (tensor-and-sequence),
-// ep (experts). Options: ring (K/V around the sp ring instead of an all-gather), seqpar
+// ep (the ranks a MoE model's expert group spans; no mesh axis, written last: dp=2,tp=2,ep=4).
+// Options: ring (K/V around the sp ring instead of an all-gather), seqpar
 // (Megatron sequence-parallel norms), contiguous (sequence split; zigzag by default),
 // nooverlap, keepw / keepkv (TSP backward policies), buckets=N (TSP head buckets),
 // recompute (Recompute::kBlock), bf16 (storage dtype), stages=A/B/.. (pp: layers per stage),
