@@ -64,14 +64,13 @@ std::unique_ptr<Communicator> split_group(Mesh& mesh, const std::vector<int>& gr
   return mesh.world().split(*std::min_element(group.begin(), group.end()), key, name);
 }
 
-// A MoE model's expert groups beyond one model group's ranks. `model`: the world ranks of
-// this rank's model group in expert-axis order (TSP: the tsp axis; Megatron: sp * tp + t);
-// `weight`: those of its weight axis (TSP: tsp; Megatron: tp) that hold the other experts
-// when assembled (this rank's own weight rank in each weight group counts: Megatron: the sp
-// ranks with this tp rank; TSP: this rank).
+// This rank's model group, the unit an expert group repeats over dp replicas.
 struct ModelGroup {
+  // Its world ranks in expert-axis order (TSP: the tsp axis; Megatron: rank sp * tp + t).
   std::vector<int> model;
-  std::vector<int> across;  // the ranks of `model` with this rank's weight-axis rank
+  // Those with this rank's weight-axis rank (Megatron: the sp ranks of this tp rank; TSP:
+  // this rank alone): assembly over the weight axis leaves each of them one set of experts.
+  std::vector<int> across;
 };
 
 ModelGroup megatron_group(Mesh& mesh, const Layout& layout) {
