@@ -452,7 +452,7 @@ void check_bf16(const char* text, MoeFamily family) {
   Result<StepResult> got = model.forward_backward(*bf, model.local_batch(replica), normalizer);
   ASSERT_TRUE(got.ok()) << got.status().to_string();
   std::vector<ParamRef> params = model.parameters();
-  sum_grads_over_data_axis(mesh->has_axis("dp") ? &mesh->comm("dp") : nullptr, params);
+  sum_grads_over_data_axis(mesh->has_axis("dp") ? &mesh->comm("dp") : nullptr, params, model.expert_data_axis());
   EXPECT_EQ(got->expert_load, want->expert_load);
   double sum = got->loss_sum;
   FP_CHECK_OK(world.all_reduce(&sum, &sum, 1, DType::kF64, ReduceOp::kSum));
@@ -476,7 +476,8 @@ void check_bf16(const char* text, MoeFamily family) {
 }
 
 TEST(MegatronMoeBf16Parity, AgainstTheSingleRankModelInBf16AndF32) {
-  for (const char* text : {"tp=2:bf16", "tp=2:seqpar:bf16", "sp=2:bf16", "tp=2,sp=2:bf16", "dp=2,tp=2:seqpar:bf16"}) {
+  for (const char* text : {"tp=2:bf16", "tp=2:seqpar:bf16", "sp=2:bf16", "tp=2,sp=2:bf16", "dp=2,tp=2:seqpar:bf16",
+                           "dp=2,sp=2,ep=4:bf16"}) {
     check_bf16(text, MoeFamily::kMixtral);
     check_bf16(text, MoeFamily::kQwen2);
   }
