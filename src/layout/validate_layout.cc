@@ -259,10 +259,11 @@ Status check_expert_axis(const LlamaConfig& config, const Layout& l, const std::
     return invalid_argument("layout {}: the {} experts must divide over the ep={} ranks (whole experts per rank when "
                             "the expert group spans dp replicas)",
                             name, config.moe.num_experts, l.ep);
-  if (K > 1 && l.strategy == Strategy::kTsp && l.moe_dispatch != Layout::MoeDispatchOption::kAuto &&
-      l.moe_dispatch != Layout::MoeDispatchOption::kAllToAll)
-    return unimplemented("layout {}: experts over dp replicas (ep={} > tsp={}) dispatch by the all-to-all only "
-                         "(moe=a2a, or auto, which picks it)",
+  // The expert-weight ring is TSP's weight ring over the tsp axis; a2a and gather run over
+  // the expert group's communicator unchanged.
+  if (K > 1 && l.strategy == Strategy::kTsp && l.moe_dispatch == Layout::MoeDispatchOption::kRing)
+    return unimplemented("layout {}: experts over dp replicas (ep={} > tsp={}) dispatch by the all-to-all or the "
+                         "gather, not the expert-weight ring (moe=a2a|gather, or auto, which picks a2a)",
                          name, l.ep, G);
   if (K > 1 && l.pp > 1)
     return unimplemented("layout {}: experts over dp replicas (ep={} > {}) are not built under pp", name, l.ep, G);

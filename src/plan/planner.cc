@@ -404,7 +404,7 @@ MoePlan moe_plan_base(const PlanRequest& r, const Layout& l, int64_t micro_batch
   mp.ring_break_even_tokens = factor * static_cast<double>(mp.experts * mp.expert_width) /
                               static_cast<double>(mp.top_k * mp.ranks_per_expert);
   // What moe=auto runs without a plan (tsp_moe.cc: the training rule in every mode).
-  // Experts over dp replicas: the all-to-all, the one scheme built there.
+  // Experts over dp replicas: moe=auto runs the all-to-all (tsp_moe.cc moe_scheme).
   mp.formula_choice = tsp && l.expert_replicas() == 1
                           ? dispatch_name(moe_dispatch_by_bytes(m, mp.tokens_per_rank, l.tsp))
                           : "a2a";
@@ -435,7 +435,8 @@ MoeSchemePlan scheme_figures(const LayoutPlan& q, const PlanRequest& r) {
 Status plan_moe(const PlanRequest& r, LayoutPlan& p) {
   std::vector<Layout::MoeDispatchOption> schemes;
   if (p.layout.moe_dispatch == Layout::MoeDispatchOption::kAuto && p.layout.expert_replicas() > 1) {
-    schemes = {Layout::MoeDispatchOption::kAllToAll};  // experts over dp replicas: a2a only
+    // Experts over dp replicas: a2a and gather over the expert group (no ring).
+    schemes = {Layout::MoeDispatchOption::kAllToAll, Layout::MoeDispatchOption::kGather};
   } else if (p.layout.moe_dispatch == Layout::MoeDispatchOption::kAuto) {
     schemes = {Layout::MoeDispatchOption::kAllToAll, Layout::MoeDispatchOption::kGather,
                Layout::MoeDispatchOption::kRing};

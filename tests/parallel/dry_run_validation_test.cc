@@ -469,6 +469,7 @@ INSTANTIATE_TEST_SUITE_P(
                     // (ep=4: the dispatch over "ep", the statistics over "ep" and "edp").
                     MoeCase{"tp=2,sp=2", 4, kFB}, MoeCase{"dp=2,tp=2,ep=4", 4, kFB},
                     MoeCase{"dp=2,sp=2,ep=4", 4, kFB, 1.5}, MoeCase{"dp=2,tsp=2,ep=4", 4, kFB},
+                    MoeCase{"dp=2,tsp=2,ep=4:moe=gather", 4, kFB},
                     MoeCase{"dp=4,tsp=1,ep=4", 4, kFB, 1.0, 4, 0, 4}, MoeCase{"dp=2,tsp=1,ep=2", 2, kF},
                     // pp on TSP stages: the routing statistics forward and the aux gradient back
                     // beside each boundary message, the last stage's sums over tsp and dp.

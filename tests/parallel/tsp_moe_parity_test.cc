@@ -416,13 +416,15 @@ TEST(TspMoeDataParallel, EqualsTheSingleRankModelOnTheGlobalBatch) {
 }
 
 // Experts over dp replicas (ep=N = K D): each expert group spans K dp replicas, the dispatch
-// (a2a) over the group, the experts' gradients summed over the dp/K replicas holding them.
+// (a2a or gather) over the group, the experts' gradients summed over the dp/K replicas holding them.
 TEST(TspMoeDataParallel, ExpertsOverDataParallelReplicas) {
   const int W = test::mpi().world().size();
   if (W == 1) GTEST_SKIP() << "ep over dp needs two ranks";
   for (const DpCase& k : {DpCase{"dp=2,tsp=1,ep=2"}, DpCase{"dp=2,tsp=1,ep=2", MoeFamily::kQwen2},
                           DpCase{"dp=4,tsp=1,ep=4", MoeFamily::kMixtral}, DpCase{"dp=4,tsp=1,ep=2", MoeFamily::kQwen2},
-                          DpCase{"dp=2,tsp=2,ep=4:moe=a2a"}, DpCase{"dp=2,tsp=2,ep=4", MoeFamily::kQwen3, true}})
+                          DpCase{"dp=2,tsp=2,ep=4:moe=a2a"}, DpCase{"dp=2,tsp=2,ep=4", MoeFamily::kQwen3, true},
+                          DpCase{"dp=2,tsp=1,ep=2:moe=gather", MoeFamily::kQwen2},
+                          DpCase{"dp=2,tsp=2,ep=4:moe=gather", MoeFamily::kMixtral}})
     check_data_parallel(k);
 }
 TEST(TspMoeDataParallel, NegativeControlExpertGradientsOverTheWholeDataAxis) {
