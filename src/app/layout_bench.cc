@@ -259,7 +259,7 @@ Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& o
       // the plan's equivalent of it for the prediction (moe_imbalance_of_load).
       if (o.config.moe.enabled()) {
         row.expert_load = v.front().expert_load;
-        const int64_t expert_ranks = spec.strategy == Strategy::kTsp ? spec.tsp : int64_t{spec.tp} * spec.sp;
+        const int64_t expert_ranks = spec.expert_ranks();
         row.moe_imbalance = moe_imbalance_of_load(row.expert_load, expert_ranks, o.config.moe.num_experts_per_tok);
       }
       if (!o.memory_only) {

@@ -55,7 +55,7 @@ Status write_rank_file(const std::string& path, const CheckpointWrite& w) {
   std::vector<std::pair<std::string, Tensor>> entries;
   for (size_t i = 0; i < w.params->size(); ++i) {
     const ParamRef& p = (*w.params)[i];
-    if (!p.counted) continue;
+    if (!p.counted || (w.experts_only && !p.routed_expert)) continue;
     const Tensor* sources[3] = {&p.param, w.adam_m ? &(*w.adam_m)[i] : nullptr, w.adam_v ? &(*w.adam_v)[i] : nullptr};
     for (int k = 0; k < 3; ++k) {
       if (sources[k] == nullptr) continue;

@@ -53,6 +53,9 @@ struct CheckpointWrite {
   bool writes = true;   // false on ranks whose tensors another rank already writes (data-parallel replicas)
   int keep = 2;         // complete checkpoints kept
   CheckpointHooks hooks{};  // none by default
+  // Write the routed experts only (ParamRef::routed_expert): a dp replica other than the first
+  // that holds experts no other writer holds (experts over dp replicas, Layout::ep).
+  bool experts_only = false;
 };
 
 // Collective over `world`. Returns the directory written. On any rank's failure every rank

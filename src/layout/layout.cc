@@ -176,25 +176,33 @@ Result<std::vector<Layout>> parse_layout_list(const std::vector<std::string>& it
   return out;
 }
 
-std::string Layout::mesh() const {
+namespace {
+
+// The axes as written, outermost first; `expert`: with ep, last (it is no mesh axis: the
+// expert groups are cut from dp and the model axes, parallel/make_layout.cc).
+std::string axis_list(const Layout& l, bool expert) {
   std::vector<std::string> axes;
   auto add = [&](const char* name, int degree, bool always) {
     if (degree > 1 || always) axes.push_back(fmt::format("{}={}", name, degree));
   };
-  add("pp", pp, false);  // pp outermost, then dp (docs/composition.md section 1)
-  add("dp", dp, false);
-  add("ep", ep, false);
-  if (strategy == Strategy::kTsp) {
-    add("tsp", tsp, true);
+  add("pp", l.pp, false);  // pp outermost, then dp (docs/composition.md section 1)
+  add("dp", l.dp, false);
+  if (l.strategy == Strategy::kTsp) {
+    add("tsp", l.tsp, true);
   } else {
-    add("tp", tp, sp == 1);
-    add("sp", sp, false);
+    add("tp", l.tp, l.sp == 1);
+    add("sp", l.sp, false);
   }
+  if (expert) add("ep", l.ep, false);
   return fmt::format("{}", fmt::join(axes, ","));
 }
 
+}  // namespace
+
+std::string Layout::mesh() const { return axis_list(*this, false); }
+
 std::string Layout::to_string() const {
-  std::string n = mesh();
+  std::string n = axis_list(*this, true);
   if (kv_exchange == KvExchange::kRing) n += ":ring";
   if (sequence_parallel) n += ":seqpar";
   if (split == SeqSplit::kContiguous) n += ":contiguous";

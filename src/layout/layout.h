@@ -6,7 +6,8 @@
 // Grammar (canonical): axes as `name=degree` joined by ',', then options each after ':':
 //   tsp=4          dp=2,tsp=4:bf16          tp=2,sp=2:ring:seqpar          sp=4:contiguous
 // Axes: dp (data), pp (pipeline), tp (tensor), sp (sequence), tsp (tensor-and-sequence),
-// ep (experts). Options: ring (K/V around the sp ring instead of an all-gather), seqpar
+// ep (the ranks a MoE model's expert group spans; no mesh axis, written last: dp=2,tp=2,ep=4).
+// Options: ring (K/V around the sp ring instead of an all-gather), seqpar
 // (Megatron sequence-parallel norms), contiguous (sequence split; zigzag by default),
 // nooverlap, keepw / keepkv (TSP backward policies), buckets=N (TSP head buckets),
 // recompute (Recompute::kBlock), bf16 (storage dtype), stages=A/B/.. (pp: layers per stage),
@@ -45,7 +46,9 @@ struct Layout {
   int tsp = 1;  // TSP degree D: 1/D of the weights and of the tokens per rank
   int tp = 1;   // Megatron tensor-parallel degree
   int sp = 1;   // sequence (context) parallel degree
-  int ep = 1;   // refused above 1: a MoE model's expert axis is implicit (tsp=D: the TSP axis; tp/sp: the tp x sp group)
+  // A MoE model's expert group: ep = K G ranks, G the model group (tsp=D: D; tp/sp: tp sp) and
+  // K consecutive dp replicas (experts over dp too); 1 (or G): the model group itself.
+  int ep = 1;
   Strategy strategy = Strategy::kTsp;  // kTsp when tsp is written, else kMegatron
 
   // ---- strategy knobs (each applies where said; validate_layout refuses a knob set on a
@@ -91,6 +94,11 @@ struct Layout {
 
   int model_ranks() const { return pp * tsp * tp * sp; }  // ranks of one model replica
   int ranks() const { return dp * model_ranks(); }
+  // MoE: the ranks the routed experts spread over (ep, or the model group when ep is 1), and
+  // the dp replicas one expert group spans (K = expert_ranks() / the model group).
+  int expert_group_ranks() const { return strategy == Strategy::kTsp ? tsp : tp * sp; }
+  int expert_ranks() const { return ep > 1 ? ep : expert_group_ranks(); }
+  int expert_replicas() const { return expert_ranks() / expert_group_ranks(); }
   int storage_bytes() const { return dtype == DType::kBF16 ? 2 : 4; }  // beta
   // The degree weights are sharded by (tsp, tp, or 1 for sp) and the degree tokens are
   // sharded by inside a replica (tsp, sp, or 1 for tp without sequence parallelism).

@@ -24,12 +24,6 @@ Status check_axes(const Layout& l, const std::string& name) {
     return invalid_argument("{}: tsp does not combine with tp or sp", name);
   if (l.strategy == Strategy::kMegatron && l.tsp > 1)
     return invalid_argument("{}: tsp does not combine with tp or sp", name);
-  // Expert parallelism has no axis of its own: a MoE model on tp=T / sp=Q / tp=T,sp=Q spreads
-  // its experts over the tp x sp group (parallel/megatron/tp_moe.cc), on tsp=D over the TSP axis.
-  if (l.ep > 1)
-    return unimplemented("{}: a separate expert axis (ep={}) is not built; a MoE model's experts spread over the tp x sp "
-                         "(or tsp) ranks",
-                         name, l.ep);
   return Status();
 }
 
@@ -242,6 +236,40 @@ std::vector<int64_t> stage_bounds(const LlamaConfig& c, const Layout& l) {
   return bounds;
 }
 
+// ep=N: the ranks one expert group spans, N = K G with G the model group (tsp=D: D; the
+// Megatron baselines: tp sp) and K consecutive dp replicas (expert parallelism over dp,
+// docs/composition.md section 3). ep=1 or ep=G is the model group itself. Built: whole
+// experts per rank (E divisible by N) without pp; generation takes no dp axis anyway.
+Status check_expert_axis(const LlamaConfig& config, const Layout& l, const std::string& name) {
+  if (l.ep == 1) return Status();
+  const int G = l.expert_group_ranks();
+  if (!config.moe.enabled())
+    return invalid_argument("layout {}: ep={} spreads the routed experts of a mixture-of-experts model; this model "
+                            "has none",
+                            name, l.ep);
+  if (l.ep % G != 0)
+    return invalid_argument("layout {}: ep ({}) must be a multiple of the model group's {} ranks (the expert group is "
+                            "ep/{} dp replicas of it)",
+                            name, l.ep, G, G);
+  const int K = l.ep / G;
+  if (l.dp % K != 0)
+    return invalid_argument("layout {}: ep/{} ({} = {} / {}) dp replicas per expert group must divide dp ({})", name,
+                            G, K, l.ep, G, l.dp);
+  if (K > 1 && config.moe.num_experts % l.ep != 0)
+    return invalid_argument("layout {}: the {} experts must divide over the ep={} ranks (whole experts per rank when "
+                            "the expert group spans dp replicas)",
+                            name, config.moe.num_experts, l.ep);
+  // The expert-weight ring is TSP's weight ring over the tsp axis; a2a and gather run over
+  // the expert group's communicator unchanged.
+  if (K > 1 && l.strategy == Strategy::kTsp && l.moe_dispatch == Layout::MoeDispatchOption::kRing)
+    return unimplemented("layout {}: experts over dp replicas (ep={} > tsp={}) dispatch by the all-to-all or the "
+                         "gather, not the expert-weight ring (moe=a2a|gather, or auto, which picks a2a)",
+                         name, l.ep, G);
+  if (K > 1 && l.pp > 1)
+    return unimplemented("layout {}: experts over dp replicas (ep={} > {}) are not built under pp", name, l.ep, G);
+  return Status();
+}
+
 Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t batch, int64_t seq) {
   FP_RETURN_IF_ERROR(config.validate());
   const std::string name = layout.to_string();
@@ -282,6 +310,7 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
                               name, layout.tp, seq / layout.sp, seq, layout.sp);
   }
   FP_RETURN_IF_ERROR(check_axes(layout, name));
+  FP_RETURN_IF_ERROR(check_expert_axis(config, layout, name));
   FP_RETURN_IF_ERROR(check_knobs(layout, name));
   if (layout.pp == 1 && !layout.stage_layers.empty())
     return invalid_argument("{}: --stage-layers is the pp axis's (a layout with pp=P)", name);

@@ -47,23 +47,76 @@ Result<std::unique_ptr<ShardedDecoder>> make_pipeline_stages_decoder(const Llama
   return make_pipeline_decoder(config, pp, std::move(*stage), contiguous);
 }
 
+// The world ranks of this rank's `axis` group in axis order (this rank alone where the mesh
+// lacks the axis).
+std::vector<int> axis_ranks(Mesh& mesh, const char* axis) {
+  return mesh.has_axis(axis) ? mesh.comm(axis).world_ranks() : std::vector<int>{mesh.world().rank()};
+}
+
+// The communicator of the listed world ranks (this one's among them, ranked in that order),
+// split off the world; in a dry run the counting world's group. Collective over the world:
+// every rank calls it with its own group (the groups partition the world).
+std::unique_ptr<Communicator> split_group(Mesh& mesh, const std::vector<int>& group, const char* name) {
+  if (auto* counting = dynamic_cast<CountingCommunicator*>(&mesh.world()))
+    return counting->group(group, name);  // a dry run: no peers to split with
+  const int me = mesh.world().rank();
+  const int key = static_cast<int>(std::find(group.begin(), group.end(), me) - group.begin());
+  return mesh.world().split(*std::min_element(group.begin(), group.end()), key, name);
+}
+
+// This rank's model group, the unit an expert group repeats over dp replicas.
+struct ModelGroup {
+  // Its world ranks in expert-axis order (TSP: the tsp axis; Megatron: rank sp * tp + t).
+  std::vector<int> model;
+  // Those with this rank's weight-axis rank (Megatron: the sp ranks of this tp rank; TSP:
+  // this rank alone): assembly over the weight axis leaves each of them one set of experts.
+  std::vector<int> across;
+};
+
+ModelGroup megatron_group(Mesh& mesh, const Layout& layout) {
+  const std::vector<int> tw = axis_ranks(mesh, "tp"), sw = axis_ranks(mesh, "sp");
+  const int t = mesh.coord("tp"), s = mesh.coord("sp"), me = mesh.world().rank();
+  ModelGroup g;
+  for (int q = 0; q < layout.sp; ++q) {
+    g.across.push_back(me + sw[q] - sw[s]);
+    for (int r = 0; r < layout.tp; ++r) g.model.push_back(me + sw[q] - sw[s] + tw[r] - tw[t]);
+  }
+  return g;
+}
+
 // A MoE model on tp=T,sp=Q (a pipeline stage's too): its expert axis is the tp x sp group,
 // split off the world per dp replica and pp stage (rank sp * T + t); null with one of the
-// axes, where the other is the group. Collective over the world when split.
+// axes, where the other is the group, and where the expert group spans dp replicas
+// (make_expert_data_axes). Collective over the world when split.
 std::unique_ptr<Communicator> make_expert_axis(const LlamaConfig& config, Mesh& mesh, const Layout& layout) {
-  if (!config.moe.enabled() || layout.tp == 1 || layout.sp == 1) return nullptr;
-  // The group's world ranks in expert-axis order (tp and sp are regular strides of the mesh).
-  const std::vector<int>& tw = mesh.comm("tp").world_ranks();
-  const std::vector<int>& sw = mesh.comm("sp").world_ranks();
-  const int t = mesh.coord("tp"), s = mesh.coord("sp");
-  const int me = tw[static_cast<size_t>(t)], tstride = tw[1] - tw[0], sstride = sw[1] - sw[0];
-  std::vector<int> group;
-  for (int q = 0; q < layout.sp; ++q)
-    for (int r = 0; r < layout.tp; ++r) group.push_back(me + (q - s) * sstride + (r - t) * tstride);
-  if (auto* counting = dynamic_cast<CountingCommunicator*>(&mesh.world()))
-    return counting->group(group, "ep");  // a dry run: no peers to split with
-  const int color = *std::min_element(group.begin(), group.end());
-  return mesh.world().split(color, s * layout.tp + t, "ep");
+  if (!config.moe.enabled() || layout.tp == 1 || layout.sp == 1 || layout.expert_replicas() > 1) return nullptr;
+  return split_group(mesh, megatron_group(mesh, layout).model, "ep");
+}
+
+// Expert parallelism over dp (ep = K G): the expert group of K consecutive dp replicas' model
+// groups (rank k G + this rank's place on its model group), the group's ranks that hold this
+// rank's weight-axis slices (assembly sums the experts over them) and the dp/K replicas that
+// hold this rank's experts (their gradients' sum). Empty unless K > 1. Collective over the world.
+ExpertDataAxes make_expert_data_axes(const LlamaConfig& config, Mesh& mesh, const Layout& layout) {
+  const int K = layout.expert_replicas();
+  if (!config.moe.enabled() || K == 1) return {};
+  const ModelGroup g = layout.strategy == Strategy::kTsp
+                           ? ModelGroup{axis_ranks(mesh, "tsp"), {mesh.world().rank()}}
+                           : megatron_group(mesh, layout);
+  const std::vector<int> dw = axis_ranks(mesh, "dp");
+  const int d = mesh.coord("dp"), me = mesh.world().rank(), first = d / K * K;
+  std::vector<int> group, across, data;
+  for (int k = 0; k < K; ++k) {
+    const int shift = dw[static_cast<size_t>(first + k)] - me;
+    for (int r : g.model) group.push_back(r + shift);
+    for (int r : g.across) across.push_back(r + shift);
+  }
+  for (int j = d % K; j < layout.dp; j += K) data.push_back(dw[static_cast<size_t>(j)]);
+  ExpertDataAxes axes;
+  axes.group = split_group(mesh, group, "ep");
+  axes.across = split_group(mesh, across, "ep_across");
+  axes.data = split_group(mesh, data, "edp");
+  return axes;
 }
 
 }  // namespace
@@ -87,10 +140,11 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
     FP_RETURN_IF_ERROR(stage.status());
     return make_pipeline_model(config, mesh.comm("pp"), std::move(*stage), layout);
   }
+  ExpertDataAxes wide = make_expert_data_axes(config, mesh, layout);
   if (layout.strategy == Strategy::kTsp)
-    return make_tsp_sharded_model(config, mesh.comm("tsp"), axis_comm(mesh, "dp"), seq, layout);
+    return make_tsp_sharded_model(config, mesh.comm("tsp"), axis_comm(mesh, "dp"), seq, layout, std::move(wide));
   return make_megatron_sharded_model(config, axis_comm(mesh, "tp"), axis_comm(mesh, "sp"), seq, layout,
-                                     make_expert_axis(config, mesh, layout), axis_comm(mesh, "dp"));
+                                     make_expert_axis(config, mesh, layout), axis_comm(mesh, "dp"), std::move(wide));
 }
 
 Result<std::unique_ptr<ShardedDecoder>> make_sharded_decoder(const LlamaConfig& config, Mesh& mesh,

@@ -29,6 +29,10 @@ struct ParamRef {
   // over an axis are counted on one rank of it only, so every global element counts once.
   bool counted = true;
   std::vector<GlobalSlice> slices;  // together they cover the local tensor exactly
+  // A routed expert's tensor (or slice): where the expert groups span dp replicas (Layout::ep)
+  // only some replicas hold it, so its gradient sums over those (ShardedModel::expert_data_axis)
+  // and clipping counts it once per expert-data replica group.
+  bool routed_expert = false;
 };
 
 }  // namespace foldpar

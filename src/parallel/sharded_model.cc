@@ -33,11 +33,14 @@ Result<StepResult> ShardedModel::forward_backward_micro_batches(Backend& be, con
   return sum;
 }
 
-void sum_grads_over_data_axis(Communicator* dp, std::vector<ParamRef>& params) {
+void sum_grads_over_data_axis(Communicator* dp, std::vector<ParamRef>& params, Communicator* expert_dp) {
   if (dp == nullptr || dp->size() == 1) return;
-  for (ParamRef& p : params)
-    FP_CHECK_OK(dp->all_reduce(p.grad.raw_data(), p.grad.raw_data(), static_cast<size_t>(p.grad.numel()), DType::kF32,
-                               ReduceOp::kSum));
+  for (ParamRef& p : params) {
+    Communicator* axis = p.routed_expert && expert_dp != nullptr ? expert_dp : dp;
+    if (axis->size() == 1) continue;
+    FP_CHECK_OK(axis->all_reduce(p.grad.raw_data(), p.grad.raw_data(), static_cast<size_t>(p.grad.numel()),
+                                 DType::kF32, ReduceOp::kSum));
+  }
 }
 
 std::vector<ParamRef> WeightShardedModel::parameters() {

@@ -65,6 +65,26 @@ class ShardedModel {
   // This rank's logits rows [B, S_local, V] (keep_logits) placed into the full [B, S, V]
   // on every rank.
   virtual Status assemble_logits(const Tensor& local, Tensor& global) = 0;
+
+  // A MoE model whose expert groups span dp replicas (Layout::ep > the model group): the
+  // dp/K replicas that hold this rank's routed experts, over which their gradients sum
+  // (sum_grads_over_data_axis); null otherwise (every dp replica holds the same experts).
+  virtual Communicator* expert_data_axis() { return nullptr; }
+  // The communicators the model split off the world beside the mesh's axes (a MoE model's
+  // expert groups: "ep", "edp", "ep_across"), for whoever counts traffic per axis.
+  virtual std::vector<const Communicator*> communicators_beside_mesh() const { return {}; }
+};
+
+// Expert parallelism over dp (Layout::ep = K G, K > 1 dp replicas of the model group's G
+// ranks), split off the world by make_layout.cc; every member null when K is 1.
+struct ExpertDataAxes {
+  std::unique_ptr<Communicator> group;   // the expert group, K G ranks: rank k G + the model-group rank
+  std::unique_ptr<Communicator> across;  // the group's ranks holding this rank's weight-axis slices (assembly)
+  std::unique_ptr<Communicator> data;    // the dp/K replicas holding this rank's experts (their gradients)
+  std::vector<const Communicator*> all() const {
+    if (!group) return {};
+    return {group.get(), data.get(), across.get()};
+  }
 };
 
 // The data-parallel part of one optimizer step: every parameter's gradient summed over `dp`
@@ -74,8 +94,10 @@ class ShardedModel {
 // replica's gradient is of its loss_sum over the valid tokens of the whole global batch
 // (ShardedModel::forward_backward's normalizer), so the sum is the gradient of the global
 // mean. Collective over dp, f32, one all_reduce per parameter in `params` order; nothing is
-// issued when dp is null or has one rank.
-void sum_grads_over_data_axis(Communicator* dp, std::vector<ParamRef>& params);
+// issued when dp is null or has one rank. expert_dp (ShardedModel::expert_data_axis, when
+// the expert groups span dp replicas): the routed experts' gradients (ParamRef::routed_expert)
+// sum over it instead, as only those replicas hold the same experts.
+void sum_grads_over_data_axis(Communicator* dp, std::vector<ParamRef>& params, Communicator* expert_dp = nullptr);
 
 // What every weight-sharded strategy (tsp/, megatron/) shares, as WeightShardedDecoder
 // (parallel/decode_block.h) is for generation: this rank's ShardedWeights over the weight
@@ -89,6 +111,7 @@ class WeightShardedModel : public ShardedModel {
   void init_weights(const InitOptions& options) final { init_sharded_weights(options, weights_); }
   void zero_grads(Backend& backend) final { grads_.zero(backend); }
   std::vector<ParamRef> parameters() final;
+  Communicator* expert_data_axis() final { return expert_dp_; }
   // Collective over the weight axis only: replicas on other axes assemble the same model.
   Status assemble_weights(LlamaWeights& global) final { return assemble(weights_, global); }
   Status assemble_grads(LlamaWeights& global) final { return assemble(grads_.views(), global); }
@@ -107,10 +130,13 @@ class WeightShardedModel : public ShardedModel {
   // Expert parallelism wider than the weight axis (the Megatron baselines' tp x sp expert
   // axis): this rank's place on it, and the axis across weight-axis groups (sp) whose ranks
   // hold the other experts, over which assembly also sums the routed experts' tensors.
-  void set_expert_axis(int expert_rank, Communicator* across) {
+  // expert_dp: the replicas holding the same experts when the expert axis spans dp replicas
+  // (ExpertDataAxes::data; across then spans them too).
+  void set_expert_axis(int expert_rank, Communicator* across, Communicator* expert_dp = nullptr) {
     weights_.expert_rank = expert_rank;
     grads_.views().expert_rank = expert_rank;
     expert_across_ = across;
+    expert_dp_ = expert_dp;
   }
 
   ShardedWeights weights_;
@@ -118,6 +144,7 @@ class WeightShardedModel : public ShardedModel {
 
  private:
   Communicator* expert_across_ = nullptr;
+  Communicator* expert_dp_ = nullptr;
   Status assemble(const ShardedWeights& shard, LlamaWeights& global);
 
   Communicator& weight_axis_;

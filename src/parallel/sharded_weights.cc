@@ -645,7 +645,7 @@ std::vector<ParamRef> sharded_param_refs(ShardedWeights& w, ShardedWeights& g, b
       // Experts spread wider than the weight axis (the Megatron baselines' tp x sp expert axis)
     // are this rank's own, whichever replica of the weight slices it is: counted here.
     const bool count_experts = d.expert_degree > d.degree || count_sharded;
-    refs.push_back(ParamRef{at.tensor, t, grads[i++].second, true, rep ? count_replicated : count_experts, {at}});
+    refs.push_back(ParamRef{at.tensor, t, grads[i++].second, true, rep ? count_replicated : count_experts, {at}, !rep});
     });
   }
   if (w.embed.defined())

@@ -16,18 +16,22 @@ namespace foldpar {
 // tsp/: Tensor-and-Sequence Parallelism over one axis. dp (null: none): the data-parallel
 // axis, which a MoE model's routing statistics are also summed over (tsp_model.h); the
 // gradients' dp sum stays the trainer's (sum_grads_over_data_axis).
+// wide: the expert groups over dp replicas (Layout::ep; make_layout.cc), empty otherwise.
 Result<std::unique_ptr<ShardedModel>> make_tsp_sharded_model(const LlamaConfig& config, Communicator& tsp,
-                                                             Communicator* dp, int64_t seq, const Layout& options);
+                                                             Communicator* dp, int64_t seq, const Layout& options,
+                                                             ExpertDataAxes wide = {});
 // megatron/: Megatron tensor parallelism inside tp groups, sequence (context) parallelism
 // across them: tp=T (sp null), sp=S (tp null) and tp=T,sp=S. A null axis runs as one rank.
 // A MoE model's experts spread over the tp x sp group (expert parallelism): `ep` is that
 // group's communicator (rank sp * tp + t), or null where tp or sp has one rank (the other is
-// the group); dp the replicas its routing statistics are summed over (or null).
+// the group); dp the replicas its routing statistics are summed over (or null). wide: the
+// expert groups over dp replicas (Layout::ep), which replace `ep` (then null); empty otherwise.
 Result<std::unique_ptr<ShardedModel>> make_megatron_sharded_model(const LlamaConfig& config, Communicator* tp,
                                                                   Communicator* sp, int64_t seq,
                                                                   const Layout& options,
                                                                   std::unique_ptr<Communicator> ep = nullptr,
-                                                                  Communicator* dp = nullptr);
+                                                                  Communicator* dp = nullptr,
+                                                                  ExpertDataAxes wide = {});
 
 // Pipeline stages (parallel/stage_strategy.h): tsp/'s and megatron/'s (a null axis runs as
 // one rank) step pieces over one stage's layers;

@@ -140,16 +140,25 @@ Result<RankRun> run_rank(const PlanRequest& r, const Layout& l, int rank, int st
   o.matmul_takes_bf16 = l.dtype == DType::kBF16 && r.matmul_takes_bf16.value_or(bf16_rate);
   FP_ASSIGN_OR_RETURN(run.dry, dry_run(o));
   FP_ASSIGN_OR_RETURN(run.trace, step_timeline_trace(run.dry, rank, r.hardware.devices_per_node));
-  std::optional<AxisTraffic> dp_axis;
+  std::optional<AxisTraffic> dp_axis, edp_axis;
   if (r.mode == PlanMode::kTrain && l.dp > 1) {
-    dp_axis = dp_gradient_traffic(r.config, l, stage);
-    const OpBytes& ar = dp_axis->op(PlanOp::kAllReduce);
+    // The trainer's gradient sums after the step: over dp and, with experts over dp replicas
+    // (ep = K G), the routed experts' over the dp/K replicas holding them (stride K replicas).
     const int inner = l.model_ranks() / l.pp;  // the dp axis's stride
-    Result<LinkClass> link = link_class({rank, rank + inner * (l.dp - 1)}, r.hardware.devices_per_node);
-    FP_RETURN_IF_ERROR(link.status());
-    run.trace.events.emplace_back(CommStart{.request = 1 << 30, .kind = CommKind::kAllReduce, .communicator = "dp",
-                                            .comm_size = l.dp, .link = *link, .bytes_sent = ar.bytes_sent,
-                                            .bytes_received = ar.bytes_received, .blocking = true, .members = {}});
+    const int K = r.config.moe.enabled() ? l.expert_replicas() : 1;
+    dp_axis = dp_gradient_traffic(r.config, l, stage);
+    if (K > 1 && l.dp > K) edp_axis = expert_dp_gradient_traffic(r.config, l);
+    for (const auto& [axis, stride] : {std::pair{&dp_axis, inner}, std::pair{&edp_axis, inner * K}}) {
+      if (!*axis) continue;
+      const OpBytes& ar = (*axis)->op(PlanOp::kAllReduce);
+      Result<LinkClass> link = link_class({rank, rank + stride * ((*axis)->degree - 1)}, r.hardware.devices_per_node);
+      FP_RETURN_IF_ERROR(link.status());
+      run.trace.events.emplace_back(CommStart{.request = (1 << 30) + (axis == &edp_axis ? 1 : 0),
+                                              .kind = CommKind::kAllReduce, .communicator = (*axis)->axis,
+                                              .comm_size = (*axis)->degree, .link = *link,
+                                              .bytes_sent = ar.bytes_sent, .bytes_received = ar.bytes_received,
+                                              .blocking = true, .members = {}});
+    }
   }
   for (const auto& [name, stats] : run.dry.comm) {
     AxisTraffic a{name, 1, {}};
@@ -163,10 +172,11 @@ Result<RankRun> run_rank(const PlanRequest& r, const Layout& l, int rank, int st
       o2.bytes_sent += c.bytes_sent;
       o2.bytes_received += c.bytes_received;
     }
-    if (name == "dp") continue;  // the model step moves nothing over dp
+    if (name == "dp" || name == "edp") continue;  // the model step moves nothing over dp
     run.traffic.axes.push_back(a);
   }
   if (dp_axis) run.traffic.axes.push_back(*dp_axis);
+  if (edp_axis) run.traffic.axes.push_back(*edp_axis);
   return run;
 }
 
@@ -364,11 +374,12 @@ MoePlan moe_plan_base(const PlanRequest& r, const Layout& l, int64_t micro_batch
   const MoeConfig& m = c.moe;
   MoePlan mp;
   mp.experts = m.num_experts;
-  // The expert axis: tsp, or the Megatron layouts' tp x sp group.
+  // The expert axis: tsp, or the Megatron layouts' tp x sp group (X ranks hold the tokens);
+  // with ep over dp replicas the experts spread over ep = K X ranks.
   const bool tsp = plan_strategy(l) == PlanStrategy::kTsp;
   const int X = tsp ? l.tsp : l.tp * l.sp;
-  const ShardDims dims = tsp ? shard_dims(c, l.tsp) : shard_dims(c, l.tp, X);
-  if (!tsp) mp.expert_axis_ranks = X;
+  const ShardDims dims = shard_dims(c, tsp ? l.tsp : l.tp, l.expert_ranks());
+  if (!tsp || l.expert_replicas() > 1) mp.expert_axis_ranks = l.expert_ranks();
   mp.experts_per_rank = dims.experts;
   mp.ranks_per_expert = dims.expert_group;
   mp.top_k = m.num_experts_per_tok;
@@ -393,7 +404,10 @@ MoePlan moe_plan_base(const PlanRequest& r, const Layout& l, int64_t micro_batch
   mp.ring_break_even_tokens = factor * static_cast<double>(mp.experts * mp.expert_width) /
                               static_cast<double>(mp.top_k * mp.ranks_per_expert);
   // What moe=auto runs without a plan (tsp_moe.cc: the training rule in every mode).
-  mp.formula_choice = tsp ? dispatch_name(moe_dispatch_by_bytes(m, mp.tokens_per_rank, l.tsp)) : "a2a";
+  // Experts over dp replicas: moe=auto runs the all-to-all (tsp_moe.cc moe_scheme).
+  mp.formula_choice = tsp && l.expert_replicas() == 1
+                          ? dispatch_name(moe_dispatch_by_bytes(m, mp.tokens_per_rank, l.tsp))
+                          : "a2a";
   return mp;
 }
 
@@ -401,7 +415,11 @@ MoeSchemePlan scheme_figures(const LayoutPlan& q, const PlanRequest& r) {
   MoeSchemePlan s;
   s.scheme = dispatch_name(q.layout.moe_dispatch);
   const Layout& l = q.layout;
-  s.axis = plan_strategy(l) == PlanStrategy::kTsp ? "tsp" : l.tp > 1 && l.sp > 1 ? "ep" : l.tp > 1 ? "tp" : "sp";
+  s.axis = l.expert_replicas() > 1                   ? "ep"
+           : plan_strategy(l) == PlanStrategy::kTsp ? "tsp"
+           : l.tp > 1 && l.sp > 1                   ? "ep"
+           : l.tp > 1                               ? "tp"
+                                                    : "sp";
   for (const AxisTraffic& a : q.traffic.axes)
     if (a.axis == s.axis) s.tsp_bytes_sent = static_cast<int64_t>(a.total().bytes_sent);
   s.step_s = q.time.step_s;
@@ -416,7 +434,10 @@ MoeSchemePlan scheme_figures(const LayoutPlan& q, const PlanRequest& r) {
 // the least simulated step time among those that fit (else the least memory).
 Status plan_moe(const PlanRequest& r, LayoutPlan& p) {
   std::vector<Layout::MoeDispatchOption> schemes;
-  if (p.layout.moe_dispatch == Layout::MoeDispatchOption::kAuto) {
+  if (p.layout.moe_dispatch == Layout::MoeDispatchOption::kAuto && p.layout.expert_replicas() > 1) {
+    // Experts over dp replicas: a2a and gather over the expert group (no ring).
+    schemes = {Layout::MoeDispatchOption::kAllToAll, Layout::MoeDispatchOption::kGather};
+  } else if (p.layout.moe_dispatch == Layout::MoeDispatchOption::kAuto) {
     schemes = {Layout::MoeDispatchOption::kAllToAll, Layout::MoeDispatchOption::kGather,
                Layout::MoeDispatchOption::kRing};
   } else {
@@ -620,13 +641,16 @@ std::string plan_report_text(const PlanReport& rep) {
         m.imbalance > 1 ? fmt::format("expert 0 at {:.3g}x its share", m.imbalance) : std::string("balanced"),
         m.tokens_per_rank, m.rows_balanced, m.rows_busiest);
     if (m.expert_axis_ranks > 0) {
+      const std::string axis = p.layout.expert_replicas() > 1
+                                   ? fmt::format("the expert group over {} dp replicas, ep", p.layout.expert_replicas())
+                                   : std::string("tp x sp");
       for (const MoeSchemePlan& sc : m.schemes)
         s += fmt::format(
-            "  {} over the expert axis (tp x sp, {} ranks; parallel/megatron/tp_moe.cc): {} sent/step {} (attention's "
+            "  {} over the expert axis ({}, {} ranks; parallel/moe_dispatch.h): {} sent/step {} (attention's "
             "included where the axis is tp or sp itself)\n",
             sc.scheme == "replicated" ? "replicated (generation: every rank routes every row, one all_reduce over tp)"
                                       : "a2a",
-            m.expert_axis_ranks, sc.axis, bytes_text(static_cast<double>(sc.tsp_bytes_sent)));
+            axis, m.expert_axis_ranks, sc.axis, bytes_text(static_cast<double>(sc.tsp_bytes_sent)));
       continue;
     }
     for (const MoeSchemePlan& sc : m.schemes)

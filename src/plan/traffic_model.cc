@@ -65,10 +65,42 @@ OpBytes StepTraffic::total() const {
   return t;
 }
 
+namespace {
+
+// Experts over dp replicas: a rank's routed-expert elements (E/ep whole experts per sparse
+// layer, validate_layout) and its other sparse-layer elements (the router and the shared
+// expert with its gate, replicated), against the dense formula's MLP in those layers.
+struct ExpertElements {
+  int64_t experts = 0, replicated = 0, dense_mlp = 0;
+};
+ExpertElements expert_elements(const LlamaConfig& c, const Layout& l) {
+  const MoeConfig& m = c.moe;
+  const int64_t sparse = m.sparse_layer_count(c.num_hidden_layers), h = c.hidden_size;
+  const int64_t fs = m.shared_expert_intermediate_size;
+  return ExpertElements{sparse * (m.num_experts / l.expert_ranks()) * 3 * m.moe_intermediate_size * h,
+                        sparse * (m.num_experts * h + (fs > 0 ? 3 * fs * h + h : 0)),
+                        sparse * 3 * h * c.intermediate_size / l.weight_degree()};
+}
+
+bool experts_over_dp(const LlamaConfig& c, const Layout& l) { return c.moe.enabled() && l.expert_replicas() > 1; }
+
+}  // namespace
+
 AxisTraffic dp_gradient_traffic(const LlamaConfig& c, const Layout& l, int stage) {
   AxisTraffic dp{"dp", l.dp, {}};
-  dp.add_all_reduce(1, static_cast<uint64_t>(local_parameter_elements(c, l, stage)), 0, 4);
+  int64_t n = local_parameter_elements(c, l, stage);
+  if (experts_over_dp(c, l)) {
+    const ExpertElements e = expert_elements(c, l);
+    n += e.replicated - e.dense_mlp;
+  }
+  dp.add_all_reduce(1, static_cast<uint64_t>(n), 0, 4);
   return dp;
+}
+
+AxisTraffic expert_dp_gradient_traffic(const LlamaConfig& c, const Layout& l) {
+  AxisTraffic edp{"edp", l.dp / l.expert_replicas(), {}};
+  if (experts_over_dp(c, l)) edp.add_all_reduce(1, static_cast<uint64_t>(expert_elements(c, l).experts), 0, 4);
+  return edp;
 }
 
 double tsp_forward_layer_elements(const LlamaConfig& c, int64_t tokens, int degree) {

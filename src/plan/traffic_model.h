@@ -59,7 +59,12 @@ struct StepTraffic {
 // every local gradient (f32) summed over dp, taken as one all_reduce of all of them (the
 // per-tensor calls differ from it only by the ring blocks' rounding), on pipeline stage
 // `stage`. layout.dp > 1.
+// Experts over dp replicas (a MoE model with Layout::ep = K G, K > 1; not under pp): the
+// routed experts' gradients sum over the dp/K replicas holding them instead, so this is the
+// rest over dp (the dense formula's sparse-layer MLPs replaced by their routers and shared
+// experts) and expert_dp_gradient_traffic the experts' part over "edp".
 AxisTraffic dp_gradient_traffic(const LlamaConfig& config, const Layout& layout, int stage = 0);
+AxisTraffic expert_dp_gradient_traffic(const LlamaConfig& config, const Layout& layout);
 
 // docs/tsp.md section 7, forward, per layer per rank, in elements: the byte-free formulas the
 // crossover is read from. TSP: weights (2 + 2/g) h^2 (D-1)/D + 3 h f (D-1)/D plus K/V

@@ -233,7 +233,8 @@ Result<StepStats> train_step(const TrainOptions& o, const Setup& s, const DataLo
     micro_batches.push_back(l.model->local_batch(train.train_rows(index, r0 + a * s.micro, r0 + (a + 1) * s.micro)));
   FP_ASSIGN_OR_RETURN(StepResult r, l.model->forward_backward_micro_batches(be, micro_batches, normalizer));
   const double loss_sum = r.loss_sum;
-  sum_grads_over_data_axis(s.dp_comm, l.params);
+  Communicator* expert_dp = l.model->expert_data_axis();
+  sum_grads_over_data_axis(s.dp_comm, l.params, expert_dp);
   StepStats st;
   // Loss sums are global over the model axes already; the dp replicas add theirs.
   const double model_ranks = static_cast<double>(world.size()) / s.dp;
@@ -255,9 +256,12 @@ Result<StepStats> train_step(const TrainOptions& o, const Setup& s, const DataLo
   be.sum_squares_many(grads, sums);
   double sq = 0;
   std::string bad_tensor;  // the first gradient on this rank that is not finite
+  // Experts over dp replicas (Layout::ep): a routed expert is held by dp/K replicas, not dp,
+  // so its square counts K times to come out once from the division by dp below.
+  const double expert_weight = expert_dp != nullptr ? static_cast<double>(s.dp / expert_dp->size()) : 1.0;
   for (size_t i = 0; i < l.params.size(); ++i) {
     if (!std::isfinite(sums[i]) && bad_tensor.empty()) bad_tensor = l.params[i].name;
-    if (l.params[i].counted) sq += sums[i];
+    if (l.params[i].counted) sq += l.params[i].routed_expert ? sums[i] * expert_weight : sums[i];
   }
   FP_RETURN_IF_ERROR(check_finite(world, l.step + 1, st.loss, bad_tensor));
   st.grad_norm = std::sqrt(sum_over(world, sq) / s.dp);  // every dp replica counted the same
@@ -362,8 +366,12 @@ Result<TrainReport> run_training(const TrainOptions& o, Communicator& world) {
     if (out.leader) out.progress.update(step, st.loss, line["tokens_per_s"].get<double>(), now_s() - t_start);
     if ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || (step == last && o.final_checkpoint)) {
       CheckpointState cs{step, static_cast<uint64_t>(step), o.seed, layout, o.config};
-      CheckpointWrite w{&l.saved_params, &l.adamw->first_moments(), &l.adamw->second_moments(), s.dp_rank == 0,
-                        o.keep_checkpoints, o.checkpoint_hooks};
+      // Experts over dp replicas (Layout::ep): the first replica of each expert-data group
+      // writes its experts too.
+      Communicator* expert_dp = l.model->expert_data_axis();
+      const bool expert_writer = expert_dp != nullptr && expert_dp->rank() == 0;
+      CheckpointWrite w{&l.saved_params, &l.adamw->first_moments(), &l.adamw->second_moments(),
+                        s.dp_rank == 0 || expert_writer, o.keep_checkpoints, o.checkpoint_hooks, s.dp_rank != 0};
       FP_ASSIGN_OR_RETURN(report.checkpoint, save_checkpoint(ckpt_root, cs, w, world));
       if (out.leader) out.progress.note(fmt::format("step {}: checkpoint {}", step, report.checkpoint));
     }

@@ -44,5 +44,24 @@ refused pp=2,tp=1:zb "the zero-bubble schedule (zb) does not split a mixture-of-
 refused pp=2,tsp=1:zb "the zero-bubble schedule (zb) does not split a mixture-of-experts layer's backward"
 refused tp=2:moe=a2a "moe=a2a|gather|ring chooses the dispatch of a tsp=N layout"
 refused dp=2,tsp=1 "verify runs every dp replica on the whole batch"
+# Experts over dp replicas (ep=N): the layouts validate_layout refuses, one line naming the
+# values, exit 2 (plan checks an explicit layout without ranks to start).
+refused_plan() {  # DEVICES LAYOUT WORDS [MODEL]
+  "$bin" plan --model "${4:-$base}" --seq 64 --batch 8 --devices "$1" --hardware "$src/hardware/mi300x-8.json" \
+    --layouts "$2" >/dev/null 2>"$tmp/err"
+  local rc=$?
+  if [ "$rc" -ne 2 ] || [ "$(wc -l <"$tmp/err")" -ne 1 ] || ! grep -qF -- "$3" "$tmp/err"; then
+    echo "FAIL plan layout $2: exit $rc, wanted 2 and one line containing '$3':" >&2
+    cat "$tmp/err" >&2
+    failures=$((failures + 1))
+  fi
+}
+refused_plan 4 dp=2,tp=2,ep=3 "ep (3) must be a multiple of the model group's 2 ranks"
+refused_plan 6 dp=3,tp=2,ep=4 "ep/2 (2 = 4 / 2) dp replicas per expert group must divide dp (3)"
+refused_plan 8 dp=8,tsp=1,ep=8 "the 4 experts must divide over the ep=8 ranks"
+refused_plan 4 dp=2,tsp=2,ep=4:moe=ring "dispatch by the all-to-all or the gather, not the expert-weight ring"
+refused_plan 8 pp=2,dp=2,tp=2,ep=4 "experts over dp replicas (ep=4 > 2) are not built under pp"
+refused_plan 4 dp=2,tp=2,ep=4 "ep=4 spreads the routed experts of a mixture-of-experts model; this model has none" \
+  "$src/configs/tiny.json"
 [ "$failures" -eq 0 ] && echo "moe errors: PASS"
 exit $((failures > 0))

@@ -80,7 +80,12 @@ Measured measure(const Layout& lo, int64_t B, int64_t S, DryRunMode mode, Backen
     std::unique_ptr<Backend> bf16 = lo.dtype == DType::kBF16 ? make_bf16_storage_backend(backend) : nullptr;
     Backend* be = bf16 ? bf16.get() : &backend;
     mt.reset_peaks();
-    ScopedCommCounter counter(mesh->communicators());
+    // The mesh's axes, then those the model split off the world (a MoE model's expert groups),
+    // which the dry run lists after them in the order of their first operation.
+    std::vector<const Communicator*> comms = mesh->communicators();
+    const std::vector<const Communicator*> beside = (*m)->communicators_beside_mesh();
+    comms.insert(comms.end(), beside.begin(), beside.end());
+    ScopedCommCounter counter(comms);
     if (mode == DryRunMode::kForwardBackward && locals.size() > 1) {
       FP_CHECK_OK((*m)->forward_backward_micro_batches(*be, locals, B * S).status());
     } else if (mode == DryRunMode::kForwardBackward) {
@@ -92,6 +97,8 @@ Measured measure(const Layout& lo, int64_t B, int64_t S, DryRunMode mode, Backen
     }
     out.step = mt.stats();
     for (const Communicator* c : mesh->communicators()) out.axes.emplace_back(c->name(), counter.delta(*c));
+    for (const Communicator* c : beside)
+      if (counter.delta(*c).total().calls > 0) out.axes.emplace_back(c->name(), counter.delta(*c));
   }
   return out;
 }
@@ -458,6 +465,12 @@ INSTANTIATE_TEST_SUITE_P(
                     MoeCase{"tp=2", 2, kFB}, MoeCase{"tp=2:seqpar", 2, kFB}, MoeCase{"sp=2", 2, kFB},
                     MoeCase{"tp=2", 2, kFB, 1.5}, MoeCase{"sp=2:bf16", 2, kFB}, MoeCase{"tp=4", 4, kFB},
                     MoeCase{"dp=2,sp=2", 4, kFB}, MoeCase{"tp=4", 4, kFB, 1.0, 2},
+                    // Beside the mesh: the tp x sp expert axis, and experts over dp replicas
+                    // (ep=4: the dispatch over "ep", the statistics over "ep" and "edp").
+                    MoeCase{"tp=2,sp=2", 4, kFB}, MoeCase{"dp=2,tp=2,ep=4", 4, kFB},
+                    MoeCase{"dp=2,sp=2,ep=4", 4, kFB, 1.5}, MoeCase{"dp=2,tsp=2,ep=4", 4, kFB},
+                    MoeCase{"dp=2,tsp=2,ep=4:moe=gather", 4, kFB},
+                    MoeCase{"dp=4,tsp=1,ep=4", 4, kFB, 1.0, 4, 0, 4}, MoeCase{"dp=2,tsp=1,ep=2", 2, kF},
                     // pp on TSP stages: the routing statistics forward and the aux gradient back
                     // beside each boundary message, the last stage's sums over tsp and dp.
                     MoeCase{"pp=2,tsp=1", 2, kFB, 1.0, 4, 1}, MoeCase{"pp=2,tsp=1", 2, kF},

@@ -67,6 +67,9 @@ struct Case {
   int64_t experts = 0;  // E instead of the config's 4 (0: keep); E < T Q splits each expert
   int64_t top_k = 0;    // k instead of the config's 2 (0: keep)
   bool swap_experts = false;  // negative control: each rank's first two experts trade places
+  // Negative control (ep over dp): the routed experts' gradients summed over the whole dp
+  // axis, as a dense gradient's, instead of over the replicas holding the same experts.
+  bool experts_over_whole_dp = false;
 };
 
 // Returns false when the layout does not fit the world.
@@ -131,7 +134,9 @@ bool check(const Case& k) {
   Result<StepResult> got = model.forward_backward(*be, local, normalizer);
   EXPECT_TRUE(got.ok()) << got.status().to_string();
   if (!got.ok()) return true;
-  sum_grads_over_data_axis(mesh->has_axis("dp") ? &mesh->comm("dp") : nullptr, params);
+  // The trainer's sum: the routed experts over the replicas holding them (ep over dp).
+  sum_grads_over_data_axis(mesh->has_axis("dp") ? &mesh->comm("dp") : nullptr, params,
+                           k.experts_over_whole_dp ? nullptr : model.expert_data_axis());
 
   // The trainer's loss: loss_sum summed over every rank, once per model replica's ranks.
   auto global_loss = [&](double loss_sum) {
@@ -157,6 +162,17 @@ bool check(const Case& k) {
   EXPECT_TRUE(model.assemble_grads(assembled).ok());
   std::vector<std::pair<std::string, Tensor>> ref_list;
   ref_g.for_each([&](const std::string& n, Tensor& t) { ref_list.emplace_back(n, t); });
+  if (k.experts_over_whole_dp) {
+    // Some expert's gradient must then be off by far more than the tolerance.
+    double worst = 0;
+    size_t n = 0;
+    assembled.for_each([&](const std::string& name, Tensor& t) {
+      if (name.find(".experts.") != std::string::npos) worst = std::max(worst, max_rel_error(t, ref_list[n].second));
+      ++n;
+    });
+    EXPECT_GT(worst, 10 * tol::kF32Parallel);
+    return true;
+  }
   size_t i = 0, experts = 0;
   assembled.for_each([&](const std::string& name, Tensor& t) {
     ASSERT_EQ(name, ref_list[i].first);
@@ -224,6 +240,24 @@ TEST(MegatronMoeParity, MoreRanksThanExperts) {
              {"tp=4", MoeFamily::kMixtral, true, 2, 1},
              {"dp=2,sp=2", MoeFamily::kMixtral, false, 1, 1}});
 }
+// Expert parallelism over dp (Layout::ep = K tp sp): each expert group spans K = 2 dp
+// replicas, one whole expert per rank (E = 4 at 4 ranks).
+std::vector<Case> expert_data_layouts(MoeFamily f) {
+  return {{"dp=2,tp=2,ep=4", f}, {"dp=2,tp=2,ep=4:seqpar", f}, {"dp=2,sp=2,ep=4", f}};
+}
+TEST(MegatronMoeParity, ExpertsOverDataParallelReplicas) {
+  check_all(expert_data_layouts(MoeFamily::kMixtral));
+  check_all(expert_data_layouts(MoeFamily::kQwen2));
+  check_all({{"dp=2,tp=2,ep=4:recompute", MoeFamily::kQwen3}, {"dp=2,sp=2,ep=4", MoeFamily::kMixtral, true}});
+}
+TEST(MegatronMoeParity, NegativeControlExpertGradientsOverTheWholeDataAxis) {
+  Case tp{"dp=2,tp=2,ep=4", MoeFamily::kMixtral};
+  tp.experts_over_whole_dp = true;
+  Case sp{"dp=2,sp=2,ep=4", MoeFamily::kQwen2};
+  sp.experts_over_whole_dp = true;
+  check_all({tp, sp});
+}
+
 TEST(MegatronMoeParity, NegativeControlSwappedExperts) {
   // Two experts per rank at two ranks (E = 4).
   Case tp{"tp=2", MoeFamily::kMixtral};
@@ -418,7 +452,7 @@ void check_bf16(const char* text, MoeFamily family) {
   Result<StepResult> got = model.forward_backward(*bf, model.local_batch(replica), normalizer);
   ASSERT_TRUE(got.ok()) << got.status().to_string();
   std::vector<ParamRef> params = model.parameters();
-  sum_grads_over_data_axis(mesh->has_axis("dp") ? &mesh->comm("dp") : nullptr, params);
+  sum_grads_over_data_axis(mesh->has_axis("dp") ? &mesh->comm("dp") : nullptr, params, model.expert_data_axis());
   EXPECT_EQ(got->expert_load, want->expert_load);
   double sum = got->loss_sum;
   FP_CHECK_OK(world.all_reduce(&sum, &sum, 1, DType::kF64, ReduceOp::kSum));
@@ -442,7 +476,8 @@ void check_bf16(const char* text, MoeFamily family) {
 }
 
 TEST(MegatronMoeBf16Parity, AgainstTheSingleRankModelInBf16AndF32) {
-  for (const char* text : {"tp=2:bf16", "tp=2:seqpar:bf16", "sp=2:bf16", "tp=2,sp=2:bf16", "dp=2,tp=2:seqpar:bf16"}) {
+  for (const char* text : {"tp=2:bf16", "tp=2:seqpar:bf16", "sp=2:bf16", "tp=2,sp=2:bf16", "dp=2,tp=2:seqpar:bf16",
+                           "dp=2,sp=2,ep=4:bf16"}) {
     check_bf16(text, MoeFamily::kMixtral);
     check_bf16(text, MoeFamily::kQwen2);
   }

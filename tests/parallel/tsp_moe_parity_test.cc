@@ -311,6 +311,9 @@ struct DpCase {
   bool per_layer = false;
   int64_t experts = 0;  // E instead of the config's 4 (0: keep); E < D splits each expert over D/E ranks
   int64_t top_k = 0;    // k instead of the config's 2 (0: keep)
+  // Negative control (ep over dp): the routed experts' gradients summed over the whole dp
+  // axis instead of over the replicas holding the same experts; some must then differ.
+  bool experts_over_whole_dp = false;
 };
 
 void check_data_parallel(const DpCase& k) {
@@ -348,7 +351,9 @@ void check_data_parallel(const DpCase& k) {
   Result<StepResult> got = model.forward_backward(*be, local, normalizer);
   ASSERT_TRUE(got.ok()) << got.status().to_string();
   std::vector<ParamRef> params = model.parameters();
-  sum_grads_over_data_axis(mesh->has_axis("dp") ? &mesh->comm("dp") : nullptr, params);
+  // The trainer's sum: the routed experts over the replicas holding them (ep over dp).
+  sum_grads_over_data_axis(mesh->has_axis("dp") ? &mesh->comm("dp") : nullptr, params,
+                           k.experts_over_whole_dp ? nullptr : model.expert_data_axis());
 
   // The trainer's loss: loss_sum summed over every rank, once per model replica's ranks.
   auto global_loss = [&](double loss_sum) {
@@ -364,6 +369,24 @@ void check_data_parallel(const DpCase& k) {
   ASSERT_TRUE(model.assemble_grads(assembled).ok());
   std::vector<std::pair<std::string, Tensor>> ref_list;
   ref_g.for_each([&](const std::string& n, Tensor& t) { ref_list.emplace_back(n, t); });
+  if (k.experts_over_whole_dp) {
+    double worst = 0;
+    size_t n = 0;
+    assembled.for_each([&](const std::string& name, Tensor& t) {
+      if (name.find(".experts.") != std::string::npos) worst = std::max(worst, max_rel_error(t, ref_list[n].second));
+      ++n;
+    });
+    EXPECT_GT(worst, 10 * tol::kF32Parallel);
+    return;
+  }
+  // The weights assemble to the single-rank model's (every expert from its owner, over the
+  // expert group's replicas too).
+  LlamaWeights weights = LlamaWeights::allocate(c, DType::kF32, MemCategory::kWorkspace);
+  ASSERT_TRUE(model.assemble_weights(weights).ok());
+  std::vector<Tensor> ref_w;
+  w.for_each([&](const std::string&, Tensor& t) { ref_w.push_back(t); });
+  size_t j = 0;
+  weights.for_each([&](const std::string& name, Tensor& t) { EXPECT_EQ(max_rel_error(t, ref_w[j++]), 0.0) << name; });
   size_t i = 0, routers = 0;
   assembled.for_each([&](const std::string& name, Tensor& t) {
     ASSERT_EQ(name, ref_list[i].first);
@@ -390,6 +413,28 @@ TEST(TspMoeDataParallel, EqualsTheSingleRankModelOnTheGlobalBatch) {
                           DpCase{"dp=2,tsp=2:moe=gather", MoeFamily::kQwen2},
                           DpCase{"dp=2,tsp=2:moe=ring", MoeFamily::kQwen3, true}})
     check_data_parallel(k);
+}
+
+// Experts over dp replicas (ep=N = K D): each expert group spans K dp replicas, the dispatch
+// (a2a or gather) over the group, the experts' gradients summed over the dp/K replicas holding them.
+TEST(TspMoeDataParallel, ExpertsOverDataParallelReplicas) {
+  const int W = test::mpi().world().size();
+  if (W == 1) GTEST_SKIP() << "ep over dp needs two ranks";
+  for (const DpCase& k : {DpCase{"dp=2,tsp=1,ep=2"}, DpCase{"dp=2,tsp=1,ep=2", MoeFamily::kQwen2},
+                          DpCase{"dp=4,tsp=1,ep=4", MoeFamily::kMixtral}, DpCase{"dp=4,tsp=1,ep=2", MoeFamily::kQwen2},
+                          DpCase{"dp=2,tsp=2,ep=4:moe=a2a"}, DpCase{"dp=2,tsp=2,ep=4", MoeFamily::kQwen3, true},
+                          DpCase{"dp=2,tsp=1,ep=2:moe=gather", MoeFamily::kQwen2},
+                          DpCase{"dp=2,tsp=2,ep=4:moe=gather", MoeFamily::kMixtral}})
+    check_data_parallel(k);
+}
+TEST(TspMoeDataParallel, NegativeControlExpertGradientsOverTheWholeDataAxis) {
+  const int W = test::mpi().world().size();
+  if (W == 1) GTEST_SKIP() << "ep over dp needs two ranks";
+  for (const char* text : {"dp=2,tsp=1,ep=2", "dp=4,tsp=1,ep=2", "dp=2,tsp=2,ep=4"}) {
+    DpCase k{text};
+    k.experts_over_whole_dp = true;
+    check_data_parallel(k);
+  }
 }
 
 // dp with D > E: dp=2,tsp=2 over one expert (each replica's two ranks share its f_e) at four
@@ -863,7 +908,10 @@ TEST(TspMoeLayout, WhatRunsAndWhatIsRefusedByName) {
   EXPECT_NE(rows.message().find("needs the positions per sp rank (10 = 20 / 2) divisible by tp"), std::string::npos)
       << rows.message();
   EXPECT_TRUE(validate_layout(c, parse_layout("tp=4,sp=2:seqpar").value(), 4, 32).ok());
-  EXPECT_EQ(validate_layout(c, parse_layout("ep=2,tp=2").value(), 4, 16).code(), StatusCode::kUnimplemented);
+  // ep=N: the expert group (ep = tp x sp is the default group; ep over dp replicas under pp
+  // is refused; tests/unit/layout_test.cc ExpertGroupsOverDataReplicas has the rest).
+  EXPECT_TRUE(validate_layout(c, parse_layout("ep=2,tp=2").value(), 4, 16).ok());
+  EXPECT_EQ(validate_layout(c, parse_layout("pp=2,dp=2,tp=2,ep=4").value(), 4, 16).code(), StatusCode::kUnimplemented);
   // D > E: two experts over four ranks split each expert's f_e in two; an f_e that does not
   // divide by D/E, or E and D that divide neither way, are refused with the numbers.
   LlamaConfig two = c;

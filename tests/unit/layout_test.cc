@@ -179,10 +179,42 @@ TEST(ValidateLayout, AxesNotBuiltYetAreUnimplemented) {
   EXPECT_TRUE(ok.ok()) << ok.message();
   EXPECT_TRUE(validate_layout(two, parse("pp=2,tp=2"), 1, 128).ok());
   EXPECT_TRUE(validate_layout(two, parse("pp=2,tp=2,sp=2"), 1, 128).ok());
-  EXPECT_EQ(validate_layout(c, parse("ep=2,tsp=2"), 1, 128).code(), StatusCode::kUnimplemented);
+  EXPECT_EQ(validate_layout(c, parse("ep=2,tsp=2"), 1, 128).code(), StatusCode::kInvalidArgument);  // no experts
   Layout bad = parse("tsp=2");
   bad.tp = 2;  // built in code, not parsed
   EXPECT_FALSE(validate_layout(c, bad, 1, 128).ok());
+}
+
+// ep=N (experts over dp replicas, docs/composition.md "Experts over dp replicas"): N = K G
+// with G the model group and K dividing dp; ep is no mesh axis but part of the name.
+TEST(ValidateLayout, ExpertGroupsOverDataReplicas) {
+  LlamaConfig c = mha_config();
+  c.moe.family = MoeFamily::kMixtral;
+  c.moe.num_experts = 4;
+  c.moe.num_experts_per_tok = 2;
+  c.moe.moe_intermediate_size = 64;
+  c.moe.norm_topk_prob = true;
+  auto verdict = [&](const char* text) {
+    const Status s = validate_layout(c, parse(text), 4, 128);
+    return s.ok() ? std::string("ok") : s.message();
+  };
+  const Layout l = parse("dp=2,tp=2,ep=4");
+  EXPECT_EQ(l.mesh(), "dp=2,tp=2");
+  EXPECT_EQ(l.to_string(), "dp=2,tp=2,ep=4");
+  EXPECT_EQ(l.expert_ranks(), 4);
+  EXPECT_EQ(l.expert_replicas(), 2);
+  EXPECT_EQ(parse("dp=2,tsp=2").expert_ranks(), 2);
+  for (const char* ok : {"dp=2,tp=2,ep=4", "dp=2,sp=2,ep=4", "dp=2,tsp=2,ep=4", "dp=4,tsp=1,ep=4", "dp=2,tsp=1,ep=2",
+                         "tp=2,ep=2", "dp=2,tsp=2,ep=4:moe=a2a", "dp=2,tsp=2,ep=4:moe=gather"})
+    EXPECT_EQ(verdict(ok), "ok") << ok;
+  EXPECT_EQ(verdict("dp=2,tp=2,ep=3"), "layout dp=2,tp=2,ep=3: ep (3) must be a multiple of the model group's 2 ranks "
+                                       "(the expert group is ep/2 dp replicas of it)");
+  EXPECT_EQ(verdict("dp=3,tp=2,ep=4"),
+            "layout dp=3,tp=2,ep=4: ep/2 (2 = 4 / 2) dp replicas per expert group must divide dp (3)");
+  EXPECT_EQ(verdict("dp=8,tsp=1,ep=8"), "layout dp=8,tsp=1,ep=8: the 4 experts must divide over the ep=8 ranks (whole "
+                                        "experts per rank when the expert group spans dp replicas)");
+  EXPECT_NE(verdict("dp=2,tsp=2,ep=4:moe=ring").find("not the expert-weight ring"), std::string::npos);
+  EXPECT_NE(verdict("pp=2,dp=2,tp=2,ep=4").find("not built under pp"), std::string::npos);
 }
 
 // The attention variants (qwen2 / attention_bias biases, qwen3 q/k norms) run on tsp, tp,

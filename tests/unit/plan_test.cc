@@ -638,6 +638,49 @@ Result<PlanReport> moe_plan(const std::string& layout, int64_t seq, double gb_pe
   return make_plan(r);
 }
 
+// Experts over dp replicas (ep=4 on dp=4,tsp=2: two replicas per expert group, one expert per
+// rank): the trainer's gradient sum splits into the rest over dp and the routed experts over
+// the dp/K = 2 replicas holding them ("edp"); together they are every parameter the rank
+// builds (the dry run's tracked parameters), and the plan lists both axes, the dispatch over "ep".
+TEST(PlanTrafficTest, ExpertsOverDataReplicasSplitTheGradientSum) {
+  const LlamaConfig c = moe_config();
+  const Layout l = spec("dp=4,tsp=2,ep=4");
+  const AxisTraffic dp = dp_gradient_traffic(c, l), edp = expert_dp_gradient_traffic(c, l);
+  EXPECT_EQ(edp.axis, "edp");
+  EXPECT_EQ(edp.degree, 2);
+  const uint64_t experts = 2 * 1 * 3 * 64 * static_cast<uint64_t>(c.hidden_size);  // 2 layers x E/ep x 3 f_e h
+  AxisTraffic want{"edp", 2, {}};
+  want.add_all_reduce(1, experts, 0, 4);
+  EXPECT_EQ(edp.op(PlanOp::kAllReduce).bytes_sent, want.op(PlanOp::kAllReduce).bytes_sent);
+  DryRunOptions o;
+  o.config = c;
+  o.layout = l;
+  o.batch = 8;
+  o.seq = 64;
+  Result<DryRunResult> dry = dry_run(o);
+  ASSERT_TRUE(dry.ok()) << dry.status().to_string();
+  const int64_t built = dry->after_build.current[static_cast<int>(MemCategory::kParameters)] / 4;
+  // An all_reduce over 2 ranks sends n / 2 elements from rank 0; over 4, 2n - b0 - b1.
+  const uint64_t dp_n = static_cast<uint64_t>(built) - experts;
+  AxisTraffic want_dp{"dp", 4, {}};
+  want_dp.add_all_reduce(1, dp_n, 0, 4);
+  EXPECT_EQ(dp.op(PlanOp::kAllReduce).bytes_sent, want_dp.op(PlanOp::kAllReduce).bytes_sent);
+  PlanRequest r;
+  r.config = c;
+  r.hardware = *Hardware::from_json(kHardware);
+  r.layouts = {l};
+  r.devices = 8;
+  r.batch = 8;
+  r.seq = 64;
+  Result<PlanReport> plan = make_plan(r);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  const LayoutPlan& p = plan->layouts.at(0);
+  EXPECT_NE(p.layout.moe_dispatch, Layout::MoeDispatchOption::kRing);  // a2a or gather over the group
+  ASSERT_NE(p.traffic.axis("edp"), nullptr);
+  ASSERT_NE(p.traffic.axis("ep"), nullptr);
+  EXPECT_GT(p.traffic.axis("ep")->op(PlanOp::kSendRecv).bytes_sent, 0u);
+}
+
 const MoeSchemePlan& scheme(const MoePlan& m, const std::string& name) {
   for (const MoeSchemePlan& s : m.schemes)
     if (s.scheme == name) return s;

@@ -37,8 +37,9 @@ Result<MegatronModel> MegatronModel::create(const LlamaConfig& config, const Lay
            layout.to_string());
   // One sp rank holds every position in order, whatever the split.
   const SeqSplit split = layout.sp == 1 ? SeqSplit::kContiguous : layout.split;
-  // A MoE model's experts spread over the tp x sp group (expert parallelism, tp_moe.cc).
-  const int expert_degree = config.moe.enabled() ? layout.tp * layout.sp : 0;
+  // A MoE model's experts spread over the tp x sp group (expert parallelism, tp_moe.cc), or
+  // over ep = K tp sp ranks of K dp replicas (Layout::ep).
+  const int expert_degree = config.moe.enabled() ? layout.expert_ranks() : 0;
   return MegatronModel(config, shard_dims(config, layout.tp, expert_degree), t, SequenceShard::create(seq, layout.sp, p, split),
                        layout);
 }

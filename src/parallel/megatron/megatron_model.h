@@ -102,6 +102,9 @@ struct MegatronAxes {
   // the other has one rank), and the dp replicas its routing statistics are summed over.
   Communicator* ep = nullptr;
   Communicator* dp = nullptr;
+  // Where ep spans K dp replicas (Layout::ep): the dp/K replicas holding the same experts,
+  // over which the statistics summed over ep are summed again (null otherwise).
+  Communicator* expert_dp = nullptr;
 };
 
 class MegatronModel {

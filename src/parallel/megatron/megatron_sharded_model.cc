@@ -26,8 +26,10 @@ class MegatronShardedModel final : public WeightShardedModel {
   // step, the same summed gradients), so each group assembles the whole model on its own.
   // A MoE model: ep is the tp x sp group (owned here when split off the world), dp its
   // replicas; every rank of the group holds its own experts (WeightShardedModel's expert axis).
+  // wide: the expert groups over dp replicas (ep = K tp sp), when K > 1.
   MegatronShardedModel(MegatronModel model, Communicator& tp, Communicator& sp, std::string layout,
-                       std::unique_ptr<Communicator> self, std::unique_ptr<Communicator> ep_owned, Communicator* dp)
+                       std::unique_ptr<Communicator> self, std::unique_ptr<Communicator> ep_owned, Communicator* dp,
+                       ExpertDataAxes wide)
       : WeightShardedModel(model.config(), model.dims(), tp, std::move(layout), model.options().dtype,
                            Counting{tp.rank() == 0 && sp.rank() == 0, sp.rank() == 0}),
         self_(std::move(self)),
@@ -35,24 +37,33 @@ class MegatronShardedModel final : public WeightShardedModel {
         model_(std::move(model)),
         tp_(tp),
         sp_(sp),
-        dp_(dp) {
+        dp_(dp),
+        wide_(std::move(wide)) {
     if (model_.config().moe.enabled()) {
-      ep_ = ep_owned_ != nullptr ? ep_owned_.get() : (sp.size() > 1 ? &sp : &tp);
-      FP_CHECK(ep_->size() == tp.size() * sp.size() && ep_->rank() == sp.rank() * tp.size() + tp.rank(),
+      const int G = tp.size() * sp.size();
+      ep_ = wide_.group ? wide_.group.get() : ep_owned_ != nullptr ? ep_owned_.get() : (sp.size() > 1 ? &sp : &tp);
+      FP_CHECK(ep_->size() == model_.dims().expert_degree && ep_->rank() % G == sp.rank() * tp.size() + tp.rank(),
                "expert axis {} for tp rank {} of {}, sp rank {} of {}", ep_->describe(), tp.rank(), tp.size(),
                sp.rank(), sp.size());
-      set_expert_axis(ep_->rank(), &sp);
+      if (wide_.group)
+        set_expert_axis(ep_->rank(), wide_.across.get(), wide_.data.get());
+      else
+        set_expert_axis(ep_->rank(), &sp);
     }
   }
 
   Batch local_batch(const Batch& global) const override { return model_.local_batch(global); }
+  std::vector<const Communicator*> communicators_beside_mesh() const override {
+    if (ep_owned_ != nullptr) return {ep_owned_.get()};
+    return wide_.all();
+  }
   Result<StepResult> forward_backward(Backend& be, const Batch& local, int64_t loss_normalizer) override {
-    FP_ASSIGN_OR_RETURN(StepResult r, model_.forward_backward(be, MegatronAxes{&tp_, &sp_, ep_, dp_}, weights_, local,
+    FP_ASSIGN_OR_RETURN(StepResult r, model_.forward_backward(be, MegatronAxes{&tp_, &sp_, ep_, dp_, wide_.data.get()}, weights_, local,
                                                               grads_, loss_normalizer));
     return with_aux_in_sum(std::move(r));
   }
   Result<StepResult> forward(Backend& be, const Batch& local) override {
-    FP_ASSIGN_OR_RETURN(StepResult r, model_.forward(be, MegatronAxes{&tp_, &sp_, ep_, dp_}, weights_, local));
+    FP_ASSIGN_OR_RETURN(StepResult r, model_.forward(be, MegatronAxes{&tp_, &sp_, ep_, dp_, wide_.data.get()}, weights_, local));
     return with_aux_in_sum(std::move(r));
   }
   // Plain: the ranks of one sp communicator hold disjoint positions that cover the sequence
@@ -78,6 +89,7 @@ class MegatronShardedModel final : public WeightShardedModel {
   Communicator& tp_;
   Communicator& sp_;
   Communicator* dp_;
+  ExpertDataAxes wide_;
   Communicator* ep_ = nullptr;
 };
 
@@ -86,7 +98,8 @@ class MegatronShardedModel final : public WeightShardedModel {
 Result<std::unique_ptr<ShardedModel>> make_megatron_sharded_model(const LlamaConfig& config, Communicator* tp,
                                                                   Communicator* sp, int64_t seq,
                                                                   const Layout& options,
-                                                                  std::unique_ptr<Communicator> ep, Communicator* dp) {
+                                                                  std::unique_ptr<Communicator> ep, Communicator* dp,
+                                                                  ExpertDataAxes wide) {
   FP_CHECK(tp != nullptr || sp != nullptr, "a Megatron layout needs a tp or an sp axis");
   std::unique_ptr<Communicator> self;
   std::string layout;
@@ -105,7 +118,7 @@ Result<std::unique_ptr<ShardedModel>> make_megatron_sharded_model(const LlamaCon
                       MegatronModel::create(config, options, tp->rank(), sp->rank(), seq));
   return std::unique_ptr<ShardedModel>(
       std::make_unique<MegatronShardedModel>(std::move(model), *tp, *sp, std::move(layout), std::move(self),
-                                                                  std::move(ep), dp));
+                                                                  std::move(ep), dp, std::move(wide)));
 }
 
 }  // namespace foldpar

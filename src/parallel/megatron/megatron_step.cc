@@ -20,7 +20,8 @@ MegatronStep::MegatronStep(const MegatronModel& model, Backend& backend, const M
       sp_(*axes.sp),
       local_(model.sp_degree() == 1),
       gather_(!local_ && model.options().kv_exchange == Layout::KvExchange::kAllGather),
-      dp_(model.config().moe.enabled() ? axes.dp : nullptr) {
+      dp_(model.config().moe.enabled() ? axes.dp : nullptr),
+      expert_dp_(model.config().moe.enabled() ? axes.expert_dp : nullptr) {
   set_expert_axis(axes.ep);
   FP_CHECK(sp_.size() == model.shard().degree() && sp_.rank() == model.shard().rank(),
            "Megatron model for sp rank {} of {} on communicator {}", model.shard().rank(), model.shard().degree(),
@@ -111,7 +112,7 @@ StepResult MegatronStep::head_forward(const Tensor& x, bool save) {
   if (moe.enabled()) {
     // The routing statistics of the expert axis (and of the dp replicas): the single-rank
     // model's aux loss on the global batch (tp_moe.cc).
-    aux_ = std::make_unique<MoeAux>(sum_moe_stats(dp_, &step_valid_));
+    aux_ = std::make_unique<MoeAux>(sum_moe_stats(dp_, expert_dp_, &step_valid_));
     r.aux_loss = aux_->loss(moe.aux_per_layer);
     r.expert_load = aux_->load();
     if (moe.output_router_logits) r.loss += moe.router_aux_loss_coef * r.aux_loss;

@@ -71,6 +71,7 @@ class MegatronStep : public TpStepBase {
   std::vector<Tensor> norm_partials_;  // one sp rank, sequence parallel: attn_norm[L], mlp_norm[L], final_norm
   KvCache* kv_cache_ = nullptr;        // prefill only
   Communicator* dp_;                   // MoE: the replicas the routing statistics are summed over (or null)
+  Communicator* expert_dp_;            // MoE, ep over dp: the replicas holding the same experts (or null)
   std::unique_ptr<MoeAux> aux_;        // MoE: the step's routing statistics, summed
   int64_t step_valid_ = -1;            // the valid targets over sp (and dp for a MoE model); -1 before the head
 };

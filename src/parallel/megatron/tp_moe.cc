@@ -224,7 +224,7 @@ Tensor TpStepBase::moe_forward_replicated(int l, const Tensor& x_mid) {
   return y;
 }
 
-MoeAux TpStepBase::sum_moe_stats(Communicator* dp, int64_t* valid_tokens) {
+MoeAux TpStepBase::sum_moe_stats(Communicator* dp, Communicator* expert_dp, int64_t* valid_tokens) {
   MoeAux sum = moe_stats_;
   const size_t layers = sum.counts.size();
   const int64_t E = sum.experts;
@@ -246,12 +246,22 @@ MoeAux TpStepBase::sum_moe_stats(Communicator* dp, int64_t* valid_tokens) {
     tp_.timer().blocking(axis.all_reduce(buf.raw_data(), buf.raw_data(), packed.size(), DType::kF64, ReduceOp::kSum), t0);
     moe_comm_to_host(be_, buf, packed);
   };
-  if (!packed.empty() && ep_ != nullptr && ep_->size() > 1) reduce(*ep_);
-  if (dp != nullptr && dp->size() > 1) {
-    packed.push_back(static_cast<double>(*valid_tokens));
-    reduce(*dp);
+  if (expert_dp != nullptr) {
+    // ep = K G over K replicas: each replica's valid tokens from its model group's first rank.
+    const int G = ep_->size() / (dp->size() / expert_dp->size());
+    packed.push_back(ep_->rank() % G == 0 ? static_cast<double>(*valid_tokens) : 0.0);
+    reduce(*ep_);
+    if (expert_dp->size() > 1) reduce(*expert_dp);
     *valid_tokens = static_cast<int64_t>(packed.back());
     packed.pop_back();
+  } else {
+    if (!packed.empty() && ep_ != nullptr && ep_->size() > 1) reduce(*ep_);
+    if (dp != nullptr && dp->size() > 1) {
+      packed.push_back(static_cast<double>(*valid_tokens));
+      reduce(*dp);
+      *valid_tokens = static_cast<int64_t>(packed.back());
+      packed.pop_back();
+    }
   }
   size_t i = 0;
   for (size_t l = 0; l < layers; ++l) {

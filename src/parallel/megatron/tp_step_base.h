@@ -152,8 +152,10 @@ class TpStepBase : public ModelStep {
   // lengths need not divide by tp.
   Tensor moe_forward_replicated(int layer, const Tensor& x_mid);
   // The step's routing statistics summed over the expert axis and, given `dp` (the replicas),
-  // over it too with *valid_tokens: the single-rank model's on the global batch.
-  MoeAux sum_moe_stats(Communicator* dp, int64_t* valid_tokens);
+  // over it too with *valid_tokens: the single-rank model's on the global batch. expert_dp
+  // (the expert axis spans K dp replicas): over the expert axis, then over expert_dp instead
+  // of dp (together every model rank of every replica once).
+  MoeAux sum_moe_stats(Communicator* dp, Communicator* expert_dp, int64_t* valid_tokens);
   void set_moe_prob_grad(std::vector<std::vector<double>> g) { moe_prob_grad_ = std::move(g); }
 
   // Activations and what travels in the storage dtype; per-row statistics always f32.

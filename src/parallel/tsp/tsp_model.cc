@@ -22,7 +22,8 @@ Status TspModel::assemble_logits(Communicator& tsp, const Tensor& local, Tensor&
 Result<TspModel> TspModel::create(const LlamaConfig& config, const Layout& layout, int rank, int64_t seq) {
   FP_CHECK(layout.strategy == Strategy::kTsp, "TspModel for layout {}", layout.to_string());
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));
-  return TspModel(config, shard_dims(config, layout.tsp), SequenceShard::create(seq, layout.tsp, rank, layout.split),
+  return TspModel(config, shard_dims(config, layout.tsp, config.moe.enabled() ? layout.expert_ranks() : 0),
+                  SequenceShard::create(seq, layout.tsp, rank, layout.split),
                   layout);
 }
 

@@ -33,6 +33,17 @@ class TspModel {
   // split, then summed over the axis. Collective over tsp.
   Status assemble_logits(Communicator& tsp, const Tensor& local, Tensor& global) const;
   const Layout& options() const { return options_; }
+  // Experts over dp replicas (Layout::ep = K D, K > 1): the expert group the all-to-all
+  // dispatch runs over (rank k D + the tsp rank) and the dp/K replicas holding the same
+  // experts, over which the routing statistics summed over the group sum again (instead of
+  // data_axis). Both null (the default): the experts spread over the tsp axis. Must outlive
+  // the model's steps.
+  void set_expert_axes(Communicator* group, Communicator* expert_data) {
+    expert_group_ = group;
+    expert_data_ = expert_data;
+  }
+  Communicator* expert_group() const { return expert_group_; }
+  Communicator* expert_data() const { return expert_data_; }
 
   // Loss (mean over the valid tokens of the whole global batch) of this rank's rows
   // local_batch [B, S/D] (SequenceShard::local_batch of the global batch).
@@ -75,6 +86,8 @@ class TspModel {
   LlamaConfig config_;
   ShardDims dims_;
   SequenceShard shard_;
+  Communicator* expert_group_ = nullptr;
+  Communicator* expert_data_ = nullptr;
   Layout options_;  // tsp=D and the knobs it reads: split, overlap, keep_weights, keep_kv,
                     // head_buckets, recompute, dtype, keep_logits
 };

@@ -56,6 +56,10 @@ std::vector<double> host_f64(Backend& be, const Tensor& t) {
 }  // namespace
 
 MoeDispatch TspStep::moe_scheme() const {
+  // Experts over dp replicas: the all-to-all or the gather over the expert group (validate_layout
+  // refuses the ring by name); auto takes the all-to-all, on every rank alike.
+  if (model_.expert_group() != nullptr)
+    return opt_.moe_dispatch == Layout::MoeDispatchOption::kGather ? MoeDispatch::kGather : MoeDispatch::kAllToAll;
   // auto: the training break-evens of spec COMPOSITION.md 3 on forward+backward bytes
   // (moe_dispatch_by_bytes). T, D, E, f_e, k are the same on every rank, so every rank picks
   // the same scheme.
@@ -107,6 +111,23 @@ MoeAux TspStep::sum_moe_stats(const MoeAux& local, Communicator* data_axis, int6
   // Counts (exact in f64), probability sums and rows of every layer in one all-reduce.
   std::vector<double> packed = local.pack();
   const auto t0 = std::chrono::steady_clock::now();
+  if (Communicator* edp = model_.expert_data(); edp != nullptr) {
+    // Experts over K dp replicas: over the expert group (each replica's valid targets from its
+    // tsp rank 0), then over the replicas holding the same experts: every rank of dp x tsp once.
+    packed.push_back(comm_.rank() == 0 ? static_cast<double>(*valid_tokens) : 0.0);
+    for (Communicator* axis : {model_.expert_group(), edp}) {
+      if (axis->size() == 1) continue;
+      Tensor buf = moe_comm_from_host(be_, packed, DType::kF64);
+      const auto t1 = std::chrono::steady_clock::now();
+      blocking(axis->all_reduce(buf.raw_data(), buf.raw_data(), packed.size(), DType::kF64, ReduceOp::kSum), t1);
+      moe_comm_to_host(be_, buf, packed);
+    }
+    *valid_tokens = static_cast<int64_t>(packed.back());
+    packed.pop_back();
+    MoeAux sum = local;
+    sum.unpack(packed);
+    return sum;
+  }
   if (!packed.empty()) {
     Tensor buf = moe_comm_from_host(be_, packed, DType::kF64);
     blocking(comm_.all_reduce(buf.raw_data(), buf.raw_data(), packed.size(), DType::kF64, ReduceOp::kSum), t0);
@@ -167,7 +188,7 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
 
   if (s.scheme == MoeDispatch::kAllToAll) {
     // ---- counts, then each rank's rows to its experts' owners and back (parallel/moe_dispatch.h) ----
-    MoeAllToAll(be_, comm_, dims_, opt_.dtype, timer_).forward(ctx_, mw, a, r, token_rows, s, saved != nullptr);
+    MoeAllToAll(be_, expert_comm(), dims_, opt_.dtype, timer_).forward(ctx_, mw, a, r, token_rows, s, saved != nullptr);
     be_.scatter_add_rows(r.expert_out, r.token_rows, &r.row_weights, y);
   } else if (s.scheme == MoeDispatch::kRing) {
     // ---- the experts come to the tokens: rank q's block of E/D experts at ring step j ----
@@ -196,21 +217,24 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
     }
     be_.scatter_add_rows(r.expert_out, r.token_rows, &r.row_weights, y);
   } else {
-    // ---- every rank's rows, ids and weights; this rank's experts over all of them ----
-    Tensor all_a = comm_buffer({D_ * T, h}, a.dtype());
-    Tensor all_w = comm_buffer({D_ * T, k}, r.weights.dtype());
-    std::vector<int32_t> all_experts(static_cast<size_t>(D_ * M));
+    // ---- every rank's rows, ids and weights; this rank's experts over all of them (over the
+    // expert group when the experts spread over dp replicas: X = its ranks) ----
+    Communicator& ec = expert_comm();
+    const int64_t X = ec.size();
+    Tensor all_a = comm_buffer({X * T, h}, a.dtype());
+    Tensor all_w = comm_buffer({X * T, k}, r.weights.dtype());
+    std::vector<int32_t> all_experts(static_cast<size_t>(X * M));
     const auto t0 = std::chrono::steady_clock::now();
-    blocking(comm_.all_gather(a.raw_data(), all_a.raw_data(), static_cast<size_t>(a.numel()), a.dtype()), t0);
-    blocking(comm_.all_gather(r.weights.raw_data(), all_w.raw_data(), static_cast<size_t>(M), r.weights.dtype()), t0);
-    Tensor all_ids = comm_buffer({D_ * M}, DType::kI32);
-    blocking(comm_.all_gather(r.experts.raw_data(), all_ids.raw_data(), static_cast<size_t>(M), DType::kI32), t0);
+    blocking(ec.all_gather(a.raw_data(), all_a.raw_data(), static_cast<size_t>(a.numel()), a.dtype()), t0);
+    blocking(ec.all_gather(r.weights.raw_data(), all_w.raw_data(), static_cast<size_t>(M), r.weights.dtype()), t0);
+    Tensor all_ids = comm_buffer({X * M}, DType::kI32);
+    blocking(ec.all_gather(r.experts.raw_data(), all_ids.raw_data(), static_cast<size_t>(M), DType::kI32), t0);
     moe_comm_to_host(be_, all_ids, all_experts);
     // The slots of the gathered tokens routed to this rank's experts, grouped by expert.
     std::vector<int32_t> g_token, g_slot;
     s.expert_offsets.assign(static_cast<size_t>(El) + 1, 0);
     for (int64_t j = 0; j < El; ++j) {
-      const int32_t e = static_cast<int32_t>(dims_.expert0(p_) + j);
+      const int32_t e = static_cast<int32_t>(dims_.expert0(ec.rank()) + j);
       for (size_t q = 0; q < all_experts.size(); ++q)
         if (all_experts[q] == e) {
           g_token.push_back(static_cast<int32_t>(q / k));
@@ -225,7 +249,7 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
     s.g_weight = act({R, 1});
     if (R > 0) {
       be_.gather_rows(all_a, s.g_token, nullptr, s.expert_in);
-      be_.gather_rows(all_w.reshape({D_ * M, 1}), s.g_slot, nullptr, s.g_weight);
+      be_.gather_rows(all_w.reshape({X * M, 1}), s.g_slot, nullptr, s.g_weight);
     }
     all_a = Tensor();
     s.g_out = act({R, h});
@@ -237,13 +261,13 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
       foldpar::mlp_forward(moe_group_context(ctx_, end - begin), expert_mlp_weights(mw.experts[j]), s.expert_in.narrow(begin, end),
                            out, saved != nullptr ? &s.expert_mlp[j] : nullptr, {}, 0.0f);
     }
-    Tensor partial = comm_buffer({D_ * T, h}, a.dtype());
+    Tensor partial = comm_buffer({X * T, h}, a.dtype());
     be_.fill(0.0, partial);
     if (R > 0) be_.scatter_add_rows(s.g_out, s.g_token, &s.g_weight, partial);
     Tensor mine = comm_buffer({T, h}, a.dtype());
     const auto t1 = std::chrono::steady_clock::now();
-    blocking(comm_.reduce_scatter(partial.raw_data(), mine.raw_data(), static_cast<size_t>(T * h), a.dtype(),
-                                  ReduceOp::kSum),
+    blocking(ec.reduce_scatter(partial.raw_data(), mine.raw_data(), static_cast<size_t>(T * h), a.dtype(),
+                               ReduceOp::kSum),
              t1);
     be_.add_inplace(mine, y);
   }
@@ -295,7 +319,7 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
   if (s.scheme == MoeDispatch::kAllToAll) {
     // The combine's adjoint at home, then d(out) to the owners.
     Tensor d_out = moe_combine_backward(be_, r, dy, d_weights_rows);
-    MoeAllToAll(be_, comm_, dims_, opt_.dtype, timer_).backward(ctx_, mw, s, r, d_out, d_a, gw);
+    MoeAllToAll(be_, expert_comm(), dims_, opt_.dtype, timer_).backward(ctx_, mw, s, r, d_out, d_a, gw);
   } else if (s.scheme == MoeDispatch::kRing) {
     // The combine's adjoint as in A; then the weight ring again, and the gradient ring (the
     // weight ring's adjoint) carrying each block's summed gradient home.
@@ -334,13 +358,15 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
     }
     be_.scatter_add_rows(d_dispatched, r.token_rows, nullptr, d_a);
   } else {
-    // all_gather's adjoint is reduce_scatter and back.
-    Tensor all_dy = comm_buffer({D_ * T, h}, dy.dtype());
+    // all_gather's adjoint is reduce_scatter and back (over the expert group, as forward).
+    Communicator& ec = expert_comm();
+    const int64_t X = ec.size();
+    Tensor all_dy = comm_buffer({X * T, h}, dy.dtype());
     const auto t0 = std::chrono::steady_clock::now();
-    blocking(comm_.all_gather(dy.raw_data(), all_dy.raw_data(), static_cast<size_t>(dy.numel()), dy.dtype()), t0);
+    blocking(ec.all_gather(dy.raw_data(), all_dy.raw_data(), static_cast<size_t>(dy.numel()), dy.dtype()), t0);
     const int64_t R = s.expert_in.dim(0);
     Tensor dy_rows = act({R, h}), d_out = act({R, h}), d_row_w = act({R, 1}), d_in = act({R, h});
-    Tensor d_all_a = comm_buffer({D_ * T, h}, dy.dtype()), d_all_w = comm_buffer({D_ * M, 1}, dy.dtype());
+    Tensor d_all_a = comm_buffer({X * T, h}, dy.dtype()), d_all_w = comm_buffer({X * M, 1}, dy.dtype());
     be_.fill(0.0, d_all_a);
     be_.fill(0.0, d_all_w);
     be_.fill(0.0, d_in);
@@ -355,11 +381,11 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
     if (R > 0) be_.scatter_add_rows(d_in, s.g_token, nullptr, d_all_a);
     Tensor mine_a = comm_buffer({T, h}, dy.dtype()), mine_w = comm_buffer({M, 1}, dy.dtype());
     const auto t1 = std::chrono::steady_clock::now();
-    blocking(comm_.reduce_scatter(d_all_a.raw_data(), mine_a.raw_data(), static_cast<size_t>(T * h), dy.dtype(),
-                                  ReduceOp::kSum),
+    blocking(ec.reduce_scatter(d_all_a.raw_data(), mine_a.raw_data(), static_cast<size_t>(T * h), dy.dtype(),
+                               ReduceOp::kSum),
              t1);
-    blocking(comm_.reduce_scatter(d_all_w.raw_data(), mine_w.raw_data(), static_cast<size_t>(M), dy.dtype(),
-                                  ReduceOp::kSum),
+    blocking(ec.reduce_scatter(d_all_w.raw_data(), mine_w.raw_data(), static_cast<size_t>(M), dy.dtype(),
+                               ReduceOp::kSum),
              t1);
     be_.add_inplace(mine_a, d_a);
     be_.add_inplace(mine_w, d_weights_rows);

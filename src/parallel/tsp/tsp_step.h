@@ -166,6 +166,9 @@ class TspStep {
   void sum_into(Tensor& partial, Tensor& grad);
   // At ring step j this rank holds the shard of rank (p - j) mod D.
   int ring_owner(int step) const;
+  // The communicator the MoE all-to-all runs over: the expert group when the experts spread
+  // over dp replicas too (TspModel::expert_group), else the tsp axis.
+  Communicator& expert_comm() const { return model_.expert_group() != nullptr ? *model_.expert_group() : comm_; }
 
   // A layer's attention shards as they arrive by broadcast (fwd: broadcast from r; bwd:
   // reduce to r), two buffers used alternately for the shards not kept.
