@@ -18,6 +18,7 @@
 #include "comm/mesh.h"
 #include "comm/self_communicator.h"
 #include "moe_bf16_rules.h"
+#include "moe_checks.h"
 #include "mpi_test_main.h"
 #include "parallel/make_layout.h"
 #include "parallel/tsp/tsp_model.h"
@@ -370,23 +371,14 @@ void check_data_parallel(const DpCase& k) {
   std::vector<std::pair<std::string, Tensor>> ref_list;
   ref_g.for_each([&](const std::string& n, Tensor& t) { ref_list.emplace_back(n, t); });
   if (k.experts_over_whole_dp) {
-    double worst = 0;
-    size_t n = 0;
-    assembled.for_each([&](const std::string& name, Tensor& t) {
-      if (name.find(".experts.") != std::string::npos) worst = std::max(worst, max_rel_error(t, ref_list[n].second));
-      ++n;
-    });
-    EXPECT_GT(worst, 10 * tol::kF32Parallel);
+    test::expect_experts_off(assembled, ref_list);
     return;
   }
   // The weights assemble to the single-rank model's (every expert from its owner, over the
   // expert group's replicas too).
   LlamaWeights weights = LlamaWeights::allocate(c, DType::kF32, MemCategory::kWorkspace);
   ASSERT_TRUE(model.assemble_weights(weights).ok());
-  std::vector<Tensor> ref_w;
-  w.for_each([&](const std::string&, Tensor& t) { ref_w.push_back(t); });
-  size_t j = 0;
-  weights.for_each([&](const std::string& name, Tensor& t) { EXPECT_EQ(max_rel_error(t, ref_w[j++]), 0.0) << name; });
+  test::expect_weights_exact(weights, w);
   size_t i = 0, routers = 0;
   assembled.for_each([&](const std::string& name, Tensor& t) {
     ASSERT_EQ(name, ref_list[i].first);
