@@ -17,7 +17,7 @@ namespace foldpar {
 
 enum class GemmEngine {
   kAuto,      // the routing table below
-  kOneDnn,    // oneDNN matmul primitive, cached per shape
+  kOneDnn,    // oneDNN matmul primitive, cached per shape (m, k not multiples of 64: left to run time)
   kOpenBlas,  // cblas_sgemm
   kSkinny,    // streamed dot products / row updates, only !trans_a with few rows
 };
