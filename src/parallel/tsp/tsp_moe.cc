@@ -108,40 +108,31 @@ void TspStep::record_moe_stats(const MoeLayerWeights& w, const std::vector<int64
 }
 
 MoeAux TspStep::sum_moe_stats(const MoeAux& local, Communicator* data_axis, int64_t* valid_tokens) {
-  // Counts (exact in f64), probability sums and rows of every layer in one all-reduce.
+  // Counts (exact in f64), probability sums and rows of every layer in one all-reduce per axis.
   std::vector<double> packed = local.pack();
-  const auto t0 = std::chrono::steady_clock::now();
+  auto reduce = [&](Communicator& axis) {
+    Tensor buf = moe_comm_from_host(be_, packed, DType::kF64);
+    const auto t0 = std::chrono::steady_clock::now();
+    blocking(axis.all_reduce(buf.raw_data(), buf.raw_data(), packed.size(), DType::kF64, ReduceOp::kSum), t0);
+    moe_comm_to_host(be_, buf, packed);
+  };
   if (Communicator* edp = model_.expert_data(); edp != nullptr) {
     // Experts over K dp replicas: over the expert group (each replica's valid targets from its
     // tsp rank 0), then over the replicas holding the same experts: every rank of dp x tsp once.
     packed.push_back(comm_.rank() == 0 ? static_cast<double>(*valid_tokens) : 0.0);
-    for (Communicator* axis : {model_.expert_group(), edp}) {
-      if (axis->size() == 1) continue;
-      Tensor buf = moe_comm_from_host(be_, packed, DType::kF64);
-      const auto t1 = std::chrono::steady_clock::now();
-      blocking(axis->all_reduce(buf.raw_data(), buf.raw_data(), packed.size(), DType::kF64, ReduceOp::kSum), t1);
-      moe_comm_to_host(be_, buf, packed);
+    for (Communicator* axis : {model_.expert_group(), edp})
+      if (axis->size() > 1) reduce(*axis);
+    *valid_tokens = static_cast<int64_t>(packed.back());
+    packed.pop_back();
+  } else {
+    if (!packed.empty()) reduce(comm_);
+    if (data_axis != nullptr && data_axis->size() > 1) {
+      // The replicas' sums (and valid targets): the global batch's statistics on every rank.
+      packed.push_back(static_cast<double>(*valid_tokens));
+      reduce(*data_axis);
+      *valid_tokens = static_cast<int64_t>(packed.back());
+      packed.pop_back();
     }
-    *valid_tokens = static_cast<int64_t>(packed.back());
-    packed.pop_back();
-    MoeAux sum = local;
-    sum.unpack(packed);
-    return sum;
-  }
-  if (!packed.empty()) {
-    Tensor buf = moe_comm_from_host(be_, packed, DType::kF64);
-    blocking(comm_.all_reduce(buf.raw_data(), buf.raw_data(), packed.size(), DType::kF64, ReduceOp::kSum), t0);
-    moe_comm_to_host(be_, buf, packed);
-  }
-  if (data_axis != nullptr && data_axis->size() > 1) {
-    // The replicas' sums (and valid targets): the global batch's statistics on every rank.
-    packed.push_back(static_cast<double>(*valid_tokens));
-    Tensor buf = moe_comm_from_host(be_, packed, DType::kF64);
-    const auto t1 = std::chrono::steady_clock::now();
-    blocking(data_axis->all_reduce(buf.raw_data(), buf.raw_data(), packed.size(), DType::kF64, ReduceOp::kSum), t1);
-    moe_comm_to_host(be_, buf, packed);
-    *valid_tokens = static_cast<int64_t>(packed.back());
-    packed.pop_back();
   }
   MoeAux sum = local;
   sum.unpack(packed);
