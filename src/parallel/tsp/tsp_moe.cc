@@ -192,6 +192,9 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
     if (split) be_.fill(0.0, r.expert_out);
     r.expert_mlp.resize(static_cast<size_t>(D_ * El));  // per piece: ring owner q's i-th (slice of an) expert
     WeightRing ring = weight_ring(pack_experts(mw.experts));
+    // MPI progresses only inside MPI calls: advance the hop between the experts' GEMMs, as
+    // the dense MLP ring does (tsp_mlp.cc), or the block moves only at the wait.
+    const auto progress = [&ring] { StepTimer::poke(ring.hop); };
     for (int j = 0; j < D_; ++j) {
       weight_ring_send(ring, j);
       const int q = ring_owner(j);
@@ -201,8 +204,9 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
         Tensor out = r.expert_out.narrow(begin, end);
         foldpar::mlp_forward(moe_group_context(ctx_, end - begin), expert_mlp_weights(expert_block(ring.cur, i)),
                              r.dispatched.narrow(begin, end), out,
-                             saved != nullptr ? &r.expert_mlp[static_cast<size_t>(q * El + i)] : nullptr, {},
+                             saved != nullptr ? &r.expert_mlp[static_cast<size_t>(q * El + i)] : nullptr, progress,
                              split ? 1.0f : 0.0f);
+        progress();
       }
       weight_ring_advance(ring, j);
     }
@@ -336,6 +340,9 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
         foldpar::mlp_backward(moe_group_context(ctx_, end - begin), expert_mlp_weights(expert_block(ring.cur, i)),
                               r.expert_mlp[static_cast<size_t>(q * El + i)], r.dispatched.narrow(begin, end),
                               d_out.narrow(begin, end), d_rows, ge, 1.0f);
+        // Both hops (this step's weights, the previous step's gradient) between experts.
+        StepTimer::poke(ring.hop);
+        StepTimer::poke(gring.hop);
       }
       grad_ring_send(gring, j, partial);
       weight_ring_advance(ring, j);
