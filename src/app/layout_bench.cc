@@ -263,6 +263,7 @@ Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& o
         row.moe_imbalance = moe_imbalance_of_load(row.expert_load, expert_ranks, o.config.moe.num_experts_per_tok);
       }
       if (!o.memory_only) {
+        row.step_samples_s = t;
         row.step_s = median(t);
         row.exposed_s = median(e);
         row.tokens_per_s = static_cast<double>(o.batch * S) / row.step_s;
@@ -325,6 +326,74 @@ std::string layout_bench_text(const std::vector<LayoutBenchRow>& rows) {
     if (!r.expert_load.empty())
       s += fmt::format("moe routing {} S={}: tokens per expert {}; predicted with --moe-imbalance {:.3f}\n", r.layout,
                        r.seq, fmt::join(r.expert_load, " "), r.moe_imbalance);
+  return s + layout_ranking_text(layout_ranking(rows));
+}
+
+std::vector<LayoutRanking> layout_ranking(const std::vector<LayoutBenchRow>& rows) {
+  std::vector<int64_t> seqs;
+  for (const LayoutBenchRow& r : rows)
+    if (std::find(seqs.begin(), seqs.end(), r.seq) == seqs.end()) seqs.push_back(r.seq);
+  std::vector<LayoutRanking> out;
+  for (int64_t S : seqs) {
+    std::vector<const LayoutBenchRow*> at;
+    for (const LayoutBenchRow& r : rows)
+      if (r.seq == S && !r.step_samples_s.empty()) at.push_back(&r);
+    if (at.size() < 2) continue;
+    LayoutRanking k;
+    k.seq = S;
+    k.repetitions = static_cast<int>(at.front()->step_samples_s.size());
+    for (const LayoutBenchRow* r : at) k.repetitions = std::min(k.repetitions, static_cast<int>(r->step_samples_s.size()));
+    const auto order = [&](auto key) {
+      std::vector<const LayoutBenchRow*> v = at;
+      std::stable_sort(v.begin(), v.end(), [&](const auto* a, const auto* b) { return key(*a) < key(*b); });
+      std::vector<std::string> names;
+      for (const LayoutBenchRow* r : v) names.push_back(r->layout);
+      return names;
+    };
+    k.measured = order([](const LayoutBenchRow& r) { return r.step_s; });
+    const bool predicted = std::all_of(at.begin(), at.end(), [](const auto* r) { return r->predicted_step_s > 0; });
+    if (predicted) k.planned = order([](const LayoutBenchRow& r) { return r.predicted_step_s; });
+    for (size_t i = 0; i < at.size(); ++i)
+      for (size_t j = i + 1; j < at.size(); ++j) {
+        ++k.pairs;
+        if (k.repetitions < kRankingMinRepetitions) continue;
+        int a_first = 0, b_first = 0;
+        for (int rep = 0; rep < k.repetitions; ++rep) {
+          const double a = at[i]->step_samples_s[rep], b = at[j]->step_samples_s[rep];
+          a_first += a < b;
+          b_first += b < a;
+        }
+        if (a_first != k.repetitions && b_first != k.repetitions) continue;
+        ++k.decided;
+        const LayoutBenchRow *fast = a_first == k.repetitions ? at[i] : at[j], *slow = fast == at[i] ? at[j] : at[i];
+        if (!predicted) continue;
+        if (fast->predicted_step_s < slow->predicted_step_s) ++k.plan_agrees;
+        else k.plan_against.push_back(fmt::format("{} planned ahead of {}", slow->layout, fast->layout));
+      }
+    out.push_back(std::move(k));
+  }
+  return out;
+}
+
+std::string layout_ranking_text(const std::vector<LayoutRanking>& rankings) {
+  std::string s;
+  for (const LayoutRanking& k : rankings) {
+    s += fmt::format("ranking S={}: measured {}", k.seq, fmt::join(k.measured, " < "));
+    if (!k.planned.empty()) s += fmt::format("; planned {}", fmt::join(k.planned, " < "));
+    s += "\n";
+    if (k.repetitions < kRankingMinRepetitions) {
+      s += fmt::format("ranking S={}: too few repetitions ({}) to decide a pair (a sign test needs at least {})\n",
+                       k.seq, k.repetitions, kRankingMinRepetitions);
+      continue;
+    }
+    s += fmt::format("ranking S={}: {} of {} pairs decided (one layout faster in all {} repetitions)", k.seq, k.decided,
+                     k.pairs, k.repetitions);
+    if (!k.planned.empty()) {
+      s += fmt::format("; the plan orders {} of them the same", k.plan_agrees);
+      if (!k.plan_against.empty()) s += fmt::format(", reversed: {}", fmt::join(k.plan_against, ", "));
+    }
+    s += "\n";
+  }
   return s;
 }
 
@@ -370,6 +439,7 @@ Result<std::vector<std::string>> write_layout_bench(const std::vector<LayoutBenc
                  {"predicted_peak_bytes", r.predicted_peak_bytes}, {"bytes_sent", r.bytes_sent},
                  {"predicted_bytes_sent", r.predicted_bytes_sent}, {"predicted_step_s", r.predicted_step_s},
                  {"predicted_tokens_per_s", r.predicted_tokens_per_s}});
+    if (!r.step_samples_s.empty()) j.back()["step_samples_s"] = r.step_samples_s;
     if (!r.expert_load.empty()) {
       j.back()["expert_load"] = r.expert_load;
       j.back()["moe_imbalance"] = r.moe_imbalance;

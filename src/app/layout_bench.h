@@ -55,6 +55,9 @@ struct LayoutBenchRow {
   int64_t seq = 0, batch = 0;
   // measured
   double step_s = 0, tokens_per_s = 0, exposed_s = 0;
+  // Each repetition's step (slowest rank), in the order they ran, interleaved with the other
+  // layouts' (layout_ranking pairs repetition i of one layout with repetition i of another).
+  std::vector<double> step_samples_s;
   int64_t peak_bytes = 0;      // tracked peak, worst rank
   uint64_t bytes_sent = 0;     // summed over the model axes, worst rank
   // predicted (src/plan) for rank 0
@@ -82,6 +85,26 @@ Result<std::vector<LayoutBenchRow>> run_layout_bench(const LayoutBenchOptions& o
 
 // The rows as a fixed-width table.
 std::string layout_bench_text(const std::vector<LayoutBenchRow>& rows);
+
+// The ranking of one S's layouts, measured against predicted. The measured order alone says
+// little where layouts lie within the machine's run-to-run spread (here 2-5% between rounds),
+// so a pair counts as decided only by a sign test over the interleaved repetitions: one
+// layout's step is shorter in every repetition, and there are at least
+// kRankingMinRepetitions of them (two-sided, chance 2 / 2^5 = 6% at 5, 1.6% at 7). The plan
+// ranks a decided pair right when its predicted steps order the two the same way.
+struct LayoutRanking {
+  int64_t seq = 0;
+  int repetitions = 0;  // the fewest any layout at this S had
+  std::vector<std::string> measured;  // fastest first, by median step
+  std::vector<std::string> planned;   // fastest first, by predicted step (empty: no prediction)
+  int pairs = 0, decided = 0, plan_agrees = 0;
+  std::vector<std::string> plan_against;  // each decided pair the plan orders the other way
+};
+inline constexpr int kRankingMinRepetitions = 5;
+// One entry per S with at least two layouts, in the rows' order of S.
+std::vector<LayoutRanking> layout_ranking(const std::vector<LayoutBenchRow>& rows);
+// "ranking S=...: ..." lines, one or two per S (layout_bench_text appends them).
+std::string layout_ranking_text(const std::vector<LayoutRanking>& rankings);
 // The rows' profiles (empty without LayoutBenchOptions::profile): per op, measured and
 // predicted seconds and calls of the median step; then per communication operation the
 // seconds rank 0 was blocked in it against the plan's simulated stalls.

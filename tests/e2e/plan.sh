@@ -119,8 +119,15 @@ for r in rows:
     assert r["bytes_sent"] == r["predicted_bytes_sent"], r
     assert abs(r["predicted_peak_bytes"] / r["peak_bytes"] - 1) <= 0.10, r
     assert r["step_s"] > 0 and r["predicted_step_s"] > 0, r
+    assert r["step_samples_s"] == [r["step_s"]], r  # one repetition: the median is it
 PY
 [ "$(head -1 "$tmp/bench/table.csv" | cut -d, -f1-3)" = "layout,seq,batch" ] || fail "table.csv header"
+# The ranking per S: the measured and planned orders, and with one repetition no pair decided.
+for s in 128 256; do
+  grep -q "^ranking S=$s: measured .* < .*; planned .* < " <<<"$bench" || fail "bench-layouts states no ranking at S=$s: $bench"
+  grep -q "^ranking S=$s: too few repetitions (1) to decide a pair (a sign test needs at least 5)$" <<<"$bench" ||
+    fail "bench-layouts decides a ranking from one repetition at S=$s: $bench"
+done
 # A MoE model: each row carries the timed step's expert load (B S k tokens per sparse layer,
 # the same for every scheme: same weights, same batch) and the routing the prediction assumed
 # from it, the plan's --moe-imbalance X that gives the busiest rank the measured busiest
