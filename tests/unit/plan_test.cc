@@ -853,9 +853,12 @@ TEST(PlannerMoeTest, TheRanksOfAMoeLayoutWaitForEachOthersRingSteps) {
   EXPECT_EQ(balanced.ranks, (std::vector<int>{0, 1, 2, 3}));
   EXPECT_EQ(skewed.ranks, (std::vector<int>{0, 1, 2, 3}));
   EXPECT_NEAR(skewed.compute, balanced.compute, 1e-12);
-  // Measured here: 0.71 ms against 0.59, the waits 0.62 ms against 0.13 over four ranks.
+  // Measured here: the waits 0.82 ms against 0.34 over four ranks. (0.62 against 0.13 before
+  // the expert ring poked its hop between experts, tsp_moe.cc: the counting mesh records a
+  // ring step's test as its completion, so the balanced ring now waits after the first
+  // expert instead of after all of them.) Ranks simulated one by one have no such waits.
   EXPECT_GT(skewed.step, 1.1 * balanced.step) << skewed.step << " against " << balanced.step;
-  EXPECT_GT(skewed.waits, 3 * balanced.waits) << skewed.waits << " against " << balanced.waits;
+  EXPECT_GT(skewed.waits, 2 * balanced.waits) << skewed.waits << " against " << balanced.waits;
 }
 
 // What the plan still refuses for MoE is named: bad routing assumptions, with the values.
