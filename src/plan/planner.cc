@@ -656,6 +656,10 @@ std::string plan_report_text(const PlanReport& rep) {
             m.schemes.size() > 1 && sc.scheme == m.chosen ? fmt::format("  step {:.4g} s  <- auto", sc.step_s)
             : m.schemes.size() > 1                        ? fmt::format("  step {:.4g} s", sc.step_s)
                                                           : std::string());
+      if (m.schemes.size() > 1)
+        s += fmt::format("  auto: {} (the least simulated step time of the three); without a plan moe=auto runs {} "
+                         "over the expert group\n",
+                         m.chosen, m.formula_choice);
       continue;
     }
     for (const MoeSchemePlan& sc : m.schemes)
