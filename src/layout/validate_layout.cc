@@ -259,12 +259,8 @@ Status check_expert_axis(const LlamaConfig& config, const Layout& l, const std::
     return invalid_argument("layout {}: the {} experts must divide over the ep={} ranks (whole experts per rank when "
                             "the expert group spans dp replicas)",
                             name, config.moe.num_experts, l.ep);
-  // The expert-weight ring is TSP's weight ring over the tsp axis; a2a and gather run over
-  // the expert group's communicator unchanged.
-  if (K > 1 && l.strategy == Strategy::kTsp && l.moe_dispatch == Layout::MoeDispatchOption::kRing)
-    return unimplemented("layout {}: experts over dp replicas (ep={} > tsp={}) dispatch by the all-to-all or the "
-                         "gather, not the expert-weight ring (moe=a2a|gather, or auto, which picks a2a)",
-                         name, l.ep, G);
+  // On TSP every scheme (a2a, gather, the expert-weight ring) runs over the expert group's
+  // communicator (tsp_moe.cc).
   if (K > 1 && l.pp > 1)
     return unimplemented("layout {}: experts over dp replicas (ep={} > {}) are not built under pp", name, l.ep, G);
   return Status();

@@ -404,7 +404,8 @@ MoePlan moe_plan_base(const PlanRequest& r, const Layout& l, int64_t micro_batch
   mp.ring_break_even_tokens = factor * static_cast<double>(mp.experts * mp.expert_width) /
                               static_cast<double>(mp.top_k * mp.ranks_per_expert);
   // What moe=auto runs without a plan (tsp_moe.cc: the training rule in every mode).
-  // Experts over dp replicas: moe=auto runs the all-to-all (tsp_moe.cc moe_scheme).
+  // Experts over dp replicas: moe=auto runs the all-to-all (tsp_moe.cc moe_scheme); the plan
+  // times the ring over the expert group too and names its choice in the layout.
   mp.formula_choice = tsp && l.expert_replicas() == 1
                           ? dispatch_name(moe_dispatch_by_bytes(m, mp.tokens_per_rank, l.tsp))
                           : "a2a";
@@ -433,11 +434,10 @@ MoeSchemePlan scheme_figures(const LayoutPlan& q, const PlanRequest& r) {
 // A MoE model on tsp=D: each scheme (or the one named) by its own dry run; the plan keeps
 // the least simulated step time among those that fit (else the least memory).
 Status plan_moe(const PlanRequest& r, LayoutPlan& p) {
+  // Experts over dp replicas too: each scheme runs over the expert group (the ring's blocks
+  // over its ep ranks); the plan names the scheme it keeps, so the runtime runs what it timed.
   std::vector<Layout::MoeDispatchOption> schemes;
-  if (p.layout.moe_dispatch == Layout::MoeDispatchOption::kAuto && p.layout.expert_replicas() > 1) {
-    // Experts over dp replicas: a2a and gather over the expert group (no ring).
-    schemes = {Layout::MoeDispatchOption::kAllToAll, Layout::MoeDispatchOption::kGather};
-  } else if (p.layout.moe_dispatch == Layout::MoeDispatchOption::kAuto) {
+  if (p.layout.moe_dispatch == Layout::MoeDispatchOption::kAuto) {
     schemes = {Layout::MoeDispatchOption::kAllToAll, Layout::MoeDispatchOption::kGather,
                Layout::MoeDispatchOption::kRing};
   } else {
@@ -644,13 +644,22 @@ std::string plan_report_text(const PlanReport& rep) {
       const std::string axis = p.layout.expert_replicas() > 1
                                    ? fmt::format("the expert group over {} dp replicas, ep", p.layout.expert_replicas())
                                    : std::string("tp x sp");
+      // On tsp with ep over dp replicas each scheme runs over the group (a2a, gather, ring);
+      // the Megatron layouts have the one, the all-to-all.
       for (const MoeSchemePlan& sc : m.schemes)
         s += fmt::format(
-            "  {} over the expert axis ({}, {} ranks; parallel/moe_dispatch.h): {} sent/step {} (attention's "
-            "included where the axis is tp or sp itself)\n",
+            "  {} over the expert axis ({}, {} ranks): {} sent/step {} (attention's included where the axis is tp "
+            "or sp itself){}\n",
             sc.scheme == "replicated" ? "replicated (generation: every rank routes every row, one all_reduce over tp)"
-                                      : "a2a",
-            axis, m.expert_axis_ranks, sc.axis, bytes_text(static_cast<double>(sc.tsp_bytes_sent)));
+                                      : sc.scheme,
+            axis, m.expert_axis_ranks, sc.axis, bytes_text(static_cast<double>(sc.tsp_bytes_sent)),
+            m.schemes.size() > 1 && sc.scheme == m.chosen ? fmt::format("  step {:.4g} s  <- auto", sc.step_s)
+            : m.schemes.size() > 1                        ? fmt::format("  step {:.4g} s", sc.step_s)
+                                                          : std::string());
+      if (m.schemes.size() > 1)
+        s += fmt::format("  auto: {} (the least simulated step time of the three); without a plan moe=auto runs {} "
+                         "over the expert group\n",
+                         m.chosen, m.formula_choice);
       continue;
     }
     for (const MoeSchemePlan& sc : m.schemes)

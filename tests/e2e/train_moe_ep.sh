@@ -3,8 +3,9 @@
 # (configs/tiny-moe.json, 4 experts) trained on dp=2,tp=2,ep=4 and dp=2,tsp=2,ep=4 (one expert
 # per rank, each expert group spanning two dp replicas) follows the one-rank run within 2e-5;
 # their step-4 checkpoints resume on one rank and on tsp=2, and a tsp=2 checkpoint resumes on
-# dp=2,sp=2,ep=4 (save under ep, load under another layout and the reverse); the per-expert
-# load of step 1 is the one-rank run's exactly.
+# dp=2,sp=2,ep=4 (save under ep, load under another layout and the reverse); the expert-weight
+# ring over the expert group (moe=ring) saves on dp=2,tsp=2,ep=4 and resumes on dp=2,tsp=1,ep=2;
+# the per-expert load of step 1 is the one-rank run's exactly.
 set -euo pipefail
 mpirun=$1 bin=$2 src=$3
 tmp=$(mktemp -d)
@@ -23,19 +24,24 @@ NP=4 train "$tmp/tsp" --layout dp=2,tsp=2,ep=4 --stop-after 4 >/dev/null
 NP=2 train "$tmp/tsp" --layout tsp=2 --resume >/dev/null  # ... on tsp=2
 NP=2 train "$tmp/rev" --layout tsp=2 --stop-after 4 >/dev/null
 NP=4 train "$tmp/rev" --layout dp=2,sp=2,ep=4 --resume >/dev/null  # a tsp=2 checkpoint under ep
+# The expert-weight ring over the expert group, saved on dp=2,tsp=2,ep=4 and resumed on
+# dp=2,tsp=1,ep=2 (the ring over two replicas' ranks, two experts a block).
+NP=4 train "$tmp/ring" --layout dp=2,tsp=2,ep=4:moe=ring --stop-after 4 >/dev/null
+NP=2 train "$tmp/ring" --layout dp=2,tsp=1,ep=2:moe=ring --resume >/dev/null
 /usr/bin/python3 - "$tmp" <<'PY'
 import json, sys
 tmp = sys.argv[1]
 def lines(name):
     return {json.loads(l)["step"]: json.loads(l) for l in open(f"{tmp}/{name}/metrics.jsonl")}
 clean = lines("clean")
-for name in ("mtp", "tsp", "rev"):
+for name in ("mtp", "tsp", "rev", "ring"):
     run = lines(name)
     assert set(range(1, 9)) <= set(run), (name, sorted(run))
     for step in range(1, 9):
         assert abs(run[step]["loss"] - clean[step]["loss"]) <= 2e-5 * clean[step]["loss"], (name, step, run[step], clean[step])
         assert abs(run[step]["grad_norm"] - clean[step]["grad_norm"]) <= 1e-4 * clean[step]["grad_norm"], (name, step, run[step], clean[step])
     assert run[1]["expert_load"] == clean[1]["expert_load"], (name, run[1], clean[1])
-print("moe with experts over dp replicas (dp=2,tp=2,ep=4; dp=2,tsp=2,ep=4; dp=2,sp=2,ep=4 resumed from tsp=2) "
-      "follows the one-rank run within 2e-5 across save and resume")
+print("moe with experts over dp replicas (dp=2,tp=2,ep=4; dp=2,tsp=2,ep=4; dp=2,sp=2,ep=4 resumed from tsp=2; "
+      "the ring on dp=2,tsp=2,ep=4 resumed on dp=2,tsp=1,ep=2) follows the one-rank run within 2e-5 across save "
+      "and resume")
 PY

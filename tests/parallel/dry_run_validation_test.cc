@@ -471,6 +471,11 @@ INSTANTIATE_TEST_SUITE_P(
                     MoeCase{"dp=2,sp=2,ep=4", 4, kFB, 1.5}, MoeCase{"dp=2,tsp=2,ep=4", 4, kFB},
                     MoeCase{"dp=2,tsp=2,ep=4:moe=gather", 4, kFB},
                     MoeCase{"dp=4,tsp=1,ep=4", 4, kFB, 1.0, 4, 0, 4}, MoeCase{"dp=2,tsp=1,ep=2", 2, kF},
+                    // The expert-weight ring over the expert group: its send_recv hops on "ep".
+                    MoeCase{"dp=2,tsp=2,ep=4:moe=ring", 4, kFB}, MoeCase{"dp=2,tsp=2,ep=4:moe=ring", 4, kFB, 1.5},
+                    MoeCase{"dp=2,tsp=1,ep=2:moe=ring", 2, kFB}, MoeCase{"dp=2,tsp=1,ep=2:moe=ring", 2, kF},
+                    MoeCase{"dp=4,tsp=1,ep=4:moe=ring", 4, kFB, 1.0, 4, 0, 4},
+                    MoeCase{"dp=4,tsp=1,ep=2:moe=ring", 4, kFB, 1.0, 4, 0, 4},
                     // pp on TSP stages: the routing statistics forward and the aux gradient back
                     // beside each boundary message, the last stage's sums over tsp and dp.
                     MoeCase{"pp=2,tsp=1", 2, kFB, 1.0, 4, 1}, MoeCase{"pp=2,tsp=1", 2, kF},

@@ -419,10 +419,25 @@ TEST(TspMoeDataParallel, ExpertsOverDataParallelReplicas) {
                           DpCase{"dp=2,tsp=2,ep=4:moe=gather", MoeFamily::kMixtral}})
     check_data_parallel(k);
 }
+// The expert-weight ring over the expert group's K D ranks: each rank's E/ep experts visit
+// every rank of the group, each applies them to its own rows, and the gradient ring brings
+// each block's sum over the K replicas home; dp=4,tsp=1,ep=2 leaves dp/K = 2 replicas per
+// expert for the trainer's edp sum. dp=4,tsp=2,ep=4 runs at eight ranks (not a ctest rank
+// count here: by hand, mpirun -np 8 --gtest_filter='*Ring*').
+TEST(TspMoeDataParallel, ExpertRingOverDataParallelReplicas) {
+  const int W = test::mpi().world().size();
+  if (W == 1) GTEST_SKIP() << "ep over dp needs two ranks";
+  for (const DpCase& k : {DpCase{"dp=2,tsp=1,ep=2:moe=ring"}, DpCase{"dp=2,tsp=2,ep=4:moe=ring", MoeFamily::kQwen2},
+                          DpCase{"dp=4,tsp=1,ep=4:moe=ring", MoeFamily::kQwen3, true},
+                          DpCase{"dp=4,tsp=1,ep=2:moe=ring", MoeFamily::kMixtral},
+                          DpCase{"dp=4,tsp=2,ep=4:moe=ring", MoeFamily::kQwen2}})
+    check_data_parallel(k);
+}
 TEST(TspMoeDataParallel, NegativeControlExpertGradientsOverTheWholeDataAxis) {
   const int W = test::mpi().world().size();
   if (W == 1) GTEST_SKIP() << "ep over dp needs two ranks";
-  for (const char* text : {"dp=2,tsp=1,ep=2", "dp=4,tsp=1,ep=2", "dp=2,tsp=2,ep=4"}) {
+  for (const char* text : {"dp=2,tsp=1,ep=2", "dp=4,tsp=1,ep=2", "dp=2,tsp=2,ep=4", "dp=4,tsp=1,ep=2:moe=ring",
+                           "dp=2,tsp=2,ep=4:moe=ring"}) {
     DpCase k{text};
     k.experts_over_whole_dp = true;
     check_data_parallel(k);

@@ -675,10 +675,53 @@ TEST(PlanTrafficTest, ExpertsOverDataReplicasSplitTheGradientSum) {
   Result<PlanReport> plan = make_plan(r);
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   const LayoutPlan& p = plan->layouts.at(0);
-  EXPECT_NE(p.layout.moe_dispatch, Layout::MoeDispatchOption::kRing);  // a2a or gather over the group
+  EXPECT_NE(p.layout.moe_dispatch, Layout::MoeDispatchOption::kAuto);  // the plan names the scheme it timed
   ASSERT_NE(p.traffic.axis("edp"), nullptr);
   ASSERT_NE(p.traffic.axis("ep"), nullptr);
   EXPECT_GT(p.traffic.axis("ep")->op(PlanOp::kSendRecv).bytes_sent, 0u);
+}
+
+// The expert-weight ring over an expert group that spans dp replicas (dp=4,tsp=2,ep=4: X = 4
+// ranks, one expert each): spec COMPOSITION.md 3's (X-1)/X E W_e elements per sparse layer
+// forward, tripled in training (the weights forward and backward, the gradients home), all of
+// it send_recv on "ep" and none on "tsp" beyond attention's and the vocabulary's. moe=auto
+// times all three schemes over the group and names the fastest.
+TEST(PlanTrafficTest, ExpertRingOverTheExpertGroupMovesEveryBlockThreeTimes) {
+  const LlamaConfig c = moe_config();
+  auto plan_of = [&](const char* layout) {
+    PlanRequest r;
+    r.config = c;
+    r.hardware = *Hardware::from_json(kHardware);
+    r.layouts = {spec(layout)};
+    r.devices = 8;
+    r.batch = 8;
+    r.seq = 64;
+    Result<PlanReport> plan = make_plan(r);
+    EXPECT_TRUE(plan.ok()) << plan.status().to_string();
+    return plan.ok() ? plan->layouts.at(0) : LayoutPlan();
+  };
+  const LayoutPlan ring = plan_of("dp=4,tsp=2,ep=4:moe=ring"), a2a = plan_of("dp=4,tsp=2,ep=4:moe=a2a");
+  ASSERT_NE(ring.traffic.axis("ep"), nullptr);
+  const uint64_t X = 4, sparse = 2, W_e = 3 * 64 * static_cast<uint64_t>(c.hidden_size);
+  EXPECT_EQ(ring.traffic.axis("ep")->op(PlanOp::kSendRecv).bytes_sent, 3 * sparse * (X - 1) * 1 * W_e * 4);
+  // The tsp axis carries the same (attention, vocabulary rings) under either dispatch.
+  ASSERT_NE(ring.traffic.axis("tsp"), nullptr);
+  ASSERT_NE(a2a.traffic.axis("tsp"), nullptr);
+  EXPECT_EQ(ring.traffic.axis("tsp")->total().bytes_sent, a2a.traffic.axis("tsp")->total().bytes_sent);
+  const LayoutPlan autos = plan_of("dp=4,tsp=2,ep=4");
+  ASSERT_TRUE(autos.moe.has_value());
+  ASSERT_EQ(autos.moe->schemes.size(), 3u);
+  double chosen_s = -1;
+  for (const MoeSchemePlan& s : autos.moe->schemes) {
+    EXPECT_EQ(s.axis, "ep") << s.scheme;
+    EXPECT_TRUE(s.fits) << s.scheme;
+    if (s.scheme == "ring") {
+      EXPECT_EQ(static_cast<uint64_t>(s.tsp_bytes_sent), ring.traffic.axis("ep")->total().bytes_sent);
+    }
+    if (s.scheme == autos.moe->chosen) chosen_s = s.step_s;
+  }
+  for (const MoeSchemePlan& s : autos.moe->schemes) EXPECT_LE(chosen_s, s.step_s) << s.scheme;
+  EXPECT_EQ(autos.layout.to_string(), "dp=4,tsp=2,ep=4:moe=" + autos.moe->chosen);
 }
 
 const MoeSchemePlan& scheme(const MoePlan& m, const std::string& name) {

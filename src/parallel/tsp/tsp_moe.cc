@@ -24,7 +24,9 @@
 // Scheme C (MoeDispatch::kRing): each rank's E/D experts, packed in one block, travel TSP's
 // weight ring (tsp_step.cc); at step j a rank applies the visiting block's experts to its own
 // rows routed to them (no token moves, static shapes, exact balance). Adjoint: the weight
-// ring again plus the gradient ring that carries each block's summed gradient home. Split
+// ring again plus the gradient ring that carries each block's summed gradient home. With the
+// experts over dp replicas (ep = K D) the same two rings run over the expert group's K D
+// ranks (E/(K D) experts a block), each rank still applying them to its own rows. Split
 // experts: the blocks are f_e slices, and an expert's G slices add into its rows' outputs
 // (and, backward, into their d(rows)) as they pass.
 //
@@ -56,10 +58,15 @@ std::vector<double> host_f64(Backend& be, const Tensor& t) {
 }  // namespace
 
 MoeDispatch TspStep::moe_scheme() const {
-  // Experts over dp replicas: the all-to-all or the gather over the expert group (validate_layout
-  // refuses the ring by name); auto takes the all-to-all, on every rank alike.
-  if (model_.expert_group() != nullptr)
-    return opt_.moe_dispatch == Layout::MoeDispatchOption::kGather ? MoeDispatch::kGather : MoeDispatch::kAllToAll;
+  // Experts over dp replicas: each scheme over the expert group; auto takes the all-to-all, on
+  // every rank alike (`foldpar plan` times all three and names the fastest explicitly).
+  if (model_.expert_group() != nullptr) {
+    switch (opt_.moe_dispatch) {
+      case Layout::MoeDispatchOption::kGather: return MoeDispatch::kGather;
+      case Layout::MoeDispatchOption::kRing: return MoeDispatch::kRing;
+      default: return MoeDispatch::kAllToAll;
+    }
+  }
   // auto: the training break-evens of spec COMPOSITION.md 3 on forward+backward bytes
   // (moe_dispatch_by_bytes). T, D, E, f_e, k are the same on every rank, so every rank picks
   // the same scheme.
@@ -190,14 +197,17 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
     const bool split = dims_.expert_group > 1;
     r.expert_out = act({M, h});
     if (split) be_.fill(0.0, r.expert_out);
-    r.expert_mlp.resize(static_cast<size_t>(D_ * El));  // per piece: ring owner q's i-th (slice of an) expert
-    WeightRing ring = weight_ring(pack_experts(mw.experts));
+    // The ring runs over expert_comm(): the tsp axis, or the expert group of ep ranks when the
+    // experts spread over dp replicas (its ranks of other replicas hold other tokens; tokens
+    // never move, so each rank still meets every expert once).
+    WeightRing ring = weight_ring(pack_experts(mw.experts), &expert_comm());
+    r.expert_mlp.resize(static_cast<size_t>(ring.steps() * El));  // per piece: ring owner q's i-th (slice of an) expert
     // MPI progresses only inside MPI calls: advance the hop between the experts' GEMMs, as
     // the dense MLP ring does (tsp_mlp.cc), or the block moves only at the wait.
     const auto progress = [&ring] { StepTimer::poke(ring.hop); };
-    for (int j = 0; j < D_; ++j) {
+    for (int j = 0; j < ring.steps(); ++j) {
       weight_ring_send(ring, j);
-      const int q = ring_owner(j);
+      const int q = ring.owner(j);
       for (int64_t i = 0; i < El; ++i) {
         const int64_t e = dims_.expert0(q) + i, begin = r.offsets[e], end = r.offsets[e + 1];
         if (begin == end) continue;
@@ -321,14 +331,18 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
     Tensor d_out = moe_combine_backward(be_, r, dy, d_weights_rows);
     Tensor d_dispatched = act({M, h});
     be_.fill(0.0, d_dispatched);
-    WeightRing ring = weight_ring(pack_experts(mw.experts));
+    // Over the expert group when ep > D: the home block's gradient then sums the rows of all
+    // K replicas of the group (as the a2a owner's does); the trainer's sum over edp (the dp/K
+    // replicas holding the same experts) completes it, so no replica's rows count twice.
+    WeightRing ring = weight_ring(pack_experts(mw.experts), &expert_comm());
     const Shape block_shape = ring.cur.shape();
     Tensor own_grad = comm_buffer(block_shape, DType::kF32);
     be_.fill(0.0, own_grad);
     GradRing gring;
-    for (int j = 0; j < D_; ++j) {
+    gring.axis = ring.axis;
+    for (int j = 0; j < ring.steps(); ++j) {
       weight_ring_send(ring, j);
-      const int q = ring_owner(j);
+      const int q = ring.owner(j);
       Tensor partial = grad_ring_partial(own_grad, j, block_shape);
       if (j > 0) be_.fill(0.0, partial);
       for (int64_t i = 0; i < El; ++i) {

@@ -106,19 +106,22 @@ void TspStep::sum_norm_partials(ShardedWeights& grads) {
 
 namespace foldpar::tsp_detail {
 
-TspStep::WeightRing TspStep::weight_ring(const Tensor& own) { return WeightRing{own, Tensor(), CommRequest()}; }
+TspStep::WeightRing TspStep::weight_ring(const Tensor& own, Communicator* axis) {
+  return WeightRing{own, Tensor(), CommRequest(), axis != nullptr ? axis : &comm_};
+}
 
 void TspStep::weight_ring_send(WeightRing& ring, int step) {
-  if (step + 1 >= D_) return;
+  const int n = ring.axis->size(), p = ring.axis->rank();
+  if (step + 1 >= n) return;
   ring.next = comm_buffer(ring.cur.shape(), ring.cur.dtype());
   // The owner's shard is only read: it is never a receive buffer, so it is never overwritten.
-  ring.hop = comm_.isend_recv(ring.cur.raw_data(), ring.next.raw_data(), static_cast<size_t>(ring.cur.numel()),
-                              ring.cur.dtype(), (p_ + 1) % D_, (p_ - 1 + D_) % D_);
+  ring.hop = ring.axis->isend_recv(ring.cur.raw_data(), ring.next.raw_data(), static_cast<size_t>(ring.cur.numel()),
+                                   ring.cur.dtype(), (p + 1) % n, (p - 1 + n) % n);
   if (!opt_.overlap) wait(ring.hop);
 }
 
 void TspStep::weight_ring_advance(WeightRing& ring, int step) {
-  if (step + 1 >= D_) return;
+  if (step + 1 >= ring.axis->size()) return;
   wait(ring.hop);
   ring.cur = std::move(ring.next);
 }
@@ -138,13 +141,15 @@ void TspStep::grad_ring_send(GradRing& ring, int step, Tensor& partial) {
   }
   ring.sending = partial;
   ring.incoming = comm_buffer(partial.shape(), partial.dtype());
-  ring.hop = comm_.isend_recv(ring.sending.raw_data(), ring.incoming.raw_data(),
-                              static_cast<size_t>(partial.numel()), partial.dtype(), (p_ + 1) % D_, (p_ - 1 + D_) % D_);
+  Communicator& axis = ring.axis != nullptr ? *ring.axis : comm_;
+  const int n = axis.size(), p = axis.rank();
+  ring.hop = axis.isend_recv(ring.sending.raw_data(), ring.incoming.raw_data(), static_cast<size_t>(partial.numel()),
+                             partial.dtype(), (p + 1) % n, (p - 1 + n) % n);
   if (!opt_.overlap) wait(ring.hop);
 }
 
 void TspStep::grad_ring_finish(GradRing& ring, Tensor& own_grad) {
-  if (D_ == 1) return;
+  if ((ring.axis != nullptr ? ring.axis->size() : D_) == 1) return;
   wait(ring.hop);
   be_.add_inplace(ring.incoming, own_grad);
   ring = GradRing();

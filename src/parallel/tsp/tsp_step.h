@@ -184,13 +184,19 @@ class TspStep {
   void start_shard_broadcast(ShardBroadcast& bc, int r, const Tensor& own, Tensor* keep_into, const Tensor* kept);
 
   // A ring of weight shards: step j computes with `cur` while the hop brings the next one
-  // (fwd: forward ring; its adjoint is the gradient ring below).
+  // (fwd: forward ring; its adjoint is the gradient ring below). The ring runs over `axis`:
+  // the tsp axis, or for scheme C with experts over dp replicas the expert group (ep ranks).
   struct WeightRing {
-    Tensor cur;  // shard of ring_owner(j)
+    Tensor cur;  // shard of owner(j)
     Tensor next;
     CommRequest hop;
+    Communicator* axis = nullptr;
+    // At ring step j this rank holds the shard of axis rank (rank - j) mod size.
+    int owner(int step) const { return ((axis->rank() - step) % axis->size() + axis->size()) % axis->size(); }
+    int steps() const { return axis->size(); }
   };
-  WeightRing weight_ring(const Tensor& own);
+  // axis: nullptr for the tsp axis (comm_).
+  WeightRing weight_ring(const Tensor& own, Communicator* axis = nullptr);
   // Starts the hop that brings step j+1's shard (none after the last step).
   void weight_ring_send(WeightRing& ring, int step);
   // Finishes the hop: cur becomes the next shard.
@@ -203,6 +209,7 @@ class TspStep {
     Tensor incoming;
     Tensor sending;
     CommRequest hop;
+    Communicator* axis = nullptr;  // the weight ring's axis; nullptr: the tsp axis (comm_)
   };
   // The buffer step j's partial goes into: the gradient itself at j == 0 (accumulate with
   // beta 1), a fresh zero-free buffer (written with beta 0) otherwise.
