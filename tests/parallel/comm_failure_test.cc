@@ -73,7 +73,7 @@ JobResult run_job(const std::string& scenario, int ranks, double timeout_s, bool
   setenv("FOLDPAR_COMM_TIMEOUT", std::to_string(timeout_s).c_str(), 1);
   setenv("FOLDPAR_COMM_CHECK", check ? "1" : "0", 1);
   setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
-  const std::string out_path = ::testing::TempDir() + "comm_failure_" + marker + ".log";
+  const std::string out_path = ::testing::TempDir() + "comm_failure_" + marker + "_" + std::to_string(getpid()) + ".log";
   std::vector<std::string> args = {FOLDPAR_MPIEXEC, "--allow-run-as-root", "--oversubscribe", "-np",
                                    std::to_string(ranks), "-x", "FOLDPAR_COMM_TIMEOUT", "-x", "FOLDPAR_COMM_CHECK"};
   args.insert(args.end(), mpirun_flags.begin(), mpirun_flags.end());

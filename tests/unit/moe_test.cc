@@ -4,6 +4,7 @@
 // fast backend's model against the reference's, the aux loss's known value, and the MoE
 // config fields and tensor names.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <functional>
@@ -409,7 +410,8 @@ TEST(MoeTorchOracle, Qwen2MoeLikeModelMatchesHuggingFaceRouting) {
     o.seed = 7;
     o.batch = 2;
     o.seq = 12;
-    const std::string dir = ::testing::TempDir() + "moe_oracle_" + std::to_string(static_cast<int>(family));
+    const std::string dir = ::testing::TempDir() + "moe_oracle_" + std::to_string(static_cast<int>(family)) + "_" +
+                            std::to_string(getpid());  // two checkouts' suites may run at once
     std::filesystem::remove_all(dir);
     o.dump_dir = dir;
     Result<VerifyReport> r = run_verify(o);
@@ -433,7 +435,7 @@ TEST(MoeCheckpoint, MixtralExportThenImportRoundTripsBitForBit) {
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   LlamaWeights w = LlamaWeights::allocate(*c, DType::kF32, MemCategory::kParameters);
   init_weights(InitOptions{.seed = 4, .std = 0.3, .norm_jitter = 0.1}, w);
-  const std::string dir = ::testing::TempDir() + "moe_export";
+  const std::string dir = ::testing::TempDir() + "moe_export_" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
   ASSERT_TRUE(write_hf_directory(dir, *c, w).ok());
   LlamaWeights back = LlamaWeights::allocate(*c, DType::kF32, MemCategory::kParameters);
