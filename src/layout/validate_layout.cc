@@ -239,7 +239,8 @@ std::vector<int64_t> stage_bounds(const LlamaConfig& c, const Layout& l) {
 // ep=N: the ranks one expert group spans, N = K G with G the model group (tsp=D: D; the
 // Megatron baselines: tp sp) and K consecutive dp replicas (expert parallelism over dp,
 // docs/composition.md section 3). ep=1 or ep=G is the model group itself. Built: whole
-// experts per rank (E divisible by N) without pp; generation takes no dp axis anyway.
+// experts per rank (E divisible by N), under pp too (each stage's expert groups are K dp
+// replicas of that stage's model group); generation takes no dp axis anyway.
 Status check_expert_axis(const LlamaConfig& config, const Layout& l, const std::string& name) {
   if (l.ep == 1) return Status();
   const int G = l.expert_group_ranks();
@@ -265,8 +266,6 @@ Status check_expert_axis(const LlamaConfig& config, const Layout& l, const std::
     return unimplemented("layout {}: experts over dp replicas (ep={} > tsp={}) dispatch by the all-to-all or the "
                          "gather, not the expert-weight ring (moe=a2a|gather, or auto, which picks a2a)",
                          name, l.ep, G);
-  if (K > 1 && l.pp > 1)
-    return unimplemented("layout {}: experts over dp replicas (ep={} > {}) are not built under pp", name, l.ep, G);
   return Status();
 }
 
