@@ -239,7 +239,8 @@ std::vector<int64_t> stage_bounds(const LlamaConfig& c, const Layout& l) {
 // ep=N: the ranks one expert group spans, N = K G with G the model group (tsp=D: D; the
 // Megatron baselines: tp sp) and K consecutive dp replicas (expert parallelism over dp,
 // docs/composition.md section 3). ep=1 or ep=G is the model group itself. Built: whole
-// experts per rank (E divisible by N) without pp; generation takes no dp axis anyway.
+// experts per rank (E divisible by N), under pp too (each stage's expert groups are K dp
+// replicas of that stage's model group); generation takes no dp axis anyway.
 Status check_expert_axis(const LlamaConfig& config, const Layout& l, const std::string& name) {
   if (l.ep == 1) return Status();
   const int G = l.expert_group_ranks();
@@ -260,9 +261,12 @@ Status check_expert_axis(const LlamaConfig& config, const Layout& l, const std::
                             "the expert group spans dp replicas)",
                             name, config.moe.num_experts, l.ep);
   // On TSP every scheme (a2a, gather, the expert-weight ring) runs over the expert group's
-  // communicator (tsp_moe.cc).
-  if (K > 1 && l.pp > 1)
-    return unimplemented("layout {}: experts over dp replicas (ep={} > {}) are not built under pp", name, l.ep, G);
+  // communicator (tsp_moe.cc); under pp each stage's groups are its own dp replicas
+  // (make_layout.cc), where the ring over them is not built.
+  if (K > 1 && l.pp > 1 && l.strategy == Strategy::kTsp && l.moe_dispatch == Layout::MoeDispatchOption::kRing)
+    return unimplemented("layout {}: the expert-weight ring over dp replicas (ep={} > tsp={}) is not built under pp "
+                         "(moe=a2a|gather)",
+                         name, l.ep, G);
   return Status();
 }
 

@@ -131,16 +131,19 @@ Result<std::unique_ptr<ShardedModel>> make_sharded_model(const LlamaConfig& conf
   // strategies, one rank included.
   if (layout.ranks() == 1 && config.moe.enabled())
     return make_single_rank_model(config, layout);
+  // Experts over dp replicas: the mesh's dp and model axes are a stage's own, so each
+  // stage's expert groups are cut from its own ranks (never across stages).
+  ExpertDataAxes wide = make_expert_data_axes(config, mesh, layout);
   if (layout.pp > 1) {
     Result<std::unique_ptr<StageStrategy>> stage =
         layout.strategy == Strategy::kTsp
-            ? make_tsp_stage_strategy(config, mesh.comm("tsp"), axis_comm(mesh, "dp"), seq, layout)
+            ? make_tsp_stage_strategy(config, mesh.comm("tsp"), axis_comm(mesh, "dp"), seq, layout, std::move(wide))
             : make_megatron_stage_strategy(config, axis_comm(mesh, "tp"), axis_comm(mesh, "sp"), seq, layout,
-                                           make_expert_axis(config, mesh, layout), axis_comm(mesh, "dp"));
+                                           make_expert_axis(config, mesh, layout), axis_comm(mesh, "dp"),
+                                           std::move(wide));
     FP_RETURN_IF_ERROR(stage.status());
     return make_pipeline_model(config, mesh.comm("pp"), std::move(*stage), layout);
   }
-  ExpertDataAxes wide = make_expert_data_axes(config, mesh, layout);
   if (layout.strategy == Strategy::kTsp)
     return make_tsp_sharded_model(config, mesh.comm("tsp"), axis_comm(mesh, "dp"), seq, layout, std::move(wide));
   return make_megatron_sharded_model(config, axis_comm(mesh, "tp"), axis_comm(mesh, "sp"), seq, layout,

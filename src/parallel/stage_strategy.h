@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "backend/backend.h"
 #include "comm/communicator.h"
@@ -54,6 +55,12 @@ class StageStrategy {
   // experts, over which assembly also sums the routed experts' tensors (null: none).
   virtual int expert_rank() const { return -1; }
   virtual Communicator* expert_across() { return nullptr; }
+  // Experts over dp replicas (Layout::ep = K G, K > 1): the stage's dp/K replicas holding
+  // this rank's experts, over which their gradients sum (ShardedModel::expert_data_axis); null
+  // otherwise. And the communicators split off the world for the stage's expert groups
+  // (ShardedModel::communicators_beside_mesh).
+  virtual Communicator* expert_data_axis() { return nullptr; }
+  virtual std::vector<const Communicator*> communicators_beside_mesh() const { return {}; }
   // Verification: this rank's logits rows [B, S_local, V] (keep_logits) placed into the full
   // [B, S, V] on every rank of the weight axis, as ShardedModel::assemble_logits.
   virtual Status assemble_logits(const Tensor& local, Tensor& global) = 0;

@@ -38,15 +38,19 @@ Result<std::unique_ptr<ShardedModel>> make_megatron_sharded_model(const LlamaCon
 // pipeline/'s model over the pp axis (layout.pp stages, this rank's stage pp.rank()), which
 // owns the stage's weights and runs the 1F1B schedule over the stage strategy.
 // dp (null: none): the replicas a MoE model's routing statistics are summed over on the last
-// stage, as make_tsp_sharded_model's.
+// stage, as make_tsp_sharded_model's. wide: this stage's expert groups over dp replicas
+// (Layout::ep; make_layout.cc cuts them per stage), empty otherwise.
 Result<std::unique_ptr<StageStrategy>> make_tsp_stage_strategy(const LlamaConfig& config, Communicator& tsp,
-                                                               Communicator* dp, int64_t seq, const Layout& layout);
-// A Megatron stage of a MoE model: ep and dp as make_megatron_sharded_model's.
+                                                               Communicator* dp, int64_t seq, const Layout& layout,
+                                                               ExpertDataAxes wide = {});
+// A Megatron stage of a MoE model: ep, dp and wide as make_megatron_sharded_model's (wide:
+// this stage's expert groups).
 Result<std::unique_ptr<StageStrategy>> make_megatron_stage_strategy(const LlamaConfig& config, Communicator* tp,
                                                                     Communicator* sp, int64_t seq,
                                                                     const Layout& layout,
                                                                     std::unique_ptr<Communicator> ep = nullptr,
-                                                                    Communicator* dp = nullptr);
+                                                                    Communicator* dp = nullptr,
+                                                                    ExpertDataAxes wide = {});
 Result<std::unique_ptr<ShardedModel>> make_pipeline_model(const LlamaConfig& config, Communicator& pp,
                                                           std::unique_ptr<StageStrategy> stage, const Layout& layout);
 

@@ -147,7 +147,7 @@ Result<RankRun> run_rank(const PlanRequest& r, const Layout& l, int rank, int st
     const int inner = l.model_ranks() / l.pp;  // the dp axis's stride
     const int K = r.config.moe.enabled() ? l.expert_replicas() : 1;
     dp_axis = dp_gradient_traffic(r.config, l, stage);
-    if (K > 1 && l.dp > K) edp_axis = expert_dp_gradient_traffic(r.config, l);
+    if (K > 1 && l.dp > K) edp_axis = expert_dp_gradient_traffic(r.config, l, stage);
     for (const auto& [axis, stride] : {std::pair{&dp_axis, inner}, std::pair{&edp_axis, inner * K}}) {
       if (!*axis) continue;
       const OpBytes& ar = (*axis)->op(PlanOp::kAllReduce);
@@ -353,18 +353,6 @@ const char* dispatch_name(Layout::MoeDispatchOption d) {
     case Layout::MoeDispatchOption::kAuto: break;
   }
   return "auto";
-}
-
-// Sparse layers of the model, or under pp of pipeline stage `stage` (its chunks g, g % p ==
-// stage, of stage_bounds).
-int64_t sparse_layers_of(const LlamaConfig& c, const Layout& l, int stage) {
-  if (l.pp == 1 || stage < 0) return c.moe.sparse_layer_count(c.num_hidden_layers);
-  const std::vector<int64_t> bounds = stage_bounds(c, l);
-  int64_t n = 0;
-  for (size_t g = 0; g + 1 < bounds.size(); ++g)
-    if (static_cast<int>(g % static_cast<size_t>(l.pp)) == stage)
-      for (int64_t i = bounds[g]; i < bounds[g + 1]; ++i) n += c.moe.is_sparse_layer(i) ? 1 : 0;
-  return n;
 }
 
 // The expert memory and the assumption's figures of a MoE model on tsp=D or tp x sp

@@ -65,17 +65,28 @@ OpBytes StepTraffic::total() const {
   return t;
 }
 
+int64_t sparse_layers_of(const LlamaConfig& c, const Layout& l, int stage) {
+  if (l.pp == 1 || stage < 0) return c.moe.sparse_layer_count(c.num_hidden_layers);
+  const std::vector<int64_t> bounds = stage_bounds(c, l);
+  int64_t n = 0;
+  for (size_t g = 0; g + 1 < bounds.size(); ++g)
+    if (static_cast<int>(g % static_cast<size_t>(l.pp)) == stage)
+      for (int64_t i = bounds[g]; i < bounds[g + 1]; ++i) n += c.moe.is_sparse_layer(i) ? 1 : 0;
+  return n;
+}
+
 namespace {
 
 // Experts over dp replicas: a rank's routed-expert elements (E/ep whole experts per sparse
-// layer, validate_layout) and its other sparse-layer elements (the router and the shared
-// expert with its gate, replicated), against the dense formula's MLP in those layers.
+// layer of its pipeline stage, validate_layout) and its other sparse-layer elements (the
+// router and the shared expert with its gate, replicated), against the dense formula's MLP
+// in those layers.
 struct ExpertElements {
   int64_t experts = 0, replicated = 0, dense_mlp = 0;
 };
-ExpertElements expert_elements(const LlamaConfig& c, const Layout& l) {
+ExpertElements expert_elements(const LlamaConfig& c, const Layout& l, int stage) {
   const MoeConfig& m = c.moe;
-  const int64_t sparse = m.sparse_layer_count(c.num_hidden_layers), h = c.hidden_size;
+  const int64_t sparse = sparse_layers_of(c, l, stage), h = c.hidden_size;
   const int64_t fs = m.shared_expert_intermediate_size;
   return ExpertElements{sparse * (m.num_experts / l.expert_ranks()) * 3 * m.moe_intermediate_size * h,
                         sparse * (m.num_experts * h + (fs > 0 ? 3 * fs * h + h : 0)),
@@ -90,16 +101,17 @@ AxisTraffic dp_gradient_traffic(const LlamaConfig& c, const Layout& l, int stage
   AxisTraffic dp{"dp", l.dp, {}};
   int64_t n = local_parameter_elements(c, l, stage);
   if (experts_over_dp(c, l)) {
-    const ExpertElements e = expert_elements(c, l);
+    const ExpertElements e = expert_elements(c, l, stage);
     n += e.replicated - e.dense_mlp;
   }
   dp.add_all_reduce(1, static_cast<uint64_t>(n), 0, 4);
   return dp;
 }
 
-AxisTraffic expert_dp_gradient_traffic(const LlamaConfig& c, const Layout& l) {
+AxisTraffic expert_dp_gradient_traffic(const LlamaConfig& c, const Layout& l, int stage) {
   AxisTraffic edp{"edp", l.dp / l.expert_replicas(), {}};
-  if (experts_over_dp(c, l)) edp.add_all_reduce(1, static_cast<uint64_t>(expert_elements(c, l).experts), 0, 4);
+  if (experts_over_dp(c, l))
+    edp.add_all_reduce(1, static_cast<uint64_t>(expert_elements(c, l, stage).experts), 0, 4);
   return edp;
 }
 

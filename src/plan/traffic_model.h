@@ -59,12 +59,17 @@ struct StepTraffic {
 // every local gradient (f32) summed over dp, taken as one all_reduce of all of them (the
 // per-tensor calls differ from it only by the ring blocks' rounding), on pipeline stage
 // `stage`. layout.dp > 1.
-// Experts over dp replicas (a MoE model with Layout::ep = K G, K > 1; not under pp): the
-// routed experts' gradients sum over the dp/K replicas holding them instead, so this is the
-// rest over dp (the dense formula's sparse-layer MLPs replaced by their routers and shared
-// experts) and expert_dp_gradient_traffic the experts' part over "edp".
+// Experts over dp replicas (a MoE model with Layout::ep = K G, K > 1): the routed experts'
+// gradients sum over the dp/K replicas holding them instead, so this is the rest over dp
+// (the dense formula's sparse-layer MLPs replaced by their routers and shared experts) and
+// expert_dp_gradient_traffic the experts' part over "edp"; under pp both of stage `stage`'s
+// sparse layers (each stage sums its own over its own replicas).
 AxisTraffic dp_gradient_traffic(const LlamaConfig& config, const Layout& layout, int stage = 0);
-AxisTraffic expert_dp_gradient_traffic(const LlamaConfig& config, const Layout& layout);
+AxisTraffic expert_dp_gradient_traffic(const LlamaConfig& config, const Layout& layout, int stage = 0);
+
+// A MoE model's sparse layers, or under pp (stage >= 0) those of pipeline stage `stage` (its
+// chunks g with g % p == stage, of stage_bounds).
+int64_t sparse_layers_of(const LlamaConfig& config, const Layout& layout, int stage);
 
 // docs/tsp.md section 7, forward, per layer per rank, in elements: the byte-free formulas the
 // crossover is read from. TSP: weights (2 + 2/g) h^2 (D-1)/D + 3 h f (D-1)/D plus K/V

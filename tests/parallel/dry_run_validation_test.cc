@@ -484,6 +484,9 @@ INSTANTIATE_TEST_SUITE_P(
                     MoeCase{"pp=2,tsp=2:moe=a2a", 4, kFB, 1.0, 4, 1}, MoeCase{"pp=2,tsp=2:moe=ring", 4, kFB, 1.5, 4, 1},
                     MoeCase{"pp=2,tsp=2:moe=gather", 4, kF}, MoeCase{"pp=2,tsp=2:moe=gather", 4, kFB, 1.0, 2, 1},
                     MoeCase{"pp=2,dp=2,tsp=1", 4, kFB, 1.0, 4, 1, 4},
+                    // Experts over dp replicas under pp: each stage's expert group (two dp
+                    // replicas of its own), the dispatch over it, the statistics over "ep" and "edp".
+                    MoeCase{"pp=2,dp=2,tsp=1,ep=2", 4, kFB, 1.0, 4, 1, 4},
                     // pp on Megatron stages: the same side messages, the last stage's sums over
                     // the expert axis (tp x sp) and dp.
                     MoeCase{"pp=2,tp=1", 2, kFB, 1.0, 4, 1}, MoeCase{"pp=2,tp=1", 2, kF},
@@ -492,7 +495,8 @@ INSTANTIATE_TEST_SUITE_P(
                     MoeCase{"pp=2,tp=2:seqpar", 4, kFB, 1.5, 4, 1}, MoeCase{"pp=2,sp=2", 4, kFB, 1.0, 4, 1},
                     MoeCase{"pp=2,sp=2:bf16", 4, kFB, 1.0, 4, 1},
                     MoeCase{"pp=2,tp=2:seqpar:interleaved=2", 4, kFB, 1.0, 4, 1, 2, 4},
-                    MoeCase{"pp=2,dp=2,tp=1", 4, kFB, 1.0, 4, 1, 4}),
+                    MoeCase{"pp=2,dp=2,tp=1", 4, kFB, 1.0, 4, 1, 4},
+                    MoeCase{"pp=2,dp=2,tp=1,ep=2", 4, kFB, 1.5, 4, 1, 4}),
     [](const testing::TestParamInfo<MoeCase>& i) {
       std::string n = std::string(i.param.layout) + (i.param.mode == kF ? "_fwd" : "_train") +
                       (i.param.imbalance > 1 ? "_imbalanced" : "") +

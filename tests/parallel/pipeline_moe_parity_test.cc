@@ -13,7 +13,10 @@
 // and 2p, Mixtral-, Qwen2-MoE- (shared expert, dense layers on the last stage only) and
 // Qwen3-MoE-like (decoder_sparse_step) configs, the HF and the per-layer aux modes, uneven
 // stages. In bf16 storage on TSP and Megatron stages against the single-rank model in bf16
-// and f32 (moe_bf16_rules.h's tolerances and routing margin).
+// and f32 (moe_bf16_rules.h's tolerances and routing margin). Experts over dp replicas (ep >
+// the model group) per stage: pp=2,dp=2,tsp=1,ep=2 and pp=2,dp=2,tp=1,ep=2 (W = 4);
+// pp=2,dp=2,tsp=2,ep=4, pp=2,dp=2,tp=2|sp=2,ep=4, pp=2,dp=4,tsp=1|tp=1,ep=2 (W = 8), with the
+// assembled weights exact and a negative control (expert gradients over the whole dp axis).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -26,6 +29,7 @@
 #include "comm/mesh.h"
 #include "core/tolerance.h"
 #include "moe_bf16_rules.h"
+#include "moe_checks.h"
 #include "mpi_test_main.h"
 #include "parallel/make_layout.h"
 #include "tensor/compare.h"
@@ -70,6 +74,9 @@ struct Case {
   bool per_layer = false;
   bool aux_in_loss = true;  // output_router_logits
   Recompute recompute = Recompute::kNone;
+  // Negative control of experts over dp replicas (ep > the model group): the routed experts'
+  // gradients summed over the whole dp axis instead of their stage's expert-data replicas.
+  bool experts_over_whole_dp = false;
 };
 
 const InitOptions kInit{.seed = 5, .std = 0.1, .norm_jitter = 0.2};
@@ -212,11 +219,23 @@ bool check_parity(const Case& k) {
   EXPECT_EQ(got->expert_load, ref.load);
 
   std::vector<ParamRef> params = model.parameters();
-  sum_grads_over_data_axis(lo.dp > 1 ? &mesh->comm("dp") : nullptr, params);
+  // The trainer's sum: with experts over dp replicas (ep), the routed experts over the
+  // stage's replicas holding them.
+  sum_grads_over_data_axis(lo.dp > 1 ? &mesh->comm("dp") : nullptr, params,
+                           k.experts_over_whole_dp ? nullptr : model.expert_data_axis());
   LlamaWeights assembled = LlamaWeights::allocate(c, DType::kF32, MemCategory::kGradients);
   FP_CHECK_OK(model.assemble_grads(assembled));
   std::vector<std::pair<std::string, Tensor>> ref_list;
   const_cast<LlamaWeights&>(ref.grads).for_each([&](const std::string& n, Tensor& t) { ref_list.emplace_back(n, t); });
+  if (k.experts_over_whole_dp) {
+    test::expect_experts_off(assembled, ref_list);
+    return true;
+  }
+  // The weights assemble to the single-rank model's exactly (each expert from its owner, over
+  // the stages and the expert group's replicas).
+  LlamaWeights weights = LlamaWeights::allocate(c, DType::kF32, MemCategory::kWorkspace);
+  FP_CHECK_OK(model.assemble_weights(weights));
+  test::expect_weights_exact(weights, w);
   size_t i = 0, routers = 0;
   assembled.for_each([&](const std::string& name, Tensor& t) {
     EXPECT_EQ(name, ref_list[i].first);
@@ -402,13 +421,35 @@ TEST(PipelineMoeParity, MegatronStagesWithDataParallel) {
               Case{.layout = "pp=2,dp=2,sp=2", .chunks = 2});
 }
 
+// Experts over dp replicas under pp (ep = K G): each stage's expert group is K consecutive dp
+// replicas of that stage's model group, its MoE layers dispatch over it, and the routed
+// experts' gradients sum over the stage's dp/K replicas holding them. dp=4 with ep=2 G makes
+// that sum real (two replicas per expert); dp=2 with ep=2 G leaves each expert on one.
+TEST(PipelineMoeParity, ExpertsOverDataParallelReplicas) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,dp=2,tsp=1,ep=2", .m_per_stage = 2},
+              Case{.layout = "pp=2,dp=2,tsp=1,ep=2", .family = MoeFamily::kQwen2, .chunks = 2},
+              Case{.layout = "pp=2,dp=2,tp=1,ep=2", .family = MoeFamily::kQwen3, .m_per_stage = 2},
+              Case{.layout = "pp=2,dp=2,tsp=2,ep=4:moe=a2a", .m_per_stage = 2},
+              Case{.layout = "pp=2,dp=2,tsp=2,ep=4:moe=gather", .family = MoeFamily::kQwen2},
+              Case{.layout = "pp=2,dp=4,tsp=1,ep=2", .family = MoeFamily::kQwen3, .chunks = 2},
+              Case{.layout = "pp=2,dp=2,tp=2,ep=4", .m_per_stage = 2},
+              Case{.layout = "pp=2,dp=2,sp=2,ep=4", .family = MoeFamily::kQwen2},
+              Case{.layout = "pp=2,dp=4,tp=1,ep=2", .m_per_stage = 2});
+}
+
+TEST(PipelineMoeParity, NegativeControlExpertGradientsOverTheWholeDataAxis) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,dp=2,tsp=1,ep=2", .experts_over_whole_dp = true},
+              Case{.layout = "pp=2,dp=4,tsp=1,ep=2", .experts_over_whole_dp = true},
+              Case{.layout = "pp=2,dp=2,tp=2,ep=4", .experts_over_whole_dp = true});
+}
+
 // What stays refused under pp, by name: ZB-H1 (the MoE backward does not split), on either
 // stage. (Generation under pp on TSP stages runs: tests/parallel/pipeline_decode_test.cc.)
 TEST(PipelineMoeLayout, RefusalsNameTheReason) {
   const LlamaConfig c = moe_config(MoeFamily::kMixtral);
   for (const char* ok : {"pp=2,tsp=1", "pp=2,tsp=2:moe=ring", "pp=2,dp=2,tsp=2", "pp=2,tsp=2:interleaved=2",
                          "pp=4,tsp=1:bf16", "pp=2,tp=2", "pp=2,sp=2:interleaved=2", "pp=2,tp=2,sp=2:seqpar",
-                         "pp=2,dp=2,tp=2:bf16"})
+                         "pp=2,dp=2,tp=2:bf16", "pp=2,dp=2,tsp=2,ep=4", "pp=2,dp=2,tp=2,ep=4"})
     EXPECT_TRUE(validate_layout(c, parse_layout(ok).value(), 4, 16).ok()) << ok;
   for (const char* layout : {"pp=2,tsp=2:zb", "pp=2,tp=2:zb"}) {
     const Status zb = validate_layout(c, parse_layout(layout).value(), 4, 16);

@@ -915,10 +915,10 @@ TEST(TspMoeLayout, WhatRunsAndWhatIsRefusedByName) {
   EXPECT_NE(rows.message().find("needs the positions per sp rank (10 = 20 / 2) divisible by tp"), std::string::npos)
       << rows.message();
   EXPECT_TRUE(validate_layout(c, parse_layout("tp=4,sp=2:seqpar").value(), 4, 32).ok());
-  // ep=N: the expert group (ep = tp x sp is the default group; ep over dp replicas under pp
-  // is refused; tests/unit/layout_test.cc ExpertGroupsOverDataReplicas has the rest).
+  // ep=N: the expert group (ep = tp x sp is the default group; ep over dp replicas, under pp
+  // per stage; tests/unit/layout_test.cc ExpertGroupsOverDataReplicas has the rest).
   EXPECT_TRUE(validate_layout(c, parse_layout("ep=2,tp=2").value(), 4, 16).ok());
-  EXPECT_EQ(validate_layout(c, parse_layout("pp=2,dp=2,tp=2,ep=4").value(), 4, 16).code(), StatusCode::kUnimplemented);
+  EXPECT_TRUE(validate_layout(c, parse_layout("pp=2,dp=2,tp=2,ep=4").value(), 4, 16).ok());
   // D > E: two experts over four ranks split each expert's f_e in two; an f_e that does not
   // divide by D/E, or E and D that divide neither way, are refused with the numbers.
   LlamaConfig two = c;

@@ -724,6 +724,50 @@ TEST(PlanTrafficTest, ExpertRingOverTheExpertGroupMovesEveryBlockThreeTimes) {
   EXPECT_EQ(autos.layout.to_string(), "dp=4,tsp=2,ep=4:moe=" + autos.moe->chosen);
 }
 
+// The same under pp (pp=2,dp=4,tsp=2,ep=4, one sparse layer per stage): each stage's sum
+// carries its own sparse layer's experts over its edp replicas and the rest of its own
+// parameters over dp; together they are every parameter a rank of that stage builds, and the
+// plan lists both axes. A stage counted with the whole model's sparse layers fails it.
+TEST(PlanTrafficTest, ExpertsOverDataReplicasUnderPpSplitEachStagesGradientSum) {
+  const LlamaConfig c = moe_config();
+  const Layout l = spec("pp=2,dp=4,tsp=2,ep=4");
+  const uint64_t experts = 1 * 1 * 3 * 64 * static_cast<uint64_t>(c.hidden_size);  // 1 layer x E/ep x 3 f_e h
+  for (int stage : {0, 1}) {
+    SCOPED_TRACE(testing::Message() << "stage " << stage);
+    const AxisTraffic dp = dp_gradient_traffic(c, l, stage), edp = expert_dp_gradient_traffic(c, l, stage);
+    EXPECT_EQ(edp.degree, 2);
+    AxisTraffic want{"edp", 2, {}};
+    want.add_all_reduce(1, experts, 0, 4);
+    EXPECT_EQ(edp.op(PlanOp::kAllReduce).bytes_sent, want.op(PlanOp::kAllReduce).bytes_sent);
+    DryRunOptions o;
+    o.config = c;
+    o.layout = l;
+    o.rank = stage * l.ranks() / l.pp;
+    o.batch = 8;
+    o.seq = 64;
+    o.micro_batch = 1;
+    Result<DryRunResult> dry = dry_run(o);
+    ASSERT_TRUE(dry.ok()) << dry.status().to_string();
+    const int64_t built = dry->after_build.current[static_cast<int>(MemCategory::kParameters)] / 4;
+    AxisTraffic want_dp{"dp", 4, {}};
+    want_dp.add_all_reduce(1, static_cast<uint64_t>(built) - experts, 0, 4);
+    EXPECT_EQ(dp.op(PlanOp::kAllReduce).bytes_sent, want_dp.op(PlanOp::kAllReduce).bytes_sent);
+  }
+  PlanRequest r;
+  r.config = c;
+  r.hardware = *Hardware::from_json(kHardware);
+  r.layouts = {l};
+  r.devices = 16;
+  r.batch = 8;
+  r.seq = 64;
+  Result<PlanReport> plan = make_plan(r);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  const LayoutPlan& p = plan->layouts.at(0);
+  ASSERT_NE(p.traffic.axis("edp"), nullptr);
+  ASSERT_NE(p.traffic.axis("ep"), nullptr);
+  EXPECT_GT(p.traffic.axis("ep")->op(PlanOp::kSendRecv).bytes_sent, 0u);
+}
+
 const MoeSchemePlan& scheme(const MoePlan& m, const std::string& name) {
   for (const MoeSchemePlan& s : m.schemes)
     if (s.scheme == name) return s;

@@ -70,15 +70,25 @@ class MegatronStageSteps final : public StageSteps {
 // (owned in self_). Every sp rank holds the same tp slices: sp rank 0 speaks for them, and
 // (tp 0, sp 0) for the replicated gains. A MoE model: ep is the tp x sp group (owned here
 // when split off the world; tp or sp itself where the other has one rank), every rank of it
-// holding its own experts; dp the replicas its routing statistics are summed over.
+// holding its own experts; dp the replicas its routing statistics are summed over. wide: this
+// stage's expert groups over dp replicas (ep = K tp sp, K > 1), which replace ep, as
+// MegatronShardedModel's: the dispatch over the group, the statistics over it and its
+// expert-data replicas, assembly summing the experts over the group's ranks of this tp rank.
 class MegatronStageStrategy final : public StageStrategy {
  public:
   MegatronStageStrategy(MegatronModel model, Communicator& tp, Communicator& sp, std::unique_ptr<Communicator> self,
-                        std::unique_ptr<Communicator> ep_owned, Communicator* dp)
-      : model_(std::move(model)), tp_(tp), sp_(sp), self_(std::move(self)), ep_owned_(std::move(ep_owned)), dp_(dp) {
+                        std::unique_ptr<Communicator> ep_owned, Communicator* dp, ExpertDataAxes wide)
+      : model_(std::move(model)),
+        tp_(tp),
+        sp_(sp),
+        self_(std::move(self)),
+        ep_owned_(std::move(ep_owned)),
+        dp_(dp),
+        wide_(std::move(wide)) {
     if (!model_.config().moe.enabled()) return;
-    ep_ = ep_owned_ != nullptr ? ep_owned_.get() : (sp.size() > 1 ? &sp : &tp);
-    FP_CHECK(ep_->size() == tp.size() * sp.size() && ep_->rank() == sp.rank() * tp.size() + tp.rank(),
+    const int G = tp.size() * sp.size();
+    ep_ = wide_.group ? wide_.group.get() : ep_owned_ != nullptr ? ep_owned_.get() : (sp.size() > 1 ? &sp : &tp);
+    FP_CHECK(ep_->size() == model_.dims().expert_degree && ep_->rank() % G == sp.rank() * tp.size() + tp.rank(),
              "expert axis {} for tp rank {} of {}, sp rank {} of {}", ep_->describe(), tp.rank(), tp.size(), sp.rank(),
              sp.size());
   }
@@ -89,12 +99,21 @@ class MegatronStageStrategy final : public StageStrategy {
   bool counts_replicated() const override { return tp_.rank() == 0 && sp_.rank() == 0; }
   bool counts_sharded() const override { return sp_.rank() == 0; }
   int expert_rank() const override { return ep_ != nullptr ? ep_->rank() : -1; }
-  Communicator* expert_across() override { return ep_ != nullptr ? &sp_ : nullptr; }
+  Communicator* expert_across() override {
+    if (wide_.group) return wide_.across.get();
+    return ep_ != nullptr ? &sp_ : nullptr;
+  }
+  Communicator* expert_data_axis() override { return wide_.data.get(); }
+  std::vector<const Communicator*> communicators_beside_mesh() const override {
+    if (ep_owned_ != nullptr) return {ep_owned_.get()};
+    return wide_.all();
+  }
   Status assemble_logits(const Tensor& local, Tensor& global) override {
     return model_.assemble_logits(tp_, sp_, local, global);
   }
   std::unique_ptr<StageSteps> begin(Backend& be, const ShardedWeights& w, ShardedGrads* g, int64_t) override {
-    return std::make_unique<MegatronStageSteps>(model_, be, MegatronAxes{&tp_, &sp_, ep_, dp_}, w, g);
+    return std::make_unique<MegatronStageSteps>(model_, be, MegatronAxes{&tp_, &sp_, ep_, dp_, wide_.data.get()}, w,
+                                                g);
   }
 
  private:
@@ -104,6 +123,7 @@ class MegatronStageStrategy final : public StageStrategy {
   std::unique_ptr<Communicator> self_;
   std::unique_ptr<Communicator> ep_owned_;
   Communicator* dp_;
+  ExpertDataAxes wide_;
   Communicator* ep_ = nullptr;
 };
 
@@ -113,7 +133,7 @@ Result<std::unique_ptr<StageStrategy>> make_megatron_stage_strategy(const LlamaC
                                                                     Communicator* sp, int64_t seq,
                                                                     const Layout& layout,
                                                                     std::unique_ptr<Communicator> ep,
-                                                                    Communicator* dp) {
+                                                                    Communicator* dp, ExpertDataAxes wide) {
   FP_CHECK(tp != nullptr || sp != nullptr, "a Megatron stage needs a tp or an sp axis");
   const Communicator& present = tp != nullptr ? *tp : *sp;
   std::unique_ptr<Communicator> self;
@@ -124,7 +144,8 @@ Result<std::unique_ptr<StageStrategy>> make_megatron_stage_strategy(const LlamaC
   }
   FP_ASSIGN_OR_RETURN(MegatronModel model, MegatronModel::create(config, layout, tp->rank(), sp->rank(), seq));
   return std::unique_ptr<StageStrategy>(
-      std::make_unique<MegatronStageStrategy>(std::move(model), *tp, *sp, std::move(self), std::move(ep), dp));
+      std::make_unique<MegatronStageStrategy>(std::move(model), *tp, *sp, std::move(self), std::move(ep), dp,
+                                                                               std::move(wide)));
 }
 
 }  // namespace foldpar

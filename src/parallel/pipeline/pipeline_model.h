@@ -51,6 +51,11 @@ class PipelineModel final : public ShardedModel {
                                                     int64_t loss_normalizer) override;
   Result<StepResult> forward(Backend& backend, const Batch& local) override;
   std::vector<ParamRef> parameters() override;
+  // Experts over dp replicas: the stage's expert-data replicas (each stage its own).
+  Communicator* expert_data_axis() override { return stage_->expert_data_axis(); }
+  std::vector<const Communicator*> communicators_beside_mesh() const override {
+    return stage_->communicators_beside_mesh();
+  }
   // Collective over the weight axis and pp: every rank gets the whole model.
   Status assemble_weights(LlamaWeights& global) override { return assemble(weights_, global); }
   Status assemble_grads(LlamaWeights& global) override { return assemble(grads_.views(), global); }

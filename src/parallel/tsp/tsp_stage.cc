@@ -44,14 +44,30 @@ class TspStageSteps final : public StageSteps {
 
 class TspStageStrategy final : public StageStrategy {
  public:
-  // data_axis: a MoE model's dp replicas (null otherwise or without dp).
-  TspStageStrategy(TspModel model, Communicator& comm, Communicator* data_axis)
-      : model_(std::move(model)), comm_(comm), data_axis_(model_.config().moe.enabled() ? data_axis : nullptr) {}
+  // data_axis: a MoE model's dp replicas (null otherwise or without dp). wide: this stage's
+  // expert groups over dp replicas (Layout::ep = K D, K > 1; else empty), as
+  // TspShardedModel's: the dispatch over the group, the routing statistics over it and its
+  // expert-data replicas, assembly summing the experts over its K ranks of this tsp rank.
+  TspStageStrategy(TspModel model, Communicator& comm, Communicator* data_axis, ExpertDataAxes wide)
+      : model_(std::move(model)),
+        comm_(comm),
+        data_axis_(model_.config().moe.enabled() ? data_axis : nullptr),
+        wide_(std::move(wide)) {
+    if (wide_.group) {
+      FP_CHECK(wide_.group->size() == model_.dims().expert_degree && wide_.group->rank() % comm.size() == comm.rank(),
+               "expert group {} for tsp rank {} of {}", wide_.group->describe(), comm.rank(), comm.size());
+      model_.set_expert_axes(wide_.group.get(), wide_.data.get());
+    }
+  }
 
   Batch local_batch(const Batch& global) const override { return model_.shard().local_batch(global); }
   const ShardDims& dims() const override { return model_.dims(); }
   Communicator& weight_axis() override { return comm_; }
   bool counts_replicated() const override { return comm_.rank() == 0; }
+  int expert_rank() const override { return wide_.group ? wide_.group->rank() : -1; }
+  Communicator* expert_across() override { return wide_.across.get(); }
+  Communicator* expert_data_axis() override { return wide_.data.get(); }
+  std::vector<const Communicator*> communicators_beside_mesh() const override { return wide_.all(); }
   Status assemble_logits(const Tensor& local, Tensor& global) override {
     return model_.assemble_logits(comm_, local, global);
   }
@@ -63,14 +79,17 @@ class TspStageStrategy final : public StageStrategy {
   TspModel model_;
   Communicator& comm_;
   Communicator* data_axis_;
+  ExpertDataAxes wide_;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<StageStrategy>> make_tsp_stage_strategy(const LlamaConfig& config, Communicator& tsp,
-                                                               Communicator* dp, int64_t seq, const Layout& layout) {
+                                                               Communicator* dp, int64_t seq, const Layout& layout,
+                                                               ExpertDataAxes wide) {
   FP_ASSIGN_OR_RETURN(TspModel model, TspModel::create(config, layout, tsp.rank(), seq));
-  return std::unique_ptr<StageStrategy>(std::make_unique<TspStageStrategy>(std::move(model), tsp, dp));
+  return std::unique_ptr<StageStrategy>(
+      std::make_unique<TspStageStrategy>(std::move(model), tsp, dp, std::move(wide)));
 }
 
 }  // namespace foldpar
