@@ -7,6 +7,7 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 
+#include "layout/layout.h"
 #include "parallel/sharded_weights.h"
 #include "plan/dry_run.h"
 
@@ -433,6 +434,9 @@ MoeSchemePlan scheme_figures(const LayoutPlan& q, const PlanRequest& r) {
 // A MoE model on tsp=D: each scheme (or the one named) by its own dry run; the plan keeps
 // the least simulated step time among those that fit (else the least memory).
 Status plan_moe(const PlanRequest& r, LayoutPlan& p) {
+  // validate_layout's verdict before the expert figures: moe_plan_base's shard_dims takes a
+  // degree that divides (a search over many devices offers tsp=D the heads do not divide).
+  FP_RETURN_IF_ERROR(validate_layout(r.config, p.layout, r.batch, r.seq));
   std::vector<Layout::MoeDispatchOption> schemes;
   if (p.layout.moe_dispatch == Layout::MoeDispatchOption::kAuto && p.layout.expert_replicas() > 1) {
     // Experts over dp replicas: a2a and gather over the expert group (no ring).
