@@ -7,6 +7,7 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 
+#include "layout/layout.h"
 #include "parallel/sharded_weights.h"
 #include "plan/dry_run.h"
 
@@ -424,6 +425,9 @@ MoeSchemePlan scheme_figures(const LayoutPlan& q, const PlanRequest& r) {
 Status plan_moe(const PlanRequest& r, LayoutPlan& p) {
   // Experts over dp replicas too: each scheme runs over the expert group (the ring's blocks
   // over its ep ranks); the plan names the scheme it keeps, so the runtime runs what it timed.
+  // validate_layout's verdict before the expert figures: moe_plan_base's shard_dims takes a
+  // degree that divides (a search over many devices offers tsp=D the heads do not divide).
+  FP_RETURN_IF_ERROR(validate_layout(r.config, p.layout, r.batch, r.seq));
   std::vector<Layout::MoeDispatchOption> schemes;
   if (p.layout.moe_dispatch == Layout::MoeDispatchOption::kAuto) {
     schemes = {Layout::MoeDispatchOption::kAllToAll, Layout::MoeDispatchOption::kGather,
@@ -491,6 +495,37 @@ std::vector<Layout> candidate_layouts(int devices, int64_t batch, PlanMode mode,
   return out;
 }
 
+std::vector<Layout> expert_group_candidates(const LlamaConfig& config, const Layout& base, int64_t batch,
+                                            int64_t seq) {
+  std::vector<Layout> out;
+  if (!config.moe.enabled() || base.ep > 1) return out;
+  // Every K of 2 .. dp is offered to validate_layout, which holds the rules (K divides dp, E
+  // divides K G, not under pp, ...): the search keeps none of its own.
+  for (int K = 2; K <= base.dp; ++K) {
+    Layout l = base;
+    l.ep = K * base.expert_group_ranks();
+    if (validate_layout(config, l, batch, seq).ok()) out.push_back(l);
+  }
+  return out;
+}
+
+namespace {
+
+// The layouts the plan makes up (no --layouts): candidate_layouts in the request's dtype and
+// recompute, each followed by its expert-group variants on a MoE model.
+std::vector<Layout> search_layouts(const PlanRequest& r) {
+  std::vector<Layout> out;
+  for (Layout l : candidate_layouts(r.devices, r.batch, r.mode, r.hardware.devices_per_node)) {
+    l.dtype = r.bf16 ? DType::kBF16 : DType::kF32;
+    l.recompute = r.recompute;
+    out.push_back(l);
+    for (const Layout& e : expert_group_candidates(r.config, l, r.batch, r.seq)) out.push_back(e);
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<PlanReport> make_plan(const PlanRequest& r) {
   if (r.devices < 1) return invalid_argument("--devices ({}) must be at least 1", r.devices);
   if (r.batch < 1 || r.seq < 1) return invalid_argument("--batch ({}) and --seq ({}) must be positive", r.batch, r.seq);
@@ -501,16 +536,12 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
                             r.config.max_position_embeddings);
   PlanReport report;
   report.request = r;
-  std::vector<Layout> layouts = r.layouts.empty() ? candidate_layouts(r.devices, r.batch, r.mode, r.hardware.devices_per_node) : r.layouts;
+  const std::vector<Layout> layouts = r.layouts.empty() ? search_layouts(r) : r.layouts;
   // The layouts the plan makes up name no schedule: it chooses theirs.
   const bool choose = r.choose_schedule || r.layouts.empty();
   PlanRequest request = r;
   request.choose_schedule = choose;
-  for (Layout l : layouts) {
-    if (r.layouts.empty()) {
-      l.dtype = r.bf16 ? DType::kBF16 : DType::kF32;
-      l.recompute = r.recompute;
-    }
+  for (const Layout& l : layouts) {
     if (l.ranks() != r.devices) {
       report.not_buildable.push_back(fmt::format("{}: uses {} ranks, not {}", l.to_string(), l.ranks(), r.devices));
       continue;
@@ -519,8 +550,10 @@ Result<PlanReport> make_plan(const PlanRequest& r) {
     p.layout = l;
     // validate_layout's verdict first (dry_run)
     const bool search = l.pp > 1 && r.mode == PlanMode::kTrain && (r.micro_batch == 0 || choose);
+    // A MoE model on tsp=D, D > 1, or with experts over dp replicas (dp=N,tsp=1,ep=K too):
+    // each scheme by its own dry run.
     const bool moe = r.config.moe.enabled() && plan_strategy(l) == PlanStrategy::kTsp &&
-                     l.ranks() == l.dp * l.tsp && l.tsp > 1;
+                     l.ranks() == l.dp * l.tsp && (l.tsp > 1 || l.expert_replicas() > 1);
     Status dry = search ? plan_pipeline(request, p) : moe ? plan_moe(r, p) : plan_by_dry_run(r, p, r.micro_batch);
     if (dry.ok() && r.config.moe.enabled() && plan_strategy(l) != PlanStrategy::kTsp) {
       // Expert parallelism over tp x sp: the expert memory and the one scheme's figures (under

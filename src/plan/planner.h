@@ -175,7 +175,16 @@ struct PlanReport {
 // each replica's batch has at least m/n sequences: also pp=m/n with tsp=n and with tp=n,
 // the weight-moving axis inside a node and the stages across nodes. Prefill and decode:
 // tsp=N and tp=N only. Other pipelined layouts are planned when named (PlanRequest::layouts).
+// Model-free: a MoE model's experts over dp replicas are expert_group_candidates' (below).
 std::vector<Layout> candidate_layouts(int devices, int64_t batch, PlanMode mode, int devices_per_node = 0);
+
+// A MoE model's experts over dp replicas for the search: `base` (a candidate with dp > 1)
+// with ep = K G for each K in 2 .. dp that validate_layout(config, _, batch, seq) accepts,
+// G its model group (tsp=D: D; tp x sp: T Q); that is, K divides dp, E divides K G, no pp,
+// no moe=ring. Empty for a dense model, a base with ep set, or dp = 1. make_plan plans these
+// after their base when it makes up the layouts (no PlanRequest::layouts).
+std::vector<Layout> expert_group_candidates(const LlamaConfig& config, const Layout& base, int64_t batch,
+                                            int64_t seq);
 
 // The routing a plan should assume (PlanRequest::moe_imbalance) to reproduce a measured one:
 // `load` the tokens each of the E experts received (StepResult::expert_load), the experts

@@ -232,4 +232,40 @@ PY
 out=$("$bin" plan --model "$src/configs/paper-7b.json" --seq 131072 --devices 8 --hardware "$src/hardware/mi300x-8.json" \
   --layouts tp=8 2>&1) || fail "plan of the 7B model at 128K (text): $out"
 grep -q '^tp=8 .*no, over by [0-9.]* GB' <<<"$out" || fail "tp=8 does not say by how much it is over:"$'\n'"$out"
+# ---- the search's experts over dp replicas (ep = K G) on a MoE model ----
+# 4 devices, batch 4: the search proposes ep=4 over dp=2 on TSP and Megatron, rows named in
+# the table (the JSON's rows: tests/unit/plan_test.cc).
+out=$("$bin" plan --model "$src/configs/tiny-moe.json" --seq 128 --batch 4 --devices 4 --hardware "$hw" 2>&1) ||
+  fail "plan search of a MoE model: $out"
+grep -q '^dp=2,tsp=2,ep=4[: ]' <<<"$out" || fail "the MoE search has no dp=2,tsp=2,ep=4 row:"$'\n'"$out"
+grep -q '^dp=2,tp=2,ep=4 ' <<<"$out" || fail "the MoE search has no dp=2,tp=2,ep=4 row:"$'\n'"$out"
+grep -q "ep=" <<<"$("$bin" plan --model "$src/configs/tiny.json" --seq 128 --batch 4 --devices 4 --hardware "$hw" 2>&1)" &&
+  fail "the dense model's search proposes ep"
+# Memory spreads the experts: a vocabulary and a sequence no 2-rank model axis divides leave
+# dp=2,tsp=1 and dp=2,tsp=1,ep=2; with memory between their totals the search picks the ep
+# row, and --explain explains it.
+/usr/bin/python3 - "$src/configs/tiny-moe.json" "$tmp/wide-moe.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(vocab_size=255, intermediate_size=4096)  # Mixtral: f_e = f, the experts dominate
+json.dump(c, open(sys.argv[2], "w"))
+PY
+"$bin" plan --model "$tmp/wide-moe.json" --seq 66 --batch 2 --devices 2 --hardware "$hw" --json >"$tmp/wide.json" 2>"$tmp/wide.err" ||
+  fail "plan search of the wide-expert model: $(cat "$tmp/wide.err")"
+/usr/bin/python3 - "$tmp/wide.json" "$hw" "$tmp/hw-mid.json" <<'PY' || fail "the wide-expert search: $(cat "$tmp/wide.json")"
+import json, sys
+p = json.load(open(sys.argv[1]))
+total = {l["layout"]: l["memory_bytes"]["total"] for l in p["layouts"]}
+assert len(total) == 2 and {k.split(":")[0] for k in total} == {"dp=2,tsp=1", "dp=2,tsp=1,ep=2"}, total
+whole = next(v for k, v in total.items() if k.split(":")[0] == "dp=2,tsp=1")
+spread = next(v for k, v in total.items() if k.split(":")[0] == "dp=2,tsp=1,ep=2")
+assert spread < whole, total
+hw = json.load(open(sys.argv[2]))
+hw["memory_per_device_gb"] = (spread + whole) / 2 / 1e9
+json.dump(hw, open(sys.argv[3], "w"))
+PY
+out=$("$bin" plan --model "$tmp/wide-moe.json" --seq 66 --batch 2 --devices 2 --hardware "$tmp/hw-mid.json" --explain 2>&1) ||
+  fail "plan --explain of the wide-expert model: $out"
+grep -q '^recommended: dp=2,tsp=1,ep=2' <<<"$out" || fail "memory did not make the search pick ep=2:"$'\n'"$out"
+grep -q '^explain dp=2,tsp=1,ep=2' <<<"$out" || fail "plan --explain does not explain the ep pick:"$'\n'"$out"
 exit $((failures > 0))

@@ -1024,5 +1024,135 @@ TEST(PlannerMoeTest, RemainingRefusalsAreNamed) {
       << bad.status().to_string();
 }
 
+// ---- The search's experts over dp replicas (expert_group_candidates) ----
+
+std::vector<std::string> layout_names(const std::vector<Layout>& ls) {
+  std::vector<std::string> out;
+  for (const Layout& l : ls) out.push_back(l.to_string());
+  return out;
+}
+
+// The candidates are what validate_layout accepts of K = 2 .. dp: K dividing dp only (dp=6:
+// K = 4 puts E = 4 experts one per rank but 4 does not divide 6; K = 3 and 6 do not divide
+// E), on TSP and Megatron bases alike; none under pp, for a dense model or without dp.
+TEST(PlannerMoeTest, ExpertGroupCandidatesAreTheValidKDividingDp) {
+  const LlamaConfig c = moe_config();  // E = 4
+  using V = std::vector<std::string>;
+  EXPECT_EQ(layout_names(expert_group_candidates(c, spec("dp=6,tsp=1"), 6, 64)), V{"dp=6,tsp=1,ep=2"});
+  EXPECT_EQ(layout_names(expert_group_candidates(c, spec("dp=4,tsp=1"), 4, 64)),
+            (V{"dp=4,tsp=1,ep=2", "dp=4,tsp=1,ep=4"}));
+  EXPECT_EQ(layout_names(expert_group_candidates(c, spec("dp=2,tsp=2"), 2, 64)), V{"dp=2,tsp=2,ep=4"});
+  EXPECT_EQ(layout_names(expert_group_candidates(c, spec("dp=2,tp=2:seqpar"), 2, 64)),
+            V{"dp=2,tp=2,ep=4:seqpar"});
+  LlamaConfig e8 = c;
+  e8.moe.num_experts = 8;
+  // dp=6, G = 2: K = 4 gives ep = 8, which E divides, but 4 does not divide dp.
+  EXPECT_EQ(layout_names(expert_group_candidates(e8, spec("dp=6,sp=2"), 6, 64)), V{"dp=6,sp=2,ep=4"});
+  EXPECT_EQ(layout_names(expert_group_candidates(e8, spec("dp=4,tp=2"), 4, 64)),
+            (V{"dp=4,tp=2,ep=4", "dp=4,tp=2,ep=8"}));
+  for (const Layout& l : expert_group_candidates(e8, spec("dp=12,tsp=1"), 12, 64)) {
+    EXPECT_EQ(12 % l.expert_replicas(), 0) << l.to_string();
+    EXPECT_TRUE(validate_layout(e8, l, 12, 64).ok()) << l.to_string();
+  }
+  EXPECT_TRUE(expert_group_candidates(c, spec("pp=2,dp=2,tsp=1"), 4, 64).empty());  // ep > G under pp: refused
+  EXPECT_TRUE(expert_group_candidates(c, spec("tsp=4"), 4, 64).empty());             // no dp
+  EXPECT_TRUE(expert_group_candidates(mha_config(2), spec("dp=4,tsp=1"), 4, 64).empty());  // no experts
+}
+
+// The search over 4 devices with a batch of 4 proposes ep = K G on both families, each row
+// valid and planned with its expert figures (E / ep experts per rank) and the trainer's
+// gradient sums split (the experts over the dp/K replicas holding them, "edp", the rest over
+// dp); the dense model's search has none; both reports name ep.
+TEST(PlannerMoeTest, TheSearchProposesExpertsOverDpReplicas) {
+  PlanRequest r;
+  r.config = moe_config();
+  r.hardware = *Hardware::from_json(kHardware);
+  r.devices = 4;
+  r.batch = 4;
+  r.seq = 64;
+  Result<PlanReport> rep = make_plan(r);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  std::vector<std::string> ep_rows;
+  bool tsp_family = false, megatron_family = false;
+  const LayoutPlan* dp4 = nullptr;  // dp=4,tsp=1 (every expert on every rank) and its ep=2
+  const LayoutPlan* dp4_ep2 = nullptr;
+  for (const LayoutPlan& p : rep->layouts) {
+    const Layout& l = p.layout;
+    if (l.dp == 4 && l.ep <= 1) dp4 = &p;
+    if (l.expert_replicas() == 1) continue;
+    const std::string name = l.to_string();
+    ep_rows.push_back(name);
+    EXPECT_EQ(l.dp % l.expert_replicas(), 0) << name;
+    EXPECT_EQ(l.ep, l.expert_replicas() * l.expert_group_ranks()) << name;
+    EXPECT_TRUE(validate_layout(r.config, l, r.batch, r.seq).ok()) << name;
+    EXPECT_EQ(name.find("ep=" + std::to_string(l.ep)) != std::string::npos, true) << name;
+    (plan_strategy(l) == PlanStrategy::kTsp ? tsp_family : megatron_family) = true;
+    ASSERT_TRUE(p.moe.has_value()) << name;
+    EXPECT_EQ(p.moe->experts_per_rank, 4 / l.ep) << name;
+    EXPECT_EQ(p.moe->expert_axis_ranks, l.ep) << name;
+    ASSERT_NE(p.traffic.axis("ep"), nullptr) << name;
+    ASSERT_NE(p.traffic.axis("dp"), nullptr) << name;
+    if (l.dp > l.expert_replicas()) {
+      ASSERT_NE(p.traffic.axis("edp"), nullptr) << name;
+      EXPECT_EQ(p.traffic.axis("edp")->degree, l.dp / l.expert_replicas()) << name;
+    } else {
+      EXPECT_EQ(p.traffic.axis("edp"), nullptr) << name;  // one replica per expert: no sum
+    }
+    if (name.rfind("dp=4,tsp=1,ep=2:", 0) == 0) dp4_ep2 = &p;  // with the scheme plan_moe chose
+  }
+  EXPECT_TRUE(tsp_family) << plan_report_text(*rep);
+  EXPECT_TRUE(megatron_family) << plan_report_text(*rep);
+  for (const char* want : {"dp=2,tsp=2,ep=4", "dp=2,tp=2,ep=4", "dp=2,sp=2,ep=4", "dp=4,tsp=1,ep=2", "dp=4,tsp=1,ep=4"})
+    EXPECT_TRUE(std::any_of(ep_rows.begin(), ep_rows.end(), [&](const std::string& n) { return n.rfind(want, 0) == 0; }))
+        << want << " not in the search:\n" << plan_report_text(*rep);
+  // The experts leave the dp sum for edp: dp=4,tsp=1,ep=2 sends less over dp than dp=4,tsp=1.
+  ASSERT_NE(dp4, nullptr);
+  ASSERT_NE(dp4_ep2, nullptr);
+  EXPECT_LT(dp4_ep2->traffic.axis("dp")->total().bytes_sent, dp4->traffic.axis("dp")->total().bytes_sent);
+  const std::string text = plan_report_text(*rep), json = plan_report_json(*rep);
+  EXPECT_NE(text.find("\ndp=4,tsp=1,ep=2"), std::string::npos) << text;
+  EXPECT_NE(json.find("\"dp=4,tsp=1,ep=2"), std::string::npos) << json;
+  // A dense model: the same search proposes no ep.
+  r.config = mha_config(2);
+  rep = make_plan(r);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  for (const LayoutPlan& p : rep->layouts) EXPECT_EQ(p.layout.ep, 1) << p.layout.to_string();
+  for (const std::string& n : rep->not_buildable) EXPECT_EQ(n.find("ep="), std::string::npos) << n;
+}
+
+// Memory spreads the experts: on 2 devices a vocabulary (127) that neither tsp=2 nor tp=2
+// divides and a sequence (66) that sp=2's zigzag split (2 x 2 pieces) does not, leave dp=2,tsp=1 (every expert on both ranks) and dp=2,tsp=1,ep=2 (half
+// each); with memory between their totals only the ep layout fits, and the search picks it.
+TEST(PlannerMoeTest, MemoryMakesTheSearchPickExpertsOverDpReplicas) {
+  PlanRequest r;
+  r.config = moe_config();
+  r.config.moe.moe_intermediate_size = 1024;  // the experts dominate the memory
+  r.config.vocab_size = 127;
+  r.hardware = *Hardware::from_json(kHardware);
+  r.devices = 2;
+  r.batch = 2;
+  r.seq = 66;
+  Result<PlanReport> rep = make_plan(r);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  ASSERT_EQ(rep->layouts.size(), 2u) << plan_report_text(*rep);
+  const LayoutPlan &whole = rep->layouts[0], &spread = rep->layouts[1];
+  ASSERT_EQ(whole.layout.to_string().rfind("dp=2,tsp=1", 0), 0u) << whole.layout.to_string();
+  ASSERT_EQ(spread.layout.to_string().rfind("dp=2,tsp=1,ep=2", 0), 0u) << spread.layout.to_string();
+  ASSERT_TRUE(spread.moe.has_value());
+  EXPECT_EQ(spread.moe->experts_per_rank, 2);
+  // The ep rank holds half the experts: its parameters are the whole one's less that half.
+  EXPECT_EQ(whole.memory.of(MemCategory::kParameters) - spread.memory.of(MemCategory::kParameters),
+            spread.moe->expert_param_bytes);
+  EXPECT_LT(spread.memory.total(), whole.memory.total());
+  r.hardware.memory_per_device_gb = 1e-9 * static_cast<double>(spread.memory.total() + whole.memory.total()) / 2;
+  rep = make_plan(r);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  ASSERT_GE(rep->recommended, 0) << plan_report_text(*rep);
+  const LayoutPlan& pick = rep->layouts[rep->recommended];
+  EXPECT_EQ(pick.layout.ep, 2) << plan_report_text(*rep);
+  EXPECT_FALSE(rep->layouts[0].fits);
+  EXPECT_FALSE(explain_timeline(pick.timelines).empty());
+}
+
 }  // namespace
 }  // namespace foldpar
