@@ -11,7 +11,9 @@ std::vector<int32_t> shard_positions(int64_t seq, int degree, int rank, SeqSplit
   auto append_chunk = [&](int64_t begin, int64_t len) {
     for (int64_t i = 0; i < len; ++i) pos.push_back(static_cast<int32_t>(begin + i));
   };
-  if (split == SeqSplit::kZigzag) {
+  // One rank holds the whole sequence in order whatever the split (zigzag's two chunks of a
+  // degree-1 split are the sequence itself, and an odd S has no two equal chunks).
+  if (split == SeqSplit::kZigzag && degree > 1) {
     const int64_t chunk = seq / (2 * degree);
     append_chunk(rank * chunk, chunk);
     append_chunk((2 * degree - 1 - rank) * chunk, chunk);
@@ -25,7 +27,7 @@ std::vector<int32_t> shard_positions(int64_t seq, int degree, int rank, SeqSplit
 SequenceShard SequenceShard::create(int64_t seq, int degree, int rank, SeqSplit split) {
   // validate_layout (layout/) refuses, with the user's numbers, every S the split cannot
   // cut; reaching here with one is a bug.
-  const int64_t pieces = split == SeqSplit::kZigzag ? 2 * int64_t{degree} : degree;
+  const int64_t pieces = split == SeqSplit::kZigzag && degree > 1 ? 2 * int64_t{degree} : degree;
   FP_CHECK(degree > 0 && rank >= 0 && rank < degree && seq > 0 && seq % pieces == 0,
            "sequence shard: rank {} of degree {} at S={} ({} pieces; validate_layout passes first)", rank, degree,
            seq, pieces);

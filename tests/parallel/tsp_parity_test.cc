@@ -188,6 +188,15 @@ void check_parity(const Case& k) {
 
 TEST(TspParity, ZigzagGqaUntiedOverlap) { check_parity(Case{}); }
 
+// One rank holds the whole sequence, in order, whatever the split: an odd S is no zigzag
+// (validate_layout refuses it only where the sequence is cut; dp=2,tsp=1 used to abort).
+TEST(TspParity, OneRankTakesAnOddSequence) {
+  if (test::mpi().world().size() != 1) GTEST_SKIP() << "an odd S divides over one rank only";
+  Case k;
+  k.seq = 33;
+  check_parity(k);
+}
+
 // Mistral's sliding window (issue 21): the mask is on global positions, so the zigzag and the
 // contiguous shards get it from their position arrays. Windows under one rank's chunk, odd,
 // and across a chunk boundary. (Not 1: each query would see only itself, the q and k
