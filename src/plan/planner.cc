@@ -78,6 +78,11 @@ DryRunMode dry_mode(PlanMode m) {
 // collective and ring step waits for its last member (the peers' lag); beyond it, to keep
 // plans of large meshes fast, the distinct ranks alone (rank_groups).
 constexpr int kCoupledModelRanks = 4;
+// A MoE model's ranks do different expert work (the routing), so without pp the plan couples
+// all of them up to this many; beyond it (a search over hundreds of devices offers sp or tsp
+// of 128 and more, each rank's trace held at once) the first and last as for a dense model:
+// rank 0 owns expert 0, the busiest under planned_moe_routing.
+constexpr int kCoupledMoeRanks = 16;
 
 struct GroupRank {
   int rank = 0, stage = 0;  // world rank, its pipeline stage
@@ -86,13 +91,13 @@ struct GroupRank {
 // The world ranks whose dry runs give a layout's figures, in groups simulated together. Mesh
 // order pp, dp, then the model axes: stage s of replica 0 starts at world rank s * dp * inner.
 // Up to kCoupledModelRanks model ranks per stage, and on a MoE model without pp (its ranks'
-// expert work differs with the routing): every model rank of replica 0, of every stage, in
-// one group. Otherwise the first and the last model rank of a stage (zigzag ends, the last
+// expert work differs with the routing) up to kCoupledMoeRanks: every model rank of replica
+// 0, of every stage, in one group. Otherwise the first and the last model rank of a stage (zigzag ends, the last
 // vocabulary shard), one group each, holding that rank of every pipeline stage.
 std::vector<std::vector<GroupRank>> rank_groups(const Layout& l, bool moe) {
   const int inner = l.model_ranks() / l.pp;
   auto rank_of = [&](int s, int i) { return GroupRank{s * l.dp * inner + i, s}; };
-  if (inner <= kCoupledModelRanks || (moe && l.pp == 1)) {
+  if (inner <= kCoupledModelRanks || (moe && l.pp == 1 && inner <= kCoupledMoeRanks)) {
     std::vector<GroupRank> all;
     for (int s = 0; s < l.pp; ++s)
       for (int i = 0; i < inner; ++i) all.push_back(rank_of(s, i));
@@ -500,7 +505,7 @@ std::vector<Layout> expert_group_candidates(const LlamaConfig& config, const Lay
   std::vector<Layout> out;
   if (!config.moe.enabled() || base.ep > 1) return out;
   // Every K of 2 .. dp is offered to validate_layout, which holds the rules (K divides dp, E
-  // divides K G, not under pp, ...): the search keeps none of its own.
+  // divides K G, no ring over them under pp, ...): the search keeps none of its own.
   for (int K = 2; K <= base.dp; ++K) {
     Layout l = base;
     l.ep = K * base.expert_group_ranks();

@@ -948,6 +948,21 @@ TEST(PlannerMoeTest, TheRanksOfAMoeLayoutWaitForEachOthersRingSteps) {
   EXPECT_GT(skewed.waits, 2 * balanced.waits) << skewed.waits << " against " << balanced.waits;
 }
 
+// A MoE layout's model ranks are coupled up to 16 of them (planner.cc kCoupledMoeRanks);
+// beyond, the first and the last as for a dense model, so that a search over hundreds of
+// devices (sp=128, each rank's trace held at once) stays bounded: before the cap a 128-device
+// search of small-moe passed 8 GB.
+TEST(PlannerMoeTest, ManyModelRanksAreSimulatedFirstAndLastOnly) {
+  auto timelines = [](const char* layout) -> size_t {
+    Result<PlanReport> p = moe_plan(layout, 128, 100);
+    EXPECT_TRUE(p.ok()) << p.status().to_string();
+    return p.ok() ? p->layouts[0].timelines.size() : 0;
+  };
+  EXPECT_EQ(timelines("sp=16"), 16u);
+  EXPECT_EQ(timelines("sp=32"), 2u);
+  EXPECT_EQ(timelines("sp=64"), 2u);
+}
+
 // What the plan still refuses for MoE is named: bad routing assumptions, with the values.
 // dp=2,tsp=2, pp=2,tsp=2 and tsp=4:bf16 are planned per scheme as tsp=4 is; tp=4 (the
 // Megatron baselines' expert parallelism over its 4 ranks) with its one scheme, the
@@ -1034,7 +1049,8 @@ std::vector<std::string> layout_names(const std::vector<Layout>& ls) {
 
 // The candidates are what validate_layout accepts of K = 2 .. dp: K dividing dp only (dp=6:
 // K = 4 puts E = 4 experts one per rank but 4 does not divide 6; K = 3 and 6 do not divide
-// E), on TSP and Megatron bases alike; none under pp, for a dense model or without dp.
+// E), on TSP and Megatron bases alike, and per stage under pp; none for a dense model or
+// without dp.
 TEST(PlannerMoeTest, ExpertGroupCandidatesAreTheValidKDividingDp) {
   const LlamaConfig c = moe_config();  // E = 4
   using V = std::vector<std::string>;
@@ -1054,7 +1070,8 @@ TEST(PlannerMoeTest, ExpertGroupCandidatesAreTheValidKDividingDp) {
     EXPECT_EQ(12 % l.expert_replicas(), 0) << l.to_string();
     EXPECT_TRUE(validate_layout(e8, l, 12, 64).ok()) << l.to_string();
   }
-  EXPECT_TRUE(expert_group_candidates(c, spec("pp=2,dp=2,tsp=1"), 4, 64).empty());  // ep > G under pp: refused
+  // Under pp each stage's expert groups are its own dp replicas (the same rules per stage).
+  EXPECT_EQ(layout_names(expert_group_candidates(c, spec("pp=2,dp=2,tsp=1"), 4, 64)), V{"pp=2,dp=2,tsp=1,ep=2"});
   EXPECT_TRUE(expert_group_candidates(c, spec("tsp=4"), 4, 64).empty());             // no dp
   EXPECT_TRUE(expert_group_candidates(mha_config(2), spec("dp=4,tsp=1"), 4, 64).empty());  // no experts
 }
