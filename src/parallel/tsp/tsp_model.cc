@@ -19,6 +19,14 @@ Status TspModel::assemble_logits(Communicator& tsp, const Tensor& local, Tensor&
                         ReduceOp::kSum);
 }
 
+void TspModel::set_expert_axes(const Communicator& tsp, Communicator* group, Communicator* expert_data) {
+  FP_CHECK(group != nullptr && group->size() == dims_.expert_degree && group->rank() % tsp.size() == tsp.rank(),
+           "expert group {} for tsp rank {} of {}", group != nullptr ? group->describe() : "(none)", tsp.rank(),
+           tsp.size());
+  expert_group_ = group;
+  expert_data_ = expert_data;
+}
+
 Result<TspModel> TspModel::create(const LlamaConfig& config, const Layout& layout, int rank, int64_t seq) {
   FP_CHECK(layout.strategy == Strategy::kTsp, "TspModel for layout {}", layout.to_string());
   FP_RETURN_IF_ERROR(validate_layout(config, layout, 0, seq));

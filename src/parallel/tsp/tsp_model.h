@@ -37,11 +37,9 @@ class TspModel {
   // dispatch runs over (rank k D + the tsp rank) and the dp/K replicas holding the same
   // experts, over which the routing statistics summed over the group sum again (instead of
   // data_axis). Both null (the default): the experts spread over the tsp axis. Must outlive
-  // the model's steps.
-  void set_expert_axes(Communicator* group, Communicator* expert_data) {
-    expert_group_ = group;
-    expert_data_ = expert_data;
-  }
+  // the model's steps. The group has the model's expert degree of ranks, this one at its tsp
+  // rank modulo D (make_layout.cc builds it so; checked).
+  void set_expert_axes(const Communicator& tsp, Communicator* group, Communicator* expert_data);
   Communicator* expert_group() const { return expert_group_; }
   Communicator* expert_data() const { return expert_data_; }
 

@@ -54,9 +54,7 @@ class TspStageStrategy final : public StageStrategy {
         data_axis_(model_.config().moe.enabled() ? data_axis : nullptr),
         wide_(std::move(wide)) {
     if (wide_.group) {
-      FP_CHECK(wide_.group->size() == model_.dims().expert_degree && wide_.group->rank() % comm.size() == comm.rank(),
-               "expert group {} for tsp rank {} of {}", wide_.group->describe(), comm.rank(), comm.size());
-      model_.set_expert_axes(wide_.group.get(), wide_.data.get());
+      model_.set_expert_axes(comm, wide_.group.get(), wide_.data.get());
     }
   }
 
