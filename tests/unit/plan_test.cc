@@ -665,16 +665,9 @@ TEST(PlanTrafficTest, ExpertsOverDataReplicasSplitTheGradientSum) {
   AxisTraffic want_dp{"dp", 4, {}};
   want_dp.add_all_reduce(1, dp_n, 0, 4);
   EXPECT_EQ(dp.op(PlanOp::kAllReduce).bytes_sent, want_dp.op(PlanOp::kAllReduce).bytes_sent);
-  PlanRequest r;
-  r.config = c;
-  r.hardware = *Hardware::from_json(kHardware);
-  r.layouts = {l};
-  r.devices = 8;
-  r.batch = 8;
-  r.seq = 64;
-  Result<PlanReport> plan = make_plan(r);
-  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-  const LayoutPlan& p = plan->layouts.at(0);
+  const std::vector<LayoutPlan> plans = plan_of(c, {l.to_string()}, 64, PlanMode::kTrain, 8);
+  ASSERT_EQ(plans.size(), 1u);
+  const LayoutPlan& p = plans[0];
   EXPECT_NE(p.layout.moe_dispatch, Layout::MoeDispatchOption::kAuto);  // the plan names the scheme it timed
   ASSERT_NE(p.traffic.axis("edp"), nullptr);
   ASSERT_NE(p.traffic.axis("ep"), nullptr);
@@ -688,19 +681,10 @@ TEST(PlanTrafficTest, ExpertsOverDataReplicasSplitTheGradientSum) {
 // times all three schemes over the group and names the fastest.
 TEST(PlanTrafficTest, ExpertRingOverTheExpertGroupMovesEveryBlockThreeTimes) {
   const LlamaConfig c = moe_config();
-  auto plan_of = [&](const char* layout) {
-    PlanRequest r;
-    r.config = c;
-    r.hardware = *Hardware::from_json(kHardware);
-    r.layouts = {spec(layout)};
-    r.devices = 8;
-    r.batch = 8;
-    r.seq = 64;
-    Result<PlanReport> plan = make_plan(r);
-    EXPECT_TRUE(plan.ok()) << plan.status().to_string();
-    return plan.ok() ? plan->layouts.at(0) : LayoutPlan();
-  };
-  const LayoutPlan ring = plan_of("dp=4,tsp=2,ep=4:moe=ring"), a2a = plan_of("dp=4,tsp=2,ep=4:moe=a2a");
+  const std::vector<LayoutPlan> plans =
+      plan_of(c, {"dp=4,tsp=2,ep=4:moe=ring", "dp=4,tsp=2,ep=4:moe=a2a", "dp=4,tsp=2,ep=4"}, 64, PlanMode::kTrain, 8);
+  ASSERT_EQ(plans.size(), 3u);
+  const LayoutPlan &ring = plans[0], &a2a = plans[1], &autos = plans[2];
   ASSERT_NE(ring.traffic.axis("ep"), nullptr);
   const uint64_t X = 4, sparse = 2, W_e = 3 * 64 * static_cast<uint64_t>(c.hidden_size);
   EXPECT_EQ(ring.traffic.axis("ep")->op(PlanOp::kSendRecv).bytes_sent, 3 * sparse * (X - 1) * 1 * W_e * 4);
@@ -708,7 +692,6 @@ TEST(PlanTrafficTest, ExpertRingOverTheExpertGroupMovesEveryBlockThreeTimes) {
   ASSERT_NE(ring.traffic.axis("tsp"), nullptr);
   ASSERT_NE(a2a.traffic.axis("tsp"), nullptr);
   EXPECT_EQ(ring.traffic.axis("tsp")->total().bytes_sent, a2a.traffic.axis("tsp")->total().bytes_sent);
-  const LayoutPlan autos = plan_of("dp=4,tsp=2,ep=4");
   ASSERT_TRUE(autos.moe.has_value());
   ASSERT_EQ(autos.moe->schemes.size(), 3u);
   double chosen_s = -1;
@@ -753,16 +736,9 @@ TEST(PlanTrafficTest, ExpertsOverDataReplicasUnderPpSplitEachStagesGradientSum) 
     want_dp.add_all_reduce(1, static_cast<uint64_t>(built) - experts, 0, 4);
     EXPECT_EQ(dp.op(PlanOp::kAllReduce).bytes_sent, want_dp.op(PlanOp::kAllReduce).bytes_sent);
   }
-  PlanRequest r;
-  r.config = c;
-  r.hardware = *Hardware::from_json(kHardware);
-  r.layouts = {l};
-  r.devices = 16;
-  r.batch = 8;
-  r.seq = 64;
-  Result<PlanReport> plan = make_plan(r);
-  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-  const LayoutPlan& p = plan->layouts.at(0);
+  const std::vector<LayoutPlan> plans = plan_of(c, {l.to_string()}, 64, PlanMode::kTrain, 8);
+  ASSERT_EQ(plans.size(), 1u);
+  const LayoutPlan& p = plans[0];
   ASSERT_NE(p.traffic.axis("edp"), nullptr);
   ASSERT_NE(p.traffic.axis("ep"), nullptr);
   EXPECT_GT(p.traffic.axis("ep")->op(PlanOp::kSendRecv).bytes_sent, 0u);
