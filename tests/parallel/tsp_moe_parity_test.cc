@@ -416,14 +416,15 @@ TEST(TspMoeDataParallel, ExpertsOverDataParallelReplicas) {
                           DpCase{"dp=4,tsp=1,ep=4", MoeFamily::kMixtral}, DpCase{"dp=4,tsp=1,ep=2", MoeFamily::kQwen2},
                           DpCase{"dp=2,tsp=2,ep=4:moe=a2a"}, DpCase{"dp=2,tsp=2,ep=4", MoeFamily::kQwen3, true},
                           DpCase{"dp=2,tsp=1,ep=2:moe=gather", MoeFamily::kQwen2},
-                          DpCase{"dp=2,tsp=2,ep=4:moe=gather", MoeFamily::kMixtral}})
+                          DpCase{"dp=2,tsp=2,ep=4:moe=gather", MoeFamily::kMixtral},
+                          DpCase{"dp=4,tsp=2,ep=4:moe=a2a", MoeFamily::kQwen3}})
     check_data_parallel(k);
 }
 // The expert-weight ring over the expert group's K D ranks: each rank's E/ep experts visit
 // every rank of the group, each applies them to its own rows, and the gradient ring brings
 // each block's sum over the K replicas home; dp=4,tsp=1,ep=2 leaves dp/K = 2 replicas per
-// expert for the trainer's edp sum. dp=4,tsp=2,ep=4 runs at eight ranks (not a ctest rank
-// count here: by hand, mpirun -np 8 --gtest_filter='*Ring*').
+// expert for the trainer's edp sum. dp=4,tsp=2,ep=4 runs at eight ranks (the ctest entry
+// parallel.tsp_moe_parity_test.ep8.np8).
 TEST(TspMoeDataParallel, ExpertRingOverDataParallelReplicas) {
   const int W = test::mpi().world().size();
   if (W == 1) GTEST_SKIP() << "ep over dp needs two ranks";
