@@ -16,7 +16,9 @@
 // and f32 (moe_bf16_rules.h's tolerances and routing margin). Experts over dp replicas (ep >
 // the model group) per stage: pp=2,dp=2,tsp=1,ep=2 and pp=2,dp=2,tp=1,ep=2 (W = 4);
 // pp=2,dp=2,tsp=2,ep=4, pp=2,dp=2,tp=2|sp=2,ep=4, pp=2,dp=4,tsp=1|tp=1,ep=2 (W = 8), with the
-// assembled weights exact and a negative control (expert gradients over the whole dp axis).
+// assembled weights exact and a negative control (expert gradients over the whole dp axis);
+// the expert-weight ring over the stage's expert group (moe=ring) on pp=2,dp=2,tsp=1,ep=2
+// (W = 4), pp=2,dp=2,tsp=2,ep=4 and pp=2,dp=4,tsp=1,ep=2 (W = 8), 1F1B and interleaved:2.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -437,10 +439,27 @@ TEST(PipelineMoeParity, ExpertsOverDataParallelReplicas) {
               Case{.layout = "pp=2,dp=4,tp=1,ep=2", .m_per_stage = 2});
 }
 
+// The expert-weight ring over each stage's expert group (moe=ring, ep = K D): each block of
+// E/ep experts visits the group's K D ranks (K dp replicas of the stage), every rank applying
+// it to its own micro-batch's rows; the gradient ring brings each block's sum over the K
+// replicas home, and the trainer's sum over the stage's expert-data replicas completes it.
+// The K replicas run the stage's schedule in step, so each micro-batch's hops meet.
+TEST(PipelineMoeParity, ExpertWeightRingOverDataParallelReplicas) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,dp=2,tsp=1,ep=2:moe=ring", .m_per_stage = 2},
+              Case{.layout = "pp=2,dp=2,tsp=1,ep=2:moe=ring", .family = MoeFamily::kQwen2, .chunks = 2},
+              Case{.layout = "pp=2,dp=2,tsp=1,ep=2:moe=ring", .family = MoeFamily::kQwen3, .per_layer = true,
+                   .recompute = Recompute::kBlock},
+              Case{.layout = "pp=2,dp=2,tsp=2,ep=4:moe=ring", .m_per_stage = 2},
+              Case{.layout = "pp=2,dp=2,tsp=2,ep=4:moe=ring", .family = MoeFamily::kQwen3, .chunks = 2},
+              Case{.layout = "pp=2,dp=4,tsp=1,ep=2:moe=ring", .family = MoeFamily::kQwen2, .m_per_stage = 2});
+}
+
 TEST(PipelineMoeParity, NegativeControlExpertGradientsOverTheWholeDataAxis) {
   RUN_OR_SKIP(Case{.layout = "pp=2,dp=2,tsp=1,ep=2", .experts_over_whole_dp = true},
               Case{.layout = "pp=2,dp=4,tsp=1,ep=2", .experts_over_whole_dp = true},
-              Case{.layout = "pp=2,dp=2,tp=2,ep=4", .experts_over_whole_dp = true});
+              Case{.layout = "pp=2,dp=2,tp=2,ep=4", .experts_over_whole_dp = true},
+              Case{.layout = "pp=2,dp=2,tsp=1,ep=2:moe=ring", .experts_over_whole_dp = true},
+              Case{.layout = "pp=2,dp=4,tsp=1,ep=2:moe=ring", .experts_over_whole_dp = true});
 }
 
 // What stays refused under pp, by name: ZB-H1 (the MoE backward does not split), on either
@@ -449,7 +468,8 @@ TEST(PipelineMoeLayout, RefusalsNameTheReason) {
   const LlamaConfig c = moe_config(MoeFamily::kMixtral);
   for (const char* ok : {"pp=2,tsp=1", "pp=2,tsp=2:moe=ring", "pp=2,dp=2,tsp=2", "pp=2,tsp=2:interleaved=2",
                          "pp=4,tsp=1:bf16", "pp=2,tp=2", "pp=2,sp=2:interleaved=2", "pp=2,tp=2,sp=2:seqpar",
-                         "pp=2,dp=2,tp=2:bf16", "pp=2,dp=2,tsp=2,ep=4", "pp=2,dp=2,tp=2,ep=4"})
+                         "pp=2,dp=2,tp=2:bf16", "pp=2,dp=2,tsp=2,ep=4", "pp=2,dp=2,tp=2,ep=4",
+                         "pp=2,dp=2,tsp=2,ep=4:moe=ring"})
     EXPECT_TRUE(validate_layout(c, parse_layout(ok).value(), 4, 16).ok()) << ok;
   for (const char* layout : {"pp=2,tsp=2:zb", "pp=2,tp=2:zb"}) {
     const Status zb = validate_layout(c, parse_layout(layout).value(), 4, 16);
