@@ -688,7 +688,8 @@ std::string plan_report_text(const PlanReport& rep) {
             "else a2a; N = {} ranks of the expert group) runs {} at T={}\n",
             m.chosen,
             m.schemes.size() > 1 ? "the least simulated step time of the three"
-                                 : "under pp the schedule search plans one scheme: the one named, else moe=auto's rule",
+            : p.layout.pp > 1    ? "under pp the schedule search plans one scheme: the one named, else moe=auto's rule"
+                                 : "the one named",
             2.25 * static_cast<double>(m.experts * m.expert_width) / static_cast<double>(m.top_k),
             m.expert_axis_ranks, m.formula_choice, m.tokens_per_rank);
       continue;

@@ -734,6 +734,23 @@ TEST(PlannerMoeTest, AutoOverAnExpertGroupTakesTheBytesRuleOverItsRanks) {
     EXPECT_EQ(plans[0].moe->tokens_per_rank, w.tokens);
     EXPECT_EQ(plans[0].moe->formula_choice, w.choice);
   }
+  // A layout that names its scheme plans that one; the report still says what auto would run.
+  {
+    PlanRequest r;
+    r.config = c;
+    r.hardware = *Hardware::from_json(kHardware);
+    r.layouts = {spec("dp=2,tsp=1,ep=2:moe=ring")};
+    r.devices = 2;
+    r.batch = 2;
+    r.seq = 256;
+    Result<PlanReport> rep = make_plan(r);
+    ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+    const std::string text = plan_report_text(*rep);
+    EXPECT_NE(text.find("auto: ring (the one named); without a plan moe=auto (T > 2.25 E f_e / k = 288: ring, else "
+                        "gather if N < k, else a2a; N = 2 ranks of the expert group) runs a2a at T=256"),
+              std::string::npos)
+        << text;
+  }
   // Under pp at whatever micro-batch the schedule search keeps (one or two sequences: T = 128
   // or 256, 1024 or 2048, 64 or 128), each case on one side of the rule.
   for (const Want& w : {Want{&c, "pp=2,dp=2,tsp=1,ep=2", 128, 4, 0, "a2a"}, Want{&c, "pp=2,dp=2,tsp=1,ep=2", 1024, 4, 0, "ring"},
