@@ -27,8 +27,8 @@ void add_layout_flags(CLI::App* cmd, LayoutArgs& a, bool generation) {
   if (!generation)
     cmd->add_option("--moe-dispatch", a.moe_dispatch,
                     "tsp, MoE models: a2a (all-to-all), gather (all-gather + reduce-scatter), ring (expert weights "
-                    "circulate) or auto (ring iff local tokens > 2.25 E f_e / k, else gather iff tsp degree < k, "
-                    "else a2a)")
+                    "circulate) or auto (ring iff local tokens > 2.25 E f_e / k, else gather iff the expert ranks (tsp, "
+                    "or ep) < k, else a2a)")
         ->transform(choice<Layout::MoeDispatchOption>({{"auto", Layout::MoeDispatchOption::kAuto},
                                                        {"a2a", Layout::MoeDispatchOption::kAllToAll},
                                                        {"gather", Layout::MoeDispatchOption::kGather},

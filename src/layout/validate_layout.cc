@@ -261,12 +261,8 @@ Status check_expert_axis(const LlamaConfig& config, const Layout& l, const std::
                             "the expert group spans dp replicas)",
                             name, config.moe.num_experts, l.ep);
   // On TSP every scheme (a2a, gather, the expert-weight ring) runs over the expert group's
-  // communicator (tsp_moe.cc); under pp each stage's groups are its own dp replicas
-  // (make_layout.cc), where the ring over them is not built.
-  if (K > 1 && l.pp > 1 && l.strategy == Strategy::kTsp && l.moe_dispatch == Layout::MoeDispatchOption::kRing)
-    return unimplemented("layout {}: the expert-weight ring over dp replicas (ep={} > tsp={}) is not built under pp "
-                         "(moe=a2a|gather)",
-                         name, l.ep, G);
+  // communicator (tsp_moe.cc), under pp too: each stage's groups are its own dp replicas
+  // (make_layout.cc), which run the stage's schedule in step, so the ring's hops meet.
   return Status();
 }
 

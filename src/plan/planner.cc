@@ -397,12 +397,11 @@ MoePlan moe_plan_base(const PlanRequest& r, const Layout& l, int64_t micro_batch
   const double factor = r.mode == PlanMode::kTrain ? 2.25 : 1.5;
   mp.ring_break_even_tokens = factor * static_cast<double>(mp.experts * mp.expert_width) /
                               static_cast<double>(mp.top_k * mp.ranks_per_expert);
-  // What moe=auto runs without a plan (tsp_moe.cc: the training rule in every mode).
-  // Experts over dp replicas: moe=auto runs the all-to-all (tsp_moe.cc moe_scheme); the plan
-  // times the ring over the expert group too and names its choice in the layout.
-  mp.formula_choice = tsp && l.expert_replicas() == 1
-                          ? dispatch_name(moe_dispatch_by_bytes(m, mp.tokens_per_rank, l.tsp))
-                          : "a2a";
+  // What moe=auto runs without a plan (tsp_moe.cc moe_scheme: the training rule in every
+  // mode, over the ranks the dispatch spans: tsp, or with experts over dp replicas the expert
+  // group's ep). The Megatron layouts have the all-to-all only.
+  mp.formula_choice =
+      tsp ? dispatch_name(moe_dispatch_by_bytes(m, mp.tokens_per_rank, l.expert_ranks())) : "a2a";
   return mp;
 }
 
@@ -682,10 +681,17 @@ std::string plan_report_text(const PlanReport& rep) {
             m.schemes.size() > 1 && sc.scheme == m.chosen ? fmt::format("  step {:.4g} s  <- auto", sc.step_s)
             : m.schemes.size() > 1                        ? fmt::format("  step {:.4g} s", sc.step_s)
                                                           : std::string());
-      if (m.schemes.size() > 1)
-        s += fmt::format("  auto: {} (the least simulated step time of the three); without a plan moe=auto runs {} "
-                         "over the expert group\n",
-                         m.chosen, m.formula_choice);
+      // TSP: moe=auto's rule over the group's N ranks (tsp_moe.cc moe_scheme).
+      if (plan_strategy(p.layout) == PlanStrategy::kTsp)
+        s += fmt::format(
+            "  auto: {} ({}); without a plan moe=auto (T > 2.25 E f_e / k = {:.4g}: ring, else gather if N < k, "
+            "else a2a; N = {} ranks of the expert group) runs {} at T={}\n",
+            m.chosen,
+            m.schemes.size() > 1 ? "the least simulated step time of the three"
+            : p.layout.pp > 1    ? "under pp the schedule search plans one scheme: the one named, else moe=auto's rule"
+                                 : "the one named",
+            2.25 * static_cast<double>(m.experts * m.expert_width) / static_cast<double>(m.top_k),
+            m.expert_axis_ranks, m.formula_choice, m.tokens_per_rank);
       continue;
     }
     for (const MoeSchemePlan& sc : m.schemes)

@@ -114,7 +114,8 @@ struct MoePlan {
   // The bytes break-even of spec COMPOSITION.md 3: the ring moves fewer bytes than the
   // all-to-all iff T > this (2.25 E f_e / (k G) training, 1.5 E f_e / (k G) forward, G the
   // ranks per expert); and what
-  // moe=auto runs without a plan at this T (moe_dispatch_by_bytes, the training rule).
+  // moe=auto runs without a plan at this T (moe_dispatch_by_bytes, the training rule, over the
+  // expert ranks: tsp, or ep when the experts spread over dp replicas).
   double ring_break_even_tokens = 0;
   std::string formula_choice;
   std::vector<MoeSchemePlan> schemes;  // each planned scheme

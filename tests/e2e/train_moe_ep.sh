@@ -6,7 +6,8 @@
 # dp=2,sp=2,ep=4 (save under ep, load under another layout and the reverse); the expert-weight
 # ring over the expert group (moe=ring) saves on dp=2,tsp=2,ep=4 and resumes on dp=2,tsp=1,ep=2;
 # the per-expert load of step 1 is the one-rank run's exactly. Under pp (each stage's expert
-# groups two dp replicas of its own): pp=2,dp=2,tsp=1,ep=2 resumed on one rank, and a one-rank
+# groups two dp replicas of its own): pp=2,dp=2,tsp=1,ep=2 (a2a, and the ring over each
+# stage's expert group) resumed on one rank, and a one-rank
 # checkpoint resumed on pp=2,dp=2,tp=1,ep=2, against one rank on the model without the aux
 # term in the loss (two micro-batches per replica group rows differently from one rank's
 # batch, and each micro-batch's aux loss is its own).
@@ -38,6 +39,9 @@ export MODEL=$tmp/noaux.json
 train "$tmp/cleannoaux" >/dev/null
 NP=4 train "$tmp/pp" --layout pp=2,dp=2,tsp=1,ep=2 --micro-batch 1 --stop-after 4 >/dev/null
 train "$tmp/pp" --resume >/dev/null  # the pp + ep checkpoint on one rank
+# ... and with the expert-weight ring over each stage's expert group.
+NP=4 train "$tmp/ppring" --layout pp=2,dp=2,tsp=1,ep=2:moe=ring --micro-batch 1 --stop-after 4 >/dev/null
+train "$tmp/ppring" --resume >/dev/null
 train "$tmp/pprev" --stop-after 4 >/dev/null
 NP=4 train "$tmp/pprev" --layout pp=2,dp=2,tp=1,ep=2 --micro-batch 1 --resume >/dev/null  # ... and the reverse
 unset MODEL
@@ -47,7 +51,7 @@ tmp = sys.argv[1]
 def lines(name):
     return {json.loads(l)["step"]: json.loads(l) for l in open(f"{tmp}/{name}/metrics.jsonl")}
 for name, clean in (("mtp", "clean"), ("tsp", "clean"), ("rev", "clean"), ("ring", "clean"), ("pp", "cleannoaux"),
-                    ("pprev", "cleannoaux")):
+                    ("ppring", "cleannoaux"), ("pprev", "cleannoaux")):
     run, clean = lines(name), lines(clean)
     assert set(range(1, 9)) <= set(run), (name, sorted(run))
     for step in range(1, 9):
@@ -55,6 +59,6 @@ for name, clean in (("mtp", "clean"), ("tsp", "clean"), ("rev", "clean"), ("ring
         assert abs(run[step]["grad_norm"] - clean[step]["grad_norm"]) <= 1e-4 * clean[step]["grad_norm"], (name, step, run[step], clean[step])
     assert run[1]["expert_load"] == clean[1]["expert_load"], (name, run[1], clean[1])
 print("moe with experts over dp replicas (dp=2,tp=2,ep=4; dp=2,tsp=2,ep=4; dp=2,sp=2,ep=4 resumed from tsp=2; "
-      "the ring on dp=2,tsp=2,ep=4 resumed on dp=2,tsp=1,ep=2; pp=2,dp=2,tsp=1,ep=2 resumed on one rank; "
+      "the ring on dp=2,tsp=2,ep=4 resumed on dp=2,tsp=1,ep=2; pp=2,dp=2,tsp=1,ep=2 (a2a and ring) resumed on one rank; "
       "pp=2,dp=2,tp=1,ep=2 resumed from one rank) follows the one-rank run within 2e-5 across save and resume")
 PY

@@ -487,6 +487,9 @@ INSTANTIATE_TEST_SUITE_P(
                     // Experts over dp replicas under pp: each stage's expert group (two dp
                     // replicas of its own), the dispatch over it, the statistics over "ep" and "edp".
                     MoeCase{"pp=2,dp=2,tsp=1,ep=2", 4, kFB, 1.0, 4, 1, 4},
+                    // ... and the expert-weight ring over that group: its hops on "ep".
+                    MoeCase{"pp=2,dp=2,tsp=1,ep=2:moe=ring", 4, kFB, 1.0, 4, 1, 4},
+                    MoeCase{"pp=2,dp=2,tsp=1,ep=2:moe=ring", 4, kFB, 1.5, 4, 1, 4},
                     // pp on Megatron stages: the same side messages, the last stage's sums over
                     // the expert axis (tp x sp) and dp.
                     MoeCase{"pp=2,tp=1", 2, kFB, 1.0, 4, 1}, MoeCase{"pp=2,tp=1", 2, kF},

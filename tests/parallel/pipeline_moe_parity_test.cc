@@ -16,10 +16,15 @@
 // and f32 (moe_bf16_rules.h's tolerances and routing margin). Experts over dp replicas (ep >
 // the model group) per stage: pp=2,dp=2,tsp=1,ep=2 and pp=2,dp=2,tp=1,ep=2 (W = 4);
 // pp=2,dp=2,tsp=2,ep=4, pp=2,dp=2,tp=2|sp=2,ep=4, pp=2,dp=4,tsp=1|tp=1,ep=2 (W = 8), with the
-// assembled weights exact and a negative control (expert gradients over the whole dp axis).
+// assembled weights exact and a negative control (expert gradients over the whole dp axis);
+// the expert-weight ring over the stage's expert group (moe=ring) on pp=2,dp=2,tsp=1,ep=2
+// (W = 4), pp=2,dp=2,tsp=2,ep=4 and pp=2,dp=4,tsp=1,ep=2 (W = 8), 1F1B and interleaved:2;
+// moe=auto over the stage's group on both sides of the bytes rule, the group's traffic
+// naming the scheme that ran.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,6 +82,10 @@ struct Case {
   // Negative control of experts over dp replicas (ep > the model group): the routed experts'
   // gradients summed over the whole dp axis instead of their stage's expert-data replicas.
   bool experts_over_whole_dp = false;
+  int64_t expert_width = 0;  // f_e instead of the config's (0: keep)
+  // ep over dp: the scheme the stage must have run over its expert group ("a2a", "gather",
+  // "ring"), seen in the group's traffic; null: not checked.
+  const char* runs = nullptr;
 };
 
 const InitOptions kInit{.seed = 5, .std = 0.1, .norm_jitter = 0.2};
@@ -186,6 +195,7 @@ bool check_parity(const Case& k) {
   LlamaConfig c = moe_config(k.family);
   c.moe.aux_per_layer = k.per_layer;
   c.moe.output_router_logits = k.aux_in_loss;
+  if (k.expert_width > 0) c.moe.moe_intermediate_size = k.expert_width;
   const int m = k.m_per_stage * lo.pp;
   LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
   init_weights(kInit, w);
@@ -205,9 +215,22 @@ bool check_parity(const Case& k) {
   const int d = mesh->coord("dp");
   const std::vector<Batch> locals = replica_micro_batches(model, global, d, m);
   ScopedCommCounter counter({&mesh->comm("pp")});
+  const std::vector<const Communicator*> beside = model.communicators_beside_mesh();
+  EXPECT_TRUE(k.runs == nullptr || !beside.empty()) << "the scheme is checked on an expert group's traffic";
+  std::optional<ScopedCommCounter> group_traffic;
+  if (k.runs != nullptr && !beside.empty()) group_traffic.emplace(*beside.front());  // the stage's "ep"
   Result<StepResult> got = model.forward_backward_micro_batches(*be, locals, N);
   FP_CHECK_OK(got.status());
   const CommStats pp_traffic = counter.delta();
+  if (group_traffic) {
+    // Each scheme's own calls on the group: the all-to-all's counts exchange (its rows go by
+    // send and recv), the gather's all_gather, the ring's send_recv hops.
+    const CommStats t = group_traffic->delta();
+    const std::string runs = k.runs;
+    EXPECT_EQ(t.op(CommOpKind::kAllToAll).calls > 0, runs == "a2a") << runs;
+    EXPECT_EQ(t.op(CommOpKind::kAllGather).calls > 0, runs == "gather") << runs;
+    EXPECT_EQ(t.op(CommOpKind::kSendRecv).calls > 0, runs == "ring") << runs << "\n" << t.to_string();
+  }
 
   // Loss and aux loss: each replica's sums over its valid targets; over dp, the global batch's.
   double sums[3] = {got->loss_sum, static_cast<double>(got->valid_tokens),
@@ -437,10 +460,41 @@ TEST(PipelineMoeParity, ExpertsOverDataParallelReplicas) {
               Case{.layout = "pp=2,dp=4,tp=1,ep=2", .m_per_stage = 2});
 }
 
+// The expert-weight ring over each stage's expert group (moe=ring, ep = K D): each block of
+// E/ep experts visits the group's K D ranks (K dp replicas of the stage), every rank applying
+// it to its own micro-batch's rows; the gradient ring brings each block's sum over the K
+// replicas home, and the trainer's sum over the stage's expert-data replicas completes it.
+// The K replicas run the stage's schedule in step, so each micro-batch's hops meet.
+TEST(PipelineMoeParity, ExpertWeightRingOverDataParallelReplicas) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,dp=2,tsp=1,ep=2:moe=ring", .m_per_stage = 2},
+              Case{.layout = "pp=2,dp=2,tsp=1,ep=2:moe=ring", .family = MoeFamily::kQwen2, .chunks = 2},
+              Case{.layout = "pp=2,dp=2,tsp=1,ep=2:moe=ring", .family = MoeFamily::kQwen3, .per_layer = true,
+                   .recompute = Recompute::kBlock},
+              Case{.layout = "pp=2,dp=2,tsp=2,ep=4:moe=ring", .m_per_stage = 2},
+              Case{.layout = "pp=2,dp=2,tsp=2,ep=4:moe=ring", .family = MoeFamily::kQwen3, .chunks = 2},
+              Case{.layout = "pp=2,dp=4,tsp=1,ep=2:moe=ring", .family = MoeFamily::kQwen2, .m_per_stage = 2});
+}
+
+// moe=auto over each stage's expert group: the bytes rule over its X = ep ranks on each
+// micro-batch's own T = 16 rows a rank (tsp=1): Mixtral's f_e = 24 (108 rows) the all-to-all,
+// f_e = 2 (9 rows) the ring; at tsp=2, T = 8: f_e = 1 (4.5 rows) the ring. Mixtral only:
+// every stage holds sparse layers, so every rank's group traffic shows its scheme (Qwen2's
+// last stage and Qwen3's interleaved stage 0 here have none).
+TEST(PipelineMoeParity, AutoOverEachStagesExpertGroup) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,dp=2,tsp=1,ep=2", .runs = "a2a"},
+              Case{.layout = "pp=2,dp=2,tsp=1,ep=2", .m_per_stage = 2, .expert_width = 2, .runs = "ring"},
+              Case{.layout = "pp=2,dp=2,tsp=1,ep=2", .chunks = 2, .per_layer = true, .expert_width = 2,
+                   .runs = "ring"},
+              Case{.layout = "pp=2,dp=2,tsp=2,ep=4", .m_per_stage = 2, .expert_width = 1, .runs = "ring"},
+              Case{.layout = "pp=2,dp=4,tsp=1,ep=2", .expert_width = 2, .runs = "ring"});
+}
+
 TEST(PipelineMoeParity, NegativeControlExpertGradientsOverTheWholeDataAxis) {
   RUN_OR_SKIP(Case{.layout = "pp=2,dp=2,tsp=1,ep=2", .experts_over_whole_dp = true},
               Case{.layout = "pp=2,dp=4,tsp=1,ep=2", .experts_over_whole_dp = true},
-              Case{.layout = "pp=2,dp=2,tp=2,ep=4", .experts_over_whole_dp = true});
+              Case{.layout = "pp=2,dp=2,tp=2,ep=4", .experts_over_whole_dp = true},
+              Case{.layout = "pp=2,dp=2,tsp=1,ep=2:moe=ring", .experts_over_whole_dp = true},
+              Case{.layout = "pp=2,dp=4,tsp=1,ep=2:moe=ring", .experts_over_whole_dp = true});
 }
 
 // What stays refused under pp, by name: ZB-H1 (the MoE backward does not split), on either
@@ -449,7 +503,8 @@ TEST(PipelineMoeLayout, RefusalsNameTheReason) {
   const LlamaConfig c = moe_config(MoeFamily::kMixtral);
   for (const char* ok : {"pp=2,tsp=1", "pp=2,tsp=2:moe=ring", "pp=2,dp=2,tsp=2", "pp=2,tsp=2:interleaved=2",
                          "pp=4,tsp=1:bf16", "pp=2,tp=2", "pp=2,sp=2:interleaved=2", "pp=2,tp=2,sp=2:seqpar",
-                         "pp=2,dp=2,tp=2:bf16", "pp=2,dp=2,tsp=2,ep=4", "pp=2,dp=2,tp=2,ep=4"})
+                         "pp=2,dp=2,tp=2:bf16", "pp=2,dp=2,tsp=2,ep=4", "pp=2,dp=2,tp=2,ep=4",
+                         "pp=2,dp=2,tsp=2,ep=4:moe=ring"})
     EXPECT_TRUE(validate_layout(c, parse_layout(ok).value(), 4, 16).ok()) << ok;
   for (const char* layout : {"pp=2,tsp=2:zb", "pp=2,tp=2:zb"}) {
     const Status zb = validate_layout(c, parse_layout(layout).value(), 4, 16);

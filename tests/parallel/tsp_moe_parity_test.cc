@@ -12,8 +12,11 @@
 // divides over them).
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include "app/synthetic.h"
 #include "backend/bf16_storage_backend.h"
+#include "comm/comm_stats.h"
 #include "core/tolerance.h"
 #include "comm/mesh.h"
 #include "comm/self_communicator.h"
@@ -315,6 +318,10 @@ struct DpCase {
   // Negative control (ep over dp): the routed experts' gradients summed over the whole dp
   // axis instead of over the replicas holding the same experts; some must then differ.
   bool experts_over_whole_dp = false;
+  int64_t expert_width = 0;  // f_e instead of the config's (0: keep)
+  // ep over dp: the scheme the step must have run over the expert group ("a2a", "gather",
+  // "ring"), seen in its traffic; null: not checked.
+  const char* runs = nullptr;
 };
 
 void check_data_parallel(const DpCase& k) {
@@ -326,6 +333,7 @@ void check_data_parallel(const DpCase& k) {
   c.moe.aux_per_layer = k.per_layer;
   if (k.experts > 0) c.moe.num_experts = k.experts;
   if (k.top_k > 0) c.moe.num_experts_per_tok = k.top_k;
+  if (k.expert_width > 0) c.moe.moe_intermediate_size = k.expert_width;
   const int64_t B = 4, S = 16;  // B / dp sequences per replica
 
   LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
@@ -349,8 +357,21 @@ void check_data_parallel(const DpCase& k) {
   const Batch replica{global.input_ids.narrow(r0, r0 + rows), global.target_ids.narrow(r0, r0 + rows)};
   const Batch local = model.local_batch(replica);
   const int64_t normalizer = be->count_valid_targets(global.target_ids, kIgnoreIndex);
+  const std::vector<const Communicator*> beside = model.communicators_beside_mesh();
+  ASSERT_TRUE(k.runs == nullptr || !beside.empty()) << "the scheme is checked on an expert group's traffic";
+  std::optional<ScopedCommCounter> group_traffic;
+  if (k.runs != nullptr) group_traffic.emplace(*beside.front());  // the expert group, "ep"
   Result<StepResult> got = model.forward_backward(*be, local, normalizer);
   ASSERT_TRUE(got.ok()) << got.status().to_string();
+  if (k.runs != nullptr) {
+    // Each scheme's own calls on the group: the all-to-all's counts exchange (its rows go by
+    // send and recv), the gather's all_gather, the ring's send_recv hops.
+    const CommStats t = group_traffic->delta();
+    const std::string runs = k.runs;
+    EXPECT_EQ(t.op(CommOpKind::kAllToAll).calls > 0, runs == "a2a") << runs;
+    EXPECT_EQ(t.op(CommOpKind::kAllGather).calls > 0, runs == "gather") << runs;
+    EXPECT_EQ(t.op(CommOpKind::kSendRecv).calls > 0, runs == "ring") << runs;
+  }
   std::vector<ParamRef> params = model.parameters();
   // The trainer's sum: the routed experts over the replicas holding them (ep over dp).
   sum_grads_over_data_axis(mesh->has_axis("dp") ? &mesh->comm("dp") : nullptr, params,
@@ -420,6 +441,29 @@ TEST(TspMoeDataParallel, ExpertsOverDataParallelReplicas) {
                           DpCase{"dp=4,tsp=2,ep=4:moe=a2a", MoeFamily::kQwen3}})
     check_data_parallel(k);
 }
+// moe=auto over an expert group (tsp_moe.cc moe_scheme): spec COMPOSITION.md 3's training
+// rule over the group's X = ep ranks, T the rank's own rows (B/dp sequences of 16 over tsp):
+// the ring iff T > 2.25 E f_e / k, else the gather iff X < k, else the all-to-all. E = 4, k = 2
+// and f_e = 24 (108 rows): a2a at T = 32 and 16; f_e = 2 (9 rows): the ring; k = 4 at f_e =
+// 24 (54 rows) over X = 2 < k: the gather. Each against the single-rank model.
+TEST(TspMoeDataParallel, AutoOverAnExpertGroupTakesTheBytesRuleOverItsRanks) {
+  const int W = test::mpi().world().size();
+  if (W == 1) GTEST_SKIP() << "ep over dp needs two ranks";
+  DpCase a2a{"dp=2,tsp=1,ep=2"}, ring{"dp=2,tsp=1,ep=2"}, gather{"dp=2,tsp=1,ep=2"};
+  a2a.runs = "a2a";
+  ring.expert_width = 2;
+  ring.runs = "ring";
+  gather.top_k = 4;
+  gather.runs = "gather";
+  DpCase ring4{"dp=2,tsp=2,ep=4", MoeFamily::kQwen3, true}, ring4dp{"dp=4,tsp=1,ep=2"}, a2a4{"dp=4,tsp=1,ep=4"};
+  ring4.expert_width = 2;  // Qwen3's f_e = 12 else
+  ring4.runs = "ring";
+  ring4dp.expert_width = 2;
+  ring4dp.runs = "ring";
+  a2a4.runs = "a2a";
+  for (const DpCase& k : {a2a, ring, gather, ring4, ring4dp, a2a4}) check_data_parallel(k);
+}
+
 // The expert-weight ring over the expert group's K D ranks: each rank's E/ep experts visit
 // every rank of the group, each applies them to its own rows, and the gradient ring brings
 // each block's sum over the K replicas home; dp=4,tsp=1,ep=2 leaves dp/K = 2 replicas per

@@ -707,6 +707,85 @@ TEST(PlanTrafficTest, ExpertRingOverTheExpertGroupMovesEveryBlockThreeTimes) {
   EXPECT_EQ(autos.layout.to_string(), "dp=4,tsp=2,ep=4:moe=" + autos.moe->chosen);
 }
 
+// moe=auto without a plan over an expert group spanning dp replicas (tsp_moe.cc moe_scheme):
+// spec COMPOSITION.md 3's training rule over the group's X = ep ranks, T the rank's own
+// tokens: the ring iff T > 2.25 E f_e / k (288 here, X cancels), else the gather iff X < k,
+// else the all-to-all. Under pp the plan dry-runs that one scheme (the step picks it by the
+// same rule), so the chosen scheme's traffic shows on "ep": the all-to-all's counts exchange,
+// the gather's all_gather, neither for the ring.
+TEST(PlannerMoeTest, AutoOverAnExpertGroupTakesTheBytesRuleOverItsRanks) {
+  const LlamaConfig c = moe_config();
+  LlamaConfig k4 = c;
+  k4.moe.num_experts_per_tok = 4;  // X = 2 < k: the gather below 2.25 * 4 * 64 / 4 = 144 tokens
+  struct Want {
+    const LlamaConfig* config;
+    const char* layout;
+    int64_t seq, batch, tokens;
+    const char* choice;
+  };
+  for (const Want& w : {Want{&c, "dp=2,tsp=1,ep=2", 256, 2, 256, "a2a"}, Want{&c, "dp=2,tsp=1,ep=2", 512, 2, 512, "ring"},
+                        Want{&c, "dp=4,tsp=2,ep=4", 512, 4, 256, "a2a"}, Want{&c, "dp=4,tsp=2,ep=4", 1024, 4, 512, "ring"},
+                        Want{&k4, "dp=2,tsp=1,ep=2", 128, 2, 128, "gather"},
+                        Want{&k4, "dp=2,tsp=1,ep=2", 256, 2, 256, "ring"}}) {
+    SCOPED_TRACE(testing::Message() << w.layout << " seq " << w.seq << " k " << w.config->moe.num_experts_per_tok);
+    const std::vector<LayoutPlan> plans = plan_of(*w.config, {w.layout}, w.seq, PlanMode::kTrain, w.batch);
+    ASSERT_EQ(plans.size(), 1u);
+    ASSERT_TRUE(plans[0].moe.has_value());
+    EXPECT_EQ(plans[0].moe->tokens_per_rank, w.tokens);
+    EXPECT_EQ(plans[0].moe->formula_choice, w.choice);
+  }
+  // A layout that names its scheme plans that one; the report still says what auto would run.
+  {
+    PlanRequest r;
+    r.config = c;
+    r.hardware = *Hardware::from_json(kHardware);
+    r.layouts = {spec("dp=2,tsp=1,ep=2:moe=ring")};
+    r.devices = 2;
+    r.batch = 2;
+    r.seq = 256;
+    Result<PlanReport> rep = make_plan(r);
+    ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+    const std::string text = plan_report_text(*rep);
+    EXPECT_NE(text.find("auto: ring (the one named); without a plan moe=auto (T > 2.25 E f_e / k = 288: ring, else "
+                        "gather if N < k, else a2a; N = 2 ranks of the expert group) runs a2a at T=256"),
+              std::string::npos)
+        << text;
+  }
+  // Under pp at whatever micro-batch the schedule search keeps (one or two sequences: T = 128
+  // or 256, 1024 or 2048, 64 or 128), each case on one side of the rule.
+  for (const Want& w : {Want{&c, "pp=2,dp=2,tsp=1,ep=2", 128, 4, 0, "a2a"}, Want{&c, "pp=2,dp=2,tsp=1,ep=2", 1024, 4, 0, "ring"},
+                        Want{&k4, "pp=2,dp=2,tsp=1,ep=2", 64, 4, 0, "gather"}}) {
+    SCOPED_TRACE(testing::Message() << w.layout << " seq " << w.seq << " k " << w.config->moe.num_experts_per_tok);
+    PlanRequest r;
+    r.config = *w.config;
+    r.hardware = *Hardware::from_json(kHardware);
+    r.layouts = {spec(w.layout)};
+    r.devices = 4;
+    r.batch = w.batch;
+    r.seq = w.seq;
+    Result<PlanReport> rep = make_plan(r);
+    ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+    ASSERT_EQ(rep->layouts.size(), 1u);
+    const LayoutPlan& p = rep->layouts[0];
+    ASSERT_TRUE(p.moe.has_value());
+    ASSERT_EQ(p.moe->schemes.size(), 1u);
+    EXPECT_EQ(p.moe->formula_choice, w.choice) << "T = " << p.moe->tokens_per_rank;
+    EXPECT_EQ(p.moe->chosen, w.choice);
+    const AxisTraffic* ep = p.traffic.axis("ep");
+    ASSERT_NE(ep, nullptr);
+    // The all-to-all's counts exchange, the gather's all_gather, neither for the ring.
+    EXPECT_EQ(ep->op(PlanOp::kAllToAll).calls > 0, std::string(w.choice) == "a2a");
+    EXPECT_EQ(ep->op(PlanOp::kAllGather).calls > 0, std::string(w.choice) == "gather");
+    const std::string text = plan_report_text(*rep);
+    EXPECT_NE(text.find(fmt::format("without a plan moe=auto (T > 2.25 E f_e / k = {}: ring, else gather if N < k, "
+                                    "else a2a; N = 2 ranks of the expert group) runs {} at T={}",
+                                    w.config->moe.num_experts_per_tok == 4 ? 144 : 288, w.choice,
+                                    p.moe->tokens_per_rank)),
+              std::string::npos)
+        << text;
+  }
+}
+
 // The same under pp (pp=2,dp=4,tsp=2,ep=4, one sparse layer per stage): each stage's sum
 // carries its own sparse layer's experts over its edp replicas and the rest of its own
 // parameters over dp; together they are every parameter a rank of that stage builds, and the

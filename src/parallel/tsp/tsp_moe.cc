@@ -58,20 +58,26 @@ std::vector<double> host_f64(Backend& be, const Tensor& t) {
 }  // namespace
 
 MoeDispatch TspStep::moe_scheme() const {
-  // Experts over dp replicas: each scheme over the expert group; auto takes the all-to-all, on
-  // every rank alike (`foldpar plan` times all three and names the fastest explicitly).
-  if (model_.expert_group() != nullptr) {
-    switch (opt_.moe_dispatch) {
-      case Layout::MoeDispatchOption::kGather: return MoeDispatch::kGather;
-      case Layout::MoeDispatchOption::kRing: return MoeDispatch::kRing;
-      default: return MoeDispatch::kAllToAll;
-    }
-  }
   // auto: the training break-evens of spec COMPOSITION.md 3 on forward+backward bytes
-  // (moe_dispatch_by_bytes). T, D, E, f_e, k are the same on every rank, so every rank picks
-  // the same scheme.
+  // (moe_dispatch_by_bytes) over the X ranks the dispatch runs over: the tsp axis (X = D), or
+  // with the experts over dp replicas the expert group (X = ep = K D). The rule holds over the
+  // group unchanged: each rank still routes its own T rows (T = rows_, its share of its own
+  // replica's micro-batch) and every scheme runs over the group's X ranks, E/X whole experts a
+  // rank (E divisible by ep, so G = 1). Per rank and sparse layer, forward elements:
+  //   A  2 T k h (X-1)/X      (each routed row leaves for its owner w.p. (X-1)/X and returns)
+  //   B  2 T h          (all-gather of the X T rows, reduce-scatter of the outputs)
+  //   C  (X-1)/X E W_e        (the X blocks of E/X experts go round, W_e = 3 f_e h)
+  // Training doubles A and B and triples C, so C < A iff 9 E f_e h < 4 T k h, i.e.
+  // T > 2.25 E f_e / k (the (X-1)/X cancels: the same break-even as on tsp), and B < A iff
+  // X < k, the tsp rule with D read as X. T, X, E, f_e and k are the same on every rank of
+  // the group (its replicas hold equal shares of equal micro-batches: validate_layout divides
+  // the batch by dp, and a step's micro-batches are of one size), so every rank picks the
+  // same scheme, as it must: the group's ranks enter one scheme's exchanges together (the
+  // ring's hops, the gather's collectives, the all-to-all's counts and rows), and two schemes
+  // on one group would pair unlike calls and hang or mix buffers.
+  const int X = model_.expert_group() != nullptr ? model_.expert_group()->size() : D_;
   const Layout::MoeDispatchOption d = opt_.moe_dispatch == Layout::MoeDispatchOption::kAuto
-                                          ? moe_dispatch_by_bytes(c_.moe, rows_, D_)
+                                          ? moe_dispatch_by_bytes(c_.moe, rows_, X)
                                           : opt_.moe_dispatch;
   switch (d) {
     case Layout::MoeDispatchOption::kAllToAll: return MoeDispatch::kAllToAll;
