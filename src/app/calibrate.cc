@@ -367,7 +367,7 @@ Status measure_size_tables(Communicator& world, Hardware& hw) {
         const double latency_s = latency_steps(kind, static_cast<int>(N)) * hw.intra_node_latency_s;
         const double counted = counted_bytes(kind, 4 * full, N);
         points.push_back({counted, counted / std::max(s - latency_s, 1e-9) / 1e9});
-        hw.measured.emplace_back(fmt::format("{}_{}MiB_s", key, bytes >> 20), s);
+        hw.measured.emplace_back(fmt::format("size_table_{}_{}MiB_s", key, bytes >> 20), s);  // apart from measure_link's names
       }
       hw.intra_node_gb_per_s_by_bytes.emplace_back(key, std::move(points));
     }
