@@ -1,6 +1,6 @@
 // comm_bench: time of every collective through the communication layer beside the same raw
 // MPI call on the same communicator, in the same run, interleaved repetition by repetition,
-// for message sizes from 8 B to 64 MiB. Reports algorithm and bus bandwidth in the
+// for message sizes from 8 B to 64 MiB (256 MiB with --max-bytes). Reports algorithm and bus bandwidth in the
 // nccl-tests convention (docs/PERFORMANCE.md, section "Communication"):
 //   size    bytes of the largest buffer: all_reduce, broadcast, reduce n*beta; all_gather the
 //           gathered result; reduce_scatter and all_to_all the send buffer; send_recv the
@@ -247,7 +247,7 @@ std::string size_name(size_t bytes) {
 }
 
 // 8 B to 1 MiB in steps of 8, then 4 MiB steps to 64 MiB.
-constexpr size_t kSizes[] = {8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
+constexpr size_t kSizes[] = {8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20};
 
 void run(MpiRuntime& mpi, const BenchOptions& o) {
   Communicator& world = mpi.world();

@@ -86,12 +86,12 @@ Result<double> slowest_rate(Communicator& world, double rate) {
   return -neg;
 }
 
-// Seconds per call of a communication op, the slowest rank, median of 5 batches of `inner`
-// calls (the same on every rank), each batch started together after a barrier.
-Result<double> collective_seconds(Communicator& world, int inner, const std::function<Status()>& op) {
+// Seconds per call of a communication op, the slowest rank, median of `reps` batches of
+// `inner` calls (the same on every rank), each batch started together after a barrier.
+Result<double> collective_seconds(Communicator& world, int inner, const std::function<Status()>& op, int reps = 5) {
   FP_RETURN_IF_ERROR(op());  // warm-up: connections, buffers
   std::vector<double> secs;
-  for (int rep = 0; rep < 5; ++rep) {
+  for (int rep = 0; rep < reps; ++rep) {
     FP_RETURN_IF_ERROR(world.barrier());
     const double t0 = now_seconds();
     for (int i = 0; i < inner; ++i) FP_RETURN_IF_ERROR(op());
@@ -303,6 +303,79 @@ Status measure_collectives(Communicator& world, Hardware& hw) {
   return Status();
 }
 
+// The message sizes of the size tables (Hardware::intra_node_gb_per_s_by_bytes), full
+// tensors: from what fits the caches to what a step at S = 8192-32768 moves (an activation
+// [S, 512] f32 is 16-64 MiB).
+constexpr size_t kTableBytes[] = {size_t{1} << 20, size_t{4} << 20, size_t{16} << 20, size_t{64} << 20};
+
+// One call of `kind` over the full tensor `a` (`full` floats, N divides it) into `b`, in the
+// blocking form or as the i-form and its wait at once: the two go through different MPI
+// algorithms (hardware.h). broadcast and reduce are rooted at rank 0.
+Status run_kind(Communicator& world, CommKind kind, bool blocking, float* a, float* b, size_t full) {
+  const int p = world.rank(), N = world.size();
+  const size_t part = full / static_cast<size_t>(N);
+  if (blocking) {
+    switch (kind) {
+      case CommKind::kSendRecv: return world.send_recv(a, b, full, DType::kF32, (p + 1) % N, (p - 1 + N) % N);
+      case CommKind::kAllReduce: return world.all_reduce(a, b, full, DType::kF32, ReduceOp::kSum);
+      case CommKind::kAllGather: return world.all_gather(a, b, part, DType::kF32);
+      case CommKind::kReduceScatter: return world.reduce_scatter(a, b, part, DType::kF32, ReduceOp::kSum);
+      case CommKind::kBroadcast: return world.broadcast(a, full, DType::kF32, 0);
+      default: return world.reduce(a, b, full, DType::kF32, ReduceOp::kSum, 0);
+    }
+  }
+  CommRequest r;
+  switch (kind) {
+    case CommKind::kSendRecv: r = world.isend_recv(a, b, full, DType::kF32, (p + 1) % N, (p - 1 + N) % N); break;
+    case CommKind::kAllReduce: r = world.iall_reduce(a, b, full, DType::kF32, ReduceOp::kSum); break;
+    case CommKind::kAllGather: r = world.iall_gather(a, b, part, DType::kF32); break;
+    case CommKind::kReduceScatter: r = world.ireduce_scatter(a, b, part, DType::kF32, ReduceOp::kSum); break;
+    case CommKind::kBroadcast: r = world.ibroadcast(a, full, DType::kF32, 0); break;
+    default: r = world.ireduce(a, b, full, DType::kF32, ReduceOp::kSum, 0); break;
+  }
+  return r.wait();
+}
+
+// The bytes transfer_seconds counts for `kind` over a full tensor of `bytes` on N ranks
+// (comm_stats.h): all_reduce 2 (N-1)/N, all_gather and reduce_scatter (N-1)/N, the others
+// (the chain's broadcast and reduce, a ring step) the whole.
+double counted_bytes(CommKind kind, size_t bytes, size_t N) {
+  const double b = static_cast<double>(bytes);
+  if (kind == CommKind::kAllReduce) return 2.0 * static_cast<double>(N - 1) * b / static_cast<double>(N);
+  if (kind == CommKind::kAllGather || kind == CommKind::kReduceScatter) return static_cast<double>(N - 1) * b / static_cast<double>(N);
+  return b;
+}
+
+// The size tables: send_recv, all_reduce, all_gather, reduce_scatter, broadcast and reduce,
+// each blocking (key: the kind) and non-blocking (key: "i" + the kind), at kTableBytes; a
+// point's rate is the counted bytes over (the measured time less the latency steps). Each
+// point is the slowest rank's median of 3 calls after a warm-up; inter-node set equal (one
+// node). Every time is in `measured` too.
+Status measure_size_tables(Communicator& world, Hardware& hw) {
+  const size_t N = static_cast<size_t>(world.size());
+  const size_t most = kTableBytes[std::size(kTableBytes) - 1] / 4 / N * N;
+  std::vector<float> a(most, 1.0f), b(most);
+  const CommKind kinds[] = {CommKind::kSendRecv,      CommKind::kAllReduce, CommKind::kAllGather,
+                            CommKind::kReduceScatter, CommKind::kBroadcast, CommKind::kReduce};
+  for (CommKind kind : kinds) {
+    for (bool blocking : {true, false}) {
+      const std::string key = std::string(blocking ? "" : "i") + comm_kind_name(kind);
+      std::vector<Hardware::SizePoint> points;
+      for (size_t bytes : kTableBytes) {
+        const size_t full = bytes / 4 / N * N;
+        FP_ASSIGN_OR_RETURN(const double s, collective_seconds(world, 1, [&] { return run_kind(world, kind, blocking, a.data(), b.data(), full); }, 3));
+        const double latency_s = latency_steps(kind, static_cast<int>(N)) * hw.intra_node_latency_s;
+        const double counted = counted_bytes(kind, 4 * full, N);
+        points.push_back({counted, counted / std::max(s - latency_s, 1e-9) / 1e9});
+        hw.measured.emplace_back(fmt::format("size_table_{}_{}MiB_s", key, bytes >> 20), s);  // apart from measure_link's names
+      }
+      hw.intra_node_gb_per_s_by_bytes.emplace_back(key, std::move(points));
+    }
+  }
+  hw.inter_node_gb_per_s_by_bytes = hw.intra_node_gb_per_s_by_bytes;
+  return Status();
+}
+
 }  // namespace
 
 Result<Hardware> calibrate_hardware(Communicator& world) {
@@ -352,6 +425,7 @@ Result<Hardware> calibrate_hardware(Communicator& world) {
   h.measured.emplace_back("copy_share_gemms_with_send_recv_16MiB_s", with_transfer_s);
   h.measured.emplace_back("copy_share_send_recv_16MiB_count", copy_share_transfers);
   FP_RETURN_IF_ERROR(measure_collectives(world, h));
+  FP_RETURN_IF_ERROR(measure_size_tables(world, h));
   h.notes = fmt::format(
       "Measured by `foldpar calibrate` with {} MPI ranks on one node ({} hardware threads), each rank a device, all "
       "measuring at once on the CPU backend with one thread, the slowest rank's figures: f32 GEMM [M x 1024] x "
@@ -364,7 +438,9 @@ Result<Hardware> calibrate_hardware(Communicator& world) {
       "GEMM; collective_efficiency = the ring model's bandwidth time over the measured one for all_reduce, all_gather and reduce_scatter of 16 MiB; `measured` has the raw figures and those collectives (also of a few bytes) beside the ring model's at efficiency 1; "
       "intra_node_copy_share {:.2f} = (GEMMs with {} 16 MiB ring steps in flight one after another, test() between "
       "them, {:.3g} s - the same GEMMs alone, {:.3g} s) / the steps' time, clamped to [0, {}] (inter-node set equal: "
-      "one node). Stated, not "
+      "one node); intra_node_gb_per_s_by_bytes (inter-node set equal) = send_recv, all_reduce, all_gather, "
+      "reduce_scatter, broadcast and reduce of 1, 4, 16 and 64 MiB, blocking (the kind) and the i-form waited at "
+      "once (i + the kind), each the counted bytes over the median of 3 calls less the latency steps. Stated, not "
       "measured: overlap_efficiency 0.5 (unused by the timeline) and one transfer at a time per link.",
       world.size(), std::thread::hardware_concurrency(), best, kSeq, cf.attention_fwd_gflops, cf.attention_bwd_gflops,
       cf.memory_gb_per_s, link.small_s, link.large_s, link.latency_s, link.gb_per_s, kSeq, cf.step_rest_gflops,

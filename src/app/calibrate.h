@@ -15,6 +15,10 @@
 //    each beside what the timeline's ring model (plan/timeline.h transfer_seconds) predicts
 //    from the link figures; the 16 MiB ones give collective_efficiency (what the MPI
 //    library's algorithm costs beyond the ring's counted bytes);
+//  - send_recv, all_reduce, all_gather, reduce_scatter, broadcast and reduce of 1, 4, 16
+//    and 64 MiB, blocking and as the i-form waited at once (shared-memory MPI's rate falls
+//    with the size, and its non-blocking reduce runs another algorithm):
+//    intra_node_gb_per_s_by_bytes, inter-node set equal;
 //  - the rest of a single-rank training step (h = 512, L = 2, S = 1024, attention taken out):
 //    matmul_efficiency, which the planner's coarse estimate uses.
 // overlap_efficiency and the link concurrency (1) are stated, not measured.

@@ -47,10 +47,49 @@ double Hardware::collective_efficiency_of(const std::string& kind) const {
   return 1.0;
 }
 
+double Hardware::table_gb_per_s(bool intra_node, const std::string& kind, double bytes) const {
+  for (const auto& [k, points] : intra_node ? intra_node_gb_per_s_by_bytes : inter_node_gb_per_s_by_bytes)
+    if (k == kind && !points.empty())
+      return interpolate_log(points, std::max(bytes, 1.0), [](const SizePoint& p) { return p.bytes; },
+                             [](const SizePoint& p) { return p.gb_per_s; });
+  return 0;
+}
+
 namespace {
 
 constexpr const char* kCollectiveKinds[] = {"broadcast", "reduce",     "all_reduce", "all_gather", "reduce_scatter",
                                             "all_to_all", "send",      "recv",       "send_recv",  "barrier"};
+
+bool known_kind(const std::string& kind) {
+  for (const char* k : kCollectiveKinds)
+    if (kind == k) return true;
+  return false;
+}
+
+// A size table's key: a kind, or "i" + a kind (its non-blocking form).
+bool known_table_kind(const std::string& key) { return known_kind(key) || (key.starts_with("i") && known_kind(key.substr(1))); }
+
+// A link class's rates by message size: known kinds, each once, bytes at least 1 and
+// increasing, rates positive.
+Status validate_size_tables(const std::string& name, const char* field, const Hardware::SizeTables& tables) {
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const auto& [kind, points] = tables[t];
+    if (!known_table_kind(kind)) return invalid_argument("hardware '{}': {} names an unknown kind '{}'", name, field, kind);
+    for (size_t u = 0; u < t; ++u)
+      if (tables[u].first == kind) return invalid_argument("hardware '{}': {} gives '{}' twice", name, field, kind);
+    if (points.empty()) return invalid_argument("hardware '{}': {} '{}' has no points", name, field, kind);
+    for (size_t i = 0; i < points.size(); ++i) {
+      if (!(points[i].bytes >= 1))
+        return invalid_argument("hardware '{}': {} '{}'[{}] bytes ({}) must be at least 1", name, field, kind, i, points[i].bytes);
+      if (!(points[i].gb_per_s > 0 && std::isfinite(points[i].gb_per_s)))
+        return invalid_argument("hardware '{}': {} '{}'[{}] GB/s ({}) must be positive", name, field, kind, i, points[i].gb_per_s);
+      if (i > 0 && !(points[i].bytes > points[i - 1].bytes))
+        return invalid_argument("hardware '{}': {} '{}' bytes must increase ({} after {})", name, field, kind, points[i].bytes,
+                                points[i - 1].bytes);
+    }
+  }
+  return Status();
+}
 
 // The finer fields (hardware.h): the GEMM table, attention and link figures.
 Status validate_fine_fields(const Hardware& h) {
@@ -96,12 +135,11 @@ Status validate_fine_fields(const Hardware& h) {
     if (!(v >= 0 && v <= Hardware::kMaxCopyShare))
       return invalid_argument("hardware '{}': {} ({}) must lie in [0, {}]", h.name, field, v, Hardware::kMaxCopyShare);
   for (const auto& [kind, e] : h.collective_efficiency) {
-    bool known = false;
-    for (const char* k : kCollectiveKinds) known = known || kind == k;
-    if (!known) return invalid_argument("hardware '{}': collective_efficiency names an unknown kind '{}'", h.name, kind);
+    if (!known_kind(kind)) return invalid_argument("hardware '{}': collective_efficiency names an unknown kind '{}'", h.name, kind);
     if (!(e > 0 && e <= 1)) return invalid_argument("hardware '{}': collective_efficiency '{}' ({}) must lie in (0, 1]", h.name, kind, e);
   }
-  return Status();
+  FP_RETURN_IF_ERROR(validate_size_tables(h.name, "intra_node_gb_per_s_by_bytes", h.intra_node_gb_per_s_by_bytes));
+  return validate_size_tables(h.name, "inter_node_gb_per_s_by_bytes", h.inter_node_gb_per_s_by_bytes);
 }
 
 Status parse_gemm_table(const nlohmann::json& j, Hardware& h) {
@@ -127,6 +165,25 @@ Status parse_attention_table(const nlohmann::json& j, Hardware& h) {
     if (!p.is_array() || p.size() != 3 || !p[0].is_number() || !p[1].is_number() || !p[2].is_number())
       return invalid_argument("hardware '{}': {}[{}] must be [seq_k, forward, backward], got {}", h.name, key, i, p.dump());
     h.attention_efficiency_by_seq.push_back({p[0].get<double>(), p[1].get<double>(), p[2].get<double>()});
+  }
+  return Status();
+}
+
+// {"kind": [[bytes, GB/s], ...], ...} (read in key order); the ranges are validate()'s.
+Status parse_size_tables(const nlohmann::json& j, const char* field, const std::string& name, Hardware::SizeTables& out) {
+  if (!j.contains(field)) return Status();
+  if (!j[field].is_object())
+    return invalid_argument("hardware '{}': field '{}' must be an object of kind: [[bytes, GB/s], ...]", name, field);
+  for (const auto& [kind, points] : j[field].items()) {
+    if (!points.is_array()) return invalid_argument("hardware '{}': {} '{}' must be an array of [bytes, GB/s]", name, field, kind);
+    std::vector<Hardware::SizePoint> table;
+    for (size_t i = 0; i < points.size(); ++i) {
+      const nlohmann::json& p = points[i];
+      if (!p.is_array() || p.size() != 2 || !p[0].is_number() || !p[1].is_number())
+        return invalid_argument("hardware '{}': {} '{}'[{}] must be [bytes, GB/s], got {}", name, field, kind, i, p.dump());
+      table.push_back({p[0].get<double>(), p[1].get<double>()});
+    }
+    out.emplace_back(kind, std::move(table));
   }
   return Status();
 }
@@ -175,7 +232,8 @@ Result<Hardware> Hardware::from_json(const std::string& text) {
                                        "measured", "gemm_efficiency_by_min_dim", "attention_fwd_efficiency",
                                        "attention_bwd_efficiency", "intra_node_latency_s", "inter_node_latency_s",
                                        "intra_node_concurrency", "inter_node_concurrency", "collective_efficiency",
-                                       "attention_efficiency_by_seq", "intra_node_copy_share", "inter_node_copy_share"};
+                                       "attention_efficiency_by_seq", "intra_node_copy_share", "inter_node_copy_share",
+                                       "intra_node_gb_per_s_by_bytes", "inter_node_gb_per_s_by_bytes"};
   for (const auto& [key, value] : j.items()) {
     bool known = false;
     for (const char* k : kKnown) known = known || key == k;
@@ -225,6 +283,8 @@ Result<Hardware> Hardware::from_json(const std::string& text) {
   FP_RETURN_IF_ERROR(parse_attention_table(j, h));
   FP_RETURN_IF_ERROR(parse_number_map(j, "measured", h.name, h.measured));
   FP_RETURN_IF_ERROR(parse_number_map(j, "collective_efficiency", h.name, h.collective_efficiency));
+  FP_RETURN_IF_ERROR(parse_size_tables(j, "intra_node_gb_per_s_by_bytes", h.name, h.intra_node_gb_per_s_by_bytes));
+  FP_RETURN_IF_ERROR(parse_size_tables(j, "inter_node_gb_per_s_by_bytes", h.name, h.inter_node_gb_per_s_by_bytes));
   if (j.contains("notes")) {
     if (!j["notes"].is_string()) return invalid_argument("hardware '{}': field 'notes' must be a string", h.name);
     h.notes = j["notes"].get<std::string>();
@@ -276,6 +336,16 @@ std::string Hardware::to_json() const {
   if (!collective_efficiency.empty()) {
     j["collective_efficiency"] = nlohmann::ordered_json::object();
     for (const auto& [kind, e] : collective_efficiency) j["collective_efficiency"][kind] = e;
+  }
+  const std::pair<const char*, const SizeTables*> tables[] = {{"intra_node_gb_per_s_by_bytes", &intra_node_gb_per_s_by_bytes},
+                                                               {"inter_node_gb_per_s_by_bytes", &inter_node_gb_per_s_by_bytes}};
+  for (const auto& [field, t] : tables) {
+    if (t->empty()) continue;
+    j[field] = nlohmann::ordered_json::object();
+    for (const auto& [kind, points] : *t) {
+      j[field][kind] = nlohmann::ordered_json::array();
+      for (const SizePoint& p : points) j[field][kind].push_back({p.bytes, p.gb_per_s});
+    }
   }
   j["notes"] = notes;
   if (!measured.empty()) {

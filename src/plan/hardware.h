@@ -75,6 +75,24 @@ struct Hardware {
   // library's algorithm costs beyond the ring (extra copies, the reduction's arithmetic).
   // JSON: "collective_efficiency": {"all_reduce": 0.4}.
   std::vector<std::pair<std::string, double>> collective_efficiency;
+  // Per link class and transfer kind: the achieved rate by message size, for links whose
+  // rate depends on it and on the call's form. A key is a kind above for the blocking call,
+  // or "i" + the kind (MPI's and communicator.h's names: "ireduce", "iall_reduce") for the
+  // non-blocking one; on this machine's MPI the two run different algorithms (Open MPI's
+  // non-blocking reduce is 5-20x slower than its blocking one at 4-64 MiB). Points (bytes,
+  // GB/s): bytes as transfer_seconds counts them (max(sent, received), the ring's per-rank
+  // bytes), GB/s the rate on those bytes with the latency steps taken out; bytes strictly
+  // increasing, GB/s positive. Between points linear in log(bytes), outside them the
+  // nearest point. A transfer is priced by its form's table, else (non-blocking) the
+  // blocking kind's, and then by it alone (neither the link bandwidth nor
+  // collective_efficiency applies); a kind without a table as before. Empty: as before.
+  // JSON: "intra_node_gb_per_s_by_bytes": {"ireduce": [[1048576, 0.9], [67108864, 0.2]]}.
+  struct SizePoint {
+    double bytes = 0, gb_per_s = 0;
+  };
+  using SizeTables = std::vector<std::pair<std::string, std::vector<SizePoint>>>;  // (kind, points)
+  SizeTables intra_node_gb_per_s_by_bytes;
+  SizeTables inter_node_gb_per_s_by_bytes;
   std::string notes;                   // sources and assumptions
   // Figures a calibration measured beside the fields (name, value; the name says the unit),
   // e.g. a collective's measured and modelled seconds. Informative: nothing prices from it.
@@ -86,6 +104,10 @@ struct Hardware {
   // The table above at min(M, N, K) = min_dim (interpolated), or matmul_efficiency without one.
   double gemm_efficiency(double min_dim) const;
   double collective_efficiency_of(const std::string& kind) const;
+  // The size table's rate (GB/s) of the key `kind` ("reduce", "ireduce", ...) over the intra-
+  // or inter-node link for `bytes` (interpolated as above), or 0 where that link has no table
+  // under the key.
+  double table_gb_per_s(bool intra_node, const std::string& kind, double bytes) const;
   double attention_fwd_rate() const { return attention_fwd_efficiency > 0 ? attention_fwd_efficiency : attention_rate(); }
   double attention_bwd_rate() const { return attention_bwd_efficiency > 0 ? attention_bwd_efficiency : attention_rate(); }
   // The efficiency of a causal attention call over seq_k keys: attention_efficiency_by_seq

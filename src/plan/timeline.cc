@@ -106,9 +106,14 @@ double transfer_seconds(const CommStart& s, const Hardware& hw) {
   if (s.comm_size <= 1) return 0;
   const bool intra = s.link == LinkClass::kIntraNode;
   const double latency = intra ? hw.intra_node_latency_s : hw.inter_node_latency_s;
-  const double bw = 1e9 * (intra ? hw.intra_node_gb_per_s : hw.inter_node_gb_per_s);
   const double bytes = static_cast<double>(std::max(s.bytes_sent, s.bytes_received));
-  return latency_steps(s.kind, s.comm_size) * latency + bytes / (bw * hw.collective_efficiency_of(comm_kind_name(s.kind)));
+  const std::string kind = comm_kind_name(s.kind);
+  double by_size = s.blocking ? 0 : hw.table_gb_per_s(intra, "i" + kind, bytes);  // the non-blocking form's own
+  if (by_size == 0) by_size = hw.table_gb_per_s(intra, kind, bytes);
+  const double rate = by_size > 0 ? 1e9 * by_size
+                                  : 1e9 * (intra ? hw.intra_node_gb_per_s : hw.inter_node_gb_per_s) *
+                                        hw.collective_efficiency_of(kind);
+  return latency_steps(s.kind, s.comm_size) * latency + bytes / rate;
 }
 
 namespace {

@@ -125,7 +125,9 @@ int latency_steps(CommKind kind, int comm_size);
 // Seconds of one transfer: latency_steps x the link's latency + max(bytes_sent,
 // bytes_received) / (the link's per-direction bandwidth x Hardware::collective_efficiency_of
 // the kind). Links are full duplex, and the counted bytes are the ring's per-rank bytes, so
-// with efficiency 1 this is the ring's time. 0 when N == 1.
+// with efficiency 1 this is the ring's time. Where the link has a size table for the kind
+// (Hardware::*_gb_per_s_by_bytes: "i" + kind for a non-blocking start, else the kind), its
+// rate at those bytes replaces the bandwidth x efficiency. 0 when N == 1.
 double transfer_seconds(const CommStart& s, const Hardware& hw);
 
 // ---- simulation -------------------------------------------------------------------------

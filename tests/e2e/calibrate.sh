@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # foldpar calibrate, end to end at 2 ranks: it writes a hardware description that loads
 # (foldpar plan reads it), with every timeline field measured and in range, the collectives
-# beside the ring model, the copy share from its two measured figures; at 1 rank it exits 2
+# beside the ring model, the copy share from its two measured figures, the link size tables
+# from their measured times; at 1 rank it exits 2
 # naming the rank count. Checks what was written, never how fast this machine is.
 set -u
 mpirun=$1 bin=$2 src=$3
@@ -42,6 +43,23 @@ share = h.get("intra_node_copy_share", 0.0)
 want = min(4.0, max(0.0, (both - alone) / (count * m["send_recv_16MiB_s"])))
 assert abs(share - want) < 1e-9, (share, want)
 assert h.get("inter_node_copy_share", 0.0) == share, h.get("inter_node_copy_share")
+# The size tables: six kinds, blocking and non-blocking ("i" + kind), at 1, 4, 16 and 64 MiB
+# of full tensor; each rate the counted bytes (comm_stats.h, N = 2) over the median time less
+# the latency steps; inter-node set equal.
+tables = h["intra_node_gb_per_s_by_bytes"]
+kinds = ["send_recv", "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"]
+assert set(tables) == set(kinds + ["i" + k for k in kinds]), sorted(tables)
+assert h["inter_node_gb_per_s_by_bytes"] == tables
+lat = h["intra_node_latency_s"]
+for key, points in tables.items():
+    kind = key[1:] if key[1:] in kinds else key
+    share = {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5}.get(kind, 1.0)
+    steps = 2 if kind == "all_reduce" else 1
+    assert len(points) == 4, (key, points)
+    for (counted, rate), mib in zip(points, [1, 4, 16, 64]):
+        assert counted == share * mib * 2**20, (key, counted, mib)
+        s = m["size_table_%s_%dMiB_s" % (key, mib)]
+        assert rate > 0 and abs(rate - counted / max(s - steps * lat, 1e-9) / 1e9) <= 1e-9 * rate, (key, mib, rate, s)
 PY
 "$bin" plan --model "$src/configs/tiny.json" --seq 256 --devices 2 --hardware "$tmp/hw.json" >/dev/null ||
   fail "plan does not take calibrate's file (exit $?)"

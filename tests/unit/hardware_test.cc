@@ -1,5 +1,6 @@
 // The hardware file's timeline fields (src/plan/hardware.h): GEMM efficiency by shape class,
-// attention forward/backward, link latency and concurrency, calibration figures. Older files
+// attention forward/backward, link latency and concurrency, link rates by message size,
+// calibration figures. Older files
 // without them still load; every bad value is refused naming its field; the shipped
 // hardware/*.json files load and state their sources.
 #include <gtest/gtest.h>
@@ -30,6 +31,36 @@ TEST(HardwareFile, OldFilesGetTheFallbacks) {
   EXPECT_EQ(h->inter_node_concurrency, 1);
   EXPECT_EQ(h->intra_node_copy_share, 0.0);  // copy engines: transfers overlap compute fully
   EXPECT_EQ(h->inter_node_copy_share, 0.0);
+  EXPECT_TRUE(h->intra_node_gb_per_s_by_bytes.empty());  // one bandwidth for every size
+  EXPECT_EQ(h->table_gb_per_s(true, "all_reduce", 1 << 20), 0.0);
+  // Saved, an old file stays an old file: no empty table appears.
+  EXPECT_EQ(h->to_json().find("gb_per_s_by_bytes"), std::string::npos);
+}
+
+// The rates by message size: read, interpolated in log(bytes) (the nearest point outside),
+// per link class and kind, and written back unchanged.
+TEST(HardwareFile, SizeTablesRoundTrip) {
+  Result<Hardware> h = parse(R"("intra_node_gb_per_s_by_bytes": {"send_recv": [[1048576, 12], [268435456, 3]],
+    "all_reduce": [[4194304, 8]], "ireduce": [[4096, 0.25]]}, "inter_node_gb_per_s_by_bytes": {"broadcast": [[1024, 0.5], [4096, 2]]})");
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  ASSERT_EQ(h->intra_node_gb_per_s_by_bytes.size(), 3u);
+  EXPECT_DOUBLE_EQ(h->table_gb_per_s(true, "ireduce", 1e6), 0.25);  // the non-blocking form's key
+  EXPECT_EQ(h->table_gb_per_s(true, "reduce", 1e6), 0.0);
+  EXPECT_DOUBLE_EQ(h->table_gb_per_s(true, "send_recv", 1048576), 12);
+  EXPECT_DOUBLE_EQ(h->table_gb_per_s(true, "send_recv", 16777216), 7.5);  // halfway in log: 2^24 of 2^20..2^28
+  EXPECT_DOUBLE_EQ(h->table_gb_per_s(true, "send_recv", 1024), 12);       // below: the first point
+  EXPECT_DOUBLE_EQ(h->table_gb_per_s(true, "send_recv", 1e12), 3);        // above: the last
+  EXPECT_DOUBLE_EQ(h->table_gb_per_s(true, "all_reduce", 1), 8);
+  EXPECT_EQ(h->table_gb_per_s(true, "broadcast", 2048), 0.0);  // the inter-node table's kind
+  EXPECT_DOUBLE_EQ(h->table_gb_per_s(false, "broadcast", 2048), 1.25);
+  EXPECT_EQ(h->table_gb_per_s(false, "send_recv", 2048), 0.0);
+  Result<Hardware> again = Hardware::from_json(h->to_json());
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(again->to_json(), Hardware::from_json(again->to_json())->to_json());
+  for (const char* kind : {"send_recv", "all_reduce", "ireduce"})
+    for (double bytes : {1024.0, 1048576.0, 5e6, 16777216.0, 268435456.0})
+      EXPECT_DOUBLE_EQ(again->table_gb_per_s(true, kind, bytes), h->table_gb_per_s(true, kind, bytes)) << kind << bytes;
+  EXPECT_DOUBLE_EQ(again->table_gb_per_s(false, "broadcast", 2048), 1.25);
 }
 
 TEST(HardwareFile, TimelineFieldsRoundTrip) {
@@ -90,7 +121,15 @@ TEST(HardwareFile, BadTimelineFieldsNameTheField) {
       {R"("collective_efficiency": {"allreduce": 0.5})", "unknown kind 'allreduce'"},
       {R"("collective_efficiency": {"all_gather": 0})", "collective_efficiency 'all_gather' (0)"},
       {R"("collective_efficiency": {"all_gather": "slow"})", "collective_efficiency 'all_gather' must be a number"},
-      {R"("measured": {"x_s": "fast"})", "measured 'x_s' must be a number"}};
+      {R"("measured": {"x_s": "fast"})", "measured 'x_s' must be a number"},
+      {R"("intra_node_gb_per_s_by_bytes": [1])", "'intra_node_gb_per_s_by_bytes' must be an object"},
+      {R"("intra_node_gb_per_s_by_bytes": {"allreduce": [[1, 1]]})", "intra_node_gb_per_s_by_bytes names an unknown kind 'allreduce'"},
+      {R"("intra_node_gb_per_s_by_bytes": {"iallreduce": [[1, 1]]})", "unknown kind 'iallreduce'"},
+      {R"("inter_node_gb_per_s_by_bytes": {"all_reduce": []})", "inter_node_gb_per_s_by_bytes 'all_reduce' has no points"},
+      {R"("intra_node_gb_per_s_by_bytes": {"all_reduce": [[1024]]})", "'all_reduce'[0] must be [bytes, GB/s]"},
+      {R"("intra_node_gb_per_s_by_bytes": {"all_reduce": [[1024, 0]]})", "'all_reduce'[0] GB/s (0) must be positive"},
+      {R"("intra_node_gb_per_s_by_bytes": {"all_reduce": [[0.5, 1]]})", "'all_reduce'[0] bytes (0.5) must be at least 1"},
+      {R"("intra_node_gb_per_s_by_bytes": {"all_gather": [[4096, 1], [1024, 2]]})", "'all_gather' bytes must increase (1024 after 4096)"}};
   for (const auto& [extra, needle] : bad) {
     Result<Hardware> h = parse(extra);
     ASSERT_FALSE(h.ok()) << extra;

@@ -193,6 +193,48 @@ TEST(TimelinePricing, CollectiveEfficiencySlowsOnlyTheBandwidthTerm) {
               kTol);
 }
 
+// A kind with a size table is priced by the table's rate at its bytes, latency as before;
+// collective_efficiency and the link bandwidth no longer apply to it, other kinds keep them.
+TEST(TimelinePricing, SizeTableSetsTheRateByBytes) {
+  Hardware hw = test_hardware();
+  hw.collective_efficiency = {{"all_reduce", 0.25}, {"all_gather", 0.5}};
+  hw.intra_node_gb_per_s_by_bytes = {{"all_reduce", {{1e6, 8}, {1e8, 2}}}};
+  // 1 MB at 8 GB/s: 2 x 10 us + 1e6 / 8e9 = 0.000145 s.
+  EXPECT_DOUBLE_EQ(transfer_seconds(start(1, CommKind::kAllReduce, "tp", 2, LinkClass::kIntraNode, 1'000'000), hw),
+                   2 * 1e-5 + 1e6 / 8e9);
+  // 100 MB at 2 GB/s: 2 x 10 us + 0.05 s; a link bandwidth of 10 GB/s x 0.25 would give 0.04.
+  EXPECT_DOUBLE_EQ(transfer_seconds(start(1, CommKind::kAllReduce, "tp", 2, LinkClass::kIntraNode, 100'000'000), hw),
+                   2 * 1e-5 + 1e8 / 2e9);
+  // 10 MB, halfway in log: 5 GB/s.
+  EXPECT_NEAR(transfer_seconds(start(1, CommKind::kAllReduce, "tp", 2, LinkClass::kIntraNode, 10'000'000), hw),
+              2 * 1e-5 + 1e7 / 5e9, 1e-15);
+  // all_gather has no table: 10 GB/s x 0.5. The inter-node link has none for all_reduce: 1 GB/s x 0.25.
+  EXPECT_DOUBLE_EQ(transfer_seconds(start(1, CommKind::kAllGather, "tsp", 2, LinkClass::kIntraNode, 100'000'000), hw),
+                   1e-5 + 1e8 / 5e9);
+  EXPECT_DOUBLE_EQ(transfer_seconds(start(1, CommKind::kAllReduce, "dp", 2, LinkClass::kInterNode, 100'000'000), hw),
+                   2 * 1e-4 + 1e8 / 0.25e9);
+  // The simulation uses it: a blocking 100 MB all_reduce stalls compute for its table price.
+  const RankTimeline r = simulate({start(1, CommKind::kAllReduce, "tp", 2, LinkClass::kIntraNode, 100'000'000, true)}, hw);
+  EXPECT_DOUBLE_EQ(r.step_s, 2 * 1e-5 + 1e8 / 2e9);
+}
+
+// A non-blocking start is priced by the "i" form's table where there is one; a blocking one
+// never is.
+TEST(TimelinePricing, NonBlockingFormHasItsOwnSizeTable) {
+  Hardware hw = test_hardware();
+  hw.intra_node_gb_per_s_by_bytes = {{"reduce", {{1e6, 8}}}, {"ireduce", {{1e6, 1}, {1e8, 0.1}}}};
+  const CommStart posted = start(1, CommKind::kReduce, "tsp", 2, LinkClass::kIntraNode, 100'000'000);
+  const CommStart blocking = start(1, CommKind::kReduce, "tsp", 2, LinkClass::kIntraNode, 100'000'000, true);
+  EXPECT_DOUBLE_EQ(transfer_seconds(posted, hw), 1e-5 + 1e8 / 0.1e9);  // ireduce at 100 MB
+  EXPECT_DOUBLE_EQ(transfer_seconds(blocking, hw), 1e-5 + 1e8 / 8e9);  // reduce
+  CommStart small = posted;
+  small.bytes_sent = small.bytes_received = 1'000'000;
+  EXPECT_DOUBLE_EQ(transfer_seconds(small, hw), 1e-5 + 1e6 / 1e9);
+  // The simulation: a posted 100 MB reduce waited at once stalls for the ireduce price.
+  const RankTimeline r = simulate({posted, CommWait{1}}, hw);
+  EXPECT_DOUBLE_EQ(r.step_s, 1e-5 + 1e8 / 0.1e9);
+}
+
 // The hardware file accepts an efficiency for every kind the timeline names.
 TEST(TimelinePricing, EveryKindNameIsAHardwareKind) {
   for (int k = 0; k <= static_cast<int>(CommKind::kBarrier); ++k) {
