@@ -19,8 +19,10 @@ struct CommOptions {
   // ranks that have not arrived and what each peer is doing) and the whole job is aborted.
   // > 0 seconds, or 0 to disable. Env FOLDPAR_COMM_TIMEOUT=<seconds>. Default 300.
   double timeout_s = 300;
-  // How the MPI backend reduce-scatters (blocking and not, equal and uneven blocks) and
-  // all-reduces 1 MiB or more (blocking: the pairwise reduce-scatter, then an all-gather).
+  // How the MPI backend reduce-scatters (blocking and not, equal and uneven blocks),
+  // all-reduces 1 MiB or more (blocking: the pairwise reduce-scatter, then an all-gather) and
+  // reduces 1 MiB or more non-blocking (whole buffers posted to the root, summed there in
+  // rank-distance order).
   // kPairwise: each rank posts its N-1 blocks to their owners and N-1 receives at once (on a
   // communicator of its own), then sums what arrived into its block in rank-distance order:
   // the ring's bytes in one round. kLibrary: MPI_(I)Reduce_scatter(_block), the MPI library's

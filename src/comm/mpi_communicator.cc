@@ -3,7 +3,8 @@
 // CommRequest::wait/test. Except reduce-scatters, which by default are foldpar's own
 // pairwise exchange (CommOptions::reduce_scatter): every block posted to its owner and
 // every contribution to ours received at once, point to point on a duplicate of the
-// communicator, then summed on completion in rank-distance order (deterministic). bf16 reductions widen to an f32 copy, reduce that in place with
+// communicator, then summed on completion in rank-distance order (deterministic); and
+// non-blocking reduces of 1 MiB and more, as whole buffers sent to the root. bf16 reductions widen to an f32 copy, reduce that in place with
 // MPI_FLOAT and round once at the end (so the wire carries f32 for them; the counters still
 // count bf16 bytes, by the convention of comm_stats.h). Every call runs under the watchdog
 // when it is on, and after the checking-mode exchange when that is on.
@@ -27,7 +28,8 @@ namespace {
 
 constexpr int kPointToPointTag = 0;
 // Blocking all-reduces of at least this many bytes go through the pairwise exchange
-// (all_reduce_pairwise) when reduce-scatters do.
+// (all_reduce_pairwise) when reduce-scatters do; so do non-blocking reduces, as whole
+// buffers to the root (post_reduce_to_root).
 constexpr size_t kPairwiseAllReduceBytes = size_t{1} << 20;
 
 bool is_reduction(CommOpKind k) {
@@ -143,6 +145,7 @@ class MpiCommunicator final : public Communicator {
   void prepare_reduction(const CommOp& op, Plan& plan) const;
   void post(const CommOp& op, Plan& plan, bool blocking);
   void post_pairwise_reduce_scatter(const CommOp& op, Plan& plan);
+  void post_reduce_to_root(const CommOp& op, Plan& plan);
   void post_pairwise(const CommOp& op, Plan& plan, const void* input, const std::vector<size_t>& counts,
                      const std::vector<size_t>& offsets, void* own_out);
   void all_reduce_pairwise(const CommOp& op, Plan& plan);
@@ -152,7 +155,7 @@ class MpiCommunicator final : public Communicator {
   MpiContext* ctx_;
   MPI_Comm comm_;
   MPI_Comm check_comm_ = MPI_COMM_NULL;  // checking-mode exchanges, apart from user traffic
-  MPI_Comm pairwise_comm_ = MPI_COMM_NULL;  // pairwise reduce-scatters, apart from user traffic
+  MPI_Comm pairwise_comm_ = MPI_COMM_NULL;  // foldpar's own reductions, apart from user traffic
   uint64_t key_ = 0;                     // the watchdog's name for this communicator
 };
 
@@ -308,9 +311,13 @@ void MpiCommunicator::post(const CommOp& op, Plan& p, bool blocking) {
     if (blocking) FP_MPI_CHECK(MPI_Waitall(p.n_requests, p.requests.data(), p.statuses.data()));
     return;
   }
-  if (op.kind == CommOpKind::kAllReduce && blocking && ctx_->pairwise_reduce_scatter && size() > 1 &&
-      op.count * dtype_size(op.dtype) >= kPairwiseAllReduceBytes) {
+  const bool large = op.count * dtype_size(op.dtype) >= kPairwiseAllReduceBytes;
+  if (op.kind == CommOpKind::kAllReduce && blocking && ctx_->pairwise_reduce_scatter && size() > 1 && large) {
     all_reduce_pairwise(op, p);
+    return;
+  }
+  if (!blocking && ctx_->pairwise_reduce_scatter && large && op.kind == CommOpKind::kReduce && size() > 1) {
+    post_reduce_to_root(op, p);
     return;
   }
   MPI_Request* rq = p.requests.data();
@@ -426,6 +433,44 @@ void MpiCommunicator::post_pairwise(const CommOp& op, Plan& p, const void* input
     FP_MPI_CHECK(MPI_Isend(in + offsets[to] * w, static_cast<int>(counts[to]), p.type, to, kTag, pairwise_comm_,
                            &p.requests[2 * (k - 1) + 1]));
   }
+}
+
+// A non-blocking reduce as whole buffers sent to the root: Open MPI 4.1's MPI_Ireduce runs
+// 3-6x slower here than this at 1-64 MiB on two ranks (and 5-20x slower than its own
+// blocking reduce; docs/PERFORMANCE.md, "Non-blocking reduce"). Every other rank posts its
+// whole input to the root, which receives them in rank-distance order and reduces them on
+// completion (finish), in that order. One phase, so requests completed in any order on any
+// rank cannot deadlock (unlike a two-phase all-reduce). The root receives N-1 buffers (a
+// tree would bring it log2 N); the library's non-blocking all-reduce is kept, as fast as a
+// plain exchange of two ranks' buffers at 4-64 MiB here.
+void MpiCommunicator::post_reduce_to_root(const CommOp& op, Plan& p) {
+  const int N = size(), r = rank();
+  const bool bf16 = op.dtype == DType::kBF16;
+  p.reduce_dtype = bf16 ? DType::kF32 : op.dtype;
+  const size_t w = dtype_size(p.reduce_dtype), n = op.count;
+  const void* input = bf16 ? static_cast<const void*>(p.stage()) : op.send_buf;
+  p.move_bytes = 0;
+  p.recv_status = -1;
+  p.requests.clear();
+  p.requests.reserve(static_cast<size_t>(N));
+  constexpr int kTag = 1;
+  if (r == op.root) {
+    p.pairwise = true;
+    p.own_count = n;
+    p.own_in = input;
+    p.own_out = bf16 ? static_cast<void*>(p.stage()) : op.recv_buf;
+    p.incoming = ScratchBuffer::take(static_cast<size_t>(N - 1) * n * w);
+    for (int k = 1; k < N; ++k) {
+      p.requests.push_back(MPI_REQUEST_NULL);
+      FP_MPI_CHECK(MPI_Irecv(p.incoming.data() + static_cast<size_t>(k - 1) * n * w, static_cast<int>(n), p.type,
+                             (r - k + N) % N, kTag, pairwise_comm_, &p.requests.back()));
+    }
+  } else {
+    p.requests.push_back(MPI_REQUEST_NULL);
+    FP_MPI_CHECK(MPI_Isend(input, static_cast<int>(n), p.type, op.root, kTag, pairwise_comm_, &p.requests.back()));
+  }
+  p.n_requests = static_cast<int>(p.requests.size());
+  p.statuses.resize(p.requests.size());
 }
 
 // A blocking all-reduce as a pairwise reduce-scatter of N near-equal blocks, the reduction,
