@@ -139,9 +139,19 @@ constexpr int64_t kAttentionSeqs[] = {1024, 2048, 4096};
 Result<ComputeFigures> measure_compute(Communicator& world) {
   auto be = make_cpu_backend();
   ComputeFigures f;
-  for (int64_t m = 32; m <= 1024; m *= 2) {
-    FP_ASSIGN_OR_RETURN(const double g, slowest_rate(world, matmul_gflops(*be, m)));
-    f.gemm_gflops.emplace_back(m, g);
+  // The shape classes in interleaved rounds, each class's median over them: a disturbance of
+  // a few hundred ms (another process, a page-cache flush) then spoils one round of several
+  // classes instead of every batch of one. Measured back to back, one class once came out at
+  // 0.60 of its neighbours and priced every GEMM of a model with h = 512 at that.
+  constexpr int kGemmRounds = 3;
+  std::vector<int64_t> classes;
+  for (int64_t m = 32; m <= 1024; m *= 2) classes.push_back(m);
+  std::vector<std::vector<double>> rates(classes.size());
+  for (int round = 0; round < kGemmRounds; ++round)
+    for (size_t i = 0; i < classes.size(); ++i) rates[i].push_back(matmul_gflops(*be, classes[i]));
+  for (size_t i = 0; i < classes.size(); ++i) {
+    FP_ASSIGN_OR_RETURN(const double g, slowest_rate(world, median(rates[i])));
+    f.gemm_gflops.emplace_back(classes[i], g);
   }
   const LlamaConfig c = step_config();
   const AttentionSeconds attn = attention_seconds(*be, c, kSeq);
@@ -429,7 +439,7 @@ Result<Hardware> calibrate_hardware(Communicator& world) {
   h.notes = fmt::format(
       "Measured by `foldpar calibrate` with {} MPI ranks on one node ({} hardware threads), each rank a device, all "
       "measuring at once on the CPU backend with one thread, the slowest rank's figures: f32 GEMM [M x 1024] x "
-      "[1024 x 1024] for M = 32..1024, best {:.2f} GFLOP/s (peak_tflops_f32; the table is each M over it); causal "
+      "[1024 x 1024] for M = 32..1024 (each the median of 3 interleaved rounds), best {:.2f} GFLOP/s (peak_tflops_f32; the table is each M over it); causal "
       "flash attention S={}, 8 heads of 64, forward {:.2f} and backward {:.2f} GFLOP/s (attention_efficiency_by_seq: "
       "the same at S = 1024, 2048, 4096 over the best GEMM); add_inplace over 64 MiB, "
       "{:.2f} GB/s (memory_gb_per_s); a ring send_recv of 4 B ({:.3g} s) and 16 MiB ({:.3g} s) solved for latency "
