@@ -268,56 +268,6 @@ Result<double> measure_copy_share(Communicator& world, double transfer_s, double
                     Hardware::kMaxCopyShare);
 }
 
-// all_reduce, all_gather and reduce_scatter of a few bytes and of 16 MiB (the full tensor),
-// each measured beside the ring model's prediction from `hw`'s link figures with efficiency
-// 1 (bytes by comm_stats.h's convention; N divides the counts, so all_reduce of n moves
-// 2 (N-1)/N n, all_gather and reduce_scatter of N c move (N-1) c per rank each way). The
-// 16 MiB ones set collective_efficiency: the ring's bandwidth time over the measured time
-// less the ring's latency, at most 1.
-Status measure_collectives(Communicator& world, Hardware& hw) {
-  const size_t N = static_cast<size_t>(world.size());
-  const size_t large = (size_t{16} << 20) / 4 / N * N;  // floats of the full tensor
-  std::vector<float> a(large, 1.0f), b(large);
-  struct Case {
-    CommKind kind;
-    size_t full;  // floats of the full tensor (all_reduce's n, all_gather's result, reduce_scatter's input)
-    int inner;
-  };
-  const Case cases[] = {{CommKind::kAllReduce, N, 200},     {CommKind::kAllReduce, large, 1},
-                        {CommKind::kAllGather, N, 200},     {CommKind::kAllGather, large, 1},
-                        {CommKind::kReduceScatter, N, 200}, {CommKind::kReduceScatter, large, 1}};
-  for (const Case& c : cases) {
-    FP_ASSIGN_OR_RETURN(const double s, collective_seconds(world, c.inner, [&]() -> Status {
-                          switch (c.kind) {
-                            case CommKind::kAllReduce: return world.all_reduce(a.data(), b.data(), c.full, DType::kF32, ReduceOp::kSum);
-                            case CommKind::kAllGather: return world.all_gather(a.data(), b.data(), c.full / N, DType::kF32);
-                            default: return world.reduce_scatter(a.data(), b.data(), c.full / N, DType::kF32, ReduceOp::kSum);
-                          }
-                        }));
-    CommStart model;
-    model.kind = c.kind;
-    model.comm_size = static_cast<int>(N);
-    model.link = LinkClass::kIntraNode;
-    const uint64_t bytes = 4 * c.full;
-    model.bytes_sent = model.bytes_received = (c.kind == CommKind::kAllReduce ? 2 : 1) * (N - 1) * bytes / N;
-    const double ring_s = transfer_seconds(model, hw);
-    const std::string key = fmt::format("{}_{}B", comm_kind_name(c.kind), bytes);
-    hw.measured.emplace_back(key + "_s", s);
-    hw.measured.emplace_back(key + "_ring_model_s", ring_s);
-    if (c.full == large) {
-      const double latency_s = latency_steps(c.kind, model.comm_size) * hw.intra_node_latency_s;
-      const double eff = (ring_s - latency_s) / std::max(s - latency_s, 1e-12);
-      hw.collective_efficiency.emplace_back(comm_kind_name(c.kind), std::clamp(eff, 1e-3, 1.0));
-    }
-  }
-  return Status();
-}
-
-// The message sizes of the size tables (Hardware::intra_node_gb_per_s_by_bytes), full
-// tensors: from what fits the caches to what a step at S = 8192-32768 moves (an activation
-// [S, 512] f32 is 16-64 MiB).
-constexpr size_t kTableBytes[] = {size_t{1} << 20, size_t{4} << 20, size_t{16} << 20, size_t{64} << 20};
-
 // One call of `kind` over the full tensor `a` (`full` floats, N divides it) into `b`, in the
 // blocking form or as the i-form and its wait at once: the two go through different MPI
 // algorithms (hardware.h). broadcast and reduce are rooted at rank 0.
@@ -355,6 +305,52 @@ double counted_bytes(CommKind kind, size_t bytes, size_t N) {
   if (kind == CommKind::kAllGather || kind == CommKind::kReduceScatter) return static_cast<double>(N - 1) * b / static_cast<double>(N);
   return b;
 }
+
+// all_reduce, all_gather and reduce_scatter of a few bytes and of 16 MiB (the full tensor),
+// each measured beside the ring model's prediction from `hw`'s link figures with efficiency
+// 1 (bytes by comm_stats.h's convention; N divides the counts, so all_reduce of n moves
+// 2 (N-1)/N n, all_gather and reduce_scatter of N c move (N-1) c per rank each way). The
+// 16 MiB ones set collective_efficiency: the ring's bandwidth time over the measured time
+// less the ring's latency, at most 1.
+Status measure_collectives(Communicator& world, Hardware& hw) {
+  const size_t N = static_cast<size_t>(world.size());
+  const size_t large = (size_t{16} << 20) / 4 / N * N;  // floats of the full tensor
+  std::vector<float> a(large, 1.0f), b(large);
+  struct Case {
+    CommKind kind;
+    size_t full;  // floats of the full tensor (all_reduce's n, all_gather's result, reduce_scatter's input)
+    int inner;
+  };
+  const Case cases[] = {{CommKind::kAllReduce, N, 200},     {CommKind::kAllReduce, large, 1},
+                        {CommKind::kAllGather, N, 200},     {CommKind::kAllGather, large, 1},
+                        {CommKind::kReduceScatter, N, 200}, {CommKind::kReduceScatter, large, 1}};
+  for (const Case& c : cases) {
+    FP_ASSIGN_OR_RETURN(const double s, collective_seconds(world, c.inner, [&] {
+                          return run_kind(world, c.kind, /*blocking=*/true, a.data(), b.data(), c.full);
+                        }));
+    CommStart model;
+    model.kind = c.kind;
+    model.comm_size = static_cast<int>(N);
+    model.link = LinkClass::kIntraNode;
+    const uint64_t bytes = 4 * c.full;
+    model.bytes_sent = model.bytes_received = static_cast<uint64_t>(counted_bytes(c.kind, bytes, N));
+    const double ring_s = transfer_seconds(model, hw);
+    const std::string key = fmt::format("{}_{}B", comm_kind_name(c.kind), bytes);
+    hw.measured.emplace_back(key + "_s", s);
+    hw.measured.emplace_back(key + "_ring_model_s", ring_s);
+    if (c.full == large) {
+      const double latency_s = latency_steps(c.kind, model.comm_size) * hw.intra_node_latency_s;
+      const double eff = (ring_s - latency_s) / std::max(s - latency_s, 1e-12);
+      hw.collective_efficiency.emplace_back(comm_kind_name(c.kind), std::clamp(eff, 1e-3, 1.0));
+    }
+  }
+  return Status();
+}
+
+// The message sizes of the size tables (Hardware::intra_node_gb_per_s_by_bytes), full
+// tensors: from what fits the caches to what a step at S = 8192-32768 moves (an activation
+// [S, 512] f32 is 16-64 MiB).
+constexpr size_t kTableBytes[] = {size_t{1} << 20, size_t{4} << 20, size_t{16} << 20, size_t{64} << 20};
 
 // The size tables: send_recv, all_reduce, all_gather, reduce_scatter, broadcast and reduce,
 // each blocking (key: the kind) and non-blocking (key: "i" + the kind), at kTableBytes; a
