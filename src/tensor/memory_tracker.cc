@@ -1,6 +1,10 @@
 // Tracked allocator implementation: aligned_alloc plus exact byte counters under a mutex.
 #include "tensor/memory_tracker.h"
 
+#include <algorithm>
+#include <bit>
+#include <iterator>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -63,9 +67,11 @@ ScopedDefaultTracker::~ScopedDefaultTracker() {
   t_default_tracker = previous_;
 }
 
-size_t MemoryTracker::block_size(size_t bytes) const {
-  const size_t granule = bytes >= kCacheMinBytes ? kCacheGranule : kAlignment;
-  return ((bytes == 0 ? 1 : bytes) + granule - 1) / granule * granule;
+size_t MemoryTracker::block_size(size_t bytes) {
+  const size_t b = bytes == 0 ? 1 : bytes;
+  if (b < kCacheMinBytes) return (b + kAlignment - 1) / kAlignment * kAlignment;
+  const size_t step = std::bit_floor(b) / kCacheClassesPerDoubling;  // >= 8 KiB: whole pages
+  return (b + step - 1) / step * step;
 }
 
 void* MemoryTracker::allocate(size_t bytes, MemCategory category) {
@@ -73,8 +79,12 @@ void* MemoryTracker::allocate(size_t bytes, MemCategory category) {
   const size_t size = block_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
   void* ptr = nullptr;
-  if (auto it = cache_.find(size); it != cache_.end()) {
-    ptr = it->second;
+  // The most recently released block of the class (the last of its equal keys): the likeliest
+  // to be in cache.
+  if (auto it = cache_.upper_bound(size); it != cache_.begin() && std::prev(it)->first == size) {
+    --it;
+    ptr = it->second->ptr;
+    lru_.erase(it->second);
     cache_.erase(it);
     stats_.cached_bytes -= static_cast<int64_t>(size);
     ++stats_.cache_hits;
@@ -86,6 +96,8 @@ void* MemoryTracker::allocate(size_t bytes, MemCategory category) {
     }
     if (ptr == nullptr) return nullptr;
   }
+  live_block_bytes_ += static_cast<int64_t>(size);
+  high_water_bytes_ = std::max(high_water_bytes_, live_block_bytes_);
   const int c = static_cast<int>(category);
   stats_.current[c] += static_cast<int64_t>(bytes);
   if (stats_.current[c] > stats_.peak[c]) stats_.peak[c] = stats_.current[c];
@@ -103,9 +115,23 @@ void MemoryTracker::release(void* ptr, size_t bytes, MemCategory category) {
   if (ptr == nullptr) return;
   const size_t size = block_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
+  live_block_bytes_ -= static_cast<int64_t>(size);
   if (caching_ && size >= kCacheMinBytes) {
-    cache_.emplace(size, ptr);
+    cache_.emplace(size, lru_.insert(lru_.end(), CachedBlock{size, ptr}));
     stats_.cached_bytes += static_cast<int64_t>(size);
+    // At most as many bytes cached as were ever live at once: the least recently released
+    // go back to the system first.
+    while (stats_.cached_bytes > high_water_bytes_) {
+      const CachedBlock oldest = lru_.front();
+      auto [first, last] = cache_.equal_range(oldest.size);
+      while (first != last && first->second != lru_.begin()) ++first;
+      FP_CHECK(first != last, "the block cache lost a block of {} bytes", oldest.size);
+      cache_.erase(first);
+      lru_.pop_front();
+      free_block(oldest.ptr, oldest.size);
+      stats_.cached_bytes -= static_cast<int64_t>(oldest.size);
+      ++stats_.cache_evictions;
+    }
   } else {
     free_block(ptr, size);
   }
@@ -128,7 +154,8 @@ void MemoryTracker::release_cache() {
 }
 
 void MemoryTracker::release_cache_locked() {
-  for (auto& [size, ptr] : cache_) free_block(ptr, size);
+  for (const CachedBlock& b : lru_) free_block(b.ptr, b.size);
+  lru_.clear();
   cache_.clear();
   stats_.cached_bytes = 0;
 }

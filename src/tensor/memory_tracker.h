@@ -10,10 +10,15 @@
 // made by make_storageless(): same counts, no storage; tensor/storageless_allocator.h).
 //
 // Blocks of kCacheMinBytes or more are kept after release and handed out again for a
-// request of the same rounded size (training steps allocate the same shapes every step;
-// fresh pages would cost a page fault each). Cached bytes are NOT counted as live: the
-// counters describe tensors, `cached_bytes` what the cache holds on top. The cache is off
-// under AddressSanitizer so that use-after-free is still caught.
+// request of the same size class (training steps allocate the same shapes every step; fresh
+// pages cost a page fault each, 5-12 us on the VMs measured here). The classes are geometric,
+// 8 per doubling (block_size), so that sizes which change from step to step (a MoE expert's
+// rows, a prompt's length) share blocks; and the cache holds at most the most bytes of blocks
+// ever live at once, releasing the least recently released blocks beyond that. Without both,
+// a MoE model's training kept every block it ever made (docs/PERFORMANCE.md, "The block
+// cache under MoE"). Cached bytes are NOT counted as live: the counters describe tensors,
+// `cached_bytes` what the cache holds on top. The cache is off under AddressSanitizer so
+// that use-after-free is still caught.
 //
 // Blocks come from aligned_alloc unless a BlockAllocator is installed (the CUDA program
 // installs device memory, cudaMalloc behind a caching pool; tests install the guarded
@@ -25,6 +30,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -55,6 +61,7 @@ struct MemoryStats {
   int64_t total_allocations = 0;                     // allocations ever made
   int64_t cached_bytes = 0;                          // released blocks kept for reuse (not live)
   int64_t cache_hits = 0;                            // allocations served from the cache
+  int64_t cache_evictions = 0;  // cached blocks returned to the system to stay within the bound
   // Bytes moved by explicit copies between host memory and this tracker's tensors
   // (Tensor::copy_from_host/copy_to_host and the backends' copy_from_host/copy_to_host),
   // since the tracker began: what crosses the bus where tensors are device memory.
@@ -89,7 +96,9 @@ class MemoryTracker {
  public:
   static constexpr size_t kAlignment = 64;
   static constexpr size_t kCacheMinBytes = 64 * 1024;  // smaller blocks go straight back to malloc
-  static constexpr size_t kCacheGranule = 4096;        // cached sizes are rounded up to this
+  // Blocks of kCacheMinBytes or more come in kCacheClassesPerDoubling sizes between two
+  // powers of two (block_size): at most 1/8 above the request.
+  static constexpr size_t kCacheClassesPerDoubling = 8;
   static constexpr size_t kMaxAllocationBytes = size_t{1} << 48;  // larger requests fail (no wrap-around)
 
   MemoryTracker();
@@ -126,6 +135,10 @@ class MemoryTracker {
   // The installed BlockAllocator's failure_reason(); empty without one.
   std::string failure_reason() const;
 
+  // The block a request of `bytes` takes: 64-byte aligned below kCacheMinBytes, else the
+  // next of kCacheClassesPerDoubling geometric size classes (a multiple of 8 KiB).
+  static size_t block_size(size_t bytes);
+
   MemoryStats stats() const;
   // Sets every peak to the current value, so the next reading is the peak of what follows.
   void reset_peaks();
@@ -139,7 +152,7 @@ class MemoryTracker {
   void set_block_allocator(BlockAllocator* allocator);
 
  private:
-  size_t block_size(size_t bytes) const;
+
   BlockAllocator* block_allocator() const;
   void release_cache_locked();
   void* allocate_block(size_t size);
@@ -148,7 +161,14 @@ class MemoryTracker {
   mutable std::mutex mu_;
   MemoryStats stats_;
   bool caching_ = true;
-  std::multimap<size_t, void*> cache_;  // block size -> free block
+  struct CachedBlock {
+    size_t size;
+    void* ptr;
+  };
+  std::list<CachedBlock> lru_;  // the cached blocks, least recently released first
+  std::multimap<size_t, std::list<CachedBlock>::iterator> cache_;  // block size -> its blocks in lru_
+  int64_t live_block_bytes_ = 0;  // the blocks (block_size) of live tensors
+  int64_t high_water_bytes_ = 0;  // the most live_block_bytes_ has been: the cache's bound
   BlockAllocator* block_allocator_ = nullptr;  // null: aligned_alloc / free
   std::unique_ptr<BlockAllocator> owned_allocator_;  // make_storageless: the reservation
   bool storageless_ = false;
