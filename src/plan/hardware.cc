@@ -4,7 +4,9 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
+#include <string_view>
 
 namespace foldpar {
 
@@ -220,6 +222,11 @@ Status Hardware::validate() const {
                             name, attention_efficiency);
   if (!(overlap_efficiency >= 0 && overlap_efficiency <= 1))
     return invalid_argument("hardware '{}': overlap_efficiency ({}) must lie in [0, 1]", name, overlap_efficiency);
+  // The file keeps `measured` as a JSON object: a repeated name would lose one figure.
+  std::set<std::string_view> names;
+  for (const auto& [key, value] : measured)
+    if (!names.insert(key).second)
+      return invalid_argument("hardware '{}': measured holds '{}' twice (the names must differ)", name, key);
   return validate_fine_fields(*this);
 }
 

@@ -137,6 +137,19 @@ TEST(HardwareFile, BadTimelineFieldsNameTheField) {
   }
 }
 
+// `measured` is written as a JSON object, so a name given twice would keep one figure: a
+// calibration's table keys once collided with the copy-share key this way. validate() says so.
+TEST(HardwareFile, RepeatedMeasuredNamesAreRefused) {
+  Result<Hardware> h = parse("");
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  h->measured = {{"send_recv_16MiB_s", 0.0014}, {"copy_share_gemms_alone_s", 0.06}};
+  EXPECT_TRUE(h->validate().ok());
+  h->measured.emplace_back("send_recv_16MiB_s", 0.0015);
+  const Status s = h->validate();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("measured holds 'send_recv_16MiB_s' twice"), std::string::npos) << s.message();
+}
+
 // Every shipped description loads; the vendor ones name their sources and assumptions and
 // give the links a latency.
 TEST(HardwareFile, ShippedFilesLoadAndStateTheirSources) {
