@@ -43,7 +43,7 @@ Tensor TspStep::mlp_backward(int l, const ShardedWeights& w, const RingMlpSaved&
   be_.fill(0.0, d_a2);
   WeightRing ring = weight_ring(w.mlp[l]);
   // The gradient ring runs behind the products it carries: now, or in W (after_products).
-  auto gring = std::make_shared<GradRing>();
+  auto gring = std::make_shared<GradRing>(grad_ring(*ring.axis));
   for (int j = 0; j < D_; ++j) {
     weight_ring_send(ring, j);
     Tensor partial = grad_ring_partial(grads.mlp[l], j, {dims_.mlp_rows(), dims_.h});

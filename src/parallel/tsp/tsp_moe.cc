@@ -344,8 +344,7 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
     const Shape block_shape = ring.cur.shape();
     Tensor own_grad = comm_buffer(block_shape, DType::kF32);
     be_.fill(0.0, own_grad);
-    GradRing gring;
-    gring.axis = ring.axis;
+    GradRing gring = grad_ring(*ring.axis);
     for (int j = 0; j < ring.steps(); ++j) {
       weight_ring_send(ring, j);
       const int q = ring.owner(j);

@@ -141,18 +141,18 @@ void TspStep::grad_ring_send(GradRing& ring, int step, Tensor& partial) {
   }
   ring.sending = partial;
   ring.incoming = comm_buffer(partial.shape(), partial.dtype());
-  Communicator& axis = ring.axis != nullptr ? *ring.axis : comm_;
-  const int n = axis.size(), p = axis.rank();
-  ring.hop = axis.isend_recv(ring.sending.raw_data(), ring.incoming.raw_data(), static_cast<size_t>(partial.numel()),
+  const int n = ring.axis.size(), p = ring.axis.rank();
+  ring.hop = ring.axis.isend_recv(ring.sending.raw_data(), ring.incoming.raw_data(), static_cast<size_t>(partial.numel()),
                              partial.dtype(), (p + 1) % n, (p - 1 + n) % n);
   if (!opt_.overlap) wait(ring.hop);
 }
 
 void TspStep::grad_ring_finish(GradRing& ring, Tensor& own_grad) {
-  if ((ring.axis != nullptr ? ring.axis->size() : D_) == 1) return;
+  if (ring.axis.size() == 1) return;
   wait(ring.hop);
   be_.add_inplace(ring.incoming, own_grad);
-  ring = GradRing();
+  ring.incoming = Tensor();
+  ring.sending = Tensor();
 }
 
 void TspStep::reduce_home(CommRequest& request, Tensor& g, int owner) {

@@ -205,12 +205,14 @@ class TspStep {
   // Gradients travelling home behind the weights (spec 5): at step j >= 1 a rank adds its
   // partial for shard (p - j) to the accumulator received from p-1 and passes it on; after
   // D-1 hops the accumulator of shard r reaches r, which adds its own step-0 partial.
+  // Built on the axis its weights travel (the tsp axis, or a MoE expert group): grad_ring().
   struct GradRing {
+    Communicator& axis;
     Tensor incoming;
     Tensor sending;
     CommRequest hop;
-    Communicator* axis = nullptr;  // the weight ring's axis; nullptr: the tsp axis (comm_)
   };
+  GradRing grad_ring(Communicator& axis) { return GradRing{axis, Tensor(), Tensor(), CommRequest()}; }
   // The buffer step j's partial goes into: the gradient itself at j == 0 (accumulate with
   // beta 1), a fresh zero-free buffer (written with beta 0) otherwise.
   Tensor grad_ring_partial(Tensor& own_grad, int step, const Shape& shape);

@@ -24,7 +24,7 @@ Tensor TspStep::embed(const ShardedWeights& w, const Tensor& ids) {
 
 void TspStep::embed_backward(const Tensor& ids, const Tensor& dx, ShardedWeights& grads) {
   // No weights needed: only the gradient trip home.
-  GradRing gring;
+  GradRing gring = grad_ring(comm_);
   for (int j = 0; j < D_; ++j) {
     Tensor partial = grad_ring_partial(grads.embed, j, {dims_.v_rows, dims_.h});
     if (j > 0) be_.fill(0.0, partial);
@@ -83,7 +83,7 @@ Tensor TspStep::head_backward(const ShardedWeights& w, const HeadSaved& hs, cons
   Tensor d_xf = act({T, h});
   be_.fill(0.0, d_xf);
   WeightRing ring = weight_ring(w.lm_head);
-  GradRing gring;
+  GradRing gring = grad_ring(comm_);
   for (int j = 0; j < D_; ++j) {
     weight_ring_send(ring, j);
     // logits = xf Whead^T for this shard, again; then softmax - onehot, in place.
