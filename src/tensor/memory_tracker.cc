@@ -119,9 +119,9 @@ void MemoryTracker::release(void* ptr, size_t bytes, MemCategory category) {
   if (caching_ && size >= kCacheMinBytes) {
     cache_.emplace(size, lru_.insert(lru_.end(), CachedBlock{size, ptr}));
     stats_.cached_bytes += static_cast<int64_t>(size);
-    // At most as many bytes cached as were ever live at once: the least recently released
-    // go back to the system first.
-    while (stats_.cached_bytes > high_water_bytes_) {
+    // At most twice as many bytes cached as were ever live at once (kCacheBoundFactor): the
+    // least recently released go back to the system first.
+    while (stats_.cached_bytes > kCacheBoundFactor * high_water_bytes_) {
       const CachedBlock oldest = lru_.front();
       auto [first, last] = cache_.equal_range(oldest.size);
       while (first != last && first->second != lru_.begin()) ++first;
