@@ -6,7 +6,11 @@
 // rounds and ratios to OpenBLAS are printed, with the oneDNN implementation each used.
 //
 //   gemm_engine_bench [--model configs/small.json] [--tokens 1024] [--rounds 7] [--threads 1]
-//                     [--seconds 0.05 per measurement] [--beta 0]
+//                     [--seconds 0.05 per measurement] [--beta 0] [--cold-mib 0]
+//
+// --cold-mib M: each shape rotates over copies of its operands that together pass M MiB, so that
+// every call reads its operands from memory as a training step does (a step's products rarely
+// find their operands in cache), instead of the warm repeat of one set (0, the default).
 //
 // Figures: docs/PERFORMANCE.md, "GEMM engines". Prints; asserts nothing.
 #include <algorithm>
@@ -57,16 +61,19 @@ std::vector<Shape> shapes_of(const foldpar::LlamaConfig& c, int64_t T) {
 }
 
 enum class Variant { kOpenBlas, kOneDnnF32, kSkinny, kOneDnnBf16 };
-struct Operands {
+struct Operands {  // `copies` sets laid end to end; calls rotate over them (--cold-mib)
   std::vector<float> a, b, c;
   std::vector<foldpar::bf16> a16, b16;
+  int64_t copies = 1, next = 0;
 };
 
-Operands make_operands(const Shape& s) {
+Operands make_operands(const Shape& s, double cold_mib) {
   Operands o;
-  o.a.resize(static_cast<size_t>(s.m * s.k));
-  o.b.resize(static_cast<size_t>(s.k * s.n));
-  o.c.resize(static_cast<size_t>(s.m * s.n));
+  const double set_bytes = 4.0 * static_cast<double>(s.m * s.k + s.k * s.n + s.m * s.n);
+  o.copies = cold_mib > 0 ? std::max<int64_t>(2, static_cast<int64_t>(cold_mib * 1048576.0 / set_bytes) + 1) : 1;
+  o.a.resize(static_cast<size_t>(s.m * s.k * o.copies));
+  o.b.resize(static_cast<size_t>(s.k * s.n * o.copies));
+  o.c.resize(static_cast<size_t>(s.m * s.n * o.copies));
   uint64_t state = 12345;
   for (auto* v : {&o.a, &o.b})
     for (float& x : *v) {
@@ -82,15 +89,21 @@ float g_beta = 0;  // --beta: 1 is the accumulation of the step's gradients and 
 
 void run_once(Variant v, const Shape& s, Operands& o) {
   const MatmulDims d = dims_of(s);
+  const int64_t i = o.next;
+  o.next = (o.next + 1) % o.copies;
+  const float* a = o.a.data() + i * s.m * s.k;
+  const float* b = o.b.data() + i * s.k * s.n;
+  float* c = o.c.data() + i * s.m * s.n;
   switch (v) {
     case Variant::kOpenBlas:
-      return foldpar::gemm_f32(GemmEngine::kOpenBlas, d, s.ta, s.tb, o.a.data(), o.b.data(), o.c.data(), 1, g_beta);
+      return foldpar::gemm_f32(GemmEngine::kOpenBlas, d, s.ta, s.tb, a, b, c, 1, g_beta);
     case Variant::kOneDnnF32:
-      return foldpar::gemm_f32(GemmEngine::kOneDnn, d, s.ta, s.tb, o.a.data(), o.b.data(), o.c.data(), 1, g_beta);
+      return foldpar::gemm_f32(GemmEngine::kOneDnn, d, s.ta, s.tb, a, b, c, 1, g_beta);
     case Variant::kSkinny:
-      return foldpar::gemm_f32(GemmEngine::kSkinny, d, s.ta, s.tb, o.a.data(), o.b.data(), o.c.data(), 1, g_beta);
+      return foldpar::gemm_f32(GemmEngine::kSkinny, d, s.ta, s.tb, a, b, c, 1, g_beta);
     case Variant::kOneDnnBf16:
-      return foldpar::gemm_bf16(d, s.ta, s.tb, o.a16.data(), o.b16.data(), foldpar::DType::kF32, o.c.data(), 1, g_beta);
+      return foldpar::gemm_bf16(d, s.ta, s.tb, o.a16.data() + i * s.m * s.k, o.b16.data() + i * s.k * s.n,
+                                foldpar::DType::kF32, c, 1, g_beta);
   }
 }
 
@@ -129,22 +142,25 @@ int main(int argc, char** argv) {
   const int threads = std::atoi(arg(argc, argv, "--threads", "1"));
   const double budget = std::atof(arg(argc, argv, "--seconds", "0.05"));
   g_beta = static_cast<float>(std::atof(arg(argc, argv, "--beta", "0")));
+  const double cold_mib = std::atof(arg(argc, argv, "--cold-mib", "0"));
   foldpar::Result<foldpar::LlamaConfig> config = foldpar::LlamaConfig::load(model);
-  if (!config.ok() || tokens <= 0 || rounds <= 0 || threads <= 0) {
+  if (!config.ok() || tokens <= 0 || rounds <= 0 || threads <= 0 || !(cold_mib >= 0)) {
     std::fprintf(stderr, "gemm_engine_bench: %s\n",
-                 config.ok() ? "--tokens, --rounds and --threads must be positive" : config.status().to_string().c_str());
+                 config.ok() ? "--tokens, --rounds and --threads must be positive, --cold-mib not negative"
+                             : config.status().to_string().c_str());
     return 2;
   }
   foldpar::set_gemm_threads(threads);
   const foldpar::GemmEngineReport& rep = foldpar::gemm_engine_report();
   std::printf("%s\n", rep.summary().c_str());
   if (!rep.warning.empty()) std::printf("warning: %s\n", rep.warning.c_str());
-  std::printf("model %s, T = %lld tokens, %d threads, %d interleaved rounds, beta %g, medians in GFLOP/s\n",
-              model.c_str(), static_cast<long long>(tokens), threads, rounds, g_beta);
+  std::printf("model %s, T = %lld tokens, %d threads, %d interleaved rounds, beta %g, %s, medians in GFLOP/s\n",
+              model.c_str(), static_cast<long long>(tokens), threads, rounds, g_beta,
+              cold_mib > 0 ? fmt::format("cold operands (copies over {} MiB)", cold_mib).c_str() : "warm operands");
 
   const std::vector<Shape> shapes = shapes_of(*config, tokens);
   std::vector<Operands> ops;
-  for (const Shape& s : shapes) ops.push_back(make_operands(s));
+  for (const Shape& s : shapes) ops.push_back(make_operands(s, cold_mib));
   auto variants_of = [&](const Shape& s) {
     std::vector<Variant> v = {Variant::kOpenBlas, Variant::kOneDnnF32};
     if (!s.ta && s.m <= 4) v.push_back(Variant::kSkinny);
