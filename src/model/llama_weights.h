@@ -25,6 +25,11 @@ struct ExpertWeights {
 struct MoeLayerWeights {
   Tensor router;                       // [E, h]  block_sparse_moe.gate.weight / mlp.gate.weight
   std::vector<ExpertWeights> experts;  // E
+  // [E * 3 f_e, h]: the routed experts' storage, expert j's w_gate, w_up and w_down rows from
+  // 3 f_e j (expert_in_block, moe_weights.h); `experts` are views into it, so TSP's expert ring
+  // sends it whole and its gradient ring lands in it, with no packing copy. Undefined where
+  // the experts were made apart (the ring then packs them).
+  Tensor expert_block;
   ExpertWeights shared;                // [f_s, h] ... mlp.shared_expert.*; undefined without one
   Tensor shared_gate;                  // [1, h]  mlp.shared_expert_gate.weight
   int64_t sparse_index = -1;           // this layer's position among the sparse layers (the aux loss's row)

@@ -20,6 +20,13 @@ MoeLayerWeights allocate_moe_layer(const LlamaConfig& config, DType dtype, MemCa
 MoeLayerWeights allocate_moe_layer(const LlamaConfig& config, DType dtype, MemCategory category,
                                    int64_t sparse_index, int64_t experts, int64_t expert_rows);
 
+// Expert j's views into a block of experts [n * 3 f, h] (MoeLayerWeights::expert_block): its
+// gate and up projections [f, h], then its down projection [h, f], from row 3 f j.
+ExpertWeights expert_in_block(const Tensor& block, int64_t j, int64_t f);
+// Whether w.experts are exactly expert_in_block(w.expert_block, j, f) (same addresses and
+// shapes): what a consumer checks before it takes the block for the experts.
+bool experts_are_block_views(const MoeLayerWeights& w);
+
 // Whether `name` is a routed expert's down projection ([h, f_e]: experts.j.w2 / down_proj),
 // whose f_e runs along its columns (gate and up along their rows).
 bool is_expert_down_projection(const std::string& name);

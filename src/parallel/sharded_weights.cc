@@ -384,6 +384,9 @@ ShardedGrads ShardedGrads::allocate(const LlamaConfig& c, const ShardDims& dims,
       const int64_t experts_begin = offset;
       for (int64_t e = 0; e < dims.experts; ++e) m.experts.push_back(expert(dims.expert_rows));
       g.expert_regions_.emplace_back(experts_begin, offset);
+      // The same layout as the weights' block (moe_weights.h): the expert ring's gradient lands here.
+      if (dims.experts > 0)
+        m.expert_block = g.flat_.narrow(experts_begin, offset).reshape({dims.experts * 3 * dims.expert_rows, h});
       if (fs > 0) {
         m.shared = expert(fs);
         m.shared_gate = take({1, h}, true);

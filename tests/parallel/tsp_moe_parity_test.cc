@@ -20,6 +20,7 @@
 #include "core/tolerance.h"
 #include "comm/mesh.h"
 #include "comm/self_communicator.h"
+#include "model/moe_weights.h"
 #include "moe_bf16_rules.h"
 #include "moe_checks.h"
 #include "mpi_test_main.h"
@@ -74,6 +75,9 @@ struct Case {
   // partner's f_e slice (rank p ^ 1), misaligned with its own gate and up rows.
   bool misalign_slice = false;
   int64_t kv_heads = 0;  // > 0: num_key_value_heads (fewer than D: KV replicas)
+  // Each expert's weights and gradients in storage of their own, not views into the layer's
+  // expert block: the ring packs a block of copies (its path for experts made apart).
+  bool experts_apart = false;
 };
 
 const InitOptions kInit{.seed = 5, .std = 0.1, .norm_jitter = 0.2};
@@ -127,6 +131,16 @@ void check_parity(const Case& k) {
   }
   ShardedWeights tg = ShardedWeights::allocate(c, model->dims(), p, DType::kF32, MemCategory::kGradients);
   tg.zero();
+  if (k.experts_apart) {
+    for (auto* ws : {&tw, &tg})
+      for (auto& m : ws->moe) {
+        if (!m.defined()) continue;
+        ASSERT_TRUE(experts_are_block_views(m));
+        for (auto& e : m.experts)
+          for (Tensor* t : {&e.w_gate, &e.w_up, &e.w_down}) *t = t->clone(MemCategory::kParameters);
+        ASSERT_FALSE(experts_are_block_views(m));
+      }
+  }
   const Batch local = model->shard().local_batch(global);
   Result<StepResult> got = model->forward_backward(*be, world, tw, local, tg);
   ASSERT_TRUE(got.ok()) << got.status().to_string();
@@ -206,6 +220,11 @@ TEST(TspMoeParity, Qwen2SharedExpertAndDenseLayerAllToAll) { check_parity(Case{M
 TEST(TspMoeParity, Qwen2SharedExpertAndDenseLayerGather) { check_parity(Case{MoeFamily::kQwen2, kGather}); }
 TEST(TspMoeParity, MixtralRing) { check_parity(Case{MoeFamily::kMixtral, kRing}); }
 TEST(TspMoeParity, Qwen2SharedExpertAndDenseLayerRing) { check_parity(Case{MoeFamily::kQwen2, kRing}); }
+TEST(TspMoeParity, MixtralRingWithExpertsMadeApart) {
+  Case k{MoeFamily::kMixtral, kRing};
+  k.experts_apart = true;
+  check_parity(k);
+}
 // Fewer KV heads than ranks in a MoE model (one KV head: a replica on every rank), under each
 // dispatch: the attention is TSP's, whose KV replicas the MoE layer does not touch.
 TEST(TspMoeParity, OneKvHeadEachDispatch) {

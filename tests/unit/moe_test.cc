@@ -21,6 +21,9 @@
 #include "core/tolerance.h"
 #include "model/llama_model.h"
 #include "model/moe_layer.h"
+#include "model/moe_weights.h"
+#include "parallel/sharded_weights.h"
+#include "parallel/tsp/tsp_model.h"
 #include "test_util.h"
 
 namespace foldpar {
@@ -318,6 +321,43 @@ TEST(MoeWeights, HuggingFaceNamesPerFamily) {
   EXPECT_TRUE(names.count("model.layers.1.mlp.shared_expert_gate.weight"));
   EXPECT_TRUE(names.count("model.layers.2.mlp.gate_proj.weight"));  // mlp_only_layers: dense
   EXPECT_FALSE(names.count("model.layers.2.mlp.gate.weight"));
+}
+
+TEST(MoeWeights, ExpertsAreViewsIntoTheLayersBlock) {
+  // The single-rank layer, a TSP rank's shard (2 of 4 experts) and its flat gradients: one
+  // block per layer, expert j's gate, up and down rows from 3 f_e j (the ring sends it whole).
+  LlamaConfig c = moe_config(MoeFamily::kMixtral);
+  c.vocab_size = 12;  // divisible by tsp=2
+  const int64_t h = c.hidden_size, fe = c.moe.moe_intermediate_size;
+  MoeLayerWeights w = allocate_moe_layer(c, DType::kF32, MemCategory::kParameters, 0);
+  ASSERT_EQ(w.expert_block.shape(), (Shape{c.moe.num_experts * 3 * fe, h}));
+  EXPECT_TRUE(experts_are_block_views(w));
+  w.expert_block.zero();
+  w.experts[1].w_down.data<float>()[fe * 2 + 1] = 7.0f;  // [h, f_e] row 2, column 1
+  EXPECT_EQ(w.expert_block.data<float>()[(3 * fe + 2 * fe) * h + fe * 2 + 1], 7.0f);
+
+  Layout opt;
+  opt.tsp = 2;
+  Result<TspModel> model = TspModel::create(c, opt, 1, 16);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  ShardedWeights sw = ShardedWeights::allocate(c, model->dims(), 1, DType::kF32, MemCategory::kParameters);
+  ShardedGrads sg = ShardedGrads::allocate(c, model->dims(), 1, MemCategory::kGradients);
+  size_t sparse = 0;
+  for (const ShardedWeights* s : {&sw, &sg.views()})
+    for (const MoeLayerWeights& m : s->moe) {
+      if (!m.defined()) continue;
+      ++sparse;
+      EXPECT_EQ(m.experts.size(), 2u);
+      EXPECT_TRUE(experts_are_block_views(m));
+    }
+  EXPECT_EQ(sparse, 2u * 3);  // the three layers of this config, in the weights and the gradients
+
+  // Experts that are not the block's views (reordered, or copied apart) are reported so.
+  std::swap(w.experts[0], w.experts[1]);
+  EXPECT_FALSE(experts_are_block_views(w));
+  std::swap(w.experts[0], w.experts[1]);
+  w.experts[2].w_up = w.experts[2].w_up.clone(MemCategory::kParameters);
+  EXPECT_FALSE(experts_are_block_views(w));
 }
 
 std::string mixtral_json(const std::string& extra) {

@@ -44,6 +44,7 @@
 // are then those of the single-rank model on the whole global batch.
 #include <numeric>
 
+#include "model/moe_weights.h"
 #include "parallel/tsp/tsp_step.h"
 
 namespace foldpar::tsp_detail {
@@ -88,8 +89,12 @@ MoeDispatch TspStep::moe_scheme() const {
   return MoeDispatch::kAllToAll;  // not reached: moe_dispatch_by_bytes never answers auto
 }
 
-Tensor TspStep::pack_experts(const std::vector<ExpertWeights>& experts) const {
+Tensor TspStep::pack_experts(const MoeLayerWeights& w) const {
+  // The experts are views into their layer's block (moe_weights.cc): send it as it is.
+  if (experts_are_block_views(w) && w.expert_block.dim(0) == dims_.experts * 3 * dims_.expert_rows)
+    return w.expert_block;
   const int64_t h = dims_.h, fe = dims_.expert_rows, El = dims_.experts;
+  const std::vector<ExpertWeights>& experts = w.experts;
   Tensor block = Tensor::empty({El * 3 * fe, h}, experts.empty() ? DType::kF32 : experts[0].w_gate.dtype(),
                                MemCategory::kComm);
   for (int64_t j = 0; j < El; ++j) {
@@ -102,9 +107,7 @@ Tensor TspStep::pack_experts(const std::vector<ExpertWeights>& experts) const {
 }
 
 ExpertWeights TspStep::expert_block(const Tensor& block, int64_t j) const {
-  const int64_t h = dims_.h, fe = dims_.expert_rows, r0 = j * 3 * fe;
-  return ExpertWeights{block.narrow(r0, r0 + fe), block.narrow(r0 + fe, r0 + 2 * fe),
-                       block.narrow(r0 + 2 * fe, r0 + 3 * fe).reshape({h, fe})};
+  return expert_in_block(block, j, dims_.expert_rows);
 }
 
 void TspStep::record_moe_stats(const MoeLayerWeights& w, const std::vector<int64_t>& offsets, const Tensor& probs) {
@@ -206,7 +209,7 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
     // The ring runs over expert_comm(): the tsp axis, or the expert group of ep ranks when the
     // experts spread over dp replicas (its ranks of other replicas hold other tokens; tokens
     // never move, so each rank still meets every expert once).
-    WeightRing ring = weight_ring(pack_experts(mw.experts), &expert_comm());
+    WeightRing ring = weight_ring(pack_experts(mw), &expert_comm());
     r.expert_mlp.resize(static_cast<size_t>(ring.steps() * El));  // per piece: ring owner q's i-th (slice of an) expert
     // MPI progresses only inside MPI calls: advance the hop between the experts' GEMMs, as
     // the dense MLP ring does (tsp_mlp.cc), or the block moves only at the wait.
@@ -340,10 +343,14 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
     // Over the expert group when ep > D: the home block's gradient then sums the rows of all
     // K replicas of the group (as the a2a owner's does); the trainer's sum over edp (the dp/K
     // replicas holding the same experts) completes it, so no replica's rows count twice.
-    WeightRing ring = weight_ring(pack_experts(mw.experts), &expert_comm());
+    WeightRing ring = weight_ring(pack_experts(mw), &expert_comm());
     const Shape block_shape = ring.cur.shape();
-    Tensor own_grad = comm_buffer(block_shape, DType::kF32);
-    be_.fill(0.0, own_grad);
+    // This rank's experts' gradient block itself where the gradients are laid out as one
+    // (ShardedGrads): the step-0 products accumulate into it and the ring's sum lands in it.
+    const bool grads_in_block = experts_are_block_views(gw) && gw.expert_block.shape() == block_shape &&
+                                gw.expert_block.dtype() == DType::kF32;
+    Tensor own_grad = grads_in_block ? gw.expert_block : comm_buffer(block_shape, DType::kF32);
+    if (!grads_in_block) be_.fill(0.0, own_grad);
     GradRing gring = grad_ring(*ring.axis);
     for (int j = 0; j < ring.steps(); ++j) {
       weight_ring_send(ring, j);
@@ -367,7 +374,7 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
       weight_ring_advance(ring, j);
     }
     grad_ring_finish(gring, own_grad);
-    for (int64_t i = 0; i < El; ++i) {
+    for (int64_t i = 0; i < El && !grads_in_block; ++i) {
       const ExpertWeights g = expert_block(own_grad, i);
       be_.add_inplace(g.w_gate, gw.experts[i].w_gate);
       be_.add_inplace(g.w_up, gw.experts[i].w_up);

@@ -151,9 +151,10 @@ class TspStep {
   void blocking(const Status& status, StepTimer::Clock::time_point started) { timer_.blocking(status, started); }
   // Advances in-flight transfers (MPI progresses only inside MPI calls).
   static void poke(std::vector<CommRequest>& requests) { StepTimer::poke(requests); }
-  // Scheme C: a rank's El experts packed in one ring block [El * 3 f, h] (per expert gate, up,
-  // down; f = dims.expert_rows, f_e or a split expert's slice), and expert j's views into it.
-  Tensor pack_experts(const std::vector<ExpertWeights>& experts) const;
+  // Scheme C: a rank's El experts in one ring block [El * 3 f, h] (per expert gate, up, down;
+  // f = dims.expert_rows, f_e or a split expert's slice): the layer's expert_block where the
+  // experts are its views (no copy), else a packed copy; and expert j's views into a block.
+  Tensor pack_experts(const MoeLayerWeights& w) const;
   ExpertWeights expert_block(const Tensor& block, int64_t j) const;
   void record_moe_stats(const MoeLayerWeights& w, const std::vector<int64_t>& offsets, const Tensor& probs);
   // One attention unit's bias gradients (views into unit_bias_grad_, zeroed; undefined
