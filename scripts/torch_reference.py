@@ -469,6 +469,9 @@ class MoeCfg:
             raise BadInput(f"config.json: num_experts_per_tok {self.top_k} > experts {self.n_experts}")
         self.aux_coef = float(d.get("router_aux_loss_coef", 0.0))
         self.output_router_logits = bool(d.get("output_router_logits", False))
+        # foldpar's capacity limit (0: dropless): expert e keeps at most ceil(C S k / E) of each
+        # sequence's token-expert pairs, in position order (a token's k choices in rank order).
+        self.capacity_factor = float(d.get("moe_capacity_factor", 0.0) or 0.0)
 
     def is_sparse(self, i):
         return i not in self.mlp_only and (i + 1) % self.sparse_step == 0
@@ -514,6 +517,14 @@ def moe_block(x, p, m):
     weights, selected = _top_k(routing, m.top_k)
     if m.norm_topk:
         weights = weights / weights.sum(dim=-1, keepdim=True)
+    if m.capacity_factor > 0:
+        # Written as a running count per sequence over the (token, slot) pairs, independently of
+        # foldpar's loop: a pair is kept while its expert's count so far is within capacity.
+        cap = math.ceil(m.capacity_factor * S * m.top_k / m.n_experts)
+        onehot = torch.nn.functional.one_hot(selected.reshape(B, S * m.top_k), m.n_experts)  # [B, S k, E]
+        rank = (torch.cumsum(onehot, dim=1) * onehot).sum(dim=-1)                       # 1-based, per expert
+        keep = (rank <= cap).reshape(B * S, m.top_k)
+        weights = weights * keep.to(weights.dtype)  # a dropped pair adds nothing, gets no gradient
     out = torch.zeros_like(xs)
     for e in range(m.n_experts):
         tok, slot = torch.where(selected == e)

@@ -35,6 +35,9 @@ Result<Weights> locate_weights(const GenerateOptions& o) {
     w.hf = true;
     FP_ASSIGN_OR_RETURN(w.config, LlamaConfig::load((fs::path(o.hf_dir) / "config.json").string()));
   }
+  // Generation routes dropless: a capacity limit is a training-time regularizer, and a decoded
+  // token cannot know the sequence length it would be counted against.
+  w.config.moe.capacity_factor = 0.0;
   return w;
 }
 

@@ -2,6 +2,7 @@
 #include "model/moe_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 namespace foldpar {
@@ -32,6 +33,11 @@ Status read_routing_keys(const nlohmann::json& j, MoeConfig& m) {
   }
   FP_RETURN_IF_ERROR(read_bool(j, "output_router_logits", &m.output_router_logits));
   FP_RETURN_IF_ERROR(read_bool(j, "router_aux_loss_per_layer", &m.aux_per_layer));
+  if (auto it = j.find("moe_capacity_factor"); it != j.end() && !it->is_null()) {
+    if (!it->is_number())
+      return invalid_argument("config: \"moe_capacity_factor\" must be a number, got {}", it->dump());
+    m.capacity_factor = it->get<double>();
+  }
   // Routers other than softmax-then-top-k are refused (e.g. DeepSeek's grouped or sigmoid
   // routers, which their configs name with these keys).
   // Mixtral's training-time jitter multiplies the router input by noise; foldpar routes exactly.
@@ -128,7 +134,15 @@ Status MoeConfig::validate(int64_t layers) const {
     return invalid_argument("config: a mixtral model always renormalises its top-k weights (norm_topk_prob false)");
   if (!(router_aux_loss_coef >= 0))
     return invalid_argument("config: router_aux_loss_coef ({}) must not be negative", router_aux_loss_coef);
+  if (!(capacity_factor >= 0 && capacity_factor <= 1e6))
+    return invalid_argument("config: moe_capacity_factor ({}) must be in [0, 1e6] (0: dropless)", capacity_factor);
   return Status();
+}
+
+int64_t MoeConfig::expert_capacity(int64_t seq) const {
+  if (!(capacity_factor > 0) || num_experts <= 0) return 0;
+  return static_cast<int64_t>(std::ceil(capacity_factor * static_cast<double>(seq * num_experts_per_tok) /
+                                        static_cast<double>(num_experts)));
 }
 
 Result<MoeConfig> MoeConfig::from_json(const nlohmann::json& j, MoeFamily family) {
@@ -164,6 +178,7 @@ void MoeConfig::to_json(nlohmann::ordered_json& j) const {
   j["router_aux_loss_coef"] = router_aux_loss_coef;
   j["output_router_logits"] = output_router_logits;
   if (aux_per_layer) j["router_aux_loss_per_layer"] = true;
+  if (capacity_factor > 0) j["moe_capacity_factor"] = capacity_factor;
 }
 
 }  // namespace foldpar

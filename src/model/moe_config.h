@@ -36,9 +36,16 @@ struct MoeConfig {
   // foldpar's own key "router_aux_loss_per_layer": the aux loss summed over the sparse layers,
   // each of its own rows (Switch's form), instead of Hugging Face's over every layer's rows at once.
   bool aux_per_layer = false;
+  // foldpar's own key "moe_capacity_factor" C (0: dropless, the default): each expert takes at
+  // most ceil(C S k / E) of a sequence's S k token-expert pairs, earlier positions first (a
+  // token's k choices in rank order); the pairs beyond it are dropped (they add nothing and
+  // their routing weights get no gradient). The aux loss counts the choices before the drop.
+  double capacity_factor = 0.0;
   MoeFamily family = MoeFamily::kMixtral;
 
   bool enabled() const { return num_experts > 0; }
+  // The most pairs one expert takes from a sequence of `seq` tokens; 0: no limit (dropless).
+  int64_t expert_capacity(int64_t seq) const;
   // Whether layer `layer` has experts (false for every layer of a dense model).
   bool is_sparse_layer(int64_t layer) const;
   int64_t sparse_layer_count(int64_t layers) const;

@@ -21,27 +21,32 @@ Tensor act(const Shape& shape, const Tensor& like) {
 
 
 
-// Sorts the T * k slots by expert (stably: token order within an expert).
+// Sorts the T * k slots by expert (stably: token order within an expert); dropped slots
+// (kDroppedExpert) are not dispatched.
 void dispatch_order(const std::vector<int32_t>& experts, int64_t k, int64_t E, MoeSaved& s,
                     std::vector<int32_t>& token_rows, std::vector<int32_t>& slot_rows) {
   s.offsets.assign(static_cast<size_t>(E + 1), 0);
   for (int32_t e : experts) {
+    if (e == kDroppedExpert) continue;
     FP_CHECK(e >= 0 && e < E, "routing chose expert {} of {}", e, E);
     ++s.offsets[e + 1];
   }
   std::partial_sum(s.offsets.begin(), s.offsets.end(), s.offsets.begin());
   std::vector<int64_t> next(s.offsets.begin(), s.offsets.end() - 1);
-  token_rows.resize(experts.size());
-  slot_rows.resize(experts.size());
+  token_rows.resize(static_cast<size_t>(s.offsets[E]));
+  slot_rows.resize(static_cast<size_t>(s.offsets[E]));
   for (size_t p = 0; p < experts.size(); ++p) {
+    if (experts[p] == kDroppedExpert) continue;
     const int64_t at = next[experts[p]]++;
     token_rows[at] = static_cast<int32_t>(p / k);
     slot_rows[at] = static_cast<int32_t>(p);
   }
 }
 
-// Records the layer's counts and probability sums (the sums via a ones-row GEMM).
-void record_stats(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSaved& s, MoeAux& aux) {
+// Records the layer's counts (`choices`: every expert's top-k choices, before any capacity
+// drop) and probability sums (the sums via a ones-row GEMM).
+void record_stats(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSaved& s,
+                  const std::vector<int64_t>& choices, MoeAux& aux) {
   Backend& be = *ctx.backend;
   const int64_t T = ctx.rows(), E = w.router.dim(0);
   FP_CHECK(w.sparse_index >= 0 && w.sparse_index < static_cast<int64_t>(aux.counts.size()),
@@ -61,7 +66,7 @@ void record_stats(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSa
   auto& counts = aux.counts[w.sparse_index];
   auto& probs = aux.prob_sums[w.sparse_index];
   counts.assign(static_cast<size_t>(E), 0);
-  for (int64_t e = 0; e < E; ++e) counts[e] = s.offsets[e + 1] - s.offsets[e];
+  for (int64_t e = 0; e < E; ++e) counts[e] = choices[static_cast<size_t>(e)];
   probs.assign(host.begin(), host.end());
   aux.rows[w.sparse_index] = T;
 }
@@ -209,7 +214,7 @@ void moe_forward(const BlockContext& ctx, const MoeLayerWeights& w, const Tensor
                  MoeAux* aux) {
   Backend& be = *ctx.backend;
   const MoeConfig& m = ctx.config->moe;
-  const int64_t T = ctx.rows(), h = a.dim(-1), E = m.num_experts, k = m.num_experts_per_tok, M = T * k;
+  const int64_t T = ctx.rows(), h = a.dim(-1), E = m.num_experts, k = m.num_experts_per_tok;
   MoeSaved s;
   // ---- routing: p = softmax(a R^T), top k ----
   Tensor logits = act({T, E}, a);
@@ -219,17 +224,22 @@ void moe_forward(const BlockContext& ctx, const MoeLayerWeights& w, const Tensor
   s.experts = Tensor::empty({T, k}, DType::kI32, MemCategory::kActivations);
   be.moe_route_forward(logits, m.norm_topk_prob, s.probs, s.weights, s.experts);
   logits = Tensor();
-  std::vector<int32_t> host_experts(static_cast<size_t>(M)), token_rows, slot_rows;
+  std::vector<int32_t> host_experts(static_cast<size_t>(T * k)), token_rows, slot_rows;
   be.copy_to_host(s.experts, std::as_writable_bytes(std::span<int32_t>(host_experts)));
+  std::vector<int64_t> choices(static_cast<size_t>(E), 0);
+  for (int32_t e : host_experts)
+    if (e >= 0 && e < E) ++choices[static_cast<size_t>(e)];
+  moe_drop_over_capacity(host_experts, ctx.batch, ctx.seq, k, E, m.expert_capacity(ctx.seq));
   dispatch_order(host_experts, k, E, s, token_rows, slot_rows);
+  const int64_t M = static_cast<int64_t>(token_rows.size());  // T k, less the dropped pairs
   s.token_rows = moe_upload_i32(be, token_rows);
   s.slot_rows = moe_upload_i32(be, slot_rows);
-  if (aux != nullptr) record_stats(ctx, w, s, *aux);
+  if (aux != nullptr) record_stats(ctx, w, s, choices, *aux);
   // ---- dispatch, the experts (one GEMM group each), the weighted combine ----
   s.dispatched = act({M, h}, a);
   be.gather_rows(a, s.token_rows, nullptr, s.dispatched);
   s.row_weights = act({M, 1}, a);
-  be.gather_rows(s.weights.reshape({M, 1}), s.slot_rows, nullptr, s.row_weights);
+  be.gather_rows(s.weights.reshape({T * k, 1}), s.slot_rows, nullptr, s.row_weights);
   s.expert_out = act({M, h}, a);
   s.expert_mlp.resize(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) {
@@ -323,14 +333,15 @@ void moe_backward(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSa
                   const Tensor& dy, Tensor& d_a, MoeLayerWeights& g, const std::vector<double>& prob_grad) {
   Backend& be = *ctx.backend;
   const MoeConfig& m = ctx.config->moe;
-  const int64_t T = ctx.rows(), h = a.dim(-1), E = m.num_experts, k = m.num_experts_per_tok, M = T * k;
+  const int64_t T = ctx.rows(), h = a.dim(-1), E = m.num_experts, k = m.num_experts_per_tok;
+  const int64_t M = s.token_rows.numel();  // the dispatched pairs (T k less any dropped)
   if (!d_a.defined()) {
     d_a = act({T, h}, dy);
     be.fill(0.0, d_a);
   }
   Tensor d_weights = act({T, k}, dy);
   be.fill(0.0, d_weights);
-  Tensor d_weights_rows = d_weights.reshape({M, 1});
+  Tensor d_weights_rows = d_weights.reshape({T * k, 1});  // a dropped pair's stays 0
   Tensor d_out = moe_combine_backward(be, s, dy, d_weights_rows);
   // ---- each expert's group, then the dispatch's adjoint ----
   Tensor d_dispatched = act({M, h}, dy);
@@ -351,6 +362,27 @@ void moe_backward(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSa
     MlpWeights gs = expert_mlp_weights(g.shared);
     moe_shared_backward(ctx, w, s, a, dy, d_a, g.shared_gate, 1.0f, gs);
   }
+}
+
+int64_t moe_drop_over_capacity(std::vector<int32_t>& experts, int64_t batch, int64_t seq, int64_t k, int64_t E,
+                               int64_t capacity) {
+  FP_CHECK(static_cast<int64_t>(experts.size()) == batch * seq * k, "{} expert ids for {} x {} tokens of k={}",
+           experts.size(), batch, seq, k);
+  if (capacity <= 0) return 0;
+  int64_t dropped = 0;
+  std::vector<int64_t> taken(static_cast<size_t>(E));
+  for (int64_t b = 0; b < batch; ++b) {
+    std::fill(taken.begin(), taken.end(), 0);
+    for (int64_t p = b * seq * k; p < (b + 1) * seq * k; ++p) {
+      int32_t& e = experts[static_cast<size_t>(p)];
+      if (e < 0 || e >= E) continue;
+      if (taken[static_cast<size_t>(e)]++ >= capacity) {
+        e = kDroppedExpert;
+        ++dropped;
+      }
+    }
+  }
+  return dropped;
 }
 
 Tensor moe_upload_i32(Backend& be, const std::vector<int32_t>& v) {

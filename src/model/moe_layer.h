@@ -2,7 +2,9 @@
 // (Backend::moe_route_forward), the dispatch of each token to its k experts, each expert a
 // gated MLP (mlp_forward over the rows routed to it, one GEMM group per expert), the
 // weighted combine, and Qwen2-MoE's shared expert with its sigmoid gate; forward and the
-// hand-written backward. Dropless: every routed token is computed. Pure math over a Backend.
+// hand-written backward. Dropless by default: every routed token is computed; with a
+// capacity factor the pairs beyond an expert's capacity are dropped (moe_drop_over_capacity).
+// Pure math over a Backend.
 //
 // Routing reaches the host once per layer: the k expert ids of every token come out
 // (copy_to_host) to size the per-expert groups, and the dispatch order goes back in
@@ -72,6 +74,14 @@ struct MoeSaved {
   Tensor shared_gate;        // [T, 1] sigmoid(a Wsg^T)
   MlpSaved shared_mlp;
 };
+
+// The capacity limit (MoeConfig::moe_capacity_factor) on the host expert ids of T = batch x seq
+// tokens (t-major, k per token, sequence-major rows): in each sequence, expert e keeps its
+// first `capacity` pairs in position order (a token's k slots in rank order) and every later
+// pair's id becomes kDroppedExpert. Returns the pairs dropped; capacity 0 drops none.
+inline constexpr int32_t kDroppedExpert = -1;
+int64_t moe_drop_over_capacity(std::vector<int32_t>& experts, int64_t batch, int64_t seq, int64_t k, int64_t E,
+                               int64_t capacity);
 
 // a: [T, h] the normed input; y: [T, h] accumulated (+=, it holds the residual). When
 // `aux` is given the layer's routing statistics are recorded there (row w.sparse_index).

@@ -234,6 +234,63 @@ INSTANTIATE_TEST_SUITE_P(Families, MoeModelGradCheck,
                                            std::make_tuple(MoeFamily::kQwen2, Recompute::kBlock, false),
                                            std::make_tuple(MoeFamily::kMixtral, Recompute::kNone, true)));
 
+TEST(MoeOps, CapacityKeepsEachExpertsFirstPairsOfASequence) {
+  // 2 sequences of 3 tokens, k = 2, E = 3, capacity 2: in sequence 0 expert 0's third pair
+  // (token 2, slot 0) goes; in sequence 1 expert 2's (token 2, slot 1). Counts restart per
+  // sequence: expert 2 keeps two pairs in sequence 1 although it had one in sequence 0.
+  std::vector<int32_t> e{0, 1, 0, 2, 0, 1, 2, 1, 2, 0, 1, 2};
+  std::vector<int32_t> unchanged = e;
+  EXPECT_EQ(moe_drop_over_capacity(unchanged, 2, 3, 2, 3, 0), 0);  // capacity 0: dropless
+  EXPECT_EQ(unchanged, e);
+  EXPECT_EQ(moe_drop_over_capacity(e, 2, 3, 2, 3, 2), 2);
+  const int32_t x = kDroppedExpert;
+  EXPECT_EQ(e, (std::vector<int32_t>{0, 1, 0, 2, x, 1, 2, 1, 2, 0, 1, x}));
+  MoeConfig m;
+  m.num_experts = 8;
+  m.num_experts_per_tok = 2;
+  EXPECT_EQ(m.expert_capacity(100), 0);  // no factor: no limit
+  m.capacity_factor = 1.25;
+  EXPECT_EQ(m.expert_capacity(100), 32);  // ceil(1.25 * 100 * 2 / 8) = ceil(31.25)
+  m.capacity_factor = -1;
+  EXPECT_FALSE(m.validate(1).ok());
+}
+
+TEST(MoeModel, CapacityDropsAndEveryGradientStillChecks) {
+  // ceil(0.5 * 5 * 2 / 4) = 2 of each sequence's 10 pairs per expert: some go (the loss moves),
+  // and fp64 finite differences still match every gradient (the drop is fixed near the point,
+  // as the top-k choice is). The aux statistics count the choices before the drop.
+  LlamaConfig c = moe_config(MoeFamily::kMixtral);
+  auto be = make_reference_backend();
+  LlamaWeights w = LlamaWeights::allocate(c, DType::kF64, MemCategory::kParameters);
+  init_weights(InitOptions{.seed = 5, .std = 0.5, .norm_jitter = 0.3}, w);
+  const Batch batch = tiny_batch();
+  const StepResult dropless = model_forward(c, *be, w, batch, {}).value();
+  c.moe.capacity_factor = 0.5;
+  ASSERT_TRUE(c.validate().ok());
+  ASSERT_EQ(c.moe.expert_capacity(5), 2);
+  LlamaWeights g = LlamaWeights::allocate(c, DType::kF64, MemCategory::kGradients);
+  g.zero();
+  Result<StepResult> r = model_forward_backward(c, *be, w, batch, {}, g);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_GT(std::abs(r->loss_sum - dropless.loss_sum), 1e-6 * dropless.loss_sum);
+  int64_t load = 0;  // every choice, dropped or not: 3 sparse layers x 10 tokens x k
+  for (int64_t n : r->expert_load) load += n;
+  EXPECT_EQ(load, 3 * 10 * 2);
+  auto loss = [&] { return model_forward(c, *be, w, batch, {}).value().loss; };
+  EXPECT_NEAR(loss(), r->loss, 1e-14);
+  std::vector<std::pair<std::string, Tensor>> grads;
+  g.for_each([&](const std::string& name, Tensor& t) { grads.emplace_back(name, t); });
+  size_t i = 0;
+  w.for_each([&](const std::string& name, Tensor& t) {
+    ASSERT_EQ(grads[i].first, name);
+    expect_gradient(name, t, grads[i].second, loss, 12, 1);
+    ++i;
+  });
+  // A factor large enough for every pair is the dropless model exactly.
+  c.moe.capacity_factor = 2.0;  // capacity 5: a sequence's every token
+  EXPECT_EQ(model_forward(c, *be, w, batch, {}).value().loss, dropless.loss);
+}
+
 TEST(MoeModel, FastCpuMatchesTheReference) {
   for (MoeFamily family : {MoeFamily::kMixtral, MoeFamily::kQwen2}) {
     const LlamaConfig c = moe_config(family);
