@@ -285,12 +285,12 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
       return unimplemented("layout {}: the zero-bubble schedule (zb) does not split a mixture-of-experts layer's "
                            "backward (its expert gradients travel with the dispatch); use 1f1b or interleaved:N",
                            name);
-    // The capacity limit needs each sequence's earlier pairs per expert, which a rank holding
-    // part of a sequence does not have yet: one rank only for now (model/moe_layer.h).
-    if (m.capacity_factor > 0 && layout.ranks() > 1)
+    // The capacity limit counts each sequence's pairs in position order: TSP's ranks exchange
+    // their ids for it (TspStep::drop_over_capacity); the Megatron layouts do not yet.
+    if (m.capacity_factor > 0 && layout.ranks() > 1 && layout.strategy != Strategy::kTsp)
       return unimplemented("layout {}: moe_capacity_factor {} (dropping pairs over an expert's capacity) runs on "
-                           "one rank only so far; remove the key to train dropless on {} ranks",
-                           name, m.capacity_factor, layout.ranks());
+                           "one rank and on tsp layouts only so far; remove the key to train dropless",
+                           name, m.capacity_factor);
     // TSP: the experts over the TSP axis; the Megatron baselines: over the tp x sp group
     // (expert parallelism, parallel/megatron/tp_moe.cc).
     const bool tsp = layout.strategy == Strategy::kTsp;

@@ -114,6 +114,28 @@ for name in ("e2a", "e2r"):
 print("moe with 2 experts on tsp=4 (each expert split over 2 ranks; a2a, ring) matches one rank within 2e-5, "
       "resumed after step 4 on one rank and on tsp=2 (gather)")
 PY
+# A capacity limit (moe_capacity_factor 0.5: each expert takes at most 32 of a sequence's 128
+# pairs): tsp=2 (ring, then a2a after its step-4 checkpoint) gives the one-rank losses within
+# 2e-5, its ranks counting each sequence's earlier pairs across the zigzag chunks; and they
+# differ from the dropless run's (pairs were dropped).
+/usr/bin/python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["moe_capacity_factor"] = 0.5; json.dump(c, open(sys.argv[2], "w"))' \
+  "$src/configs/tiny-moe.json" "$tmp/capped.json"
+MODEL=$tmp/capped.json train "$tmp/cap1" --stop-after 8 >/dev/null
+MODEL=$tmp/capped.json NP=2 train "$tmp/cap2" --layout tsp=2:moe=ring --stop-after 4 >/dev/null
+MODEL=$tmp/capped.json NP=2 train "$tmp/cap2" --layout tsp=2:moe=a2a --resume --stop-after 8 >/dev/null
+/usr/bin/python3 - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+def losses(name):
+    return {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(f"{tmp}/{name}/metrics.jsonl")}
+one, two, dropless = losses("cap1"), losses("cap2"), losses("clean")
+assert set(range(1, 9)) <= set(one) and set(range(1, 9)) <= set(two), (sorted(one), sorted(two))
+for step in range(1, 9):
+    assert abs(two[step] - one[step]) <= 2e-5 * abs(one[step]), ("capacity tsp=2", step, two[step], one[step])
+assert abs(one[1] - dropless[1]) > 1e-4 * dropless[1], ("the capacity limit dropped nothing", one[1], dropless[1])
+print("moe with moe_capacity_factor 0.5 on tsp=2 (ring, resumed on a2a) matches one rank within 2e-5; "
+      f"step 1 {one[1]:.5f} against dropless {dropless[1]:.5f}")
+PY
 # Generation routes each new token: greedy completions of the trained model are the same on one
 # rank, tsp=2, tsp=4 (each rank its own experts; prefill a2a, gather and ring) and tp=2 (the
 # experts over the tp ranks, every row routed on every rank, summed over tp).

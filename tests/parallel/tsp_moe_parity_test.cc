@@ -78,6 +78,7 @@ struct Case {
   // Each expert's weights and gradients in storage of their own, not views into the layer's
   // expert block: the ring packs a block of copies (its path for experts made apart).
   bool experts_apart = false;
+  double capacity_factor = 0;  // > 0: moe_capacity_factor, in the reference and on the axis
 };
 
 const InitOptions kInit{.seed = 5, .std = 0.1, .norm_jitter = 0.2};
@@ -91,6 +92,7 @@ void check_parity(const Case& k) {
   if (k.experts > 0) c.moe.num_experts = k.experts;
   if (k.top_k > 0) c.moe.num_experts_per_tok = k.top_k;
   if (k.kv_heads > 0) c.num_key_value_heads = k.kv_heads;
+  c.moe.capacity_factor = k.capacity_factor;
   const int64_t B = 2, S = 16;
 
   LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
@@ -220,6 +222,20 @@ TEST(TspMoeParity, Qwen2SharedExpertAndDenseLayerAllToAll) { check_parity(Case{M
 TEST(TspMoeParity, Qwen2SharedExpertAndDenseLayerGather) { check_parity(Case{MoeFamily::kQwen2, kGather}); }
 TEST(TspMoeParity, MixtralRing) { check_parity(Case{MoeFamily::kMixtral, kRing}); }
 TEST(TspMoeParity, Qwen2SharedExpertAndDenseLayerRing) { check_parity(Case{MoeFamily::kQwen2, kRing}); }
+TEST(TspMoeParity, CapacityDropsAsTheSingleRankModelEachScheme) {
+  // ceil(0.5 * 16 * 2 / 4) = 4 of each sequence's 32 pairs per expert: many go, and which go
+  // depends on the other ranks' earlier tokens (zigzag chunks), so each rank must see them.
+  for (auto dispatch : {kA2A, kGather, kRing}) {
+    SCOPED_TRACE(static_cast<int>(dispatch));
+    Case k{MoeFamily::kMixtral, dispatch};
+    k.capacity_factor = 0.5;
+    check_parity(k);
+    Case q{MoeFamily::kQwen2, dispatch};  // shared expert and a dense layer
+    q.capacity_factor = 0.75;
+    check_parity(q);
+  }
+}
+
 TEST(TspMoeParity, MixtralRingWithExpertsMadeApart) {
   Case k{MoeFamily::kMixtral, kRing};
   k.experts_apart = true;
@@ -302,6 +318,11 @@ TEST(TspMoeSplitExperts, EachSchemeAgainstTheSingleRankModel) {
         idle.experts = E;
         idle.top_k = 1;
         check_parity(idle);
+        Case capped{MoeFamily::kMixtral, d};  // at most 4 of a sequence's 16 pairs per expert
+        capped.experts = E;
+        capped.top_k = 1;
+        capped.capacity_factor = 0.5;
+        check_parity(capped);
       }
     }
   }

@@ -110,7 +110,34 @@ ExpertWeights TspStep::expert_block(const Tensor& block, int64_t j) const {
   return expert_in_block(block, j, dims_.expert_rows);
 }
 
-void TspStep::record_moe_stats(const MoeLayerWeights& w, const std::vector<int64_t>& offsets, const Tensor& probs) {
+void TspStep::drop_over_capacity(std::vector<int32_t>& ids) {
+  const MoeConfig& m = c_.moe;
+  const int64_t B = batch_, Sl = local_seq_, S = Sl * D_, k = m.num_experts_per_tok, n = B * Sl * k;
+  const int64_t cap = m.expert_capacity(S);
+  if (cap == 0) return;
+  FP_CHECK(static_cast<int64_t>(ids.size()) == n, "{} expert ids for {} rows of k={}", ids.size(), rows_, k);
+  std::vector<int32_t> all = ids;
+  if (D_ > 1) {
+    Tensor send = moe_comm_from_host(be_, ids, DType::kI32), recv = comm_buffer({D_ * n}, DType::kI32);
+    const auto t0 = std::chrono::steady_clock::now();
+    blocking(comm_.all_gather(send.raw_data(), recv.raw_data(), static_cast<size_t>(n), DType::kI32), t0);
+    moe_comm_to_host(be_, recv, all);
+  }
+  // Rank q's row (b, i) is token gathered_pos_[q Sl + i] of sequence b.
+  std::vector<int32_t> global(static_cast<size_t>(B * S * k));
+  const auto at = [&](int64_t q, int64_t b, int64_t i) {
+    return (b * S + gathered_pos_[static_cast<size_t>(q * Sl + i)]) * k;
+  };
+  for (int64_t q = 0; q < D_; ++q)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < Sl; ++i)
+        std::copy_n(all.begin() + (q * n + (b * Sl + i) * k), k, global.begin() + at(q, b, i));
+  moe_drop_over_capacity(global, B, S, k, c_.moe.num_experts, cap);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < Sl; ++i) std::copy_n(global.begin() + at(p_, b, i), k, ids.begin() + (b * Sl + i) * k);
+}
+
+void TspStep::record_moe_stats(const MoeLayerWeights& w, const std::vector<int64_t>& choices, const Tensor& probs) {
   if (moe_stats_ == nullptr) return;
   const int64_t E = c_.moe.num_experts, T = rows_;
   Tensor ones = act({1, T}), sums = stat({1, E});  // f32 sums of bf16 probabilities too
@@ -118,7 +145,7 @@ void TspStep::record_moe_stats(const MoeLayerWeights& w, const std::vector<int64
   be_.matmul(ones, false, probs, false, sums);
   auto& counts = moe_stats_->counts[w.sparse_index];
   counts.assign(static_cast<size_t>(E), 0);
-  for (int64_t e = 0; e < E; ++e) counts[e] = offsets[e + 1] - offsets[e];
+  for (int64_t e = 0; e < E; ++e) counts[e] = choices[static_cast<size_t>(e)];
   moe_stats_->prob_sums[w.sparse_index] = host_f64(be_, sums);
   moe_stats_->rows[w.sparse_index] = T;
 }
@@ -185,12 +212,17 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
   logits = Tensor();
   std::vector<int32_t> host_experts(static_cast<size_t>(M));
   be_.copy_to_host(r.experts, std::as_writable_bytes(std::span<int32_t>(host_experts)));
+  std::vector<int64_t> choices(static_cast<size_t>(E), 0);
+  for (int32_t e : host_experts)
+    if (e >= 0 && e < E) ++choices[static_cast<size_t>(e)];
+  drop_over_capacity(host_experts);
   std::vector<int32_t> token_rows, slot_rows;
   moe_dispatch_order(host_experts, k, E, r.offsets, token_rows, slot_rows);
+  const int64_t Mk = static_cast<int64_t>(token_rows.size());  // M less the dropped pairs
   r.token_rows = moe_upload_i32(be_, token_rows);
   r.slot_rows = moe_upload_i32(be_, slot_rows);
-  record_moe_stats(mw, r.offsets, r.probs);
-  r.row_weights = act({M, 1});
+  record_moe_stats(mw, choices, r.probs);
+  r.row_weights = act({Mk, 1});
   be_.gather_rows(r.weights.reshape({M, 1}), r.slot_rows, nullptr, r.row_weights);
 
   if (s.scheme == MoeDispatch::kAllToAll) {
@@ -199,12 +231,12 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
     be_.scatter_add_rows(r.expert_out, r.token_rows, &r.row_weights, y);
   } else if (s.scheme == MoeDispatch::kRing) {
     // ---- the experts come to the tokens: rank q's block of E/D experts at ring step j ----
-    r.dispatched = act({M, h});
+    r.dispatched = act({Mk, h});
     be_.gather_rows(a, r.token_rows, nullptr, r.dispatched);
     // Split experts: the D/E slices of an expert visit one after another and their partial
     // outputs add up in the expert's rows (TSP's MLP ring, per expert).
     const bool split = dims_.expert_group > 1;
-    r.expert_out = act({M, h});
+    r.expert_out = act({Mk, h});
     if (split) be_.fill(0.0, r.expert_out);
     // The ring runs over expert_comm(): the tsp axis, or the expert group of ep ranks when the
     // experts spread over dp replicas (its ranks of other replicas hold other tokens; tokens
@@ -242,7 +274,9 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
     blocking(ec.all_gather(a.raw_data(), all_a.raw_data(), static_cast<size_t>(a.numel()), a.dtype()), t0);
     blocking(ec.all_gather(r.weights.raw_data(), all_w.raw_data(), static_cast<size_t>(M), r.weights.dtype()), t0);
     Tensor all_ids = comm_buffer({X * M}, DType::kI32);
-    blocking(ec.all_gather(r.experts.raw_data(), all_ids.raw_data(), static_cast<size_t>(M), DType::kI32), t0);
+    // The ids after any capacity drop (dropped slots are no expert's).
+    const Tensor ids = c_.moe.capacity_factor > 0 ? moe_upload_i32(be_, host_experts) : r.experts;
+    blocking(ec.all_gather(ids.raw_data(), all_ids.raw_data(), static_cast<size_t>(M), DType::kI32), t0);
     moe_comm_to_host(be_, all_ids, all_experts);
     // The slots of the gathered tokens routed to this rank's experts, grouped by expert.
     std::vector<int32_t> g_token, g_slot;
@@ -338,7 +372,7 @@ Tensor TspStep::moe_backward(int l, const ShardedWeights& w, const MoeShardSaved
     // The combine's adjoint as in A; then the weight ring again, and the gradient ring (the
     // weight ring's adjoint) carrying each block's summed gradient home.
     Tensor d_out = moe_combine_backward(be_, r, dy, d_weights_rows);
-    Tensor d_dispatched = act({M, h});
+    Tensor d_dispatched = act({r.token_rows.numel(), h});  // the dispatched pairs (M less any dropped)
     be_.fill(0.0, d_dispatched);
     // Over the expert group when ep > D: the home block's gradient then sums the rows of all
     // K replicas of the group (as the a2a owner's does); the trainer's sum over edp (the dp/K

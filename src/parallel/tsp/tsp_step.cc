@@ -32,6 +32,7 @@ TspStep::TspStep(const TspModel& model, Backend& backend, Communicator& comm, in
   k_pos_ = Tensor::empty({model.shard().seq()}, DType::kI32, MemCategory::kActivations);
   be_.copy_from_host(std::as_bytes(std::span<const int32_t>(local)), q_pos_);
   be_.copy_from_host(std::as_bytes(std::span<const int32_t>(all)), k_pos_);
+  gathered_pos_ = all;
   rope_ = build_rope_table(be_, local, c_.rope_spec(), model.shard().seq(), DType::kF32);
   ctx_ = BlockContext{&c_, &be_, batch_, local_seq_, &q_pos_, &rope_};
   for (int64_t i = 0; i < 2 * c_.num_hidden_layers + 1; ++i) {

@@ -156,7 +156,13 @@ class TspStep {
   // experts are its views (no copy), else a packed copy; and expert j's views into a block.
   Tensor pack_experts(const MoeLayerWeights& w) const;
   ExpertWeights expert_block(const Tensor& block, int64_t j) const;
-  void record_moe_stats(const MoeLayerWeights& w, const std::vector<int64_t>& offsets, const Tensor& probs);
+  // choices: [E] the top-k choices of this rank's tokens per expert, before any capacity drop.
+  void record_moe_stats(const MoeLayerWeights& w, const std::vector<int64_t>& choices, const Tensor& probs);
+  // The capacity limit (MoeConfig::capacity_factor) on this rank's host expert ids [T, k]: it
+  // counts each sequence's pairs in global position order, so the ranks all-gather their ids
+  // over the axis (B S k i32) and each applies moe_drop_over_capacity to the whole sequences,
+  // keeping its own rows' verdicts: the single-rank model's drops exactly. No-op when dropless.
+  void drop_over_capacity(std::vector<int32_t>& ids);
   // One attention unit's bias gradients (views into unit_bias_grad_, zeroed; undefined
   // without the biases): its q heads' and KV heads' slices and the o bias.
   struct UnitBiasGrads {
@@ -241,6 +247,7 @@ class TspStep {
   int64_t batch_;        // B
   int64_t local_seq_;    // S/D
   int64_t rows_;         // T = B * S/D
+  std::vector<int32_t> gathered_pos_;  // [D * S/D] every rank's rows' global positions, rank by rank
   int p_;                // this rank
   int D_;
   int64_t kvh_b_, heads_b_;  // KV heads and query heads per bucket
