@@ -285,12 +285,14 @@ Status validate_layout(const LlamaConfig& config, const Layout& layout, int64_t 
       return unimplemented("layout {}: the zero-bubble schedule (zb) does not split a mixture-of-experts layer's "
                            "backward (its expert gradients travel with the dispatch); use 1f1b or interleaved:N",
                            name);
-    // The capacity limit counts each sequence's pairs in position order: TSP's ranks exchange
-    // their ids for it (TspStep::drop_over_capacity); the Megatron layouts do not yet.
-    if (m.capacity_factor > 0 && layout.ranks() > 1 && layout.strategy != Strategy::kTsp)
-      return unimplemented("layout {}: moe_capacity_factor {} (dropping pairs over an expert's capacity) runs on "
-                           "one rank and on tsp layouts only so far; remove the key to train dropless",
-                           name, m.capacity_factor);
+    // The capacity limit counts each sequence's pairs in position order: the ranks holding a
+    // sequence exchange their ids for it (TspStep / TpStepBase::drop_over_capacity); the
+    // Megatron exchange runs over the expert axis, which with ep > tp x sp spans other dp
+    // replicas' sequences too.
+    if (m.capacity_factor > 0 && layout.strategy != Strategy::kTsp && layout.ep > layout.tp * layout.sp)
+      return unimplemented("layout {}: moe_capacity_factor {} (dropping pairs over an expert's capacity) with ep "
+                           "({}) beyond tp x sp ({}) is not supported; use ep=tp*sp or remove the key",
+                           name, m.capacity_factor, layout.ep, layout.tp * layout.sp);
     // TSP: the experts over the TSP axis; the Megatron baselines: over the tp x sp group
     // (expert parallelism, parallel/megatron/tp_moe.cc).
     const bool tsp = layout.strategy == Strategy::kTsp;

@@ -61,11 +61,11 @@ refused_plan 4 dp=2,tp=2,ep=3 "ep (3) must be a multiple of the model group's 2 
 refused_plan 6 dp=3,tp=2,ep=4 "ep/2 (2 = 4 / 2) dp replicas per expert group must divide dp (3)"
 refused_plan 8 dp=8,tsp=1,ep=8 "the 4 experts must divide over the ep=8 ranks"
 refused_plan 8 pp=2,dp=2,tp=2,ep=8 "ep/2 (4 = 8 / 2) dp replicas per expert group must divide dp (2)"
-# The capacity limit runs on one rank and on tsp layouts so far (model/moe_layer.h).
+# The capacity limit on a Megatron layout whose expert axis spans dp replicas (its exchange
+# of each sequence's ids runs over that axis): refused by name.
 sed 's/"num_experts_per_tok": 2,/"num_experts_per_tok": 2, "moe_capacity_factor": 0.5,/' "$base" >"$tmp/capacity.json"
-words="moe_capacity_factor 0.5 (dropping pairs over an expert's capacity) runs on one rank and on tsp layouts only"
-refused_plan 2 tp=2 "$words" "$tmp/capacity.json"
-refused_plan 4 tp=2,sp=2 "$words" "$tmp/capacity.json"
+refused_plan 4 dp=2,tp=2,ep=4 "moe_capacity_factor 0.5 (dropping pairs over an expert's capacity) with ep (4) beyond tp x sp (2) is not supported" \
+  "$tmp/capacity.json"
 refused_plan 4 dp=2,tp=2,ep=4 "ep=4 spreads the routed experts of a mixture-of-experts model; this model has none" \
   "$src/configs/tiny.json"
 # Under pp each stage's expert groups span its own dp replicas: planned, no longer refused

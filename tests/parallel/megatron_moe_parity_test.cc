@@ -71,6 +71,7 @@ struct Case {
   // Negative control (ep over dp): the routed experts' gradients summed over the whole dp
   // axis, as a dense gradient's, instead of over the replicas holding the same experts.
   bool experts_over_whole_dp = false;
+  double capacity_factor = 0;  // > 0: moe_capacity_factor, in the reference and on the layout
 };
 
 // Returns false when the layout does not fit the world.
@@ -83,6 +84,7 @@ bool check(const Case& k) {
   LlamaConfig c = moe_config(k.family);
   if (k.experts > 0) c.moe.num_experts = k.experts;
   if (k.top_k > 0) c.moe.num_experts_per_tok = k.top_k;
+  c.moe.capacity_factor = k.capacity_factor;
   const int64_t B = 4, S = 16;  // B / dp sequences per replica
 
   LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
@@ -221,6 +223,25 @@ TEST(MegatronMoeParity, RanksWithNoTokensForTheirExperts) {
 TEST(MegatronMoeParity, RecomputeBlocks) {
   check_all({{"tp=2:recompute", MoeFamily::kQwen2}, {"sp=2:recompute", MoeFamily::kMixtral},
              {"tp=2,sp=2:seqpar:recompute", MoeFamily::kQwen2}, {"tp=4:recompute", MoeFamily::kMixtral}});
+}
+// moe_capacity_factor 0.5: each expert takes 4 of a sequence's 32 pairs (Mixtral) or, with
+// Qwen2's k = 2 and factor 0.75, 6; which go depends on every rank's rows of the sequence
+// (its sp shard, its tp block), exchanged over the expert axis.
+TEST(MegatronMoeParity, CapacityDropsAsTheSingleRankModel) {
+  std::vector<Case> cases;
+  for (Case k : layouts(MoeFamily::kMixtral)) {
+    k.capacity_factor = 0.5;
+    cases.push_back(k);
+  }
+  for (const char* l : {"tp=2:seqpar", "sp=2", "tp=2,sp=2", "sp=2:ring"}) {
+    Case q{l, MoeFamily::kQwen2};
+    q.capacity_factor = 0.75;
+    cases.push_back(q);
+  }
+  Case split{"tp=2,sp=2", MoeFamily::kMixtral, false, 2, 1};  // experts split over ranks
+  split.capacity_factor = 0.5;
+  cases.push_back(split);
+  check_all(cases);
 }
 // T Q > E: each expert's f_e split over T Q / E ranks (ShardDims::expert_group).
 TEST(MegatronMoeParity, MoreRanksThanExperts) {

@@ -42,6 +42,39 @@ std::vector<double> host_f64(Backend& be, const Tensor& t) {
 
 }  // namespace
 
+void TpStepBase::drop_over_capacity(std::vector<int32_t>& ids, int64_t T, bool block_of_tp) {
+  const MoeConfig& m = c_.moe;
+  const int64_t k = m.num_experts_per_tok, B = batch_, n = T / batch_;
+  const int64_t G = ep_->size(), sp = G / tp_.size(), S = tp_seq_ * sp, cap = m.expert_capacity(S);
+  if (cap == 0) return;
+  FP_CHECK(ctx_.positions != nullptr && G == tp_.size() * sp && static_cast<int64_t>(ids.size()) == T * k,
+           "capacity drop: expert axis of {} ranks over tp={}, {} ids for {} rows", G, tp_.size(), ids.size(), T);
+  std::vector<int32_t> sp_pos(static_cast<size_t>(tp_seq_));
+  be_.copy_to_host(*ctx_.positions, std::as_writable_bytes(std::span<int32_t>(sp_pos)));
+  // Each rank sends [T k ids | T positions]; row (b, i) of a rank is token pos of sequence b.
+  const int64_t t0_row = block_of_tp ? tp_.rank() * n : 0, per = T * k + T;
+  std::vector<int32_t> mine(ids);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < n; ++i) mine.push_back(sp_pos[static_cast<size_t>(t0_row + i)]);
+  std::vector<int32_t> all;
+  Tensor send = moe_comm_from_host(be_, mine, DType::kI32), recv = Tensor::empty({G * per}, DType::kI32, MemCategory::kComm);
+  const auto t0 = std::chrono::steady_clock::now();
+  tp_.timer().blocking(ep_->all_gather(send.raw_data(), recv.raw_data(), static_cast<size_t>(per), DType::kI32), t0);
+  moe_comm_to_host(be_, recv, all);
+  std::vector<int32_t> global(static_cast<size_t>(B * S * k), kDroppedExpert);
+  const auto at = [&](int64_t q, int64_t row) {  // rank q's row (b, i) = b n + i
+    const int64_t pos = all[static_cast<size_t>(q * per + T * k + row)];
+    FP_CHECK(pos >= 0 && pos < S, "capacity drop: position {} outside the sequence of {}", pos, S);
+    return ((row / n) * S + pos) * k;
+  };
+  for (int64_t q = 0; q < G; ++q)
+    for (int64_t row = 0; row < T; ++row)
+      std::copy_n(all.begin() + (q * per + row * k), k, global.begin() + at(q, row));
+  moe_drop_over_capacity(global, B, S, k, m.num_experts, cap);
+  const int64_t me = ep_->rank();
+  for (int64_t row = 0; row < T; ++row) std::copy_n(global.begin() + at(me, row), k, ids.begin() + row * k);
+}
+
 Tensor TpStepBase::moe_forward(int l, const Tensor& x_mid, TpMlpSaved* saved) {
   FP_CHECK(ep_ != nullptr && ep_->size() == dims_.expert_degree, "MoE layer without its expert axis of {} ranks",
            dims_.expert_degree);
@@ -78,8 +111,13 @@ Tensor TpStepBase::moe_forward(int l, const Tensor& x_mid, TpMlpSaved* saved) {
   logits = Tensor();
   std::vector<int32_t> host_experts(static_cast<size_t>(M));
   be_.copy_to_host(r.experts, std::as_writable_bytes(std::span<int32_t>(host_experts)));
+  std::vector<int64_t> choices(static_cast<size_t>(E), 0);  // before any capacity drop: the aux statistics'
+  for (int32_t e : host_experts)
+    if (e >= 0 && e < E) ++choices[static_cast<size_t>(e)];
+  drop_over_capacity(host_experts, T, split || seq_par_);
   std::vector<int32_t> token_rows, slot_rows;
   moe_dispatch_order(host_experts, k, E, r.offsets, token_rows, slot_rows);
+  const int64_t Mk = static_cast<int64_t>(token_rows.size());  // M less any dropped pairs
   r.token_rows = moe_upload_i32(be_, token_rows);
   r.slot_rows = moe_upload_i32(be_, slot_rows);
   {  // this rank's statistics for the aux loss
@@ -88,11 +126,11 @@ Tensor TpStepBase::moe_forward(int l, const Tensor& x_mid, TpMlpSaved* saved) {
     be_.matmul(ones, false, r.probs, false, sums);
     auto& counts = moe_stats_.counts[mw.sparse_index];
     counts.assign(static_cast<size_t>(E), 0);
-    for (int64_t e = 0; e < E; ++e) counts[e] = r.offsets[e + 1] - r.offsets[e];
+    for (int64_t e = 0; e < E; ++e) counts[e] = choices[static_cast<size_t>(e)];
     moe_stats_.prob_sums[mw.sparse_index] = host_f64(be_, sums);
     moe_stats_.rows[mw.sparse_index] = T;
   }
-  r.row_weights = act({M, 1});
+  r.row_weights = act({Mk, 1});
   be_.gather_rows(r.weights.reshape({M, 1}), r.slot_rows, nullptr, r.row_weights);
   // ---- the rows to their experts' ranks and back ----
   MoeAllToAll(be_, *ep_, dims_, dtype_, tp_.timer()).forward(lctx, mw, a, r, token_rows, s, saved != nullptr);

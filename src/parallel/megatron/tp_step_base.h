@@ -146,6 +146,11 @@ class TpStepBase : public ModelStep {
   // experts spread over the expert axis (set_expert_axis: the tp x sp group).
   Tensor moe_forward(int layer, const Tensor& x_mid, TpMlpSaved* saved);
   Tensor moe_backward(int layer, const TpMlpSaved& s, const Tensor& d_out);
+  // The capacity limit on this rank's host expert ids [T, k] (its MoE rows: per sequence the
+  // block [t n, (t+1) n) of its sp shard's positions, n = T / B, t its tp rank where the rows
+  // are split over tp): the expert axis (the tp x sp group) all-gathers ids and positions,
+  // and each rank drops as the single-rank model does on whole sequences.
+  void drop_over_capacity(std::vector<int32_t>& ids, int64_t T, bool block_of_tp);
   // Generation's prefill (tp=N, sp 1, no sequence parallelism, forward only): every tp rank
   // routes every row, runs its own experts on the rows routed to them, and one all_reduce over
   // tp sums the experts' outputs (decode's MoE block, parallel/decode_block.cc), so prompt
