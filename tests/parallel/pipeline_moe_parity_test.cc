@@ -86,6 +86,7 @@ struct Case {
   // ep over dp: the scheme the stage must have run over its expert group ("a2a", "gather",
   // "ring"), seen in the group's traffic; null: not checked.
   const char* runs = nullptr;
+  double capacity_factor = 0;  // > 0: moe_capacity_factor, in the reference and on the stages
 };
 
 const InitOptions kInit{.seed = 5, .std = 0.1, .norm_jitter = 0.2};
@@ -196,6 +197,7 @@ bool check_parity(const Case& k) {
   c.moe.aux_per_layer = k.per_layer;
   c.moe.output_router_logits = k.aux_in_loss;
   if (k.expert_width > 0) c.moe.moe_intermediate_size = k.expert_width;
+  c.moe.capacity_factor = k.capacity_factor;
   const int m = k.m_per_stage * lo.pp;
   LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
   init_weights(kInit, w);
@@ -294,6 +296,16 @@ TEST(PipelineMoeParity, EveryDispatchOnTspStages) {
               Case{.layout = "pp=2,tsp=2:moe=ring", .m_per_stage = 2},
               Case{.layout = "pp=2,tsp=2:moe=gather", .family = MoeFamily::kQwen2},
               Case{.layout = "pp=2,tsp=2:moe=ring", .family = MoeFamily::kQwen3, .per_layer = true});
+}
+
+// moe_capacity_factor 0.5 (4 of a sequence's 32 pairs per expert): each micro-batch's whole
+// sequences, counted across a stage's ranks, on TSP and Megatron stages.
+TEST(PipelineMoeParity, CapacityOnTspAndMegatronStages) {
+  RUN_OR_SKIP(Case{.layout = "pp=2,tsp=1", .m_per_stage = 2, .capacity_factor = 0.5},
+              Case{.layout = "pp=2,tsp=2:moe=ring", .capacity_factor = 0.5},
+              Case{.layout = "pp=2,tsp=2:moe=gather", .family = MoeFamily::kQwen2, .capacity_factor = 0.75},
+              Case{.layout = "pp=2,sp=2", .m_per_stage = 2, .capacity_factor = 0.5},
+              Case{.layout = "pp=2,tp=2:seqpar", .capacity_factor = 0.5});
 }
 
 TEST(PipelineMoeParity, InterleavedChunks) {

@@ -362,6 +362,7 @@ struct DpCase {
   // ep over dp: the scheme the step must have run over the expert group ("a2a", "gather",
   // "ring"), seen in its traffic; null: not checked.
   const char* runs = nullptr;
+  double capacity_factor = 0;  // > 0: moe_capacity_factor, in the reference and on the layout
 };
 
 void check_data_parallel(const DpCase& k) {
@@ -374,6 +375,7 @@ void check_data_parallel(const DpCase& k) {
   if (k.experts > 0) c.moe.num_experts = k.experts;
   if (k.top_k > 0) c.moe.num_experts_per_tok = k.top_k;
   if (k.expert_width > 0) c.moe.moe_intermediate_size = k.expert_width;
+  c.moe.capacity_factor = k.capacity_factor;
   const int64_t B = 4, S = 16;  // B / dp sequences per replica
 
   LlamaWeights w = LlamaWeights::allocate(c, DType::kF32, MemCategory::kParameters);
@@ -456,6 +458,16 @@ void check_data_parallel(const DpCase& k) {
   ASSERT_TRUE(fwd.ok()) << fwd.status().to_string();
   EXPECT_NEAR(global_loss(fwd->loss_sum), ref->loss, tol::kF32Parallel * ref->loss);
   EXPECT_EQ(fwd->expert_load, ref->expert_load);
+}
+
+// Each replica's sequences are its own: the capacity exchange runs over its tsp axis, also
+// when the experts' group spans two replicas (ep = 2 D).
+TEST(TspMoeDataParallel, CapacityDropsAsTheSingleRankModel) {
+  for (const char* l : {"dp=2,tsp=1", "dp=2,tsp=2:moe=ring", "dp=2,tsp=1,ep=2", "dp=2,tsp=2,ep=4:moe=gather"}) {
+    DpCase k{l};
+    k.capacity_factor = 0.5;
+    check_data_parallel(k);
+  }
 }
 
 TEST(TspMoeDataParallel, EqualsTheSingleRankModelOnTheGlobalBatch) {
