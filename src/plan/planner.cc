@@ -531,6 +531,11 @@ std::vector<Layout> search_layouts(const PlanRequest& r) {
 }  // namespace
 
 Result<PlanReport> make_plan(const PlanRequest& r) {
+  if (r.mode != PlanMode::kTrain && r.config.moe.capacity_factor > 0) {
+    PlanRequest dropless = r;  // generation routes dropless (app/generate.cc): so does its plan
+    dropless.config.moe.capacity_factor = 0.0;
+    return make_plan(dropless);
+  }
   if (r.devices < 1) return invalid_argument("--devices ({}) must be at least 1", r.devices);
   if (r.batch < 1 || r.seq < 1) return invalid_argument("--batch ({}) and --seq ({}) must be positive", r.batch, r.seq);
   FP_RETURN_IF_ERROR(r.config.validate());
@@ -665,6 +670,11 @@ std::string plan_report_text(const PlanReport& rep) {
         "balanced, the busiest {}\n",
         m.imbalance > 1 ? fmt::format("expert 0 at {:.3g}x its share", m.imbalance) : std::string("balanced"),
         m.tokens_per_rank, m.rows_balanced, m.rows_busiest);
+    if (const int64_t cap = rep.request.config.moe.expert_capacity(rep.request.seq); cap > 0)
+      s += fmt::format("  capacity: moe_capacity_factor {} keeps at most {} of a sequence's {} pairs per expert (the "
+                       "rest dropped, in the dry run too)\n",
+                       rep.request.config.moe.capacity_factor, cap,
+                       rep.request.seq * rep.request.config.moe.num_experts_per_tok);
     if (m.expert_axis_ranks > 0) {
       const std::string axis = p.layout.expert_replicas() > 1
                                    ? fmt::format("the expert group over {} dp replicas, ep", p.layout.expert_replicas())

@@ -892,6 +892,36 @@ TEST(PlannerMoeTest, ExpertMemoryIsEOverDExpertsPerRank) {
   EXPECT_NE(json.find("\"expert_optimizer_bytes\""), std::string::npos) << json;
 }
 
+// moe_capacity_factor 1 at S = 512 (B = 1): each expert keeps 256 of the sequence's 1024
+// pairs, where the balanced routing gives it 256 and an imbalanced one (expert 0 at 2x) 512:
+// the dry run drops the excess on every scheme, so the capacity lowers the imbalanced plan's
+// activations and leaves the balanced one's; the report says so. A prefill plans dropless.
+TEST(PlannerMoeTest, CapacityBoundsTheBusiestExpertsRows) {
+  LlamaConfig capped = moe_config();
+  capped.moe.capacity_factor = 1.0;
+  ASSERT_EQ(capped.moe.expert_capacity(512), 256);
+  const auto activations = [](const Result<PlanReport>& r) {
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    return r.ok() ? r->layouts[0].memory.of(MemCategory::kActivations) : 0;
+  };
+  for (const char* layout : {"tsp=2:moe=a2a", "tsp=2:moe=gather", "tsp=2:moe=ring"}) {
+    SCOPED_TRACE(layout);
+    EXPECT_EQ(activations(moe_plan(layout, 512, 100, 1.0, capped)), activations(moe_plan(layout, 512, 100, 1.0)));
+    EXPECT_LT(activations(moe_plan(layout, 512, 100, 2.0, capped)), activations(moe_plan(layout, 512, 100, 2.0)));
+  }
+  Result<PlanReport> rep = moe_plan("tsp=2", 512, 100, 2.0, capped);
+  ASSERT_TRUE(rep.ok());
+  const std::string text = plan_report_text(*rep);
+  EXPECT_NE(text.find("keeps at most 256 of a sequence's 1024 pairs per expert"), std::string::npos) << text;
+  PlanRequest r = rep->request;
+  r.mode = PlanMode::kPrefill;
+  r.layouts = {spec("tsp=2")};
+  Result<PlanReport> prefill = make_plan(r);
+  ASSERT_TRUE(prefill.ok()) << prefill.status().to_string();
+  EXPECT_EQ(prefill->request.config.moe.capacity_factor, 0.0);
+  EXPECT_EQ(plan_report_text(*prefill).find("keeps at most"), std::string::npos);
+}
+
 // D > E: two experts over four ranks, each rank an f_e / 2 slice of one expert (ShardDims::
 // expert_group): the expert memory is that slice in every sparse layer, and the all-to-all
 // sends each routed row to both ranks of its expert, so the ring's bytes break-even drops by

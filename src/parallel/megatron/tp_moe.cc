@@ -26,6 +26,7 @@
 // are replicated and saw this rank's rows only: summed over tp here (sum_over_tp), over sp
 // with the rest of the gradients. The aux loss's statistics (per-expert counts and
 // probability sums) are summed over the expert axis (and dp) once per step, before the loss.
+#include <algorithm>
 #include <chrono>
 #include <numeric>
 
@@ -61,6 +62,13 @@ void TpStepBase::drop_over_capacity(std::vector<int32_t>& ids, int64_t T, bool b
   const auto t0 = std::chrono::steady_clock::now();
   tp_.timer().blocking(ep_->all_gather(send.raw_data(), recv.raw_data(), static_cast<size_t>(per), DType::kI32), t0);
   moe_comm_to_host(be_, recv, all);
+  // A dry run moves no data (nor the other ranks' positions): under the plan's assumption,
+  // every rank routing alike, this rank's rows take their share n / S of each capacity.
+  if (!recv.has_storage()) {
+    const int64_t share = (cap * n + S - 1) / S;
+    moe_drop_over_capacity(ids, B, n, k, m.num_experts, std::max<int64_t>(share, 1));
+    return;
+  }
   std::vector<int32_t> global(static_cast<size_t>(B * S * k), kDroppedExpert);
   const auto at = [&](int64_t q, int64_t row) {  // rank q's row (b, i) = b n + i
     const int64_t pos = all[static_cast<size_t>(q * per + T * k + row)];

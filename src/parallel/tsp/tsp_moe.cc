@@ -122,6 +122,9 @@ void TspStep::drop_over_capacity(std::vector<int32_t>& ids) {
     const auto t0 = std::chrono::steady_clock::now();
     blocking(comm_.all_gather(send.raw_data(), recv.raw_data(), static_cast<size_t>(n), DType::kI32), t0);
     moe_comm_to_host(be_, recv, all);
+    // A dry run moves no data: take the plan's routing assumption, every rank alike.
+    if (!recv.has_storage())
+      for (int64_t q = 0; q < D_; ++q) std::copy(ids.begin(), ids.end(), all.begin() + q * n);
   }
   // Rank q's row (b, i) is token gathered_pos_[q Sl + i] of sequence b.
   std::vector<int32_t> global(static_cast<size_t>(B * S * k));
