@@ -192,6 +192,19 @@ Batch tiny_batch() {
   return b;
 }
 
+// fp64 finite differences of `loss` against every parameter's analytic gradient in g.
+void expect_every_gradient(LlamaWeights& w, LlamaWeights& g, const std::function<double()>& loss) {
+  std::vector<std::pair<std::string, Tensor>> grads;
+  g.for_each([&](const std::string& name, Tensor& t) { grads.emplace_back(name, t); });
+  size_t i = 0;
+  w.for_each([&](const std::string& name, Tensor& t) {
+    ASSERT_EQ(grads[i].first, name);
+    expect_gradient(name, t, grads[i].second, loss, 12, 1);
+    ++i;
+  });
+  EXPECT_EQ(i, grads.size());
+}
+
 class MoeModelGradCheck : public ::testing::TestWithParam<std::tuple<MoeFamily, Recompute, bool>> {};
 
 TEST_P(MoeModelGradCheck, EveryParameterWithTheAuxLoss) {
@@ -216,15 +229,7 @@ TEST_P(MoeModelGradCheck, EveryParameterWithTheAuxLoss) {
   EXPECT_EQ(load, c.moe.sparse_layer_count(3) * 10 * 2);
   auto loss = [&] { return model_forward(c, *be, w, batch, {}).value().loss; };
   EXPECT_NEAR(loss(), r->loss, 1e-14);
-  std::vector<std::pair<std::string, Tensor>> grads;
-  g.for_each([&](const std::string& name, Tensor& t) { grads.emplace_back(name, t); });
-  size_t i = 0;
-  w.for_each([&](const std::string& name, Tensor& t) {
-    ASSERT_EQ(grads[i].first, name);
-    expect_gradient(name, t, grads[i].second, loss, 12, 1);
-    ++i;
-  });
-  EXPECT_EQ(i, grads.size());
+  expect_every_gradient(w, g, loss);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, MoeModelGradCheck,
@@ -278,14 +283,7 @@ TEST(MoeModel, CapacityDropsAndEveryGradientStillChecks) {
   EXPECT_EQ(load, 3 * 10 * 2);
   auto loss = [&] { return model_forward(c, *be, w, batch, {}).value().loss; };
   EXPECT_NEAR(loss(), r->loss, 1e-14);
-  std::vector<std::pair<std::string, Tensor>> grads;
-  g.for_each([&](const std::string& name, Tensor& t) { grads.emplace_back(name, t); });
-  size_t i = 0;
-  w.for_each([&](const std::string& name, Tensor& t) {
-    ASSERT_EQ(grads[i].first, name);
-    expect_gradient(name, t, grads[i].second, loss, 12, 1);
-    ++i;
-  });
+  expect_every_gradient(w, g, loss);
   // A factor large enough for every pair is the dropless model exactly.
   c.moe.capacity_factor = 2.0;  // capacity 5: a sequence's every token
   EXPECT_EQ(model_forward(c, *be, w, batch, {}).value().loss, dropless.loss);
