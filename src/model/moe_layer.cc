@@ -21,28 +21,6 @@ Tensor act(const Shape& shape, const Tensor& like) {
 
 
 
-// Sorts the T * k slots by expert (stably: token order within an expert); dropped slots
-// (kDroppedExpert) are not dispatched.
-void dispatch_order(const std::vector<int32_t>& experts, int64_t k, int64_t E, MoeSaved& s,
-                    std::vector<int32_t>& token_rows, std::vector<int32_t>& slot_rows) {
-  s.offsets.assign(static_cast<size_t>(E + 1), 0);
-  for (int32_t e : experts) {
-    if (e == kDroppedExpert) continue;
-    FP_CHECK(e >= 0 && e < E, "routing chose expert {} of {}", e, E);
-    ++s.offsets[e + 1];
-  }
-  std::partial_sum(s.offsets.begin(), s.offsets.end(), s.offsets.begin());
-  std::vector<int64_t> next(s.offsets.begin(), s.offsets.end() - 1);
-  token_rows.resize(static_cast<size_t>(s.offsets[E]));
-  slot_rows.resize(static_cast<size_t>(s.offsets[E]));
-  for (size_t p = 0; p < experts.size(); ++p) {
-    if (experts[p] == kDroppedExpert) continue;
-    const int64_t at = next[experts[p]]++;
-    token_rows[at] = static_cast<int32_t>(p / k);
-    slot_rows[at] = static_cast<int32_t>(p);
-  }
-}
-
 // Records the layer's counts (`choices`: every expert's top-k choices, before any capacity
 // drop) and probability sums (the sums via a ones-row GEMM).
 void record_stats(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSaved& s,
@@ -226,11 +204,9 @@ void moe_forward(const BlockContext& ctx, const MoeLayerWeights& w, const Tensor
   logits = Tensor();
   std::vector<int32_t> host_experts(static_cast<size_t>(T * k)), token_rows, slot_rows;
   be.copy_to_host(s.experts, std::as_writable_bytes(std::span<int32_t>(host_experts)));
-  std::vector<int64_t> choices(static_cast<size_t>(E), 0);
-  for (int32_t e : host_experts)
-    if (e >= 0 && e < E) ++choices[static_cast<size_t>(e)];
+  const std::vector<int64_t> choices = moe_expert_choices(host_experts, E);
   moe_drop_over_capacity(host_experts, ctx.batch, ctx.seq, k, E, m.expert_capacity(ctx.seq));
-  dispatch_order(host_experts, k, E, s, token_rows, slot_rows);
+  moe_dispatch_order(host_experts, k, E, s.offsets, token_rows, slot_rows);
   const int64_t M = static_cast<int64_t>(token_rows.size());  // T k, less the dropped pairs
   s.token_rows = moe_upload_i32(be, token_rows);
   s.slot_rows = moe_upload_i32(be, slot_rows);
@@ -362,6 +338,33 @@ void moe_backward(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSa
     MlpWeights gs = expert_mlp_weights(g.shared);
     moe_shared_backward(ctx, w, s, a, dy, d_a, g.shared_gate, 1.0f, gs);
   }
+}
+
+void moe_dispatch_order(const std::vector<int32_t>& experts, int64_t k, int64_t E, std::vector<int64_t>& offsets,
+                        std::vector<int32_t>& token_rows, std::vector<int32_t>& slot_rows) {
+  offsets.assign(static_cast<size_t>(E + 1), 0);
+  for (int32_t e : experts) {
+    if (e == kDroppedExpert) continue;
+    FP_CHECK(e >= 0 && e < E, "routing chose expert {} of {}", e, E);
+    ++offsets[e + 1];
+  }
+  std::partial_sum(offsets.begin(), offsets.end(), offsets.begin());
+  std::vector<int64_t> next(offsets.begin(), offsets.end() - 1);
+  token_rows.resize(static_cast<size_t>(offsets[E]));
+  slot_rows.resize(static_cast<size_t>(offsets[E]));
+  for (size_t p = 0; p < experts.size(); ++p) {
+    if (experts[p] == kDroppedExpert) continue;
+    const int64_t at = next[experts[p]]++;
+    token_rows[at] = static_cast<int32_t>(p / k);
+    slot_rows[at] = static_cast<int32_t>(p);
+  }
+}
+
+std::vector<int64_t> moe_expert_choices(const std::vector<int32_t>& experts, int64_t E) {
+  std::vector<int64_t> choices(static_cast<size_t>(E), 0);
+  for (int32_t e : experts)
+    if (e >= 0 && e < E) ++choices[static_cast<size_t>(e)];
+  return choices;
 }
 
 int64_t moe_drop_over_capacity(std::vector<int32_t>& experts, int64_t batch, int64_t seq, int64_t k, int64_t E,

@@ -83,6 +83,16 @@ inline constexpr int32_t kDroppedExpert = -1;
 int64_t moe_drop_over_capacity(std::vector<int32_t>& experts, int64_t batch, int64_t seq, int64_t k, int64_t E,
                                int64_t capacity);
 
+// How many of the ids `experts` chose each of the E experts (dropped ids not counted): the
+// aux statistics' counts, taken before any capacity drop.
+std::vector<int64_t> moe_expert_choices(const std::vector<int32_t>& experts, int64_t E);
+
+// The T * k slots of `experts` (i32 ids, t-major) sorted by expert, stably (token order
+// within an expert): offsets [E + 1], and per dispatched row its token and slot. Slots
+// dropped over capacity (kDroppedExpert) are not dispatched. Every layout's dispatch order.
+void moe_dispatch_order(const std::vector<int32_t>& experts, int64_t k, int64_t E, std::vector<int64_t>& offsets,
+                        std::vector<int32_t>& token_rows, std::vector<int32_t>& slot_rows);
+
 // a: [T, h] the normed input; y: [T, h] accumulated (+=, it holds the residual). When
 // `aux` is given the layer's routing statistics are recorded there (row w.sparse_index).
 // `saved` (may be null) receives what moe_backward needs.

@@ -3,7 +3,6 @@
 #include "parallel/moe_dispatch.h"
 
 #include <chrono>
-#include <numeric>
 
 namespace foldpar {
 
@@ -14,26 +13,6 @@ const char* moe_dispatch_name(MoeDispatch d) {
     case MoeDispatch::kRing: return "ring";
   }
   return "?";
-}
-
-void moe_dispatch_order(const std::vector<int32_t>& experts, int64_t k, int64_t E, std::vector<int64_t>& offsets,
-                        std::vector<int32_t>& token_rows, std::vector<int32_t>& slot_rows) {
-  offsets.assign(static_cast<size_t>(E + 1), 0);
-  for (int32_t e : experts) {
-    if (e == kDroppedExpert) continue;
-    FP_CHECK(e >= 0 && e < E, "routing chose expert {} of {}", e, E);
-    ++offsets[e + 1];
-  }
-  std::partial_sum(offsets.begin(), offsets.end(), offsets.begin());
-  std::vector<int64_t> next(offsets.begin(), offsets.end() - 1);
-  token_rows.resize(static_cast<size_t>(offsets[E]));
-  slot_rows.resize(static_cast<size_t>(offsets[E]));
-  for (size_t p = 0; p < experts.size(); ++p) {
-    if (experts[p] == kDroppedExpert) continue;
-    const int64_t at = next[experts[p]]++;
-    token_rows[at] = static_cast<int32_t>(p / k);
-    slot_rows[at] = static_cast<int32_t>(p);
-  }
 }
 
 void MoeAllToAll::forward(const BlockContext& ctx, const MoeLayerWeights& mw, const Tensor& a, MoeSaved& r,

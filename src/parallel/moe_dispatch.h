@@ -46,12 +46,6 @@ struct MoeShardSaved {
   Tensor rows;                             // Megatron, tp without sequence parallelism: i32 this rank's share of the rows
 };
 
-// The T * k slots of `experts` (i32 ids, t-major) sorted by expert, stably (moe_layer.cc's
-// dispatch order): offsets [E + 1], and per dispatched row its token and slot. Slots dropped
-// over capacity (kDroppedExpert) are not dispatched.
-void moe_dispatch_order(const std::vector<int32_t>& experts, int64_t k, int64_t E, std::vector<int64_t>& offsets,
-                        std::vector<int32_t>& token_rows, std::vector<int32_t>& slot_rows);
-
 // Host values into a communication buffer of the backend (device memory where the
 // communicator is NCCL) and back.
 template <typename T>

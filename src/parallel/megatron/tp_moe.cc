@@ -119,9 +119,7 @@ Tensor TpStepBase::moe_forward(int l, const Tensor& x_mid, TpMlpSaved* saved) {
   logits = Tensor();
   std::vector<int32_t> host_experts(static_cast<size_t>(M));
   be_.copy_to_host(r.experts, std::as_writable_bytes(std::span<int32_t>(host_experts)));
-  std::vector<int64_t> choices(static_cast<size_t>(E), 0);  // before any capacity drop: the aux statistics'
-  for (int32_t e : host_experts)
-    if (e >= 0 && e < E) ++choices[static_cast<size_t>(e)];
+  const std::vector<int64_t> choices = moe_expert_choices(host_experts, E);  // before any capacity drop
   drop_over_capacity(host_experts, T, split || seq_par_);
   std::vector<int32_t> token_rows, slot_rows;
   moe_dispatch_order(host_experts, k, E, r.offsets, token_rows, slot_rows);

@@ -215,9 +215,7 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
   logits = Tensor();
   std::vector<int32_t> host_experts(static_cast<size_t>(M));
   be_.copy_to_host(r.experts, std::as_writable_bytes(std::span<int32_t>(host_experts)));
-  std::vector<int64_t> choices(static_cast<size_t>(E), 0);
-  for (int32_t e : host_experts)
-    if (e >= 0 && e < E) ++choices[static_cast<size_t>(e)];
+  const std::vector<int64_t> choices = moe_expert_choices(host_experts, E);  // before any capacity drop
   drop_over_capacity(host_experts);
   std::vector<int32_t> token_rows, slot_rows;
   moe_dispatch_order(host_experts, k, E, r.offsets, token_rows, slot_rows);
