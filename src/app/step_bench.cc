@@ -25,16 +25,21 @@ Result<StepBenchReport> run_step_bench(const StepBenchOptions& o) {
   const Batch batch = synthetic_batch(o.config, o.batch, o.seq, o.seed + 1);
   std::unique_ptr<Backend> cpu = o.backend != nullptr ? nullptr : make_cpu_backend();
   Backend& inner = o.backend != nullptr ? *o.backend : *cpu;
-  std::unique_ptr<Backend> bf16 = o.bf16 ? make_bf16_storage_backend(inner) : nullptr;
+  // bf16 storage over the CPU backend, as the trainer does; a borrowed backend (CUDA) runs
+  // bf16 natively.
+  std::unique_ptr<Backend> bf16 = o.bf16 && o.backend == nullptr ? make_bf16_storage_backend(inner) : nullptr;
   Backend& base = bf16 ? *bf16 : inner;
   TimedBackend timed(base);
   Backend& be = o.profile ? static_cast<Backend&>(timed) : base;
   StepOptions step;
   step.recompute = o.recompute;
 
+  std::vector<Tensor*> grads;
+  g.for_each([&](const std::string&, Tensor& t) { grads.push_back(&t); });
+
   StepBenchReport r;
   for (int i = 0; i < o.warmup + o.steps; ++i) {
-    g.zero();
+    be.fill_many(0.0, grads);  // through the backend: one launch on a GPU
     if (i == o.warmup) timed.reset();
     const double t0 = now_seconds();
     FP_ASSIGN_OR_RETURN(StepResult res, model_forward_backward(o.config, be, w, batch, step, g));

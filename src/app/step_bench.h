@@ -25,8 +25,9 @@ struct StepBenchOptions {
   Recompute recompute = Recompute::kNone;
   uint64_t seed = 0;
   bool profile = false;  // time every backend op (TimedBackend)
-  // bf16 storage as `train --bf16` runs it on one rank: bf16 weights and activations through
-  // the bf16 storage decorator (bf16 products where the CPU has them), f32 gradients.
+  // bf16 storage as `train --bf16` runs it on one rank: bf16 weights and activations, f32
+  // gradients; through the bf16 storage decorator over the CPU backend (bf16 products where
+  // the CPU has them), natively on a borrowed backend (CUDA; the trainer does the same).
   bool bf16 = false;
   // Borrowed; null: the fast CPU backend. The loss is read after each step through the
   // Backend, which waits for the step's work, so step times are those of finished work; a

@@ -29,9 +29,9 @@ std::string entry_name(const char* kind, const GlobalSlice& s) {
 
 // The block of `local` that `s` describes, in the global orientation [rows, cols]. `local`
 // is read with one host copy (it may be device memory); the block is host staging for the
-// file, on the process tracker (host memory).
+// file, on the host staging tracker (process() may be device memory).
 Tensor extract_block(const Tensor& local, const GlobalSlice& s) {
-  Tensor block = Tensor::empty({s.rows, s.cols}, DType::kF32, MemCategory::kWorkspace, MemoryTracker::process());
+  Tensor block = Tensor::empty({s.rows, s.cols}, DType::kF32, MemCategory::kWorkspace, MemoryTracker::host_staging());
   FP_CHECK(local.dtype() == DType::kF32, "checkpoint block of {}", local.describe());
   const std::vector<float> host = read_host_f32(local);
   const float* src = host.data() + s.offset;

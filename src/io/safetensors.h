@@ -76,15 +76,15 @@ class SafetensorsFile {
   bool contains(std::string_view name) const { return header_.find(name) != nullptr; }
 
   // The tensor `name` in its stored dtype and shape, in new storage counted under
-  // `category`. kNotFound for an unknown name; kCorrupt if the file shrank since open().
+  // `category` (host memory by default: the file is read into it on the host). kNotFound for an unknown name; kCorrupt if the file shrank since open().
   Result<Tensor> read(std::string_view name, MemCategory category,
-                      MemoryTracker& tracker = MemoryTracker::process()) const;
+                      MemoryTracker& tracker = MemoryTracker::host_staging()) const;
   // As read(), converted to `want`: F32/F64/BF16 among themselves (rounding to nearest
   // even) and I32/I64 among themselves. kInvalidArgument for a conversion across the two
   // families or an integer that does not fit in `want` (the message names its index).
   // The stored tensor is read into kWorkspace first, so the peak holds both copies.
   Result<Tensor> read_as(std::string_view name, DType want, MemCategory category,
-                         MemoryTracker& tracker = MemoryTracker::process()) const;
+                         MemoryTracker& tracker = MemoryTracker::host_staging()) const;
 
  private:
   SafetensorsFile(std::string path, ScopedFd fd, SafetensorsHeader header)

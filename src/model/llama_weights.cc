@@ -106,21 +106,24 @@ double init_value(const InitOptions& o, const std::string& name, int64_t index) 
   return is_norm(name) ? 1.0 + o.norm_jitter * z : o.std * z;
 }
 
-// Not a step path: initialization from the counter-based generator, on the host.
+// Not a step path: initialization from the counter-based generator, made on the host and
+// stored with one explicit copy per tensor (the weights may be device memory).
 void init_weights(const InitOptions& o, LlamaWeights& weights) {
   weights.for_each([&](const std::string& name, Tensor& t) {
     const int64_t n = t.numel();
+    std::vector<std::byte> host(t.nbytes());
     if (t.dtype() == DType::kF64) {
-      double* p = t.data<double>();
+      auto* p = reinterpret_cast<double*>(host.data());
       for (int64_t i = 0; i < n; ++i) p[i] = init_value(o, name, i);
     } else if (t.dtype() == DType::kBF16) {
-      bf16* p = t.data<bf16>();
+      auto* p = reinterpret_cast<bf16*>(host.data());
       for (int64_t i = 0; i < n; ++i) p[i] = f32_to_bf16(static_cast<float>(init_value(o, name, i)));
     } else {
       FP_CHECK(t.dtype() == DType::kF32, "init of {}", t.describe());
-      float* p = t.data<float>();
+      auto* p = reinterpret_cast<float*>(host.data());
       for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(init_value(o, name, i));
     }
+    t.copy_from_host(host);
   });
 }
 

@@ -61,6 +61,11 @@ void GuardedAllocator::copy_out(void* host, const void* block, size_t bytes) {
   std::memcpy(host, block, bytes);
 }
 
+void GuardedAllocator::copy_within(void* dst, const void* src, size_t bytes) {
+  GuardOpen window(this);
+  std::memmove(dst, src, bytes);
+}
+
 void GuardedAllocator::open() {
   std::lock_guard<std::mutex> lock(mu_);
   if (depth_++ == 0) {

@@ -38,6 +38,7 @@ class GuardedAllocator final : public BlockAllocator {
   void fill_zero(void* ptr, size_t bytes) override;
   void copy_in(void* block, const void* host, size_t bytes) override;
   void copy_out(void* host, const void* block, size_t bytes) override;
+  void copy_within(void* dst, const void* src, size_t bytes) override;
 
   // Opens (first open: PROT_READ|PROT_WRITE) and closes (last close: PROT_NONE) the window.
   void open();

@@ -40,6 +40,11 @@ MemoryTracker& MemoryTracker::process() {
   return tracker;
 }
 
+MemoryTracker& MemoryTracker::host_staging() {
+  static MemoryTracker tracker;
+  return tracker;
+}
+
 namespace {
 thread_local MemoryTracker* t_default_tracker = nullptr;
 }  // namespace
@@ -182,6 +187,7 @@ void BlockAllocator::fill_zero(void* ptr, size_t bytes) { std::memset(ptr, 0, by
 
 void BlockAllocator::copy_in(void* block, const void* host, size_t bytes) { std::memcpy(block, host, bytes); }
 void BlockAllocator::copy_out(void* host, const void* block, size_t bytes) { std::memcpy(host, block, bytes); }
+void BlockAllocator::copy_within(void* dst, const void* src, size_t bytes) { std::memmove(dst, src, bytes); }
 
 BlockAllocator* MemoryTracker::block_allocator() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -225,6 +231,15 @@ void MemoryTracker::copy_out(void* host, const void* block, size_t bytes) {
     a->copy_out(host, block, bytes);
   } else {
     std::memcpy(host, block, bytes);
+  }
+}
+
+void MemoryTracker::copy_within(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  if (BlockAllocator* a = block_allocator()) {
+    a->copy_within(dst, src, bytes);
+  } else {
+    std::memmove(dst, src, bytes);
   }
 }
 

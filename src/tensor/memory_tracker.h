@@ -87,6 +87,9 @@ class BlockAllocator {
   // a memcpy by default; cudaMemcpy on a device, a window of its own for the guard.
   virtual void copy_in(void* block, const void* host, size_t bytes);
   virtual void copy_out(void* host, const void* block, size_t bytes);
+  // A copy between two blocks of this allocator (Tensor::clone, copy_from): a memmove by
+  // default; cudaMemcpy on a device (no host bytes cross), a window of its own for the guard.
+  virtual void copy_within(void* dst, const void* src, size_t bytes);
   // Why the latest allocate() returned nullptr ("cudaMalloc: out of memory; 2.0 GiB asked,
   // 1.5 GiB free of 80 GiB"), empty when it does not say; part of the out-of-memory Status.
   virtual std::string failure_reason() const { return {}; }
@@ -112,6 +115,11 @@ class MemoryTracker {
   MemoryTracker& operator=(const MemoryTracker&) = delete;
 
   static MemoryTracker& process();
+  // Host memory always, whatever process() is backed by: staging for files (checkpoint
+  // blocks, safetensors reads), which host code reads and writes. Never given a
+  // BlockAllocator. Under `--device cuda` process() holds device memory (use_cuda_memory),
+  // so staging there would be device memory that the host cannot touch.
+  static MemoryTracker& host_staging();
   // This thread's default tracker: the innermost ScopedDefaultTracker's, else process().
   static MemoryTracker& current();
   // A tracker in "meta" mode: it counts exactly as any tracker does, but its blocks are
@@ -134,6 +142,8 @@ class MemoryTracker {
   // Host bytes into a block of this tracker and back, the way its blocks allow.
   void copy_in(void* block, const void* host, size_t bytes);
   void copy_out(void* host, const void* block, size_t bytes);
+  // BlockAllocator::copy_within (a memmove by default); not counted as host bytes.
+  void copy_within(void* dst, const void* src, size_t bytes);
   // Counts a copy made elsewhere (a Backend's copy_from_host/copy_to_host) in
   // MemoryStats::host_bytes_in / host_bytes_out; copy_in and copy_out count themselves.
   void count_host_copy(int64_t bytes_in, int64_t bytes_out);

@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace foldpar {
 
@@ -94,20 +95,20 @@ Tensor Tensor::narrow(int64_t begin, int64_t end) const {
 Tensor Tensor::clone(MemCategory category) const {
   if (!has_storage_) fail_host_access();
   Tensor t = empty(shape_, dtype_, category, *storage_->tracker);
-  std::memcpy(t.raw_data(), raw_data(), nbytes());
+  storage_->tracker->copy_within(t.raw_data(), raw_data(), nbytes());
   return t;
 }
 
 void Tensor::zero() {
   if (!has_storage_) fail_host_access();
-  if (numel() > 0) std::memset(raw_data(), 0, nbytes());
+  if (numel() > 0) storage_->tracker->fill_zero(raw_data(), nbytes());
 }
 
 void Tensor::copy_from(const Tensor& src) {
   FP_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_, "copy of {} into {}", src.describe(), describe());
   if (!has_storage_) fail_host_access();
   if (!src.has_storage_) src.fail_host_access();
-  if (numel() > 0 && raw_data() != src.raw_data()) std::memmove(raw_data(), src.raw_data(), nbytes());
+  if (numel() > 0) storage_->tracker->copy_within(raw_data(), src.raw_data(), nbytes());
 }
 
 void Tensor::copy_from_host(std::span<const std::byte> src) {
@@ -150,9 +151,14 @@ Tensor Tensor::to(DType dtype, MemCategory category) const {
   if (dtype == dtype_) return clone(category);
   if (!has_storage_) fail_host_access();
   Tensor t = empty(shape_, dtype, category, *storage_->tracker);
+  // Through the host, as explicit copies (counted): the blocks may be device memory. A
+  // set-up path (f32 masters of bf16 weights), not a step's.
   const int64_t n = numel();
+  std::vector<std::byte> from(nbytes()), to(t.nbytes());
+  copy_to_host(from);
   // f64 -> bf16 goes through f32 first, as a bf16 store of an f32 value would.
-  for (int64_t i = 0; i < n; ++i) store_from_f64(dtype, t.raw_data(), i, load_as_f64(dtype_, raw_data(), i));
+  for (int64_t i = 0; i < n; ++i) store_from_f64(dtype, to.data(), i, load_as_f64(dtype_, from.data(), i));
+  t.copy_from_host(to);
   return t;
 }
 

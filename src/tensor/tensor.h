@@ -71,12 +71,17 @@ class Tensor {
   Tensor reshape(const Shape& shape) const;
   // A view of rows [begin, end) along dim 0.
   Tensor narrow(int64_t begin, int64_t end) const;
+  // clone, zero and copy_from go through the tracker's BlockAllocator (copy_within,
+  // fill_zero: a memmove/memset on the host, cudaMemcpy/cudaMemset on a device); `to`
+  // converts on the host between two explicit copies (copy_to_host, copy_from_host). So
+  // all four are safe on device memory; none is meant for a step's hot path.
   // A copy in new storage, counted under `category`.
   Tensor clone(MemCategory category) const;
   // A copy converted to `dtype` (f32/f64/bf16 among themselves; rounding to nearest even).
   Tensor to(DType dtype, MemCategory category) const;
   void zero();
-  // Copies the bytes of `src` (same shape and dtype) into this tensor.
+  // Copies the bytes of `src` (same shape and dtype; a block of the same allocator) into
+  // this tensor.
   void copy_from(const Tensor& src);
   // The explicit host boundary of set-up code that has no Backend (weight init, checkpoint
   // files): exactly nbytes() bytes from host memory into this tensor, or out of it, through

@@ -75,6 +75,28 @@ TEST(DeviceMemory, CopiesZerosReuseAndRefusal) {
   EXPECT_NE(huge.status().to_string().find("free of"), std::string::npos) << huge.status().to_string();
 }
 
+// Tensor's own copies on device memory (clone, copy_from, zero, to): through the block
+// allocator (cudaMemcpy, cudaMemset) or the host between explicit copies, never a host
+// touch of the block. The first GPU run's AdamW masters (`to`) faulted here.
+TEST(DeviceMemory, TensorCopiesCloneZeroAndConvert) {
+  FP_REQUIRE_GPU();
+  MemoryTracker device;
+  use_cuda_memory(device, CudaMemory::kDevice);
+  std::vector<float> v(777);
+  for (int i = 0; i < 777; ++i) v[i] = 0.25f * static_cast<float>(i) - 40.0f;  // exact in bf16
+  Tensor x = Tensor::empty({777}, DType::kF32, MemCategory::kActivations, device);
+  write_host_f32(v, x);
+  EXPECT_EQ(read_host_f32(x.clone(MemCategory::kWorkspace)), v);
+  Tensor y = Tensor::empty({777}, DType::kF32, MemCategory::kActivations, device);
+  y.copy_from(x);
+  EXPECT_EQ(read_host_f32(y), v);
+  const Tensor b = x.to(DType::kBF16, MemCategory::kWorkspace);
+  EXPECT_EQ(b.dtype(), DType::kBF16);
+  EXPECT_EQ(read_host_f32(b.to(DType::kF32, MemCategory::kWorkspace)), v);
+  y.zero();
+  EXPECT_EQ(read_host_f32(y), std::vector<float>(777, 0.0f));
+}
+
 TEST(PinnedMemory, KernelWritesHostReads) {
   FP_REQUIRE_GPU();
   auto cuda = make_cuda_backend(gpu_test::synced_options());

@@ -1,5 +1,5 @@
 // The device-memory stand-in (issue 20; tensor/guarded_allocator.h): every tensor comes from
-// a guarded tracker whose memory is PROT_NONE outside Backend ops and communicator calls,
+// the process tracker backed by guarded memory, PROT_NONE outside Backend ops and communicator calls,
 // the backend is the fast CPU one behind the guarded decorator (backend/guarded_backend.h)
 // and every mesh axis a guarded communicator (comm/guarded_communicator.h). Under it run the
 // trainer's steps of every layout of this many ranks (with a checkpoint written at the end
@@ -19,7 +19,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include "app/generate.h"
+#include "app/step_bench.h"
+#include "backend/bf16_storage_backend.h"
 #include "backend/guarded_backend.h"
+#include "checkpoint/hf_directory.h"
 #include "comm/guarded_communicator.h"
 #include "data/corpus.h"
 #include "infer/generator.h"
@@ -66,14 +70,16 @@ void on_survey_fault(int, siginfo_t* info, void*) {
   mprotect(g->base(), g->reserved_bytes(), PROT_READ | PROT_WRITE);
 }
 
-// The guarded tracker as this thread's default, the guarded backend and communicators.
+// MemoryTracker::process() backed by the guard, as `--device cuda` backs it by device
+// memory (tools/cuda_device.cc): so code that allocates on process() by name, not only
+// through the default tracker, gets guarded memory too (checkpoint staging once did, and
+// faulted on the GPU). The guarded backend and communicators.
 struct GuardedRun {
   GuardedAllocator guard;
-  MemoryTracker tracker;
-  std::unique_ptr<Backend> cpu, backend;
-  std::unique_ptr<ScopedDefaultTracker> scope;
+  std::unique_ptr<Backend> cpu, bf16, backend;
 
-  GuardedRun() {
+  // bf16: the CPU backend under bf16 storage, as the trainer makes it for a bf16 layout.
+  explicit GuardedRun(bool bf16_storage = false) {
     if (getenv("FOLDPAR_GUARD_SURVEY") != nullptr) {
       g_survey_guard = &guard;
       struct sigaction sa{};
@@ -83,12 +89,14 @@ struct GuardedRun {
     }
     g_survey_faults = 0;
     install_storageless_fault_handler();
-    tracker.set_block_allocator(&guard);
+    MemoryTracker::process().set_block_allocator(&guard);
     cpu = make_cpu_backend();
-    backend = make_guarded_backend(*cpu, guard);
-    scope = std::make_unique<ScopedDefaultTracker>(tracker);
+    if (bf16_storage) bf16 = make_bf16_storage_backend(*cpu);
+    backend = make_guarded_backend(bf16 ? *bf16 : *cpu, guard);
   }
   ~GuardedRun() {
+    // Every tensor of the run is gone (the members' destructors below free none).
+    MemoryTracker::process().set_block_allocator(nullptr);
     EXPECT_EQ(g_survey_faults.load(), 0) << "host touches of guarded memory (FOLDPAR_GUARD_SURVEY)";
     g_survey_guard = nullptr;
   }
@@ -133,6 +141,7 @@ TrainOptions train_options(const std::string& layout, const std::string& data, c
   TrainOptions o;
   o.config = small_config();
   o.layout = parse_layout(layout).value();
+  if (o.layout->pp > 1) o.micro_batch = 1;  // micro-batches to fill the stages
   o.data_dir = data;
   o.seq = 64;
   o.batch = 4;
@@ -152,7 +161,7 @@ class GuardedTraining : public testing::TestWithParam<const char*> {};
 TEST_P(GuardedTraining, StepsCheckpointAndResumeTouchNoTensorOnTheHost) {
   Communicator& world = test::mpi().world();
   const Layout lo = parse_layout(GetParam()).value();
-  const int ranks = MeshLayout::parse(lo.mesh()).value().num_ranks();
+  const int ranks = lo.ranks();
   if (ranks != world.size()) GTEST_SKIP() << GetParam() << " runs at " << ranks << " ranks";
   SharedDir dir(std::string("train_") + std::to_string(world.size()));
   const std::string data = make_corpus(dir.path);
@@ -160,7 +169,7 @@ TEST_P(GuardedTraining, StepsCheckpointAndResumeTouchNoTensorOnTheHost) {
   ASSERT_TRUE(plain.ok()) << plain.status().to_string();
   std::vector<double> losses;
   {
-    GuardedRun g;
+    GuardedRun g(lo.dtype == DType::kBF16);
     TrainOptions o = train_options(GetParam(), data, dir.path / "guarded");
     o.backend = g.backend.get();
     o.axis_comm = g.axis_comm();
@@ -186,13 +195,73 @@ TEST_P(GuardedTraining, StepsCheckpointAndResumeTouchNoTensorOnTheHost) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, GuardedTraining,
                          testing::Values("tsp=1", "tsp=2", "tsp=2:nooverlap", "tp=2", "tp=2:seqpar", "sp=2",
-                                         "sp=2:ring", "dp=2,tsp=1", "tp=2,sp=2", "dp=2,tsp=2", "dp=2,tp=2"),
+                                         "sp=2:ring", "dp=2,tsp=1", "tp=2,sp=2", "dp=2,tsp=2", "dp=2,tp=2",
+                                         // bf16 weights: the f32 masters are made from them
+                                         "tsp=1:bf16", "tsp=2:bf16", "tp=2:bf16",
+                                         // pipeline stages
+                                         "pp=2,tsp=1", "dp=2,pp=2,tsp=1"),
                          [](const testing::TestParamInfo<const char*>& i) {
                            std::string n = i.param;
                            for (char& ch : n)
                              if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return n;
                          });
+
+// `train --init-from`: a Hugging Face directory read into the layout's slices (safetensors
+// reads into host staging, then explicit copies), then steps: the same losses under the guard.
+TEST(GuardedInitFrom, HuggingFaceWeightsLoadTouchesNoTensorOnTheHost) {
+  Communicator& world = test::mpi().world();
+  if (world.size() > 2) GTEST_SKIP() << "the test model's 2 kv heads do not split over " << world.size() << " ranks";
+  const std::string layout = "tsp=" + std::to_string(world.size());
+  SharedDir dir("init_from_" + std::to_string(world.size()));
+  const fs::path hf = dir.path / "hf";
+  if (world.rank() == 0) {
+    LlamaWeights w = LlamaWeights::allocate(small_config(), DType::kF32, MemCategory::kParameters);
+    init_weights(InitOptions{.seed = 11, .std = 0.05, .norm_jitter = 0.1}, w);
+    FP_CHECK_OK(write_hf_directory(hf.string(), small_config(), w));
+  }
+  FP_CHECK_OK(world.barrier());
+  const std::string data = make_corpus(dir.path);
+  TrainOptions o = train_options(layout, data, dir.path / "plain");
+  o.init_from = hf.string();
+  o.final_checkpoint = false;
+  Result<TrainReport> plain = run_training(o, world);
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  GuardedRun g;
+  o.out_dir = (dir.path / "guarded").string();
+  o.backend = g.backend.get();
+  o.axis_comm = g.axis_comm();
+  Result<TrainReport> guarded = run_training(o, world);
+  ASSERT_TRUE(guarded.ok()) << guarded.status().to_string();
+  EXPECT_GT(g.guard.windows_opened(), 100);
+  EXPECT_EQ(guarded->losses, plain->losses);
+}
+
+// `foldpar bench`'s single-rank steps (weights, the synthetic batch, zeroed gradients), f32
+// and bf16: the same loss under the guard.
+class GuardedStepBench : public testing::TestWithParam<bool> {};
+
+TEST_P(GuardedStepBench, StepsTouchNoTensorOnTheHost) {
+  StepBenchOptions o;
+  o.config = small_config();
+  o.batch = 2;
+  o.seq = 32;
+  o.warmup = 1;
+  o.steps = 2;
+  o.bf16 = GetParam();
+  Result<StepBenchReport> plain = run_step_bench(o);
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  GuardedRun g(o.bf16);
+  o.backend = g.backend.get();  // a borrowed backend: no decorator of the bench's own
+  Result<StepBenchReport> guarded = run_step_bench(o);
+  ASSERT_TRUE(guarded.ok()) << guarded.status().to_string();
+  EXPECT_GT(g.guard.windows_opened(), 50);
+  EXPECT_FALSE(g.guard.is_open());
+  EXPECT_EQ(guarded->loss, plain->loss);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, GuardedStepBench, testing::Values(false, true),
+                         [](const testing::TestParamInfo<bool>& i) { return i.param ? "bf16" : "f32"; });
 
 // Generation's completions (prefill, then decode steps).
 Result<GenerationReport> generate_with(const std::string& layout, Backend& be, const AxisCommFactory& axis_comm) {
@@ -228,6 +297,41 @@ TEST_P(GuardedGeneration, PrefillAndDecodeTouchNoTensorOnTheHost) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, GuardedGeneration, testing::Values("tsp", "tp"));
+
+// `foldpar generate --checkpoint` as the program runs it (app/generate.h): the checkpoint
+// found and loaded into the decoder's slices, the byte tokenizer, prefill and decode. A
+// plain training run writes the checkpoint.
+class GuardedGenerateFromCheckpoint : public testing::TestWithParam<const char*> {};
+
+TEST_P(GuardedGenerateFromCheckpoint, LoadPrefillAndDecodeTouchNoTensorOnTheHost) {
+  Communicator& world = test::mpi().world();
+  if (world.size() > 2) GTEST_SKIP() << "the test model's 2 kv heads do not split over " << world.size() << " ranks";
+  const std::string layout = std::string(GetParam()) + "=" + std::to_string(world.size());
+  SharedDir dir(std::string("generate_") + GetParam() + std::to_string(world.size()));
+  const std::string data = make_corpus(dir.path);
+  TrainOptions t = train_options(layout, data, dir.path / "trained");
+  t.steps = 2;
+  ASSERT_TRUE(run_training(t, world).ok());
+  GenerateOptions o;
+  o.checkpoint = (dir.path / "trained").string();
+  o.layout = parse_layout(layout).value();
+  o.prompts = {"the guard", "lets only"};
+  o.generation.max_new_tokens = 6;
+  Result<GenerateResult> plain = run_generate(o, world);
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  GuardedRun g;
+  o.backend = g.backend.get();
+  o.axis_comm = g.axis_comm();
+  Result<GenerateResult> guarded = run_generate(o, world);
+  ASSERT_TRUE(guarded.ok()) << guarded.status().to_string();
+  EXPECT_GT(g.guard.windows_opened(), 10);
+  if (world.rank() == 0) ASSERT_EQ(plain->report.completions.size(), 2u);
+  ASSERT_EQ(guarded->report.completions.size(), plain->report.completions.size());
+  for (size_t i = 0; i < plain->report.completions.size(); ++i)
+    EXPECT_EQ(guarded->report.completions[i].tokens, plain->report.completions[i].tokens) << layout << " prompt " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, GuardedGenerateFromCheckpoint, testing::Values("tsp", "tp"));
 
 // Under pp the two prompts stay in flight across steps (decode_in_flight): the logits cross
 // from the last stage to rank 0's sampler, the end flag is read, through the backend only.

@@ -99,6 +99,10 @@ class CudaBlockAllocator final : public BlockAllocator {
     FP_CUDA_CHECK(cudaDeviceSynchronize());
     FP_CUDA_CHECK(cudaMemcpy(host, block, bytes, cudaMemcpyDefault));
   }
+  void copy_within(void* dst, const void* src, size_t bytes) override {
+    FP_CUDA_CHECK(cudaDeviceSynchronize());
+    FP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  }
   std::string failure_reason() const override { return note_.get(); }
   BlockPoolStats stats() const { return pool_.stats(); }
 
