@@ -92,17 +92,19 @@ class CudaBackendImpl final : public CudaBackend {
   void synchronize() override { FP_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
   void matmul(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float alpha, float beta) override {
-    const MatmulDims d = check_matmul(a, ta, b, tb, c);
+    // Same dtypes, or bf16 x bf16 into f32 (f32 gradients of bf16 weights, as the CPU backend).
+    const bool mixed = a.dtype() == DType::kBF16 && c.dtype() == DType::kF32;
+    const MatmulDims d = mixed ? check_matmul_bf16(a, ta, b, tb, c) : check_matmul(a, ta, b, tb, c);
     check_cuda_float(c, "matmul c");
     if (d.m == 0 || d.n == 0) return;
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
-    const cudaDataType_t type = cuda_type(c.dtype());
+    const cudaDataType_t ab_type = cuda_type(a.dtype()), c_type = cuda_type(c.dtype());
     const cublasComputeType_t compute =
-        c.dtype() == DType::kF32 && options_.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+        a.dtype() == DType::kF32 && options_.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     FP_CUBLAS_CHECK(cublasGemmEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                                  static_cast<int>(d.n), static_cast<int>(d.m), static_cast<int>(d.k), &alpha,
-                                 b.raw_data(), type, static_cast<int>(d.ldb), a.raw_data(), type,
-                                 static_cast<int>(d.lda), &beta, c.raw_data(), type, static_cast<int>(d.n), compute,
+                                 b.raw_data(), ab_type, static_cast<int>(d.ldb), a.raw_data(), ab_type,
+                                 static_cast<int>(d.lda), &beta, c.raw_data(), c_type, static_cast<int>(d.n), compute,
                                  CUBLAS_GEMM_DEFAULT));
     done();
   }
