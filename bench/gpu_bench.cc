@@ -14,6 +14,7 @@
 // bf16 dense (989 TFLOP/s for an H200 SXM unless --peak-tflops says otherwise).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -25,6 +26,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "bench_cli.h"
+#include "comm/nccl/device_communicator.h"
 #include "comm/self_communicator.h"
 #include "core/rng.h"
 #include "core/timing.h"
@@ -110,16 +112,18 @@ void bench_attention(CudaBackend& be, int64_t seq, int64_t n_h, int64_t d, const
 }
 
 // A corpus for the training steps: pseudo-random lowercase words (bytes tokenizer), enough
-// for `tokens` training tokens and the validation windows, prepared in `dir`.
-Status prepare_bench_corpus(const std::filesystem::path& dir, int64_t tokens) {
+// for `tokens` training tokens and validation windows of `seq` + 1 tokens, prepared in `dir`.
+Status prepare_bench_corpus(const std::filesystem::path& dir, int64_t tokens, int64_t seq) {
   std::filesystem::create_directories(dir);
   {
     std::ofstream f(dir / "text");
     Rng rng(7);
     int64_t written = 0;
     // Documents of about 2 KB; every 50th is held out, so 1.2x the training tokens leaves a
-    // validation set of several thousand tokens at least.
-    for (int64_t doc = 0; written < tokens + tokens / 5 + 200000; ++doc) {
+    // validation set of several thousand tokens at least, and 120 (S + 1) bytes one of about
+    // two windows of S + 1 (llama-1b at S = 4096 needed that).
+    const int64_t bytes = std::max(tokens + tokens / 5 + 200000, 120 * (seq + 1));
+    for (int64_t doc = 0; written < bytes; ++doc) {
       std::string line;
       while (line.size() < 2000) {
         const uint64_t len = 2 + rng.below(8);
@@ -146,7 +150,7 @@ Status bench_train_step(CudaBackend& be, const std::string& key, const LlamaConf
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("foldpar_gpu_bench_" + std::to_string(getpid()) + "_" + key);
   const int64_t steps = f.quick ? 3 : 6;
-  FP_RETURN_IF_ERROR(prepare_bench_corpus(dir, steps * batch * seq));
+  FP_RETURN_IF_ERROR(prepare_bench_corpus(dir, steps * batch * seq, seq));
   TrainOptions o;
   o.config = c;
   FP_ASSIGN_OR_RETURN(Layout layout, parse_layout("tsp=1:bf16"));
@@ -161,6 +165,11 @@ Status bench_train_step(CudaBackend& be, const std::string& key, const LlamaConf
   o.print_every = 0;
   o.out_dir = (dir / "run").string();
   o.backend = &be;
+  // The mesh's axes as `train --device cuda` makes them (tools/cuda_device.cc): device
+  // communicators ordered after the compute stream. A host communicator would copy device
+  // memory on the host.
+  const DeviceCommOptions comm{.device = 0, .compute_stream = be.stream()};
+  o.axis_comm = [comm](Communicator& host) { return make_device_communicator(host, comm); };
   SelfCommunicator world("world", 0);
   Result<TrainReport> r = run_training(o, world);
   std::error_code ec;
@@ -219,6 +228,9 @@ int run(const Flags& f) {
 }  // namespace foldpar
 
 int main(int argc, char** argv) {
+  // Line by line: a crash must not swallow the figures already measured (stdout is a file
+  // under scripts/gpu-check.sh).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   foldpar::Flags f;
   CLI::App app{"GPU benchmark: bf16 GEMM, flash attention and a training step on the CUDA backend", "gpu_bench"};
   app.add_flag("--quick", f.quick, "smaller sizes, for a smoke run");

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The foldpar program on a GPU (--device cuda) against the same program on the CPU:
-#  - train, configs/tiny.json, 8 steps: on one rank, and at tsp=2 with both ranks sharing the
-#    GPU (host-staged device communicators), the losses follow the CPU's one-rank run;
+#  - train --f32 (bf16 is the default on cuda), configs/tiny.json, 8 steps: on one rank, and
+#    at tsp=2 with both ranks sharing the GPU (host-staged device communicators), the losses
+#    follow the CPU's one-rank run;
 #  - train --bf16 at tsp=2 (the CUDA backend's native bf16, no storage decorator) follows it
 #    within bf16's precision;
 #  - bench --device cuda and generate --device cuda (tsp=2, from the CPU run's checkpoint)
@@ -38,10 +39,15 @@ run() {  # run NP LAYOUT OUT [flags]
     --data "$tmp/data" --out "$out" --layout "$layout" --steps 8 --seq 64 --batch 4 --lr 3e-3 --warmup 2 \
     --eval-every 0 --eval-batches 1 --progress none --seed 7 "$@" >/dev/null
 }
-"$bin" prepare-data --out "$tmp/data" >/dev/null || exit 1
+# The corpus: the repository's docs and sources (the GPU machine has no Debian fortunes,
+# the default).
+"$bin" prepare-data --input "$src/docs" $(find "$src/src" -name "*.h" | sort) --out "$tmp/data" >/dev/null || exit 1
+# Debian's python3 here; the GPU machine's python3 (a virtual environment) elsewhere.
+py=/usr/bin/python3
+[ -x "$py" ] || py=$(command -v python3)
 
 # The first GPU run decides: no usable GPU -> skipped, with foldpar's one line.
-if ! run 1 tsp=1 "$tmp/cuda1" --device cuda 2>"$tmp/err"; then
+if ! run 1 tsp=1 "$tmp/cuda1" --device cuda --f32 2>"$tmp/err"; then
   if grep -q "no usable GPU" "$tmp/err"; then
     skip "$(grep '^foldpar: error' "$tmp/err")"
   fi
@@ -51,10 +57,10 @@ if ! run 1 tsp=1 "$tmp/cuda1" --device cuda 2>"$tmp/err"; then
 fi
 set -e
 run 1 tsp=1 "$tmp/cpu1"
-run 2 tsp=2 "$tmp/cuda2" --device cuda
+run 2 tsp=2 "$tmp/cuda2" --device cuda --f32
 run 2 tsp=2 "$tmp/cuda2bf16" --device cuda --bf16
 
-/usr/bin/python3 - "$tmp" <<'PY'
+"$py" - "$tmp" <<'PY'
 import json, sys
 tmp = sys.argv[1]
 def losses(name):
@@ -76,8 +82,8 @@ PY
 grep -Eq '^64 +1 ' "$tmp/bench.txt" || { echo "FAIL: bench --device cuda printed no row:" >&2; cat "$tmp/bench.txt" >&2; exit 1; }
 
 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$bin" generate --checkpoint "$tmp/cpu1" --layout tsp=2 \
-  --prompt "The " --prompt "A fortune" --max-new-tokens 12 --json --device cuda >"$tmp/gen.jsonl" 2>/dev/null
-/usr/bin/python3 - "$tmp/gen.jsonl" <<'PY'
+  --prompt "The " --prompt "A GPU" --max-new-tokens 12 --json --device cuda >"$tmp/gen.jsonl" 2>/dev/null
+"$py" - "$tmp/gen.jsonl" <<'PY'
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
 assert len(lines) == 2, lines
