@@ -325,7 +325,9 @@ TEST_P(GuardedGenerateFromCheckpoint, LoadPrefillAndDecodeTouchNoTensorOnTheHost
   Result<GenerateResult> guarded = run_generate(o, world);
   ASSERT_TRUE(guarded.ok()) << guarded.status().to_string();
   EXPECT_GT(g.guard.windows_opened(), 10);
-  if (world.rank() == 0) ASSERT_EQ(plain->report.completions.size(), 2u);
+  if (world.rank() == 0) {
+    ASSERT_EQ(plain->report.completions.size(), 2u);
+  }
   ASSERT_EQ(guarded->report.completions.size(), plain->report.completions.size());
   for (size_t i = 0; i < plain->report.completions.size(); ++i)
     EXPECT_EQ(guarded->report.completions[i].tokens, plain->report.completions[i].tokens) << layout << " prompt " << i;
