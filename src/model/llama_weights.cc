@@ -4,12 +4,10 @@
 #include <fmt/format.h>
 
 #include "core/rng.h"
+#include "model/init_values.h"
 #include "model/moe_weights.h"
 
 namespace foldpar {
-namespace {
-bool is_norm(const std::string& name) { return name.ends_with("norm.weight"); }
-}  // namespace
 
 LlamaWeights LlamaWeights::allocate(const LlamaConfig& c, DType dtype, MemCategory category) {
   const int64_t h = c.hidden_size, f = c.intermediate_size, q = c.num_attention_heads * c.head_dim(),
@@ -102,8 +100,7 @@ void LlamaWeights::zero() {
 }
 
 double init_value(const InitOptions& o, const std::string& name, int64_t index) {
-  const double z = normal_at(o.seed, stream_id(name), static_cast<uint64_t>(index));
-  return is_norm(name) ? 1.0 + o.norm_jitter * z : o.std * z;
+  return InitValues(o, name).at(index);
 }
 
 // Not a step path: initialization from the counter-based generator, made on the host and
@@ -111,17 +108,18 @@ double init_value(const InitOptions& o, const std::string& name, int64_t index) 
 void init_weights(const InitOptions& o, LlamaWeights& weights) {
   weights.for_each([&](const std::string& name, Tensor& t) {
     const int64_t n = t.numel();
+    const InitValues values(o, name);
     std::vector<std::byte> host(t.nbytes());
     if (t.dtype() == DType::kF64) {
       auto* p = reinterpret_cast<double*>(host.data());
-      for (int64_t i = 0; i < n; ++i) p[i] = init_value(o, name, i);
+      for (int64_t i = 0; i < n; ++i) p[i] = values.at(i);
     } else if (t.dtype() == DType::kBF16) {
       auto* p = reinterpret_cast<bf16*>(host.data());
-      for (int64_t i = 0; i < n; ++i) p[i] = f32_to_bf16(static_cast<float>(init_value(o, name, i)));
+      for (int64_t i = 0; i < n; ++i) p[i] = f32_to_bf16(static_cast<float>(values.at(i)));
     } else {
       FP_CHECK(t.dtype() == DType::kF32, "init of {}", t.describe());
       auto* p = reinterpret_cast<float*>(host.data());
-      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(init_value(o, name, i));
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(values.at(i));
     }
     t.copy_from_host(host);
   });

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "comm/communicator.h"
+#include "model/init_values.h"
 #include "model/moe_weights.h"
 
 namespace foldpar {
@@ -496,13 +497,15 @@ void init_sharded_weights(const InitOptions& o, ShardedWeights& w) {
   // Values made on the host, stored with one host copy per tensor.
   auto fill_rows = [&](Tensor t, const std::string& name, int64_t row0) {
     std::vector<float> v(static_cast<size_t>(t.numel()));
-    for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = static_cast<float>(init_value(o, name, row0 * h + i));
+    const InitValues values(o, name);
+    for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = static_cast<float>(values.at(row0 * h + i));
     write_host_f32(v, t);
   };
   auto fill_cols_t = [&](Tensor t, const std::string& name, int64_t col0, int64_t cols) {
     std::vector<float> v(static_cast<size_t>(t.numel()));
+    const InitValues values(o, name);
     for_each_row_block(t.dim(0), h, [&](int64_t i, int64_t j) {
-      v[static_cast<size_t>(i * h + j)] = static_cast<float>(init_value(o, name, j * cols + col0 + i));
+      v[static_cast<size_t>(i * h + j)] = static_cast<float>(values.at(j * cols + col0 + i));
     });
     write_host_f32(v, t);
   };
@@ -524,17 +527,19 @@ void init_sharded_weights(const InitOptions& o, ShardedWeights& w) {
       // Element (i, j) of the slice is global (row0 + i, col0 + j) of a [*, global_cols] tensor.
       const int64_t global_cols = is_expert_down_projection(at.tensor) ? d.expert_rows * d.expert_group : at.cols;
       std::vector<float> v(static_cast<size_t>(t.numel()));
+      const InitValues values(o, at.tensor);
       for (int64_t i = 0; i < at.rows; ++i)
         for (int64_t j = 0; j < at.cols; ++j)
           v[static_cast<size_t>(i * at.cols + j)] =
-              static_cast<float>(init_value(o, at.tensor, (at.row0 + i) * global_cols + at.col0 + j));
+              static_cast<float>(values.at((at.row0 + i) * global_cols + at.col0 + j));
       write_host_f32(v, t);
     });
     fill_rows(w.attn_norm[l], pre + "input_layernorm.weight", 0);
     fill_rows(w.mlp_norm[l], pre + "post_attention_layernorm.weight", 0);
     auto fill_span = [&](Tensor t, const std::string& name, int64_t at) {
       std::vector<float> v(static_cast<size_t>(t.numel()));
-      for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = static_cast<float>(init_value(o, name, at + i));
+      const InitValues values(o, name);
+      for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = static_cast<float>(values.at(at + i));
       write_host_f32(v, t);
     };
     const int64_t q = d.q_rows * d.degree, kv = d.n_kv() * d.d;

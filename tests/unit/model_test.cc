@@ -2,9 +2,12 @@
 // gradient), recomputation and determinism, memory accounting, config and batch errors.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "core/tolerance.h"
+#include "core/rng.h"
+#include "model/init_values.h"
 #include "model/llama_model.h"
 #include "test_util.h"
 
@@ -123,6 +126,25 @@ TEST(Model, RecomputeLowersTheActivationPeak) {
   EXPECT_LT(recompute * 10, keep * 8) << "keep " << keep << " recompute " << recompute;
   const int64_t T = 256, h = c.hidden_size;
   EXPECT_GT(keep, c.num_hidden_layers * T * h * 4 * 7);  // at least the block's own h-sized tensors
+}
+
+// The initialization contract every layout's shards rely on, from its primitives: element i
+// of tensor `name` is std x normal_at(seed, stream_id(name), i), or 1 + norm_jitter x that for
+// a norm gain, rounded once. InitValues (the loops' form, inlined in several translation
+// units) and init_value give it bit for bit.
+TEST(Model, InitValuesAreTheCounterBasedNormals) {
+  const InitOptions o{.seed = 42, .std = 0.03, .norm_jitter = 0.2};
+  for (const std::string name : {"model.layers.3.mlp.up_proj.weight", "model.layers.0.input_layernorm.weight",
+                                 "model.norm.weight", "model.embed_tokens.weight"}) {
+    const bool norm = name.ends_with("norm.weight");
+    const InitValues values(o, name);
+    for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{977}, int64_t{1} << 33}) {
+      const double z = normal_at(42, stream_id(name), static_cast<uint64_t>(i));
+      const double want = norm ? std::fma(0.2, z, 1.0) : 0.03 * z;
+      EXPECT_EQ(values.at(i), want) << name << " " << i;
+      EXPECT_EQ(init_value(o, name, i), want) << name << " " << i;
+    }
+  }
 }
 
 TEST(Model, ParameterCounts) {
