@@ -8,8 +8,9 @@
 // Device memory is checked against cudaMemGetInfo before the pool grows: a request beyond
 // what the GPU has free fails at once (the pool first returns its cache and asks again), and
 // the tracker's out-of-memory Status carries failure_reason() (the CUDA error or the free
-// memory). Host bytes cross only through copy_in/copy_out/fill_zero, which wait for the
-// whole device first (set-up paths: weights, checkpoints, batches), then copy.
+// memory). Host bytes cross only through copy_in/copy_out/fill_zero (and blocks are copied
+// through copy_within), which wait for the whole device before and after (set-up paths:
+// weights, checkpoints, batches).
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -85,23 +86,28 @@ class CudaBlockAllocator final : public BlockAllocator {
   CudaBlockAllocator() : pool_(Source{&note_}) {}
   void* allocate(size_t bytes) override { return pool_.allocate(bytes); }
   void release(void* ptr, size_t bytes) override { pool_.release(ptr, bytes); }
-  // Set-up copies: every pending kernel (on any stream) first, then a synchronous copy.
+  // Set-up copies: every pending kernel (on any stream) first, then the copy, then a wait for
+  // it. cudaMemset, a device-to-device cudaMemcpy and a copy from pageable host memory may
+  // return before the bytes land, and the backend's stream is non-blocking (it does not wait
+  // for the legacy stream these run on), so without the second wait its next kernel could
+  // read the old bytes.
+  template <typename Op>
+  static void set_up(Op op) {
+    FP_CUDA_CHECK(cudaDeviceSynchronize());
+    op();
+    FP_CUDA_CHECK(cudaDeviceSynchronize());
+  }
   void fill_zero(void* ptr, size_t bytes) override {
-    FP_CUDA_CHECK(cudaDeviceSynchronize());
-    FP_CUDA_CHECK(cudaMemset(ptr, 0, bytes));
-    FP_CUDA_CHECK(cudaDeviceSynchronize());
+    set_up([&] { FP_CUDA_CHECK(cudaMemset(ptr, 0, bytes)); });
   }
   void copy_in(void* block, const void* host, size_t bytes) override {
-    FP_CUDA_CHECK(cudaDeviceSynchronize());
-    FP_CUDA_CHECK(cudaMemcpy(block, host, bytes, cudaMemcpyDefault));
+    set_up([&] { FP_CUDA_CHECK(cudaMemcpy(block, host, bytes, cudaMemcpyDefault)); });
   }
   void copy_out(void* host, const void* block, size_t bytes) override {
-    FP_CUDA_CHECK(cudaDeviceSynchronize());
-    FP_CUDA_CHECK(cudaMemcpy(host, block, bytes, cudaMemcpyDefault));
+    set_up([&] { FP_CUDA_CHECK(cudaMemcpy(host, block, bytes, cudaMemcpyDefault)); });
   }
   void copy_within(void* dst, const void* src, size_t bytes) override {
-    FP_CUDA_CHECK(cudaDeviceSynchronize());
-    FP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+    set_up([&] { FP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault)); });
   }
   std::string failure_reason() const override { return note_.get(); }
   BlockPoolStats stats() const { return pool_.stats(); }
