@@ -4,7 +4,7 @@
 // instructions, f32 accumulation and output). Q, K, V and dO are read as bf16 (K, V packed
 // per kv head when n_kv > 1); scores, softmax, lse, the row statistics and the O, dQ, dK, dV accumulators stay
 // f32. P and dS are rounded to bf16 once, as operands of the next product (as FlashAttention
-// and cuDNN's bf16 kernels do); the outputs are rounded to bf16 once at the end, as the bf16
+// and cuDNN's bf16 kernels do), by the row step that computes them (bf16_score_rows.h); the outputs are rounded to bf16 once at the end, as the bf16
 // storage decorator rounds the f32 kernel's. Scratch: one f32 workspace carved into f32 and
 // bf16 buffers plus the k blocks' position ranges, both cpu_flash_attention_scratch (the same
 // for both kernels), which the dry run's meta backend allocates alike.
@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "backend/cpu/flash_attention.h"
+#include "backend/cpu/bf16_score_rows.h"
 #include "backend/cpu/flash_attention_tiles.h"
 #include "backend/cpu/gemm_engine.h"
 #include "tensor/tensor.h"
@@ -150,9 +151,6 @@ void round_rows(const float* src, int64_t rows, int64_t row_elems, int64_t strid
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t e = 0; e < row_elems; ++e) dst[t * stride + e] = f32_to_bf16(src[t * row_elems + e]);
 }
-void round_into(const float* src, int64_t n, bf16* dst) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
-}
 
 float load(const float* x, int64_t i) { return x[i]; }
 float load(const bf16* x, int64_t i) { return bf16_to_f32(x[i]); }
@@ -192,14 +190,16 @@ void forward_tile(const Plan& p, const KvHead& kv, int64_t i0, const Tile& tile,
       float* s = p.scores + (r - r0) * keys;
       float* acc = p.acc_rows + r * d;
       const flash::KeyBound bound = flash::key_bound(p.q_pos[i0 + t], p.dims.window);
+      // P goes straight to its bf16 row; the f32 P is not kept.
+      bf16* p_row = p.p_bf + (r - r0) * keys;
+      auto exp_sum = [s, keys, p_row](float shift) { return flash::exp_sum_round(s, shift, keys, p_row); };
       if (vis == Visibility::kPartial) {
-        flash::online_softmax_row<true>(s, p.k_pos + tile.j0, bound, keys, p.row_a[r], p.row_b[r], acc, d);
+        flash::online_softmax_row<true>(s, p.k_pos + tile.j0, bound, keys, p.row_a[r], p.row_b[r], acc, d, exp_sum);
       } else {
-        flash::online_softmax_row<false>(s, p.k_pos + tile.j0, bound, keys, p.row_a[r], p.row_b[r], acc, d);
+        flash::online_softmax_row<false>(s, p.k_pos + tile.j0, bound, keys, p.row_a[r], p.row_b[r], acc, d, exp_sum);
       }
     }
-  // acc += P V: [rows, d], P rounded to bf16.
-  round_into(p.scores, rows * keys, p.p_bf);
+  // acc += P V: [rows, d].
   gemm(false, false, rows, d, keys, 1.0f, p.p_bf, keys, kv.v + kv_off, kv.stride, 1.0f, p.acc_rows + r0 * d);
 }
 
@@ -239,25 +239,25 @@ void backward_tile(const Plan& p, const KvHead& kv, int64_t i0, const Tile& tile
   const int64_t g = p.dims.group(), d = p.dims.d, keys = tile.keys;
   const int64_t r0 = tile.t0 * g, rows = tile.tokens * g, kv_off = tile.j0 * kv.stride;
   const bf16 *q = p.q_rows + r0 * d, *d_out = p.do_rows + r0 * d;
+  // S = scale * Q K^T and dP = dO V^T: [rows, keys] each; then P and dS (from the f32 P) in
+  // one pass over both, straight to bf16.
   gemm(false, true, rows, keys, d, p.scale, q, d, kv.k + kv_off, kv.stride, 0.0f, p.scores);
+  gemm(false, true, rows, keys, d, 1.0f, d_out, d, kv.v + kv_off, kv.stride, 0.0f, p.d_scores);
   for (int64_t t = tile.t0; t < tile.t0 + tile.tokens; ++t)
     for (int64_t r = t * g; r < (t + 1) * g; ++r) {
-      float* s = p.scores + (r - r0) * keys;
+      const int64_t at = (r - r0) * keys;
       const flash::KeyBound bound = flash::key_bound(p.q_pos[i0 + t], p.dims.window);
+      const int32_t* k_pos = p.k_pos + tile.j0;
       if (vis == Visibility::kPartial) {
-        flash::probabilities_row<true>(s, p.k_pos + tile.j0, bound, keys, p.row_a[r]);
+        flash::probabilities_and_grads_round<true>(p.scores + at, p.d_scores + at, k_pos, bound, keys, p.row_a[r],
+                                                   p.row_b[r], p.p_bf + at, p.ds_bf + at);
       } else {
-        flash::probabilities_row<false>(s, p.k_pos + tile.j0, bound, keys, p.row_a[r]);
+        flash::probabilities_and_grads_round<false>(p.scores + at, p.d_scores + at, k_pos, bound, keys, p.row_a[r],
+                                                    p.row_b[r], p.p_bf + at, p.ds_bf + at);
       }
     }
-  round_into(p.scores, rows * keys, p.p_bf);
   // dV += P^T dO: [keys, d].
   gemm(true, false, keys, d, rows, 1.0f, p.p_bf, keys, d_out, d, 1.0f, p.dv_acc + tile.j0 * d);
-  // dP = dO V^T: [rows, keys]; then dS = P * (dP - delta) from the f32 P, rounded to bf16.
-  gemm(false, true, rows, keys, d, 1.0f, d_out, d, kv.v + kv_off, kv.stride, 0.0f, p.d_scores);
-  for (int64_t r = r0; r < r0 + rows; ++r)
-    flash::score_grads_row(p.scores + (r - r0) * keys, p.d_scores + (r - r0) * keys, p.row_b[r], keys);
-  round_into(p.d_scores, rows * keys, p.ds_bf);
   // dQ += scale * dS K: [rows, d]; dK += scale * dS^T Q: [keys, d].
   gemm(false, false, rows, d, keys, p.scale, p.ds_bf, keys, kv.k + kv_off, kv.stride, 1.0f, p.acc_rows + r0 * d);
   gemm(true, false, keys, d, rows, p.scale, p.ds_bf, keys, q, d, 1.0f, p.dk_acc + tile.j0 * d);

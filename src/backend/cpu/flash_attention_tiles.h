@@ -174,19 +174,27 @@ inline float dot(const float* a, const float* b, int64_t n) {
 }
 
 // The online-softmax step of one row of a tile: its scores s[0, keys) become probabilities
-// relative to the updated running max m; the running sum l and the accumulator row acc[0, d)
-// are rescaled to that max.
-template <bool kMasked>
+// relative to the updated running max m (exp_sum(shift) writes them where the kernel wants
+// them and returns their sum); the running sum l and the accumulator row acc[0, d) are
+// rescaled to that max.
+template <bool kMasked, typename ExpSum>
 void online_softmax_row(float* s, const int32_t* k_pos, KeyBound bound, int64_t keys, float& m, float& l, float* acc,
-                        int64_t d) {
+                        int64_t d, const ExpSum& exp_sum) {
   const float m_new = std::max(m, mask_and_max<kMasked>(s, k_pos, bound, keys));
   // A row that has seen no key yet keeps m = -inf; shifting by 0 keeps its e^-inf = 0.
   const float shift = m_new == kNegInf ? 0.0f : m_new;
   const float correction = vec::exp(m - shift);
-  l = l * correction + exp_and_sum(s, shift, keys);
+  l = l * correction + exp_sum(shift);
   m = m_new;
   if (correction != 1.0f)
     for (int64_t e = 0; e < d; ++e) acc[e] *= correction;
+}
+// The f32 kernel's step: the probabilities in place in s.
+template <bool kMasked>
+void online_softmax_row(float* s, const int32_t* k_pos, KeyBound bound, int64_t keys, float& m, float& l, float* acc,
+                        int64_t d) {
+  online_softmax_row<kMasked>(s, k_pos, bound, keys, m, l, acc, d,
+                              [s, keys](float shift) { return exp_and_sum(s, shift, keys); });
 }
 
 // P = e^(S - lse) (0 where masked) in place on one row of scores. A query that sees no key
