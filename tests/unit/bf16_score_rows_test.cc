@@ -1,9 +1,11 @@
 // The bf16 attention kernel's fused row steps (backend/cpu/bf16_score_rows.h) against e^x in
 // double: exp16's error bound and its edges (exact 1 at 0, exact 0 below the cutoff and at
 // -inf, NaN kept), and each row function's bf16 outputs, f32 sums and masking on rows of
-// every length around the 16-lane width. The rows run on whichever build the machine gets
-// (AVX-512 intrinsics, or the portable loops): both must meet the same contract.
+// every length around the 16-lane width; and the run rounding of bf16_round.h against
+// f32_to_bf16. Each runs on whichever build the machine gets (AVX-512 intrinsics, or the
+// portable loops): both must meet the same contract.
 #include "backend/cpu/bf16_score_rows.h"
+#include "backend/cpu/bf16_round.h"
 
 #include <gtest/gtest.h>
 
@@ -187,6 +189,38 @@ TEST(Bf16ScoreRows, NaNScoresStayNaN) {
   EXPECT_TRUE(std::isnan(bf16_to_f32(p[17])));
   EXPECT_TRUE(std::isnan(bf16_to_f32(ds[17])));
   EXPECT_EQ(bf16_to_f32(ds[3]), 1.0f);
+}
+
+// round_run_to_bf16 (bf16_round.h) gives f32_to_bf16's bits on every length around the
+// 16-lane width, for normal values, ties, zeros of both signs, infinities, NaN and overflow;
+// subnormals become a zero of their sign; nothing past n is written.
+TEST(RoundRunToBf16, SameBitsAsTheScalarRounding) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 100.0f);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> special = {0.0f, -0.0f, kInf, -kInf, nan, -nan, 3.4e38f, -3.4e38f,
+                                      std::bit_cast<float>(0x3f808000u),   // a tie, rounds down to even
+                                      std::bit_cast<float>(0x3f818000u),   // a tie, rounds up to even
+                                      std::bit_cast<float>(0x7f7fffffu)};  // the largest float: rounds to inf
+  for (int64_t n = 0; n <= 50; ++n) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) x[i] = i < int64_t(special.size()) && n > 30 ? special[i] : normal(rng);
+    std::vector<bf16> y(n + 16, f32_to_bf16(-7.0f));
+    round_run_to_bf16(x.data(), n, y.data());
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(y[i].bits, f32_to_bf16(x[i]).bits) << "n = " << n << ", x = " << x[i];
+    for (int64_t i = n; i < n + 16; ++i) EXPECT_EQ(bf16_to_f32(y[i]), -7.0f) << "wrote past n = " << n;
+  }
+  const std::vector<float> subnormal = {1e-39f, -1e-39f, std::numeric_limits<float>::denorm_min()};
+  std::vector<bf16> y(3);
+  round_run_to_bf16(subnormal.data(), 3, y.data());
+  for (int i = 0; i < 3; ++i) {
+    if (flash::kScoreRowsAvx512) {
+      EXPECT_EQ(bf16_to_f32(y[i]), 0.0f);
+      EXPECT_EQ(std::signbit(bf16_to_f32(y[i])), std::signbit(subnormal[i]));
+    } else {
+      EXPECT_EQ(y[i].bits, f32_to_bf16(subnormal[i]).bits);
+    }
+  }
 }
 
 }  // namespace

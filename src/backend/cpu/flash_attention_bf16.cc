@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "backend/cpu/flash_attention.h"
+#include "backend/cpu/bf16_round.h"
 #include "backend/cpu/bf16_score_rows.h"
 #include "backend/cpu/flash_attention_tiles.h"
 #include "backend/cpu/gemm_engine.h"
@@ -148,8 +149,7 @@ void pack_rows(const bf16* src, int64_t rows, int64_t row_elems, int64_t stride,
 }
 // f32 rows rounded to bf16 (to nearest even) into rows `stride` elements apart.
 void round_rows(const float* src, int64_t rows, int64_t row_elems, int64_t stride, bf16* dst) {
-  for (int64_t t = 0; t < rows; ++t)
-    for (int64_t e = 0; e < row_elems; ++e) dst[t * stride + e] = f32_to_bf16(src[t * row_elems + e]);
+  for (int64_t t = 0; t < rows; ++t) round_run_to_bf16(src + t * row_elems, row_elems, dst + t * stride);
 }
 
 float load(const float* x, int64_t i) { return x[i]; }
