@@ -101,7 +101,7 @@ Result<Mesh> Mesh::create(Communicator& world, const MeshLayout& layout, const A
 }
 
 Mesh::Mesh(Communicator& world, MeshLayout layout, const AxisCommFactory& axis_comm)
-    : world_(&world), layout_(std::move(layout)) {
+    : world_(&world), layout_(std::move(layout)), axis_comm_(axis_comm) {
   const int n_axes = static_cast<int>(layout_.axes.size());
   coords_.resize(n_axes);
   int rest = world.rank();
@@ -180,6 +180,15 @@ Mesh::Mesh(Communicator& world, MeshLayout layout, std::vector<std::unique_ptr<C
   coords_ = coords_of(layout_, world.rank());
 }
 
+std::unique_ptr<Communicator> Mesh::split_group(int color, int key, const std::string& name) {
+  std::unique_ptr<Communicator> split = world_->split(color, key, name);
+  if (!axis_comm_) return split;
+  host_comms_.push_back(std::move(split));
+  std::unique_ptr<Communicator> made = axis_comm_(*host_comms_.back());
+  FP_CHECK(made != nullptr, "group {}: the AxisCommFactory returned no communicator", name);
+  return made;
+}
+
 // Not member by member in declaration order: assigning host_comms_ first would destroy the
 // communicators that the old comms_ still borrow.
 Mesh& Mesh::operator=(Mesh&& other) noexcept {
@@ -187,6 +196,7 @@ Mesh& Mesh::operator=(Mesh&& other) noexcept {
   comms_.clear();
   host_comms_.clear();
   world_ = other.world_;
+  axis_comm_ = std::move(other.axis_comm_);
   layout_ = std::move(other.layout_);
   coords_ = std::move(other.coords_);
   host_comms_ = std::move(other.host_comms_);

@@ -88,6 +88,12 @@ class Mesh {
   std::vector<const Communicator*> communicators() const;
   // The world rank at the given coordinates, one per axis in layout order.
   int world_rank_at(const std::vector<int>& coords) const;
+  // A communicator of world ranks beyond the layout's axes (an expert group that spans dp
+  // replicas), split off world by (color, key) and made as the axes are: through the
+  // AxisCommFactory given to create, when there was one (a device or guarded communicator
+  // where the axes are). Collective over world. The result may borrow its split, which the
+  // mesh keeps: destroy the result before the mesh.
+  std::unique_ptr<Communicator> split_group(int color, int key, const std::string& name);
 
  private:
   Mesh(Communicator& world, MeshLayout layout, const AxisCommFactory& axis_comm);
@@ -97,7 +103,9 @@ class Mesh {
   Communicator* world_;
   MeshLayout layout_;
   std::vector<int> coords_;
-  std::vector<std::unique_ptr<Communicator>> host_comms_;  // with an AxisCommFactory: the splits comms_ wrap
+  AxisCommFactory axis_comm_;                              // create's, for split_group
+  std::vector<std::unique_ptr<Communicator>> host_comms_;  // with an AxisCommFactory: the splits comms_ and
+                                                           // split_group's results wrap
   std::vector<std::unique_ptr<Communicator>> comms_;       // one per axis, layout order
 };
 

@@ -54,14 +54,16 @@ std::vector<int> axis_ranks(Mesh& mesh, const char* axis) {
 }
 
 // The communicator of the listed world ranks (this one's among them, ranked in that order),
-// split off the world; in a dry run the counting world's group. Collective over the world:
-// every rank calls it with its own group (the groups partition the world).
+// split off the world and made as the mesh's axes are (Mesh::split_group: a device or
+// guarded communicator where they are one); in a dry run the counting world's group.
+// Collective over the world: every rank calls it with its own group (the groups partition
+// the world).
 std::unique_ptr<Communicator> split_group(Mesh& mesh, const std::vector<int>& group, const char* name) {
   if (auto* counting = dynamic_cast<CountingCommunicator*>(&mesh.world()))
     return counting->group(group, name);  // a dry run: no peers to split with
   const int me = mesh.world().rank();
   const int key = static_cast<int>(std::find(group.begin(), group.end(), me) - group.begin());
-  return mesh.world().split(*std::min_element(group.begin(), group.end()), key, name);
+  return mesh.split_group(*std::min_element(group.begin(), group.end()), key, name);
 }
 
 // This rank's model group, the unit an expert group repeats over dp replicas.
