@@ -62,6 +62,7 @@ class SingleRankStep final : public ModelStep {
     if (c_.moe.enabled()) {
       r.aux_loss = aux_.loss(c_.moe.aux_per_layer);
       r.expert_load = aux_.load();
+      r.moe_dropped = aux_.dropped_pairs();
       if (c_.moe.output_router_logits) r.loss += c_.moe.router_aux_loss_coef * r.aux_loss;
     }
     // The backward overwrites the logits in place: keep a copy then.

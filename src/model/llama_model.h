@@ -47,6 +47,7 @@ struct StepResult {
   // it when output_router_logits) and the tokens each expert received over every sparse layer.
   double aux_loss = 0;
   std::vector<int64_t> expert_load;  // [E]
+  int64_t moe_dropped = 0;           // token-expert pairs dropped over capacity (MoeAux::dropped_pairs)
 };
 
 // Checks shapes, dtypes and id ranges of a batch against the config (user data: a Status);

@@ -24,7 +24,7 @@ Tensor act(const Shape& shape, const Tensor& like) {
 // Records the layer's counts (`choices`: every expert's top-k choices, before any capacity
 // drop) and probability sums (the sums via a ones-row GEMM).
 void record_stats(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSaved& s,
-                  const std::vector<int64_t>& choices, MoeAux& aux) {
+                  const std::vector<int64_t>& choices, int64_t dropped, MoeAux& aux) {
   Backend& be = *ctx.backend;
   const int64_t T = ctx.rows(), E = w.router.dim(0);
   FP_CHECK(w.sparse_index >= 0 && w.sparse_index < static_cast<int64_t>(aux.counts.size()),
@@ -47,6 +47,7 @@ void record_stats(const BlockContext& ctx, const MoeLayerWeights& w, const MoeSa
   for (int64_t e = 0; e < E; ++e) counts[e] = choices[static_cast<size_t>(e)];
   probs.assign(host.begin(), host.end());
   aux.rows[w.sparse_index] = T;
+  aux.dropped[w.sparse_index] = dropped;
 }
 
 void shared_forward(const BlockContext& ctx, const MoeLayerWeights& w, const Tensor& a, Tensor& y, MoeSaved& s,
@@ -72,7 +73,8 @@ MoeAux::MoeAux(int64_t experts_, int64_t sparse_layers)
     : experts(experts_),
       counts(static_cast<size_t>(sparse_layers)),
       prob_sums(static_cast<size_t>(sparse_layers)),
-      rows(static_cast<size_t>(sparse_layers), 0) {}
+      rows(static_cast<size_t>(sparse_layers), 0),
+      dropped(static_cast<size_t>(sparse_layers), 0) {}
 
 namespace {
 // Totals over the recorded layers: C_e, P_e and N.
@@ -146,6 +148,12 @@ std::vector<int64_t> MoeAux::load() const {
   return out;
 }
 
+int64_t MoeAux::dropped_pairs() const {
+  int64_t n = 0;
+  for (int64_t d : dropped) n += d;
+  return n;
+}
+
 std::vector<double> MoeAux::pack() const {
   std::vector<double> v;
   v.reserve(static_cast<size_t>(packed_size()));
@@ -155,13 +163,14 @@ std::vector<double> MoeAux::pack() const {
     for (int64_t e = 0; e < experts; ++e)
       v.push_back(static_cast<size_t>(e) < prob_sums[l].size() ? prob_sums[l][e] : 0.0);
     v.push_back(static_cast<double>(rows[l]));
+    v.push_back(static_cast<double>(dropped[l]));
   }
   return v;
 }
 
 void MoeAux::unpack(const std::vector<double>& v) {
   FP_CHECK(static_cast<int64_t>(v.size()) == packed_size(),
-           "{} packed MoE statistics for {} sparse layers x (2 x {} + 1)", v.size(), counts.size(), experts);
+           "{} packed MoE statistics for {} sparse layers x (2 x {} + 2)", v.size(), counts.size(), experts);
   size_t i = 0;
   for (size_t l = 0; l < counts.size(); ++l) {
     counts[l].assign(static_cast<size_t>(experts), 0);
@@ -169,6 +178,7 @@ void MoeAux::unpack(const std::vector<double>& v) {
     for (int64_t e = 0; e < experts; ++e) counts[l][e] = static_cast<int64_t>(v[i++]);
     for (int64_t e = 0; e < experts; ++e) prob_sums[l][e] = v[i++];
     rows[l] = static_cast<int64_t>(v[i++]);
+    dropped[l] = static_cast<int64_t>(v[i++]);
   }
 }
 
@@ -205,12 +215,12 @@ void moe_forward(const BlockContext& ctx, const MoeLayerWeights& w, const Tensor
   std::vector<int32_t> host_experts(static_cast<size_t>(T * k)), token_rows, slot_rows;
   be.copy_to_host(s.experts, std::as_writable_bytes(std::span<int32_t>(host_experts)));
   const std::vector<int64_t> choices = moe_expert_choices(host_experts, E);
-  moe_drop_over_capacity(host_experts, ctx.batch, ctx.seq, k, E, m.expert_capacity(ctx.seq));
+  const int64_t dropped = moe_drop_over_capacity(host_experts, ctx.batch, ctx.seq, k, E, m.expert_capacity(ctx.seq));
   moe_dispatch_order(host_experts, k, E, s.offsets, token_rows, slot_rows);
   const int64_t M = static_cast<int64_t>(token_rows.size());  // T k, less the dropped pairs
   s.token_rows = moe_upload_i32(be, token_rows);
   s.slot_rows = moe_upload_i32(be, slot_rows);
-  if (aux != nullptr) record_stats(ctx, w, s, choices, *aux);
+  if (aux != nullptr) record_stats(ctx, w, s, choices, dropped, *aux);
   // ---- dispatch, the experts (one GEMM group each), the weighted combine ----
   s.dispatched = act({M, h}, a);
   be.gather_rows(a, s.token_rows, nullptr, s.dispatched);
@@ -365,6 +375,10 @@ std::vector<int64_t> moe_expert_choices(const std::vector<int32_t>& experts, int
   for (int32_t e : experts)
     if (e >= 0 && e < E) ++choices[static_cast<size_t>(e)];
   return choices;
+}
+
+int64_t moe_dropped_count(const std::vector<int32_t>& experts) {
+  return static_cast<int64_t>(std::count(experts.begin(), experts.end(), kDroppedExpert));
 }
 
 int64_t moe_drop_over_capacity(std::vector<int32_t>& experts, int64_t batch, int64_t seq, int64_t k, int64_t E,

@@ -34,6 +34,9 @@ struct MoeAux {
   std::vector<std::vector<int64_t>> counts;   // [sparse layers][E] top-k choices
   std::vector<std::vector<double>> prob_sums; // [sparse layers][E] summed probabilities
   std::vector<int64_t> rows;                  // [sparse layers] routed rows T
+  // [sparse layers] token-expert pairs of those rows dropped over an expert's capacity
+  // (MoeConfig::capacity_factor; 0 when dropless), counted like `counts`.
+  std::vector<int64_t> dropped;
 
   MoeAux(int64_t experts, int64_t sparse_layers);
   // E * sum_e (C_e / N) (P_e / N) over every sparse layer recorded (0 when none), or with
@@ -44,12 +47,15 @@ struct MoeAux {
   std::vector<std::vector<double>> prob_grad(double coef, bool per_layer) const;
   // The tokens each expert received, summed over the layers: the metrics' load.
   std::vector<int64_t> load() const;
+  // The pairs dropped over capacity, summed over the layers: the metrics' moe_dropped.
+  int64_t dropped_pairs() const;
 
   // The statistics as one f64 vector, per sparse layer E counts (exact in f64), E
-  // probability sums and the rows: packed_size() = sparse layers x (2E + 1). What the
+  // probability sums, the rows and the dropped pairs: packed_size() = sparse layers x
+  // (2E + 2). What the
   // sharded strategies all-reduce, and what a pipeline stage hands the next with a
   // micro-batch (parallel/pipeline/).
-  int64_t packed_size() const { return static_cast<int64_t>(counts.size()) * (2 * experts + 1); }
+  int64_t packed_size() const { return static_cast<int64_t>(counts.size()) * (2 * experts + 2); }
   std::vector<double> pack() const;
   // The inverse of pack (v.size() == packed_size()).
   void unpack(const std::vector<double>& v);
@@ -86,6 +92,8 @@ int64_t moe_drop_over_capacity(std::vector<int32_t>& experts, int64_t batch, int
 // How many of the ids `experts` chose each of the E experts (dropped ids not counted): the
 // aux statistics' counts, taken before any capacity drop.
 std::vector<int64_t> moe_expert_choices(const std::vector<int32_t>& experts, int64_t E);
+// How many of the ids are kDroppedExpert: after the drop, the pairs it dropped.
+int64_t moe_dropped_count(const std::vector<int32_t>& experts);
 
 // The T * k slots of `experts` (i32 ids, t-major) sorted by expert, stably (token order
 // within an expert): offsets [E + 1], and per dispatched row its token and slot. Slots

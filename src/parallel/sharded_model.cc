@@ -26,6 +26,7 @@ Result<StepResult> ShardedModel::forward_backward_micro_batches(Backend& be, con
     aux_weighted += r.aux_loss * static_cast<double>(r.valid_tokens);
     if (sum.expert_load.empty()) sum.expert_load.assign(r.expert_load.size(), 0);
     for (size_t e = 0; e < r.expert_load.size(); ++e) sum.expert_load[e] += r.expert_load[e];
+    sum.moe_dropped += r.moe_dropped;
   }
   const double valid = static_cast<double>(sum.valid_tokens);
   sum.loss = sum.valid_tokens > 0 ? sum.loss_sum / valid : 0.0;

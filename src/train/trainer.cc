@@ -214,6 +214,7 @@ struct StepStats {
   // ranks and the micro-batches of the step; empty for a dense model.
   double aux_term = 0;
   std::vector<int64_t> expert_load;
+  int64_t moe_dropped = 0;  // MoE: the pairs dropped over capacity, counted as the load is
   double seconds = 0;  // wall time of the step (set by the loop)
   int64_t host_bytes_in = 0, host_bytes_out = 0;  // this rank's explicit host copies in the step (set by the loop)
 };
@@ -247,6 +248,7 @@ Result<StepStats> train_step(const TrainOptions& o, const Setup& s, const DataLo
                        std::max<double>(1.0, static_cast<double>(normalizer));
     st.aux_term = moe.output_router_logits ? moe.router_aux_loss_coef * aux : 0.0;
     st.expert_load = r.expert_load;
+    st.moe_dropped = r.moe_dropped;
   }
   // Every gradient's sum of squares in one call (one launch on the CUDA backend), then added
   // in parameter order, as one sum_squares per gradient was.
@@ -286,6 +288,9 @@ nlohmann::ordered_json metrics_line(const TrainOptions& o, int64_t step, const S
     line["aux_loss"] = st.aux_term;
     line["lm_loss"] = st.loss - st.aux_term;
     line["expert_load"] = st.expert_load;
+    // The token-expert pairs that the capacity factor dropped (0 when dropless), of the
+    // sum(expert_load) chosen.
+    line["moe_dropped"] = st.moe_dropped;
   }
   line["tokens_per_s"] = static_cast<double>(o.batch * o.seq) / st.seconds;
   line["step_s"] = st.seconds;

@@ -117,23 +117,41 @@ PY
 # A capacity limit (moe_capacity_factor 0.5: each expert takes at most 32 of a sequence's 128
 # pairs): tsp=2 (ring, then a2a after its step-4 checkpoint) gives the one-rank losses within
 # 2e-5, its ranks counting each sequence's earlier pairs across the zigzag chunks; and they
-# differ from the dropless run's (pairs were dropped).
+# differ from the dropless run's (pairs were dropped). Every metrics line's moe_dropped (the
+# pairs dropped, over the layers and ranks) is the one-rank run's on tsp=2 and tp=2, at most
+# the pairs chosen, and 0 on the dropless run.
 /usr/bin/python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["moe_capacity_factor"] = 0.5; json.dump(c, open(sys.argv[2], "w"))' \
   "$src/configs/tiny-moe.json" "$tmp/capped.json"
 MODEL=$tmp/capped.json train "$tmp/cap1" --stop-after 8 >/dev/null
 MODEL=$tmp/capped.json NP=2 train "$tmp/cap2" --layout tsp=2:moe=ring --stop-after 4 >/dev/null
 MODEL=$tmp/capped.json NP=2 train "$tmp/cap2" --layout tsp=2:moe=a2a --resume --stop-after 8 >/dev/null
+MODEL=$tmp/capped.json NP=2 train "$tmp/cap2tp" --layout tp=2 --stop-after 4 >/dev/null
 /usr/bin/python3 - "$tmp" <<'PY'
 import json, sys
 tmp = sys.argv[1]
+def lines(name):
+    return {json.loads(l)["step"]: json.loads(l) for l in open(f"{tmp}/{name}/metrics.jsonl") if '"step"' in l}
 def losses(name):
-    return {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(f"{tmp}/{name}/metrics.jsonl")}
+    return {s: l["loss"] for s, l in lines(name).items()}
+for step, l in lines("clean").items():
+    assert l["moe_dropped"] == 0, ("dropless run reports drops", step, l["moe_dropped"])
+capped = lines("cap1")
+for step in range(1, 9):
+    d = capped[step]["moe_dropped"]
+    assert 0 < d < sum(capped[step]["expert_load"]), ("one rank's dropped pairs", step, d, capped[step]["expert_load"])
+    for name, last in (("cap2", 8), ("cap2tp", 4)):
+        if step <= last:
+            assert lines(name)[step]["moe_dropped"] == d, (name, step, lines(name)[step]["moe_dropped"], d)
 one, two, dropless = losses("cap1"), losses("cap2"), losses("clean")
 assert set(range(1, 9)) <= set(one) and set(range(1, 9)) <= set(two), (sorted(one), sorted(two))
 for step in range(1, 9):
     assert abs(two[step] - one[step]) <= 2e-5 * abs(one[step]), ("capacity tsp=2", step, two[step], one[step])
 assert abs(one[1] - dropless[1]) > 1e-4 * dropless[1], ("the capacity limit dropped nothing", one[1], dropless[1])
-print("moe with moe_capacity_factor 0.5 on tsp=2 (ring, resumed on a2a) matches one rank within 2e-5; "
+tp = losses("cap2tp")
+for step in range(1, 5):
+    assert abs(tp[step] - one[step]) <= 2e-5 * abs(one[step]), ("capacity tp=2", step, tp[step], one[step])
+print("moe with moe_capacity_factor 0.5 on tsp=2 (ring, resumed on a2a) and tp=2 matches one rank within 2e-5, "
+      f"the same pairs dropped ({capped[1]['moe_dropped']} of {sum(capped[1]['expert_load'])} at step 1); "
       f"step 1 {one[1]:.5f} against dropless {dropless[1]:.5f}")
 PY
 # Generation routes each new token: greedy completions of the trained model are the same on one

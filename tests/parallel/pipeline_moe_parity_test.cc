@@ -152,15 +152,15 @@ Reference reference(const LlamaConfig& c, const LlamaWeights& w, const Batch& gl
 }
 
 // Traffic on pp, exactly: per chunk boundary m activations of `act` bytes forward, each
-// followed by the routing statistics (sparse layers x (2E + 1) f64), and m gradients back,
+// followed by the routing statistics (sparse layers x (2E + 2) f64), and m gradients back,
 // each followed by the aux gradient (sparse layers x E f64) when the aux term is in the loss;
-// the loss broadcast once (3 + E f64). s: this rank's stage.
+// the loss broadcast once (4 + E f64). s: this rank's stage.
 void expect_pp_traffic(const CommStats& pp_traffic, const Layout& lo, const LlamaConfig& c, bool aux_in_loss, int m,
                        int s, uint64_t act) {
   const int P = lo.pp;
   const uint64_t sparse = static_cast<uint64_t>(c.moe.sparse_layer_count(c.num_hidden_layers));
   const uint64_t E = static_cast<uint64_t>(c.moe.num_experts);
-  const uint64_t stats = sparse * (2 * E + 1) * 8, grad = aux_in_loss ? sparse * E * 8 : 0;
+  const uint64_t stats = sparse * (2 * E + 2) * 8, grad = aux_in_loss ? sparse * E * 8 : 0;
   uint64_t forward = 0, backward = 0;
   for (int ch = 0; ch < lo.chunks; ++ch) {
     const int g = ch * P + s;

@@ -561,7 +561,8 @@ TEST(MoeCheckpoint, MixtralExportThenImportRoundTripsBitForBit) {
 }
 
 // What a pipeline stage hands the next (parallel/pipeline/): the statistics packed per sparse
-// layer as E counts, E probability sums and the rows, the layers not yet recorded zero; a
+// layer as E counts, E probability sums, the rows and the dropped pairs, the layers not yet
+// recorded zero; a
 // stage that takes them and records its own layer gives the loss and gradient of all
 // layers recorded in one MoeAux.
 TEST(MoeAux, PackedStatisticsCarryEveryRecordedLayer) {
@@ -569,14 +570,16 @@ TEST(MoeAux, PackedStatisticsCarryEveryRecordedLayer) {
   first.counts[0] = {4, 1, 1};
   first.prob_sums[0] = {2.5, 1.25, 2.25};
   first.rows[0] = 3;
+  first.dropped[0] = 2;
   const std::vector<double> packed = first.pack();
   ASSERT_EQ(static_cast<int64_t>(packed.size()), first.packed_size());
-  EXPECT_EQ(packed, (std::vector<double>{4, 1, 1, 2.5, 1.25, 2.25, 3, 0, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(packed, (std::vector<double>{4, 1, 1, 2.5, 1.25, 2.25, 3, 2, 0, 0, 0, 0, 0, 0, 0, 0}));
   MoeAux next(3, 2);
   next.unpack(packed);
   next.counts[1] = {0, 3, 3};
   next.prob_sums[1] = {1.0, 2.5, 2.5};
   next.rows[1] = 3;
+  next.dropped[1] = 1;
   both.counts = {{4, 1, 1}, {0, 3, 3}};
   both.prob_sums = {{2.5, 1.25, 2.25}, {1.0, 2.5, 2.5}};
   both.rows = {3, 3};
@@ -586,6 +589,7 @@ TEST(MoeAux, PackedStatisticsCarryEveryRecordedLayer) {
     EXPECT_EQ(next.unflatten(MoeAux::flatten(next.prob_grad(0.5, per_layer))), both.prob_grad(0.5, per_layer));
   }
   EXPECT_EQ(next.load(), (std::vector<int64_t>{4, 4, 4}));
+  EXPECT_EQ(next.dropped_pairs(), 3);
   // The loss needs both stages' layers: the first stage's alone gives another.
   EXPECT_NE(first.loss(false), both.loss(false));
 }

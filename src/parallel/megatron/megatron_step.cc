@@ -115,6 +115,7 @@ StepResult MegatronStep::head_forward(const Tensor& x, bool save) {
     aux_ = std::make_unique<MoeAux>(sum_moe_stats(dp_, expert_dp_, &step_valid_));
     r.aux_loss = aux_->loss(moe.aux_per_layer);
     r.expert_load = aux_->load();
+    r.moe_dropped = aux_->dropped_pairs();
     if (moe.output_router_logits) r.loss += moe.router_aux_loss_coef * r.aux_loss;
   }
   return r;

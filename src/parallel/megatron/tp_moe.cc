@@ -135,6 +135,7 @@ Tensor TpStepBase::moe_forward(int l, const Tensor& x_mid, TpMlpSaved* saved) {
     for (int64_t e = 0; e < E; ++e) counts[e] = choices[static_cast<size_t>(e)];
     moe_stats_.prob_sums[mw.sparse_index] = host_f64(be_, sums);
     moe_stats_.rows[mw.sparse_index] = T;
+    moe_stats_.dropped[mw.sparse_index] = moe_dropped_count(host_experts);
   }
   r.row_weights = act({Mk, 1});
   be_.gather_rows(r.weights.reshape({M, 1}), r.slot_rows, nullptr, r.row_weights);
@@ -270,20 +271,9 @@ Tensor TpStepBase::moe_forward_replicated(int l, const Tensor& x_mid) {
 
 MoeAux TpStepBase::sum_moe_stats(Communicator* dp, Communicator* expert_dp, int64_t* valid_tokens) {
   MoeAux sum = moe_stats_;
-  const size_t layers = sum.counts.size();
-  const int64_t E = sum.experts;
-  // Counts (exact in f64), probability sums and rows of every layer, and the valid targets
-  // over dp, in one all_reduce per axis.
-  std::vector<double> packed;
-  for (size_t l = 0; l < layers; ++l) {
-    std::vector<int64_t> c = sum.counts[l];
-    std::vector<double> pr = sum.prob_sums[l];
-    c.resize(static_cast<size_t>(E), 0);
-    pr.resize(static_cast<size_t>(E), 0.0);
-    for (int64_t e = 0; e < E; ++e) packed.push_back(static_cast<double>(c[e]));
-    for (int64_t e = 0; e < E; ++e) packed.push_back(pr[e]);
-    packed.push_back(static_cast<double>(sum.rows[l]));
-  }
+  // Counts (exact in f64), probability sums, rows and dropped pairs of every layer
+  // (MoeAux::pack), and the valid targets over dp, in one all_reduce per axis.
+  std::vector<double> packed = sum.pack();
   auto reduce = [&](Communicator& axis) {
     Tensor buf = moe_comm_from_host(be_, packed, DType::kF64);
     const auto t0 = std::chrono::steady_clock::now();
@@ -307,14 +297,7 @@ MoeAux TpStepBase::sum_moe_stats(Communicator* dp, Communicator* expert_dp, int6
       packed.pop_back();
     }
   }
-  size_t i = 0;
-  for (size_t l = 0; l < layers; ++l) {
-    sum.counts[l].assign(static_cast<size_t>(E), 0);
-    sum.prob_sums[l].assign(static_cast<size_t>(E), 0.0);
-    for (int64_t e = 0; e < E; ++e) sum.counts[l][e] = static_cast<int64_t>(packed[i++]);
-    for (int64_t e = 0; e < E; ++e) sum.prob_sums[l][e] = packed[i++];
-    sum.rows[l] = static_cast<int64_t>(packed[i++]);
-  }
+  sum.unpack(packed);
   return sum;
 }
 

@@ -198,12 +198,12 @@ std::vector<double> PipelineModel::to_host(Backend& be, const Tensor& t) {
 
 StepResult PipelineModel::share_loss(const std::vector<StepResult>& results) {
   // Host scalars: loss_sum and the valid targets; a MoE model's aux loss times the valid
-  // targets and the expert load [E] too (as ShardedModel::forward_backward_micro_batches sums
+  // targets, the expert load [E] and the dropped pairs too (as ShardedModel::forward_backward_micro_batches sums
   // them). loss_sum carries the aux term as the single-rank model's does
   // (single_rank_model.cc): coef x each micro-batch's aux loss x its valid targets.
   const MoeConfig& moe = config_.moe;
   const size_t E = moe.enabled() ? static_cast<size_t>(moe.num_experts) : 0;
-  std::vector<double> sums(moe.enabled() ? 3 + E : 2, 0.0);
+  std::vector<double> sums(moe.enabled() ? 4 + E : 2, 0.0);
   for (const StepResult& r : results) {
     const double valid = static_cast<double>(r.valid_tokens);
     sums[0] += r.loss_sum;
@@ -212,6 +212,7 @@ StepResult PipelineModel::share_loss(const std::vector<StepResult>& results) {
     if (moe.output_router_logits) sums[0] += moe.router_aux_loss_coef * r.aux_loss * valid;
     sums[2] += r.aux_loss * valid;
     for (size_t e = 0; e < r.expert_load.size() && e < E; ++e) sums[3 + e] += static_cast<double>(r.expert_load[e]);
+    sums[3 + E] += static_cast<double>(r.moe_dropped);
   }
   if (stages_ > 1) FP_CHECK_OK(pp_.broadcast(sums.data(), sums.size(), DType::kF64, stages_ - 1));
   StepResult r;
@@ -221,6 +222,7 @@ StepResult PipelineModel::share_loss(const std::vector<StepResult>& results) {
   if (moe.enabled()) {
     r.aux_loss = r.valid_tokens > 0 ? sums[2] / static_cast<double>(r.valid_tokens) : 0.0;
     for (size_t e = 0; e < E; ++e) r.expert_load.push_back(static_cast<int64_t>(sums[3 + e]));
+    r.moe_dropped = static_cast<int64_t>(sums[3 + E]);
   }
   return r;
 }

@@ -84,10 +84,11 @@ class PipelineModel final : public ShardedModel {
   // saved state and kept block inputs go.
   static void finish_micro_batch(StageSteps& steps, std::unique_ptr<ModelStep>& step, std::vector<Tensor>& inputs);
   // The last stage's loss sums over its micro-batches' results to every stage (a broadcast
-  // of two f64 over pp; a MoE model's 3 + E: the aux loss and the expert load too).
+  // of two f64 over pp; a MoE model's 4 + E: the aux loss, the expert load and the dropped
+  // pairs too).
   StepResult share_loss(const std::vector<StepResult>& results);
   // A MoE model's side values on the boundary (StageBoundary::set_side; 0 for a dense
-  // model): the packed routing statistics with each activation, sparse layers x (2E + 1)
+  // model): the packed routing statistics with each activation, sparse layers x (2E + 2)
   // f64, and the aux loss's gradient with each gradient, sparse layers x E f64 (only when
   // the aux term is in the loss, output_router_logits).
   int64_t stats_values() const;

@@ -91,6 +91,7 @@ class TspModelStep final : public ModelStep {
       aux_ = std::make_unique<MoeAux>(step_.sum_moe_stats(stats_, in_.data_axis, &step_valid_));
       r.aux_loss = aux_->loss(moe.aux_per_layer);
       r.expert_load = aux_->load();
+      r.moe_dropped = aux_->dropped_pairs();
       if (moe.output_router_logits) r.loss += moe.router_aux_loss_coef * r.aux_loss;
     }
     if (keep_logits) r.logits = logits.reshape({in_.batch, m_.shard().local_seq(), m_.config().vocab_size});

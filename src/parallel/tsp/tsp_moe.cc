@@ -140,7 +140,8 @@ void TspStep::drop_over_capacity(std::vector<int32_t>& ids) {
     for (int64_t i = 0; i < Sl; ++i) std::copy_n(global.begin() + at(p_, b, i), k, ids.begin() + (b * Sl + i) * k);
 }
 
-void TspStep::record_moe_stats(const MoeLayerWeights& w, const std::vector<int64_t>& choices, const Tensor& probs) {
+void TspStep::record_moe_stats(const MoeLayerWeights& w, const std::vector<int64_t>& choices, int64_t dropped,
+                               const Tensor& probs) {
   if (moe_stats_ == nullptr) return;
   const int64_t E = c_.moe.num_experts, T = rows_;
   Tensor ones = act({1, T}), sums = stat({1, E});  // f32 sums of bf16 probabilities too
@@ -151,6 +152,7 @@ void TspStep::record_moe_stats(const MoeLayerWeights& w, const std::vector<int64
   for (int64_t e = 0; e < E; ++e) counts[e] = choices[static_cast<size_t>(e)];
   moe_stats_->prob_sums[w.sparse_index] = host_f64(be_, sums);
   moe_stats_->rows[w.sparse_index] = T;
+  moe_stats_->dropped[w.sparse_index] = dropped;
 }
 
 MoeAux TspStep::sum_moe_stats(const MoeAux& local, Communicator* data_axis, int64_t* valid_tokens) {
@@ -222,7 +224,7 @@ Tensor TspStep::moe_forward(int l, const ShardedWeights& w, const Tensor& x_mid,
   const int64_t Mk = static_cast<int64_t>(token_rows.size());  // M less the dropped pairs
   r.token_rows = moe_upload_i32(be_, token_rows);
   r.slot_rows = moe_upload_i32(be_, slot_rows);
-  record_moe_stats(mw, choices, r.probs);
+  record_moe_stats(mw, choices, moe_dropped_count(host_experts), r.probs);
   r.row_weights = act({Mk, 1});
   be_.gather_rows(r.weights.reshape({M, 1}), r.slot_rows, nullptr, r.row_weights);
 

@@ -156,8 +156,10 @@ class TspStep {
   // experts are its views (no copy), else a packed copy; and expert j's views into a block.
   Tensor pack_experts(const MoeLayerWeights& w) const;
   ExpertWeights expert_block(const Tensor& block, int64_t j) const;
-  // choices: [E] the top-k choices of this rank's tokens per expert, before any capacity drop.
-  void record_moe_stats(const MoeLayerWeights& w, const std::vector<int64_t>& choices, const Tensor& probs);
+  // choices: [E] the top-k choices of this rank's tokens per expert, before any capacity drop;
+  // dropped: how many of them the drop took.
+  void record_moe_stats(const MoeLayerWeights& w, const std::vector<int64_t>& choices, int64_t dropped,
+                        const Tensor& probs);
   // The capacity limit (MoeConfig::capacity_factor) on this rank's host expert ids [T, k]: it
   // counts each sequence's pairs in global position order, so the ranks all-gather their ids
   // over the axis (B S k i32) and each applies moe_drop_over_capacity to the whole sequences,
