@@ -17,6 +17,7 @@
 #include <atomic>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 
 #include "app/generate.h"
@@ -154,23 +155,19 @@ TrainOptions train_options(const std::string& layout, const std::string& data, c
   return o;
 }
 
-class GuardedTraining : public testing::TestWithParam<const char*> {};
-
-// Three steps without the guard; under it two steps (a checkpoint at the end), then a run
-// resumed from that checkpoint to step three: the same losses.
-TEST_P(GuardedTraining, StepsCheckpointAndResumeTouchNoTensorOnTheHost) {
+// Three steps of `layout` without the guard; under it two steps (a checkpoint at the end),
+// then a run resumed from that checkpoint to step three: the same losses. options(out) makes
+// each run's options (the layout's, its data, the output directory).
+void expect_guarded_training_matches(const std::string& layout, const std::string& what,
+                                     const std::function<TrainOptions(const fs::path&)>& options) {
   Communicator& world = test::mpi().world();
-  const Layout lo = parse_layout(GetParam()).value();
-  const int ranks = lo.ranks();
-  if (ranks != world.size()) GTEST_SKIP() << GetParam() << " runs at " << ranks << " ranks";
-  SharedDir dir(std::string("train_") + std::to_string(world.size()));
-  const std::string data = make_corpus(dir.path);
-  Result<TrainReport> plain = run_training(train_options(GetParam(), data, dir.path / "plain"), world);
+  SharedDir dir(what + "_" + std::to_string(world.size()));
+  Result<TrainReport> plain = run_training(options(dir.path / "plain"), world);
   ASSERT_TRUE(plain.ok()) << plain.status().to_string();
   std::vector<double> losses;
   {
-    GuardedRun g(lo.dtype == DType::kBF16);
-    TrainOptions o = train_options(GetParam(), data, dir.path / "guarded");
+    GuardedRun g(parse_layout(layout).value().dtype == DType::kBF16);
+    TrainOptions o = options(dir.path / "guarded");
     o.backend = g.backend.get();
     o.axis_comm = g.axis_comm();
     o.steps = 2;
@@ -189,8 +186,19 @@ TEST_P(GuardedTraining, StepsCheckpointAndResumeTouchNoTensorOnTheHost) {
   ASSERT_EQ(losses.size(), plain->losses.size());
   for (size_t i = 0; i < losses.size(); ++i) {
     EXPECT_NEAR(losses[i], plain->losses[i], 1e-9 * std::abs(plain->losses[i]))
-        << GetParam() << " step " << i + 1 << " rank " << world.rank();
+        << layout << " step " << i + 1 << " rank " << world.rank();
   }
+}
+
+class GuardedTraining : public testing::TestWithParam<const char*> {};
+
+TEST_P(GuardedTraining, StepsCheckpointAndResumeTouchNoTensorOnTheHost) {
+  const Layout lo = parse_layout(GetParam()).value();
+  if (lo.ranks() != test::mpi().world().size()) GTEST_SKIP() << GetParam() << " runs at " << lo.ranks() << " ranks";
+  SharedDir data_dir("train_data_" + std::to_string(test::mpi().world().size()));
+  const std::string data = make_corpus(data_dir.path);
+  expect_guarded_training_matches(GetParam(), "train",
+                                  [&](const fs::path& out) { return train_options(GetParam(), data, out); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, GuardedTraining,
@@ -208,18 +216,17 @@ INSTANTIATE_TEST_SUITE_P(Layouts, GuardedTraining,
                          });
 
 // A mixture-of-experts model (E = 4, k = 2, the load-balancing loss on) on each dispatch
-// scheme, experts over dp replicas, bf16 and a pipeline: routing, the token-expert pairs'
-// exchange and the aux loss must go through the backend too. Three steps plain, two guarded
-// then one resumed: the same losses.
+// scheme, tp and tp x sp, experts over dp replicas, bf16 and a pipeline: routing, the
+// token-expert pairs' exchange and the aux loss must go through the backend and the mesh's
+// communicators too.
 class GuardedMoeTraining : public testing::TestWithParam<const char*> {};
 
 TEST_P(GuardedMoeTraining, StepsCheckpointAndResumeTouchNoTensorOnTheHost) {
-  Communicator& world = test::mpi().world();
   const Layout lo = parse_layout(GetParam()).value();
-  if (lo.ranks() != world.size()) GTEST_SKIP() << GetParam() << " runs at " << lo.ranks() << " ranks";
-  SharedDir dir(std::string("moe_") + std::to_string(world.size()));
-  const std::string data = make_corpus(dir.path);
-  auto options = [&](const fs::path& out) {
+  if (lo.ranks() != test::mpi().world().size()) GTEST_SKIP() << GetParam() << " runs at " << lo.ranks() << " ranks";
+  SharedDir data_dir("moe_data_" + std::to_string(test::mpi().world().size()));
+  const std::string data = make_corpus(data_dir.path);
+  expect_guarded_training_matches(GetParam(), "moe", [&](const fs::path& out) {
     TrainOptions o = train_options(GetParam(), data, out);
     o.config.moe.num_experts = 4;
     o.config.moe.num_experts_per_tok = 2;
@@ -228,31 +235,7 @@ TEST_P(GuardedMoeTraining, StepsCheckpointAndResumeTouchNoTensorOnTheHost) {
     o.config.moe.router_aux_loss_coef = 0.02;
     o.config.moe.output_router_logits = true;
     return o;
-  };
-  Result<TrainReport> plain = run_training(options(dir.path / "plain"), world);
-  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
-  std::vector<double> losses;
-  {
-    GuardedRun g(lo.dtype == DType::kBF16);
-    TrainOptions o = options(dir.path / "guarded");
-    o.backend = g.backend.get();
-    o.axis_comm = g.axis_comm();
-    o.steps = 2;
-    Result<TrainReport> first = run_training(o, world);
-    ASSERT_TRUE(first.ok()) << first.status().to_string();
-    o.steps = 3;
-    o.resume = true;
-    Result<TrainReport> resumed = run_training(o, world);
-    ASSERT_TRUE(resumed.ok()) << resumed.status().to_string();
-    losses = first->losses;
-    losses.insert(losses.end(), resumed->losses.begin(), resumed->losses.end());
-    EXPECT_GT(g.guard.windows_opened(), 100) << "the guard was never opened: nothing ran under it";
-  }
-  ASSERT_EQ(losses.size(), plain->losses.size());
-  for (size_t i = 0; i < losses.size(); ++i) {
-    EXPECT_NEAR(losses[i], plain->losses[i], 1e-9 * std::abs(plain->losses[i]))
-        << GetParam() << " step " << i + 1 << " rank " << world.rank();
-  }
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, GuardedMoeTraining,
