@@ -114,13 +114,7 @@ Mesh::Mesh(Communicator& world, MeshLayout layout, const AxisCommFactory& axis_c
   for (int i = 0; i < n_axes; ++i) {
     std::vector<int> others = coords_;
     others[i] = 0;
-    std::unique_ptr<Communicator> split = world.split(world_rank_at(others), coords_[i], layout_.axes[i].name);
-    if (axis_comm) {
-      host_comms_.push_back(std::move(split));
-      split = axis_comm(*host_comms_.back());
-      FP_CHECK(split != nullptr, "axis {}: the AxisCommFactory returned no communicator", layout_.axes[i].name);
-    }
-    comms_.push_back(std::move(split));
+    comms_.push_back(split_group(world_rank_at(others), coords_[i], layout_.axes[i].name));
     FP_CHECK(comms_.back()->rank() == coords_[i] && comms_.back()->size() == layout_.axes[i].degree,
              "axis {}: rank {} of {}, expected {} of {}", layout_.axes[i].name, comms_.back()->rank(),
              comms_.back()->size(), coords_[i], layout_.axes[i].degree);
@@ -185,7 +179,7 @@ std::unique_ptr<Communicator> Mesh::split_group(int color, int key, const std::s
   if (!axis_comm_) return split;
   host_comms_.push_back(std::move(split));
   std::unique_ptr<Communicator> made = axis_comm_(*host_comms_.back());
-  FP_CHECK(made != nullptr, "group {}: the AxisCommFactory returned no communicator", name);
+  FP_CHECK(made != nullptr, "{}: the AxisCommFactory returned no communicator", name);
   return made;
 }
 

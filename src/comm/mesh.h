@@ -88,10 +88,10 @@ class Mesh {
   std::vector<const Communicator*> communicators() const;
   // The world rank at the given coordinates, one per axis in layout order.
   int world_rank_at(const std::vector<int>& coords) const;
-  // A communicator of world ranks beyond the layout's axes (an expert group that spans dp
-  // replicas), split off world by (color, key) and made as the axes are: through the
-  // AxisCommFactory given to create, when there was one (a device or guarded communicator
-  // where the axes are). Collective over world. The result may borrow its split, which the
+  // A communicator split off world by (color, key) and made through the AxisCommFactory
+  // given to create, when there was one (a device or guarded communicator): how each axis is
+  // made, and how groups beyond the axes are (an expert group that spans dp replicas).
+  // Collective over world. The result may borrow its split, which the
   // mesh keeps: destroy the result before the mesh.
   std::unique_ptr<Communicator> split_group(int color, int key, const std::string& name);
 

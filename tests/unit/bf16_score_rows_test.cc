@@ -21,7 +21,7 @@ namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-#if defined(FOLDPAR_BF16_SCORE_ROWS_AVX512)
+#if defined(FOLDPAR_AVX512_BF16)
 std::vector<float> exp16_of(const std::vector<float>& x) {
   std::vector<float> y(x.size());
   size_t i = 0;
@@ -36,7 +36,7 @@ std::vector<float> exp16_of(const std::vector<float>& x) {
 #endif
 
 TEST(Exp16, RelativeErrorBelowSixMillionthsOverItsRange) {
-#if !defined(FOLDPAR_BF16_SCORE_ROWS_AVX512)
+#if !defined(FOLDPAR_AVX512_BF16)
   GTEST_SKIP() << "built without AVX-512 BF16: the rows use vec::exp (vec_math_test checks it)";
 #else
   std::vector<float> x;
@@ -60,7 +60,7 @@ TEST(Exp16, RelativeErrorBelowSixMillionthsOverItsRange) {
 }
 
 TEST(Exp16, EdgesZeroOneNaNAndSaturation) {
-#if !defined(FOLDPAR_BF16_SCORE_ROWS_AVX512)
+#if !defined(FOLDPAR_AVX512_BF16)
   GTEST_SKIP() << "built without AVX-512 BF16";
 #else
   const float nan = std::numeric_limits<float>::quiet_NaN();

@@ -12,16 +12,20 @@
 #include "tensor/dtype.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps(), which -Wmaybe-uninitialized
+// reports where they inline (GCC bug 105593, fixed in GCC 13); the warning is checked against
+// the intrinsic header's lines, so it is silenced where that header is read.
 #pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 bug 105593: bf16_score_rows.h
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
+#define FOLDPAR_AVX512_BF16 1  // the intrinsics paths here and in bf16_score_rows.h
 #endif
 
 namespace foldpar {
 
 inline void round_run_to_bf16(const float* src, int64_t n, bf16* dst) {
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(FOLDPAR_AVX512_BF16)
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),

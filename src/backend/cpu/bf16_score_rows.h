@@ -15,24 +15,14 @@
 
 #include <cstdint>
 
+#include "backend/cpu/bf16_round.h"  // the intrinsics and FOLDPAR_AVX512_BF16
 #include "backend/cpu/flash_attention_tiles.h"
 #include "backend/cpu/vec_math.h"
 #include "tensor/dtype.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps(), which -Wmaybe-uninitialized
-// reports where they inline (GCC bug 105593, fixed in GCC 13); the warning is checked against
-// the intrinsic header's lines, so it is silenced where that header is read.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-#define FOLDPAR_BF16_SCORE_ROWS_AVX512 1
-#endif
-
 namespace foldpar::flash {
 
-#if defined(FOLDPAR_BF16_SCORE_ROWS_AVX512)
+#if defined(FOLDPAR_AVX512_BF16)
 constexpr bool kScoreRowsAvx512 = true;
 
 // e^x on 16 lanes for results that are rounded to bf16 next. Relative error below 6e-6 on
@@ -71,7 +61,7 @@ constexpr bool kScoreRowsAvx512 = false;
 // P = e^(s - shift) for s[0, n) (masked scores already -inf, so 0): P rounded to bf16 into
 // p[0, n); returns the f32 sum of the unrounded P.
 inline float exp_sum_round(const float* s, float shift, int64_t n, bf16* p) {
-#if defined(FOLDPAR_BF16_SCORE_ROWS_AVX512)
+#if defined(FOLDPAR_AVX512_BF16)
   const __m512 sh = _mm512_set1_ps(shift);
   __m512 sum = _mm512_setzero_ps();
   for (int64_t j = 0; j < n; j += kLanes) {
@@ -82,24 +72,7 @@ inline float exp_sum_round(const float* s, float shift, int64_t n, bf16* p) {
   }
   return _mm512_reduce_add_ps(sum);
 #else
-  float lanes[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-#pragma GCC unroll 1
-    for (int64_t l = 0; l < kLanes; ++l) {
-      const float e = vec::exp(s[j + l] - shift);
-      p[j + l] = f32_to_bf16(e);
-      lanes[l] += e;
-    }
-  }
-  for (; j < n; ++j) {
-    const float e = vec::exp(s[j] - shift);
-    p[j] = f32_to_bf16(e);
-    lanes[0] += e;
-  }
-  float sum = 0;
-  for (float v : lanes) sum += v;
-  return sum;
+  return exp_and_sum_into(s, shift, n, [p](int64_t j, float e) { p[j] = f32_to_bf16(e); });
 #endif
 }
 
@@ -110,7 +83,7 @@ inline float exp_sum_round(const float* s, float shift, int64_t n, bf16* p) {
 template <bool kMasked>
 void probabilities_and_grads_round(const float* s, const float* dp, const int32_t* k_pos, KeyBound bound, int64_t n,
                                    float lse, float delta, bf16* p, bf16* ds) {
-#if defined(FOLDPAR_BF16_SCORE_ROWS_AVX512)
+#if defined(FOLDPAR_AVX512_BF16)
   const __m512 shift = _mm512_set1_ps(lse), dl = _mm512_set1_ps(delta);
   for (int64_t j = 0; j < n; j += kLanes) {
     const __mmask16 m = first_lanes(std::min<int64_t>(kLanes, n - j));

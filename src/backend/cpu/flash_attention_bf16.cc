@@ -4,8 +4,9 @@
 // instructions, f32 accumulation and output). Q, K, V and dO are read as bf16 (K, V packed
 // per kv head when n_kv > 1); scores, softmax, lse, the row statistics and the O, dQ, dK, dV accumulators stay
 // f32. P and dS are rounded to bf16 once, as operands of the next product (as FlashAttention
-// and cuDNN's bf16 kernels do), by the row step that computes them (bf16_score_rows.h); the outputs are rounded to bf16 once at the end, as the bf16
-// storage decorator rounds the f32 kernel's. Scratch: one f32 workspace carved into f32 and
+// and cuDNN's bf16 kernels do), by the row step that computes them (bf16_score_rows.h); the
+// outputs are rounded to bf16 once at the end, as the bf16 storage decorator rounds the f32
+// kernel's. Scratch: one f32 workspace carved into f32 and
 // bf16 buffers plus the k blocks' position ranges, both cpu_flash_attention_scratch (the same
 // for both kernels), which the dry run's meta backend allocates alike.
 #include <algorithm>
@@ -152,21 +153,6 @@ void round_rows(const float* src, int64_t rows, int64_t row_elems, int64_t strid
   for (int64_t t = 0; t < rows; ++t) round_run_to_bf16(src + t * row_elems, row_elems, dst + t * stride);
 }
 
-// sum_e a[e] b[e] in f32 with kLanes partial sums (flash::dot's order, which vectorizes; one
-// running sum over a row of d = 64 was a chain of 64 dependent adds per query row).
-float dot(const bf16* a, const bf16* b, int64_t n) {
-  float lanes[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-#pragma GCC unroll 1
-    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += bf16_to_f32(a[j + l]) * bf16_to_f32(b[j + l]);
-  }
-  for (; j < n; ++j) lanes[0] += bf16_to_f32(a[j]) * bf16_to_f32(b[j]);
-  float sum = 0;
-  for (float v : lanes) sum += v;
-  return sum;
-}
-
 float load(const float* x, int64_t i) { return x[i]; }
 float load(const bf16* x, int64_t i) { return bf16_to_f32(x[i]); }
 void store(float v, float* x, int64_t i) { x[i] = v; }
@@ -290,7 +276,7 @@ void backward_q_block(const Plan& p, const bf16* q, const Grads<LseT>& gr, const
     for (int64_t gi = 0; gi < g; ++gi) {
       const int64_t r = t * g + gi;
       p.row_a[r] = load(gr.lse, (b * p.dims.n_h + hk * g + gi) * p.dims.sq + i0 + t);
-      p.row_b[r] = dot(gr.out + off + t * p.q_stride + gi * d, p.do_rows + r * d, d);
+      p.row_b[r] = flash::dot(gr.out + off + t * p.q_stride + gi * d, p.do_rows + r * d, d);
     }
   std::fill_n(p.acc_rows, tokens * g * d, 0.0f);
   flash::for_each_k_block(block_positions(p), g, i0, tokens,

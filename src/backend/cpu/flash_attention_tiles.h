@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "backend/cpu/vec_math.h"
+#include "tensor/dtype.h"
 
 // The softmax loops below are written for 16 f32 lanes (the build adds
 // -mprefer-vector-width=512, cmake/flags.cmake, so GCC uses them on AVX-512 CPUs).
@@ -138,21 +139,23 @@ float mask_and_max(float* x, const int32_t* k_pos, KeyBound bound, int64_t n) {
   return *std::max_element(lanes, lanes + kLanes);
 }
 
-// x[j] = e^(x[j] - shift) in place; returns their sum.
-inline float exp_and_sum(float* x, float shift, int64_t n) {
+// e^(x[j] - shift) for x[0, n), each handed to put(j, e) (x[j] itself may be overwritten);
+// returns their sum.
+template <typename Put>
+float exp_and_sum_into(const float* x, float shift, int64_t n, const Put& put) {
   float lanes[kLanes] = {};
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
 #pragma GCC unroll 1
     for (int64_t l = 0; l < kLanes; ++l) {
       const float e = vec::exp(x[j + l] - shift);
-      x[j + l] = e;
+      put(j + l, e);
       lanes[l] += e;
     }
   }
   for (; j < n; ++j) {
     const float e = vec::exp(x[j] - shift);
-    x[j] = e;
+    put(j, e);
     lanes[0] += e;
   }
   float sum = 0;
@@ -160,14 +163,24 @@ inline float exp_and_sum(float* x, float shift, int64_t n) {
   return sum;
 }
 
-inline float dot(const float* a, const float* b, int64_t n) {
+// x[j] = e^(x[j] - shift) in place; returns their sum.
+inline float exp_and_sum(float* x, float shift, int64_t n) {
+  return exp_and_sum_into(x, shift, n, [x](int64_t j, float e) { x[j] = e; });
+}
+
+inline float widen(float x) { return x; }
+inline float widen(bf16 x) { return bf16_to_f32(x); }
+
+// sum_j a[j] b[j] in f32 (f32 or bf16 operands).
+template <typename T>
+float dot(const T* a, const T* b, int64_t n) {
   float lanes[kLanes] = {};
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
 #pragma GCC unroll 1
-    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += a[j + l] * b[j + l];
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += widen(a[j + l]) * widen(b[j + l]);
   }
-  for (; j < n; ++j) lanes[0] += a[j] * b[j];
+  for (; j < n; ++j) lanes[0] += widen(a[j]) * widen(b[j]);
   float sum = 0;
   for (float v : lanes) sum += v;
   return sum;
