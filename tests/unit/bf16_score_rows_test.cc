@@ -95,7 +95,6 @@ struct Bf16Check {
 
 struct Row {
   std::vector<float> s, dp;
-  std::vector<int32_t> k_pos;
 };
 
 Row random_row(std::mt19937& rng, int64_t n) {
@@ -104,7 +103,6 @@ Row random_row(std::mt19937& rng, int64_t n) {
   for (int64_t j = 0; j < n; ++j) {
     r.s.push_back(normal(rng));
     r.dp.push_back(normal(rng));
-    r.k_pos.push_back(static_cast<int32_t>(100 + j));
   }
   return r;
 }
@@ -136,38 +134,50 @@ TEST(Bf16ScoreRows, ExpSumRoundMatchesDoubleOnEveryLength) {
   EXPECT_LT(check.off_by_one * 100, check.checked) << check.off_by_one << " of " << check.checked;
 }
 
+// One key's column (key_probabilities_and_grads_round): rows r = 0..n-1 with their own lse,
+// delta and key bounds.
 template <bool kMasked>
 void check_backward_rows(uint32_t seed) {
   std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 5.0f);
   Bf16Check check;
-  int64_t hidden_seen = 0;
+  int64_t hidden_seen = 0, seen = 0;
   for (int64_t n = 1; n <= 70; ++n) {
     const Row r = random_row(rng, n);
-    const float lse = 4.0f, delta = 0.25f;
-    // Keys 100 + j; the query sees positions [103, 100 + n / 2] (a window from 103 and a
-    // causal bound in mid-row).
-    const flash::KeyBound bound{103, static_cast<int32_t>(100 + n / 2)};
+    std::vector<float> lse(n), delta(n);
+    std::vector<int32_t> lo(n), hi(n);
+    const int32_t key = 120;
+    for (int64_t i = 0; i < n; ++i) {
+      lse[i] = uniform(rng);
+      delta[i] = uniform(rng) / 4;
+      // Query rows at positions 100 + i, some with a window of 8: the key is hidden from
+      // rows before it and from rows whose window ends after it.
+      hi[i] = static_cast<int32_t>(100 + i);
+      lo[i] = i % 3 == 0 ? hi[i] - 7 : std::numeric_limits<int32_t>::min();
+    }
     std::vector<bf16> p(n + 16, f32_to_bf16(-7.0f)), ds(n + 16, f32_to_bf16(-7.0f));
-    flash::probabilities_and_grads_round<kMasked>(r.s.data(), r.dp.data(), r.k_pos.data(), bound, n, lse, delta,
-                                                 p.data(), ds.data());
-    for (int64_t j = 0; j < n; ++j) {
-      if (kMasked && flash::hidden(r.k_pos[j], bound)) {
+    flash::key_probabilities_and_grads_round<kMasked>(r.s.data(), r.dp.data(), key, lo.data(), hi.data(), n,
+                                                      lse.data(), delta.data(), p.data(), ds.data());
+    for (int64_t i = 0; i < n; ++i) {
+      if (kMasked && flash::hidden(key, flash::KeyBound{lo[i], hi[i]})) {
         ++hidden_seen;
-        EXPECT_EQ(p[j].bits, f32_to_bf16(0.0f).bits) << "n = " << n << ", j = " << j;
-        EXPECT_EQ(bf16_to_f32(ds[j]), 0.0f) << "n = " << n << ", j = " << j;
+        EXPECT_EQ(p[i].bits, f32_to_bf16(0.0f).bits) << "n = " << n << ", r = " << i;
+        EXPECT_EQ(bf16_to_f32(ds[i]), 0.0f) << "n = " << n << ", r = " << i;
         continue;
       }
-      const double e = std::exp(double(r.s[j]) - double(lse));
-      check.expect(p[j], e, "P", j);
+      ++seen;
+      const double e = std::exp(double(r.s[i]) - double(lse[i]));
+      check.expect(p[i], e, "P", i);
       // dS from the f32 P: the kernel's f32 product, the exact one within 6e-6 + 2^-24.
-      check.expect(ds[j], e * (double(r.dp[j]) - double(delta)), "dS", j);
+      check.expect(ds[i], e * (double(r.dp[i]) - double(delta[i])), "dS", i);
     }
-    for (int64_t j = n; j < n + 16; ++j) {
-      EXPECT_EQ(bf16_to_f32(p[j]), -7.0f) << "wrote past n = " << n;
-      EXPECT_EQ(bf16_to_f32(ds[j]), -7.0f) << "wrote past n = " << n;
+    for (int64_t i = n; i < n + 16; ++i) {
+      EXPECT_EQ(bf16_to_f32(p[i]), -7.0f) << "wrote past n = " << n;
+      EXPECT_EQ(bf16_to_f32(ds[i]), -7.0f) << "wrote past n = " << n;
     }
   }
   EXPECT_EQ(hidden_seen > 0, kMasked);
+  EXPECT_GT(seen, 0);
   EXPECT_LT(check.off_by_one * 100, check.checked) << check.off_by_one << " of " << check.checked;
 }
 
@@ -177,15 +187,16 @@ TEST(Bf16ScoreRows, ProbabilitiesAndGradsMaskHiddenKeys) { check_backward_rows<t
 TEST(Bf16ScoreRows, NaNScoresStayNaN) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> s(20, 0.5f), dp(20, 1.0f);
-  std::vector<int32_t> k_pos(20, 0);
   s[17] = nan;
   std::vector<bf16> p(20), ds(20);
   const float sum = flash::exp_sum_round(s.data(), 0.5f, 20, p.data());
   EXPECT_TRUE(std::isnan(sum));
   EXPECT_TRUE(std::isnan(bf16_to_f32(p[17])));
   EXPECT_EQ(bf16_to_f32(p[3]), 1.0f);
-  flash::probabilities_and_grads_round<false>(s.data(), dp.data(), k_pos.data(), {0, 0}, 20, 0.5f, 0.0f, p.data(),
-                                              ds.data());
+  const std::vector<float> lse(20, 0.5f), delta(20, 0.0f);
+  const std::vector<int32_t> lo(20, 0), hi(20, 0);
+  flash::key_probabilities_and_grads_round<false>(s.data(), dp.data(), 0, lo.data(), hi.data(), 20, lse.data(),
+                                                  delta.data(), p.data(), ds.data());
   EXPECT_TRUE(std::isnan(bf16_to_f32(p[17])));
   EXPECT_TRUE(std::isnan(bf16_to_f32(ds[17])));
   EXPECT_EQ(bf16_to_f32(ds[3]), 1.0f);

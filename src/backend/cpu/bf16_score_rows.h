@@ -76,32 +76,36 @@ inline float exp_sum_round(const float* s, float shift, int64_t n, bf16* p) {
 #endif
 }
 
-// One row of the backward's tile from its scores s and dP = dO V^T, both f32 [n]:
-// P = e^(s - lse), 0 where key j is hidden (kMasked), and dS = P * (dP - delta) from the f32
-// P, each rounded to bf16 into p[0, n) and ds[0, n). Nothing f32 is written: the row is read
-// once and both products' operands come out of registers.
+// One key's column of the backward's tile, held as a row: the kernel computes S^T = K Q^T and
+// dP^T = V dO^T ([keys, rows]), so that the products that need P^T and dS^T (dV, dK, and dQ^T)
+// read them untransposed, oneDNN's fast path (flash_attention_bf16.cc). For query rows r in
+// [0, n), from the scores s and dP, both f32 [n]: P = e^(s[r] - lse[r]), 0 where the key (at
+// position k_pos) is hidden from row r (kMasked: outside [lo[r], hi[r]]), and
+// dS = P * (dP[r] - delta[r]) from the f32 P, each rounded to bf16 into p[0, n) and ds[0, n).
+// Nothing f32 is written: both products' operands come out of registers.
 template <bool kMasked>
-void probabilities_and_grads_round(const float* s, const float* dp, const int32_t* k_pos, KeyBound bound, int64_t n,
-                                   float lse, float delta, bf16* p, bf16* ds) {
+void key_probabilities_and_grads_round(const float* s, const float* dp, int32_t k_pos, const int32_t* lo,
+                                       const int32_t* hi, int64_t n, const float* lse, const float* delta, bf16* p,
+                                       bf16* ds) {
 #if defined(FOLDPAR_AVX512_BF16)
-  const __m512 shift = _mm512_set1_ps(lse), dl = _mm512_set1_ps(delta);
-  for (int64_t j = 0; j < n; j += kLanes) {
-    const __mmask16 m = first_lanes(std::min<int64_t>(kLanes, n - j));
-    __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), shift));
+  const __m512i k = _mm512_set1_epi32(k_pos);
+  for (int64_t r = 0; r < n; r += kLanes) {
+    const __mmask16 m = first_lanes(std::min<int64_t>(kLanes, n - r));
+    __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + r), _mm512_maskz_loadu_ps(m, lse + r)));
     if constexpr (kMasked) {
-      const __m512i k = _mm512_maskz_loadu_epi32(m, k_pos + j);
-      const __mmask16 seen = _mm512_cmple_epi32_mask(k, _mm512_set1_epi32(bound.hi)) &
-                             _mm512_cmpge_epi32_mask(k, _mm512_set1_epi32(bound.lo));
+      const __mmask16 seen = _mm512_mask_cmple_epi32_mask(m, k, _mm512_maskz_loadu_epi32(m, hi + r)) &
+                             _mm512_mask_cmpge_epi32_mask(m, k, _mm512_maskz_loadu_epi32(m, lo + r));
       e = _mm512_maskz_mov_ps(seen, e);
     }
-    store_bf16(p + j, e, m);
-    store_bf16(ds + j, _mm512_mul_ps(e, _mm512_sub_ps(_mm512_maskz_loadu_ps(m, dp + j), dl)), m);
+    store_bf16(p + r, e, m);
+    const __m512 g = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, dp + r), _mm512_maskz_loadu_ps(m, delta + r));
+    store_bf16(ds + r, _mm512_mul_ps(e, g), m);
   }
 #else
-  for (int64_t j = 0; j < n; ++j) {
-    const float e = kMasked && hidden(k_pos[j], bound) ? 0.0f : vec::exp(s[j] - lse);
-    p[j] = f32_to_bf16(e);
-    ds[j] = f32_to_bf16(e * (dp[j] - delta));
+  for (int64_t r = 0; r < n; ++r) {
+    const float e = kMasked && hidden(k_pos, KeyBound{lo[r], hi[r]}) ? 0.0f : vec::exp(s[r] - lse[r]);
+    p[r] = f32_to_bf16(e);
+    ds[r] = f32_to_bf16(e * (dp[r] - delta[r]));
   }
 #endif
 }

@@ -44,23 +44,24 @@ int64_t keys_per_block(const AttentionDims& d) { return std::max<int64_t>(1, std
 // Buffer sizes in floats, each a whole number of 64-byte lines; a bf16 buffer of n elements
 // takes n / 2 floats.
 struct Sizes {
-  int64_t mat, mat_bf, sc, sc_bf, vec, head, head_bf;
+  int64_t mat, mat_bf, sc, sc_bf, vec, head, head_bf, head_t;
 };
 Sizes sizes_of(const AttentionDims& d) {
   auto line = [](int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; };
   const int64_t rows = tokens_per_q_block(d) * d.group(), keys = keys_per_block(d);
   return {line(rows * d.d), line((rows * d.d + 1) / 2), line(rows * keys), line((rows * keys + 1) / 2), line(rows),
-          line(d.sk * d.d), d.n_kv == 1 ? 0 : line((d.sk * d.d + 1) / 2)};
+          line(d.sk * d.d), d.n_kv == 1 ? 0 : line((d.sk * d.d + 1) / 2), line((d.sk * d.d + 1) / 2)};
 }
 
-// Forward: q (bf16), acc, scores, P (bf16), m, l. Backward: q, dO (bf16), dq, scores, P
-// (bf16), dP, dS (bf16), lse, delta, and one kv head's dK, dV accumulators [Sk, d]. Both:
+// Forward: q (bf16), acc, scores, P (bf16), m, l. Backward: q, dO (bf16), dQ^T, one split
+// tile's dQ^T, S^T, P^T (bf16), dP^T, dS^T (bf16), lse, delta, each row's key bounds (two
+// i32 arrays), one kv head's dK, dV accumulators [Sk, d] and its K^T (bf16 [d, Sk]). Both:
 // when n_kv > 1, one kv head's K and V packed contiguous in bf16 (oneDNN 2.6 runs a strided
 // bf16 operand on its slow gemm:jit path instead of AMX/AVX512_BF16 brgemm, ~3x slower).
 int64_t floats_needed(const AttentionDims& d, bool backward) {
   const Sizes s = sizes_of(d);
   if (!backward) return s.mat_bf + s.mat + s.sc + s.sc_bf + 2 * s.vec + 2 * s.head_bf;
-  return 2 * s.mat_bf + s.mat + 2 * s.sc + 2 * s.sc_bf + 2 * s.vec + 2 * s.head + 2 * s.head_bf;
+  return 2 * s.mat_bf + 2 * s.mat + 2 * s.sc + 2 * s.sc_bf + 4 * s.vec + 2 * s.head + 2 * s.head_bf + s.head_t;
 }
 
 struct Plan {
@@ -73,15 +74,18 @@ struct Plan {
   const int32_t* k_ranges = nullptr;  // (lo, hi) position range of each k block
   bf16* q_rows = nullptr;             // [rows, d]: the packed q block
   bf16* do_rows = nullptr;            // [rows, d]: the packed dO block (backward)
-  float* acc_rows = nullptr;          // [rows, d]: O accumulator (forward) / dQ accumulator (backward)
-  // One tile's [rows, keys] matrices, contiguous (leading dimension keys): S then P in f32,
-  // P in bf16, and in the backward dP then dS in f32 and dS in bf16.
+  float* acc_rows = nullptr;          // [rows, d]: O accumulator (forward); [d, rows]: dQ^T (backward)
+  float* dq_tile = nullptr;           // [d, rows of a split tile]: its dQ^T, added into acc_rows (backward)
+  // One tile's matrices, contiguous: the forward's S in f32 and P in bf16, [rows, keys]; the
+  // backward's transposes S^T and dP^T in f32, P^T and dS^T in bf16, [keys, rows].
   float* scores = nullptr;
   bf16* p_bf = nullptr;
   float* d_scores = nullptr;
   bf16* ds_bf = nullptr;
   float* row_a = nullptr;  // [rows]: running max m (forward) / lse (backward)
   float* row_b = nullptr;  // [rows]: running sum l (forward) / delta = rowsum(dO * O) (backward)
+  int32_t *row_lo = nullptr, *row_hi = nullptr;  // [rows]: the key positions each row sees (backward)
+  bf16* kt_head = nullptr;                       // [d, Sk]: one kv head's K^T (backward)
   float *dk_acc = nullptr, *dv_acc = nullptr;  // [Sk, d] each (backward)
   bf16 *k_head = nullptr, *v_head = nullptr;   // [Sk, d] each, when n_kv > 1: K, V packed
 };
@@ -111,10 +115,14 @@ Plan make_plan(const AttentionDims& d, const int32_t* q_pos, const int32_t* k_po
   p.row_b = take(s.vec);
   if (backward) {
     p.do_rows = take_bf(s.mat_bf);
+    p.dq_tile = take(s.mat);
     p.d_scores = take(s.sc);
     p.ds_bf = take_bf(s.sc_bf);
+    p.row_lo = reinterpret_cast<int32_t*>(take(s.vec));
+    p.row_hi = reinterpret_cast<int32_t*>(take(s.vec));
     p.dk_acc = take(s.head);
     p.dv_acc = take(s.head);
+    p.kt_head = take_bf(s.head_t);
   }
   if (s.head_bf > 0) {
     p.k_head = take_bf(s.head_bf);
@@ -151,6 +159,19 @@ void pack_rows(const bf16* src, int64_t rows, int64_t row_elems, int64_t stride,
 // f32 rows rounded to bf16 (to nearest even) into rows `stride` elements apart.
 void round_rows(const float* src, int64_t rows, int64_t row_elems, int64_t stride, bf16* dst) {
   for (int64_t t = 0; t < rows; ++t) round_run_to_bf16(src + t * row_elems, row_elems, dst + t * stride);
+}
+
+// dst [cols, rows] = src^T, src [rows, cols] with rows `stride` elements apart. In blocks of
+// 32 rows, so each destination row gets a whole 64-byte line at a time: element by element,
+// the writes Sk elements apart all fell in one L1 set and the transpose of K took a tenth of
+// the backward.
+void transpose(const bf16* src, int64_t rows, int64_t cols, int64_t stride, bf16* dst) {
+  constexpr int64_t kBlock = 32;
+  for (int64_t j0 = 0; j0 < rows; j0 += kBlock) {
+    const int64_t n = std::min(kBlock, rows - j0);
+    for (int64_t e = 0; e < cols; ++e)
+      for (int64_t j = j0; j < j0 + n; ++j) dst[e * rows + j] = src[j * stride + e];
+  }
 }
 
 float load(const float* x, int64_t i) { return x[i]; }
@@ -236,52 +257,77 @@ struct Grads {
   bf16* dq;
 };
 
-void backward_tile(const Plan& p, const KvHead& kv, int64_t i0, const Tile& tile, Visibility vis) {
+// The backward runs transposed ([keys, rows] tiles): oneDNN 2.6's bf16 matmul copies a
+// transposed A before its kernel, which made dV += P^T dO and dK += dS^T Q about 35% slower
+// than the untransposed products of the same shape (283 against 205 Mcycles of 1336 in the
+// S = 4096, d = 64 attention_bench). With S^T and dP^T computed instead of S and dP, P^T and
+// dS^T are stored as the products read them, and dQ is accumulated as dQ^T = K^T dS^T from
+// K^T packed once per kv head: no product takes a transposed A.
+template <bool kMasked>
+void tile_probabilities_and_grads(const Plan& p, int64_t r0, int64_t rows, const Tile& tile) {
+  for (int64_t j = 0; j < tile.keys; ++j) {
+    const int64_t at = j * rows;
+    flash::key_probabilities_and_grads_round<kMasked>(p.scores + at, p.d_scores + at, p.k_pos[tile.j0 + j],
+                                                      p.row_lo + r0, p.row_hi + r0, rows, p.row_a + r0,
+                                                      p.row_b + r0, p.p_bf + at, p.ds_bf + at);
+  }
+}
+
+// One tile of the q block whose `block_rows` rows start at token i0.
+void backward_tile(const Plan& p, const KvHead& kv, int64_t block_rows, const Tile& tile, Visibility vis) {
   const int64_t g = p.dims.group(), d = p.dims.d, keys = tile.keys;
   const int64_t r0 = tile.t0 * g, rows = tile.tokens * g, kv_off = tile.j0 * kv.stride;
   const bf16 *q = p.q_rows + r0 * d, *d_out = p.do_rows + r0 * d;
-  // S = scale * Q K^T and dP = dO V^T: [rows, keys] each; then P and dS (from the f32 P) in
-  // one pass over both, straight to bf16.
-  gemm(false, true, rows, keys, d, p.scale, q, d, kv.k + kv_off, kv.stride, 0.0f, p.scores);
-  gemm(false, true, rows, keys, d, 1.0f, d_out, d, kv.v + kv_off, kv.stride, 0.0f, p.d_scores);
-  for (int64_t t = tile.t0; t < tile.t0 + tile.tokens; ++t)
-    for (int64_t r = t * g; r < (t + 1) * g; ++r) {
-      const int64_t at = (r - r0) * keys;
-      const flash::KeyBound bound = flash::key_bound(p.q_pos[i0 + t], p.dims.window);
-      const int32_t* k_pos = p.k_pos + tile.j0;
-      if (vis == Visibility::kPartial) {
-        flash::probabilities_and_grads_round<true>(p.scores + at, p.d_scores + at, k_pos, bound, keys, p.row_a[r],
-                                                   p.row_b[r], p.p_bf + at, p.ds_bf + at);
-      } else {
-        flash::probabilities_and_grads_round<false>(p.scores + at, p.d_scores + at, k_pos, bound, keys, p.row_a[r],
-                                                    p.row_b[r], p.p_bf + at, p.ds_bf + at);
-      }
-    }
-  // dV += P^T dO: [keys, d].
-  gemm(true, false, keys, d, rows, 1.0f, p.p_bf, keys, d_out, d, 1.0f, p.dv_acc + tile.j0 * d);
-  // dQ += scale * dS K: [rows, d]; dK += scale * dS^T Q: [keys, d].
-  gemm(false, false, rows, d, keys, p.scale, p.ds_bf, keys, kv.k + kv_off, kv.stride, 1.0f, p.acc_rows + r0 * d);
-  gemm(true, false, keys, d, rows, p.scale, p.ds_bf, keys, q, d, 1.0f, p.dk_acc + tile.j0 * d);
+  // S^T = scale * K Q^T and dP^T = V dO^T: [keys, rows] each; then P^T and dS^T (from the
+  // f32 P) in one pass over both, straight to bf16.
+  gemm(false, true, keys, rows, d, p.scale, kv.k + kv_off, kv.stride, q, d, 0.0f, p.scores);
+  gemm(false, true, keys, rows, d, 1.0f, kv.v + kv_off, kv.stride, d_out, d, 0.0f, p.d_scores);
+  if (vis == Visibility::kPartial) {
+    tile_probabilities_and_grads<true>(p, r0, rows, tile);
+  } else {
+    tile_probabilities_and_grads<false>(p, r0, rows, tile);
+  }
+  // dV += P^T dO and dK += scale * dS^T Q: [keys, d].
+  gemm(false, false, keys, d, rows, 1.0f, p.p_bf, rows, d_out, d, 1.0f, p.dv_acc + tile.j0 * d);
+  gemm(false, false, keys, d, rows, p.scale, p.ds_bf, rows, q, d, 1.0f, p.dk_acc + tile.j0 * d);
+  // dQ^T += scale * K^T dS^T: [d, rows], straight into the block's accumulator when the tile
+  // has all its rows, else through dq_tile (a split tile's columns are not contiguous there).
+  const bf16* kt = p.kt_head + tile.j0;
+  if (rows == block_rows) {
+    gemm(false, false, d, rows, keys, p.scale, kt, p.dims.sk, p.ds_bf, rows, 1.0f, p.acc_rows);
+    return;
+  }
+  gemm(false, false, d, rows, keys, p.scale, kt, p.dims.sk, p.ds_bf, rows, 0.0f, p.dq_tile);
+  for (int64_t e = 0; e < d; ++e)
+    for (int64_t r = 0; r < rows; ++r) p.acc_rows[e * block_rows + r0 + r] += p.dq_tile[e * rows + r];
 }
 
 template <typename LseT>
 void backward_q_block(const Plan& p, const bf16* q, const Grads<LseT>& gr, const KvHead& kv, int64_t b, int64_t hk,
                       int64_t i0) {
   const int64_t g = p.dims.group(), d = p.dims.d;
-  const int64_t tokens = std::min(p.tokens_per_q_block, p.dims.sq - i0);
+  const int64_t tokens = std::min(p.tokens_per_q_block, p.dims.sq - i0), rows = tokens * g;
   const size_t off = group_offset(p, b, i0, hk);
   pack_rows(q + off, tokens, g * d, p.q_stride, p.q_rows);
   pack_rows(gr.d_out + off, tokens, g * d, p.q_stride, p.do_rows);
-  for (int64_t t = 0; t < tokens; ++t)
+  for (int64_t t = 0; t < tokens; ++t) {
+    const flash::KeyBound bound = flash::key_bound(p.q_pos[i0 + t], p.dims.window);
     for (int64_t gi = 0; gi < g; ++gi) {
       const int64_t r = t * g + gi;
       p.row_a[r] = load(gr.lse, (b * p.dims.n_h + hk * g + gi) * p.dims.sq + i0 + t);
       p.row_b[r] = flash::dot(gr.out + off + t * p.q_stride + gi * d, p.do_rows + r * d, d);
+      p.row_lo[r] = bound.lo;
+      p.row_hi[r] = bound.hi;
     }
-  std::fill_n(p.acc_rows, tokens * g * d, 0.0f);
+  }
+  std::fill_n(p.acc_rows, rows * d, 0.0f);
   flash::for_each_k_block(block_positions(p), g, i0, tokens,
-                          [&](const Tile& tile, Visibility vis) { backward_tile(p, kv, i0, tile, vis); });
-  round_rows(p.acc_rows, tokens, g * d, p.q_stride, gr.dq + off);
+                          [&](const Tile& tile, Visibility vis) { backward_tile(p, kv, rows, tile, vis); });
+  // dQ^T [d, rows] to the rows of dq, rounded.
+  for (int64_t r = 0; r < rows; ++r) {
+    bf16* dst = gr.dq + off + (r / g) * p.q_stride + (r % g) * d;
+    for (int64_t e = 0; e < d; ++e) dst[e] = f32_to_bf16(p.acc_rows[e * rows + r]);
+  }
 }
 
 template <typename LseT>
@@ -318,6 +364,7 @@ void backward_all(const AttentionDims& dims, const FlashBf16Inputs& in, const bf
     for (int64_t hk = 0; hk < dims.n_kv; ++hk) {
       const size_t off = kv_head_offset(p, b, hk);
       const KvHead kv = view_kv_head(p, in, b, hk);
+      transpose(kv.k, dims.sk, dims.d, kv.stride, p.kt_head);
       std::fill_n(p.dk_acc, head, 0.0f);
       std::fill_n(p.dv_acc, head, 0.0f);
       for (int64_t i0 = 0; i0 < dims.sq; i0 += p.tokens_per_q_block) backward_q_block(p, in.q, gr, kv, b, hk, i0);
