@@ -273,7 +273,7 @@ void tile_probabilities_and_grads(const Plan& p, int64_t r0, int64_t rows, const
   }
 }
 
-// One tile of the q block whose `block_rows` rows start at token i0.
+// One tile of a q block of `block_rows` rows (tile.t0 onwards of it).
 void backward_tile(const Plan& p, const KvHead& kv, int64_t block_rows, const Tile& tile, Visibility vis) {
   const int64_t g = p.dims.group(), d = p.dims.d, keys = tile.keys;
   const int64_t r0 = tile.t0 * g, rows = tile.tokens * g, kv_off = tile.j0 * kv.stride;
