@@ -91,8 +91,8 @@ class Mesh {
   // A communicator split off world by (color, key) and made through the AxisCommFactory
   // given to create, when there was one (a device or guarded communicator): how each axis is
   // made, and how groups beyond the axes are (an expert group that spans dp replicas).
-  // Collective over world. The result may borrow its split, which the
-  // mesh keeps: destroy the result before the mesh.
+  // Collective over world. The result may borrow its split, which the mesh keeps: destroy
+  // the result before the mesh.
   std::unique_ptr<Communicator> split_group(int color, int key, const std::string& name);
 
  private:

@@ -199,8 +199,9 @@ std::vector<double> PipelineModel::to_host(Backend& be, const Tensor& t) {
 StepResult PipelineModel::share_loss(const std::vector<StepResult>& results) {
   // Host scalars: loss_sum and the valid targets; a MoE model's aux loss times the valid
   // targets, the expert load [E] and the dropped pairs too (as
-  // ShardedModel::forward_backward_micro_batches sums them). loss_sum carries the aux term as the single-rank model's does
-  // (single_rank_model.cc): coef x each micro-batch's aux loss x its valid targets.
+  // ShardedModel::forward_backward_micro_batches sums them). loss_sum carries the aux term
+  // as the single-rank model's does (single_rank_model.cc): coef x each micro-batch's aux
+  // loss x its valid targets.
   const MoeConfig& moe = config_.moe;
   const size_t E = moe.enabled() ? static_cast<size_t>(moe.num_experts) : 0;
   std::vector<double> sums(moe.enabled() ? 4 + E : 2, 0.0);
