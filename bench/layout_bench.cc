@@ -17,10 +17,12 @@
 #include "app/layout_bench.h"
 #include "bench_cli.h"
 #include "comm/mpi_runtime.h"
+#include "core/heap_policy.h"
 
 using namespace foldpar;
 
 int main(int argc, char** argv) {
+  foldpar::keep_freed_heap_memory();  // as the foldpar program (core/heap_policy.h)
   std::string model = "configs/small.json", layouts = "tsp=2;tp=2;sp=2;sp=2:ring";
   std::string hardware, out;
   LayoutBenchOptions o;

@@ -9,11 +9,13 @@
 #include "app/step_bench.h"
 #include "backend/backend.h"
 #include "bench_cli.h"
+#include "core/heap_policy.h"
 #include "sgemm_rate.h"
 
 using namespace foldpar;
 
 int main(int argc, char** argv) {
+  foldpar::keep_freed_heap_memory();  // as the foldpar program (core/heap_policy.h)
   std::string model = "configs/small.json";
   std::vector<int64_t> seqs = {1024, 4096};
   int steps = 3;

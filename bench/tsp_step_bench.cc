@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "bench_cli.h"
 #include "comm/mpi_runtime.h"
+#include "core/heap_policy.h"
 #include "core/timing.h"
 #include "parallel/tsp/tsp_model.h"
 
@@ -29,6 +30,7 @@ struct TspRun {
 }  // namespace
 
 int main(int argc, char** argv) {
+  foldpar::keep_freed_heap_memory();  // as the foldpar program (core/heap_policy.h)
   std::string model_path = "configs/small.json";
   std::vector<int64_t> seqs = {4096, 16384};
   int reps = 3;

@@ -8,9 +8,11 @@
 
 #include "cli.h"
 #include "commands.h"
+#include "core/heap_policy.h"
 
 int main(int argc, char** argv) {
   using namespace foldpar::cli;
+  foldpar::keep_freed_heap_memory();  // before any large block (core/heap_policy.h)
   CLI::App app{"foldpar: Tensor-and-Sequence Parallel training and serving of Llama models", "foldpar"};
   app.require_subcommand(1, 1);
   app.failure_message([](const CLI::App*, const CLI::Error& e) { return std::string(e.what()); });
