@@ -11,6 +11,8 @@
 
 #include "app/step_bench.h"
 #include "backend/backend.h"
+#include "backend/meta/meta_backend.h"
+#include "backend/rope_table.h"
 #include "core/timing.h"
 #include "model/flop_count.h"
 #include "plan/timeline.h"
@@ -79,6 +81,52 @@ double add_inplace_gb_per_s(Backend& be, int64_t bytes) {
   return 3.0 * static_cast<double>(n * 4) / s / 1e9;
 }
 
+// The token-wise ops of a training step, each on the CPU backend at a step's widths (h = 512,
+// f = 1376, 8 heads of 64) over T = 2048 rows: the bytes the dry run counts for one call
+// (MetaBackend's record of the same call) over its median time. Successive calls cycle
+// through kSets copies of the operands (together past the last-level cache: at least 48 MiB
+// for the smallest op), so each call reads what a step's op reads, data not in cache; on one
+// set, in-place ops ran from cache at 1.7x their rate in a step.
+std::vector<std::pair<std::string, double>> tokenwise_gb_per_s(Backend& be) {
+  constexpr int kSets = 6;
+  const int64_t T = 2048, h = 512, f = 1376, heads = 8, d = 64;
+  struct Operands {
+    Tensor x, w, y, dy, dx, dw, rstd, gate, up, out, d_gate, d_up, q;
+  };
+  std::vector<Operands> sets;
+  for (int i = 0; i < kSets; ++i)
+    sets.push_back({filled(be, {T, h}, 0.5), filled(be, {h}, 1.0), filled(be, {T, h}, 0.0), filled(be, {T, h}, 0.1),
+                    filled(be, {T, h}, 0.0), filled(be, {h}, 0.0), filled(be, {T}, 1.0), filled(be, {T, f}, 0.3),
+                    filled(be, {T, f}, 0.2), filled(be, {T, f}, 0.0), filled(be, {T, f}, 0.0), filled(be, {T, f}, 0.0),
+                    filled(be, {1, T, heads, d}, 0.25)});
+  std::vector<int32_t> positions(static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i) positions[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  const Tensor table = build_rope_table(be, positions, d, 10000.0, DType::kF32, MemCategory::kWorkspace);
+  using Op = std::function<void(Backend&, Operands&)>;
+  const std::pair<const char*, Op> ops[] = {
+      {"rmsnorm_forward", [](Backend& b, Operands& o) { b.rmsnorm_forward(o.x, o.w, 1e-5, o.y, o.rstd); }},
+      {"rmsnorm_backward", [](Backend& b, Operands& o) { b.rmsnorm_backward(o.x, o.w, o.rstd, o.dy, o.dx, o.dw); }},
+      {"swiglu_forward", [](Backend& b, Operands& o) { b.swiglu_forward(o.gate, o.up, o.out); }},
+      {"swiglu_backward", [](Backend& b, Operands& o) { b.swiglu_backward(o.gate, o.up, o.out, o.d_gate, o.d_up); }},
+      {"rope_forward", [&table](Backend& b, Operands& o) { b.rope_forward(table, o.q); }},
+      {"rope_backward", [&table](Backend& b, Operands& o) { b.rope_backward(table, o.q); }},
+      {"add_inplace", [](Backend& b, Operands& o) { b.add_inplace(o.dy, o.y); }},
+      {"copy", [](Backend& b, Operands& o) { b.copy(o.x, o.y); }},
+      {"fill", [](Backend& b, Operands& o) { b.fill(0.0, o.y); }},
+  };
+  std::vector<std::pair<std::string, double>> rates;
+  for (const auto& [name, op] : ops) {
+    MetaBackend meta;
+    op(meta, sets[0]);
+    const OpRecord& r = meta.records().back();
+    const double bytes = static_cast<double>(r.bytes_read + r.bytes_written);
+    size_t next = 0;
+    const double s = seconds_per_call([&] { op(be, sets[next++ % sets.size()]); });
+    rates.emplace_back(name, bytes / s / 1e9);
+  }
+  return rates;
+}
+
 // The slowest rank's value: the smallest rate, or the largest time.
 Result<double> slowest_rate(Communicator& world, double rate) {
   double neg = -rate;
@@ -119,6 +167,7 @@ struct ComputeFigures {
   double step_rest_gflops = 0;  // a training step without its attention
   // Attention at longer sequences too: (S, forward GFLOP/s, backward GFLOP/s), kAttentionSeqs.
   std::vector<std::array<double, 3>> attention_by_seq;
+  std::vector<std::pair<std::string, double>> tokenwise_gb_per_s;  // (op, GB/s), the slowest rank's
 };
 
 LlamaConfig step_config() {
@@ -166,6 +215,10 @@ Result<ComputeFigures> measure_compute(Communicator& world) {
     f.attention_by_seq.push_back({static_cast<double>(seq), fwd, bwd});
   }
   FP_ASSIGN_OR_RETURN(f.memory_gb_per_s, slowest_rate(world, add_inplace_gb_per_s(*be, int64_t{64} << 20)));
+  for (auto& [op, rate] : tokenwise_gb_per_s(*be)) {
+    FP_ASSIGN_OR_RETURN(const double slowest, slowest_rate(world, rate));
+    f.tokenwise_gb_per_s.emplace_back(op, slowest);
+  }
   StepBenchOptions sb;
   sb.config = c;
   sb.seq = kSeq;
@@ -408,6 +461,7 @@ Result<Hardware> calibrate_hardware(Communicator& world) {
   h.attention_efficiency = std::min(1.0, 3.0 / (1.0 / cf.attention_fwd_gflops + 2.0 / cf.attention_bwd_gflops) / best);
   h.matmul_efficiency = std::min(1.0, cf.step_rest_gflops / best);
   h.memory_gb_per_s = cf.memory_gb_per_s;
+  h.tokenwise_gb_per_s_by_op = cf.tokenwise_gb_per_s;
   h.intra_node_gb_per_s = h.inter_node_gb_per_s = link.gb_per_s;
   h.intra_node_latency_s = h.inter_node_latency_s = link.latency_s;
   double gemms_s = 0, with_transfer_s = 0;
@@ -438,7 +492,9 @@ Result<Hardware> calibrate_hardware(Communicator& world) {
       "[1024 x 1024] for M = 32..1024 (each the median of 3 interleaved rounds), best {:.2f} GFLOP/s (peak_tflops_f32; the table is each M over it); causal "
       "flash attention S={}, 8 heads of 64, forward {:.2f} and backward {:.2f} GFLOP/s (attention_efficiency_by_seq: "
       "the same at S = 1024, 2048, 4096 over the best GEMM); add_inplace over 64 MiB, "
-      "{:.2f} GB/s (memory_gb_per_s); a ring send_recv of 4 B ({:.3g} s) and 16 MiB ({:.3g} s) solved for latency "
+      "{:.2f} GB/s (memory_gb_per_s); tokenwise_gb_per_s_by_op = each token-wise op of a step on T = 2048 rows "
+      "(h = 512, f = 1376, 8 heads of 64), successive calls on 6 copies of the operands (out of cache), the bytes "
+      "the dry run counts for a call over its median time; a ring send_recv of 4 B ({:.3g} s) and 16 MiB ({:.3g} s) solved for latency "
       "{:.3g} s and {:.3f} GB/s one way (inter-node set equal: one node); matmul_efficiency = the rest of a "
       "single-rank training step (h=512, L=2, S={}; its attention time taken out) at {:.2f} GFLOP/s over the best "
       "GEMM; collective_efficiency = the ring model's bandwidth time over the measured one for all_reduce, all_gather and reduce_scatter of 16 MiB; `measured` has the raw figures and those collectives (also of a few bytes) beside the ring model's at efficiency 1; "

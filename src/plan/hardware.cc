@@ -49,6 +49,12 @@ double Hardware::collective_efficiency_of(const std::string& kind) const {
   return 1.0;
 }
 
+double Hardware::tokenwise_gb_per_s(std::string_view op) const {
+  for (const auto& [listed, rate] : tokenwise_gb_per_s_by_op)
+    if (listed == op) return rate;
+  return memory_gb_per_s;
+}
+
 double Hardware::table_gb_per_s(bool intra_node, const std::string& kind, double bytes) const {
   for (const auto& [k, points] : intra_node ? intra_node_gb_per_s_by_bytes : inter_node_gb_per_s_by_bytes)
     if (k == kind && !points.empty())
@@ -139,6 +145,12 @@ Status validate_fine_fields(const Hardware& h) {
   for (const auto& [kind, e] : h.collective_efficiency) {
     if (!known_kind(kind)) return invalid_argument("hardware '{}': collective_efficiency names an unknown kind '{}'", h.name, kind);
     if (!(e > 0 && e <= 1)) return invalid_argument("hardware '{}': collective_efficiency '{}' ({}) must lie in (0, 1]", h.name, kind, e);
+  }
+  std::set<std::string_view> ops;
+  for (const auto& [op, rate] : h.tokenwise_gb_per_s_by_op) {
+    if (!ops.insert(op).second)
+      return invalid_argument("hardware '{}': tokenwise_gb_per_s_by_op holds '{}' twice", h.name, op);
+    if (!(rate > 0)) return invalid_argument("hardware '{}': tokenwise_gb_per_s_by_op '{}' ({}) must be positive", h.name, op, rate);
   }
   FP_RETURN_IF_ERROR(validate_size_tables(h.name, "intra_node_gb_per_s_by_bytes", h.intra_node_gb_per_s_by_bytes));
   return validate_size_tables(h.name, "inter_node_gb_per_s_by_bytes", h.inter_node_gb_per_s_by_bytes);
@@ -240,7 +252,8 @@ Result<Hardware> Hardware::from_json(const std::string& text) {
                                        "attention_bwd_efficiency", "intra_node_latency_s", "inter_node_latency_s",
                                        "intra_node_concurrency", "inter_node_concurrency", "collective_efficiency",
                                        "attention_efficiency_by_seq", "intra_node_copy_share", "inter_node_copy_share",
-                                       "intra_node_gb_per_s_by_bytes", "inter_node_gb_per_s_by_bytes"};
+                                       "intra_node_gb_per_s_by_bytes", "inter_node_gb_per_s_by_bytes",
+                                       "tokenwise_gb_per_s_by_op"};
   for (const auto& [key, value] : j.items()) {
     bool known = false;
     for (const char* k : kKnown) known = known || key == k;
@@ -290,6 +303,7 @@ Result<Hardware> Hardware::from_json(const std::string& text) {
   FP_RETURN_IF_ERROR(parse_attention_table(j, h));
   FP_RETURN_IF_ERROR(parse_number_map(j, "measured", h.name, h.measured));
   FP_RETURN_IF_ERROR(parse_number_map(j, "collective_efficiency", h.name, h.collective_efficiency));
+  FP_RETURN_IF_ERROR(parse_number_map(j, "tokenwise_gb_per_s_by_op", h.name, h.tokenwise_gb_per_s_by_op));
   FP_RETURN_IF_ERROR(parse_size_tables(j, "intra_node_gb_per_s_by_bytes", h.name, h.intra_node_gb_per_s_by_bytes));
   FP_RETURN_IF_ERROR(parse_size_tables(j, "inter_node_gb_per_s_by_bytes", h.name, h.inter_node_gb_per_s_by_bytes));
   if (j.contains("notes")) {
@@ -343,6 +357,10 @@ std::string Hardware::to_json() const {
   if (!collective_efficiency.empty()) {
     j["collective_efficiency"] = nlohmann::ordered_json::object();
     for (const auto& [kind, e] : collective_efficiency) j["collective_efficiency"][kind] = e;
+  }
+  if (!tokenwise_gb_per_s_by_op.empty()) {
+    j["tokenwise_gb_per_s_by_op"] = nlohmann::ordered_json::object();
+    for (const auto& [op, rate] : tokenwise_gb_per_s_by_op) j["tokenwise_gb_per_s_by_op"][op] = rate;
   }
   const std::pair<const char*, const SizeTables*> tables[] = {{"intra_node_gb_per_s_by_bytes", &intra_node_gb_per_s_by_bytes},
                                                                {"inter_node_gb_per_s_by_bytes", &inter_node_gb_per_s_by_bytes}};

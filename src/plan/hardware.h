@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -93,6 +94,13 @@ struct Hardware {
   using SizeTables = std::vector<std::pair<std::string, std::vector<SizePoint>>>;  // (kind, points)
   SizeTables intra_node_gb_per_s_by_bytes;
   SizeTables inter_node_gb_per_s_by_bytes;
+  // Per token-wise op (the Backend method's name: "rmsnorm_forward", "swiglu_backward", ...):
+  // the rate it achieves on the bytes the dry run counts for it (read + written), GB/s,
+  // positive. Such ops run below the streaming rate of memory_gb_per_s (several passes over
+  // a row, exp and rsqrt, writes of several outputs): on this machine rmsnorm's and swiglu's
+  // at a fifth of it. An op not listed: memory_gb_per_s. Empty: as before.
+  // JSON: "tokenwise_gb_per_s_by_op": {"rmsnorm_forward": 12.5}.
+  std::vector<std::pair<std::string, double>> tokenwise_gb_per_s_by_op;
   std::string notes;                   // sources and assumptions
   // Figures a calibration measured beside the fields (name, value; the name says the unit),
   // e.g. a collective's measured and modelled seconds. Informative: nothing prices from it.
@@ -104,6 +112,9 @@ struct Hardware {
   // The table above at min(M, N, K) = min_dim (interpolated), or matmul_efficiency without one.
   double gemm_efficiency(double min_dim) const;
   double collective_efficiency_of(const std::string& kind) const;
+  // The rate (GB/s) a token-wise op is priced at: its tokenwise_gb_per_s_by_op entry, else
+  // memory_gb_per_s (0: unknown).
+  double tokenwise_gb_per_s(std::string_view op) const;
   // The size table's rate (GB/s) of the key `kind` ("reduce", "ireduce", ...) over the intra-
   // or inter-node link for `bytes` (interpolated as above), or 0 where that link has no table
   // under the key.

@@ -70,8 +70,13 @@ double compute_rate(const ComputeEvent& e, const Hardware& hw) {
   }
 }
 
+// GEMMs and attention stream at memory_gb_per_s; every other op at its own calibrated rate
+// where the hardware lists one (Hardware::tokenwise_gb_per_s).
 double memory_seconds(const ComputeEvent& e, const Hardware& hw) {
-  return hw.memory_gb_per_s > 0 ? e.bytes / (hw.memory_gb_per_s * 1e9) : 0.0;
+  const bool kernel = e.op_class == ComputeClass::kGemm || e.op_class == ComputeClass::kAttentionFwd ||
+                      e.op_class == ComputeClass::kAttentionBwd;
+  const double rate = kernel ? hw.memory_gb_per_s : hw.tokenwise_gb_per_s(e.op);
+  return rate > 0 ? e.bytes / (rate * 1e9) : 0.0;
 }
 
 }  // namespace

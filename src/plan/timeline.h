@@ -63,7 +63,9 @@ struct TokenwiseShape {
 // One compute op. Priced as a roofline: max(flops / rate, bytes / memory bandwidth), where
 // rate = peak(dtype) x the efficiency of its class (GEMM: Hardware::gemm_efficiency of
 // min(m, n, k); attention: attention_fwd_rate / attention_bwd_rate of its seq_k; token-wise, optimizer and
-// other: matmul_efficiency) and the memory term applies when memory_gb_per_s is known.
+// other: matmul_efficiency) and memory bandwidth is memory_gb_per_s for GEMMs and attention,
+// and for every other op Hardware::tokenwise_gb_per_s(op) (its calibrated rate, else
+// memory_gb_per_s); the memory term applies when that bandwidth is known.
 struct ComputeEvent {
   std::string op;  // e.g. "matmul", "attention_forward", "rmsnorm_forward"
   ComputeClass op_class = ComputeClass::kOther;

@@ -30,6 +30,11 @@ for f in ["peak_tflops_f32", "memory_gb_per_s", "intra_node_gb_per_s", "intra_no
     assert h[f] > 0, (f, h[f])
 assert h["intra_node_latency_s"] < 1e-2, h["intra_node_latency_s"]
 assert set(h["collective_efficiency"]) == {"all_reduce", "all_gather", "reduce_scatter"}, h["collective_efficiency"]
+# Every token-wise op of a training step has its own rate.
+tw = h["tokenwise_gb_per_s_by_op"]
+assert set(tw) == {"rmsnorm_forward", "rmsnorm_backward", "swiglu_forward", "swiglu_backward", "rope_forward",
+                   "rope_backward", "add_inplace", "copy", "fill"}, sorted(tw)
+assert all(r > 0 for r in tw.values()), tw
 m = h["measured"]
 for k in ["all_reduce", "all_gather", "reduce_scatter"]:
     assert m[k + "_16777216B_s"] > 0 and m[k + "_16777216B_ring_model_s"] > 0, k

@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "plan/hardware.h"
 
@@ -135,6 +138,36 @@ TEST(HardwareFile, BadTimelineFieldsNameTheField) {
     ASSERT_FALSE(h.ok()) << extra;
     EXPECT_NE(h.status().message().find(needle), std::string::npos) << h.status().message();
   }
+}
+
+// The token-wise rates by op: an op listed is priced at its own rate, any other at
+// memory_gb_per_s; written back unchanged; absent from an old file; bad rates refused.
+TEST(HardwareFile, TokenwiseRatesByOp) {
+  Result<Hardware> old = parse(R"("memory_gb_per_s": 50)");
+  ASSERT_TRUE(old.ok()) << old.status().to_string();
+  EXPECT_DOUBLE_EQ(old->tokenwise_gb_per_s("rmsnorm_forward"), 50);
+  EXPECT_EQ(old->to_json().find("tokenwise_gb_per_s_by_op"), std::string::npos);
+  Result<Hardware> h =
+      parse(R"("memory_gb_per_s": 50, "tokenwise_gb_per_s_by_op": {"rmsnorm_forward": 12.5, "swiglu_backward": 8})");
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  EXPECT_DOUBLE_EQ(h->tokenwise_gb_per_s("rmsnorm_forward"), 12.5);
+  EXPECT_DOUBLE_EQ(h->tokenwise_gb_per_s("swiglu_backward"), 8);
+  EXPECT_DOUBLE_EQ(h->tokenwise_gb_per_s("add_inplace"), 50);
+  Result<Hardware> again = Hardware::from_json(h->to_json());
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(again->tokenwise_gb_per_s_by_op, h->tokenwise_gb_per_s_by_op);
+  for (const auto& [extra, needle] : std::vector<std::pair<std::string, std::string>>{
+           {R"("tokenwise_gb_per_s_by_op": {"copy": 0})", "tokenwise_gb_per_s_by_op 'copy' (0) must be positive"},
+           {R"("tokenwise_gb_per_s_by_op": {"copy": "fast"})", "tokenwise_gb_per_s_by_op 'copy' must be a number"},
+           {R"("tokenwise_gb_per_s_by_op": [3])", "'tokenwise_gb_per_s_by_op' must be an object"}}) {
+    Result<Hardware> bad = parse(extra);
+    ASSERT_FALSE(bad.ok()) << extra;
+    EXPECT_NE(bad.status().message().find(needle), std::string::npos) << bad.status().message();
+  }
+  h->tokenwise_gb_per_s_by_op.emplace_back("rmsnorm_forward", 13);
+  const Status twice = h->validate();
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.message().find("holds 'rmsnorm_forward' twice"), std::string::npos) << twice.message();
 }
 
 // `measured` is written as a JSON object, so a name given twice would keep one figure: a

@@ -109,6 +109,20 @@ TEST(TimelinePricing, ComputeRoofline) {
   EXPECT_NEAR(compute_seconds(skinny, hw), 0.01, kTol);
 }
 
+// A token-wise op listed in tokenwise_gb_per_s_by_op streams at its own rate; the others,
+// and GEMMs (whose name no table lists), at memory_gb_per_s.
+TEST(TimelinePricing, TokenwiseOpAtItsOwnRate) {
+  Hardware hw = test_hardware();
+  hw.tokenwise_gb_per_s_by_op = {{"rmsnorm_forward", 20}, {"matmul", 1}};
+  ComputeEvent norm = tokenwise(1e10);
+  norm.op = "rmsnorm_forward";
+  EXPECT_NEAR(compute_seconds(norm, hw), 0.5, kTol);              // 1e10 B at 20 GB/s
+  EXPECT_NEAR(compute_seconds(tokenwise(1e10), hw), 0.1, kTol);  // add_inplace: not listed, 100 GB/s
+  ComputeEvent skinny = gemm(1e9, 1, 4096, 4096);
+  skinny.bytes = 1e9;
+  EXPECT_NEAR(compute_seconds(skinny, hw), 0.01, kTol);  // a GEMM streams at memory_gb_per_s
+}
+
 TEST(TimelinePricing, GemmTableInterpolatesInLogMinDim) {
   Hardware hw = test_hardware();
   hw.gemm_efficiency_by_min_dim = {{64, 0.2}, {1024, 0.8}};
