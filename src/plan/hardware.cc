@@ -100,6 +100,16 @@ Status validate_size_tables(const std::string& name, const char* field, const Ha
 }
 
 // The finer fields (hardware.h): the GEMM table, attention and link figures.
+// The file keeps these maps as JSON objects: a name given twice would lose one value.
+Status no_repeated_names(const std::string& hardware, const char* field,
+                         const std::vector<std::pair<std::string, double>>& entries) {
+  std::set<std::string_view> names;
+  for (const auto& [key, value] : entries)
+    if (!names.insert(key).second)
+      return invalid_argument("hardware '{}': {} holds '{}' twice (the names must differ)", hardware, field, key);
+  return Status();
+}
+
 Status validate_fine_fields(const Hardware& h) {
   const auto& t = h.gemm_efficiency_by_min_dim;
   for (size_t i = 0; i < t.size(); ++i) {
@@ -146,12 +156,9 @@ Status validate_fine_fields(const Hardware& h) {
     if (!known_kind(kind)) return invalid_argument("hardware '{}': collective_efficiency names an unknown kind '{}'", h.name, kind);
     if (!(e > 0 && e <= 1)) return invalid_argument("hardware '{}': collective_efficiency '{}' ({}) must lie in (0, 1]", h.name, kind, e);
   }
-  std::set<std::string_view> ops;
-  for (const auto& [op, rate] : h.tokenwise_gb_per_s_by_op) {
-    if (!ops.insert(op).second)
-      return invalid_argument("hardware '{}': tokenwise_gb_per_s_by_op holds '{}' twice", h.name, op);
+  FP_RETURN_IF_ERROR(no_repeated_names(h.name, "tokenwise_gb_per_s_by_op", h.tokenwise_gb_per_s_by_op));
+  for (const auto& [op, rate] : h.tokenwise_gb_per_s_by_op)
     if (!(rate > 0)) return invalid_argument("hardware '{}': tokenwise_gb_per_s_by_op '{}' ({}) must be positive", h.name, op, rate);
-  }
   FP_RETURN_IF_ERROR(validate_size_tables(h.name, "intra_node_gb_per_s_by_bytes", h.intra_node_gb_per_s_by_bytes));
   return validate_size_tables(h.name, "inter_node_gb_per_s_by_bytes", h.inter_node_gb_per_s_by_bytes);
 }
@@ -234,11 +241,7 @@ Status Hardware::validate() const {
                             name, attention_efficiency);
   if (!(overlap_efficiency >= 0 && overlap_efficiency <= 1))
     return invalid_argument("hardware '{}': overlap_efficiency ({}) must lie in [0, 1]", name, overlap_efficiency);
-  // The file keeps `measured` as a JSON object: a repeated name would lose one figure.
-  std::set<std::string_view> names;
-  for (const auto& [key, value] : measured)
-    if (!names.insert(key).second)
-      return invalid_argument("hardware '{}': measured holds '{}' twice (the names must differ)", name, key);
+  FP_RETURN_IF_ERROR(no_repeated_names(name, "measured", measured));
   return validate_fine_fields(*this);
 }
 

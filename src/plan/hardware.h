@@ -97,8 +97,8 @@ struct Hardware {
   // Per token-wise op (the Backend method's name: "rmsnorm_forward", "swiglu_backward", ...):
   // the rate it achieves on the bytes the dry run counts for it (read + written), GB/s,
   // positive. Such ops run below the streaming rate of memory_gb_per_s (several passes over
-  // a row, exp and rsqrt, writes of several outputs): on this machine rmsnorm's and swiglu's
-  // at a fifth of it. An op not listed: memory_gb_per_s. Empty: as before.
+  // a row, exp and rsqrt, writes of several outputs): on this machine rmsnorm at about a
+  // fifth of it, swiglu at about half. An op not listed: memory_gb_per_s. Empty: as before.
   // JSON: "tokenwise_gb_per_s_by_op": {"rmsnorm_forward": 12.5}.
   std::vector<std::pair<std::string, double>> tokenwise_gb_per_s_by_op;
   std::string notes;                   // sources and assumptions
